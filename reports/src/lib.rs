@@ -1,0 +1,1 @@
+//! Statistics, SLO checks, capacity plans, A/B tests and renderers for loadgen runs.
