@@ -18,4 +18,17 @@ pub trait ModelRunner: Send {
     /// Computes the batch, writes its K/V into the cache, and returns one full-vocab
     /// logits row per entry with `need_logits`, in batch order.
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
+    /// Number of KV blocks the runner allocated (the block manager's capacity).
+    fn num_blocks(&self) -> usize;
+    /// Tokens per KV block.
+    fn block_size(&self) -> usize;
+}
+
+/// How a runner sizes its KV cache.
+#[derive(Debug, Clone, Copy)]
+pub struct RunnerOptions {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Memory budget for the KV cache in bytes; the runner allocates as many blocks as fit.
+    pub kv_cache_bytes: usize,
 }
