@@ -1,5 +1,11 @@
 //! Model hyper-parameters, read from HF `config.json` or GGUF metadata.
 
+use std::path::Path;
+
+use anyhow::{bail, Context};
+
+use crate::weights::gguf::GgufFile;
+
 /// Model family: decides norms, biases and weight names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -37,4 +43,247 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+}
+
+/// Reads an optional JSON field, failing when it exists with the wrong type.
+fn opt_field<T: serde::de::DeserializeOwned>(
+    obj: &serde_json::Value,
+    key: &str,
+    file: &Path,
+) -> anyhow::Result<Option<T>> {
+    match obj.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone())
+            .map(Some)
+            .with_context(|| {
+                format!(
+                    "field `{key}` in {} has an unexpected type: {v}",
+                    file.display()
+                )
+            }),
+    }
+}
+
+/// Reads a required JSON field.
+fn req_field<T: serde::de::DeserializeOwned>(
+    obj: &serde_json::Value,
+    key: &str,
+    file: &Path,
+) -> anyhow::Result<T> {
+    opt_field(obj, key, file)?
+        .with_context(|| format!("missing field `{key}` in {}", file.display()))
+}
+
+/// `eos_token_id` may be one id or a list of ids.
+fn token_id_list(obj: &serde_json::Value, key: &str, file: &Path) -> anyhow::Result<Vec<u32>> {
+    match obj.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(_)) => req_field(obj, key, file),
+        Some(_) => Ok(vec![req_field(obj, key, file)?]),
+    }
+}
+
+impl Arch {
+    /// From an HF `architectures` entry.
+    pub fn from_hf_class(class: &str) -> Option<Arch> {
+        match class {
+            "LlamaForCausalLM" => Some(Arch::Llama),
+            "Qwen2ForCausalLM" => Some(Arch::Qwen2),
+            "Qwen3ForCausalLM" => Some(Arch::Qwen3),
+            _ => None,
+        }
+    }
+
+    /// From a GGUF `general.architecture` value.
+    pub fn from_gguf_name(name: &str) -> Option<Arch> {
+        match name {
+            "llama" => Some(Arch::Llama),
+            "qwen2" => Some(Arch::Qwen2),
+            "qwen3" => Some(Arch::Qwen3),
+            _ => None,
+        }
+    }
+}
+
+/// Parses a `rope_scaling` / `rope_parameters` object. `default` means none;
+/// `llama3` is supported; any other scaling type is an error.
+fn parse_rope_scaling(
+    obj: &serde_json::Value,
+    key: &str,
+    file: &Path,
+) -> anyhow::Result<Option<Llama3RopeScaling>> {
+    let Some(scaling) = obj.get(key).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let ctx = |field: &str| format!("{key}.{field}");
+    let kind: Option<String> = match opt_field(scaling, "rope_type", file)? {
+        Some(kind) => Some(kind),
+        None => opt_field(scaling, "type", file)?,
+    };
+    match kind.as_deref() {
+        None | Some("default") => Ok(None),
+        Some("llama3") => {
+            let get = |field: &str| -> anyhow::Result<f64> {
+                opt_field::<f64>(scaling, field, file)?.with_context(|| {
+                    format!("missing field `{}` in {}", ctx(field), file.display())
+                })
+            };
+            Ok(Some(Llama3RopeScaling {
+                factor: get("factor")? as f32,
+                low_freq_factor: get("low_freq_factor")? as f32,
+                high_freq_factor: get("high_freq_factor")? as f32,
+                original_max_position_embeddings: get("original_max_position_embeddings")? as usize,
+            }))
+        }
+        Some(other) => bail!(
+            "unsupported rope type `{other}` in field `{key}` of {}",
+            file.display()
+        ),
+    }
+}
+
+impl ModelConfig {
+    /// Reads an HF `config.json` (transformers 4 and 5 key styles). When a
+    /// `generation_config.json` sits beside it, its `eos_token_id`s are added.
+    pub fn from_hf_config(file: &Path) -> anyhow::Result<ModelConfig> {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("invalid JSON in {}", file.display()))?;
+        let classes: Vec<String> = req_field(&json, "architectures", file)?;
+        let class = classes
+            .first()
+            .with_context(|| format!("empty `architectures` in {}", file.display()))?;
+        let arch = Arch::from_hf_class(class)
+            .with_context(|| format!("unsupported architecture {class} in {}", file.display()))?;
+
+        let hidden_size: usize = req_field(&json, "hidden_size", file)?;
+        let num_heads: usize = req_field(&json, "num_attention_heads", file)?;
+        let head_dim = match opt_field(&json, "head_dim", file)? {
+            Some(head_dim) => head_dim,
+            None if num_heads > 0 && hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+            None => bail!(
+                "num_attention_heads {num_heads} does not divide hidden_size {hidden_size} in {}",
+                file.display()
+            ),
+        };
+        let rope_theta = match opt_field::<f64>(&json, "rope_theta", file)? {
+            Some(theta) => theta,
+            None => json
+                .get("rope_parameters")
+                .map(|p| opt_field::<f64>(p, "rope_theta", file))
+                .transpose()?
+                .flatten()
+                .unwrap_or(10_000.0),
+        };
+        let rope_scaling = match parse_rope_scaling(&json, "rope_scaling", file)? {
+            Some(scaling) => Some(scaling),
+            None => parse_rope_scaling(&json, "rope_parameters", file)?,
+        };
+        let default_max_pos = match arch {
+            Arch::Llama => 2048,
+            Arch::Qwen2 | Arch::Qwen3 => 32_768,
+        };
+
+        let mut eos_token_ids = token_id_list(&json, "eos_token_id", file)?;
+        let generation_file = file.with_file_name("generation_config.json");
+        if generation_file.is_file() {
+            let text = std::fs::read_to_string(&generation_file)
+                .with_context(|| format!("cannot read {}", generation_file.display()))?;
+            let generation: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("invalid JSON in {}", generation_file.display()))?;
+            for id in token_id_list(&generation, "eos_token_id", &generation_file)? {
+                if !eos_token_ids.contains(&id) {
+                    eos_token_ids.push(id);
+                }
+            }
+        }
+
+        Ok(ModelConfig {
+            arch,
+            vocab_size: req_field(&json, "vocab_size", file)?,
+            hidden_size,
+            intermediate_size: req_field(&json, "intermediate_size", file)?,
+            num_layers: req_field(&json, "num_hidden_layers", file)?,
+            num_heads,
+            num_kv_heads: opt_field(&json, "num_key_value_heads", file)?.unwrap_or(num_heads),
+            head_dim,
+            rope_theta: rope_theta as f32,
+            rope_scaling,
+            rms_norm_eps: opt_field::<f64>(&json, "rms_norm_eps", file)?.unwrap_or(1e-6) as f32,
+            max_position_embeddings: opt_field(&json, "max_position_embeddings", file)?
+                .unwrap_or(default_max_pos),
+            tie_word_embeddings: opt_field(&json, "tie_word_embeddings", file)?.unwrap_or(false),
+            bos_token_id: opt_field(&json, "bos_token_id", file)?,
+            eos_token_ids,
+        })
+    }
+}
+
+impl ModelConfig {
+    /// Reads the hyper-parameters from GGUF metadata (`{arch}.*` keys); the vocab
+    /// size is the length of `tokenizer.ggml.tokens`, and embeddings are tied
+    /// when the file has no `output.weight`.
+    pub fn from_gguf(file: &GgufFile) -> anyhow::Result<ModelConfig> {
+        let arch_name = file.get_str("general.architecture")?;
+        let arch = Arch::from_gguf_name(arch_name).with_context(|| {
+            format!(
+                "unsupported architecture {arch_name} in {} (general.architecture)",
+                file.path().display()
+            )
+        })?;
+        let key = |suffix: &str| format!("{arch_name}.{suffix}");
+        let scaling_key = key("rope.scaling.type");
+        if file.metadata.contains_key(&scaling_key) {
+            let kind = file.get_str(&scaling_key)?;
+            if kind != "none" {
+                bail!(
+                    "unsupported rope scaling `{kind}` ({scaling_key}) in {}",
+                    file.path().display()
+                );
+            }
+        }
+        if file.tensors.contains_key("rope_freqs.weight") {
+            bail!(
+                "rope frequency factors (tensor `rope_freqs.weight`, Llama 3.1+ rope scaling) in {} are not supported",
+                file.path().display()
+            );
+        }
+        let hidden_size = file.get_usize(&key("embedding_length"))?;
+        let num_heads = file.get_usize(&key("attention.head_count"))?;
+        let head_dim = match file.opt(&key("attention.key_length"), GgufFile::get_usize)? {
+            Some(head_dim) => head_dim,
+            None if num_heads > 0 && hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+            None => bail!(
+                "{} {num_heads} does not divide {} {hidden_size} in {}",
+                key("attention.head_count"),
+                key("embedding_length"),
+                file.path().display()
+            ),
+        };
+        let eos = file.opt("tokenizer.ggml.eos_token_id", GgufFile::get_usize)?;
+        Ok(ModelConfig {
+            arch,
+            vocab_size: file.get_str_array("tokenizer.ggml.tokens")?.len(),
+            hidden_size,
+            intermediate_size: file.get_usize(&key("feed_forward_length"))?,
+            num_layers: file.get_usize(&key("block_count"))?,
+            num_heads,
+            num_kv_heads: file
+                .opt(&key("attention.head_count_kv"), GgufFile::get_usize)?
+                .unwrap_or(num_heads),
+            head_dim,
+            rope_theta: file
+                .opt(&key("rope.freq_base"), GgufFile::get_f64)?
+                .unwrap_or(10_000.0) as f32,
+            rope_scaling: None,
+            rms_norm_eps: file.get_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
+            max_position_embeddings: file.get_usize(&key("context_length"))?,
+            tie_word_embeddings: !file.tensors.contains_key("output.weight"),
+            bos_token_id: file
+                .opt("tokenizer.ggml.bos_token_id", GgufFile::get_usize)?
+                .map(|id| id as u32),
+            eos_token_ids: eos.map(|id| id as u32).into_iter().collect(),
+        })
+    }
 }

@@ -1,7 +1,14 @@
 //! The engine core: model loading, tokenizer, CPU backend, paged KV cache,
 //! continuous-batching scheduler and sampler. See `../shared/ARCHITECTURE.md`.
 
+pub mod backend;
 pub mod config;
+pub mod engine;
+pub mod kv_cache;
 pub mod model;
+pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
+pub mod server;
 pub mod tokenizer;
 pub mod weights;

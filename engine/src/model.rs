@@ -1,4 +1,13 @@
 //! The forward pass over a batch of sequence chunks, reading and writing the paged KV cache.
+//!
+//! [`Model`] is written once against [`Backend`]; `crate::backend::cpu::load_cpu_runner`
+//! builds one on the CPU.
+
+use anyhow::{bail, ensure, Context};
+
+use crate::backend::{AttnSeq, Backend, QkvLayout, StepMeta};
+use crate::config::{Arch, Llama3RopeScaling, ModelConfig};
+use crate::weights::{HostTensor, TensorData, WeightSource};
 
 /// One sequence's slice of work in a forward step.
 #[derive(Debug, Clone, Copy)]
@@ -31,4 +40,364 @@ pub struct RunnerOptions {
     pub block_size: usize,
     /// Memory budget for the KV cache in bytes; the runner allocates as many blocks as fit.
     pub kv_cache_bytes: usize,
+}
+
+/// KV-cache bytes per token: f32 K and V of every layer.
+pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
+    2 * config.num_layers * config.num_kv_heads * config.head_dim * std::mem::size_of::<f32>()
+}
+
+/// RoPE inverse frequencies (`head_dim / 2` of them), with Llama 3 scaling when configured.
+pub fn rope_inv_freq(config: &ModelConfig) -> Vec<f32> {
+    let hd = config.head_dim;
+    let base = (0..hd / 2).map(|i| {
+        1.0f32 / (config.rope_theta as f64).powf((2 * i) as f64 / hd as f64) as f32
+    });
+    match config.rope_scaling {
+        None => base.collect(),
+        Some(s) => base.map(|f| llama3_scale(f, &s)).collect(),
+    }
+}
+
+/// Llama 3 frequency scaling (transformers' `_compute_llama3_parameters`).
+fn llama3_scale(inv_freq: f32, s: &Llama3RopeScaling) -> f32 {
+    let old_ctx = s.original_max_position_embeddings as f32;
+    let low_freq_wavelen = old_ctx / s.low_freq_factor;
+    let high_freq_wavelen = old_ctx / s.high_freq_factor;
+    let wavelen = 2.0 * std::f32::consts::PI / inv_freq;
+    if wavelen < high_freq_wavelen {
+        inv_freq
+    } else if wavelen > low_freq_wavelen {
+        inv_freq / s.factor
+    } else {
+        let smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    }
+}
+
+/// One decoder layer's weights. Q/K/V and gate/up are fused row-wise at load time.
+struct Layer<B: Backend> {
+    attn_norm: B::Param,
+    qkv: B::Weight,
+    qkv_bias: Option<B::Param>,
+    qk_norm: Option<(B::Param, B::Param)>,
+    o_proj: B::Weight,
+    mlp_norm: B::Param,
+    gate_up: B::Weight,
+    down: B::Weight,
+}
+
+/// Activation buffers reused across steps.
+struct Buffers<B: Backend> {
+    x: B::Act,
+    h: B::Act,
+    qkv: B::Act,
+    attn: B::Act,
+    o: B::Act,
+    gate_up: B::Act,
+    act: B::Act,
+    down: B::Act,
+    last: B::Act,
+    logits: B::Act,
+}
+
+/// Host-side step inputs reused across steps.
+#[derive(Default)]
+struct HostScratch {
+    tokens: Vec<u32>,
+    slots: Vec<usize>,
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+    logit_rows: Vec<usize>,
+}
+
+/// Everything but the backend (split so the backend can run the forward in its context).
+struct ModelState<B: Backend> {
+    config: ModelConfig,
+    layout: QkvLayout,
+    embed: B::Weight,
+    lm_head: Option<B::Weight>,
+    final_norm: B::Param,
+    layers: Vec<Layer<B>>,
+    caches: Vec<B::KvCache>,
+    num_blocks: usize,
+    block_size: usize,
+    inv_freq: Vec<f32>,
+    bufs: Buffers<B>,
+    host: HostScratch,
+}
+
+/// A Llama / Qwen2 / Qwen3 decoder on a [`Backend`], with its paged KV cache.
+pub struct Model<B: Backend> {
+    backend: B,
+    state: ModelState<B>,
+}
+
+/// Reads a tensor and checks its shape; errors name the tensor.
+fn read(weights: &mut dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::Result<HostTensor> {
+    if !weights.contains(name) {
+        bail!("missing tensor `{name}`");
+    }
+    let t = weights.load(name).with_context(|| format!("loading tensor `{name}`"))?;
+    ensure!(t.shape == shape, "tensor `{name}` has shape {:?}, expected {shape:?}", t.shape);
+    Ok(t)
+}
+
+/// Stacks 2-D tensors (or 1-D vectors) along the first dimension; mixed dtypes become f32.
+fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
+    let rows: usize = parts.iter().map(|p| p.shape[0]).sum();
+    let mut shape = parts[0].shape.clone();
+    shape[0] = rows;
+    let same = |f: fn(&TensorData) -> bool| parts.iter().all(|p| f(&p.data));
+    let data = if same(|d| matches!(d, TensorData::F16(_))) {
+        TensorData::F16(parts.into_iter().flat_map(|p| match p.data {
+            TensorData::F16(v) => v,
+            _ => Vec::new(),
+        }).collect())
+    } else if same(|d| matches!(d, TensorData::BF16(_))) {
+        TensorData::BF16(parts.into_iter().flat_map(|p| match p.data {
+            TensorData::BF16(v) => v,
+            _ => Vec::new(),
+        }).collect())
+    } else {
+        TensorData::F32(parts.into_iter().flat_map(|p| match p.data {
+            TensorData::F32(v) => v,
+            TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }).collect())
+    };
+    HostTensor { shape, data }
+}
+
+impl<B: Backend> Layer<B> {
+    fn load(backend: &B, c: &ModelConfig, w: &mut dyn WeightSource, i: usize) -> anyhow::Result<Self> {
+        let p = format!("model.layers.{i}");
+        let (h, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qw, kvw) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let param = |w: &mut dyn WeightSource, name: String, len: usize| -> anyhow::Result<B::Param> {
+            backend.upload_param(&name, read(w, &name, &[len])?)
+        };
+        let qkv_names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{p}.self_attn.{n}"));
+        let widths = [qw, kvw, kvw];
+        let mut parts = Vec::new();
+        for (n, &rows) in qkv_names.iter().zip(&widths) {
+            parts.push(read(w, &format!("{n}.weight"), &[rows, h])?);
+        }
+        let qkv = backend.upload_weight(&format!("{p}.self_attn.qkv"), concat_rows(parts))?;
+        let has_bias: Vec<bool> = qkv_names.iter().map(|n| w.contains(&format!("{n}.bias"))).collect();
+        let qkv_bias = if has_bias.iter().any(|&b| b) {
+            let mut parts = Vec::new();
+            for (n, &rows) in qkv_names.iter().zip(&widths) {
+                parts.push(read(w, &format!("{n}.bias"), &[rows])?);
+            }
+            Some(backend.upload_param(&format!("{p}.self_attn.qkv.bias"), concat_rows(parts))?)
+        } else {
+            None
+        };
+        let q_norm = format!("{p}.self_attn.q_norm.weight");
+        let qk_norm = if c.arch == Arch::Qwen3 || w.contains(&q_norm) {
+            Some((param(w, q_norm, hd)?, param(w, format!("{p}.self_attn.k_norm.weight"), hd)?))
+        } else {
+            None
+        };
+        let o_name = format!("{p}.self_attn.o_proj.weight");
+        let o_proj = backend.upload_weight(&o_name, read(w, &o_name, &[h, qw])?)?;
+        let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+        let up = read(w, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+        let gate_up = backend.upload_weight(&format!("{p}.mlp.gate_up"), concat_rows(vec![gate, up]))?;
+        let down_name = format!("{p}.mlp.down_proj.weight");
+        let down = backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?;
+        Ok(Layer {
+            attn_norm: param(w, format!("{p}.input_layernorm.weight"), h)?,
+            qkv,
+            qkv_bias,
+            qk_norm,
+            o_proj,
+            mlp_norm: param(w, format!("{p}.post_attention_layernorm.weight"), h)?,
+            gate_up,
+            down,
+        })
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads the weights onto `backend` and allocates the KV cache: as many blocks of
+    /// `opts.block_size` tokens as fit in `opts.kv_cache_bytes` (at least one).
+    pub fn load(
+        backend: B,
+        config: &ModelConfig,
+        weights: &mut dyn WeightSource,
+        opts: &RunnerOptions,
+    ) -> anyhow::Result<Self> {
+        let c = config;
+        ensure!(
+            c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,
+            "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+            c.num_heads,
+            c.num_kv_heads
+        );
+        ensure!(c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim {} must be even", c.head_dim);
+        ensure!(c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers > 0, "empty model dimensions in the config");
+        ensure!(opts.block_size > 0, "KV block size must be positive");
+        let block_bytes = kv_bytes_per_token(c) * opts.block_size;
+        let num_blocks = opts.kv_cache_bytes / block_bytes;
+        ensure!(
+            num_blocks >= 1,
+            "KV cache budget of {} bytes is less than one block ({block_bytes} bytes for {} tokens)",
+            opts.kv_cache_bytes,
+            opts.block_size
+        );
+        let embed_name = "model.embed_tokens.weight";
+        let embed = backend.upload_weight(embed_name, read(weights, embed_name, &[c.vocab_size, c.hidden_size])?)?;
+        let lm_head = if weights.contains("lm_head.weight") {
+            let t = read(weights, "lm_head.weight", &[c.vocab_size, c.hidden_size])?;
+            Some(backend.upload_weight("lm_head.weight", t)?)
+        } else {
+            None
+        };
+        let final_norm = backend.upload_param("model.norm.weight", read(weights, "model.norm.weight", &[c.hidden_size])?)?;
+        let mut layers = Vec::with_capacity(c.num_layers);
+        let mut caches = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            layers.push(Layer::load(&backend, c, weights, i)?);
+            caches.push(backend.new_kv_cache(num_blocks, opts.block_size, c.num_kv_heads, c.head_dim)?);
+        }
+        let bufs = Buffers {
+            x: backend.new_act(),
+            h: backend.new_act(),
+            qkv: backend.new_act(),
+            attn: backend.new_act(),
+            o: backend.new_act(),
+            gate_up: backend.new_act(),
+            act: backend.new_act(),
+            down: backend.new_act(),
+            last: backend.new_act(),
+            logits: backend.new_act(),
+        };
+        let state = ModelState {
+            config: c.clone(),
+            layout: QkvLayout { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim },
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+            caches,
+            num_blocks,
+            block_size: opts.block_size,
+            inv_freq: rope_inv_freq(c),
+            bufs,
+            host: HostScratch::default(),
+        };
+        Ok(Model { backend, state })
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+}
+
+impl<B: Backend> ModelState<B> {
+    /// Checks the batch and fills the host scratch (tokens, slots, RoPE tables, logits rows).
+    fn prepare_inputs<'a>(&mut self, batch: &[SeqInput<'a>]) -> anyhow::Result<Vec<AttnSeq<'a>>> {
+        let bs = self.block_size;
+        let half = self.config.head_dim / 2;
+        let host = &mut self.host;
+        host.tokens.clear();
+        host.slots.clear();
+        host.rope_cos.clear();
+        host.rope_sin.clear();
+        host.logit_rows.clear();
+        let mut seqs = Vec::with_capacity(batch.len());
+        for (i, s) in batch.iter().enumerate() {
+            ensure!(!s.tokens.is_empty(), "batch entry {i} has no tokens");
+            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+                bail!("batch entry {i}: token id {t} is outside the vocabulary ({})", self.config.vocab_size);
+            }
+            let end = s.start_pos + s.tokens.len();
+            let need = end.div_ceil(bs);
+            ensure!(
+                s.block_table.len() >= need,
+                "batch entry {i}: block table has {} blocks but positions up to {end} need {need}",
+                s.block_table.len()
+            );
+            if let Some(&b) = s.block_table[..need].iter().find(|&&b| b as usize >= self.num_blocks) {
+                bail!("batch entry {i}: block id {b} is past the KV cache ({} blocks)", self.num_blocks);
+            }
+            let row_start = host.tokens.len();
+            host.tokens.extend_from_slice(s.tokens);
+            for pos in s.start_pos..end {
+                host.slots.push(s.block_table[pos / bs] as usize * bs + pos % bs);
+                for &f in &self.inv_freq {
+                    let angle = pos as f32 * f;
+                    host.rope_cos.push(angle.cos());
+                    host.rope_sin.push(angle.sin());
+                }
+            }
+            debug_assert_eq!(host.rope_cos.len(), host.tokens.len() * half);
+            if s.need_logits {
+                host.logit_rows.push(host.tokens.len() - 1);
+            }
+            seqs.push(AttnSeq { row_start, n_tokens: s.tokens.len(), start_pos: s.start_pos, block_table: s.block_table });
+        }
+        Ok(seqs)
+    }
+
+    fn forward(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let seqs = self.prepare_inputs(batch)?;
+        let step = b.prepare_step(&StepMeta {
+            seqs: &seqs,
+            slots: &self.host.slots,
+            rope_cos: &self.host.rope_cos,
+            rope_sin: &self.host.rope_sin,
+            block_size: self.block_size,
+        })?;
+        let eps = self.config.rms_norm_eps;
+        let layout = self.layout;
+        let Buffers { x, h, qkv, attn, o, gate_up, act, down, last, logits } = &mut self.bufs;
+        b.embed(&self.embed, &self.host.tokens, x)?;
+        for (i, (layer, cache)) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
+            if i == 0 {
+                b.rms_norm(x, &layer.attn_norm, eps, h)?;
+            } else {
+                b.add_rms_norm(x, down, &layer.attn_norm, eps, h)?;
+            }
+            b.matmul(h, &layer.qkv, layer.qkv_bias.as_ref(), qkv)?;
+            if let Some((q_w, k_w)) = &layer.qk_norm {
+                b.qk_head_norm(qkv, layout, q_w, k_w, eps)?;
+            }
+            b.rope(qkv, layout, &step)?;
+            b.attention(qkv, layout, cache, &step, attn)?;
+            b.matmul(attn, &layer.o_proj, None, o)?;
+            b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?;
+            b.matmul(h, &layer.gate_up, None, gate_up)?;
+            b.silu_mul(gate_up, act)?;
+            b.matmul(act, &layer.down, None, down)?;
+        }
+        if self.host.logit_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        b.add_rms_norm(x, down, &self.final_norm, eps, h)?;
+        b.gather_rows(h, &self.host.logit_rows, last)?;
+        b.matmul(last, self.lm_head.as_ref().unwrap_or(&self.embed), None, logits)?;
+        b.to_host(logits)
+    }
+}
+
+impl<B: Backend> ModelRunner for Model<B> {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let Model { backend, state } = self;
+        backend.install(|| state.forward(backend, batch))
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.state.num_blocks
+    }
+
+    fn block_size(&self) -> usize {
+        self.state.block_size
+    }
 }

@@ -1,1 +1,11 @@
 //! Statistics, SLO checks, capacity plans, A/B tests and renderers for loadgen runs.
+pub mod ab;
+pub mod metrics;
+pub mod plan;
+pub mod records;
+pub mod render;
+pub mod samples;
+pub mod slo;
+pub mod stats;
+pub mod summary;
+pub mod table;

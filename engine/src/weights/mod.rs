@@ -5,7 +5,16 @@
 //! `lm_head.weight`, ...) with HF's row-major shape (`[out_features, in_features]`
 //! for linear layers), whatever the file format.
 
+pub mod gguf;
+pub mod gguf_weights;
+pub mod safetensors;
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
 use half::{bf16, f16};
+
+use crate::config::ModelConfig;
 
 /// Element storage of a host tensor; quantised GGUF types arrive dequantised.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,4 +37,141 @@ pub trait WeightSource: Send {
     fn load(&mut self, name: &str) -> anyhow::Result<HostTensor>;
     /// Whether the tensor exists (e.g. `lm_head.weight` for untied models).
     fn contains(&self, name: &str) -> bool;
+    /// Where the tensors come from (a file or directory), for error messages.
+    fn origin(&self) -> String {
+        "weight source".to_string()
+    }
+    /// Reads a tensor and checks that its shape is `shape`; the error names the
+    /// tensor, the source and both shapes.
+    fn load_expect(&mut self, name: &str, shape: &[usize]) -> anyhow::Result<HostTensor> {
+        let tensor = self.load(name)?;
+        if tensor.shape != shape {
+            bail!(
+                "tensor `{name}` in {} has shape {:?}, expected {:?}",
+                self.origin(),
+                tensor.shape,
+                shape
+            );
+        }
+        Ok(tensor)
+    }
+}
+
+impl TensorData {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(v) => v.len(),
+            TensorData::F16(v) => v.len(),
+            TensorData::BF16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements widened to f32 (exact for every variant).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self {
+            TensorData::F32(v) => v.clone(),
+            TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+
+    /// Like [`TensorData::to_f32`] without copying an f32 tensor.
+    pub fn into_f32(self) -> Vec<f32> {
+        match self {
+            TensorData::F32(v) => v,
+            other => other.to_f32(),
+        }
+    }
+}
+
+impl HostTensor {
+    /// Number of elements implied by the shape.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The elements widened to f32 (no copy for f32 tensors).
+    pub fn into_f32(self) -> Vec<f32> {
+        self.data.into_f32()
+    }
+}
+
+/// Opens a model: a directory is an HF checkpoint (`config.json` plus
+/// `model.safetensors` or a sharded `model.safetensors.index.json`), a `.gguf`
+/// file is a GGUF model. Returns its configuration and its weights.
+pub fn open_model(path: &Path) -> anyhow::Result<(ModelConfig, Box<dyn WeightSource>)> {
+    if path.is_dir() {
+        let config = ModelConfig::from_hf_config(&path.join("config.json"))?;
+        let weights = safetensors::SafetensorsWeights::open_dir(path)?;
+        return Ok((config, Box::new(weights)));
+    }
+    if path
+        .extension()
+        .is_some_and(|ext| ext.eq_ignore_ascii_case("gguf"))
+    {
+        let (config, weights) = gguf_weights::open_gguf_model(path)?;
+        return Ok((config, Box::new(weights)));
+    }
+    if !path.exists() {
+        bail!("model path {} does not exist", path.display());
+    }
+    bail!(
+        "model path {} is neither an HF model directory nor a .gguf file",
+        path.display()
+    )
+}
+
+/// Decodes little-endian element bytes into tensor data.
+pub(crate) fn decode_le_bytes(bytes: &[u8], dtype: ElementType) -> TensorData {
+    match dtype {
+        ElementType::F32 => TensorData::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+        ElementType::F16 => TensorData::F16(
+            bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+        ),
+        ElementType::BF16 => TensorData::BF16(
+            bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+        ),
+    }
+}
+
+/// The unquantised element types a file may store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ElementType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl ElementType {
+    pub(crate) fn size(self) -> usize {
+        match self {
+            ElementType::F32 => 4,
+            ElementType::F16 | ElementType::BF16 => 2,
+        }
+    }
+}
+
+/// Memory-maps a file read-only.
+pub(crate) fn map_file(path: &Path) -> anyhow::Result<memmap2::Mmap> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: the map is read-only; model files are not modified while the engine runs.
+    unsafe { memmap2::Mmap::map(&file) }
+        .with_context(|| format!("cannot memory-map {}", path.display()))
 }

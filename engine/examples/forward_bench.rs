@@ -1,0 +1,177 @@
+//! Times the CPU forward pass: prefill, single-stream decode and 16-sequence decode.
+//!
+//! `cargo run --release -p engine --example forward_bench -- [MODEL] [THREADS]`
+//! MODEL is an HF directory or a GGUF file (linear weights stored as f16); without it a
+//! random model with SmolLM2-135M's shapes is used.
+
+use std::time::Instant;
+
+use engine::backend::cpu::{load_cpu_runner_with, CpuOptions};
+use engine::config::{Arch, ModelConfig};
+use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::weights::{open_model, HostTensor, TensorData, WeightSource};
+
+/// Random weights with the shapes a config implies.
+struct RandomWeights {
+    config: ModelConfig,
+    seed: u64,
+}
+
+impl RandomWeights {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        let c = &self.config;
+        let (h, i, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
+        let (q, kv) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let suffix = name.rsplit_once("layers.").map_or(name, |(_, s)| s.split_once('.').map_or(s, |(_, s)| s));
+        Some(match suffix {
+            "model.embed_tokens.weight" => vec![c.vocab_size, h],
+            "model.norm.weight" | "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
+            "self_attn.q_proj.weight" => vec![q, h],
+            "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, h],
+            "self_attn.o_proj.weight" => vec![h, q],
+            "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![i, h],
+            "mlp.down_proj.weight" => vec![h, i],
+            _ => return None,
+        })
+    }
+}
+
+impl WeightSource for RandomWeights {
+    fn load(&mut self, name: &str) -> anyhow::Result<HostTensor> {
+        let shape = self.shape(name).ok_or_else(|| anyhow::anyhow!("no tensor {name}"))?;
+        let n: usize = shape.iter().product();
+        let is_norm = shape.len() == 1;
+        let data = (0..n)
+            .map(|_| {
+                self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let u = (self.seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                if is_norm { 1.0 + 0.1 * u } else { 0.1 * u }
+            })
+            .collect();
+        Ok(HostTensor { shape, data: TensorData::F32(data) })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.shape(name).is_some()
+    }
+}
+
+fn smollm2_config() -> ModelConfig {
+    ModelConfig {
+        arch: Arch::Llama,
+        vocab_size: 49152,
+        hidden_size: 576,
+        intermediate_size: 1536,
+        num_layers: 30,
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+        rope_theta: 100000.0,
+        rope_scaling: None,
+        rms_norm_eps: 1e-5,
+        max_position_embeddings: 8192,
+        tie_word_embeddings: true,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("ops") {
+        return op_bench();
+    }
+    let threads = args.get(2).map(|t| t.parse()).transpose()?.unwrap_or(0);
+    let (config, mut weights): (ModelConfig, Box<dyn WeightSource>) = match args.get(1) {
+        Some(path) => open_model(path.as_ref())?,
+        None => {
+            let config = smollm2_config();
+            (config.clone(), Box::new(RandomWeights { config, seed: 1 }))
+        }
+    };
+    let bs = 16;
+    let opts = RunnerOptions { block_size: bs, kv_cache_bytes: kv_bytes_per_token(&config) * 16 * 512 };
+    let cpu = CpuOptions { threads, f32_weights_as_f16: true };
+    let t = Instant::now();
+    let mut r: Box<dyn ModelRunner> = load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu)?;
+    println!("load: {:.2}s", t.elapsed().as_secs_f64());
+
+    let prompt: Vec<u32> = (0..256u32).map(|i| (i * 7919) % config.vocab_size as u32).collect();
+    let blocks_per_seq = 512 / bs;
+    let table = |s: usize| -> Vec<u32> { ((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32).collect() };
+
+    if std::env::var_os("DECODE_ONLY").is_some() {
+        let tb = table(0);
+        r.forward(&[SeqInput { tokens: &prompt[..64], start_pos: 0, block_table: &tb, need_logits: false }])?;
+        let t = Instant::now();
+        for s in 0..200 {
+            r.forward(&[SeqInput { tokens: &[5], start_pos: 64 + s, block_table: &tb, need_logits: true }])?;
+        }
+        println!("decode batch 1: {:.1} ms/step", t.elapsed().as_secs_f64() * 1e3 / 200.0);
+        return Ok(());
+    }
+
+    // Prefill: 2 × 256 tokens, one sequence each.
+    r.forward(&[SeqInput { tokens: &prompt[..16], start_pos: 0, block_table: &table(0), need_logits: true }])?;
+    let t = Instant::now();
+    for s in 0..2 {
+        let tb = table(s);
+        r.forward(&[SeqInput { tokens: &prompt, start_pos: 0, block_table: &tb, need_logits: true }])?;
+    }
+    let dt = t.elapsed().as_secs_f64();
+    println!("prefill: {:.0} tok/s ({} tokens in {dt:.2}s)", 512.0 / dt, 512);
+
+    // Decode, batch 1: 64 steps after the 256-token prompt of sequence 0.
+    let tb = table(0);
+    let steps = 64;
+    let t = Instant::now();
+    for s in 0..steps {
+        r.forward(&[SeqInput { tokens: &[5], start_pos: 256 + s, block_table: &tb, need_logits: true }])?;
+    }
+    let dt = t.elapsed().as_secs_f64();
+    println!("decode batch 1: {:.1} tok/s ({:.1} ms/step)", steps as f64 / dt, dt * 1e3 / steps as f64);
+
+    // Decode, batch 16: sequences with 64-token prompts.
+    let tables: Vec<Vec<u32>> = (0..16).map(table).collect();
+    for tb in &tables {
+        r.forward(&[SeqInput { tokens: &prompt[..64], start_pos: 0, block_table: tb, need_logits: false }])?;
+    }
+    let steps = 16;
+    let t = Instant::now();
+    for s in 0..steps {
+        let batch: Vec<SeqInput> = tables
+            .iter()
+            .map(|tb| SeqInput { tokens: &[5], start_pos: 64 + s, block_table: tb, need_logits: true })
+            .collect();
+        r.forward(&batch)?;
+    }
+    let dt = t.elapsed().as_secs_f64();
+    println!("decode batch 16: {:.1} tok/s ({:.1} ms/step)", (16 * steps) as f64 / dt, dt * 1e3 / steps as f64);
+    Ok(())
+}
+
+/// Times single ops with SmolLM2's decode shapes (run with `ops` as the only argument).
+pub fn op_bench() -> anyhow::Result<()> {
+    use engine::backend::cpu::{CpuAct, CpuBackend};
+    use engine::backend::Backend;
+    let b = CpuBackend::new(&CpuOptions { threads: 0, f32_weights_as_f16: true })?;
+    for &(m, n, k) in &[(1usize, 3072usize, 576usize), (1, 576, 1536), (1, 49152, 576), (4, 3072, 576), (16, 3072, 576), (32, 3072, 576), (64, 3072, 576), (128, 3072, 576), (256, 3072, 576), (256, 576, 1536)] {
+        let w = b.upload_weight("w", HostTensor { shape: vec![n, k], data: TensorData::F32(vec![0.01; n * k]) })?;
+        let x = CpuAct::from_rows(m, k, vec![0.5; m * k])?;
+        let mut out = b.new_act();
+        let iters = (2_000_000_000 / (m * n * k * 2)).clamp(3, 2000);
+        b.install(|| b.matmul(&x, &w, None, &mut out))?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            b.install(|| b.matmul(&x, &w, None, &mut out))?;
+        }
+        let dt = t.elapsed().as_secs_f64() / iters as f64;
+        println!(
+            "matmul m={m} n={n} k={k}: {:.1} us, {:.1} GFLOP/s, {:.1} GB/s weights",
+            dt * 1e6,
+            2.0 * (m * n * k) as f64 / dt / 1e9,
+            (n * k * 2) as f64 / dt / 1e9
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,382 @@
+//! The CPU backend: f32 activations, weights in f32 / f16 / bf16, a dedicated rayon pool.
+//!
+//! Linear weights that arrive as f32 can be stored as f16 ([`CpuOptions::f32_weights_as_f16`]):
+//! GGUF quantised tensors are dequantised to f32 by the loader, and keeping them in f16
+//! halves the memory traffic of decode, which is bandwidth-bound. f16 keeps 11
+//! significant bits, more than Q4/Q8 blocks carry, so the loss is small (see the report
+//! in `tests/forward.rs`). Unquantised f32 checkpoints keep full precision by default.
+
+mod attention;
+mod matmul;
+mod ops;
+mod simd;
+
+use anyhow::{bail, ensure, Context};
+use half::{f16, slice::HalfFloatSliceExt};
+
+pub use attention::CpuKvCache;
+pub use matmul::{CpuWeight, WeightData};
+
+use super::{AttnSeq, Backend, QkvLayout, StepMeta};
+use crate::config::ModelConfig;
+use crate::model::{Model, ModelRunner, RunnerOptions};
+use crate::weights::{HostTensor, TensorData, WeightSource};
+
+/// How the CPU backend runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Worker threads of the backend's pool (0 = all available cores).
+    pub threads: usize,
+    /// Store f32 linear weights (and the embedding table) as f16.
+    pub f32_weights_as_f16: bool,
+}
+
+/// Loads a model onto the CPU with weights kept in their file dtype.
+pub fn load_cpu_runner(
+    config: &ModelConfig,
+    weights: &mut dyn WeightSource,
+    opts: &RunnerOptions,
+    threads: usize,
+) -> anyhow::Result<Box<dyn ModelRunner>> {
+    let cpu = CpuOptions { threads, f32_weights_as_f16: false };
+    load_cpu_runner_with(config, weights, opts, &cpu)
+}
+
+/// Loads a model onto the CPU with explicit backend options (use
+/// `f32_weights_as_f16: true` for GGUF files with quantised tensors).
+pub fn load_cpu_runner_with(
+    config: &ModelConfig,
+    weights: &mut dyn WeightSource,
+    opts: &RunnerOptions,
+    cpu: &CpuOptions,
+) -> anyhow::Result<Box<dyn ModelRunner>> {
+    let backend = CpuBackend::new(cpu)?;
+    Ok(Box::new(Model::load(backend, config, weights, opts)?))
+}
+
+/// The CPU implementation of [`Backend`].
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    f32_weights_as_f16: bool,
+}
+
+impl CpuBackend {
+    pub fn new(opts: &CpuOptions) -> anyhow::Result<Self> {
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            opts.threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("cpu-backend-{i}"))
+            .build()
+            .context("creating the CPU backend's thread pool")?;
+        Ok(Self { pool, f32_weights_as_f16: opts.f32_weights_as_f16 })
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+}
+
+/// A row-major f32 activation matrix.
+#[derive(Debug, Clone, Default)]
+pub struct CpuAct {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuAct {
+    /// From row-major data.
+    pub fn from_rows(rows: usize, cols: usize, data: Vec<f32>) -> anyhow::Result<Self> {
+        ensure!(data.len() == rows * cols, "activation of {rows}x{cols} needs {} values, got {}", rows * cols, data.len());
+        Ok(Self { data, rows, cols })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// Resizes (keeping the allocation) and returns the data to overwrite.
+    fn reshape(&mut self, rows: usize, cols: usize) -> &mut [f32] {
+        self.rows = rows;
+        self.cols = cols;
+        self.data.resize(rows * cols, 0.0);
+        &mut self.data
+    }
+}
+
+/// One sequence of a [`CpuStep`], with its block table stored in `CpuStep::tables`.
+#[derive(Debug, Clone, Copy)]
+struct StepSeq {
+    row_start: usize,
+    n_tokens: usize,
+    start_pos: usize,
+    table: (usize, usize),
+}
+
+/// A host copy of [`StepMeta`].
+#[derive(Debug, Clone)]
+pub struct CpuStep {
+    seqs: Vec<StepSeq>,
+    tables: Vec<u32>,
+    slots: Vec<usize>,
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+}
+
+impl CpuStep {
+    fn attn_seqs(&self) -> Vec<AttnSeq<'_>> {
+        self.seqs
+            .iter()
+            .map(|s| AttnSeq {
+                row_start: s.row_start,
+                n_tokens: s.n_tokens,
+                start_pos: s.start_pos,
+                block_table: &self.tables[s.table.0..s.table.1],
+            })
+            .collect()
+    }
+}
+
+fn host_to_f32(t: HostTensor) -> Vec<f32> {
+    match t.data {
+        TensorData::F32(v) => v,
+        TensorData::F16(v) => {
+            let mut out = vec![0.0; v.len()];
+            v.convert_to_f32_slice(&mut out);
+            out
+        }
+        TensorData::BF16(v) => {
+            let mut out = vec![0.0; v.len()];
+            v.convert_to_f32_slice(&mut out);
+            out
+        }
+    }
+}
+
+fn host_len(t: &HostTensor) -> usize {
+    match &t.data {
+        TensorData::F32(v) => v.len(),
+        TensorData::F16(v) => v.len(),
+        TensorData::BF16(v) => v.len(),
+    }
+}
+
+impl Backend for CpuBackend {
+    type Act = CpuAct;
+    type Weight = CpuWeight;
+    type Param = Vec<f32>;
+    type KvCache = CpuKvCache;
+    type Step = CpuStep;
+
+    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn new_act(&self) -> CpuAct {
+        CpuAct::default()
+    }
+
+    fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<CpuWeight> {
+        let &[rows, cols] = tensor.shape.as_slice() else {
+            bail!("weight `{name}` has shape {:?}, expected 2 dimensions", tensor.shape);
+        };
+        ensure!(host_len(&tensor) == rows * cols, "weight `{name}`: shape {:?} does not match its data", tensor.shape);
+        let data = match tensor.data {
+            TensorData::F32(v) if self.f32_weights_as_f16 => {
+                WeightData::F16(v.iter().map(|&x| f16::from_f32(x)).collect())
+            }
+            TensorData::F32(v) => WeightData::F32(v),
+            TensorData::F16(v) => WeightData::F16(v),
+            TensorData::BF16(v) => WeightData::BF16(v),
+        };
+        Ok(CpuWeight { rows, cols, data })
+    }
+
+    fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Vec<f32>> {
+        ensure!(tensor.shape.len() == 1, "parameter `{name}` has shape {:?}, expected 1 dimension", tensor.shape);
+        ensure!(host_len(&tensor) == tensor.shape[0], "parameter `{name}`: shape does not match its data");
+        Ok(host_to_f32(tensor))
+    }
+
+    fn new_kv_cache(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> anyhow::Result<CpuKvCache> {
+        CpuKvCache::new(num_blocks, block_size, num_kv_heads, head_dim)
+    }
+
+    fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<CpuStep> {
+        let mut tables = Vec::new();
+        let seqs = meta
+            .seqs
+            .iter()
+            .map(|s| {
+                let start = tables.len();
+                tables.extend_from_slice(s.block_table);
+                StepSeq {
+                    row_start: s.row_start,
+                    n_tokens: s.n_tokens,
+                    start_pos: s.start_pos,
+                    table: (start, tables.len()),
+                }
+            })
+            .collect();
+        Ok(CpuStep {
+            seqs,
+            tables,
+            slots: meta.slots.to_vec(),
+            rope_cos: meta.rope_cos.to_vec(),
+            rope_sin: meta.rope_sin.to_vec(),
+        })
+    }
+
+    fn embed(&self, table: &CpuWeight, tokens: &[u32], out: &mut CpuAct) -> anyhow::Result<()> {
+        let cols = table.cols;
+        let data = out.reshape(tokens.len(), cols);
+        for (&tok, row) in tokens.iter().zip(data.chunks_exact_mut(cols.max(1))) {
+            ensure!((tok as usize) < table.rows, "token id {tok} is outside the vocabulary ({})", table.rows);
+            table.row_to_f32(tok as usize, row);
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, x: &CpuAct, w: &CpuWeight, bias: Option<&Vec<f32>>, out: &mut CpuAct) -> anyhow::Result<()> {
+        ensure!(x.cols == w.cols, "matmul: input width {} but the weight takes {}", x.cols, w.cols);
+        if let Some(b) = bias {
+            ensure!(b.len() == w.rows, "matmul: bias of {} for {} outputs", b.len(), w.rows);
+        }
+        let threads = self.threads();
+        let rows = x.rows;
+        matmul::matmul(&x.data, rows, w, bias.map(|b| b.as_slice()), out.reshape(rows, w.rows), threads);
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CpuAct, w: &Vec<f32>, eps: f32, out: &mut CpuAct) -> anyhow::Result<()> {
+        ensure!(x.cols == w.len(), "rms_norm: width {} but weight {}", x.cols, w.len());
+        ops::rms_norm(&x.data, w, eps, out.reshape(x.rows, x.cols));
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CpuAct,
+        x: &CpuAct,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut CpuAct,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            residual.rows == x.rows && residual.cols == x.cols && x.cols == w.len(),
+            "add_rms_norm: shapes {}x{}, {}x{}, weight {}",
+            residual.rows,
+            residual.cols,
+            x.rows,
+            x.cols,
+            w.len()
+        );
+        ops::add_rms_norm(&mut residual.data, &x.data, w, eps, out.reshape(x.rows, x.cols));
+        Ok(())
+    }
+
+    fn qk_head_norm(
+        &self,
+        qkv: &mut CpuAct,
+        layout: QkvLayout,
+        q_w: &Vec<f32>,
+        k_w: &Vec<f32>,
+        eps: f32,
+    ) -> anyhow::Result<()> {
+        ensure!(qkv.cols == layout.qkv_width(), "qk_head_norm: width {}", qkv.cols);
+        ensure!(
+            q_w.len() == layout.head_dim && k_w.len() == layout.head_dim && layout.head_dim <= 512,
+            "qk_head_norm: weights of {} and {} for head_dim {}",
+            q_w.len(),
+            k_w.len(),
+            layout.head_dim
+        );
+        ops::qk_head_norm(&mut qkv.data, qkv.cols, layout.num_heads, layout.num_kv_heads, q_w, k_w, eps);
+        Ok(())
+    }
+
+    fn rope(&self, qkv: &mut CpuAct, layout: QkvLayout, step: &CpuStep) -> anyhow::Result<()> {
+        ensure!(qkv.cols == layout.qkv_width(), "rope: width {}", qkv.cols);
+        ensure!(
+            step.rope_cos.len() == qkv.rows * layout.head_dim / 2 && step.rope_sin.len() == step.rope_cos.len(),
+            "rope: tables do not match {} rows",
+            qkv.rows
+        );
+        let heads = layout.num_heads + layout.num_kv_heads;
+        let cols = qkv.cols;
+        ops::rope(&mut qkv.data, cols, heads, &step.rope_cos, &step.rope_sin);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        qkv: &CpuAct,
+        layout: QkvLayout,
+        cache: &mut CpuKvCache,
+        step: &CpuStep,
+        out: &mut CpuAct,
+    ) -> anyhow::Result<()> {
+        ensure!(qkv.cols == layout.qkv_width() && qkv.rows == step.slots.len(), "attention: qkv shape");
+        let seqs = step.attn_seqs();
+        let out_data = out.reshape(qkv.rows, layout.q_width());
+        attention::attention(&qkv.data, layout, cache, &seqs, &step.slots, out_data)
+    }
+
+    fn silu_mul(&self, gate_up: &CpuAct, out: &mut CpuAct) -> anyhow::Result<()> {
+        ensure!(gate_up.cols % 2 == 0, "silu_mul: odd width {}", gate_up.cols);
+        let inter = gate_up.cols / 2;
+        ops::silu_mul(&gate_up.data, inter, out.reshape(gate_up.rows, inter));
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &CpuAct, rows: &[usize], out: &mut CpuAct) -> anyhow::Result<()> {
+        let cols = x.cols;
+        let data = out.reshape(rows.len(), cols);
+        for (&r, dst) in rows.iter().zip(data.chunks_exact_mut(cols.max(1))) {
+            ensure!(r < x.rows, "gather_rows: row {r} of {}", x.rows);
+            dst.copy_from_slice(&x.data[r * cols..(r + 1) * cols]);
+        }
+        Ok(())
+    }
+
+    fn to_host(&self, x: &CpuAct) -> anyhow::Result<Vec<Vec<f32>>> {
+        Ok(x.data.chunks_exact(x.cols.max(1)).take(x.rows).map(|r| r.to_vec()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn f32_weights_become_f16_when_asked() {
+        let t = HostTensor { shape: vec![1, 2], data: TensorData::F32(vec![1.0, 0.1]) };
+        let b = CpuBackend::new(&CpuOptions { threads: 1, f32_weights_as_f16: true }).unwrap();
+        let w = b.upload_weight("w", t.clone()).unwrap();
+        assert!(matches!(w.data, WeightData::F16(_)));
+        let b = CpuBackend::new(&CpuOptions { threads: 1, f32_weights_as_f16: false }).unwrap();
+        assert!(matches!(b.upload_weight("w", t).unwrap().data, WeightData::F32(_)));
+        let bad = HostTensor { shape: vec![3], data: TensorData::BF16(vec![bf16::ONE; 3]) };
+        assert!(b.upload_weight("bad", bad).unwrap_err().to_string().contains("`bad`"));
+    }
+}

@@ -1,0 +1,636 @@
+//! `out = x · wᵀ` on the CPU for weights stored as f32, f16 or bf16 rows `[N, K]`.
+//!
+//! Few rows (decode): a hand-written AVX2/FMA/F16C kernel streams each weight row once
+//! per pair of activation rows, parallel over N. Many rows (prefill): the `gemm` crate on
+//! column chunks of the weight, converted to f32 per chunk into a per-thread buffer so
+//! the conversion is amortised over all rows.
+
+use std::cell::RefCell;
+
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+use rayon::prelude::*;
+
+use super::simd::{cpu_has_avx2, cpu_has_avx512, SendPtr};
+
+/// Activation row counts below this use the small-M kernel, at or above it `gemm`.
+pub const GEMM_MIN_ROWS: usize = 64;
+
+/// Weight columns converted to f32 at once on the `gemm` path (bounds the per-thread buffer).
+const GEMM_CHUNK_MAX: usize = 128;
+
+/// Storage of a weight matrix.
+#[derive(Debug, Clone)]
+pub enum WeightData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+/// A row-major `[rows, cols]` weight matrix.
+#[derive(Debug, Clone)]
+pub struct CpuWeight {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: WeightData,
+}
+
+impl CpuWeight {
+    /// Copies row `r` into `dst` as f32 (`dst.len() == cols`).
+    pub fn row_to_f32(&self, r: usize, dst: &mut [f32]) {
+        let range = r * self.cols..(r + 1) * self.cols;
+        match &self.data {
+            WeightData::F32(v) => dst.copy_from_slice(&v[range]),
+            WeightData::F16(v) => v[range].convert_to_f32_slice(dst),
+            WeightData::BF16(v) => v[range].convert_to_f32_slice(dst),
+        }
+    }
+
+    /// Bytes of weight storage.
+    pub fn size_bytes(&self) -> usize {
+        let elem = match self.data {
+            WeightData::F32(_) => 4,
+            WeightData::F16(_) | WeightData::BF16(_) => 2,
+        };
+        self.rows * self.cols * elem
+    }
+}
+
+/// A weight element type the kernels read.
+trait Elem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]);
+    /// The slice itself when the elements already are f32.
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+    /// Loads 8 consecutive elements as f32 lanes.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C, and `p..p + 8` is readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Loads 16 consecutive elements as f32 lanes.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F, and `p..p + 16` is readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn as_f32(src: &[Self]) -> Option<&[f32]> {
+        Some(src)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+    }
+}
+
+/// `out[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N])`. Runs on the current rayon pool.
+pub fn matmul(
+    x: &[f32],
+    m: usize,
+    w: &CpuWeight,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    threads: usize,
+) {
+    let (n, k) = (w.rows, w.cols);
+    assert_eq!(x.len(), m * k, "matmul: activation shape");
+    assert_eq!(out.len(), m * n, "matmul: output shape");
+    if m == 0 || n == 0 {
+        return;
+    }
+    match &w.data {
+        WeightData::F32(d) => matmul_typed(x, m, d, n, k, out, threads),
+        WeightData::F16(d) => matmul_typed(x, m, d, n, k, out, threads),
+        WeightData::BF16(d) => matmul_typed(x, m, d, n, k, out, threads),
+    }
+    if let Some(b) = bias {
+        for row in out.chunks_exact_mut(n) {
+            for (o, &bv) in row.iter_mut().zip(b) {
+                *o += bv;
+            }
+        }
+    }
+}
+
+fn matmul_typed<T: Elem>(
+    x: &[f32],
+    m: usize,
+    w: &[T],
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    threads: usize,
+) {
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    if m < GEMM_MIN_ROWS {
+        let chunk = chunk_rows(n, threads, 4, usize::MAX);
+        let isa = Isa::detect();
+        (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n));
+            // SAFETY: each task writes only columns n0..n1 of `out`, disjoint across tasks;
+            // the slices' shapes were checked by `matmul`.
+            unsafe { small_m(x, m, k, w, n, n0, n1, out_ptr.get(), isa) };
+        });
+    } else {
+        let chunk = chunk_rows(n, threads, 16, GEMM_CHUNK_MAX);
+        (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n));
+            // SAFETY: as above, columns n0..n1 only.
+            unsafe { gemm_chunk(x, m, k, &w[n0 * k..n1 * k], n, n0, n1, out_ptr.get()) };
+        });
+    }
+}
+
+/// Weight rows per parallel task: about four tasks per thread, a multiple of `align`.
+fn chunk_rows(n: usize, threads: usize, align: usize, max: usize) -> usize {
+    let per_task = n.div_ceil(threads.max(1) * 4);
+    per_task.div_ceil(align).max(1).saturating_mul(align).min(max.max(align))
+}
+
+thread_local! {
+    /// Per-thread f32 copy of a weight chunk for the `gemm` path.
+    static CONVERTED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Columns `n0..n1` of `out` (row stride `ldo`) through `gemm`, single-threaded.
+///
+/// # Safety
+/// `out` points to an `[m, ldo]` f32 matrix; no other thread writes columns `n0..n1`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_chunk<T: Elem>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w_chunk: &[T],
+    ldo: usize,
+    n0: usize,
+    n1: usize,
+    out: *mut f32,
+) {
+    let nc = n1 - n0;
+    let run = |w: &[f32]| {
+        // SAFETY: dst is [m, nc] at `out + n0` with row stride ldo; lhs is x [m, k]
+        // row-major; rhs is wᵀ [k, nc]: element (kk, j) at w[j * k + kk].
+        unsafe {
+            gemm::gemm(
+                m,
+                nc,
+                k,
+                out.add(n0),
+                1,
+                ldo as isize,
+                false,
+                x.as_ptr(),
+                1,
+                k as isize,
+                w.as_ptr(),
+                k as isize,
+                1,
+                0.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
+    };
+    if let Some(w32) = T::as_f32(w_chunk) {
+        run(w32);
+        return;
+    }
+    CONVERTED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.resize(nc * k, 0.0);
+        convert_to_f32(w_chunk, &mut buf, Isa::detect());
+        run(&buf);
+    });
+}
+
+/// Columns `n0..n1` of `out[m, ldo]` for few activation rows.
+///
+/// # Safety
+/// As [`gemm_chunk`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m<T: Elem>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[T],
+    ldo: usize,
+    n0: usize,
+    n1: usize,
+    out: *mut f32,
+    isa: Isa,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => small_m_avx512(x, m, k, w, ldo, n0, n1, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => small_m_avx2(x, m, k, w, ldo, n0, n1, out),
+        _ => small_m_scalar(x, m, k, w, ldo, n0, n1, out),
+    }
+}
+
+/// The widest kernel set the CPU supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    fn detect() -> Isa {
+        if cpu_has_avx512() {
+            Isa::Avx512
+        } else if cpu_has_avx2() {
+            Isa::Avx2
+        } else {
+            Isa::Scalar
+        }
+    }
+}
+
+/// Portable fallback: eight partial sums per dot product so the loop pipelines.
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_scalar<T: Elem>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[T],
+    ldo: usize,
+    n0: usize,
+    n1: usize,
+    out: *mut f32,
+) {
+    for j in n0..n1 {
+        let wr = &w[j * k..(j + 1) * k];
+        for i in 0..m {
+            let xr = &x[i * k..(i + 1) * k];
+            let mut acc = [0.0f32; 8];
+            let mut wc = wr.chunks_exact(8);
+            let mut xc = xr.chunks_exact(8);
+            for (wv, xv) in (&mut wc).zip(&mut xc) {
+                for l in 0..8 {
+                    acc[l] += wv[l].to_f32() * xv[l];
+                }
+            }
+            let mut s: f32 = acc.iter().sum();
+            for (wv, xv) in wc.remainder().iter().zip(xc.remainder()) {
+                s += wv.to_f32() * xv;
+            }
+            *out.add(i * ldo + j) = s;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn small_m_avx2<T: Elem>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[T],
+    ldo: usize,
+    n0: usize,
+    n1: usize,
+    out: *mut f32,
+) {
+    let xp = x.as_ptr();
+    let wp = w.as_ptr();
+    let mut j = n0;
+    while j + 4 <= n1 {
+        let mut i = 0;
+        while i + 2 <= m {
+            tile_avx2::<T, 2, 4>(xp.add(i * k), k, wp.add(j * k), k, out.add(i * ldo + j), ldo);
+            i += 2;
+        }
+        if i < m {
+            tile_avx2::<T, 1, 4>(xp.add(i * k), k, wp.add(j * k), k, out.add(i * ldo + j), ldo);
+        }
+        j += 4;
+    }
+    while j < n1 {
+        for i in 0..m {
+            tile_avx2::<T, 1, 1>(xp.add(i * k), k, wp.add(j * k), k, out.add(i * ldo + j), ldo);
+        }
+        j += 1;
+    }
+}
+
+/// `out[i][j] = x_i · w_j` for `MR` activation rows and `NR` weight rows.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<T: Elem, const MR: usize, const NR: usize>(
+    x: *const f32,
+    ldx: usize,
+    w: *const T,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+    let k8 = k / 8 * 8;
+    let mut kk = 0;
+    while kk < k8 {
+        let mut wv = [_mm256_setzero_ps(); NR];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = T::load8(w.add(r * k + kk));
+        }
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let xv = _mm256_loadu_ps(x.add(i * ldx + kk));
+            for (a, v) in acc_row.iter_mut().zip(&wv) {
+                *a = _mm256_fmadd_ps(xv, *v, *a);
+            }
+        }
+        kk += 8;
+    }
+    for (i, acc_row) in acc.iter().enumerate() {
+        for (r, a) in acc_row.iter().enumerate() {
+            let mut s = hsum_avx(*a);
+            for t in k8..k {
+                s += *x.add(i * ldx + t) * (*w.add(r * k + t)).to_f32();
+            }
+            *out.add(i * ldo + r) = s;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum_avx(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn small_m_avx512<T: Elem>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[T],
+    ldo: usize,
+    n0: usize,
+    n1: usize,
+    out: *mut f32,
+) {
+    let xp = x.as_ptr();
+    let wp = w.as_ptr();
+    let mut j = n0;
+    while j < n1 {
+        let nr = (n1 - j).min(4);
+        let mut i = 0;
+        while i < m {
+            let mr = (m - i).min(4);
+            let (xi, wj, o) = (xp.add(i * k), wp.add(j * k), out.add(i * ldo + j));
+            match (mr, nr) {
+                (4, 4) => tile_avx512::<T, 4, 4>(xi, k, wj, k, o, ldo),
+                (3, 4) => tile_avx512::<T, 3, 4>(xi, k, wj, k, o, ldo),
+                (2, 4) => tile_avx512::<T, 2, 4>(xi, k, wj, k, o, ldo),
+                (1, 4) => tile_avx512::<T, 1, 4>(xi, k, wj, k, o, ldo),
+                _ => {
+                    for r in 0..mr {
+                        for c in 0..nr {
+                            tile_avx512::<T, 1, 1>(xi.add(r * k), k, wj.add(c * k), k, o.add(r * ldo + c), ldo);
+                        }
+                    }
+                }
+            }
+            i += mr;
+        }
+        j += nr;
+    }
+}
+
+/// [`tile_avx2`] with 16 lanes and 32 registers.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn tile_avx512<T: Elem, const MR: usize, const NR: usize>(
+    x: *const f32,
+    ldx: usize,
+    w: *const T,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+    let k16 = k / 16 * 16;
+    let mut kk = 0;
+    while kk < k16 {
+        let mut wv = [_mm512_setzero_ps(); NR];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = T::load16(w.add(r * k + kk));
+        }
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let xv = _mm512_loadu_ps(x.add(i * ldx + kk));
+            for (a, v) in acc_row.iter_mut().zip(&wv) {
+                *a = _mm512_fmadd_ps(xv, *v, *a);
+            }
+        }
+        kk += 16;
+    }
+    for (i, acc_row) in acc.iter().enumerate() {
+        for (r, a) in acc_row.iter().enumerate() {
+            let mut s = _mm512_reduce_add_ps(*a);
+            for t in k16..k {
+                s += *x.add(i * ldx + t) * (*w.add(r * k + t)).to_f32();
+            }
+            *out.add(i * ldo + r) = s;
+        }
+    }
+}
+
+/// Converts weight elements to f32 (the `gemm` path's per-chunk copy).
+fn convert_to_f32<T: Elem>(src: &[T], dst: &mut [f32], isa: Isa) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: AVX2 + F16C were detected (Avx512 implies them, see `cpu_has_avx512`).
+        unsafe { convert_avx2(src, dst) };
+        return;
+    }
+    let _ = isa;
+    T::slice_to_f32(src, dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn convert_avx2<T: Elem>(src: &[T], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let n8 = n / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), T::load8(src.as_ptr().add(i)));
+    }
+    for i in n8..n {
+        dst[i] = src[i].to_f32();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    fn reference(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum();
+                out[i * n + j] = s as f32;
+            }
+        }
+        out
+    }
+
+    fn check(m: usize, n: usize, k: usize, dtype: &str) {
+        let mut seed = (m * 1000 + n * 10 + k) as u64;
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let w32: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
+        let (data, w_eff): (WeightData, Vec<f32>) = match dtype {
+            "f32" => (WeightData::F32(w32.clone()), w32.clone()),
+            "f16" => {
+                let h: Vec<f16> = w32.iter().map(|&v| f16::from_f32(v)).collect();
+                let e = h.iter().map(|v| v.to_f32()).collect();
+                (WeightData::F16(h), e)
+            }
+            _ => {
+                let h: Vec<bf16> = w32.iter().map(|&v| bf16::from_f32(v)).collect();
+                let e = h.iter().map(|v| v.to_f32()).collect();
+                (WeightData::BF16(h), e)
+            }
+        };
+        let w = CpuWeight { rows: n, cols: k, data };
+        let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.01).collect();
+        let mut out = vec![f32::NAN; m * n];
+        matmul(&x, m, &w, Some(&bias), &mut out, 2);
+        let want = reference(&x, m, &w_eff, n, k);
+        for i in 0..m {
+            for j in 0..n {
+                let (a, b) = (out[i * n + j], want[i * n + j] + bias[j]);
+                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{dtype} m={m} n={n} k={k} [{i},{j}]: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_matches_reference_for_all_shapes_and_dtypes() {
+        for dtype in ["f32", "f16", "bf16"] {
+            for &(m, n, k) in &[(1, 1, 1), (1, 7, 13), (2, 9, 64), (3, 33, 70), (15, 40, 24), (16, 37, 19), (40, 130, 72)] {
+                check(m, n, k, dtype);
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_fallback_matches_simd() {
+        let (m, n, k) = (7, 9, 37);
+        let mut seed = 7;
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let w: Vec<f16> = (0..n * k).map(|_| f16::from_f32(lcg(&mut seed))).collect();
+        let mut a = vec![0.0; m * n];
+        let mut b = vec![0.0; m * n];
+        unsafe {
+            small_m(&x, m, k, &w, n, 0, n, a.as_mut_ptr(), Isa::Scalar);
+            small_m(&x, m, k, &w, n, 0, n, b.as_mut_ptr(), Isa::detect());
+        }
+        if cpu_has_avx2() {
+            let mut c = vec![0.0; m * n];
+            unsafe { small_m(&x, m, k, &w, n, 0, n, c.as_mut_ptr(), Isa::Avx2) };
+            for (p, q) in a.iter().zip(&c) {
+                assert!((p - q).abs() < 1e-5, "avx2: {p} vs {q}");
+            }
+        }
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() < 1e-5, "{p} vs {q}");
+        }
+    }
+}

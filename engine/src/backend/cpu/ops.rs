@@ -1,0 +1,237 @@
+//! Element-wise and row-wise CPU ops: RMSNorm (plain, fused with the residual add, and
+//! per head), RoPE, SiLU-gate. Rows are split over the rayon pool in blocks; each block
+//! runs an AVX2+FMA build of the same code when the CPU has it.
+
+use rayon::prelude::*;
+
+use super::simd::{cpu_has_avx2, fast_exp, sum_sq};
+
+/// Rows per parallel task.
+const ROW_BLOCK: usize = 16;
+
+/// Runs `f(first_row, rows_of_out)` over blocks of rows of `out` in parallel.
+fn for_row_blocks(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if cols == 0 {
+        return;
+    }
+    out.par_chunks_mut(ROW_BLOCK * cols)
+        .enumerate()
+        .for_each(|(b, block)| f(b * ROW_BLOCK, block));
+}
+
+/// Calls `$body::<true>(args)` inside an AVX2+FMA function when the CPU has it, else `$body::<false>`.
+macro_rules! dispatch {
+    ($body:ident ( $($arg:expr),* $(,)? )) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn fast(f: impl FnOnce()) {
+                f()
+            }
+            if cpu_has_avx2() {
+                // SAFETY: the CPU supports the enabled features (checked just above).
+                unsafe { fast(|| $body::<true>($($arg),*)) };
+            } else {
+                $body::<false>($($arg),*);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            $body::<false>($($arg),*);
+        }
+    }};
+}
+
+/// `out = x * rsqrt(mean(x²) + eps) * w` for one row (HF's order of operations).
+#[inline(always)]
+fn rms_row<const FMA: bool>(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let r = 1.0 / (sum_sq::<FMA>(x) / x.len() as f32 + eps).sqrt();
+    for ((o, &xv), &wv) in out.iter_mut().zip(x).zip(w) {
+        *o = wv * (xv * r);
+    }
+}
+
+#[inline(always)]
+fn rms_rows<const FMA: bool>(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let cols = w.len();
+    for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        rms_row::<FMA>(xr, w, eps, or);
+    }
+}
+
+/// Row-wise RMSNorm of `x` (`[rows, w.len()]`) into `out`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let cols = w.len();
+    for_row_blocks(out, cols, |r0, block| {
+        let xs = &x[r0 * cols..r0 * cols + block.len()];
+        dispatch!(rms_rows(xs, w, eps, block));
+    });
+}
+
+#[inline(always)]
+fn add_rms_rows<const FMA: bool>(res: &mut [f32], x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let cols = w.len();
+    for ((rr, xr), or) in res
+        .chunks_exact_mut(cols)
+        .zip(x.chunks_exact(cols))
+        .zip(out.chunks_exact_mut(cols))
+    {
+        for (r, &v) in rr.iter_mut().zip(xr) {
+            *r += v;
+        }
+        rms_row::<FMA>(rr, w, eps, or);
+    }
+}
+
+/// `residual += x; out = rms_norm(residual)`, row-wise.
+pub fn add_rms_norm(residual: &mut [f32], x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let cols = w.len();
+    if cols == 0 {
+        return;
+    }
+    residual
+        .par_chunks_mut(ROW_BLOCK * cols)
+        .zip(out.par_chunks_mut(ROW_BLOCK * cols))
+        .enumerate()
+        .for_each(|(b, (res, o))| {
+            let xs = &x[b * ROW_BLOCK * cols..b * ROW_BLOCK * cols + res.len()];
+            dispatch!(add_rms_rows(res, xs, w, eps, o));
+        });
+}
+
+#[inline(always)]
+fn head_norm_rows<const FMA: bool>(
+    rows: &mut [f32],
+    width: usize,
+    n_q: usize,
+    n_k: usize,
+    q_w: &[f32],
+    k_w: &[f32],
+    eps: f32,
+) {
+    let hd = q_w.len();
+    let mut tmp = [0.0f32; 512];
+    for row in rows.chunks_exact_mut(width) {
+        for (h, head) in row[..(n_q + n_k) * hd].chunks_exact_mut(hd).enumerate() {
+            let w = if h < n_q { q_w } else { k_w };
+            let t = &mut tmp[..hd];
+            t.copy_from_slice(head);
+            rms_row::<FMA>(t, w, eps, head);
+        }
+    }
+}
+
+/// In place: RMSNorm over each of the first `n_q` heads (weight `q_w`) and the next
+/// `n_k` heads (weight `k_w`) of every row; rows are `width` wide. `head_dim <= 512`.
+pub fn qk_head_norm(qkv: &mut [f32], width: usize, n_q: usize, n_k: usize, q_w: &[f32], k_w: &[f32], eps: f32) {
+    for_row_blocks(qkv, width, |_, block| {
+        dispatch!(head_norm_rows(block, width, n_q, n_k, q_w, k_w, eps));
+    });
+}
+
+#[inline(always)]
+fn rope_rows<const FMA: bool>(
+    rows: &mut [f32],
+    width: usize,
+    n_heads: usize,
+    half: usize,
+    cos: &[f32],
+    sin: &[f32],
+) {
+    for (t, row) in rows.chunks_exact_mut(width).enumerate() {
+        let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+        for head in row[..n_heads * 2 * half].chunks_exact_mut(2 * half) {
+            let (x1, x2) = head.split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/// In place: rotate-half RoPE on the first `n_heads` heads of every row (`width` wide);
+/// `cos`/`sin` are `[rows, head_dim / 2]`.
+pub fn rope(qkv: &mut [f32], width: usize, n_heads: usize, cos: &[f32], sin: &[f32]) {
+    if width == 0 {
+        return;
+    }
+    let half = cos.len() / (qkv.len() / width).max(1);
+    for_row_blocks(qkv, width, |r0, block| {
+        let n = block.len() / width;
+        let (c, s) = (&cos[r0 * half..(r0 + n) * half], &sin[r0 * half..(r0 + n) * half]);
+        dispatch!(rope_rows(block, width, n_heads, half, c, s));
+    });
+}
+
+#[inline(always)]
+fn silu_rows<const FMA: bool>(gate_up: &[f32], inter: usize, out: &mut [f32]) {
+    for (gu, o) in gate_up.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+        let (g, u) = gu.split_at(inter);
+        for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
+            *ov = gv / (1.0 + fast_exp(-gv)) * uv;
+        }
+    }
+}
+
+/// `out[r] = silu(gate) * up` where each row of `gate_up` is `[gate | up]`, `inter` wide each.
+pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
+    for_row_blocks(out, inter, |r0, block| {
+        let n = block.len() / inter;
+        let gu = &gate_up[r0 * 2 * inter..(r0 + n) * 2 * inter];
+        dispatch!(silu_rows(gu, inter, block));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_formula() {
+        let x = [1.0f32, -2.0, 3.0, 0.5, 4.0, 0.0];
+        let w = [0.5f32, 1.0, 2.0];
+        let mut out = [0.0; 6];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        let r0 = 1.0 / ((1.0f32 + 4.0 + 9.0) / 3.0 + 1e-6).sqrt();
+        assert!((out[2] - 3.0 * r0 * 2.0).abs() < 1e-6);
+        let r1 = 1.0 / ((0.25f32 + 16.0) / 3.0 + 1e-6).sqrt();
+        assert!((out[4] - 4.0 * r1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn add_rms_norm_updates_residual() {
+        let mut res = vec![1.0f32; 40 * 3];
+        let x: Vec<f32> = (0..120).map(|i| i as f32).collect();
+        let mut out = vec![0.0; 120];
+        add_rms_norm(&mut res, &x, &[1.0, 1.0, 1.0], 0.0, &mut out);
+        assert_eq!(res[119], 120.0);
+        let row = [118.0f32, 119.0, 120.0];
+        let r = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / 3.0).sqrt();
+        assert!((out[119] - 120.0 * r).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_by_angle() {
+        // one row, two heads of dim 4: pairs (0,2) and (1,3) rotate by angles a0, a1
+        let mut x = vec![1.0f32, 2.0, 3.0, 4.0, 1.0, 0.0, 0.0, 1.0, 9.0];
+        let (a0, a1) = (0.3f32, -1.2f32);
+        rope(&mut x, 9, 2, &[a0.cos(), a1.cos()], &[a0.sin(), a1.sin()]);
+        assert!((x[0] - (a0.cos() - 3.0 * a0.sin())).abs() < 1e-6);
+        assert!((x[2] - (3.0 * a0.cos() + a0.sin())).abs() < 1e-6);
+        assert!((x[3] - (4.0 * a1.cos() + 2.0 * a1.sin())).abs() < 1e-6);
+        assert!((x[7] - a1.cos()).abs() < 1e-6);
+        assert_eq!(x[8], 9.0, "columns past the rotated heads are untouched");
+    }
+
+    #[test]
+    fn silu_mul_matches_formula() {
+        let gu = [1.0f32, -2.0, 3.0, 4.0];
+        let mut out = [0.0; 2];
+        silu_mul(&gu, 2, &mut out);
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        assert!((out[0] - silu(1.0) * 3.0).abs() < 1e-6);
+        assert!((out[1] - silu(-2.0) * 4.0).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,137 @@
+//! Small helpers shared by the CPU kernels: feature detection, a pointer that may cross
+//! threads, and 8-lane vector loops written so LLVM vectorises them inside functions
+//! compiled with `#[target_feature(enable = "avx2,fma")]`.
+
+/// Whether the AVX2 + FMA + F16C kernels can run on this CPU (detected once, cached by std).
+pub fn cpu_has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the AVX-512F kernels can run (AVX2 + FMA + F16C included).
+pub fn cpu_has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        cpu_has_avx2() && is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A raw pointer that parallel tasks use to write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+pub struct SendPtr<T>(pub *mut T);
+
+// SAFETY: users only write disjoint regions from different threads (stated at each use).
+unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so closures capture the `Send` wrapper, not the field).
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// `a * b + c`, fused when the caller is compiled with FMA.
+#[inline(always)]
+pub fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Dot product with eight partial sums.
+#[inline(always)]
+pub fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let mut ac = a.chunks_exact(8);
+    let mut bc = b.chunks_exact(8);
+    for (x, y) in (&mut ac).zip(&mut bc) {
+        for l in 0..8 {
+            acc[l] = madd::<FMA>(x[l], y[l], acc[l]);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
+        s = madd::<FMA>(*x, *y, s);
+    }
+    s
+}
+
+/// Sum of squares with eight partial sums.
+#[inline(always)]
+pub fn sum_sq<const FMA: bool>(a: &[f32]) -> f32 {
+    dot::<FMA>(a, a)
+}
+
+/// `y += alpha * x`.
+#[inline(always)]
+pub fn axpy<const FMA: bool>(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (yv, xv) in y.iter_mut().zip(x) {
+        *yv = madd::<FMA>(alpha, *xv, *yv);
+    }
+}
+
+/// `e^x` to about 2 ulp (Cephes' `expf`), in plain arithmetic so it vectorises.
+/// Inputs are clamped to [-87.3, 88]: results stay finite and normal.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    let x = x.clamp(-87.3, 88.0);
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 0.166_666_65;
+    p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (a, b) = (fast_exp(x), x.exp());
+            assert!((a - b).abs() <= 4e-7 * b, "exp({x}): {a} vs {b}");
+            x += 0.0137;
+        }
+        assert!(fast_exp(-1000.0) >= 0.0 && fast_exp(-1000.0) < 1e-37);
+        assert!(fast_exp(1000.0).is_finite());
+    }
+
+    #[test]
+    fn dot_and_axpy_match_plain_loops() {
+        let a: Vec<f32> = (0..21).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let b: Vec<f32> = (0..21).map(|i| (i as f32).sin()).collect();
+        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot::<true>(&a, &b) - want).abs() < 1e-4);
+        assert!((dot::<false>(&a, &b) - want).abs() < 1e-4);
+        let mut y = b.clone();
+        axpy::<true>(&mut y, 2.0, &a);
+        for i in 0..21 {
+            assert!((y[i] - (b[i] + 2.0 * a[i])).abs() < 1e-5);
+        }
+    }
+}

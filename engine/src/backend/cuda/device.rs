@@ -1,0 +1,77 @@
+//! Choosing the device: CUDA when a driver and a GPU are present, else the CPU.
+//!
+//! Every probe checks that `libcuda` can be loaded before calling into the driver:
+//! cudarc's `CudaContext::new` panics when the library is missing.
+
+use std::fmt;
+
+/// The device a model runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        })
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda),
+            other => anyhow::bail!("unknown device `{other}` (expected `cpu` or `cuda`)"),
+        }
+    }
+}
+
+/// The error `--device cuda` gives on a machine without a driver.
+pub const NO_DRIVER: &str = "--device cuda: no CUDA driver found (libcuda.so not loadable)";
+
+/// Whether the CUDA driver library can be loaded (no driver call is made).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library; no symbol is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Number of CUDA devices, or why there are none usable.
+pub fn gpu_count() -> Result<usize, String> {
+    if !driver_present() {
+        return Err(NO_DRIVER.to_string());
+    }
+    match cudarc::driver::CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        Ok(_) => Err("--device cuda: the CUDA driver reports no GPU".to_string()),
+        Err(e) => Err(format!(
+            "--device cuda: the CUDA driver failed to initialise ({e:?})"
+        )),
+    }
+}
+
+/// True when a CUDA driver is loadable and reports at least one GPU.
+pub fn cuda_available() -> bool {
+    gpu_count().is_ok()
+}
+
+/// The device to use and why, for the start-up log: the requested one, else CUDA when
+/// available, else the CPU.
+pub fn resolve_device(requested: Option<Device>) -> (Device, String) {
+    match requested {
+        Some(d) => (d, format!("device {d} requested with --device")),
+        None => match gpu_count() {
+            Ok(n) => (
+                Device::Cuda,
+                format!("device cuda: a CUDA driver and {n} GPU(s) found"),
+            ),
+            Err(why) => (Device::Cpu, format!("device cpu: CUDA not usable ({why})")),
+        },
+    }
+}

@@ -1,0 +1,163 @@
+//! The tensor operations the forward pass needs, implemented once per device.
+//!
+//! The model (`crate::model`) is written once against [`Backend`]. Every op works on a
+//! whole step: all tokens of all sequences of the batch are rows of one `[T, width]`
+//! activation matrix. Outputs are passed in and resized by the op, so a caller can
+//! keep its activation buffers across steps.
+
+pub mod cpu;
+pub mod cuda;
+
+use crate::weights::HostTensor;
+
+/// Where the heads sit in a fused QKV activation row: `[q heads | k heads | v heads]`,
+/// each head `head_dim` wide. Query head `h` uses KV head `h / (num_heads / num_kv_heads)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QkvLayout {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl QkvLayout {
+    /// Width of the query part (also the attention output width).
+    pub fn q_width(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of the key part (and of the value part).
+    pub fn kv_width(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Width of a fused QKV row.
+    pub fn qkv_width(&self) -> usize {
+        self.q_width() + 2 * self.kv_width()
+    }
+
+    /// Query heads per KV head.
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+}
+
+/// One sequence's rows in a step.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnSeq<'a> {
+    /// Index of the sequence's first row in the step's activations.
+    pub row_start: usize,
+    /// Number of rows (tokens) of the sequence in this step.
+    pub n_tokens: usize,
+    /// Position of the first row; the cache already holds positions `0..start_pos`.
+    pub start_pos: usize,
+    /// Physical KV block ids covering positions `0..start_pos + n_tokens`.
+    pub block_table: &'a [u32],
+}
+
+/// Per-step metadata shared by every layer, built by the model on the host.
+#[derive(Debug, Clone, Copy)]
+pub struct StepMeta<'a> {
+    /// The sequences, in row order; their rows tile `0..T` without gaps.
+    pub seqs: &'a [AttnSeq<'a>],
+    /// Per row: the KV cache slot (`block * block_size + offset`) its K/V are written to.
+    pub slots: &'a [usize],
+    /// Per row: RoPE cosines, `head_dim / 2` values (row-major `[T, head_dim / 2]`).
+    pub rope_cos: &'a [f32],
+    /// Per row: RoPE sines, same layout as `rope_cos`.
+    pub rope_sin: &'a [f32],
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+/// Tensor operations over one device's memory.
+///
+/// `Act` is an f32 activation matrix `[rows, cols]`; `Weight` a linear weight `[N, K]`
+/// (output features × input features, HF layout) in the device's storage type; `Param`
+/// a 1-D f32 vector (norm weights, biases); `KvCache` one layer's paged K and V
+/// storage; `Step` the device copy of a [`StepMeta`].
+pub trait Backend: Send + Sync {
+    type Act: Send;
+    type Weight: Send + Sync;
+    type Param: Send + Sync;
+    type KvCache: Send;
+    type Step;
+
+    /// Runs `f` in the backend's execution context (the CPU backend's thread pool).
+    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
+    /// An empty activation buffer.
+    fn new_act(&self) -> Self::Act;
+    /// Uploads a 2-D weight `[N, K]`; `name` is for error messages.
+    fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Weight>;
+    /// Uploads a 1-D parameter (converted to f32); `name` is for error messages.
+    fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Param>;
+    /// Allocates one layer's KV cache of `num_blocks` blocks of `block_size` tokens.
+    fn new_kv_cache(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> anyhow::Result<Self::KvCache>;
+    /// Copies the step metadata to the device.
+    fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<Self::Step>;
+
+    /// `out[t] = table[tokens[t]]` (rows of the `[vocab, hidden]` table; ids are checked by the caller).
+    fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Act) -> anyhow::Result<()>;
+    /// `out = x · wᵀ (+ bias)`: `[M, K] · [N, K]ᵀ → [M, N]`.
+    fn matmul(
+        &self,
+        x: &Self::Act,
+        w: &Self::Weight,
+        bias: Option<&Self::Param>,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// Row-wise RMSNorm: `out = x / sqrt(mean(x²) + eps) * w`.
+    fn rms_norm(
+        &self,
+        x: &Self::Act,
+        w: &Self::Param,
+        eps: f32,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// `residual += x`, then `out = rms_norm(residual)`.
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Act,
+        x: &Self::Act,
+        w: &Self::Param,
+        eps: f32,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// In place, per head: RMSNorm over `head_dim` of every q head (weight `q_w`) and
+    /// every k head (weight `k_w`) of a fused QKV matrix (Qwen3).
+    fn qk_head_norm(
+        &self,
+        qkv: &mut Self::Act,
+        layout: QkvLayout,
+        q_w: &Self::Param,
+        k_w: &Self::Param,
+        eps: f32,
+    ) -> anyhow::Result<()>;
+    /// In place: rotate-half (NEOX) RoPE on the q and k heads of a fused QKV matrix.
+    fn rope(&self, qkv: &mut Self::Act, layout: QkvLayout, step: &Self::Step) -> anyhow::Result<()>;
+    /// Writes every row's K and V into `cache` at its slot, then computes causal
+    /// attention of every query row over positions `0..=pos` of its sequence, read
+    /// through the block table. `out` is `[T, num_heads * head_dim]`.
+    fn attention(
+        &self,
+        qkv: &Self::Act,
+        layout: QkvLayout,
+        cache: &mut Self::KvCache,
+        step: &Self::Step,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// `out = silu(gate) * up` where `gate_up` rows are `[gate | up]`.
+    fn silu_mul(&self, gate_up: &Self::Act, out: &mut Self::Act) -> anyhow::Result<()>;
+    /// `out[i] = x[rows[i]]`.
+    fn gather_rows(&self, x: &Self::Act, rows: &[usize], out: &mut Self::Act) -> anyhow::Result<()>;
+    /// Copies the matrix to the host, one `Vec` per row.
+    fn to_host(&self, x: &Self::Act) -> anyhow::Result<Vec<Vec<f32>>>;
+}

@@ -1,0 +1,536 @@
+//! The engine loop: schedule → one forward → sample → update sequences, detokenise,
+//! check stop conditions, and release the blocks of finished sequences at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context};
+
+use crate::kv_cache::BlockManager;
+use crate::model::{ModelRunner, SeqInput};
+use crate::sampler::{Sampler, SamplingParams};
+use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig};
+use crate::sequence::Sequence;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+
+pub type SeqId = u64;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Per-step token budget (decodes + prefill chunks).
+    pub max_num_batched_tokens: usize,
+    /// Context limit (prompt + output).
+    pub max_model_len: usize,
+    pub enable_prefix_caching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_model_len: 2048,
+            enable_prefix_caching: true,
+        }
+    }
+}
+
+/// Stop = EOS / stop id / stop string; Length = max_tokens or max_model_len.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Abort,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What one step produced for one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqUpdate {
+    pub id: SeqId,
+    /// The sampled token (None for a prefill chunk that sampled nothing).
+    pub token: Option<u32>,
+    /// New detokenised text that is final (stop strings already cut); may be empty.
+    pub text: String,
+    pub logprob: Option<TokenLogprob>,
+    /// Some(..) on the last update of the sequence.
+    pub finish: Option<FinishReason>,
+    pub num_prompt_tokens: usize,
+    /// After this update.
+    pub num_output_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub num_cached_prompt_tokens: usize,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    /// In tokens (as vLLM counts).
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub num_preemptions: u64,
+    pub prompt_tokens_total: u64,
+    pub generation_tokens_total: u64,
+}
+
+/// Step-level timing for offline benchmarks: steps with any prefill work versus
+/// decode-only steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimings {
+    pub prefill_steps: u64,
+    pub prefill_secs: f64,
+    /// Tokens computed by prefill chunks (prompt, or prompt + output when re-prefilling).
+    pub prefill_tokens: u64,
+    pub decode_steps: u64,
+    pub decode_secs: f64,
+    /// Tokens sampled in decode-only steps.
+    pub decode_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationOutput {
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    pub num_cached_prompt_tokens: usize,
+}
+
+/// Per-request state the scheduler does not need.
+struct Request {
+    params: SamplingParams,
+    sampler: Sampler,
+    decoder: IncrementalDecoder,
+    /// Decoded text not emitted yet because it could be the start of a stop string.
+    held: String,
+}
+
+pub struct LlmEngine {
+    runner: Box<dyn ModelRunner>,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+    scheduler: Scheduler,
+    requests: HashMap<SeqId, Request>,
+    next_id: SeqId,
+    prompt_tokens_total: u64,
+    generation_tokens_total: u64,
+    timings: StepTimings,
+}
+
+impl LlmEngine {
+    pub fn new(
+        runner: Box<dyn ModelRunner>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> LlmEngine {
+        let block_manager = BlockManager::new(
+            runner.num_blocks(),
+            runner.block_size(),
+            config.enable_prefix_caching,
+        );
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: config.max_num_seqs,
+                max_num_batched_tokens: config.max_num_batched_tokens,
+            },
+            block_manager,
+        );
+        LlmEngine {
+            runner,
+            tokenizer,
+            config,
+            scheduler,
+            requests: HashMap::new(),
+            next_id: 0,
+            prompt_tokens_total: 0,
+            generation_tokens_total: 0,
+            timings: StepTimings::default(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// Validates (empty prompt, ids >= vocab, prompt + max_tokens > max_model_len or
+    /// beyond the KV cache, bad sampling parameters) and queues.
+    pub fn add_request(
+        &mut self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+    ) -> anyhow::Result<SeqId> {
+        ensure!(!prompt_ids.is_empty(), "prompt is empty");
+        let vocab = self.tokenizer.vocab_size();
+        if let Some(&bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
+            bail!("token id {bad} is out of vocabulary (size {vocab})");
+        }
+        let total = prompt_ids.len() + params.max_tokens;
+        ensure!(
+            total <= self.config.max_model_len,
+            "prompt ({} tokens) + max_tokens ({}) exceeds max_model_len ({})",
+            prompt_ids.len(),
+            params.max_tokens,
+            self.config.max_model_len
+        );
+        let bm = self.scheduler.block_manager();
+        ensure!(
+            bm.blocks_for(total) <= bm.num_blocks(),
+            "prompt ({} tokens) + max_tokens ({}) needs {} KV cache blocks but the cache has only {}",
+            prompt_ids.len(),
+            params.max_tokens,
+            bm.blocks_for(total),
+            bm.num_blocks()
+        );
+        params.validate()?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let request = Request {
+            sampler: Sampler::new(&params),
+            decoder: IncrementalDecoder::new(self.tokenizer.clone(), params.skip_special_tokens),
+            params,
+            held: String::new(),
+        };
+        self.requests.insert(id, request);
+        self.scheduler.add(Sequence::new(id, id, prompt_ids));
+        Ok(id)
+    }
+
+    /// Removes a waiting or running sequence and frees its blocks at once; returns false
+    /// if unknown or finished.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        self.requests.remove(&id);
+        self.scheduler.remove(id).is_some()
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        self.scheduler.has_unfinished()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let bm = self.scheduler.block_manager();
+        let cache = bm.prefix_cache_stats();
+        EngineStats {
+            num_running: self.scheduler.num_running(),
+            num_waiting: self.scheduler.num_waiting(),
+            kv_blocks_total: bm.num_blocks(),
+            kv_blocks_used: bm.num_used_blocks(),
+            prefix_cache_queries: cache.queries,
+            prefix_cache_hits: cache.hits,
+            num_preemptions: self.scheduler.num_preemptions(),
+            prompt_tokens_total: self.prompt_tokens_total,
+            generation_tokens_total: self.generation_tokens_total,
+        }
+    }
+
+    /// Accumulated step timings since creation or the last `reset_timings`.
+    pub fn timings(&self) -> StepTimings {
+        self.timings
+    }
+
+    pub fn reset_timings(&mut self) {
+        self.timings = StepTimings::default();
+    }
+
+    /// Checks KV-cache bookkeeping (for tests): reference counts match block tables, no
+    /// leaked or doubly free block.
+    pub fn check_invariants(&self) -> anyhow::Result<()> {
+        self.scheduler.check_invariants()
+    }
+
+    /// One scheduler step + one forward + sampling. Returns the updates of this step.
+    pub fn step(&mut self) -> anyhow::Result<Vec<SeqUpdate>> {
+        let started = Instant::now();
+        let chunks = self.scheduler.schedule()?;
+        if chunks.is_empty() {
+            ensure!(
+                !self.has_unfinished(),
+                "scheduler made no progress with {} running and {} waiting sequences",
+                self.scheduler.num_running(),
+                self.scheduler.num_waiting()
+            );
+            return Ok(Vec::new());
+        }
+        let logits = self.forward(&chunks)?;
+        self.scheduler.on_computed(&chunks)?;
+        let mut rows = logits.into_iter();
+        let mut updates = Vec::with_capacity(chunks.len());
+        for chunk in &chunks {
+            let seq = self.seq(chunk.id)?;
+            if seq.num_computed_tokens < seq.num_tokens() {
+                updates.push(SeqUpdate {
+                    id: chunk.id,
+                    token: None,
+                    text: String::new(),
+                    logprob: None,
+                    finish: None,
+                    num_prompt_tokens: seq.num_prompt_tokens,
+                    num_output_tokens: seq.num_output_tokens(),
+                    num_cached_prompt_tokens: seq.num_cached_prompt_tokens,
+                });
+                continue;
+            }
+            let row = rows.next().context("model returned too few logits rows")?;
+            updates.push(self.sample_and_update(chunk.id, row)?);
+        }
+        self.record_timing(&chunks, &updates, started);
+        Ok(updates)
+    }
+
+    fn seq(&self, id: SeqId) -> anyhow::Result<&Sequence> {
+        self.scheduler
+            .seq(id)
+            .with_context(|| format!("unknown sequence {id}"))
+    }
+
+    fn forward(&mut self, chunks: &[ScheduledChunk]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let mut inputs = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            let seq = self
+                .scheduler
+                .seq(c.id)
+                .with_context(|| format!("scheduled sequence {} vanished", c.id))?;
+            inputs.push(SeqInput {
+                tokens: &seq.token_ids[c.start..c.start + c.len],
+                start_pos: c.start,
+                block_table: &seq.block_table,
+                need_logits: c.start + c.len == seq.num_tokens(),
+            });
+        }
+        let wanted = inputs.iter().filter(|i| i.need_logits).count();
+        let logits = self.runner.forward(&inputs).context("model forward failed")?;
+        ensure!(
+            logits.len() == wanted,
+            "model returned {} logits rows for {wanted} sequences",
+            logits.len()
+        );
+        Ok(logits)
+    }
+
+    fn sample_and_update(&mut self, id: SeqId, mut row: Vec<f32>) -> anyhow::Result<SeqUpdate> {
+        let eos_ids = self.tokenizer.eos_token_ids();
+        let seq = self
+            .scheduler
+            .seq(id)
+            .with_context(|| format!("unknown sequence {id}"))?;
+        let request = self
+            .requests
+            .get_mut(&id)
+            .with_context(|| format!("no request state for sequence {id}"))?;
+        let params = &request.params;
+        let sampled = request.sampler.sample(
+            &mut row,
+            params,
+            seq.prompt_tokens(),
+            seq.output_tokens(),
+            eos_ids,
+        );
+        let token = sampled.token;
+        self.scheduler.append_token(id, token)?;
+        let seq = self.seq(id)?;
+        let (num_prompt, num_output) = (seq.num_prompt_tokens, seq.num_output_tokens());
+        let (num_cached, num_tokens) = (seq.num_cached_prompt_tokens, seq.num_tokens());
+        self.generation_tokens_total += 1;
+        if num_output == 1 {
+            self.prompt_tokens_total += num_prompt as u64;
+        }
+
+        let request = self
+            .requests
+            .get_mut(&id)
+            .with_context(|| format!("no request state for sequence {id}"))?;
+        let params = &request.params;
+        let may_stop = num_output >= params.min_tokens;
+        let stop_token = (!params.ignore_eos && eos_ids.contains(&token))
+            || params.stop_token_ids.contains(&token);
+        let (text, mut finish) = if stop_token && may_stop {
+            (std::mem::take(&mut request.held), Some(FinishReason::Stop))
+        } else {
+            let new_text = request
+                .decoder
+                .push(token)
+                .with_context(|| format!("detokenising token {token}"))?;
+            request.held.push_str(&new_text);
+            let stops: &[String] = if may_stop { &params.stop } else { &[] };
+            match release_text(&mut request.held, stops) {
+                (text, true) => (text, Some(FinishReason::Stop)),
+                (text, false) => (text, None),
+            }
+        };
+        let mut text = text;
+        if finish.is_none()
+            && (num_output >= params.max_tokens || num_tokens >= self.config.max_model_len)
+        {
+            text.push_str(&std::mem::take(&mut request.held));
+            finish = Some(FinishReason::Length);
+        }
+        let logprob = params.logprobs.map(|_| TokenLogprob {
+            token,
+            logprob: sampled.logprob,
+            top: sampled.top,
+        });
+        if finish.is_some() {
+            self.requests.remove(&id);
+            self.scheduler.remove(id);
+        }
+        Ok(SeqUpdate {
+            id,
+            token: Some(token),
+            text,
+            logprob,
+            finish,
+            num_prompt_tokens: num_prompt,
+            num_output_tokens: num_output,
+            num_cached_prompt_tokens: num_cached,
+        })
+    }
+
+    fn record_timing(&mut self, chunks: &[ScheduledChunk], updates: &[SeqUpdate], started: Instant) {
+        let secs = started.elapsed().as_secs_f64();
+        let t = &mut self.timings;
+        if chunks.iter().any(|c| c.is_prefill) {
+            t.prefill_steps += 1;
+            t.prefill_secs += secs;
+            t.prefill_tokens += chunks
+                .iter()
+                .filter(|c| c.is_prefill)
+                .map(|c| c.len as u64)
+                .sum::<u64>();
+        } else {
+            t.decode_steps += 1;
+            t.decode_secs += secs;
+            t.decode_tokens += updates.iter().filter(|u| u.token.is_some()).count() as u64;
+        }
+    }
+
+    /// Runs all prompts batched together to completion (for `engine generate` and tests).
+    pub fn generate(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        params: &SamplingParams,
+    ) -> anyhow::Result<Vec<GenerationOutput>> {
+        let mut ids = Vec::with_capacity(prompts.len());
+        for (i, prompt) in prompts.into_iter().enumerate() {
+            match self.add_request(prompt, params.clone()) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    for &id in &ids {
+                        self.abort(id);
+                    }
+                    return Err(e.context(format!("prompt {i}")));
+                }
+            }
+        }
+        let index: HashMap<SeqId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+        let mut outputs: Vec<Option<GenerationOutput>> = vec![None; ids.len()];
+        let mut partial: Vec<(Vec<u32>, String)> = vec![(Vec::new(), String::new()); ids.len()];
+        let mut remaining = ids.len();
+        while remaining > 0 {
+            for update in self.step()? {
+                let Some(&i) = index.get(&update.id) else {
+                    continue;
+                };
+                let (tokens, text) = &mut partial[i];
+                tokens.extend(update.token);
+                text.push_str(&update.text);
+                if let Some(finish) = update.finish {
+                    outputs[i] = Some(GenerationOutput {
+                        token_ids: std::mem::take(tokens),
+                        text: std::mem::take(text),
+                        finish,
+                        num_cached_prompt_tokens: update.num_cached_prompt_tokens,
+                    });
+                    remaining -= 1;
+                }
+            }
+        }
+        outputs
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| o.with_context(|| format!("prompt {i} produced no output")))
+            .collect()
+    }
+}
+
+/// Moves the part of `held` that can no longer start a stop string into the returned
+/// text. Returns true when a stop string matched: the text is then cut before the
+/// earliest match and nothing is held any more.
+fn release_text(held: &mut String, stops: &[String]) -> (String, bool) {
+    let first_match = stops.iter().filter_map(|s| held.find(s.as_str())).min();
+    if let Some(pos) = first_match {
+        held.truncate(pos);
+        return (std::mem::take(held), true);
+    }
+    let keep = stops
+        .iter()
+        .map(|s| longest_suffix_prefix(held, s))
+        .max()
+        .unwrap_or(0);
+    let released = held[..held.len() - keep].to_string();
+    held.drain(..held.len() - keep);
+    (released, false)
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of `stop`.
+fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+    (1..stop.len())
+        .rev()
+        .find(|&k| stop.is_char_boundary(k) && text.ends_with(&stop[..k]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(pieces: &[&str], stops: &[&str]) -> (String, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut held = String::new();
+        let mut out = String::new();
+        for piece in pieces {
+            held.push_str(piece);
+            let (text, stopped) = release_text(&mut held, &stops);
+            out.push_str(&text);
+            if stopped {
+                return (out, true);
+            }
+        }
+        out.push_str(&held);
+        (out, false)
+    }
+
+    #[test]
+    fn stop_string_across_token_boundaries_is_cut() {
+        assert_eq!(feed(&["Hel", "lo ST", "O", "P more"], &["STOP"]), ("Hello ".into(), true));
+    }
+
+    #[test]
+    fn partial_stop_prefix_is_released_when_it_fails_to_match() {
+        assert_eq!(feed(&["a S", "T", "x"], &["STOP"]), ("a STx".into(), false));
+    }
+
+    #[test]
+    fn earliest_of_several_stop_strings_wins() {
+        assert_eq!(feed(&["one two three"], &["three", "two"]), ("one ".into(), true));
+    }
+
+    #[test]
+    fn held_text_respects_utf8_boundaries() {
+        assert_eq!(longest_suffix_prefix("ab\u{e9}", "\u{e9}x"), 2);
+        assert_eq!(feed(&["caf\u{e9}", "!"], &["\u{e9}t\u{e9}"]), ("caf\u{e9}!".into(), false));
+    }
+}

@@ -1,0 +1,507 @@
+//! Per-request sampling: logits processors (min_tokens, penalties), greedy or seeded
+//! random sampling with temperature, top-k, top-p and min-p, and logprobs.
+
+use anyhow::ensure;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Most top logprobs a request may ask for (OpenAI's limit).
+pub const MAX_LOGPROBS: usize = 20;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// EOS and stop ids are masked until this many tokens are generated.
+    pub min_tokens: usize,
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    /// Same seed + same prompt => same tokens; `None` draws a random seed.
+    pub seed: Option<u64>,
+    /// 1.0 = off (HF/vLLM semantics, over prompt + output).
+    pub repetition_penalty: f32,
+    /// 0.0 = off (OpenAI semantics, over output).
+    pub presence_penalty: f32,
+    /// 0.0 = off (OpenAI semantics, over output).
+    pub frequency_penalty: f32,
+    /// Stop strings: the output text is cut before the match.
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Top logprobs of the sampled position (0..=20).
+    pub logprobs: Option<usize>,
+    pub skip_special_tokens: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> SamplingParams {
+        SamplingParams {
+            max_tokens: 16,
+            min_tokens: 0,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            skip_special_tokens: true,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Rejects values outside their documented ranges, naming the field.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        ensure!(self.max_tokens >= 1, "max_tokens must be at least 1");
+        ensure!(
+            self.min_tokens <= self.max_tokens,
+            "min_tokens ({}) exceeds max_tokens ({})",
+            self.min_tokens,
+            self.max_tokens
+        );
+        ensure!(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "temperature must be a finite number >= 0, got {}",
+            self.temperature
+        );
+        ensure!(
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "top_p must be in (0, 1], got {}",
+            self.top_p
+        );
+        ensure!(
+            (0.0..=1.0).contains(&self.min_p),
+            "min_p must be in [0, 1], got {}",
+            self.min_p
+        );
+        ensure!(
+            self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
+            "repetition_penalty must be a finite number > 0, got {}",
+            self.repetition_penalty
+        );
+        ensure!(
+            self.presence_penalty.is_finite() && self.presence_penalty.abs() <= 2.0,
+            "presence_penalty must be in [-2, 2], got {}",
+            self.presence_penalty
+        );
+        ensure!(
+            self.frequency_penalty.is_finite() && self.frequency_penalty.abs() <= 2.0,
+            "frequency_penalty must be in [-2, 2], got {}",
+            self.frequency_penalty
+        );
+        if let Some(n) = self.logprobs {
+            ensure!(
+                n <= MAX_LOGPROBS,
+                "logprobs must be at most {MAX_LOGPROBS}, got {n}"
+            );
+        }
+        ensure!(
+            self.stop.iter().all(|s| !s.is_empty()),
+            "stop strings must not be empty"
+        );
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// A sampled token with its log-probability under the processed distribution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `logprobs` most likely tokens, most likely first (ties by lower id).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One request's sampler: its parameters' processors and its own random stream.
+pub struct Sampler {
+    rng: StdRng,
+}
+
+impl Sampler {
+    /// Seeds from `params.seed`, or from a fresh random seed.
+    pub fn new(params: &SamplingParams) -> Sampler {
+        let seed = params.seed.unwrap_or_else(|| rand::rng().random());
+        Sampler {
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// Samples the next token from one row of logits (modified in place).
+    /// `prompt` and `output` feed the penalties; `eos_ids` are masked with the stop ids
+    /// while fewer than `min_tokens` tokens are generated.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        params: &SamplingParams,
+        prompt: &[u32],
+        output: &[u32],
+        eos_ids: &[u32],
+    ) -> Sampled {
+        if output.len() < params.min_tokens {
+            let eos = if params.ignore_eos { &[][..] } else { eos_ids };
+            mask_tokens(logits, eos.iter().chain(&params.stop_token_ids));
+        }
+        apply_penalties(logits, params, prompt, output);
+        let token = if params.is_greedy() {
+            argmax(logits)
+        } else {
+            let inv_t = 1.0 / params.temperature;
+            logits.iter_mut().for_each(|l| *l *= inv_t);
+            truncate(logits, params);
+            sample_from_logits(logits, self.rng.random::<f64>())
+        };
+        let log_z = log_sum_exp(logits);
+        let logprob = logits[token as usize] - log_z;
+        let top = params
+            .logprobs
+            .map(|n| top_n(logits, n, log_z))
+            .unwrap_or_default();
+        Sampled {
+            token,
+            logprob,
+            top,
+        }
+    }
+}
+
+fn mask_tokens<'a>(logits: &mut [f32], ids: impl Iterator<Item = &'a u32>) {
+    for &id in ids {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Repetition penalty over prompt + output (divide positive logits, multiply negative
+/// ones, once per distinct token); presence and frequency penalties over the output.
+fn apply_penalties(logits: &mut [f32], params: &SamplingParams, prompt: &[u32], output: &[u32]) {
+    let rep = params.repetition_penalty;
+    if rep != 1.0 {
+        let mut seen = vec![false; logits.len()];
+        for &id in prompt.iter().chain(output) {
+            let i = id as usize;
+            if i < logits.len() && !seen[i] {
+                seen[i] = true;
+                let l = &mut logits[i];
+                *l = if *l > 0.0 { *l / rep } else { *l * rep };
+            }
+        }
+    }
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        let mut counts = std::collections::HashMap::<u32, u32>::new();
+        for &id in output {
+            *counts.entry(id).or_default() += 1;
+        }
+        for (id, count) in counts {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l -= params.frequency_penalty * count as f32 + params.presence_penalty;
+            }
+        }
+    }
+}
+
+/// Index of the largest logit, lowest id on ties.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Token ids sorted by logit, highest first, lower id on ties.
+fn sorted_ids(logits: &[f32], keep: usize) -> Vec<u32> {
+    let order = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    // Candidates are only finite logits; -inf ones are never kept.
+    let mut ids: Vec<u32> = (0..logits.len() as u32)
+        .filter(|&i| logits[i as usize] > f32::NEG_INFINITY)
+        .collect();
+    if keep < ids.len() {
+        ids.select_nth_unstable_by(keep, order);
+        ids.truncate(keep);
+    }
+    ids.sort_unstable_by(order);
+    ids
+}
+
+/// Masks everything outside top-k, then top-p (smallest set reaching the mass), then
+/// min-p (probability below `min_p` times the top probability). Always keeps the top token.
+fn truncate(logits: &mut [f32], params: &SamplingParams) {
+    if params.top_k == 0 && params.top_p >= 1.0 && params.min_p <= 0.0 {
+        return;
+    }
+    let keep = if params.top_k > 0 {
+        params.top_k
+    } else {
+        logits.len()
+    };
+    let ids = sorted_ids(logits, keep);
+    let Some(&first) = ids.first() else {
+        return;
+    };
+    let max = logits[first as usize];
+    let weights: Vec<f64> = ids
+        .iter()
+        .map(|&i| f64::from(logits[i as usize] - max).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    // weights[0] is the top token's unnormalised probability.
+    let min_p = f64::from(params.min_p) * weights[0] / total;
+    let mut kept = 0;
+    let mut mass = 0.0;
+    for &w in &weights {
+        let p = w / total;
+        if kept > 0 && (mass >= f64::from(params.top_p) || p < min_p) {
+            break;
+        }
+        mass += p;
+        kept += 1;
+    }
+    let mut keep_mask = vec![false; logits.len()];
+    for &i in &ids[..kept] {
+        keep_mask[i as usize] = true;
+    }
+    for (l, keep) in logits.iter_mut().zip(keep_mask) {
+        if !keep {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Inverse-CDF sample over softmax(logits) with `u` uniform in [0, 1).
+fn sample_from_logits(logits: &[f32], u: f64) -> u32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let total: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let target = u * total;
+    let mut acc = 0.0;
+    let mut last_finite = argmax(logits);
+    for (i, &l) in logits.iter().enumerate() {
+        if l == f32::NEG_INFINITY {
+            continue;
+        }
+        acc += f64::from(l - max).exp();
+        last_finite = i as u32;
+        if acc > target {
+            return i as u32;
+        }
+    }
+    last_finite
+}
+
+fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return max;
+    }
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    max + sum.ln() as f32
+}
+
+fn top_n(logits: &[f32], n: usize, log_z: f32) -> Vec<(u32, f32)> {
+    sorted_ids(logits, n)
+        .into_iter()
+        .map(|i| (i, logits[i as usize] - log_z))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            seed: Some(7),
+            ..SamplingParams::default()
+        }
+    }
+
+    fn draw(logits: &[f32], p: &SamplingParams, sampler: &mut Sampler) -> u32 {
+        sampler.sample(&mut logits.to_vec(), p, &[], &[], &[]).token
+    }
+
+    #[test]
+    fn greedy_takes_argmax_with_ties_to_lowest_id() {
+        let p = params(0.0);
+        let mut s = Sampler::new(&p);
+        assert_eq!(draw(&[0.1, 2.0, 2.0, -1.0], &p, &mut s), 1);
+        assert_eq!(draw(&[3.0, 3.0], &p, &mut s), 0);
+    }
+
+    #[test]
+    fn top_k_one_equals_greedy() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 101) as f32 / 10.0).collect();
+        let expected = argmax(&logits);
+        let p = SamplingParams {
+            top_k: 1,
+            ..params(1.5)
+        };
+        let mut s = Sampler::new(&p);
+        for _ in 0..200 {
+            assert_eq!(draw(&logits, &p, &mut s), expected);
+        }
+    }
+
+    fn frequencies(logits: &[f32], p: &SamplingParams, n: usize) -> Vec<f64> {
+        let mut s = Sampler::new(p);
+        let mut counts = vec![0usize; logits.len()];
+        for _ in 0..n {
+            counts[draw(logits, p, &mut s) as usize] += 1;
+        }
+        counts.iter().map(|&c| c as f64 / n as f64).collect()
+    }
+
+    #[test]
+    fn top_p_keeps_smallest_set_reaching_the_mass() {
+        // Probabilities 0.5, 0.25, 0.125, 0.125 (ids 2, 0, 3, 1).
+        let probs = [0.25f32, 0.125, 0.5, 0.125];
+        let logits: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        let p = SamplingParams {
+            top_p: 0.7,
+            ..params(1.0)
+        };
+        let f = frequencies(&logits, &p, 10_000);
+        // Kept set {2, 0}, renormalised to 2/3 and 1/3.
+        assert_eq!(f[1], 0.0);
+        assert_eq!(f[3], 0.0);
+        assert!((f[2] - 2.0 / 3.0).abs() < 0.02, "{f:?}");
+        assert!((f[0] - 1.0 / 3.0).abs() < 0.02, "{f:?}");
+    }
+
+    #[test]
+    fn plain_temperature_sampling_follows_softmax() {
+        let probs = [0.1f32, 0.2, 0.3, 0.4];
+        let logits: Vec<f32> = probs.iter().map(|p| (p.ln()) * 2.0).collect();
+        // Temperature 2 undoes the doubling.
+        let f = frequencies(&logits, &params(2.0), 10_000);
+        for (fi, pi) in f.iter().zip(probs) {
+            assert!((fi - f64::from(pi)).abs() < 0.02, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        let probs = [0.6f32, 0.3, 0.08, 0.02];
+        let logits: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        let p = SamplingParams {
+            min_p: 0.2,
+            ..params(1.0)
+        };
+        // Threshold 0.12: keeps ids 0 and 1 only.
+        let f = frequencies(&logits, &p, 10_000);
+        assert_eq!(f[2] + f[3], 0.0);
+        assert!((f[0] - 2.0 / 3.0).abs() < 0.02, "{f:?}");
+    }
+
+    #[test]
+    fn seeded_sampling_repeats_and_seeds_differ() {
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let run = |seed| {
+            let p = SamplingParams {
+                seed: Some(seed),
+                ..params(1.0)
+            };
+            let mut s = Sampler::new(&p);
+            (0..64).map(|_| draw(&logits, &p, &mut s)).collect::<Vec<_>>()
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1), run(2));
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative() {
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            ..params(0.0)
+        };
+        let mut logits = vec![4.0, -1.0, 3.0];
+        apply_penalties(&mut logits, &p, &[0, 0], &[1]);
+        assert_eq!(logits, vec![2.0, -2.0, 3.0]);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_count_output_only() {
+        let p = SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..params(0.0)
+        };
+        let mut logits = vec![1.0, 1.0, 1.0];
+        apply_penalties(&mut logits, &p, &[2, 2], &[0, 0, 1]);
+        assert_eq!(logits, vec![1.0 - 0.5 - 0.5, 1.0 - 0.25 - 0.5, 1.0]);
+    }
+
+    #[test]
+    fn min_tokens_masks_eos_and_stop_ids() {
+        let p = SamplingParams {
+            min_tokens: 2,
+            stop_token_ids: vec![1],
+            ..params(0.0)
+        };
+        let mut s = Sampler::new(&p);
+        let logits = [1.0, 5.0, 4.0, 0.0];
+        let eos = [2];
+        let first = s.sample(&mut logits.to_vec(), &p, &[], &[9], &eos).token;
+        assert_eq!(first, 0);
+        let later = s.sample(&mut logits.to_vec(), &p, &[], &[9, 9], &eos).token;
+        assert_eq!(later, 1);
+        let ignore = SamplingParams {
+            ignore_eos: true,
+            stop_token_ids: vec![],
+            ..p
+        };
+        let masked = s.sample(&mut logits.to_vec(), &ignore, &[], &[], &eos).token;
+        assert_eq!(masked, 1, "EOS is not a stop token with ignore_eos");
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax_with_sorted_top() {
+        let p = SamplingParams {
+            logprobs: Some(2),
+            ..params(0.0)
+        };
+        let mut s = Sampler::new(&p);
+        let probs = [0.2f32, 0.5, 0.2, 0.1];
+        let mut logits: Vec<f32> = probs.iter().map(|p| p.ln() + 3.0).collect();
+        let out = s.sample(&mut logits, &p, &[], &[], &[]);
+        assert_eq!(out.token, 1);
+        assert!((out.logprob - 0.5f32.ln()).abs() < 1e-5);
+        assert_eq!(out.top.len(), 2);
+        assert_eq!(out.top[0].0, 1);
+        assert_eq!(out.top[1].0, 0, "tie between ids 0 and 2 goes to 0");
+        assert!((out.top[1].1 - 0.2f32.ln()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("top_p"));
+        assert!(SamplingParams::default().validate().is_ok());
+    }
+}

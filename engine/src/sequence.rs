@@ -1,0 +1,79 @@
+//! A sequence as the scheduler and the block manager see it: token ids, how many of
+//! them have KV in the cache, and the physical blocks holding that KV.
+
+use crate::engine::SeqId;
+
+/// Where a sequence is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqStatus {
+    /// Queued, holds no blocks (new, or preempted).
+    Waiting,
+    /// Admitted, holds blocks for all its tokens.
+    Running,
+}
+
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub id: SeqId,
+    /// Arrival order (smaller = earlier); FCFS and preemption victims follow it.
+    pub arrival: u64,
+    pub status: SeqStatus,
+    /// Prompt followed by the generated tokens.
+    pub token_ids: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    /// Leading tokens whose K/V is in the cache. Prefill versus decode is decided from
+    /// this against `token_ids.len()`, never from the number of generated tokens.
+    pub num_computed_tokens: usize,
+    /// Prompt tokens served by the prefix cache at first admission (reported as usage).
+    pub num_cached_prompt_tokens: usize,
+    /// Whether the sequence was admitted at least once (later admissions are re-prefills).
+    pub admitted_once: bool,
+    /// Physical block ids covering positions `0..token_ids.len()` while running.
+    pub block_table: Vec<u32>,
+    /// Chained hashes of the leading full blocks whose K/V is computed.
+    pub block_hashes: Vec<u64>,
+}
+
+impl Sequence {
+    pub fn new(id: SeqId, arrival: u64, prompt: Vec<u32>) -> Sequence {
+        let num_prompt_tokens = prompt.len();
+        Sequence {
+            id,
+            arrival,
+            status: SeqStatus::Waiting,
+            token_ids: prompt,
+            num_prompt_tokens,
+            num_computed_tokens: 0,
+            num_cached_prompt_tokens: 0,
+            admitted_once: false,
+            block_table: Vec::new(),
+            block_hashes: Vec::new(),
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.token_ids[..self.num_prompt_tokens]
+    }
+
+    pub fn output_tokens(&self) -> &[u32] {
+        &self.token_ids[self.num_prompt_tokens..]
+    }
+
+    pub fn num_output_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_prompt_tokens
+    }
+
+    /// Tokens still to run through the model before the next sample.
+    pub fn num_uncomputed_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_computed_tokens
+    }
+
+    /// A decode step computes exactly the last sampled token; anything more is (re-)prefill.
+    pub fn is_decode(&self) -> bool {
+        self.num_uncomputed_tokens() == 1 && self.num_output_tokens() > 0
+    }
+}

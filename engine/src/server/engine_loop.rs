@@ -1,0 +1,404 @@
+//! The engine loop: owns the `LlmEngine` on its own OS thread.
+//!
+//! Requests arrive through a channel; every request gets one bounded channel for its
+//! outputs. The loop never waits on a client: when a channel is full the new output is
+//! merged into a pending one and sent at a later step, and when a channel is closed
+//! (the client went away) the request's sequences are aborted before the next step.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::metrics::{Metrics, SeqTimings};
+use super::protocol::ApiError;
+use crate::engine::{FinishReason, LlmEngine, SeqId, SeqUpdate, TokenLogprob};
+use crate::sampler::SamplingParams;
+
+/// Outputs buffered per request before the loop starts merging them.
+pub const EVENT_CHANNEL_CAPACITY: usize = 64;
+/// How often an idle loop retries delivering to a full channel.
+const FLUSH_RETRY: Duration = Duration::from_millis(2);
+/// `Retry-After` seconds on a 429.
+const RETRY_AFTER_SECONDS: u64 = 1;
+
+/// A message to the engine loop.
+pub enum Command {
+    Add(AddRequest),
+    /// Abort whatever is left and end the loop.
+    Shutdown,
+}
+
+/// One HTTP request: its sequences in choice-index order.
+pub struct AddRequest {
+    pub seqs: Vec<(Vec<u32>, SamplingParams)>,
+    pub events: mpsc::Sender<SeqOutput>,
+    /// `Ok` once queued; 429 when too many sequences are waiting.
+    pub admitted: oneshot::Sender<Result<(), ApiError>>,
+    pub arrival: Instant,
+}
+
+/// New output of one choice; several steps are merged when the client reads slowly.
+#[derive(Debug, Clone, Default)]
+pub struct SeqOutput {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    /// Tokens sampled since the previous output of this choice.
+    pub new_tokens: usize,
+    pub finish: Option<FinishReason>,
+    pub num_prompt_tokens: usize,
+    pub num_output_tokens: usize,
+}
+
+impl SeqOutput {
+    fn merge(&mut self, update: &SeqUpdate) {
+        self.text.push_str(&update.text);
+        self.logprobs.extend(update.logprob.clone());
+        self.new_tokens += usize::from(update.token.is_some());
+        self.finish = update.finish;
+        self.num_prompt_tokens = update.num_prompt_tokens;
+        self.num_output_tokens = update.num_output_tokens;
+    }
+}
+
+struct SeqSlot {
+    id: SeqId,
+    pending: Option<SeqOutput>,
+    finished: bool,
+    scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+struct ActiveRequest {
+    events: mpsc::Sender<SeqOutput>,
+    arrival: Instant,
+    seqs: Vec<SeqSlot>,
+}
+
+/// The loop's state; `run` consumes it.
+pub struct EngineLoop {
+    engine: LlmEngine,
+    commands: Receiver<Command>,
+    metrics: Arc<Metrics>,
+    max_waiting: usize,
+    requests: HashMap<u64, ActiveRequest>,
+    /// Which request and choice each live sequence belongs to.
+    owners: HashMap<SeqId, (u64, usize)>,
+    next_request: u64,
+}
+
+impl EngineLoop {
+    pub fn new(
+        engine: LlmEngine,
+        commands: Receiver<Command>,
+        metrics: Arc<Metrics>,
+        max_waiting: usize,
+    ) -> EngineLoop {
+        EngineLoop {
+            engine,
+            commands,
+            metrics,
+            max_waiting,
+            requests: HashMap::new(),
+            owners: HashMap::new(),
+            next_request: 0,
+        }
+    }
+
+    /// Runs until `Command::Shutdown` or until every command sender is gone.
+    pub fn run(mut self) {
+        self.metrics.set_stats(self.engine.stats());
+        while self.receive() {
+            self.reap_disconnected();
+            if self.engine.has_unfinished() {
+                let step_start = Instant::now();
+                match self.engine.step() {
+                    Ok(updates) => self.dispatch(&updates, step_start),
+                    Err(e) => self.fail_all(&e),
+                }
+            }
+            self.flush();
+            self.metrics.set_stats(self.engine.stats());
+        }
+        self.abort_all();
+        self.metrics.set_stats(self.engine.stats());
+    }
+
+    /// Takes new commands: blocks only when there is nothing else to do.
+    fn receive(&mut self) -> bool {
+        if !self.engine.has_unfinished() {
+            let command = if self.has_pending() {
+                match self.commands.recv_timeout(FLUSH_RETRY) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                match self.commands.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return false,
+                }
+            };
+            if let Some(c) = command {
+                if !self.handle(c) {
+                    return false;
+                }
+            }
+        }
+        loop {
+            match self.commands.try_recv() {
+                Ok(c) => {
+                    if !self.handle(c) {
+                        return false;
+                    }
+                }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => {
+                    return self.engine.has_unfinished() || self.has_pending()
+                }
+            }
+        }
+    }
+
+    fn has_pending(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// Returns false on shutdown.
+    fn handle(&mut self, command: Command) -> bool {
+        match command {
+            Command::Shutdown => false,
+            Command::Add(request) => {
+                self.admit(request);
+                true
+            }
+        }
+    }
+
+    fn admit(&mut self, request: AddRequest) {
+        let waiting = self.engine.stats().num_waiting;
+        if waiting + request.seqs.len() > self.max_waiting {
+            let _ = request
+                .admitted
+                .send(Err(ApiError::overloaded(waiting, RETRY_AFTER_SECONDS)));
+            return;
+        }
+        let mut slots = Vec::with_capacity(request.seqs.len());
+        for (prompt, params) in request.seqs {
+            match self.engine.add_request(prompt, params) {
+                Ok(id) => slots.push(SeqSlot {
+                    id,
+                    pending: None,
+                    finished: false,
+                    scheduled: None,
+                    first_token: None,
+                    last_token: None,
+                }),
+                Err(e) => {
+                    for slot in &slots {
+                        self.engine.abort(slot.id);
+                    }
+                    let _ = request
+                        .admitted
+                        .send(Err(ApiError::invalid("prompt", format!("{e:#}"))));
+                    return;
+                }
+            }
+        }
+        if request.admitted.send(Ok(())).is_err() {
+            for slot in &slots {
+                self.engine.abort(slot.id);
+            }
+            return;
+        }
+        let key = self.next_request;
+        self.next_request += 1;
+        for (index, slot) in slots.iter().enumerate() {
+            self.owners.insert(slot.id, (key, index));
+        }
+        self.requests.insert(
+            key,
+            ActiveRequest {
+                events: request.events,
+                arrival: request.arrival,
+                seqs: slots,
+            },
+        );
+    }
+
+    /// Aborts the sequences of every request whose client is gone.
+    fn reap_disconnected(&mut self) {
+        let gone: Vec<u64> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.events.is_closed())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in gone {
+            self.abort_request(key);
+        }
+    }
+
+    fn abort_request(&mut self, key: u64) {
+        let Some(request) = self.requests.remove(&key) else {
+            return;
+        };
+        for slot in request.seqs.iter().filter(|s| !s.finished) {
+            self.engine.abort(slot.id);
+            self.owners.remove(&slot.id);
+            self.metrics.record_finished(FinishReason::Abort, None);
+        }
+    }
+
+    fn abort_all(&mut self) {
+        let keys: Vec<u64> = self.requests.keys().copied().collect();
+        for key in keys {
+            self.abort_request(key);
+        }
+    }
+
+    /// A failed step ends every request (their channels close without a finish).
+    fn fail_all(&mut self, error: &anyhow::Error) {
+        tracing::error!(
+            "engine step failed, aborting {} requests: {error:#}",
+            self.requests.len()
+        );
+        self.abort_all();
+    }
+
+    fn dispatch(&mut self, updates: &[SeqUpdate], step_start: Instant) {
+        let now = Instant::now();
+        for update in updates {
+            let Some(&(key, index)) = self.owners.get(&update.id) else {
+                continue;
+            };
+            let Some(request) = self.requests.get_mut(&key) else {
+                continue;
+            };
+            let arrival = request.arrival;
+            let slot = &mut request.seqs[index];
+            slot.scheduled.get_or_insert(step_start);
+            if update.token.is_some() {
+                slot.first_token.get_or_insert(now);
+                slot.last_token = Some(now);
+            }
+            slot.pending
+                .get_or_insert_with(|| SeqOutput {
+                    index,
+                    ..SeqOutput::default()
+                })
+                .merge(update);
+            if let Some(reason) = update.finish {
+                slot.finished = true;
+                self.owners.remove(&update.id);
+                let timings = (reason != FinishReason::Abort)
+                    .then(|| seq_timings(slot, arrival, now, update.num_output_tokens));
+                self.metrics.record_finished(reason, timings);
+            }
+        }
+    }
+
+    /// Sends pending outputs without waiting; drops requests that are fully delivered.
+    fn flush(&mut self) {
+        let mut done = Vec::new();
+        let mut gone = Vec::new();
+        for (key, request) in &mut self.requests {
+            let mut closed = false;
+            for slot in &mut request.seqs {
+                let Some(output) = slot.pending.take() else {
+                    continue;
+                };
+                if output.new_tokens == 0 && output.text.is_empty() && output.finish.is_none() {
+                    continue;
+                }
+                match request.events.try_send(output) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(output)) => slot.pending = Some(output),
+                    Err(mpsc::error::TrySendError::Closed(_)) => closed = true,
+                }
+            }
+            if closed {
+                gone.push(*key);
+            } else if request
+                .seqs
+                .iter()
+                .all(|s| s.finished && s.pending.is_none())
+            {
+                done.push(*key);
+            }
+        }
+        for key in done {
+            self.requests.remove(&key);
+        }
+        for key in gone {
+            self.abort_request(key);
+        }
+    }
+}
+
+fn seq_timings(
+    slot: &SeqSlot,
+    arrival: Instant,
+    now: Instant,
+    num_output_tokens: usize,
+) -> SeqTimings {
+    let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
+    let first = slot.first_token.unwrap_or(now);
+    let last = slot.last_token.unwrap_or(now);
+    SeqTimings {
+        queue: secs(arrival, slot.scheduled.unwrap_or(now)),
+        ttft: secs(arrival, first),
+        e2e: secs(arrival, now),
+        tpot: (num_output_tokens > 1).then(|| secs(first, last) / (num_output_tokens - 1) as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(
+        token: Option<u32>,
+        text: &str,
+        finish: Option<FinishReason>,
+        outputs: usize,
+    ) -> SeqUpdate {
+        SeqUpdate {
+            id: 1,
+            token,
+            text: text.to_string(),
+            logprob: token.map(|t| TokenLogprob {
+                token: t,
+                logprob: -0.5,
+                top: Vec::new(),
+            }),
+            finish,
+            num_prompt_tokens: 3,
+            num_output_tokens: outputs,
+            num_cached_prompt_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn merged_outputs_keep_every_token_and_the_finish() {
+        let mut out = SeqOutput::default();
+        out.merge(&update(None, "", None, 0));
+        out.merge(&update(Some(7), "ab", None, 1));
+        out.merge(&update(Some(8), "", None, 2));
+        out.merge(&update(Some(9), "c", Some(FinishReason::Length), 3));
+        assert_eq!(out.text, "abc");
+        assert_eq!(out.new_tokens, 3);
+        assert_eq!(
+            out.logprobs.iter().map(|l| l.token).collect::<Vec<_>>(),
+            vec![7, 8, 9]
+        );
+        assert_eq!(
+            (out.finish, out.num_output_tokens, out.num_prompt_tokens),
+            (Some(FinishReason::Length), 3, 3)
+        );
+    }
+}

@@ -1,0 +1,349 @@
+//! `engine serve`: the OpenAI-compatible HTTP server.
+//!
+//! The port is bound first (so `/health` answers 503 while loading), the model is loaded on
+//! the engine thread, which then runs [`engine_loop::EngineLoop`]. SIGTERM / Ctrl-C stop
+//! accepting connections and let in-flight requests finish for up to `--shutdown-grace`.
+
+pub mod engine_loop;
+pub mod metrics;
+pub mod protocol;
+pub mod routes;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::sync::oneshot;
+
+use crate::backend::cpu::{load_cpu_runner_with, CpuOptions};
+use crate::engine::{EngineConfig, LlmEngine};
+use crate::model::RunnerOptions;
+use crate::tokenizer::Tokenizer;
+use engine_loop::{Command, EngineLoop};
+use metrics::Metrics;
+use routes::{AppState, Ready};
+use validate::ModelInfo;
+
+/// Flags of `engine serve` (named after vLLM's where the meaning is the same).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Model to serve: a GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one; the ready line says which).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Most sequences in one running batch.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Token budget of one engine step (prefill chunks plus decodes).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Context limit per sequence (prompt + output); default: the model's maximum position.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// KV-cache memory budget, e.g. `512MiB`, `2GiB` or a byte count.
+    #[arg(long, default_value = "512MiB")]
+    pub kv_cache_memory: String,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Reuse KV blocks of shared prompt prefixes (on by default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+    /// Model names accepted in requests and reported in responses; default: the `--model` value.
+    #[arg(long, num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    /// Require `Authorization: Bearer <key>` on every route but /health.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Most sequences queued behind the running batch; beyond it requests get 429 with Retry-After.
+    #[arg(long, default_value_t = 512)]
+    pub max_waiting_requests: usize,
+    /// Largest request body in bytes; larger bodies get 413.
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Compute threads of the CPU backend (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Seconds that in-flight requests may take to finish after SIGTERM before the server exits.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_grace: f64,
+}
+
+/// Parses `512MiB`, `2GiB`, `1.5GB`, `300M` or a plain byte count.
+pub fn parse_memory(text: &str) -> anyhow::Result<usize> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .with_context(|| format!("--kv-cache-memory `{text}`: expected a size such as 512MiB"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => bail!(
+            "--kv-cache-memory `{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+        ),
+    };
+    let bytes = value * scale;
+    if !(bytes >= 1.0 && bytes.is_finite()) {
+        bail!("--kv-cache-memory `{text}` must be a positive size; the CPU backend has no utilisation fraction");
+    }
+    Ok(bytes as usize)
+}
+
+/// The loaded model, ready for the engine loop.
+struct Loaded {
+    engine: LlmEngine,
+    tokenizer: Arc<Tokenizer>,
+    info: ModelInfo,
+    kv_capacity_tokens: usize,
+}
+
+fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
+    let path: &Path = &args.model;
+    let (config, mut weights) = crate::weights::open_model(path)
+        .with_context(|| format!("loading model {}", path.display()))?;
+    let tokenizer = Arc::new(
+        Tokenizer::from_model_path(path)
+            .with_context(|| format!("loading the tokenizer of {}", path.display()))?,
+    );
+    let options = RunnerOptions {
+        block_size: args.block_size,
+        kv_cache_bytes: parse_memory(&args.kv_cache_memory)?,
+    };
+    let is_gguf = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let cpu = CpuOptions {
+        threads: args.threads,
+        f32_weights_as_f16: is_gguf,
+    };
+    let runner = load_cpu_runner_with(&config, weights.as_mut(), &options, &cpu)?;
+    let kv_capacity_tokens = runner.num_blocks() * runner.block_size();
+    let max_model_len = match args.max_model_len {
+        Some(len) if len > kv_capacity_tokens => bail!(
+            "--max-model-len {len} exceeds the KV cache capacity of {kv_capacity_tokens} tokens: raise --kv-cache-memory or lower --max-model-len"
+        ),
+        Some(len) => len,
+        None if config.max_position_embeddings > kv_capacity_tokens => {
+            tracing::warn!(
+                "the model allows {} positions but the KV cache holds {kv_capacity_tokens} tokens: max_model_len = {kv_capacity_tokens}",
+                config.max_position_embeddings
+            );
+            kv_capacity_tokens
+        }
+        None => config.max_position_embeddings,
+    };
+    // Ids must index both the embedding table and the tokenizer.
+    let vocab_size = config.vocab_size.min(tokenizer.vocab_size());
+    let engine = LlmEngine::new(
+        runner,
+        tokenizer.clone(),
+        EngineConfig {
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            max_model_len,
+            enable_prefix_caching: !args.no_enable_prefix_caching,
+        },
+    );
+    Ok(Loaded {
+        engine,
+        tokenizer,
+        info: ModelInfo {
+            served_names,
+            vocab_size,
+            max_model_len,
+        },
+        kv_capacity_tokens,
+    })
+}
+
+fn check_args(args: &ServeArgs) -> anyhow::Result<()> {
+    if args.max_num_seqs == 0 || args.max_num_batched_tokens == 0 || args.block_size == 0 {
+        bail!("--max-num-seqs, --max-num-batched-tokens and --block-size must be at least 1");
+    }
+    if args.max_model_len == Some(0) {
+        bail!("--max-model-len must be at least 1");
+    }
+    if !(args.shutdown_grace >= 0.0 && args.shutdown_grace.is_finite()) {
+        bail!("--shutdown-grace must be a non-negative number of seconds");
+    }
+    parse_memory(&args.kv_cache_memory)?;
+    Ok(())
+}
+
+/// Runs `engine serve` until SIGTERM / Ctrl-C; returns once drained.
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    check_args(&args)?;
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let result = runtime.block_on(serve_async(args));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let served_names = if args.served_model_name.is_empty() {
+        vec![args.model.display().to_string()]
+    } else {
+        args.served_model_name.clone()
+    };
+    let metrics = Arc::new(Metrics::new(&served_names[0]));
+    let state = Arc::new(AppState {
+        served_names: served_names.clone(),
+        model_root: args.model.display().to_string(),
+        api_key: args.api_key.clone(),
+        max_body_bytes: args.max_body_bytes,
+        metrics: metrics.clone(),
+        ready: OnceLock::new(),
+        started: protocol::unix_now(),
+    });
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let address: SocketAddr = listener.local_addr().context("reading the bound address")?;
+    tracing::info!(
+        "listening on http://{address}, loading {}",
+        args.model.display()
+    );
+
+    let (commands_tx, commands_rx) = std::sync::mpsc::channel::<Command>();
+    let (loaded_tx, loaded_rx) = oneshot::channel::<anyhow::Result<()>>();
+    let engine_state = state.clone();
+    let engine_args = args.clone();
+    let engine_thread = std::thread::Builder::new()
+        .name("engine-loop".into())
+        .spawn(move || {
+            let loaded = match load(&engine_args, served_names) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = loaded_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = engine_state.ready.set(Ready {
+                tokenizer: loaded.tokenizer,
+                info: loaded.info.clone(),
+                commands: commands_tx,
+            });
+            tracing::info!(
+                "ready in {:.2}s: model={} backend=cpu kv_capacity_tokens={} max_model_len={} address=http://{address}",
+                start.elapsed().as_secs_f64(),
+                engine_args.model.display(),
+                loaded.kv_capacity_tokens,
+                loaded.info.max_model_len,
+            );
+            let _ = loaded_tx.send(Ok(()));
+            EngineLoop::new(loaded.engine, commands_rx, metrics, engine_args.max_waiting_requests).run();
+        })
+        .context("starting the engine thread")?;
+
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let app = routes::router(state.clone());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+
+    // A failed load ends the server; a signal during loading just stops it.
+    tokio::pin!(loaded_rx);
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    tokio::select! {
+        loaded = &mut loaded_rx => {
+            match loaded {
+                Ok(Ok(())) => signal.await,
+                Ok(Err(e)) => {
+                    let _ = stop_tx.send(());
+                    return Err(e);
+                }
+                Err(_) => bail!("the engine thread ended while loading the model"),
+            }
+        }
+        _ = &mut signal => {}
+    }
+
+    let grace = Duration::from_secs_f64(args.shutdown_grace);
+    tracing::info!(
+        "shutting down: no new connections, draining in-flight requests for up to {grace:?}"
+    );
+    let _ = stop_tx.send(());
+    match tokio::time::timeout(grace, server).await {
+        Ok(Ok(Ok(()))) => tracing::info!("drained"),
+        Ok(Ok(Err(e))) => tracing::warn!("server error while draining: {e}"),
+        Ok(Err(e)) => tracing::warn!("server task failed: {e}"),
+        Err(_) => tracing::warn!("grace period over, aborting the remaining requests"),
+    }
+    if let Some(ready) = state.ready.get() {
+        let _ = ready.commands.send(Command::Shutdown);
+        let _ = engine_thread.join();
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_memory;
+
+    #[test]
+    fn memory_sizes_parse() {
+        assert_eq!(parse_memory("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_memory("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_memory("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_memory("4096").unwrap(), 4096);
+        assert!(parse_memory("0.9").is_err());
+        assert!(parse_memory("12 parsecs").is_err());
+    }
+}

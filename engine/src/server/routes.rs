@@ -1,0 +1,593 @@
+//! HTTP routes: authentication, body limits, and the OpenAI endpoints.
+
+use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::{stream, Stream, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::engine_loop::{AddRequest, Command, SeqOutput, EVENT_CHANNEL_CAPACITY};
+use super::metrics::Metrics;
+use super::protocol::{
+    unix_now, ApiError, ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs,
+    ChatMessageOut, ChatResponse, ChatTokenLogprob, ChatTopLogprob, CompletionChoice,
+    CompletionLogprobs, CompletionResponse, ModelCard, ModelList, Usage,
+};
+use super::validate::{self, GenerateRequest, ModelInfo};
+use crate::engine::{FinishReason, TokenLogprob};
+use crate::tokenizer::Tokenizer;
+
+/// Set once the model is loaded and the engine loop runs.
+pub struct Ready {
+    pub tokenizer: Arc<Tokenizer>,
+    pub info: ModelInfo,
+    pub commands: std::sync::mpsc::Sender<Command>,
+}
+
+/// State shared by every handler.
+pub struct AppState {
+    pub served_names: Vec<String>,
+    pub model_root: String,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    pub metrics: Arc<Metrics>,
+    pub ready: OnceLock<Ready>,
+    pub started: u64,
+}
+
+impl AppState {
+    fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready
+            .get()
+            .ok_or_else(|| ApiError::unavailable("The model is still loading."))
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .fallback(unknown_route)
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .with_state(state)
+}
+
+/// With `--api-key`, every route but `/health` needs `Authorization: Bearer <key>`.
+async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &state.api_key {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if request.uri().path() != "/health" && presented != Some(key.as_str()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn unknown_route(uri: Uri) -> ApiError {
+    ApiError::not_found_route(uri.path())
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.ready() {
+        Ok(_) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
+    let max_model_len = state.ready()?.info.max_model_len;
+    let data = state
+        .served_names
+        .iter()
+        .map(|name| ModelCard {
+            id: name.clone(),
+            object: "model",
+            created: state.started,
+            owned_by: "engine",
+            root: state.model_root.clone(),
+            max_model_len,
+        })
+        .collect();
+    Ok(Json(ModelList {
+        object: "list",
+        data,
+    }))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Completions,
+    Chat,
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(state, body, Endpoint::Completions).await
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(state, body, Endpoint::Chat).await
+}
+
+async fn generate(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> Response {
+    let arrival = Instant::now();
+    match start(&state, body, endpoint, arrival).await {
+        Ok((request, events)) => {
+            let writer = ChunkWriter::new(
+                endpoint,
+                &request,
+                state.ready().map(|r| r.tokenizer.clone()),
+            );
+            if request.stream {
+                stream_response(writer, request, events).into_response()
+            } else {
+                collect_response(writer, request, events).await
+            }
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Validates the body (off the async workers: it tokenizes) and queues the request.
+async fn start(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+    arrival: Instant,
+) -> Result<(GenerateRequest, mpsc::Receiver<SeqOutput>), ApiError> {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(state.max_body_bytes)
+        } else {
+            ApiError::malformed(rejection.body_text())
+        }
+    })?;
+    let ready = state.ready()?;
+    let tokenizer = ready.tokenizer.clone();
+    let info = ready.info.clone();
+    let request = tokio::task::spawn_blocking(move || match endpoint {
+        Endpoint::Completions => validate::completion_request(&body, &info, &tokenizer),
+        Endpoint::Chat => validate::chat_request(&body, &info, &tokenizer),
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("request validation failed: {e}")))??;
+    let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+    let (admitted_tx, admitted_rx) = oneshot::channel();
+    ready
+        .commands
+        .send(Command::Add(AddRequest {
+            seqs: request.sequences(),
+            events: events_tx,
+            admitted: admitted_tx,
+            arrival,
+        }))
+        .map_err(|_| ApiError::unavailable("The engine has stopped."))?;
+    admitted_rx
+        .await
+        .map_err(|_| ApiError::unavailable("The engine has stopped."))??;
+    Ok((request, events_rx))
+}
+
+fn finish_reason(reason: Option<FinishReason>) -> Option<&'static str> {
+    reason.map(|r| match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+    })
+}
+
+/// Builds response bodies and stream chunks for one request.
+struct ChunkWriter {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    tokenizer: Option<Arc<Tokenizer>>,
+    want_logprobs: bool,
+    continuous_usage: bool,
+}
+
+impl ChunkWriter {
+    fn new(
+        endpoint: Endpoint,
+        request: &GenerateRequest,
+        tokenizer: Result<Arc<Tokenizer>, ApiError>,
+    ) -> ChunkWriter {
+        let prefix = match endpoint {
+            Endpoint::Completions => "cmpl",
+            Endpoint::Chat => "chatcmpl",
+        };
+        ChunkWriter {
+            endpoint,
+            id: super::protocol::new_id(prefix),
+            created: unix_now(),
+            model: request.model.clone(),
+            tokenizer: tokenizer.ok(),
+            want_logprobs: request.params.logprobs.is_some(),
+            continuous_usage: request.continuous_usage,
+        }
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer
+            .as_ref()
+            .and_then(|t| t.decode(&[id], false).ok())
+            .unwrap_or_default()
+    }
+
+    fn completion_logprobs(
+        &self,
+        logprobs: &[TokenLogprob],
+        start_offset: usize,
+    ) -> CompletionLogprobs {
+        let mut out = CompletionLogprobs::default();
+        let mut offset = start_offset;
+        for lp in logprobs {
+            let text = self.token_text(lp.token);
+            out.text_offset.push(offset);
+            offset += text.len();
+            out.tokens.push(text);
+            out.token_logprobs.push(lp.logprob);
+            out.top_logprobs.push(
+                lp.top
+                    .iter()
+                    .map(|&(id, l)| (self.token_text(id), serde_json::json!(l)))
+                    .collect(),
+            );
+        }
+        out
+    }
+
+    fn chat_logprobs(&self, logprobs: &[TokenLogprob]) -> ChatLogprobs {
+        let content = logprobs
+            .iter()
+            .map(|lp| {
+                let token = self.token_text(lp.token);
+                ChatTokenLogprob {
+                    bytes: token.as_bytes().to_vec(),
+                    token,
+                    logprob: lp.logprob,
+                    top_logprobs: lp
+                        .top
+                        .iter()
+                        .map(|&(id, logprob)| {
+                            let token = self.token_text(id);
+                            ChatTopLogprob {
+                                bytes: token.as_bytes().to_vec(),
+                                token,
+                                logprob,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        ChatLogprobs { content }
+    }
+
+    /// Chat streams open every choice with a `role` delta.
+    fn role_chunks(&self, prompt_lens: &[usize]) -> Vec<String> {
+        if self.endpoint != Endpoint::Chat {
+            return Vec::new();
+        }
+        prompt_lens
+            .iter()
+            .enumerate()
+            .map(|(index, &prompt)| {
+                to_json(&ChatChunk {
+                    id: self.id.clone(),
+                    object: "chat.completion.chunk",
+                    created: self.created,
+                    model: self.model.clone(),
+                    choices: vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                        },
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    usage: self.continuous_usage.then(|| Usage::new(prompt, 0)),
+                })
+            })
+            .collect()
+    }
+
+    /// One stream chunk for one choice's new output; `offset` is the choice's text length so far.
+    fn output_chunk(&self, out: &SeqOutput, offset: usize) -> String {
+        let usage = self
+            .continuous_usage
+            .then(|| Usage::new(out.num_prompt_tokens, out.num_output_tokens));
+        let finish = finish_reason(out.finish);
+        match self.endpoint {
+            Endpoint::Completions => to_json(&CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![CompletionChoice {
+                    index: out.index,
+                    text: out.text.clone(),
+                    logprobs: self
+                        .want_logprobs
+                        .then(|| self.completion_logprobs(&out.logprobs, offset)),
+                    finish_reason: finish,
+                }],
+                usage,
+            }),
+            Endpoint::Chat => to_json(&ChatChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![ChatChunkChoice {
+                    index: out.index,
+                    delta: ChatDelta {
+                        role: None,
+                        content: (!out.text.is_empty()).then(|| out.text.clone()),
+                    },
+                    logprobs: self
+                        .want_logprobs
+                        .then(|| self.chat_logprobs(&out.logprobs)),
+                    finish_reason: finish,
+                }],
+                usage,
+            }),
+        }
+    }
+
+    /// The final `include_usage` chunk: no choices, the request's totals.
+    fn usage_chunk(&self, usage: Usage) -> String {
+        match self.endpoint {
+            Endpoint::Completions => to_json(&CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: Vec::new(),
+                usage: Some(usage),
+            }),
+            Endpoint::Chat => to_json(&ChatChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: self.model.clone(),
+                choices: Vec::new(),
+                usage: Some(usage),
+            }),
+        }
+    }
+
+    /// The non-streaming body from every choice's collected output.
+    fn full_response(&self, choices: Vec<SeqOutput>, usage: Usage) -> Response {
+        match self.endpoint {
+            Endpoint::Completions => Json(CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: choices
+                    .iter()
+                    .map(|c| CompletionChoice {
+                        index: c.index,
+                        text: c.text.clone(),
+                        logprobs: self
+                            .want_logprobs
+                            .then(|| self.completion_logprobs(&c.logprobs, 0)),
+                        finish_reason: finish_reason(c.finish),
+                    })
+                    .collect(),
+                usage: Some(usage),
+            })
+            .into_response(),
+            Endpoint::Chat => Json(ChatResponse {
+                id: self.id.clone(),
+                object: "chat.completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: choices
+                    .iter()
+                    .map(|c| ChatChoice {
+                        index: c.index,
+                        message: ChatMessageOut {
+                            role: "assistant",
+                            content: c.text.clone(),
+                        },
+                        logprobs: self.want_logprobs.then(|| self.chat_logprobs(&c.logprobs)),
+                        finish_reason: finish_reason(c.finish),
+                    })
+                    .collect(),
+                usage,
+            })
+            .into_response(),
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| {
+        ApiError::internal(format!("cannot encode a response: {e}"))
+            .body()
+            .to_string()
+    })
+}
+
+/// Prompt tokens are counted once per prompt, completion tokens over every choice.
+fn request_usage(request: &GenerateRequest, completion_tokens: usize) -> Usage {
+    Usage::new(
+        request.prompts.iter().map(Vec::len).sum(),
+        completion_tokens,
+    )
+}
+
+fn engine_failed() -> ApiError {
+    ApiError::internal(
+        "Generation stopped early: the engine failed or is shutting down (see the server log).",
+    )
+}
+
+async fn collect_response(
+    writer: ChunkWriter,
+    request: GenerateRequest,
+    mut events: mpsc::Receiver<SeqOutput>,
+) -> Response {
+    let total = request.prompts.len() * request.n;
+    let mut choices: Vec<SeqOutput> = (0..total)
+        .map(|index| SeqOutput {
+            index,
+            ..SeqOutput::default()
+        })
+        .collect();
+    let mut finished = 0;
+    while finished < total {
+        let Some(out) = events.recv().await else {
+            return engine_failed().into_response();
+        };
+        let choice = &mut choices[out.index];
+        choice.text.push_str(&out.text);
+        choice.logprobs.extend(out.logprobs);
+        choice.num_output_tokens = out.num_output_tokens;
+        if out.finish.is_some() {
+            choice.finish = out.finish;
+            finished += 1;
+        }
+    }
+    let completion_tokens = choices.iter().map(|c| c.num_output_tokens).sum();
+    writer.full_response(choices, request_usage(&request, completion_tokens))
+}
+
+/// Where a stream is: role chunks sent, choices still open, tokens so far.
+struct StreamState {
+    writer: ChunkWriter,
+    request: GenerateRequest,
+    events: mpsc::Receiver<SeqOutput>,
+    text_lens: Vec<usize>,
+    output_tokens: Vec<usize>,
+    open: usize,
+    started: bool,
+    done: bool,
+}
+
+impl StreamState {
+    /// The next batch of SSE payloads; `None` when the stream is over.
+    async fn next_payloads(&mut self) -> Option<Vec<String>> {
+        if self.done {
+            return None;
+        }
+        if !self.started {
+            self.started = true;
+            let lens: Vec<usize> = self
+                .request
+                .prompts
+                .iter()
+                .flat_map(|p| std::iter::repeat_n(p.len(), self.request.n))
+                .collect();
+            let chunks = self.writer.role_chunks(&lens);
+            if !chunks.is_empty() {
+                return Some(chunks);
+            }
+        }
+        if self.open == 0 {
+            self.done = true;
+            let mut tail = Vec::new();
+            if self.request.include_usage {
+                let completion = self.output_tokens.iter().sum();
+                tail.push(
+                    self.writer
+                        .usage_chunk(request_usage(&self.request, completion)),
+                );
+            }
+            tail.push("[DONE]".to_string());
+            return Some(tail);
+        }
+        match self.events.recv().await {
+            Some(out) => {
+                let chunk = self.writer.output_chunk(&out, self.text_lens[out.index]);
+                self.text_lens[out.index] += out.text.len();
+                self.output_tokens[out.index] = out.num_output_tokens;
+                if out.finish.is_some() {
+                    self.open -= 1;
+                }
+                Some(vec![chunk])
+            }
+            None => {
+                self.done = true;
+                Some(vec![
+                    engine_failed().body().to_string(),
+                    "[DONE]".to_string(),
+                ])
+            }
+        }
+    }
+}
+
+fn stream_response(
+    writer: ChunkWriter,
+    request: GenerateRequest,
+    events: mpsc::Receiver<SeqOutput>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let total = request.prompts.len() * request.n;
+    let state = StreamState {
+        writer,
+        request,
+        events,
+        text_lens: vec![0; total],
+        output_tokens: vec![0; total],
+        open: total,
+        started: false,
+        done: false,
+    };
+    let payloads = stream::unfold(state, |mut state| async move {
+        state.next_payloads().await.map(|p| (p, state))
+    });
+    Sse::new(payloads.flat_map(|batch| {
+        stream::iter(
+            batch
+                .into_iter()
+                .map(|data| Ok(Event::default().data(data))),
+        )
+    }))
+}

@@ -1,0 +1,148 @@
+//! A GGUF model as a [`WeightSource`]: HF tensor names, and the Q/K row order
+//! of HF's rotate-half RoPE restored for Llama files.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::Context;
+
+use super::gguf::GgufFile;
+use super::{HostTensor, TensorData, WeightSource};
+use crate::config::{Arch, ModelConfig};
+
+/// Per-layer GGUF tensor stems and their HF counterparts.
+const LAYER_NAMES: &[(&str, &str)] = &[
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// The HF name of a GGUF tensor, or `None` for tensors without one (e.g. `rope_freqs.weight`).
+pub fn hf_name(gguf_name: &str) -> Option<String> {
+    let (stem, suffix) = gguf_name.rsplit_once('.')?;
+    if suffix != "weight" && suffix != "bias" {
+        return None;
+    }
+    let hf_stem = match stem {
+        "token_embd" => "model.embed_tokens".to_string(),
+        "output_norm" => "model.norm".to_string(),
+        "output" => "lm_head".to_string(),
+        _ => {
+            let rest = stem.strip_prefix("blk.")?;
+            let (layer, part) = rest.split_once('.')?;
+            let layer: usize = layer.parse().ok()?;
+            let (_, hf_part) = LAYER_NAMES.iter().find(|(g, _)| *g == part)?;
+            format!("model.layers.{layer}.{hf_part}")
+        }
+    };
+    Some(format!("{hf_stem}.{suffix}"))
+}
+
+/// Undoes llama.cpp's Q/K permutation. llama.cpp's converter reordered the rows
+/// of every head from HF's `[half0 | half1]` to interleaved pairs
+/// (`w.reshape(n_head, 2, head_dim / 2, ..).swapaxes(1, 2)`); this restores the
+/// HF order: HF row `j * head_dim / 2 + i` of a head = GGUF row `2 * i + j`.
+pub fn unpermute_rows<T: Copy + Default>(rows: &[T], n_head: usize, row_len: usize) -> Vec<T> {
+    let head_rows = rows.len() / row_len / n_head;
+    let half = head_rows / 2;
+    let mut out = vec![T::default(); rows.len()];
+    for h in 0..n_head {
+        for j in 0..2 {
+            for i in 0..half {
+                let src = (h * head_rows + 2 * i + j) * row_len;
+                let dst = (h * head_rows + j * half + i) * row_len;
+                out[dst..dst + row_len].copy_from_slice(&rows[src..src + row_len]);
+            }
+        }
+    }
+    out
+}
+
+/// The tensors of a GGUF file under HF names.
+pub struct GgufWeights {
+    file: GgufFile,
+    /// HF name -> GGUF name.
+    names: HashMap<String, String>,
+    /// `Some((n_head, n_kv_head))` when Q/K rows must be un-permuted (Llama).
+    unpermute: Option<(usize, usize)>,
+}
+
+impl GgufWeights {
+    /// Wraps a parsed file; `config` gives the head counts for Llama's un-permutation.
+    pub fn new(file: GgufFile, config: &ModelConfig) -> GgufWeights {
+        let names = file
+            .tensors
+            .keys()
+            .map(|g| (hf_name(g).unwrap_or_else(|| g.clone()), g.clone()))
+            .collect();
+        let unpermute =
+            (config.arch == Arch::Llama).then_some((config.num_heads, config.num_kv_heads));
+        GgufWeights {
+            file,
+            names,
+            unpermute,
+        }
+    }
+
+    /// Names of all tensors (HF names where known), sorted.
+    pub fn tensor_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.names.keys().cloned().collect();
+        names.sort();
+        names
+    }
+}
+
+impl WeightSource for GgufWeights {
+    fn load(&mut self, name: &str) -> anyhow::Result<HostTensor> {
+        let gguf_name = self.names.get(name).with_context(|| {
+            format!("missing tensor `{name}` in {}", self.file.path().display())
+        })?;
+        let tensor = self.file.read_tensor(gguf_name)?;
+        let n_head = match self.unpermute {
+            Some((n_head, _)) if name.ends_with("self_attn.q_proj.weight") => n_head,
+            Some((_, n_kv_head)) if name.ends_with("self_attn.k_proj.weight") => n_kv_head,
+            _ => return Ok(tensor),
+        };
+        let rows = tensor.shape.first().copied().unwrap_or(0);
+        let row_len = tensor.shape.get(1..).map_or(1, |d| d.iter().product());
+        if n_head == 0 || !rows.is_multiple_of(2 * n_head) {
+            anyhow::bail!(
+                "tensor `{gguf_name}` in {} has {rows} rows, not a multiple of 2 x {n_head} heads",
+                self.file.path().display()
+            );
+        }
+        let data = match &tensor.data {
+            TensorData::F32(v) => TensorData::F32(unpermute_rows(v, n_head, row_len)),
+            TensorData::F16(v) => TensorData::F16(unpermute_rows(v, n_head, row_len)),
+            TensorData::BF16(v) => TensorData::BF16(unpermute_rows(v, n_head, row_len)),
+        };
+        Ok(HostTensor {
+            shape: tensor.shape,
+            data,
+        })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.names.contains_key(name)
+    }
+
+    fn origin(&self) -> String {
+        self.file.path().display().to_string()
+    }
+}
+
+/// Opens a GGUF model file: configuration from its metadata, and its weights.
+pub fn open_gguf_model(path: &Path) -> anyhow::Result<(ModelConfig, GgufWeights)> {
+    let file = GgufFile::open(path)?;
+    let config = ModelConfig::from_gguf(&file)?;
+    let weights = GgufWeights::new(file, &config);
+    Ok((config, weights))
+}

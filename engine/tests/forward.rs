@@ -1,0 +1,308 @@
+//! Forward pass on the CPU backend against the HF transformers goldens in `../shared/golden`
+//! (see its README), plus consistency of chunked prefill, prefix reuse and batching.
+
+use std::path::{Path, PathBuf};
+
+use engine::backend::cpu::{load_cpu_runner, load_cpu_runner_with, CpuOptions};
+use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::weights::open_model;
+use serde_json::Value;
+
+const BLOCK_SIZE: usize = 16;
+/// KV blocks every test runner gets (1024 tokens).
+const NUM_BLOCKS: usize = 64;
+
+fn shared() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")
+}
+
+fn golden_dir(rel: &str) -> PathBuf {
+    let dir = shared().join("golden").join(rel);
+    assert!(
+        dir.join("reference.json").is_file(),
+        "missing golden data {}: the shared folder must sit beside the workspace (../shared)",
+        dir.display()
+    );
+    dir
+}
+
+fn reference(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("reference.json")).expect("read reference.json");
+    serde_json::from_str(&text).expect("parse reference.json")
+}
+
+/// Loads a model with a 64-block cache, keeping weights as stored (or f32 as f16).
+fn load(path: &Path, f32_as_f16: bool) -> Box<dyn ModelRunner> {
+    let (config, mut weights) = open_model(path).unwrap_or_else(|e| panic!("open {}: {e:#}", path.display()));
+    let opts = RunnerOptions {
+        block_size: BLOCK_SIZE,
+        kv_cache_bytes: kv_bytes_per_token(&config) * BLOCK_SIZE * NUM_BLOCKS,
+    };
+    let runner = if f32_as_f16 {
+        let cpu = CpuOptions { threads: 2, f32_weights_as_f16: true };
+        load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu)
+    } else {
+        load_cpu_runner(&config, weights.as_mut(), &opts, 2)
+    };
+    let runner = runner.unwrap_or_else(|e| panic!("load {}: {e:#}", path.display()));
+    assert_eq!(runner.num_blocks(), NUM_BLOCKS);
+    assert_eq!(runner.block_size(), BLOCK_SIZE);
+    runner
+}
+
+/// Computes `tokens` at positions `start..` of a sequence stored in `table`; returns the
+/// last token's logits.
+fn step(r: &mut dyn ModelRunner, tokens: &[u32], start: usize, table: &[u32]) -> Vec<f32> {
+    let input = SeqInput { tokens, start_pos: start, block_table: table, need_logits: true };
+    let mut out = r.forward(&[input]).expect("forward");
+    assert_eq!(out.len(), 1);
+    out.pop().unwrap()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().expect("float list").iter().map(|x| x.as_f64().expect("float") as f32).collect()
+}
+
+/// Largest `|a - b| / max(1, |b|)`.
+#[derive(Default)]
+struct MaxErr(f32);
+
+impl MaxErr {
+    fn add(&mut self, got: f32, want: f32) {
+        self.0 = self.0.max((got - want).abs() / want.abs().max(1.0));
+    }
+}
+
+/// Checks every float32 case of a tiny model's reference: last-position top-20 and
+/// first-64 logits at three positions (through chunked prefill), and 24 greedy tokens.
+fn check_tiny_golden(rel: &str) {
+    let dir = golden_dir(rel);
+    let golden = reference(&dir);
+    let mut r = load(&dir, false);
+    let cases = golden["runs"]["float32"]["cases"].as_array().expect("float32 cases");
+    assert_eq!(cases.len(), 5);
+    let mut err = MaxErr::default();
+    for (ci, case) in cases.iter().enumerate() {
+        let input = ids(&case["input_ids"]);
+        let n = input.len();
+        let table: Vec<u32> = (0..(n + 24).div_ceil(BLOCK_SIZE) as u32).collect();
+
+        // One prefill: top-20 at the last position.
+        let mut logits = step(r.as_mut(), &input, 0, &table);
+        for pair in case["last_top20"].as_array().unwrap() {
+            let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap() as f32);
+            err.add(logits[id], want);
+        }
+
+        // Greedy with the KV cache.
+        let want_greedy = ids(&case["greedy_ids"]);
+        let mut greedy = Vec::new();
+        for s in 0..want_greedy.len() {
+            let tok = argmax(&logits);
+            greedy.push(tok);
+            if s + 1 < want_greedy.len() {
+                logits = step(r.as_mut(), &[tok], n + s, &table);
+            }
+        }
+        assert_eq!(greedy, want_greedy, "{rel} case {ci}: greedy tokens");
+
+        // Chunked prefill ending at each recorded position.
+        let positions = ids(&case["first64_positions"]);
+        let mut start = 0;
+        let mut logits = Vec::new();
+        for (k, &p) in positions.iter().enumerate() {
+            let p = p as usize;
+            if p + 1 > start {
+                logits = step(r.as_mut(), &input[start..=p], start, &table);
+                start = p + 1;
+            }
+            for (id, want) in floats(&case["first64_logits"][k]).into_iter().enumerate() {
+                err.add(logits[id], want);
+            }
+        }
+    }
+    println!("{rel}: max relative logit error {:.2e}", err.0);
+    assert!(err.0 <= 1e-3, "{rel}: logits differ from the golden by {:.2e} (relative)", err.0);
+}
+
+#[test]
+fn qwen3_tiny_f32_matches_golden() {
+    check_tiny_golden("qwen3-tiny/f32");
+}
+
+#[test]
+fn qwen3_tiny_bf16_weights_match_golden() {
+    check_tiny_golden("qwen3-tiny/bf16");
+}
+
+#[test]
+fn llama_tiny_matches_golden() {
+    check_tiny_golden("llama-tiny");
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// The prompt of the 130-token case of qwen3-tiny.
+fn qwen3_prompt(golden: &Value, n: usize) -> Vec<u32> {
+    let cases = golden["runs"]["float32"]["cases"].as_array().unwrap();
+    let case = cases.iter().find(|c| c["n_input"] == n).expect("case length");
+    ids(&case["input_ids"])
+}
+
+#[test]
+fn chunked_prefill_and_prefix_reuse_match_one_prefill() {
+    let dir = golden_dir("qwen3-tiny/f32");
+    let golden = reference(&dir);
+    let mut r = load(&dir, false);
+    let prompt = qwen3_prompt(&golden, 130);
+    let n = prompt.len();
+    let table: Vec<u32> = (0..n.div_ceil(BLOCK_SIZE) as u32).collect();
+    let whole = step(r.as_mut(), &prompt, 0, &table);
+
+    // Chunks of 5 tokens, through a shuffled block table.
+    let shuffled: Vec<u32> = (0..table.len() as u32).map(|i| (i * 7 + 3) % 20 + 20).collect();
+    let mut chunked = Vec::new();
+    for start in (0..n).step_by(5) {
+        chunked = step(r.as_mut(), &prompt[start..(start + 5).min(n)], start, &shuffled);
+    }
+    assert!(max_abs_diff(&chunked, &whole) <= 1e-4, "chunks of 5: {}", max_abs_diff(&chunked, &whole));
+
+    // A cached prefix (full blocks, as a prefix-cache hit gives), then the rest in
+    // another sequence that shares those blocks.
+    let prefix = 3 * BLOCK_SIZE;
+    let mut other: Vec<u32> = table[..3].to_vec();
+    other.extend(40..40 + (table.len() - 3) as u32);
+    step(r.as_mut(), &prompt[..prefix], 0, &table);
+    let rest = step(r.as_mut(), &prompt[prefix..], prefix, &other);
+    assert!(max_abs_diff(&rest, &whole) <= 1e-4, "prefix then rest: {}", max_abs_diff(&rest, &whole));
+
+    // A prefix that ends inside a block.
+    step(r.as_mut(), &prompt[..37], 0, &table);
+    let rest = step(r.as_mut(), &prompt[37..], 37, &table);
+    assert!(max_abs_diff(&rest, &whole) <= 1e-4, "37 then rest: {}", max_abs_diff(&rest, &whole));
+}
+
+#[test]
+fn batched_sequences_match_solo_runs() {
+    let dir = golden_dir("qwen3-tiny/f32");
+    let golden = reference(&dir);
+    let mut r = load(&dir, false);
+    let a = qwen3_prompt(&golden, 33);
+    let b = qwen3_prompt(&golden, 7);
+    let c = qwen3_prompt(&golden, 1);
+    let (ta, tb, tc): (Vec<u32>, Vec<u32>, Vec<u32>) = (vec![0, 1, 2], vec![5], vec![9]);
+
+    // Solo references.
+    let a_last = step(r.as_mut(), &a, 0, &ta);
+    let next = argmax(&a_last);
+    let mut a_next = a.clone();
+    a_next.push(next);
+    let a_decode = step(r.as_mut(), &a_next, 0, &ta);
+    let b_last = step(r.as_mut(), &b, 0, &tb);
+    let c_last = step(r.as_mut(), &c, 0, &tc);
+
+    // Step 1: A's prefill, B's first chunk (no logits), C's prefill.
+    let batch = [
+        SeqInput { tokens: &a, start_pos: 0, block_table: &ta, need_logits: true },
+        SeqInput { tokens: &b[..4], start_pos: 0, block_table: &tb, need_logits: false },
+        SeqInput { tokens: &c, start_pos: 0, block_table: &tc, need_logits: true },
+    ];
+    let out = r.forward(&batch).expect("forward");
+    assert_eq!(out.len(), 2, "one logits row per entry with need_logits");
+    assert!(max_abs_diff(&out[0], &a_last) <= 1e-4);
+    assert!(max_abs_diff(&out[1], &c_last) <= 1e-4);
+
+    // Step 2: A decodes, B finishes its prefill.
+    let batch = [
+        SeqInput { tokens: &[next], start_pos: a.len(), block_table: &ta, need_logits: true },
+        SeqInput { tokens: &b[4..], start_pos: 4, block_table: &tb, need_logits: true },
+    ];
+    let out = r.forward(&batch).expect("forward");
+    assert!(max_abs_diff(&out[0], &a_decode) <= 1e-4, "decode in a batch: {}", max_abs_diff(&out[0], &a_decode));
+    assert!(max_abs_diff(&out[1], &b_last) <= 1e-4, "chunk in a batch: {}", max_abs_diff(&out[1], &b_last));
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let dir = golden_dir("qwen3-tiny/f32");
+    let mut r = load(&dir, false);
+    let bad_token = SeqInput { tokens: &[49152], start_pos: 0, block_table: &[0], need_logits: true };
+    assert!(r.forward(&[bad_token]).is_err());
+    let short_table = SeqInput { tokens: &[1; 17], start_pos: 0, block_table: &[0], need_logits: true };
+    assert!(r.forward(&[short_table]).is_err());
+    let bad_block = SeqInput { tokens: &[1], start_pos: 0, block_table: &[64], need_logits: true };
+    assert!(r.forward(&[bad_block]).is_err());
+    let empty = SeqInput { tokens: &[], start_pos: 0, block_table: &[0], need_logits: true };
+    assert!(r.forward(&[empty]).is_err());
+    assert!(r.forward(&[]).unwrap().is_empty());
+
+    let (config, mut weights) = open_model(&dir).unwrap();
+    let opts = RunnerOptions { block_size: 16, kv_cache_bytes: kv_bytes_per_token(&config) * 15 };
+    let err = load_cpu_runner(&config, weights.as_mut(), &opts, 1).err().expect("too small a cache is an error");
+    assert!(err.to_string().contains("less than one block"), "{err}");
+}
+
+fn smollm2_path() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.is_file(), "missing {}: run scripts/fetch-model.sh to download it", path.display());
+    path
+}
+
+/// SmolLM2-135M (Q4_1 GGUF, weights stored as f16) against transformers' f32 run.
+#[test]
+fn smollm2_gguf_matches_golden() {
+    let path = smollm2_path();
+    let golden = reference(&golden_dir("smollm2-135m"));
+    let mut r = load(&path, true);
+    let mut max_abs = 0.0f32;
+    let names = ["en_capital", "code_python", "chinese", "leading_spaces", "short_hi", "chat_two_message"];
+    for prompt in golden["prompts"].as_array().unwrap() {
+        let name = prompt["name"].as_str().unwrap();
+        if !names.contains(&name) {
+            continue;
+        }
+        let input = ids(&prompt["input_ids_with_special"]);
+        let want = ids(&prompt["greedy_ids"]);
+        let n = input.len();
+        let steps = 16;
+        let table: Vec<u32> = (0..(n + steps).div_ceil(BLOCK_SIZE) as u32).collect();
+        let top = prompt["top_logits"].as_array().unwrap();
+        let mut logits = step(r.as_mut(), &input, 0, &table);
+        let mut got = Vec::new();
+        for s in 0..steps {
+            if let Some(t) = top.iter().find(|t| t["step"] == s) {
+                let topk = t["topk"].as_array().unwrap();
+                let mut order: Vec<usize> = (0..logits.len()).collect();
+                order.sort_by(|&i, &j| logits[j].total_cmp(&logits[i]));
+                let ref_top1 = topk[0][0].as_u64().unwrap() as usize;
+                assert!(order[..5].contains(&ref_top1), "{name} step {s}: reference top-1 not in our top-5");
+                for pair in topk {
+                    let (id, v) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap() as f32);
+                    max_abs = max_abs.max((logits[id] - v).abs());
+                }
+            }
+            let tok = argmax(&logits);
+            got.push(tok);
+            logits = step(r.as_mut(), &[tok], n + s, &table);
+        }
+        assert_eq!(got, want[..steps], "{name}: greedy tokens");
+    }
+    println!("smollm2 (f16 weights): max abs logit error over recorded top-10s: {max_abs:.4}");
+}

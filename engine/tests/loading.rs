@@ -1,0 +1,642 @@
+//! Model loading: HF configs, safetensors, GGUF, and errors on bad input.
+
+use std::path::{Path, PathBuf};
+
+use engine::config::{Arch, Llama3RopeScaling, ModelConfig};
+use engine::weights::gguf::{dequantize, GgufFile, QuantType};
+use engine::weights::{open_model, HostTensor, TensorData, WeightSource};
+use safetensors::tensor::{serialize, Dtype, TensorView};
+
+fn golden(rel: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/golden")
+        .join(rel);
+    assert!(
+        path.exists(),
+        "missing {}: the golden data lives in ../shared/golden next to the workspace",
+        path.display()
+    );
+    path
+}
+
+fn expected_tensor_names(dir: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(golden(&format!("{dir}/reference.json"))).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    serde_json::from_value(json["tensor_names"].clone()).unwrap()
+}
+
+#[test]
+fn qwen3_tiny_config_parses() {
+    let config = ModelConfig::from_hf_config(&golden("qwen3-tiny/f32/config.json")).unwrap();
+    assert_eq!(
+        config,
+        ModelConfig {
+            arch: Arch::Qwen3,
+            vocab_size: 49152,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            rope_theta: 1_000_000.0,
+            rope_scaling: None,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 2048,
+            tie_word_embeddings: true,
+            bos_token_id: Some(1),
+            eos_token_ids: vec![2],
+        }
+    );
+}
+
+#[test]
+fn llama_tiny_config_parses() {
+    let config = ModelConfig::from_hf_config(&golden("llama-tiny/config.json")).unwrap();
+    assert_eq!(config.arch, Arch::Llama);
+    assert_eq!(config.rope_theta, 10_000.0);
+    assert_eq!(config.rms_norm_eps, 1e-5);
+    assert!(!config.tie_word_embeddings);
+    assert_eq!(
+        (config.num_heads, config.num_kv_heads, config.head_dim),
+        (4, 2, 16)
+    );
+}
+
+#[test]
+fn qwen3_tiny_f32_weights_load() {
+    let (config, mut weights) = open_model(&golden("qwen3-tiny/f32")).unwrap();
+    let names = expected_tensor_names("qwen3-tiny/f32");
+    assert!(!names.iter().any(|n| n == "lm_head.weight"));
+    assert!(!weights.contains("lm_head.weight"));
+    for name in &names {
+        assert!(weights.contains(name), "{name}");
+    }
+    let embed = weights
+        .load_expect(
+            "model.embed_tokens.weight",
+            &[config.vocab_size, config.hidden_size],
+        )
+        .unwrap();
+    assert!(matches!(embed.data, TensorData::F32(_)));
+    let q_norm = weights
+        .load_expect("model.layers.1.self_attn.q_norm.weight", &[16])
+        .unwrap();
+    // RMSNorm weights were drawn from U(0.5, 1.5).
+    assert!(q_norm
+        .data
+        .to_f32()
+        .iter()
+        .all(|&x| (0.5..1.5).contains(&x)));
+}
+
+#[test]
+fn bf16_weights_stay_bf16_and_match_f32_rounding() {
+    let (_, mut f32_weights) = open_model(&golden("qwen3-tiny/f32")).unwrap();
+    let (_, mut bf16_weights) = open_model(&golden("qwen3-tiny/bf16")).unwrap();
+    let name = "model.layers.0.mlp.down_proj.weight";
+    let full = f32_weights.load_expect(name, &[64, 128]).unwrap();
+    let half = bf16_weights.load_expect(name, &[64, 128]).unwrap();
+    let TensorData::BF16(half_values) = &half.data else {
+        panic!("expected BF16 data, got {:?}", half.data);
+    };
+    let full_values = full.data.to_f32();
+    for (h, f) in half_values.iter().zip(&full_values) {
+        assert_eq!(*h, half::bf16::from_f32(*f));
+    }
+}
+
+#[test]
+fn llama_tiny_has_untied_head() {
+    let (config, mut weights) = open_model(&golden("llama-tiny")).unwrap();
+    let head: HostTensor = weights
+        .load_expect("lm_head.weight", &[config.vocab_size, config.hidden_size])
+        .unwrap();
+    assert_eq!(head.numel(), 49152 * 64);
+    let names = expected_tensor_names("llama-tiny");
+    // embed, final norm, lm_head, and 9 tensors per layer.
+    assert_eq!(names.len(), 3 + 2 * 9);
+    assert!(names.iter().all(|n| weights.contains(n)));
+}
+
+fn smollm2_gguf() -> PathBuf {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "missing {}: run scripts/fetch-model.sh to download the default model",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn smollm2_gguf_config_matches_golden() {
+    let text = std::fs::read_to_string(golden("smollm2-135m/reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let want = &json["config"];
+    let file = GgufFile::open(&smollm2_gguf()).unwrap();
+    let config = ModelConfig::from_gguf(&file).unwrap();
+    let usize_of = |key: &str| want[key].as_u64().unwrap() as usize;
+    assert_eq!(config.arch, Arch::Llama);
+    assert_eq!(config.vocab_size, usize_of("vocab_size"));
+    assert_eq!(config.hidden_size, usize_of("hidden_size"));
+    assert_eq!(config.intermediate_size, usize_of("intermediate_size"));
+    assert_eq!(config.num_layers, usize_of("num_hidden_layers"));
+    assert_eq!(config.num_heads, usize_of("num_attention_heads"));
+    assert_eq!(config.num_kv_heads, usize_of("num_key_value_heads"));
+    assert_eq!(config.head_dim, usize_of("head_dim"));
+    assert_eq!(
+        config.max_position_embeddings,
+        usize_of("max_position_embeddings")
+    );
+    assert_eq!(
+        config.rope_theta,
+        want["rope_theta"].as_f64().unwrap() as f32
+    );
+    assert_eq!(
+        config.rms_norm_eps,
+        want["rms_norm_eps"].as_f64().unwrap() as f32
+    );
+    assert_eq!(
+        config.tie_word_embeddings,
+        want["tie_word_embeddings"].as_bool().unwrap()
+    );
+    assert_eq!(config.rope_scaling, None);
+    assert_eq!(config.bos_token_id, Some(1));
+    assert_eq!(config.eos_token_ids, vec![2]);
+}
+
+#[test]
+fn smollm2_gguf_weights_have_hf_names_and_shapes() {
+    let (config, mut weights) = open_model(&smollm2_gguf()).unwrap();
+    let (h, kv) = (config.hidden_size, config.num_kv_heads * config.head_dim);
+    assert!(!weights.contains("lm_head.weight"));
+    let embed = weights
+        .load_expect("model.embed_tokens.weight", &[49152, h])
+        .unwrap();
+    assert!(matches!(embed.data, TensorData::F32(_)));
+    let norm = weights.load_expect("model.norm.weight", &[h]).unwrap();
+    assert!(norm.data.to_f32().iter().all(|x| x.is_finite()));
+    for layer in [0, 29] {
+        let p = format!("model.layers.{layer}");
+        for (name, shape) in [
+            ("self_attn.q_proj.weight", vec![h, h]),
+            ("self_attn.k_proj.weight", vec![kv, h]),
+            ("self_attn.v_proj.weight", vec![kv, h]),
+            ("self_attn.o_proj.weight", vec![h, h]),
+            ("mlp.gate_proj.weight", vec![1536, h]),
+            ("mlp.up_proj.weight", vec![1536, h]),
+            ("mlp.down_proj.weight", vec![h, 1536]),
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+        ] {
+            let t = weights.load_expect(&format!("{p}.{name}"), &shape).unwrap();
+            assert_eq!(t.data.len(), t.numel());
+        }
+    }
+    let err = weights
+        .load_expect("model.norm.weight", &[h + 1])
+        .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("model.norm.weight") && msg.contains("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn dequantize_q8_0_block() {
+    let mut block = half::f16::from_f32(0.5).to_bits().to_le_bytes().to_vec();
+    block.extend((0..32).map(|i| (i as i8 - 16) as u8));
+    let values = dequantize(QuantType::Q8_0, &block);
+    let want: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) * 0.5).collect();
+    assert_eq!(values, want);
+}
+
+/// 16 bytes whose low nibbles count up 0..15 and high nibbles count down 15..0.
+fn nibbles() -> Vec<u8> {
+    (0..16u8).map(|i| i | ((15 - i) << 4)).collect()
+}
+
+#[test]
+fn dequantize_q4_0_block() {
+    let mut block = half::f16::from_f32(2.0).to_bits().to_le_bytes().to_vec();
+    block.extend(nibbles());
+    let values = dequantize(QuantType::Q4_0, &block);
+    let low = (0..16).map(|i| (i as f32 - 8.0) * 2.0);
+    let high = (0..16).map(|i| ((15 - i) as f32 - 8.0) * 2.0);
+    assert_eq!(values, low.chain(high).collect::<Vec<_>>());
+}
+
+#[test]
+fn dequantize_q4_1_blocks() {
+    let mut bytes = Vec::new();
+    for (d, m) in [(0.25f32, -1.0f32), (1.0, 3.0)] {
+        bytes.extend(half::f16::from_f32(d).to_bits().to_le_bytes());
+        bytes.extend(half::f16::from_f32(m).to_bits().to_le_bytes());
+        bytes.extend(nibbles());
+    }
+    let values = dequantize(QuantType::Q4_1, &bytes);
+    assert_eq!(values.len(), 64);
+    let block = |d: f32, m: f32| -> Vec<f32> {
+        let low = (0..16).map(move |i| i as f32 * d + m);
+        let high = (0..16).map(move |i| (15 - i) as f32 * d + m);
+        low.chain(high).collect()
+    };
+    assert_eq!(values[..32], block(0.25, -1.0)[..]);
+    assert_eq!(values[32..], block(1.0, 3.0)[..]);
+}
+
+/// A minimal GGUF v3 writer for building test files.
+struct GgufBuilder {
+    kv: Vec<u8>,
+    n_kv: u64,
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+}
+
+fn gguf_string(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+impl GgufBuilder {
+    fn new() -> Self {
+        GgufBuilder {
+            kv: Vec::new(),
+            n_kv: 0,
+            tensors: Vec::new(),
+        }
+    }
+
+    /// Adds a metadata entry whose value bytes are already encoded.
+    fn kv(mut self, key: &str, type_id: u32, value: &[u8]) -> Self {
+        gguf_string(&mut self.kv, key);
+        self.kv.extend(type_id.to_le_bytes());
+        self.kv.extend(value);
+        self.n_kv += 1;
+        self
+    }
+
+    fn kv_u32(self, key: &str, v: u32) -> Self {
+        self.kv(key, 4, &v.to_le_bytes())
+    }
+
+    fn kv_f32(self, key: &str, v: f32) -> Self {
+        self.kv(key, 6, &v.to_le_bytes())
+    }
+
+    fn kv_str(self, key: &str, v: &str) -> Self {
+        let mut bytes = Vec::new();
+        gguf_string(&mut bytes, v);
+        self.kv(key, 8, &bytes)
+    }
+
+    fn kv_str_array(self, key: &str, items: &[&str]) -> Self {
+        let mut bytes = 8u32.to_le_bytes().to_vec();
+        bytes.extend((items.len() as u64).to_le_bytes());
+        for item in items {
+            gguf_string(&mut bytes, item);
+        }
+        self.kv(key, 9, &bytes)
+    }
+
+    /// `dims` fastest-first, as GGUF stores them.
+    fn tensor(mut self, name: &str, dims: &[u64], type_id: u32, data: Vec<u8>) -> Self {
+        self.tensors
+            .push((name.to_string(), dims.to_vec(), type_id, data));
+        self
+    }
+
+    fn build(&self) -> Vec<u8> {
+        const ALIGN: usize = 32;
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend(self.n_kv.to_le_bytes());
+        out.extend(&self.kv);
+        let mut offset = 0usize;
+        for (name, dims, type_id, data) in &self.tensors {
+            gguf_string(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            for d in dims {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(type_id.to_le_bytes());
+            out.extend((offset as u64).to_le_bytes());
+            offset += data.len().div_ceil(ALIGN) * ALIGN;
+        }
+        for (_, _, _, data) in &self.tensors {
+            out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+            out.extend(data);
+        }
+        out
+    }
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// A one-layer Llama GGUF (hidden 8, 2 heads of 4, 1 KV head) whose Q and K
+/// weights were permuted the way llama.cpp's converter does.
+fn tiny_llama_gguf(q_hf: &[f32], k_hf: &[f32]) -> Vec<u8> {
+    // llama.cpp: w.reshape(n_head, 2, head_dim / 2, in).swapaxes(1, 2).reshape(out, in)
+    let permute = |w: &[f32], n_head: usize| -> Vec<f32> {
+        let (cols, head_dim) = (8, w.len() / 8 / n_head);
+        let mut out = Vec::new();
+        for h in 0..n_head {
+            for i in 0..head_dim / 2 {
+                for j in 0..2 {
+                    let row = h * head_dim + j * head_dim / 2 + i;
+                    out.extend_from_slice(&w[row * cols..(row + 1) * cols]);
+                }
+            }
+        }
+        out
+    };
+    // One Q4_0 block per row of the 32-wide up projection: d = 1, all nibbles 9 -> 1.0.
+    let mut up = Vec::new();
+    for _ in 0..16 {
+        up.extend(half::f16::from_f32(1.0).to_bits().to_le_bytes());
+        up.extend([0x99u8; 16]);
+    }
+    GgufBuilder::new()
+        .kv_str("general.architecture", "llama")
+        .kv("general.some_u8", 0, &[7])
+        .kv("general.some_i16", 3, &(-3i16).to_le_bytes())
+        .kv("general.some_bool", 7, &[1])
+        .kv("general.some_f64", 12, &1.5f64.to_le_bytes())
+        .kv_u32("llama.embedding_length", 8)
+        .kv_u32("llama.block_count", 1)
+        .kv_u32("llama.feed_forward_length", 32)
+        .kv_u32("llama.attention.head_count", 2)
+        .kv_u32("llama.attention.head_count_kv", 1)
+        .kv_f32("llama.rope.freq_base", 500_000.0)
+        .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        .kv_u32("llama.context_length", 128)
+        .kv_str_array("tokenizer.ggml.tokens", &["a", "b", "c"])
+        .tensor(
+            "blk.0.attn_q.weight",
+            &[8, 8],
+            0,
+            f32_bytes(&permute(q_hf, 2)),
+        )
+        .tensor(
+            "blk.0.attn_k.weight",
+            &[8, 4],
+            0,
+            f32_bytes(&permute(k_hf, 1)),
+        )
+        .tensor("blk.0.ffn_up.weight", &[32, 16], 2, up)
+        .build()
+}
+
+fn write_temp(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn gguf_llama_qk_permutation_is_undone() {
+    let q_hf: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let k_hf: Vec<f32> = (0..32).map(|i| 1000.0 + i as f32).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_temp(dir.path(), "tiny.gguf", &tiny_llama_gguf(&q_hf, &k_hf));
+    let (config, mut weights) = open_model(&path).unwrap();
+    assert_eq!(config.arch, Arch::Llama);
+    assert_eq!(
+        (
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim
+        ),
+        (8, 2, 1, 4)
+    );
+    assert_eq!(
+        (
+            config.vocab_size,
+            config.intermediate_size,
+            config.num_layers
+        ),
+        (3, 32, 1)
+    );
+    assert_eq!(config.rope_theta, 500_000.0);
+    assert_eq!(config.max_position_embeddings, 128);
+    assert!(config.tie_word_embeddings);
+    let q = weights
+        .load_expect("model.layers.0.self_attn.q_proj.weight", &[8, 8])
+        .unwrap();
+    assert_eq!(q.data, TensorData::F32(q_hf));
+    let k = weights
+        .load_expect("model.layers.0.self_attn.k_proj.weight", &[4, 8])
+        .unwrap();
+    assert_eq!(k.data, TensorData::F32(k_hf));
+    let up = weights
+        .load_expect("model.layers.0.mlp.up_proj.weight", &[16, 32])
+        .unwrap();
+    assert_eq!(up.data, TensorData::F32(vec![1.0; 512]));
+    let file = GgufFile::open(&path).unwrap();
+    assert_eq!(file.get_usize("general.some_u8").unwrap(), 7);
+    assert_eq!(file.get_f64("general.some_i16").unwrap(), -3.0);
+    assert_eq!(file.get_f64("general.some_f64").unwrap(), 1.5);
+    assert_eq!(
+        file.get_str_array("tokenizer.ggml.tokens").unwrap(),
+        ["a", "b", "c"]
+    );
+}
+
+fn error_of<T>(result: anyhow::Result<T>) -> String {
+    match result {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn truncated_gguf_is_an_error_naming_the_file() {
+    let q: Vec<f32> = vec![0.0; 64];
+    let k: Vec<f32> = vec![0.0; 32];
+    let bytes = tiny_llama_gguf(&q, &k);
+    let dir = tempfile::tempdir().unwrap();
+    // Data cut short: the last tensor's bytes run past the end.
+    let path = write_temp(dir.path(), "cut_data.gguf", &bytes[..bytes.len() - 1]);
+    let msg = error_of(open_model(&path));
+    assert!(
+        msg.contains("truncated") && msg.contains("cut_data.gguf"),
+        "{msg}"
+    );
+    assert!(msg.contains("blk.0.ffn_up.weight"), "{msg}");
+    // Header cut short, in the middle of the metadata.
+    let path = write_temp(dir.path(), "cut_header.gguf", &bytes[..100]);
+    let msg = error_of(open_model(&path));
+    assert!(
+        msg.contains("truncated") && msg.contains("cut_header.gguf"),
+        "{msg}"
+    );
+    // The real model cut inside its token list.
+    let real = std::fs::read(smollm2_gguf()).unwrap();
+    let path = write_temp(dir.path(), "smollm2_cut.gguf", &real[..200_000]);
+    let msg = error_of(open_model(&path));
+    assert!(
+        msg.contains("truncated") && msg.contains("smollm2_cut.gguf"),
+        "{msg}"
+    );
+    assert!(msg.contains("tokenizer.ggml.tokens"), "{msg}");
+    let msg = error_of(GgufFile::open(&write_temp(dir.path(), "empty.gguf", b"")));
+    assert!(
+        msg.contains("truncated") && msg.contains("empty.gguf"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn gguf_unknown_tensor_type_is_an_error() {
+    let bytes = GgufBuilder::new()
+        .kv_str("general.architecture", "llama")
+        .tensor("blk.0.attn_q.weight", &[32, 1], 12, vec![0; 144])
+        .build();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_temp(dir.path(), "q4k.gguf", &bytes);
+    let msg = error_of(GgufFile::open(&path));
+    assert!(
+        msg.contains("blk.0.attn_q.weight")
+            && msg.contains("ggml type 12")
+            && msg.contains("q4k.gguf"),
+        "{msg}"
+    );
+}
+
+fn write_safetensors(dir: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            (
+                name.to_string(),
+                TensorView::new(*dtype, shape.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    let bytes = serialize(views, None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+}
+
+fn tiny_config_dir(architecture: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(golden("llama-tiny/config.json")).unwrap();
+    let text = text.replace("LlamaForCausalLM", architecture);
+    std::fs::write(dir.path().join("config.json"), text).unwrap();
+    dir
+}
+
+#[test]
+fn safetensors_shape_and_dtype_errors_name_tensor_and_file() {
+    let dir = tiny_config_dir("LlamaForCausalLM");
+    write_safetensors(
+        dir.path(),
+        &[
+            (
+                "model.norm.weight",
+                Dtype::F32,
+                vec![3],
+                f32_bytes(&[1.0, 2.0, 3.0]),
+            ),
+            ("model.embed_tokens.weight", Dtype::I32, vec![2], vec![0; 8]),
+        ],
+    );
+    let (_, mut weights) = open_model(dir.path()).unwrap();
+    let norm = weights.load_expect("model.norm.weight", &[3]).unwrap();
+    assert_eq!(norm.data, TensorData::F32(vec![1.0, 2.0, 3.0]));
+    let dir_name = dir.path().display().to_string();
+
+    let msg = error_of(weights.load_expect("model.norm.weight", &[64]));
+    assert!(
+        msg.contains("model.norm.weight") && msg.contains("[3]") && msg.contains("[64]"),
+        "{msg}"
+    );
+    assert!(msg.contains(&dir_name), "{msg}");
+
+    let msg = error_of(weights.load("model.embed_tokens.weight"));
+    assert!(
+        msg.contains("model.embed_tokens.weight") && msg.contains("I32"),
+        "{msg}"
+    );
+    assert!(msg.contains("model.safetensors"), "{msg}");
+
+    let msg = error_of(weights.load("lm_head.weight"));
+    assert!(
+        msg.contains("missing tensor `lm_head.weight`") && msg.contains(&dir_name),
+        "{msg}"
+    );
+}
+
+#[test]
+fn truncated_safetensors_is_an_error_naming_the_file() {
+    let dir = tiny_config_dir("LlamaForCausalLM");
+    write_safetensors(
+        dir.path(),
+        &[("model.norm.weight", Dtype::F32, vec![4], vec![0; 16])],
+    );
+    let file = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 2]).unwrap();
+    let msg = error_of(open_model(dir.path()));
+    assert!(
+        msg.contains("truncated") && msg.contains("model.safetensors"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unknown_architecture_is_an_error_naming_the_file() {
+    let dir = tiny_config_dir("MistralForCausalLM");
+    let msg = error_of(open_model(dir.path()));
+    assert!(
+        msg.contains("unsupported architecture MistralForCausalLM"),
+        "{msg}"
+    );
+    assert!(msg.contains("config.json"), "{msg}");
+}
+
+#[test]
+fn hf_config_key_variants() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.json");
+    // transformers-5 style only, llama3 rope scaling, list of EOS ids, no head_dim.
+    std::fs::write(
+        &file,
+        r#"{"architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 2048,
+            "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+            "tie_word_embeddings": true, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+            "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#,
+    )
+    .unwrap();
+    let config = ModelConfig::from_hf_config(&file).unwrap();
+    assert_eq!(config.head_dim, 64);
+    assert_eq!(config.rope_theta, 500_000.0);
+    assert_eq!(config.eos_token_ids, vec![128001, 128008, 128009]);
+    assert_eq!(
+        config.rope_scaling,
+        Some(Llama3RopeScaling {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        })
+    );
+    // A missing required field names the field and the file.
+    std::fs::write(
+        &file,
+        r#"{"architectures": ["Qwen2ForCausalLM"], "vocab_size": 10}"#,
+    )
+    .unwrap();
+    let msg = error_of(ModelConfig::from_hf_config(&file));
+    assert!(
+        msg.contains("hidden_size") && msg.contains("config.json"),
+        "{msg}"
+    );
+}

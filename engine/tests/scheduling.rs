@@ -1,0 +1,479 @@
+//! Scheduler, KV-cache and engine behaviour against a mock model whose output depends on
+//! the full context read back through the block table, so any block-table or
+//! prefix-cache corruption changes the tokens versus a cache-free reference.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{ensure, Context};
+use engine::engine::{EngineConfig, FinishReason, GenerationOutput, LlmEngine, SeqId};
+use engine::model::{ModelRunner, SeqInput};
+use engine::sampler::SamplingParams;
+use engine::tokenizer::Tokenizer;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const VOCAB: usize = 49152;
+const EMPTY: u32 = u32::MAX;
+
+fn golden_dir(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/golden")
+        .join(name);
+    assert!(
+        path.exists(),
+        "missing {}: the golden data lives in ../shared/golden next to the workspace",
+        path.display()
+    );
+    path
+}
+
+fn tokenizer() -> Arc<Tokenizer> {
+    Arc::new(Tokenizer::from_model_path(&golden_dir("llama-tiny")).expect("llama-tiny tokenizer"))
+}
+
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Logits for a context: eight candidate tokens derived from a hash of every token,
+/// the first one clearly the most likely, all others far below.
+fn mock_logits(context: &[u32]) -> Vec<f32> {
+    let h = context
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &t| mix(h ^ u64::from(t)));
+    let mut logits = vec![-20.0f32; VOCAB];
+    for k in 0..8u64 {
+        // Token ids 0..=2 are special (EOS among them); keep them out of the candidates.
+        let id = 3 + (mix(h.wrapping_add(k)) % (VOCAB as u64 - 3)) as usize;
+        logits[id] = logits[id].max(3.0 - 0.4 * k as f32);
+    }
+    logits
+}
+
+/// Greedy continuation computed without any cache.
+fn reference(prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut context = prompt.to_vec();
+    for _ in 0..n {
+        let logits = mock_logits(&context);
+        let best = (0..VOCAB).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+        context.push(best as u32);
+    }
+    context[prompt.len()..].to_vec()
+}
+
+/// What the mock saw in one forward: `(start_pos, len, need_logits)` per entry.
+type ForwardLog = Arc<Mutex<Vec<Vec<(usize, usize, bool)>>>>;
+
+/// A paged "KV cache" that stores the token id written at each slot.
+struct MockRunner {
+    block_size: usize,
+    num_blocks: usize,
+    slots: Vec<u32>,
+    log: ForwardLog,
+}
+
+impl MockRunner {
+    fn new(num_blocks: usize, block_size: usize) -> (MockRunner, ForwardLog) {
+        let log = ForwardLog::default();
+        let runner = MockRunner {
+            block_size,
+            num_blocks,
+            slots: vec![EMPTY; num_blocks * block_size],
+            log: log.clone(),
+        };
+        (runner, log)
+    }
+
+    fn slot(&self, table: &[u32], pos: usize) -> anyhow::Result<usize> {
+        let block = *table
+            .get(pos / self.block_size)
+            .with_context(|| format!("block table too short for position {pos}"))?;
+        ensure!((block as usize) < self.num_blocks, "block {block} out of range");
+        Ok(block as usize * self.block_size + pos % self.block_size)
+    }
+}
+
+impl ModelRunner for MockRunner {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.log.lock().unwrap().push(
+            batch
+                .iter()
+                .map(|s| (s.start_pos, s.tokens.len(), s.need_logits))
+                .collect(),
+        );
+        // Write every entry first, as a real forward writes K/V of the whole batch.
+        for input in batch {
+            for (i, &t) in input.tokens.iter().enumerate() {
+                let slot = self.slot(input.block_table, input.start_pos + i)?;
+                self.slots[slot] = t;
+            }
+        }
+        let mut rows = Vec::new();
+        for input in batch.iter().filter(|s| s.need_logits) {
+            let end = input.start_pos + input.tokens.len();
+            let context = (0..end)
+                .map(|pos| {
+                    let t = self.slots[self.slot(input.block_table, pos)?];
+                    ensure!(t != EMPTY, "position {pos} read before it was written");
+                    Ok(t)
+                })
+                .collect::<anyhow::Result<Vec<u32>>>()?;
+            rows.push(mock_logits(&context));
+        }
+        Ok(rows)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+}
+
+struct Setup {
+    num_blocks: usize,
+    block_size: usize,
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+}
+
+const ROOMY: Setup = Setup {
+    num_blocks: 1024,
+    block_size: 4,
+    max_num_seqs: 64,
+    max_num_batched_tokens: 512,
+};
+
+fn engine(setup: &Setup, tokenizer: &Arc<Tokenizer>) -> (LlmEngine, ForwardLog) {
+    let (runner, log) = MockRunner::new(setup.num_blocks, setup.block_size);
+    let config = EngineConfig {
+        max_num_seqs: setup.max_num_seqs,
+        max_num_batched_tokens: setup.max_num_batched_tokens,
+        max_model_len: 4096,
+        enable_prefix_caching: true,
+    };
+    (LlmEngine::new(Box::new(runner), tokenizer.clone(), config), log)
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        temperature: 0.0,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// 16 prompts of mixed lengths; half share a 3-block prefix so the cache is exercised.
+fn mixed_prompts(seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let shared: Vec<u32> = (0..12).map(|_| rng.random_range(3..VOCAB as u32)).collect();
+    (0..16)
+        .map(|i| {
+            let len = rng.random_range(1..60);
+            let mut p: Vec<u32> = if i % 2 == 0 { shared.clone() } else { Vec::new() };
+            p.extend((0..len).map(|_| rng.random_range(3..VOCAB as u32)));
+            p
+        })
+        .collect()
+}
+
+fn tokens(outputs: &[GenerationOutput]) -> Vec<Vec<u32>> {
+    outputs.iter().map(|o| o.token_ids.clone()).collect()
+}
+
+#[test]
+fn greedy_outputs_are_batch_invariant() {
+    let tok = tokenizer();
+    let prompts = mixed_prompts(1);
+    let params = greedy(24);
+    let expected: Vec<Vec<u32>> = prompts.iter().map(|p| reference(p, 24)).collect();
+
+    for (i, prompt) in prompts.iter().enumerate() {
+        let (mut e, _) = engine(&ROOMY, &tok);
+        let alone = e.generate(vec![prompt.clone()], &params).unwrap();
+        assert_eq!(alone[0].token_ids, expected[i], "prompt {i} alone");
+        assert_eq!(alone[0].finish, FinishReason::Length);
+    }
+
+    let (mut e, _) = engine(&ROOMY, &tok);
+    let batch = e.generate(prompts.clone(), &params).unwrap();
+    assert_eq!(tokens(&batch), expected, "batch of 16");
+    assert_eq!(e.stats().num_preemptions, 0);
+
+    // 72 tokens at most per sequence = 18 blocks; 24 blocks force preemption.
+    let tight_kv = Setup {
+        num_blocks: 24,
+        ..ROOMY
+    };
+    let (mut e, _) = engine(&tight_kv, &tok);
+    let preempted = e.generate(prompts.clone(), &params).unwrap();
+    assert_eq!(tokens(&preempted), expected, "under preemption");
+    assert!(e.stats().num_preemptions > 0, "the KV budget must force preemption");
+    e.check_invariants().unwrap();
+    assert_eq!(e.stats().kv_blocks_used, 0);
+
+    let tiny_budget = Setup {
+        max_num_batched_tokens: 7,
+        ..ROOMY
+    };
+    let (mut e, log) = engine(&tiny_budget, &tok);
+    let chunked = e.generate(prompts, &params).unwrap();
+    assert_eq!(tokens(&chunked), expected, "with chunked prefill");
+    let log = log.lock().unwrap();
+    assert!(log.iter().all(|step| step.iter().map(|s| s.1).sum::<usize>() <= 7));
+    assert!(
+        log.iter().flatten().any(|&(start, len, need)| start > 0 && len > 1 && !need),
+        "prompts must be split into chunks"
+    );
+}
+
+#[test]
+fn seeded_sampling_is_batch_invariant_and_survives_preemption() {
+    let tok = tokenizer();
+    let prompts = mixed_prompts(2);
+    let params_for = |i: usize| SamplingParams {
+        max_tokens: 20,
+        temperature: 1.0,
+        top_k: 4,
+        seed: Some(1000 + i as u64),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let run = |setup: &Setup| {
+        let (mut e, _) = engine(setup, &tok);
+        let ids: Vec<SeqId> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| e.add_request(p.clone(), params_for(i)).unwrap())
+            .collect();
+        let mut out = vec![Vec::new(); ids.len()];
+        while e.has_unfinished() {
+            for u in e.step().unwrap() {
+                out[ids.iter().position(|&id| id == u.id).unwrap()].extend(u.token);
+            }
+            e.check_invariants().unwrap();
+        }
+        (out, e.stats().num_preemptions)
+    };
+    let (roomy, _) = run(&ROOMY);
+    let (tight, preemptions) = run(&Setup {
+        num_blocks: 22,
+        max_num_batched_tokens: 16,
+        ..ROOMY
+    });
+    assert!(preemptions > 0);
+    assert_eq!(roomy, tight);
+    // Sampling really happened: some sequence left the greedy path.
+    let greedy_paths: Vec<Vec<u32>> = prompts.iter().map(|p| reference(p, 20)).collect();
+    assert_ne!(roomy, greedy_paths);
+}
+
+#[test]
+fn shared_prefix_hits_three_blocks_and_computes_only_the_rest() {
+    let tok = tokenizer();
+    let (mut e, log) = engine(&ROOMY, &tok);
+    let prefix: Vec<u32> = (100..112).collect();
+    let mut a = prefix.clone();
+    a.extend([7, 8, 9]);
+    let mut b = prefix;
+    b.extend([20, 21, 22, 23, 24]);
+    let out_a = e.generate(vec![a.clone()], &greedy(5)).unwrap();
+    assert_eq!(out_a[0].num_cached_prompt_tokens, 0);
+    log.lock().unwrap().clear();
+    let out_b = e.generate(vec![b.clone()], &greedy(5)).unwrap();
+    assert_eq!(out_b[0].token_ids, reference(&b, 5));
+    assert_eq!(out_b[0].num_cached_prompt_tokens, 12);
+    let computed: usize = log.lock().unwrap().iter().flatten().map(|s| s.1).sum();
+    // 5 uncached prompt tokens, then 4 decodes.
+    assert_eq!(computed, 5 + 4);
+    let stats = e.stats();
+    assert_eq!(stats.prefix_cache_hits, 12);
+    assert_eq!(stats.prefix_cache_queries, (a.len() + b.len()) as u64);
+    assert_eq!(stats.kv_blocks_used, 0);
+}
+
+/// nano-vLLM bug 1: a prompt entirely in the cache left nothing to prefill.
+#[test]
+fn fully_cached_prompt_still_computes_its_last_token() {
+    let tok = tokenizer();
+    for len in [12usize, 13] {
+        let (mut e, log) = engine(&ROOMY, &tok);
+        let prompt: Vec<u32> = (300..300 + len as u32).collect();
+        let first = e.generate(vec![prompt.clone()], &greedy(3)).unwrap();
+        log.lock().unwrap().clear();
+        let second = e.generate(vec![prompt.clone()], &greedy(3)).unwrap();
+        assert_eq!(first[0].token_ids, reference(&prompt, 3));
+        assert_eq!(second[0].token_ids, first[0].token_ids);
+        // Only whole blocks before the last token are served from the cache.
+        let cached = (len - 1) / 4 * 4;
+        assert_eq!(second[0].num_cached_prompt_tokens, cached);
+        let log = log.lock().unwrap();
+        assert_eq!(log[0], vec![(cached, len - cached, true)], "prompt of {len}");
+    }
+}
+
+/// nano-vLLM bugs 2-4: a preempted sequence re-prefills prompt + generated tokens (not a
+/// one-token "decode" because it already has outputs), partly from the prefix cache, and
+/// continues exactly as it would have without preemption.
+#[test]
+fn preempted_sequence_reprefills_from_the_cache_and_continues_identically() {
+    let tok = tokenizer();
+    // Two 15-token prompts (4 blocks each), 9 blocks in all: when both need a fifth
+    // block the later one is preempted. An 8-token budget splits the re-prefill.
+    let setup = Setup {
+        num_blocks: 9,
+        max_num_batched_tokens: 8,
+        ..ROOMY
+    };
+    let (mut e, log) = engine(&setup, &tok);
+    let p0: Vec<u32> = (1000..1015).collect();
+    let p1: Vec<u32> = (2000..2015).collect();
+    let params = greedy(14);
+    let out = e.generate(vec![p0.clone(), p1.clone()], &params).unwrap();
+    assert_eq!(out[0].token_ids, reference(&p0, 14));
+    assert_eq!(out[1].token_ids, reference(&p1, 14));
+    let stats = e.stats();
+    assert!(stats.num_preemptions >= 1);
+    // The re-prefill found p1's cached blocks (prompt and generated tokens).
+    assert!(stats.prefix_cache_hits >= 8, "hits: {}", stats.prefix_cache_hits);
+    let log = log.lock().unwrap();
+    let reprefill = log
+        .iter()
+        .flatten()
+        .any(|&(start, len, _)| start > 0 && len > 1 && start + len > p1.len());
+    assert!(reprefill, "the preempted sequence must re-prefill its generated tokens: {log:?}");
+    e.check_invariants().unwrap();
+    assert_eq!(e.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn random_request_mix_leaks_no_blocks() {
+    let tok = tokenizer();
+    let setup = Setup {
+        num_blocks: 40,
+        block_size: 4,
+        max_num_seqs: 12,
+        max_num_batched_tokens: 48,
+    };
+    let (mut e, _) = engine(&setup, &tok);
+    let mut rng = StdRng::seed_from_u64(7);
+    let shared: Vec<u32> = (0..8).map(|_| rng.random_range(3..VOCAB as u32)).collect();
+    let mut live: Vec<SeqId> = Vec::new();
+    let (mut added, mut finished, mut aborted, mut stopped) = (0, 0, 0, 0);
+    while added < 200 || e.has_unfinished() {
+        if added < 200 && rng.random_bool(0.6) {
+            let len = rng.random_range(1..40);
+            let mut prompt = if rng.random_bool(0.5) { shared.clone() } else { Vec::new() };
+            prompt.extend((0..len).map(|_| rng.random_range(3..VOCAB as u32)));
+            let params = SamplingParams {
+                max_tokens: rng.random_range(1..30),
+                temperature: if rng.random_bool(0.5) { 0.0 } else { 0.9 },
+                seed: Some(rng.random()),
+                stop: if rng.random_bool(0.3) { vec!["e".into()] } else { vec![] },
+                stop_token_ids: (0..20).map(|_| rng.random_range(3..VOCAB as u32)).collect(),
+                ..SamplingParams::default()
+            };
+            live.push(e.add_request(prompt, params).unwrap());
+            added += 1;
+        }
+        if !live.is_empty() && rng.random_bool(0.05) {
+            let id = live.swap_remove(rng.random_range(0..live.len()));
+            assert!(e.abort(id));
+            assert!(!e.abort(id), "a second abort finds nothing");
+            aborted += 1;
+        }
+        for u in e.step().unwrap() {
+            if let Some(reason) = u.finish {
+                live.retain(|&id| id != u.id);
+                finished += 1;
+                if reason == FinishReason::Stop {
+                    stopped += 1;
+                }
+            }
+        }
+        e.check_invariants().unwrap();
+    }
+    assert_eq!(finished + aborted, 200);
+    assert!(stopped > 0 && aborted > 0);
+    let stats = e.stats();
+    assert!(stats.num_preemptions > 0, "the mix must exercise preemption");
+    assert!(stats.prefix_cache_hits > 0);
+    assert_eq!((stats.kv_blocks_used, stats.num_running, stats.num_waiting), (0, 0, 0));
+}
+
+#[test]
+fn finish_reasons_and_stop_strings() {
+    let tok = tokenizer();
+    let (mut e, _) = engine(&ROOMY, &tok);
+    let prompt: Vec<u32> = (500..520).collect();
+    let full = e.generate(vec![prompt.clone()], &greedy(12)).unwrap().remove(0);
+    assert_eq!(full.finish, FinishReason::Length);
+    assert_eq!(full.text, tok.decode(&full.token_ids, true).unwrap());
+
+    // A stop token id: generation ends on it, its text is not emitted.
+    let stop_id = full.token_ids[4];
+    let params = SamplingParams {
+        stop_token_ids: vec![stop_id],
+        ..greedy(12)
+    };
+    let out = e.generate(vec![prompt.clone()], &params).unwrap().remove(0);
+    let first = full.token_ids.iter().position(|&t| t == stop_id).unwrap();
+    assert_eq!(out.token_ids, full.token_ids[..=first]);
+    assert_eq!(out.finish, FinishReason::Stop);
+    assert_eq!(out.text, tok.decode(&full.token_ids[..first], true).unwrap());
+
+    // A stop string spanning a token boundary: the text is cut before it.
+    let text = &full.text;
+    let piece_end = tok.decode(&full.token_ids[..6], true).unwrap().len();
+    let spans = piece_end >= 2 && piece_end + 2 <= text.len();
+    if spans && text.is_char_boundary(piece_end - 2) && text.is_char_boundary(piece_end + 2) {
+        let stop = text[piece_end - 2..piece_end + 2].to_string();
+        let params = SamplingParams {
+            stop: vec![stop.clone()],
+            ..greedy(12)
+        };
+        let out = e.generate(vec![prompt.clone()], &params).unwrap().remove(0);
+        assert_eq!(out.finish, FinishReason::Stop);
+        assert_eq!(out.text, text[..text.find(&stop).unwrap()]);
+    }
+
+    // min_tokens delays a stop token id.
+    let params = SamplingParams {
+        stop_token_ids: vec![full.token_ids[0]],
+        min_tokens: 3,
+        ..greedy(12)
+    };
+    let out = e.generate(vec![prompt], &params).unwrap().remove(0);
+    assert!(out.token_ids.len() >= 3);
+    assert_eq!(e.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn add_request_rejects_bad_input_clearly() {
+    let tok = tokenizer();
+    let (mut e, _) = engine(&ROOMY, &tok);
+    let err = |r: anyhow::Result<SeqId>| r.unwrap_err().to_string();
+    assert_eq!(err(e.add_request(vec![], greedy(4))), "prompt is empty");
+    assert_eq!(
+        err(e.add_request(vec![5, 99999], greedy(4))),
+        "token id 99999 is out of vocabulary (size 49152)"
+    );
+    assert_eq!(
+        err(e.add_request(vec![5; 4000], greedy(100))),
+        "prompt (4000 tokens) + max_tokens (100) exceeds max_model_len (4096)"
+    );
+    let small = Setup {
+        num_blocks: 4,
+        ..ROOMY
+    };
+    let (mut e, _) = engine(&small, &tok);
+    assert!(err(e.add_request(vec![5; 16], greedy(4))).contains("KV cache"));
+    assert!(!e.has_unfinished());
+}

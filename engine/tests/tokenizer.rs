@@ -1,0 +1,248 @@
+//! Tokenizer against HF transformers' reference data (SmolLM2 GGUF and the tiny
+//! models' `tokenizer.json`), chat templates and streaming detokenisation.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use engine::tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
+
+fn golden(rel: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/golden")
+        .join(rel);
+    assert!(
+        path.exists(),
+        "missing {}: the golden data lives in ../shared/golden next to the workspace",
+        path.display()
+    );
+    path
+}
+
+fn smollm2_gguf() -> PathBuf {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "missing {}: run scripts/fetch-model.sh to download the default model",
+        path.display()
+    );
+    path
+}
+
+fn reference() -> &'static serde_json::Value {
+    static REFERENCE: OnceLock<serde_json::Value> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let text = std::fs::read_to_string(golden("smollm2-135m/reference.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    })
+}
+
+fn gguf_tokenizer() -> Arc<Tokenizer> {
+    static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| Arc::new(Tokenizer::from_model_path(&smollm2_gguf()).unwrap()))
+        .clone()
+}
+
+fn json_tokenizer() -> Arc<Tokenizer> {
+    static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| Arc::new(Tokenizer::from_model_path(&golden("llama-tiny")).unwrap()))
+        .clone()
+}
+
+fn ids(value: &serde_json::Value) -> Vec<u32> {
+    serde_json::from_value(value.clone()).unwrap()
+}
+
+fn prompts() -> &'static [serde_json::Value] {
+    reference()["prompts"].as_array().unwrap()
+}
+
+fn prompt(name: &str) -> &'static serde_json::Value {
+    prompts().iter().find(|p| p["name"] == name).unwrap()
+}
+
+fn check_prompts(tokenizer: &Tokenizer) {
+    assert_eq!(prompts().len(), 11);
+    for p in prompts() {
+        let text = p["text"].as_str().unwrap();
+        let name = p["name"].as_str().unwrap();
+        assert_eq!(
+            tokenizer.encode(text, true).unwrap(),
+            ids(&p["input_ids_with_special"]),
+            "{name}"
+        );
+        assert_eq!(
+            tokenizer.encode(text, false).unwrap(),
+            ids(&p["input_ids_no_special"]),
+            "{name}"
+        );
+    }
+}
+
+fn check_decode(tokenizer: &Tokenizer) {
+    for p in prompts() {
+        let greedy = ids(&p["greedy_ids"]);
+        let name = p["name"].as_str().unwrap();
+        assert_eq!(
+            tokenizer.decode(&greedy, false).unwrap(),
+            p["greedy_text"].as_str().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            tokenizer.decode(&greedy, true).unwrap(),
+            p["greedy_text_skip_special"].as_str().unwrap(),
+            "{name}"
+        );
+    }
+}
+
+fn check_chat_template(tokenizer: &Tokenizer) {
+    let chat = &reference()["chat_template"];
+    assert_eq!(tokenizer.chat_template(), chat["template"].as_str());
+    for conversation in ["two_message", "user_only"] {
+        let c = &chat[conversation];
+        let messages: Vec<ChatMessage> = serde_json::from_value(c["messages"].clone()).unwrap();
+        let rendered = tokenizer.apply_chat_template(&messages, true).unwrap();
+        assert_eq!(rendered, c["rendered"].as_str().unwrap(), "{conversation}");
+        assert_eq!(
+            tokenizer.encode(&rendered, true).unwrap(),
+            ids(&c["token_ids"]),
+            "{conversation}"
+        );
+    }
+}
+
+#[test]
+fn gguf_tokenizes_every_prompt_like_transformers() {
+    check_prompts(&gguf_tokenizer());
+}
+
+#[test]
+fn gguf_decodes_greedy_ids_like_transformers() {
+    check_decode(&gguf_tokenizer());
+}
+
+#[test]
+fn gguf_chat_template_renders_like_transformers() {
+    check_chat_template(&gguf_tokenizer());
+}
+
+#[test]
+fn gguf_special_tokens() {
+    let tokenizer = gguf_tokenizer();
+    let tok = &reference()["tokenizer"];
+    assert_eq!(tokenizer.vocab_size(), 49152);
+    assert_eq!(tokenizer.bos_token_id(), Some(1));
+    assert_eq!(tokenizer.eos_token_ids(), &[2, 0]);
+    for (i, special) in tok["special_ids_0_16"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(
+            tokenizer.token_to_id(special.as_str().unwrap()),
+            Some(i as u32)
+        );
+        // Special tokens vanish when decoding with skip_special.
+        assert_eq!(tokenizer.decode(&[i as u32], true).unwrap(), "");
+    }
+    for (text, probe) in tok["probe"].as_object().unwrap() {
+        assert_eq!(
+            tokenizer.encode(text, true).unwrap(),
+            ids(&probe["with_special"]),
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
+fn tokenizer_json_matches_gguf_results() {
+    let tokenizer = json_tokenizer();
+    check_prompts(&tokenizer);
+    check_decode(&tokenizer);
+    check_chat_template(&tokenizer);
+    assert_eq!(tokenizer.eos_token_ids(), &[2, 0]);
+    assert_eq!(tokenizer.bos_token_id(), Some(1));
+}
+
+fn check_incremental(tokenizer: &Arc<Tokenizer>, name: &str, skip_special: bool) {
+    let greedy = ids(&prompt(name)["greedy_ids"]);
+    let mut decoder = IncrementalDecoder::new(tokenizer.clone(), skip_special);
+    let mut streamed = String::new();
+    for &id in &greedy {
+        let chunk = decoder.push(id).unwrap();
+        assert!(
+            !chunk.contains('\u{FFFD}'),
+            "{name}: chunk {chunk:?} has a replacement char"
+        );
+        streamed.push_str(&chunk);
+    }
+    let full = tokenizer.decode(&greedy, skip_special).unwrap();
+    assert_eq!(full.ends_with('\u{FFFD}'), name == "chinese", "{name}");
+    // The 48 greedy tokens of `chinese` stop inside a character: the full decode
+    // ends in U+FFFD, which only `flush` hands out.
+    assert_eq!(streamed, full.trim_end_matches('\u{FFFD}'), "{name}");
+    streamed.push_str(&decoder.flush().unwrap());
+    assert_eq!(streamed, full, "{name}");
+}
+
+#[test]
+fn incremental_decode_never_splits_characters() {
+    let tokenizer = gguf_tokenizer();
+    for name in ["unicode_emoji", "chinese", "en_capital", "chat_two_message"] {
+        check_incremental(&tokenizer, name, false);
+        check_incremental(&tokenizer, name, true);
+    }
+    // The prompts themselves hold multi-byte characters split across byte-level tokens.
+    for name in ["unicode_emoji", "chinese"] {
+        let input = ids(&prompt(name)["input_ids_with_special"]);
+        let mut decoder = IncrementalDecoder::new(tokenizer.clone(), false);
+        let mut held_back = 0;
+        let mut text = String::new();
+        for &id in &input {
+            let chunk = decoder.push(id).unwrap();
+            assert!(!chunk.contains('\u{FFFD}'), "{name}: {chunk:?}");
+            held_back += usize::from(chunk.is_empty());
+            text.push_str(&chunk);
+        }
+        assert!(
+            held_back > 0,
+            "{name}: expected some tokens to end inside a character"
+        );
+        assert_eq!(text, prompt(name)["text"].as_str().unwrap());
+    }
+}
+
+#[test]
+fn chat_template_raise_exception_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(golden("llama-tiny").join(file), dir.path().join(file)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be user') }}{% endif %}\
+         {% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'].strip() }}\n{% endfor %}",
+    )
+    .unwrap();
+    let tokenizer = Tokenizer::from_model_path(dir.path()).unwrap();
+    let msg = |role: &str, content: &str| ChatMessage {
+        role: role.to_string(),
+        content: content.to_string(),
+    };
+    let err = tokenizer
+        .apply_chat_template(&[msg("system", "x")], false)
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("first message must be user"),
+        "{err:#}"
+    );
+    // pycompat gives Python's str.strip().
+    let text = tokenizer
+        .apply_chat_template(&[msg("user", "  hi  ")], false)
+        .unwrap();
+    assert_eq!(text, "[USER] hi\n");
+}

@@ -1,0 +1,341 @@
+// Attention over the paged KV cache. Cache layout per layer: `[num_slots, KVH, D]` bf16 for
+// K and for V, slot = block_table[pos / block_size] * block_size + pos % block_size.
+// Step metadata (built by the backend, one entry per sequence of the step):
+//   seq_row_start[s], seq_n_tokens[s], seq_start_pos[s]; block_tables `[S, table_stride]`.
+// The K/V of the step's own tokens are already in the cache (qkv_prep ran first), so both
+// kernels read every key through the block table: a cached prefix and a later chunk of a
+// chunked prefill need no special case.
+
+// ---------------------------------------------------------------------------------------
+// Decode: one query token per sequence. A block owns (KV head, sequence, split) and reads
+// each K/V row once for all G query heads of the GQA group. The context is cut into
+// `num_splits` equal ranges (flash-decoding); with one split the block writes the output,
+// else unnormalised partials that `paged_decode_reduce` merges.
+// Template: G = group size rounded up to an instantiated value, P = bf16 pairs per lane
+// (head_dim <= 64 * P). grid = (KVH, num_decode_seqs, num_splits), block = 32 * DEC_WARPS.
+#define DEC_WARPS 4
+
+template <int G, int P>
+__device__ __forceinline__ void paged_decode_impl(
+    const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int table_stride,
+    const int* __restrict__ dec_seqs, const int* __restrict__ seq_row_start,
+    const int* __restrict__ seq_n_tokens, const int* __restrict__ seq_start_pos,
+    float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
+    int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
+    int num_splits, float scale) {
+    __shared__ float s_m[DEC_WARPS][G];
+    __shared__ float s_l[DEC_WARPS][G];
+    __shared__ float s_acc[DEC_WARPS][G][64 * P];
+
+    int kvh = blockIdx.x, di = blockIdx.y, split = blockIdx.z;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int group = num_heads / num_kv_heads;
+    int seq = dec_seqs[di];
+    int row = seq_row_start[seq];
+    int ctx = seq_start_pos[seq] + seq_n_tokens[seq];
+    const int* table = block_tables + (size_t)seq * table_stride;
+    int chunk = (ctx + num_splits - 1) / num_splits;
+    int begin = split * chunk;
+    int end = min(ctx, begin + chunk);
+
+    float q[G][P][2], acc[G][P][2], m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            int d = 2 * lane + 64 * j;
+            q[g][j][0] = q[g][j][1] = 0.0f;
+            acc[g][j][0] = acc[g][j][1] = 0.0f;
+            if (g < group && d < head_dim) {
+                const bf16* qp = qkv + (size_t)row * qkv_stride + (size_t)(kvh * group + g) * head_dim + d;
+                load_bf16x2(qp, q[g][j][0], q[g][j][1]);
+                q[g][j][0] *= scale;
+                q[g][j][1] *= scale;
+            }
+        }
+    }
+
+    for (int t = begin + warp; t < end; t += DEC_WARPS) {
+        size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+        size_t off = (slot * num_kv_heads + kvh) * head_dim;
+        float k[P][2], v[P][2];
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            int d = 2 * lane + 64 * j;
+            k[j][0] = k[j][1] = v[j][0] = v[j][1] = 0.0f;
+            if (d < head_dim) {
+                load_bf16x2(k_cache + off + d, k[j][0], k[j][1]);
+                load_bf16x2(v_cache + off + d, v[j][0], v[j][1]);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (g < group) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int j = 0; j < P; ++j) dot += q[g][j][0] * k[j][0] + q[g][j][1] * k[j][1];
+                dot = warp_sum(dot);
+                float m_new = fmaxf(m[g], dot);
+                float corr = __expf(m[g] - m_new);
+                float p = __expf(dot - m_new);
+                l[g] = l[g] * corr + p;
+                m[g] = m_new;
+#pragma unroll
+                for (int j = 0; j < P; ++j) {
+                    acc[g][j][0] = acc[g][j][0] * corr + p * v[j][0];
+                    acc[g][j][1] = acc[g][j][1] * corr + p * v[j][1];
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        if (lane == 0) {
+            s_m[warp][g] = m[g];
+            s_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            int d = 2 * lane + 64 * j;
+            s_acc[warp][g][d] = acc[g][j][0];
+            s_acc[warp][g][d + 1] = acc[g][j][1];
+        }
+    }
+    __syncthreads();
+
+    for (int idx = threadIdx.x; idx < group * head_dim; idx += blockDim.x) {
+        int g = idx / head_dim, d = idx % head_dim;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
+        float lsum = 0.0f, a = 0.0f;
+        if (mx != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; ++w) {
+                float f = __expf(s_m[w][g] - mx);
+                lsum += s_l[w][g] * f;
+                a += s_acc[w][g][d] * f;
+            }
+        }
+        int hq = kvh * group + g;
+        if (num_splits == 1) {
+            out[(size_t)row * out_stride + (size_t)hq * head_dim + d] = f32_to_bf16(a / lsum);
+        } else {
+            size_t pi = ((size_t)di * num_heads + hq) * num_splits + split;
+            part_acc[pi * head_dim + d] = a;
+            if (d == 0) {
+                part_ml[pi * 2] = mx;
+                part_ml[pi * 2 + 1] = lsum;
+            }
+        }
+    }
+}
+
+#define DECODE_KERNEL(G, P)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) paged_decode_g##G##_p##P(    \
+        const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,             \
+        const int* block_tables, int table_stride, const int* dec_seqs,                        \
+        const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,           \
+        float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,             \
+        int num_kv_heads, int head_dim, int block_size, int num_splits, float scale) {         \
+        paged_decode_impl<G, P>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,  \
+                                dec_seqs, seq_row_start, seq_n_tokens, seq_start_pos,          \
+                                part_acc, part_ml, out, out_stride, num_heads, num_kv_heads,   \
+                                head_dim, block_size, num_splits, scale);                      \
+    }
+
+DECODE_KERNEL(1, 1)
+DECODE_KERNEL(1, 2)
+DECODE_KERNEL(1, 4)
+DECODE_KERNEL(2, 1)
+DECODE_KERNEL(2, 2)
+DECODE_KERNEL(2, 4)
+DECODE_KERNEL(4, 1)
+DECODE_KERNEL(4, 2)
+DECODE_KERNEL(4, 4)
+DECODE_KERNEL(8, 1)
+DECODE_KERNEL(8, 2)
+DECODE_KERNEL(8, 4)
+
+// Merges the split partials of paged_decode_*: out = sum_j acc_j e^(m_j - M) / sum_j l_j e^(m_j - M).
+// grid = (H, num_decode_seqs), block = 128.
+extern "C" __global__ void paged_decode_reduce(const float* __restrict__ part_acc,
+                                               const float* __restrict__ part_ml,
+                                               const int* __restrict__ dec_seqs,
+                                               const int* __restrict__ seq_row_start,
+                                               bf16* __restrict__ out, int out_stride,
+                                               int num_heads, int head_dim, int num_splits) {
+    int hq = blockIdx.x, di = blockIdx.y;
+    size_t base = ((size_t)di * num_heads + hq) * num_splits;
+    float mx = -INFINITY;
+    for (int j = 0; j < num_splits; ++j) mx = fmaxf(mx, part_ml[(base + j) * 2]);
+    float lsum = 0.0f;
+    for (int j = 0; j < num_splits; ++j) {
+        float mj = part_ml[(base + j) * 2];
+        if (mj != -INFINITY) lsum += part_ml[(base + j) * 2 + 1] * __expf(mj - mx);
+    }
+    int row = seq_row_start[dec_seqs[di]];
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int j = 0; j < num_splits; ++j) {
+            float mj = part_ml[(base + j) * 2];
+            if (mj != -INFINITY) a += part_acc[(base + j) * head_dim + d] * __expf(mj - mx);
+        }
+        out[(size_t)row * out_stride + (size_t)hq * head_dim + d] = f32_to_bf16(a / lsum);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Prefill: causal attention of a tile of PF_BQ query rows of one sequence and one query head
+// over key tiles of PF_BK positions read from the cache. Online softmax in f32, scores and
+// P·V on CUDA cores (a correct baseline; an mma.sync version is the next step).
+// Thread (r = tid / 4, c = tid % 4) owns query row r, keys c + 4 * jj of each key tile and
+// output dims 2c + 8j, 2c + 8j + 1. NP = dim pairs per thread (head_dim <= 8 * NP).
+// Tiles: tile_seq[i] = step sequence, tile_q0[i] = first query index of the tile.
+// grid = (num_tiles, H), block = PF_THREADS, dynamic shared memory = prefill_smem_bytes(D).
+#define PF_BQ 32
+#define PF_BK 32
+#define PF_THREADS 128
+
+template <int NP>
+__device__ __forceinline__ void prefill_impl(
+    const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int table_stride,
+    const int* __restrict__ tile_seq, const int* __restrict__ tile_q0,
+    const int* __restrict__ seq_row_start, const int* __restrict__ seq_n_tokens,
+    const int* __restrict__ seq_start_pos, bf16* __restrict__ out, int out_stride,
+    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
+    extern __shared__ unsigned int pf_smem[];
+    int ld = head_dim + 2;  // bf16 row stride (even, so rows stay 4-byte aligned)
+    bf16* qs = reinterpret_cast<bf16*>(pf_smem);
+    bf16* ks = qs + PF_BQ * ld;
+    bf16* vs = ks + PF_BK * ld;
+    float* ps = reinterpret_cast<float*>(vs + PF_BK * ld);  // [PF_BQ][PF_BK + 1]
+
+    int tid = threadIdx.x, r = tid >> 2, c = tid & 3;
+    int seq = tile_seq[blockIdx.x], q0 = tile_q0[blockIdx.x];
+    int hq = blockIdx.y, kvh = hq / (num_heads / num_kv_heads);
+    int n_tok = seq_n_tokens[seq], start = seq_start_pos[seq], row0 = seq_row_start[seq];
+    const int* table = block_tables + (size_t)seq * table_stride;
+    int half = head_dim >> 1;
+    int q_last = min(n_tok, q0 + PF_BQ) - 1;
+    int k_max = start + q_last;  // last key position any row of this tile sees
+
+    for (int idx = tid; idx < PF_BQ * half; idx += PF_THREADS) {
+        int qr = idx / half, p = idx % half;
+        unsigned int w = 0;
+        if (q0 + qr < n_tok) {
+            const bf16* src = qkv + (size_t)(row0 + q0 + qr) * qkv_stride + (size_t)hq * head_dim + 2 * p;
+            w = *reinterpret_cast<const unsigned int*>(src);
+        }
+        *reinterpret_cast<unsigned int*>(qs + qr * ld + 2 * p) = w;
+    }
+
+    bool row_valid = q0 + r < n_tok;
+    int qpos = start + q0 + r;
+    float m = -INFINITY, l = 0.0f;
+    float acc[NP][2];
+#pragma unroll
+    for (int j = 0; j < NP; ++j) acc[j][0] = acc[j][1] = 0.0f;
+
+    for (int kt = 0; kt * PF_BK <= k_max; ++kt) {
+        __syncthreads();  // previous tile fully consumed (and the q tile stored)
+        for (int idx = tid; idx < PF_BK * half; idx += PF_THREADS) {
+            int kr = idx / half, p = idx % half;
+            int kpos = kt * PF_BK + kr;
+            unsigned int kw = 0, vw = 0;
+            if (kpos <= k_max) {
+                size_t slot = (size_t)table[kpos / block_size] * block_size + kpos % block_size;
+                size_t off = (slot * num_kv_heads + kvh) * head_dim + 2 * p;
+                kw = *reinterpret_cast<const unsigned int*>(k_cache + off);
+                vw = *reinterpret_cast<const unsigned int*>(v_cache + off);
+            }
+            *reinterpret_cast<unsigned int*>(ks + kr * ld + 2 * p) = kw;
+            *reinterpret_cast<unsigned int*>(vs + kr * ld + 2 * p) = vw;
+        }
+        __syncthreads();
+
+        float s[PF_BK / 4];
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < PF_BK / 4; ++jj) {
+            int kr = c + 4 * jj;
+            int kpos = kt * PF_BK + kr;
+            float dot = 0.0f;
+            for (int p = 0; p < half; ++p) {
+                float qa, qb, ka, kb;
+                load_bf16x2(qs + r * ld + 2 * p, qa, qb);
+                load_bf16x2(ks + kr * ld + 2 * p, ka, kb);
+                dot += qa * ka + qb * kb;
+            }
+            s[jj] = (row_valid && kpos <= qpos) ? dot * scale : -INFINITY;
+            tile_max = fmaxf(tile_max, s[jj]);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        float m_new = fmaxf(m, tile_max);
+        float corr = m_new == -INFINITY ? 1.0f : __expf(m - m_new);
+        float psum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < PF_BK / 4; ++jj) {
+            float p = s[jj] == -INFINITY ? 0.0f : __expf(s[jj] - m_new);
+            psum += p;
+            ps[r * (PF_BK + 1) + c + 4 * jj] = p;
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+        l = l * corr + psum;
+        m = m_new;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < NP; ++j) {
+            int d = 2 * c + 8 * j;
+            if (d < head_dim) {
+                float a0 = acc[j][0] * corr, a1 = acc[j][1] * corr;
+                for (int kr = 0; kr < PF_BK; ++kr) {
+                    float p = ps[r * (PF_BK + 1) + kr];
+                    float va, vb;
+                    load_bf16x2(vs + kr * ld + d, va, vb);
+                    a0 += p * va;
+                    a1 += p * vb;
+                }
+                acc[j][0] = a0;
+                acc[j][1] = a1;
+            }
+        }
+    }
+
+    if (row_valid) {
+        bf16* dst = out + (size_t)(row0 + q0 + r) * out_stride + (size_t)hq * head_dim;
+        float inv = 1.0f / l;
+#pragma unroll
+        for (int j = 0; j < NP; ++j) {
+            int d = 2 * c + 8 * j;
+            if (d < head_dim) {
+                dst[d] = f32_to_bf16(acc[j][0] * inv);
+                dst[d + 1] = f32_to_bf16(acc[j][1] * inv);
+            }
+        }
+    }
+}
+
+#define PREFILL_KERNEL(NP)                                                                     \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attention_np##NP(         \
+        const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,             \
+        const int* block_tables, int table_stride, const int* tile_seq, const int* tile_q0,    \
+        const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,           \
+        bf16* out, int out_stride, int num_heads, int num_kv_heads, int head_dim,              \
+        int block_size, float scale) {                                                         \
+        prefill_impl<NP>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,        \
+                         tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos, out,   \
+                         out_stride, num_heads, num_kv_heads, head_dim, block_size, scale);    \
+    }
+
+PREFILL_KERNEL(4)
+PREFILL_KERNEL(8)
+PREFILL_KERNEL(16)
+PREFILL_KERNEL(32)

@@ -1,0 +1,410 @@
+//! The OpenAI-compatible HTTP client: request bodies, the streaming response reader that
+//! timestamps every SSE chunk on arrival (monotonic clock), and the per-request record.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures::StreamExt;
+use reports::records::{
+    ChunkTokensSource, CountSource, ErrorKind, Phase, RequestError, RequestRecord,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::sse::SseParser;
+use crate::workload::prompt::PromptBuilder;
+use crate::workload::{PromptSource, RequestSpec};
+
+/// The OpenAI API flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/chat/completions`.
+    Chat,
+}
+
+impl Backend {
+    pub fn path(self) -> &'static str {
+        match self {
+            Backend::Completions => "/v1/completions",
+            Backend::Chat => "/v1/chat/completions",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Completions => "completions",
+            Backend::Chat => "chat",
+        }
+    }
+}
+
+/// The server under test and how requests are phrased.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Base URL, e.g. `http://127.0.0.1:8000` (no trailing `/v1`).
+    pub base_url: String,
+    pub backend: Backend,
+    pub model: String,
+    /// Extra HTTP headers (`--header`).
+    pub headers: Vec<(String, String)>,
+    pub api_key: Option<String>,
+    /// Whole-request timeout.
+    pub timeout: Duration,
+    /// Send `ignore_eos: true` (vLLM extension) so the output length is enforced.
+    pub ignore_eos: bool,
+    /// Also send `min_tokens` = `max_tokens`.
+    pub min_tokens: bool,
+    /// Send prompts as token ids (completions only).
+    pub prompt_ids: bool,
+    /// Ask for usage on every chunk (`stream_options.continuous_usage_stats`).
+    pub continuous_usage: bool,
+}
+
+/// An HTTP/1.1 keep-alive client with `TCP_NODELAY` and a pool for `pool` connections.
+pub fn http_client(pool: usize) -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .http1_only()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(pool.max(1))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+        .context("building the HTTP client")
+}
+
+fn with_auth(mut req: reqwest::RequestBuilder, target_headers: &[(String, String)], api_key: Option<&str>) -> reqwest::RequestBuilder {
+    for (k, v) in target_headers {
+        req = req.header(k, v);
+    }
+    if let Some(key) = api_key {
+        req = req.bearer_auth(key);
+    }
+    req
+}
+
+/// The first model id listed by `GET /v1/models`.
+pub async fn first_model(
+    client: &reqwest::Client,
+    base_url: &str,
+    headers: &[(String, String)],
+    api_key: Option<&str>,
+) -> Result<String> {
+    let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
+    let resp = with_auth(client.get(&url), headers, api_key)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    let status = resp.status();
+    let body: Value = resp
+        .json()
+        .await
+        .with_context(|| format!("GET {url}: response is not JSON"))?;
+    if !status.is_success() {
+        bail!("GET {url}: HTTP {status}: {body}");
+    }
+    body["data"][0]["id"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("GET {url}: no model listed; pass --model"))
+}
+
+/// The JSON body of one request.
+pub fn request_body(target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Value> {
+    let mut body = json!({
+        "model": target.model,
+        "max_tokens": spec.output_len,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if target.continuous_usage {
+        body["stream_options"]["continuous_usage_stats"] = json!(true);
+    }
+    if target.ignore_eos {
+        body["ignore_eos"] = json!(true);
+    }
+    if target.min_tokens {
+        body["min_tokens"] = json!(spec.output_len);
+    }
+    match (target.backend, &spec.prompt) {
+        (Backend::Chat, _) if target.prompt_ids => {
+            bail!("--prompt-ids needs the completions backend")
+        }
+        (Backend::Completions, PromptSource::Blocks(blocks)) if target.prompt_ids => {
+            body["prompt"] = json!(prompts.ids(blocks));
+        }
+        (Backend::Completions, source) => body["prompt"] = json!(prompt_text(source, prompts)),
+        (Backend::Chat, source) => {
+            body["messages"] = json!([{"role": "user", "content": prompt_text(source, prompts)}]);
+        }
+    }
+    Ok(body)
+}
+
+fn prompt_text(source: &PromptSource, prompts: &PromptBuilder) -> String {
+    match source {
+        PromptSource::Blocks(blocks) => prompts.text(blocks),
+        PromptSource::Text(text) => text.clone(),
+    }
+}
+
+/// What the run loop knows about a request before it is sent.
+#[derive(Debug, Clone)]
+pub struct RequestStub {
+    pub id: u64,
+    pub phase: Phase,
+    pub scheduled_ms: f64,
+    pub queue_ms: f64,
+    pub input_len: u32,
+    pub output_len: u32,
+    pub prefix_group: Option<u64>,
+}
+
+fn ms_since(origin: Instant, t: Instant) -> f64 {
+    t.saturating_duration_since(origin).as_secs_f64() * 1000.0
+}
+
+/// Accumulates a streamed response.
+#[derive(Default)]
+struct StreamState {
+    chunk_ms: Vec<f64>,
+    chunk_tokens: Vec<u32>,
+    /// Every content chunk carried a usage object.
+    continuous: bool,
+    last_usage_completion: Option<u64>,
+    usage_prompt: Option<u64>,
+    done: bool,
+    finished: bool,
+    error: Option<String>,
+}
+
+impl StreamState {
+    fn on_event(&mut self, data: &str, at_ms: f64, chat: bool) {
+        if data.trim() == "[DONE]" {
+            self.done = true;
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            self.error = Some(format!("unparsable SSE data: {}", truncate(data)));
+            return;
+        };
+        if let Some(err) = v.get("error") {
+            self.error = Some(format!("error event: {}", truncate(&err.to_string())));
+            return;
+        }
+        let usage_completion = v["usage"]["completion_tokens"].as_u64();
+        if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
+            self.usage_prompt = Some(p);
+        }
+        let choice = &v["choices"][0];
+        let text = if chat {
+            choice["delta"]["content"]
+                .as_str()
+                .or_else(|| choice["delta"]["reasoning_content"].as_str())
+        } else {
+            choice["text"].as_str()
+        };
+        if !choice["finish_reason"].is_null() && choice.get("finish_reason").is_some() {
+            self.finished = true;
+        }
+        let delta = match (usage_completion, self.last_usage_completion) {
+            (Some(now), prev) => Some(now.saturating_sub(prev.unwrap_or(0))),
+            (None, _) => None,
+        };
+        if let Some(now) = usage_completion {
+            self.last_usage_completion = Some(now);
+        }
+        if text.is_some_and(|t| !t.is_empty()) {
+            if self.chunk_ms.is_empty() {
+                self.continuous = true;
+            }
+            self.continuous &= delta.is_some();
+            self.chunk_ms.push(at_ms);
+            self.chunk_tokens
+                .push(delta.map_or(1, |d| u32::try_from(d).unwrap_or(u32::MAX)));
+        } else if let (Some(d), Some(last)) = (delta, self.chunk_tokens.last_mut()) {
+            // Tokens reported without text (e.g. a trailing usage chunk) belong to the last chunk.
+            if self.continuous {
+                *last += u32::try_from(d).unwrap_or(0);
+            }
+        }
+    }
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(300).collect()
+}
+
+fn classify(e: &reqwest::Error) -> ErrorKind {
+    if e.is_timeout() {
+        ErrorKind::Timeout
+    } else if e.is_connect() {
+        ErrorKind::Connect
+    } else if e.is_body() || e.is_decode() {
+        ErrorKind::StreamCut
+    } else {
+        ErrorKind::Protocol
+    }
+}
+
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+/// Sends one streaming request and measures it. `sent` is the instant the request is
+/// handed to the HTTP client; never fails: errors become the record's `error`.
+pub async fn execute(
+    client: &reqwest::Client,
+    target: &Target,
+    stub: RequestStub,
+    body: &Value,
+    origin: Instant,
+) -> RequestRecord {
+    let url = format!("{}{}", target.base_url.trim_end_matches('/'), target.backend.path());
+    let chat = target.backend == Backend::Chat;
+    let request = with_auth(client.post(&url), &target.headers, target.api_key.as_deref())
+        .timeout(target.timeout)
+        .json(body);
+    let sent = Instant::now();
+    let mut st = StreamState::default();
+    let mut status = None;
+    let mut failure: Option<(ErrorKind, String)> = None;
+    match request.send().await {
+        Err(e) => failure = Some((classify(&e), error_chain(&e))),
+        Ok(resp) => {
+            status = Some(resp.status().as_u16());
+            let code = resp.status();
+            if !code.is_success() {
+                let kind = match code.as_u16() {
+                    429 => ErrorKind::Http429,
+                    500..=599 => ErrorKind::Http5xx,
+                    _ => ErrorKind::HttpOther,
+                };
+                let text = resp.text().await.unwrap_or_default();
+                failure = Some((kind, format!("HTTP {code}: {}", truncate(&text))));
+            } else {
+                let mut parser = SseParser::new();
+                let mut body = resp.bytes_stream();
+                while let Some(item) = body.next().await {
+                    let at_ms = ms_since(origin, Instant::now());
+                    match item {
+                        Ok(bytes) => {
+                            for data in parser.push(&bytes) {
+                                st.on_event(&data, at_ms, chat);
+                            }
+                        }
+                        Err(e) => {
+                            failure = Some((classify(&e), error_chain(&e)));
+                            break;
+                        }
+                    }
+                    if st.error.is_some() {
+                        break;
+                    }
+                }
+                if failure.is_none() {
+                    if let Some(msg) = st.error.take() {
+                        failure = Some((ErrorKind::Protocol, msg));
+                    } else if !st.done && !st.finished {
+                        failure = Some((ErrorKind::StreamCut, "stream ended before [DONE]".into()));
+                    } else if st.chunk_ms.is_empty() {
+                        failure = Some((ErrorKind::Protocol, "no content in the response".into()));
+                    }
+                }
+            }
+        }
+    }
+    let end = Instant::now();
+    finish_record(stub, target, sent, end, origin, st, status, failure)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_record(
+    stub: RequestStub,
+    target: &Target,
+    sent: Instant,
+    end: Instant,
+    origin: Instant,
+    st: StreamState,
+    status: Option<u16>,
+    failure: Option<(ErrorKind, String)>,
+) -> RequestRecord {
+    let n_chunks = st.chunk_ms.len() as u64;
+    let (output_tokens, output_source) = match st.last_usage_completion {
+        Some(n) => (n, CountSource::Usage),
+        None => (n_chunks, CountSource::Counted),
+    };
+    let (chunk_tokens, chunk_source) = if st.continuous && !st.chunk_tokens.is_empty() {
+        (st.chunk_tokens, ChunkTokensSource::ContinuousUsage)
+    } else if let (Some(total), true) = (st.last_usage_completion, n_chunks > 0) {
+        // Spread the total over the chunks; the first `total % n` chunks get one more.
+        let base = total / n_chunks;
+        let extra = total % n_chunks;
+        let spread = (0..n_chunks)
+            .map(|i| u32::try_from(base + u64::from(i < extra)).unwrap_or(u32::MAX))
+            .collect();
+        (spread, ChunkTokensSource::UsageSpread)
+    } else {
+        (vec![1; st.chunk_ms.len()], ChunkTokensSource::OnePerChunk)
+    };
+    let (prompt_tokens, prompt_source) = match st.usage_prompt {
+        Some(p) => (p, CountSource::Usage),
+        None => (u64::from(stub.input_len), CountSource::Requested),
+    };
+    let requested = u64::from(stub.output_len);
+    let success = failure.is_none();
+    let end_ms = if success {
+        st.chunk_ms.last().copied().unwrap_or_else(|| ms_since(origin, end))
+    } else {
+        ms_since(origin, end)
+    };
+    RequestRecord {
+        id: stub.id,
+        phase: stub.phase,
+        scheduled_ms: stub.scheduled_ms,
+        queue_ms: stub.queue_ms,
+        sent_ms: ms_since(origin, sent),
+        first_token_ms: st.chunk_ms.first().copied(),
+        end_ms,
+        chunk_ms: st.chunk_ms,
+        chunk_tokens,
+        chunk_tokens_source: chunk_source,
+        prompt_tokens,
+        prompt_tokens_source: prompt_source,
+        output_tokens,
+        output_tokens_source: output_source,
+        requested_output_tokens: requested,
+        short_output: success && target.ignore_eos && output_tokens < requested,
+        prefix_group: stub.prefix_group,
+        http_status: status,
+        error: failure.map(|(kind, message)| RequestError { kind, message }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_state_counts_tokens_per_chunk() {
+        let mut st = StreamState::default();
+        st.on_event(r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#, 1.0, true);
+        st.on_event(r#"{"choices":[{"delta":{"content":"a b"},"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#, 2.0, true);
+        st.on_event(r#"{"choices":[{"delta":{"content":"c"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#, 3.0, true);
+        st.on_event(r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#, 3.5, true);
+        st.on_event("[DONE]", 3.5, true);
+        assert_eq!(st.chunk_ms, vec![2.0, 3.0], "role prelude is not content");
+        assert_eq!(st.chunk_tokens, vec![2, 1]);
+        assert!(st.continuous && st.done && st.finished);
+        assert_eq!((st.usage_prompt, st.last_usage_completion), (Some(5), Some(3)));
+    }
+}

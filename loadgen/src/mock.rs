@@ -1,0 +1,343 @@
+//! A built-in OpenAI-compatible server with known timing, for self-calibration and tests.
+//!
+//! Each request (after waiting for a slot when `slots > 0`, FIFO) streams
+//! `ceil(max_tokens / tokens_per_chunk)` content chunks: chunk j is sent at
+//! `ttft · ttft_factor + j · itl` after the slot was taken, on absolute deadlines so timing
+//! does not drift. Chat streams start with a role-only prelude chunk, as vLLM does. Fault
+//! injection: a seeded fraction of requests answered with an error status, and streams cut
+//! (connection aborted) after a number of tokens.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+/// Behaviour of the mock server.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// Address to bind (`127.0.0.1:0` picks a free port).
+    pub addr: SocketAddr,
+    pub model: String,
+    pub ttft: Duration,
+    pub itl: Duration,
+    pub tokens_per_chunk: u32,
+    /// At most this many requests served at once (0 = unlimited); the rest queue FIFO.
+    pub slots: usize,
+    /// Multiplies the TTFT (an A/B "slower" server).
+    pub ttft_factor: f64,
+    /// Fraction of requests answered with `error_status` instead of a completion.
+    pub error_rate: f64,
+    pub error_status: u16,
+    /// Abort the stream's connection after this many tokens.
+    pub cut_after: Option<u32>,
+    /// Seed of the error-injection draws.
+    pub seed: u64,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            model: "loadgen-mock".to_string(),
+            ttft: Duration::from_millis(50),
+            itl: Duration::from_millis(10),
+            tokens_per_chunk: 1,
+            slots: 0,
+            ttft_factor: 1.0,
+            error_rate: 0.0,
+            error_status: 500,
+            cut_after: None,
+            seed: 0,
+        }
+    }
+}
+
+/// A running mock; stop it with [`MockHandle::shutdown`] (dropping it leaves it running).
+pub struct MockHandle {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl MockHandle {
+    /// Stops accepting connections and waits for the server task.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self.task.await;
+    }
+
+    /// Waits until the server stops (it runs until shut down).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}
+
+struct MockState {
+    cfg: MockConfig,
+    slots: Option<Arc<Semaphore>>,
+    rng: Mutex<StdRng>,
+}
+
+/// Starts the mock on the current tokio runtime; returns its bound address.
+pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
+    let listener = tokio::net::TcpListener::bind(cfg.addr)
+        .await
+        .with_context(|| format!("binding mock server to {}", cfg.addr))?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(MockState {
+        slots: (cfg.slots > 0).then(|| Arc::new(Semaphore::new(cfg.slots))),
+        rng: Mutex::new(StdRng::seed_from_u64(cfg.seed)),
+        cfg,
+    });
+    let app = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .with_state(state);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stop_rx.await;
+            })
+            .await;
+    });
+    Ok((
+        addr,
+        MockHandle {
+            stop: Some(stop_tx),
+            task,
+        },
+    ))
+}
+
+async fn models(State(s): State<Arc<MockState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{"id": s.cfg.model, "object": "model", "owned_by": "loadgen"}]}))
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": "mock_error", "param": null, "code": status.as_u16()}});
+    let mut resp = (status, Json(body)).into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+fn words(v: &Value) -> u64 {
+    v.as_str().map_or(0, |s| s.split_whitespace().count() as u64)
+}
+
+/// The parts of a request the mock honours.
+struct Ask {
+    chat: bool,
+    prompt_tokens: u64,
+    max_tokens: u32,
+    stream: bool,
+    include_usage: bool,
+    continuous_usage: bool,
+}
+
+fn parse_ask(body: &Value, chat: bool) -> Ask {
+    let prompt_tokens = if chat {
+        body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().map(|msg| words(&msg["content"])).sum())
+    } else {
+        match &body["prompt"] {
+            Value::Array(items) if items.iter().all(Value::is_number) => items.len() as u64,
+            Value::Array(items) => items.first().map_or(0, words),
+            other => words(other),
+        }
+    };
+    let max_tokens = body["max_tokens"]
+        .as_u64()
+        .or_else(|| body["max_completion_tokens"].as_u64())
+        .unwrap_or(16) as u32;
+    Ask {
+        chat,
+        prompt_tokens,
+        max_tokens: max_tokens.max(1),
+        stream: body["stream"].as_bool().unwrap_or(false),
+        include_usage: body["stream_options"]["include_usage"]
+            .as_bool()
+            .unwrap_or(false),
+        continuous_usage: body["stream_options"]["continuous_usage_stats"]
+            .as_bool()
+            .unwrap_or(false),
+    }
+}
+
+async fn completions(State(s): State<Arc<MockState>>, body: Bytes) -> Response {
+    serve(s, body, false).await
+}
+
+async fn chat_completions(State(s): State<Arc<MockState>>, body: Bytes) -> Response {
+    serve(s, body, true).await
+}
+
+async fn serve(s: Arc<MockState>, body: Bytes, chat: bool) -> Response {
+    let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+        return error_response(StatusCode::BAD_REQUEST, "request body is not JSON");
+    };
+    let ask = parse_ask(&body, chat);
+    let fail = s.cfg.error_rate > 0.0
+        && s.rng
+            .lock()
+            .map(|mut r| r.random::<f64>() < s.cfg.error_rate)
+            .unwrap_or(false);
+    if fail {
+        let status =
+            StatusCode::from_u16(s.cfg.error_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return error_response(status, "injected failure");
+    }
+    let permit = match &s.slots {
+        Some(sem) => match sem.clone().acquire_owned().await {
+            Ok(p) => Some(p),
+            Err(_) => return error_response(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
+        },
+        None => None,
+    };
+    let start = Instant::now();
+    let plan = Timing {
+        start,
+        ttft: s.cfg.ttft.mul_f64(s.cfg.ttft_factor.max(0.0)),
+        itl: s.cfg.itl,
+        per_chunk: s.cfg.tokens_per_chunk.max(1),
+        total: ask.max_tokens,
+        cut_after: s.cfg.cut_after,
+    };
+    if ask.stream {
+        stream_response(s.cfg.model.clone(), ask, plan, permit)
+    } else {
+        let chunks = plan.total.div_ceil(plan.per_chunk);
+        tokio::time::sleep_until(plan.deadline(chunks - 1).into()).await;
+        drop(permit);
+        let text = "tok ".repeat(plan.total as usize);
+        let choice = if ask.chat {
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+        } else {
+            json!({"index": 0, "text": text, "finish_reason": "length"})
+        };
+        Json(json!({
+            "id": "mock", "object": if ask.chat { "chat.completion" } else { "text_completion" },
+            "model": s.cfg.model, "choices": [choice],
+            "usage": usage(ask.prompt_tokens, u64::from(plan.total)),
+        }))
+        .into_response()
+    }
+}
+
+struct Timing {
+    start: Instant,
+    ttft: Duration,
+    itl: Duration,
+    per_chunk: u32,
+    total: u32,
+    cut_after: Option<u32>,
+}
+
+impl Timing {
+    fn deadline(&self, chunk: u32) -> Instant {
+        self.start + self.ttft + self.itl * chunk
+    }
+}
+
+fn usage(prompt: u64, completion: u64) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// State of one streaming response.
+struct StreamState {
+    model: String,
+    ask: Ask,
+    timing: Timing,
+    chunk: u32,
+    sent_tokens: u32,
+    prelude_sent: bool,
+    finished: bool,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+fn stream_response(model: String, ask: Ask, timing: Timing, permit: Option<OwnedSemaphorePermit>) -> Response {
+    let state = StreamState {
+        prelude_sent: !ask.chat,
+        model,
+        ask,
+        timing,
+        chunk: 0,
+        sent_tokens: 0,
+        finished: false,
+        _permit: permit,
+    };
+    let stream = futures::stream::unfold(state, |mut st| async move {
+        if st.finished {
+            return None;
+        }
+        let object = if st.ask.chat { "chat.completion.chunk" } else { "text_completion" };
+        if !st.prelude_sent {
+            st.prelude_sent = true;
+            let v = json!({"id": "mock", "object": object, "model": st.model,
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]});
+            return Some((Ok(sse(&v)), st));
+        }
+        if st.sent_tokens >= st.timing.total {
+            st.finished = true;
+            let mut out = String::new();
+            if st.ask.include_usage {
+                let v = json!({"id": "mock", "object": object, "model": st.model, "choices": [],
+                    "usage": usage(st.ask.prompt_tokens, u64::from(st.sent_tokens))});
+                out.push_str(&format!("data: {v}\n\n"));
+            }
+            out.push_str("data: [DONE]\n\n");
+            return Some((Ok(Bytes::from(out)), st));
+        }
+        if st.timing.cut_after.is_some_and(|c| st.sent_tokens >= c) {
+            st.finished = true;
+            return Some((Err(std::io::Error::other("mock: stream cut")), st));
+        }
+        tokio::time::sleep_until(st.timing.deadline(st.chunk).into()).await;
+        let k = st.timing.per_chunk.min(st.timing.total - st.sent_tokens);
+        st.sent_tokens += k;
+        st.chunk += 1;
+        let text = "tok ".repeat(k as usize);
+        let finish = (st.sent_tokens == st.timing.total).then_some("length");
+        let choice = if st.ask.chat {
+            json!({"index": 0, "delta": {"content": text}, "finish_reason": finish})
+        } else {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+        };
+        let mut v = json!({"id": "mock", "object": object, "model": st.model, "choices": [choice]});
+        if st.ask.include_usage && st.ask.continuous_usage {
+            v["usage"] = usage(st.ask.prompt_tokens, u64::from(st.sent_tokens));
+        }
+        Some((Ok::<Bytes, std::io::Error>(sse(&v)), st))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| error_response(StatusCode::INTERNAL_SERVER_ERROR, "response build failed"))
+}

@@ -1,0 +1,377 @@
+//! The run loop. Open loop: a dedicated sender thread fires each request at its scheduled
+//! instant (sleep, then spin for the last stretch) and never waits for responses; each
+//! request runs as its own tokio task. Closed loop: N workers, each sending its next request
+//! when the previous one ends. Records are appended to `records.jsonl` (one line, flushed)
+//! as each request ends. A stop signal ends the run early: finished records are kept and
+//! the summary is marked incomplete.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use reports::metrics::{self, Metrics, MetricsOptions, Slo};
+use reports::records::{Phase, RequestRecord};
+use reports::summary::Summary;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::client::{self, RequestStub, Target};
+use crate::progress::Progress;
+use crate::workload::prompt::PromptBuilder;
+use crate::workload::RequestSpec;
+
+/// One request of the pre-generated list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedRequest {
+    pub id: u64,
+    /// Send time in seconds from the run origin (open loop); `None` in closed loop.
+    pub at_s: Option<f64>,
+    pub spec: RequestSpec,
+}
+
+/// Open or closed loop.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum LoadMode {
+    /// Requests sent at their `at_s`, whatever the server does.
+    Open,
+    /// `concurrency` workers, each waiting for its response before sending the next.
+    Closed { concurrency: usize },
+}
+
+/// Everything decided before the run: the request list, schedule and phases.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub requests: Vec<PlannedRequest>,
+    pub mode: LoadMode,
+    pub warmup_s: f64,
+    /// Measured span; `None` = everything after the warm-up is measured.
+    pub duration_s: Option<f64>,
+    pub cooldown_s: f64,
+    /// Cap on requests in flight; queued requests record their wait.
+    pub max_concurrency: Option<usize>,
+}
+
+impl Plan {
+    /// The phase of a request sent (or scheduled) at `t_s`.
+    pub fn phase_at(&self, t_s: f64) -> Phase {
+        if t_s < self.warmup_s {
+            Phase::Warmup
+        } else if self.duration_s.is_some_and(|d| t_s >= self.warmup_s + d) {
+            Phase::Cooldown
+        } else {
+            Phase::Measured
+        }
+    }
+
+    /// Writes `schedule.jsonl`: one line per planned request (id, send time, lengths).
+    pub fn write_schedule(&self, path: &std::path::Path) -> Result<()> {
+        let mut out = std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        );
+        for r in &self.requests {
+            let line = json!({
+                "id": r.id,
+                "at_ms": r.at_s.map(|t| t * 1000.0),
+                "input_len": r.spec.input_len,
+                "output_len": r.spec.output_len,
+                "prefix_group": r.spec.prefix_group,
+            });
+            writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
+        }
+        out.flush().with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// Options of one run.
+pub struct RunOptions {
+    /// Folder for `schedule.jsonl`, `records.jsonl` and `summary.json` (`meta.json` is the caller's).
+    pub out_dir: Option<PathBuf>,
+    pub slos: Vec<Slo>,
+    /// Print a live progress line on stderr.
+    pub progress: bool,
+    /// Becomes `true` to stop the run early.
+    pub stop: watch::Receiver<bool>,
+}
+
+/// The result of a run.
+pub struct RunOutcome {
+    /// Every finished request, sorted by id.
+    pub records: Vec<RequestRecord>,
+    pub metrics: Metrics,
+    pub summary: Summary,
+    /// Wall-clock time of the run origin (t = 0 in the records).
+    pub start_time: chrono::DateTime<chrono::Utc>,
+}
+
+/// A stop receiver that never fires (library users without signals).
+pub fn never_stop() -> watch::Receiver<bool> {
+    watch::channel(false).1
+}
+
+/// A stop receiver that fires on Ctrl-C or SIGTERM.
+pub fn stop_on_signals() -> Result<watch::Receiver<bool>> {
+    let (tx, rx) = watch::channel(false);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("\nloadgen: stopping; keeping finished requests");
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+struct RunContext {
+    client: reqwest::Client,
+    target: Target,
+    prompts: Arc<PromptBuilder>,
+    plan: Arc<Plan>,
+    origin: Instant,
+    stop: watch::Receiver<bool>,
+    stop_flag: Arc<AtomicBool>,
+    slots: Option<Arc<Semaphore>>,
+    progress: Arc<Progress>,
+    records: mpsc::UnboundedSender<RequestRecord>,
+    started: AtomicU64,
+}
+
+fn ms(origin: Instant, t: Instant) -> f64 {
+    t.saturating_duration_since(origin).as_secs_f64() * 1000.0
+}
+
+/// Runs request `index` of the plan as record `id`; sends its record unless stopped.
+async fn one_request(ctx: Arc<RunContext>, id: u64, index: usize, scheduled: Instant, phase: Phase) {
+    let task_start = Instant::now();
+    ctx.started.fetch_add(1, Ordering::Relaxed);
+    ctx.progress.on_sent();
+    let spec = &ctx.plan.requests[index].spec;
+    let work = async {
+        let _permit = match &ctx.slots {
+            Some(sem) => Some(sem.clone().acquire_owned().await.ok()?),
+            None => None,
+        };
+        let queue_ms = task_start.elapsed().as_secs_f64() * 1000.0;
+        let stub = RequestStub {
+            id,
+            phase,
+            scheduled_ms: ms(ctx.origin, scheduled),
+            queue_ms,
+            input_len: spec.input_len,
+            output_len: spec.output_len,
+            prefix_group: spec.prefix_group,
+        };
+        let record = match client::request_body(&ctx.target, spec, &ctx.prompts) {
+            Ok(body) => client::execute(&ctx.client, &ctx.target, stub, &body, ctx.origin).await,
+            Err(e) => {
+                eprintln!("loadgen: request {id}: {e:#}");
+                return None;
+            }
+        };
+        Some(record)
+    };
+    let record = tokio::select! {
+        r = work => r,
+        _ = stopped(ctx.stop.clone()) => None,
+    };
+    if let Some(record) = record {
+        let _ = ctx.records.send(record);
+    }
+}
+
+/// The open-loop sender: sleeps to ~200 µs before each send time, then spins.
+fn sender_thread(ctx: Arc<RunContext>, handle: tokio::runtime::Handle) {
+    const SPIN: Duration = Duration::from_micros(200);
+    for (index, req) in ctx.plan.requests.iter().enumerate() {
+        let at = req.at_s.unwrap_or(0.0);
+        let deadline = ctx.origin + Duration::from_secs_f64(at);
+        loop {
+            if ctx.stop_flag.load(Ordering::Relaxed) {
+                return;
+            }
+            let now = Instant::now();
+            if now + SPIN >= deadline {
+                break;
+            }
+            std::thread::sleep((deadline - now - SPIN).min(Duration::from_millis(50)));
+        }
+        while Instant::now() < deadline {
+            std::hint::spin_loop();
+        }
+        let phase = ctx.plan.phase_at(at);
+        handle.spawn(one_request(ctx.clone(), req.id, index, deadline, phase));
+    }
+}
+
+async fn closed_worker(ctx: Arc<RunContext>, next: Arc<AtomicU64>, end: Option<Instant>) {
+    let n = ctx.plan.requests.len() as u64;
+    loop {
+        if *ctx.stop.borrow() || end.is_some_and(|e| Instant::now() >= e) {
+            return;
+        }
+        let id = next.fetch_add(1, Ordering::Relaxed);
+        if end.is_none() && id >= n {
+            return;
+        }
+        let now = Instant::now();
+        let phase = ctx.plan.phase_at((now - ctx.origin).as_secs_f64());
+        one_request(ctx.clone(), id, (id % n) as usize, now, phase).await;
+    }
+}
+
+/// Appends each record to `records.jsonl` (flushed per line) and collects them.
+async fn record_writer(
+    mut rx: mpsc::UnboundedReceiver<RequestRecord>,
+    path: Option<PathBuf>,
+    progress: Arc<Progress>,
+) -> Result<Vec<RequestRecord>> {
+    let mut file = match &path {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("opening {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let mut records = Vec::new();
+    while let Some(record) = rx.recv().await {
+        progress.on_done(&record);
+        if let (Some(f), Some(p)) = (file.as_mut(), &path) {
+            let line = serde_json::to_string(&record).context("serialising a record")?;
+            writeln!(f, "{line}")
+                .and_then(|_| f.flush())
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        records.push(record);
+    }
+    Ok(records)
+}
+
+/// Executes `plan` against `target`. The caller resolves the model and writes `meta.json`.
+pub async fn execute(
+    plan: Arc<Plan>,
+    target: Target,
+    prompts: Arc<PromptBuilder>,
+    opts: RunOptions,
+) -> Result<RunOutcome> {
+    if plan.requests.is_empty() {
+        anyhow::bail!("the plan has no requests");
+    }
+    if let Some(dir) = &opts.out_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        plan.write_schedule(&dir.join("schedule.jsonl"))?;
+        let records = dir.join("records.jsonl");
+        std::fs::write(&records, "").with_context(|| format!("creating {}", records.display()))?;
+    }
+    let pool = match plan.mode {
+        LoadMode::Closed { concurrency } => concurrency,
+        LoadMode::Open => plan.max_concurrency.unwrap_or(1024),
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let progress = Arc::new(Progress::new(plan.requests.len() as u64));
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    // Leave a little time for the runtime to settle before the first send.
+    let origin = Instant::now() + Duration::from_millis(20);
+    let start_time = chrono::Utc::now() + chrono::Duration::milliseconds(20);
+    let ctx = Arc::new(RunContext {
+        client: client::http_client(pool)?,
+        target,
+        prompts,
+        plan: plan.clone(),
+        origin,
+        stop: opts.stop.clone(),
+        stop_flag: stop_flag.clone(),
+        slots: plan.max_concurrency.map(|n| Arc::new(Semaphore::new(n.max(1)))),
+        progress: progress.clone(),
+        records: tx,
+        started: AtomicU64::new(0),
+    });
+    let records_path = opts.out_dir.as_ref().map(|d| d.join("records.jsonl"));
+    let writer = tokio::spawn(record_writer(rx, records_path, progress.clone()));
+    let flag_watch = {
+        let stop = opts.stop.clone();
+        let flag = stop_flag.clone();
+        tokio::spawn(async move {
+            stopped(stop).await;
+            flag.store(true, Ordering::Relaxed);
+        })
+    };
+    let printer = opts
+        .progress
+        .then(|| tokio::spawn(progress.clone().print_every(Duration::from_secs(1), origin)));
+
+    match plan.mode {
+        LoadMode::Open => {
+            let (c, handle) = (ctx.clone(), tokio::runtime::Handle::current());
+            let thread = std::thread::Builder::new()
+                .name("loadgen-sender".into())
+                .spawn(move || sender_thread(c, handle))
+                .context("starting the sender thread")?;
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .context("joining the sender thread")?
+                .map_err(|_| anyhow::anyhow!("the sender thread panicked"))?;
+        }
+        LoadMode::Closed { concurrency } => {
+            let next = Arc::new(AtomicU64::new(0));
+            let end = plan.duration_s.map(|d| {
+                origin + Duration::from_secs_f64(plan.warmup_s + d + plan.cooldown_s)
+            });
+            tokio::time::sleep_until(origin.into()).await;
+            let workers: Vec<_> = (0..concurrency.max(1))
+                .map(|_| tokio::spawn(closed_worker(ctx.clone(), next.clone(), end)))
+                .collect();
+            for w in workers {
+                w.await.context("closed-loop worker failed")?;
+            }
+        }
+    }
+    let started = ctx.started.load(Ordering::Relaxed);
+    drop(ctx);
+    let mut records = writer.await.context("record writer failed")??;
+    flag_watch.abort();
+    if let Some(p) = printer {
+        p.abort();
+        progress.print_line(origin);
+        eprintln!();
+    }
+    records.sort_by_key(|r| r.id);
+    let incomplete = *opts.stop.borrow();
+    let expected = match plan.mode {
+        LoadMode::Open => plan.requests.len() as u64,
+        LoadMode::Closed { .. } => started,
+    };
+    let unfinished = expected.saturating_sub(records.len() as u64);
+    let metrics_opts = MetricsOptions {
+        slos: opts.slos.clone(),
+        open_loop: plan.mode == LoadMode::Open,
+    };
+    let metrics = metrics::compute(&records, &metrics_opts);
+    let summary = Summary::new(&metrics, &opts.slos, incomplete, unfinished);
+    if let Some(dir) = &opts.out_dir {
+        summary.write(&dir.join("summary.json"))?;
+    }
+    Ok(RunOutcome {
+        records,
+        metrics,
+        summary,
+        start_time,
+    })
+}

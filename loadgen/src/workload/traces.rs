@@ -1,0 +1,476 @@
+//! Trace file loaders. Every loader returns rows in file order; timestamps are ms relative
+//! to the file's first row. A malformed line is an error naming the file and line.
+//!
+//! Formats:
+//! - project JSONL: `{"timestamp_ms", "input_len", "output_len", "prefix_group"?, "prefix_len"?, "prompt"?}`
+//!   (see `traces/README.md`);
+//! - Mooncake JSONL: `{"timestamp" (ms), "input_length", "output_length", "hash_ids"}`, each
+//!   hash id a 512-token prefix block;
+//! - Azure LLM inference CSV: `TIMESTAMP,ContextTokens,GeneratedTokens` with wall-clock text
+//!   (any number of fractional digits, optional `+HH:MM` / `Z`);
+//! - BurstGPT CSV: `Timestamp` (s), `Request tokens`, `Response tokens`, selected by name;
+//! - ShareGPT JSON: `[{"conversations": [{"from", "value"}, …]}]`, first human turn → first reply;
+//! - the ShareGPT length table CSV: `num_prefill_tokens,num_decode_tokens` (no timestamps).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use chrono::NaiveDateTime;
+use serde::{Deserialize, Serialize};
+
+/// Mooncake prefix blocks are 512 tokens.
+pub const MOONCAKE_BLOCK: u32 = 512;
+
+/// A trace file format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum TraceFormat {
+    Jsonl,
+    Mooncake,
+    Azure,
+    Burstgpt,
+    Sharegpt,
+    SharegptTable,
+}
+
+/// One request of a trace.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TraceRow {
+    /// ms since the first row, if the format has times.
+    pub timestamp_ms: Option<f64>,
+    pub input_len: u32,
+    pub output_len: u32,
+    /// Project JSONL: group sharing the first `prefix_len` tokens.
+    pub prefix: Option<(u64, u32)>,
+    /// Mooncake: 512-token prefix block hashes.
+    pub hash_ids: Vec<u64>,
+    /// Literal prompt text (ShareGPT, project JSONL).
+    pub prompt: Option<String>,
+}
+
+/// Guesses the format from the extension and the first line.
+pub fn detect_format(path: &Path) -> Result<TraceFormat> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut first = String::new();
+    BufReader::new(file)
+        .read_line(&mut first)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    Ok(match ext {
+        "jsonl" if first.contains("\"hash_ids\"") || first.contains("\"input_length\"") => {
+            TraceFormat::Mooncake
+        }
+        "jsonl" => TraceFormat::Jsonl,
+        "json" => TraceFormat::Sharegpt,
+        "csv" if first.contains("TIMESTAMP") => TraceFormat::Azure,
+        "csv" if first.contains("Request tokens") => TraceFormat::Burstgpt,
+        "csv" if first.contains("num_prefill_tokens") => TraceFormat::SharegptTable,
+        _ => bail!(
+            "{}: cannot tell the trace format; pass --trace-format",
+            path.display()
+        ),
+    })
+}
+
+/// Loads `path` in `format`. `count_tokens` measures literal prompts (ShareGPT).
+pub fn load(
+    path: &Path,
+    format: TraceFormat,
+    count_tokens: &dyn Fn(&str) -> usize,
+) -> Result<Vec<TraceRow>> {
+    match format {
+        TraceFormat::Jsonl => load_jsonl(path),
+        TraceFormat::Mooncake => load_mooncake(path),
+        TraceFormat::Azure => load_azure(path),
+        TraceFormat::Burstgpt => load_burstgpt(path),
+        TraceFormat::Sharegpt => load_sharegpt(path, count_tokens),
+        TraceFormat::SharegptTable => load_sharegpt_table(path),
+    }
+}
+
+/// Calls `parse` on every non-empty line with its 1-based number, adding file:line to errors.
+fn for_each_line(path: &Path, mut parse: impl FnMut(&str) -> Result<()>) -> Result<()> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("{}:{}: read error", path.display(), i + 1))?;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        parse(line).with_context(|| format!("{}:{}: malformed line", path.display(), i + 1))?;
+    }
+    Ok(())
+}
+
+fn rebase(rows: &mut [TraceRow]) {
+    if let Some(origin) = rows.first().and_then(|r| r.timestamp_ms) {
+        for r in rows.iter_mut() {
+            r.timestamp_ms = r.timestamp_ms.map(|t| t - origin);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProjectLine {
+    timestamp_ms: Option<f64>,
+    input_len: u32,
+    output_len: u32,
+    prefix_group: Option<u64>,
+    prefix_len: Option<u32>,
+    prompt: Option<String>,
+}
+
+fn load_jsonl(path: &Path) -> Result<Vec<TraceRow>> {
+    let mut rows = Vec::new();
+    for_each_line(path, |line| {
+        let l: ProjectLine = serde_json::from_str(line)?;
+        let prefix = match (l.prefix_group, l.prefix_len) {
+            (Some(g), Some(len)) => Some((g, len)),
+            (None, None) => None,
+            _ => bail!("prefix_group and prefix_len go together"),
+        };
+        rows.push(TraceRow {
+            timestamp_ms: l.timestamp_ms,
+            input_len: l.input_len,
+            output_len: l.output_len,
+            prefix,
+            hash_ids: Vec::new(),
+            prompt: l.prompt,
+        });
+        Ok(())
+    })?;
+    rebase(&mut rows);
+    Ok(rows)
+}
+
+#[derive(Deserialize)]
+struct MooncakeLine {
+    timestamp: f64,
+    input_length: u32,
+    output_length: u32,
+    #[serde(default)]
+    hash_ids: Vec<u64>,
+}
+
+fn load_mooncake(path: &Path) -> Result<Vec<TraceRow>> {
+    let mut rows = Vec::new();
+    for_each_line(path, |line| {
+        let l: MooncakeLine = serde_json::from_str(line)?;
+        rows.push(TraceRow {
+            timestamp_ms: Some(l.timestamp),
+            input_len: l.input_length,
+            output_len: l.output_length,
+            hash_ids: l.hash_ids,
+            ..TraceRow::default()
+        });
+        Ok(())
+    })?;
+    rebase(&mut rows);
+    Ok(rows)
+}
+
+/// Parses Azure's `2023-11-16 18:17:03.9799600` (also without fraction, with `T`, and with a
+/// `+HH:MM` / `-HH:MM` / `Z` suffix) to nanoseconds since the Unix epoch (UTC when an offset is given).
+pub fn parse_azure_timestamp(text: &str) -> Result<i64> {
+    let t = text.trim();
+    let (body, offset_s) = if let Some(b) = t.strip_suffix('Z') {
+        (b, 0i64)
+    } else if t.len() > 6 && matches!(&t[t.len() - 6..t.len() - 5], "+" | "-") && &t[t.len() - 3..t.len() - 2] == ":" {
+        let (b, off) = t.split_at(t.len() - 6);
+        let sign = if off.starts_with('-') { -1 } else { 1 };
+        let h: i64 = off[1..3].parse().with_context(|| format!("bad offset in `{text}`"))?;
+        let m: i64 = off[4..6].parse().with_context(|| format!("bad offset in `{text}`"))?;
+        (b, sign * (h * 3600 + m * 60))
+    } else {
+        (t, 0)
+    };
+    let dt = NaiveDateTime::parse_from_str(body, "%Y-%m-%d %H:%M:%S%.f")
+        .or_else(|_| NaiveDateTime::parse_from_str(body, "%Y-%m-%dT%H:%M:%S%.f"))
+        .with_context(|| format!("bad timestamp `{text}` (expected YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM])"))?;
+    let utc = dt.and_utc();
+    let ns = utc.timestamp() * 1_000_000_000 + i64::from(utc.timestamp_subsec_nanos());
+    Ok(ns - offset_s * 1_000_000_000)
+}
+
+/// Reads a CSV with headers, giving each record to `row` with its line number and the
+/// header-index lookup.
+fn for_each_csv(
+    path: &Path,
+    required: &[&str],
+    mut row: impl FnMut(&csv::StringRecord, &[usize]) -> Result<()>,
+) -> Result<()> {
+    let mut reader = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .from_path(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let headers = reader
+        .headers()
+        .with_context(|| format!("{}:1: bad header", path.display()))?
+        .clone();
+    let columns = required
+        .iter()
+        .map(|name| {
+            headers
+                .iter()
+                .position(|h| h == *name)
+                .with_context(|| format!("{}:1: no column `{name}`", path.display()))
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    // Line numbers assume one line per record (no quoted newlines), true of every trace format.
+    for (i, record) in reader.records().enumerate() {
+        let line = i + 2;
+        let record = record.with_context(|| format!("{}:{line}: malformed CSV", path.display()))?;
+        if record.len() != headers.len() {
+            bail!(
+                "{}:{line}: expected {} fields, found {}",
+                path.display(),
+                headers.len(),
+                record.len()
+            );
+        }
+        row(&record, &columns).with_context(|| format!("{}:{line}: malformed line", path.display()))?;
+    }
+    Ok(())
+}
+
+fn field<T: std::str::FromStr>(record: &csv::StringRecord, index: usize, name: &str) -> Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    let text = record.get(index).unwrap_or("");
+    text.parse()
+        .with_context(|| format!("column `{name}`: bad value `{text}`"))
+}
+
+fn load_azure(path: &Path) -> Result<Vec<TraceRow>> {
+    let names = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"];
+    let mut first_ns = None;
+    let mut rows = Vec::new();
+    for_each_csv(path, &names, |r, c| {
+        let ns = parse_azure_timestamp(r.get(c[0]).unwrap_or(""))?;
+        let origin = *first_ns.get_or_insert(ns);
+        rows.push(TraceRow {
+            timestamp_ms: Some((ns - origin) as f64 / 1e6),
+            input_len: field(r, c[1], names[1])?,
+            output_len: field(r, c[2], names[2])?,
+            ..TraceRow::default()
+        });
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
+fn load_burstgpt(path: &Path) -> Result<Vec<TraceRow>> {
+    let names = ["Timestamp", "Request tokens", "Response tokens"];
+    let mut rows = Vec::new();
+    for_each_csv(path, &names, |r, c| {
+        let seconds: f64 = field(r, c[0], names[0])?;
+        rows.push(TraceRow {
+            timestamp_ms: Some(seconds * 1000.0),
+            input_len: field(r, c[1], names[1])?,
+            output_len: field(r, c[2], names[2])?,
+            ..TraceRow::default()
+        });
+        Ok(())
+    })?;
+    rebase(&mut rows);
+    Ok(rows)
+}
+
+fn load_sharegpt_table(path: &Path) -> Result<Vec<TraceRow>> {
+    let names = ["num_prefill_tokens", "num_decode_tokens"];
+    let mut rows = Vec::new();
+    for_each_csv(path, &names, |r, c| {
+        rows.push(TraceRow {
+            input_len: field(r, c[0], names[0])?,
+            output_len: field(r, c[1], names[1])?,
+            ..TraceRow::default()
+        });
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
+#[derive(Deserialize)]
+struct ShareGptTurn {
+    from: String,
+    value: String,
+}
+
+#[derive(Deserialize)]
+struct ShareGptConversation {
+    #[serde(default)]
+    conversations: Vec<ShareGptTurn>,
+}
+
+/// ShareGPT JSON: the first human turn is the prompt and the reply's length is the output
+/// length; conversations with fewer than two turns are skipped (as vLLM does).
+fn load_sharegpt(path: &Path, count_tokens: &dyn Fn(&str) -> usize) -> Result<Vec<TraceRow>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let conversations: Vec<ShareGptConversation> = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!("{}:{}: malformed ShareGPT JSON: {e}", path.display(), e.line())
+    })?;
+    let mut rows = Vec::new();
+    for c in conversations {
+        let [prompt, reply, ..] = c.conversations.as_slice() else {
+            continue;
+        };
+        if prompt.from == "gpt" {
+            continue;
+        }
+        let input = count_tokens(&prompt.value).max(1);
+        let output = count_tokens(&reply.value).max(1);
+        rows.push(TraceRow {
+            input_len: u32::try_from(input).unwrap_or(u32::MAX),
+            output_len: u32::try_from(output).unwrap_or(u32::MAX),
+            prompt: Some(prompt.value.clone()),
+            ..TraceRow::default()
+        });
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn shared(rel: &str) -> PathBuf {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces").join(rel);
+        assert!(
+            p.exists(),
+            "{} is missing: the shared data folder ../shared must sit beside the repository",
+            p.display()
+        );
+        p
+    }
+
+    fn stats() -> serde_json::Value {
+        let text = std::fs::read_to_string(shared("stats.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn words(s: &str) -> usize {
+        s.split_whitespace().count()
+    }
+
+    fn load_auto(rel: &str) -> Vec<TraceRow> {
+        let path = shared(rel);
+        let format = detect_format(&path).unwrap();
+        load(&path, format, &words).unwrap()
+    }
+
+    fn check_lengths(rows: &[TraceRow], s: &serde_json::Value) {
+        let n = s["n"].as_u64().unwrap() as usize;
+        assert_eq!(rows.len(), n);
+        let max_in = rows.iter().map(|r| r.input_len).max().unwrap();
+        let max_out = rows.iter().map(|r| r.output_len).max().unwrap();
+        assert_eq!(f64::from(max_in), s["in"]["max"].as_f64().unwrap());
+        assert_eq!(f64::from(max_out), s["out"]["max"].as_f64().unwrap());
+        if let Some(d) = s["duration_s"].as_f64() {
+            let last = rows.last().unwrap().timestamp_ms.unwrap() / 1000.0;
+            assert!((last - d).abs() < 1e-6, "duration {last} vs {d}");
+        }
+    }
+
+    #[test]
+    fn azure_traces_load_with_exact_counts() {
+        let s = stats();
+        check_lengths(&load_auto("azure_llm_2023/AzureLLMInferenceTrace_code.csv"), &s["azure2023_code"]);
+        check_lengths(&load_auto("azure_llm_2023/AzureLLMInferenceTrace_conv.csv"), &s["azure2023_conv"]);
+    }
+
+    #[test]
+    fn burstgpt_loads_by_column_name() {
+        let rows = load_auto("burstgpt/BurstGPT_1_first7days.csv");
+        check_lengths(&rows, &stats()["burstgpt1_7d_all"]);
+        assert_eq!(rows.iter().filter(|r| r.output_len > 0).count(), 17893);
+        // Columns are found by name: a newer schema with extra columns loads the same rows.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("b3.csv");
+        std::fs::write(
+            &p,
+            "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n\
+             5,1,0.5,ChatGPT,472,18,490,Conversation log\n",
+        )
+        .unwrap();
+        let rows = load(&p, TraceFormat::Burstgpt, &words).unwrap();
+        assert_eq!((rows[0].input_len, rows[0].output_len), (472, 18));
+    }
+
+    #[test]
+    fn mooncake_traces_load_with_prefix_blocks() {
+        let s = stats();
+        for (rel, key) in [
+            ("mooncake/conversation_trace.jsonl", "mooncake_conversation_trace"),
+            ("mooncake/synthetic_trace.jsonl", "mooncake_synthetic_trace"),
+        ] {
+            let rows = load_auto(rel);
+            check_lengths(&rows, &s[key]);
+            let blocks: usize = rows.iter().map(|r| r.hash_ids.len()).sum();
+            assert_eq!(blocks as u64, s[key]["total_blocks"].as_u64().unwrap());
+            assert!(rows
+                .iter()
+                .all(|r| r.hash_ids.len() == r.input_len.div_ceil(MOONCAKE_BLOCK) as usize));
+        }
+    }
+
+    #[test]
+    fn sharegpt_table_and_project_jsonl_load() {
+        let rows = load_auto("sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv");
+        check_lengths(&rows, &stats()["sharegpt_llama2_table_all"]);
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/example.jsonl");
+        let rows = load(&example, detect_format(&example).unwrap(), &words).unwrap();
+        assert_eq!(rows.len(), 5);
+        assert_eq!(rows[3].timestamp_ms, Some(1000.5));
+        assert_eq!(rows[1].prefix, Some((1, 256)));
+        assert!(rows[4].prompt.is_some());
+    }
+
+    #[test]
+    fn sharegpt_json_uses_first_exchange() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sg.json");
+        std::fs::write(
+            &p,
+            r#"[{"id":"a","conversations":[{"from":"human","value":"hello there friend"},{"from":"gpt","value":"hi"}]},
+                {"id":"b","conversations":[{"from":"human","value":"lonely"}]}]"#,
+        )
+        .unwrap();
+        let rows = load(&p, detect_format(&p).unwrap(), &words).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].input_len, rows[0].output_len), (3, 1));
+        assert_eq!(rows[0].prompt.as_deref(), Some("hello there friend"));
+    }
+
+    #[test]
+    fn timestamps_parse_in_all_azure_forms() {
+        let a = parse_azure_timestamp("2023-11-16 18:17:03.9799600").unwrap();
+        let b = parse_azure_timestamp("2023-11-16 18:17:03").unwrap();
+        assert_eq!(a - b, 979_960_000);
+        let c = parse_azure_timestamp("2024-05-10 00:00:00.009930+00:00").unwrap();
+        let d = parse_azure_timestamp("2024-05-10 00:00:00+00:00").unwrap();
+        assert_eq!(c - d, 9_930_000);
+        let e = parse_azure_timestamp("2024-05-10 02:00:00+02:00").unwrap();
+        assert_eq!(e, d);
+    }
+
+    #[test]
+    fn malformed_lines_name_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("bad.jsonl", "{\"timestamp_ms\": 0, \"input_len\": 1, \"output_len\": 1}\n{\"input_len\": \"x\"}\n", TraceFormat::Jsonl, "bad.jsonl:2"),
+            ("mc.jsonl", "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [0]}\n\n{oops\n", TraceFormat::Mooncake, "mc.jsonl:3"),
+            ("az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:17:03.9799600,4808,10\r\n2023-11-16 18:17:03.9799600,4808,10\r\nnot a time,1,2\r\n", TraceFormat::Azure, "az.csv:4"),
+            ("bg.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,x,18,490,Conversation log\n", TraceFormat::Burstgpt, "bg.csv:2"),
+        ];
+        for (name, content, format, expected) in cases {
+            let p = dir.path().join(name);
+            std::fs::write(&p, content).unwrap();
+            let err = format!("{:#}", load(&p, format, &words).unwrap_err());
+            assert!(err.contains(expected), "{err}");
+        }
+    }
+}

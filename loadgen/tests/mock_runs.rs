@@ -1,0 +1,248 @@
+//! The run loop against the built-in mock: timing accuracy, token accounting, open-loop
+//! behaviour under queueing, and error handling. Bounds are generous; timing-sensitive
+//! tests run one at a time.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loadgen::client::{Backend, Target};
+use loadgen::mock::{self, MockConfig};
+use loadgen::run::{self, LoadMode, Plan, PlannedRequest, RunOptions, RunOutcome};
+use loadgen::schedule::{Arrival, Extent, ScheduleSpec};
+use loadgen::workload::prompt::PromptBuilder;
+use loadgen::workload::{prefixed_blocks, PromptSource, RequestSpec};
+use reports::records::{ChunkTokensSource, CountSource};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn poisson_plan(rate: f64, secs: f64, output_len: u32) -> Plan {
+    let times = ScheduleSpec {
+        arrival: Arrival::Poisson,
+        rate,
+        ramp_up: None,
+    }
+    .generate(Extent::Until(secs), 11)
+    .unwrap();
+    Plan {
+        requests: times
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| PlannedRequest {
+                id: i as u64,
+                at_s: Some(t),
+                spec: RequestSpec {
+                    input_len: 16,
+                    output_len,
+                    prefix_group: None,
+                    prompt: PromptSource::Blocks(prefixed_blocks(1, i as u64, 16, None)),
+                },
+            })
+            .collect(),
+        mode: LoadMode::Open,
+        warmup_s: 0.0,
+        duration_s: None,
+        cooldown_s: 0.0,
+        max_concurrency: None,
+    }
+}
+
+fn target(base_url: String, backend: Backend) -> Target {
+    Target {
+        base_url,
+        backend,
+        model: "loadgen-mock".into(),
+        headers: Vec::new(),
+        api_key: None,
+        timeout: Duration::from_secs(30),
+        ignore_eos: true,
+        min_tokens: false,
+        prompt_ids: false,
+        continuous_usage: true,
+    }
+}
+
+async fn run_plan(plan: Plan, target: Target) -> RunOutcome {
+    run::execute(
+        Arc::new(plan),
+        target,
+        Arc::new(PromptBuilder::approximate()),
+        RunOptions {
+            out_dir: None,
+            slos: Vec::new(),
+            progress: false,
+            stop: run::never_stop(),
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn against_mock(cfg: MockConfig, plan: Plan, backend: Backend) -> RunOutcome {
+    let (addr, handle) = mock::spawn(cfg).await.unwrap();
+    let outcome = run_plan(plan, target(format!("http://{addr}"), backend)).await;
+    handle.shutdown().await;
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mock_timing_is_measured_accurately() {
+    let _guard = serial();
+    let plan = poisson_plan(20.0, 5.0, 64);
+    let n = plan.requests.len() as u64;
+    let out = against_mock(MockConfig::default(), plan, Backend::Completions).await;
+    let m = &out.metrics;
+    assert_eq!((m.completed, m.failed), (n, 0), "every request counted");
+    assert_eq!(out.records.len() as u64, n);
+    for r in &out.records {
+        assert_eq!(r.output_tokens, 64);
+        assert_eq!(r.output_tokens_source, CountSource::Usage);
+        assert_eq!(r.chunk_tokens_source, ChunkTokensSource::ContinuousUsage);
+        assert_eq!(r.chunk_tokens.iter().sum::<u32>(), 64);
+        assert!(!r.short_output);
+    }
+    assert_eq!(m.total_output_tokens, 64 * n);
+    assert!((m.ttft.p50 - 50.0).abs() < 5.0, "TTFT p50 {}", m.ttft.p50);
+    assert!((m.tpot.mean - 10.0).abs() < 1.0, "TPOT mean {}", m.tpot.mean);
+    assert!((m.tpot.p50 - 10.0).abs() < 1.0, "TPOT p50 {}", m.tpot.p50);
+    assert_eq!(out.summary.completed, n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_itl_and_chunk_itl_with_four_tokens_per_chunk() {
+    let _guard = serial();
+    let cfg = MockConfig {
+        tokens_per_chunk: 4,
+        ..MockConfig::default()
+    };
+    let out = against_mock(cfg, poisson_plan(20.0, 2.0, 64), Backend::Chat).await;
+    let m = &out.metrics;
+    assert_eq!(m.failed, 0);
+    assert!(out.records.iter().all(|r| r.chunk_ms.len() == 16 && r.output_tokens == 64));
+    assert!((m.chunk_itl.p50 - 10.0).abs() < 1.5, "chunk ITL {}", m.chunk_itl.p50);
+    assert!((m.token_itl.p50 - 2.5).abs() < 0.4, "token ITL {}", m.token_itl.p50);
+    assert!((m.token_itl.mean - 2.5).abs() < 0.4, "token ITL mean {}", m.token_itl.mean);
+    // The chat role prelude arrives at once; TTFT counts from the first content chunk.
+    assert!((m.ttft.p50 - 50.0).abs() < 5.0, "TTFT p50 {}", m.ttft.p50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_keeps_schedule_while_server_queues() {
+    let _guard = serial();
+    // One slot, ~52 ms of service per request, a request every 25 ms on average: the queue grows.
+    let cfg = MockConfig {
+        slots: 1,
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(2),
+        ..MockConfig::default()
+    };
+    let out = against_mock(cfg, poisson_plan(40.0, 1.5, 16), Backend::Completions).await;
+    let m = &out.metrics;
+    assert_eq!(m.failed, 0);
+    assert!(m.schedule_lag.p99 < 5.0, "send lag p99 {}", m.schedule_lag.p99);
+    let ttfts: Vec<f64> = out
+        .records
+        .iter()
+        .map(|r| r.first_token_ms.unwrap() - r.sent_ms)
+        .collect();
+    let q = ttfts.len() / 4;
+    let first: f64 = ttfts[..q].iter().sum::<f64>() / q as f64;
+    let last: f64 = ttfts[ttfts.len() - q..].iter().sum::<f64>() / q as f64;
+    assert!(last > first + 200.0, "TTFT should grow with the queue: {first} → {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_recorded_counted_and_excluded() {
+    let _guard = serial();
+    // 429 / 500 on about half of the requests: the rest succeed, the run goes on.
+    for (status, kind) in [(429, "http_429"), (500, "http_5xx")] {
+        let cfg = MockConfig {
+            error_rate: 0.5,
+            error_status: status,
+            ttft: Duration::from_millis(5),
+            itl: Duration::from_millis(1),
+            ..MockConfig::default()
+        };
+        let out = against_mock(cfg, poisson_plan(50.0, 1.0, 8), Backend::Completions).await;
+        let m = &out.metrics;
+        assert!(m.failed > 5 && m.completed > 5, "{status}: {} / {}", m.failed, m.completed);
+        assert_eq!(m.errors.get(kind), Some(&m.failed));
+        assert_eq!(m.ttft.count, m.completed, "failures excluded from latencies");
+        assert_eq!(m.completed + m.failed, out.records.len() as u64);
+        let failed = out.records.iter().find(|r| r.error.is_some()).unwrap();
+        assert_eq!(failed.http_status, Some(status));
+        assert!(failed.error.as_ref().unwrap().message.contains("injected failure"));
+    }
+    // A stream cut after 5 tokens.
+    let cfg = MockConfig {
+        cut_after: Some(5),
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        ..MockConfig::default()
+    };
+    let out = against_mock(cfg, poisson_plan(20.0, 0.5, 16), Backend::Completions).await;
+    assert_eq!(out.metrics.completed, 0);
+    assert_eq!(out.metrics.errors.get("stream_cut"), Some(&out.metrics.failed));
+    assert!(out.records.iter().all(|r| r.chunk_ms.len() == 5));
+    // A timeout: the client gives up after 100 ms, the mock's TTFT is 1 s.
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_secs(1),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut t = target(format!("http://{addr}"), Backend::Completions);
+    t.timeout = Duration::from_millis(100);
+    let out = run_plan(poisson_plan(20.0, 0.5, 4), t).await;
+    handle.shutdown().await;
+    assert!(out.metrics.failed > 0);
+    assert_eq!(out.metrics.errors.get("timeout"), Some(&out.metrics.failed));
+    // Connection refused: a port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = run_plan(
+        poisson_plan(20.0, 0.5, 4),
+        target(format!("http://127.0.0.1:{port}"), Backend::Completions),
+    )
+    .await;
+    assert!(out.metrics.failed > 0);
+    assert_eq!(out.metrics.errors.get("connect"), Some(&out.metrics.failed));
+    assert_eq!(out.summary.errors.get("connect"), Some(&out.metrics.failed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_keeps_concurrency_and_caps_queue() {
+    let _guard = serial();
+    let cfg = MockConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(2),
+        ..MockConfig::default()
+    };
+    let mut plan = poisson_plan(1.0, 10.0, 10);
+    plan.requests.truncate(4);
+    plan.mode = LoadMode::Closed { concurrency: 3 };
+    plan.duration_s = Some(1.0);
+    for r in &mut plan.requests {
+        r.at_s = None;
+    }
+    let out = against_mock(cfg.clone(), plan, Backend::Completions).await;
+    // ~38 ms per request, 3 workers, 1 s: about 78 requests.
+    let n = out.metrics.completed;
+    assert!((50..=90).contains(&n), "closed loop completed {n}");
+    assert_eq!(out.metrics.failed, 0);
+
+    // Open loop with --max-concurrency 1: waits are recorded as queue time, not lag.
+    let mut plan = poisson_plan(40.0, 1.0, 16);
+    plan.max_concurrency = Some(1);
+    let out = against_mock(cfg, plan, Backend::Completions).await;
+    let m = &out.metrics;
+    assert!(m.queue_time.max > 100.0, "queue time {}", m.queue_time.max);
+    assert!(m.schedule_lag.p99 < 5.0, "lag {}", m.schedule_lag.p99);
+    assert!(m.ttft_from_scheduled.p99 > m.ttft.p99 + 100.0);
+}

@@ -1,0 +1,431 @@
+//! Metrics from request records, exactly as defined in ARCHITECTURE.md ("Metrics").
+//!
+//! Latencies are taken from successful requests of the measurement window only; failed
+//! requests are counted by [`ErrorKind`] and never enter a latency distribution.
+//! Percentiles come from HDR histograms (microseconds, 3 significant digits); mean, std,
+//! min and max are computed exactly from the raw values.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::records::{ErrorKind, Phase, RequestRecord};
+
+/// Lag p99 above this marks the run client-bound.
+pub const CLIENT_BOUND_LAG_P99_MS: f64 = 1.0;
+/// Achieved send rate off the offered rate by more than this fraction marks the run client-bound.
+pub const CLIENT_BOUND_RATE_TOLERANCE: f64 = 0.02;
+
+/// Summary statistics of one latency distribution, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct DistStats {
+    pub count: u64,
+    pub mean: f64,
+    pub std: f64,
+    pub min: f64,
+    pub max: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub p99_9: f64,
+}
+
+impl DistStats {
+    /// Statistics of `values_ms`; all zero when empty.
+    pub fn from_values(values_ms: &[f64]) -> DistStats {
+        if values_ms.is_empty() {
+            return DistStats::default();
+        }
+        let n = values_ms.len() as f64;
+        let mean = values_ms.iter().sum::<f64>() / n;
+        let var = values_ms.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+        let mut hist = new_histogram();
+        for &v in values_ms {
+            hist.saturating_record(to_micros(v));
+        }
+        let q = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+        DistStats {
+            count: values_ms.len() as u64,
+            mean,
+            std: var.sqrt(),
+            min: values_ms.iter().copied().fold(f64::INFINITY, f64::min),
+            max: values_ms.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            p50: q(0.50),
+            p90: q(0.90),
+            p95: q(0.95),
+            p99: q(0.99),
+            p99_9: q(0.999),
+        }
+    }
+}
+
+/// An HDR histogram over 1 µs … 1 hour with 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("static histogram bounds are valid")
+}
+
+/// Milliseconds → whole microseconds for the histogram (negative values clamp to 0).
+pub fn to_micros(ms: f64) -> u64 {
+    (ms * 1000.0).round().max(0.0) as u64
+}
+
+/// A latency metric an SLO can bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloMetric {
+    Ttft,
+    Tpot,
+    E2el,
+}
+
+/// One per-request service-level objective: `metric <= limit_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Slo {
+    pub metric: SloMetric,
+    pub limit_ms: f64,
+}
+
+/// Parses `ttft:500ms,tpot:50ms,e2el:2s` (units ms or s; a bare number is ms).
+pub fn parse_slos(text: &str) -> Result<Vec<Slo>> {
+    let mut slos = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, value) = part
+            .split_once(':')
+            .with_context(|| format!("SLO `{part}`: expected metric:limit, e.g. ttft:500ms"))?;
+        let metric = match name.trim() {
+            "ttft" => SloMetric::Ttft,
+            "tpot" => SloMetric::Tpot,
+            "e2el" | "e2e" => SloMetric::E2el,
+            other => bail!("SLO `{part}`: unknown metric `{other}` (ttft, tpot, e2el)"),
+        };
+        let value = value.trim();
+        let (number, scale) = if let Some(v) = value.strip_suffix("ms") {
+            (v, 1.0)
+        } else if let Some(v) = value.strip_suffix('s') {
+            (v, 1000.0)
+        } else {
+            (value, 1.0)
+        };
+        let limit: f64 = number
+            .trim()
+            .parse()
+            .with_context(|| format!("SLO `{part}`: bad limit `{value}`"))?;
+        slos.push(Slo {
+            metric,
+            limit_ms: limit * scale,
+        });
+    }
+    Ok(slos)
+}
+
+/// Options for [`compute`].
+#[derive(Debug, Clone, Default)]
+pub struct MetricsOptions {
+    pub slos: Vec<Slo>,
+    /// Open-loop run: compare the achieved send rate with the scheduled one.
+    pub open_loop: bool,
+}
+
+/// Per-request latencies of a successful request (ms).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestLatency {
+    pub ttft: f64,
+    pub e2el: f64,
+    /// `None` for a single-token output.
+    pub tpot: Option<f64>,
+}
+
+/// TTFT, E2E and TPOT of one successful request, measured from the actual send.
+pub fn request_latency(r: &RequestRecord) -> Option<RequestLatency> {
+    if !r.is_success() {
+        return None;
+    }
+    let first = r.first_token_ms?;
+    let last = r.chunk_ms.last().copied().unwrap_or(first);
+    let tpot = (r.output_tokens > 1).then(|| (last - first) / (r.output_tokens - 1) as f64);
+    Some(RequestLatency {
+        ttft: first - r.sent_ms,
+        e2el: last - r.sent_ms,
+        tpot,
+    })
+}
+
+/// Whether a successful request met every SLO.
+pub fn meets_slos(latency: &RequestLatency, slos: &[Slo]) -> bool {
+    slos.iter().all(|slo| {
+        let value = match slo.metric {
+            SloMetric::Ttft => Some(latency.ttft),
+            SloMetric::Tpot => latency.tpot,
+            SloMetric::E2el => Some(latency.e2el),
+        };
+        value.is_none_or(|v| v <= slo.limit_ms)
+    })
+}
+
+/// Everything derived from one run's records.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Successful requests in the measurement window.
+    pub completed: u64,
+    /// Failed requests in the measurement window.
+    pub failed: u64,
+    /// Failed requests by error kind (measurement window).
+    pub errors: BTreeMap<String, u64>,
+    /// Records outside the measurement window (warm-up + cool-down), all outcomes.
+    pub excluded_outside_window: u64,
+    /// First measured send to last measured completion, seconds.
+    pub duration_s: f64,
+    pub total_input_tokens: u64,
+    pub total_output_tokens: u64,
+    pub request_throughput: f64,
+    pub input_throughput: f64,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    /// Requests/s meeting every SLO; `None` when no SLO was given.
+    pub request_goodput: Option<f64>,
+    /// Successful requests that returned fewer tokens than requested.
+    pub short_outputs: u64,
+    /// Successes whose output count was counted by the client (no `usage`).
+    pub counted_output_tokens: u64,
+    /// Time to first token, from the actual send.
+    pub ttft: DistStats,
+    /// Time per output token after the first.
+    pub tpot: DistStats,
+    /// Token-true inter-token latency (a k-token chunk after gap g gives k gaps of g/k).
+    pub token_itl: DistStats,
+    /// Raw gaps between content chunks (vLLM's `itl`).
+    pub chunk_itl: DistStats,
+    /// End-to-end latency, from the actual send.
+    pub e2el: DistStats,
+    /// TTFT measured from the scheduled send (includes lag and queueing).
+    pub ttft_from_scheduled: DistStats,
+    /// E2E measured from the scheduled send.
+    pub e2el_from_scheduled: DistStats,
+    /// Actual send − scheduled send (all measured requests, failed ones included).
+    pub schedule_lag: DistStats,
+    /// Wait for a `--max-concurrency` slot (all measured requests).
+    pub queue_time: DistStats,
+    /// Requests/s of the schedule over the measured sends (open loop).
+    pub offered_rate: Option<f64>,
+    /// Requests/s actually sent over the same span.
+    pub achieved_rate: Option<f64>,
+    /// The client, not the server, may have limited the numbers.
+    pub client_bound: bool,
+    pub client_bound_reasons: Vec<String>,
+}
+
+/// Computes all metrics from `records`.
+pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
+    let measured: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured)
+        .collect();
+    let mut m = Metrics {
+        excluded_outside_window: (records.len() - measured.len()) as u64,
+        ..Metrics::default()
+    };
+
+    let mut ttft = Vec::new();
+    let mut tpot = Vec::new();
+    let mut e2el = Vec::new();
+    let mut token_itl = Vec::new();
+    let mut chunk_itl = Vec::new();
+    let mut ttft_sched = Vec::new();
+    let mut e2el_sched = Vec::new();
+    let mut lag = Vec::new();
+    let mut queue = Vec::new();
+    let mut good = 0u64;
+
+    for r in &measured {
+        lag.push(r.schedule_lag_ms());
+        queue.push(r.queue_ms);
+        let Some(latency) = request_latency(r) else {
+            m.failed += 1;
+            let kind = r.error.as_ref().map_or(ErrorKind::Protocol, |e| e.kind);
+            *m.errors.entry(kind.as_str().to_string()).or_default() += 1;
+            continue;
+        };
+        m.completed += 1;
+        m.total_input_tokens += r.prompt_tokens;
+        m.total_output_tokens += r.output_tokens;
+        m.short_outputs += u64::from(r.short_output);
+        m.counted_output_tokens +=
+            u64::from(r.output_tokens_source == crate::records::CountSource::Counted);
+        ttft.push(latency.ttft);
+        e2el.push(latency.e2el);
+        tpot.extend(latency.tpot);
+        let wait = r.sent_ms - r.scheduled_ms;
+        ttft_sched.push(latency.ttft + wait);
+        e2el_sched.push(latency.e2el + wait);
+        for i in 1..r.chunk_ms.len() {
+            let gap = r.chunk_ms[i] - r.chunk_ms[i - 1];
+            chunk_itl.push(gap);
+            let k = r.chunk_tokens.get(i).copied().unwrap_or(1).max(1);
+            token_itl.extend(std::iter::repeat_n(gap / f64::from(k), k as usize));
+        }
+        if meets_slos(&latency, &opts.slos) {
+            good += 1;
+        }
+    }
+
+    let first_send = measured
+        .iter()
+        .map(|r| r.sent_ms)
+        .fold(f64::INFINITY, f64::min);
+    let last_end = measured
+        .iter()
+        .map(|r| r.end_ms)
+        .fold(f64::NEG_INFINITY, f64::max);
+    if !measured.is_empty() && last_end > first_send {
+        m.duration_s = (last_end - first_send) / 1000.0;
+        let d = m.duration_s;
+        m.request_throughput = m.completed as f64 / d;
+        m.input_throughput = m.total_input_tokens as f64 / d;
+        m.output_throughput = m.total_output_tokens as f64 / d;
+        m.total_token_throughput = (m.total_input_tokens + m.total_output_tokens) as f64 / d;
+        if !opts.slos.is_empty() {
+            m.request_goodput = Some(good as f64 / d);
+        }
+    }
+
+    m.ttft = DistStats::from_values(&ttft);
+    m.tpot = DistStats::from_values(&tpot);
+    m.e2el = DistStats::from_values(&e2el);
+    m.token_itl = DistStats::from_values(&token_itl);
+    m.chunk_itl = DistStats::from_values(&chunk_itl);
+    m.ttft_from_scheduled = DistStats::from_values(&ttft_sched);
+    m.e2el_from_scheduled = DistStats::from_values(&e2el_sched);
+    m.schedule_lag = DistStats::from_values(&lag);
+    m.queue_time = DistStats::from_values(&queue);
+
+    if m.schedule_lag.count > 0 && m.schedule_lag.p99 > CLIENT_BOUND_LAG_P99_MS {
+        m.client_bound_reasons.push(format!(
+            "schedule lag p99 {:.3} ms > {CLIENT_BOUND_LAG_P99_MS} ms",
+            m.schedule_lag.p99
+        ));
+    }
+    if opts.open_loop {
+        let (offered, achieved) = send_rates(&measured);
+        m.offered_rate = offered;
+        m.achieved_rate = achieved;
+        if let (Some(o), Some(a)) = (offered, achieved) {
+            if (a / o - 1.0).abs() > CLIENT_BOUND_RATE_TOLERANCE {
+                m.client_bound_reasons.push(format!(
+                    "achieved send rate {a:.3}/s differs from offered {o:.3}/s by more than {}%",
+                    CLIENT_BOUND_RATE_TOLERANCE * 100.0
+                ));
+            }
+        }
+    }
+    m.client_bound = !m.client_bound_reasons.is_empty();
+    m
+}
+
+/// (scheduled, achieved) send rates over the measured requests: (n − 1) / span.
+/// The achieved send instant excludes queueing for a concurrency slot, which is the
+/// server's doing, not the client's.
+fn send_rates(measured: &[&RequestRecord]) -> (Option<f64>, Option<f64>) {
+    if measured.len() < 2 {
+        return (None, None);
+    }
+    let rate = |times: Vec<f64>| {
+        let lo = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (hi > lo).then(|| (times.len() - 1) as f64 / ((hi - lo) / 1000.0))
+    };
+    let offered = rate(measured.iter().map(|r| r.scheduled_ms).collect());
+    let achieved = rate(measured.iter().map(|r| r.sent_ms - r.queue_ms).collect());
+    (offered, achieved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{ChunkTokensSource, CountSource, RequestError};
+
+    fn record(id: u64, sent: f64, chunks: &[f64], tokens: &[u32]) -> RequestRecord {
+        RequestRecord {
+            id,
+            phase: Phase::Measured,
+            scheduled_ms: sent,
+            queue_ms: 0.0,
+            sent_ms: sent,
+            first_token_ms: chunks.first().copied(),
+            end_ms: chunks.last().copied().unwrap_or(sent),
+            chunk_ms: chunks.to_vec(),
+            chunk_tokens: tokens.to_vec(),
+            chunk_tokens_source: ChunkTokensSource::ContinuousUsage,
+            prompt_tokens: 10,
+            prompt_tokens_source: CountSource::Usage,
+            output_tokens: tokens.iter().map(|&k| u64::from(k)).sum(),
+            output_tokens_source: CountSource::Usage,
+            requested_output_tokens: 9,
+            short_output: false,
+            prefix_group: None,
+            http_status: Some(200),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn formulas_match_the_architecture() {
+        // First chunk 1 token at 50 ms, then two 4-token chunks 10 ms apart: n = 9.
+        let ok = record(0, 0.0, &[50.0, 60.0, 70.0], &[1, 4, 4]);
+        let mut failed = record(1, 5.0, &[], &[]);
+        failed.error = Some(RequestError {
+            kind: ErrorKind::Http429,
+            message: "429".into(),
+        });
+        failed.end_ms = 6.0;
+        let mut warm = record(2, 0.0, &[1.0, 2.0], &[1, 1]);
+        warm.phase = Phase::Warmup;
+        let slos = parse_slos("ttft:60ms,tpot:1s").unwrap();
+        let m = compute(
+            &[ok, failed, warm],
+            &MetricsOptions {
+                slos,
+                open_loop: true,
+            },
+        );
+        assert_eq!(
+            (m.completed, m.failed, m.excluded_outside_window),
+            (1, 1, 1)
+        );
+        assert_eq!(m.errors.get("http_429"), Some(&1));
+        assert_eq!(m.ttft.count, 1);
+        assert!((m.ttft.mean - 50.0).abs() < 1e-9);
+        assert!((m.e2el.mean - 70.0).abs() < 1e-9);
+        assert!((m.tpot.mean - 20.0 / 8.0).abs() < 1e-9);
+        assert_eq!(m.chunk_itl.count, 2);
+        assert!((m.chunk_itl.mean - 10.0).abs() < 1e-9);
+        assert_eq!(m.token_itl.count, 8);
+        assert!((m.token_itl.p50 - 2.5).abs() < 0.01);
+        assert!((m.duration_s - 0.070).abs() < 1e-12);
+        assert_eq!(m.total_output_tokens, 9);
+        assert!((m.request_goodput.unwrap() - 1.0 / 0.070).abs() < 1e-9);
+    }
+
+    #[test]
+    fn percentiles_have_three_significant_digits() {
+        let values: Vec<f64> = (1..=1000).map(f64::from).collect();
+        let s = DistStats::from_values(&values);
+        assert!((s.p50 - 500.0).abs() <= 0.5, "{}", s.p50);
+        assert!((s.p99 - 990.0).abs() <= 1.0, "{}", s.p99);
+        assert!((s.p99_9 - 999.0).abs() <= 1.0, "{}", s.p99_9);
+        assert_eq!((s.min, s.max), (1.0, 1000.0));
+        assert!((s.mean - 500.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn client_bound_on_lag() {
+        let mut r = record(0, 0.0, &[50.0], &[1]);
+        r.sent_ms = 3.0;
+        let m = compute(&[r], &MetricsOptions::default());
+        assert!(m.client_bound);
+        assert!(parse_slos("ttft:5x").is_err());
+        assert!(parse_slos("foo:5ms").is_err());
+    }
+}

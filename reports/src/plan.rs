@@ -1,0 +1,371 @@
+//! Capacity plans from a sweep: the max sustainable QPS under an SLO, and the instances, GPUs
+//! and cost needed for a target load.
+//!
+//! Definitions (ARCHITECTURE.md, "Sweeps and capacity plans", made precise):
+//! - a level passes when every SLO target holds and it did not saturate;
+//! - max sustainable QPS = the offered rate of the highest passing level;
+//! - the interpolated crossing lies between that level (rate r1) and the next higher level
+//!   (r2; its achieved rate instead when it saturated): for each target that the higher level
+//!   breaks, the rate where the straight line through the two levels' percentile values meets
+//!   the limit, clamped to [r1, r2]; the crossing is the smallest over targets. Its CI comes from
+//!   resampling both boundary levels' requests (seeded percentile bootstrap);
+//! - instances = ⌈target QPS × headroom / max QPS⌉: the headroom inflates the load before
+//!   rounding, so every instance runs at most at max QPS / headroom (applying it to the
+//!   rounded GPU count instead could give fractional GPUs); GPUs = instances × GPUs per
+//!   instance. The measured level, not the interpolated crossing, sizes the fleet;
+//! - target QPS = the given QPS, or daily requests / 86 400 × peak factor.
+
+use anyhow::{bail, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::samples::LatencySamples;
+use crate::slo::{SloCheck, SloSpec};
+use crate::stats::{percentile_linear, Bootstrap, ConfidenceInterval, Statistic};
+
+/// Default headroom factor on the target load.
+pub const DEFAULT_HEADROOM: f64 = 1.2;
+
+/// One level of a sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepLevel {
+    /// Requests/s the schedule offered.
+    pub offered_rate: f64,
+    /// Requests/s completed over the measurement window.
+    pub achieved_rate: f64,
+    /// Output tokens/s over the measurement window.
+    pub output_tokens_per_s: f64,
+    /// Achieved < 95% of offered, or the waiting queue kept growing (decided by the sweep).
+    pub saturated: bool,
+    pub samples: LatencySamples,
+}
+
+/// The load to plan for.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetLoad {
+    Qps(f64),
+    Daily { requests: f64, peak_factor: f64 },
+}
+
+impl TargetLoad {
+    /// Peak requests/s to provision for.
+    pub fn peak_qps(&self) -> f64 {
+        match *self {
+            TargetLoad::Qps(qps) => qps,
+            TargetLoad::Daily {
+                requests,
+                peak_factor,
+            } => requests / 86_400.0 * peak_factor,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PlanOptions {
+    pub target: TargetLoad,
+    pub gpus_per_instance: u32,
+    pub headroom: f64,
+    pub gpu_hour_usd: Option<f64>,
+    pub bootstrap: Bootstrap,
+}
+
+/// SLO outcome of one level.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelVerdict {
+    pub offered_rate: f64,
+    pub achieved_rate: f64,
+    pub saturated: bool,
+    pub check: SloCheck,
+    pub passed: bool,
+}
+
+/// The highest passing level.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MaxSustainable {
+    pub level_index: usize,
+    pub offered_rate: f64,
+    pub achieved_rate: f64,
+    pub output_tokens_per_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    pub gpu_hour_usd: f64,
+    /// Cost of one instance running at the max sustainable level.
+    pub usd_per_million_output_tokens_at_capacity: f64,
+    pub fleet_usd_per_hour: f64,
+    /// Fleet cost over the output tokens produced at the target load.
+    pub usd_per_million_output_tokens_at_target: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sizing {
+    pub target_qps: f64,
+    pub headroom: f64,
+    pub instances: u64,
+    pub gpus_per_instance: u32,
+    pub gpus: u64,
+    pub cost: Option<Cost>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacityPlan {
+    pub slo: SloSpec,
+    pub levels: Vec<LevelVerdict>,
+    /// `None` when no level met the SLO: then there is no plan.
+    pub max_sustainable: Option<MaxSustainable>,
+    /// Interpolated max QPS with its bootstrap CI, when a failing level lies above the max.
+    pub crossing: Option<ConfidenceInterval>,
+    pub sizing: Option<Sizing>,
+    /// Plain-language caveats (never met, met everywhere, crossing set by saturation, …).
+    pub notes: Vec<String>,
+}
+
+/// Builds the plan. Levels may come in any order; they are sorted by offered rate.
+pub fn capacity_plan(
+    levels: &[SweepLevel],
+    slo: &SloSpec,
+    options: &PlanOptions,
+) -> Result<CapacityPlan> {
+    validate(levels, options)?;
+    let mut sorted: Vec<&SweepLevel> = levels.iter().collect();
+    sorted.sort_by(|a, b| a.offered_rate.total_cmp(&b.offered_rate));
+    let verdicts: Vec<LevelVerdict> = sorted
+        .iter()
+        .map(|level| {
+            let check = slo.check(&level.samples);
+            let passed = check.met && !level.saturated;
+            LevelVerdict {
+                offered_rate: level.offered_rate,
+                achieved_rate: level.achieved_rate,
+                saturated: level.saturated,
+                check,
+                passed,
+            }
+        })
+        .collect();
+    let mut plan = CapacityPlan {
+        slo: slo.clone(),
+        levels: verdicts,
+        max_sustainable: None,
+        crossing: None,
+        sizing: None,
+        notes: Vec::new(),
+    };
+    let Some(best) = plan.levels.iter().rposition(|v| v.passed) else {
+        plan.notes.push(format!(
+            "No level met the SLO ({slo}), not even the lowest rate tested ({:.3} req/s): \
+             there is no capacity plan. Sweep lower rates or relax the SLO.",
+            sorted[0].offered_rate
+        ));
+        return Ok(plan);
+    };
+    let level = sorted[best];
+    let max = MaxSustainable {
+        level_index: best,
+        offered_rate: level.offered_rate,
+        achieved_rate: level.achieved_rate,
+        output_tokens_per_s: level.output_tokens_per_s,
+    };
+    plan.max_sustainable = Some(max);
+    match sorted.get(best + 1) {
+        None => plan.notes.push(format!(
+            "Every level up to the highest tested ({:.3} req/s) met the SLO: the true limit \
+             is higher; sweep higher rates for a tighter plan.",
+            level.offered_rate
+        )),
+        Some(next) => {
+            plan.crossing = Some(crossing(level, next, slo, options.bootstrap));
+            if !plan.levels[best + 1].check.met {
+                plan.notes.push(format!(
+                    "The SLO breaks between {:.3} and {:.3} req/s.",
+                    level.offered_rate, next.offered_rate
+                ));
+            } else {
+                plan.notes.push(format!(
+                    "The level at {:.3} req/s met the latency targets but saturated (achieved \
+                     {:.3} req/s): the crossing is bounded by its achieved rate.",
+                    next.offered_rate, next.achieved_rate
+                ));
+            }
+        }
+    }
+    plan.sizing = Some(sizing(&max, options));
+    Ok(plan)
+}
+
+fn validate(levels: &[SweepLevel], options: &PlanOptions) -> Result<()> {
+    if levels.is_empty() {
+        bail!("capacity plan: the sweep has no levels");
+    }
+    if let Some(bad) = levels
+        .iter()
+        .find(|l| !(l.offered_rate.is_finite() && l.offered_rate > 0.0))
+    {
+        bail!(
+            "capacity plan: level offered rate {} is not a positive number",
+            bad.offered_rate
+        );
+    }
+    let target = options.target.peak_qps();
+    if !(target.is_finite() && target > 0.0) {
+        bail!("capacity plan: target load {target} req/s is not a positive number");
+    }
+    if !(options.headroom.is_finite() && options.headroom >= 1.0) {
+        bail!(
+            "capacity plan: headroom {} must be at least 1",
+            options.headroom
+        );
+    }
+    if options.gpus_per_instance == 0 {
+        bail!("capacity plan: GPUs per instance must be at least 1");
+    }
+    if let Some(price) = options.gpu_hour_usd {
+        if !(price.is_finite() && price >= 0.0) {
+            bail!("capacity plan: GPU-hour price {price} must be a non-negative number");
+        }
+    }
+    Ok(())
+}
+
+fn sizing(max: &MaxSustainable, options: &PlanOptions) -> Sizing {
+    let target_qps = options.target.peak_qps();
+    // The small epsilon keeps 6.000000001 (float noise) from becoming 7 instances.
+    let instances = ((target_qps * options.headroom / max.offered_rate) - 1e-9)
+        .ceil()
+        .max(1.0) as u64;
+    let gpus = instances * u64::from(options.gpus_per_instance);
+    let cost = options.gpu_hour_usd.map(|price| {
+        let per_instance_hour = price * f64::from(options.gpus_per_instance);
+        let fleet_usd_per_hour = price * gpus as f64;
+        let tokens_per_request = max.output_tokens_per_s / max.achieved_rate;
+        let target_tokens_per_s = target_qps * tokens_per_request;
+        Cost {
+            gpu_hour_usd: price,
+            usd_per_million_output_tokens_at_capacity: per_instance_hour
+                / (max.output_tokens_per_s * 3600.0)
+                * 1e6,
+            fleet_usd_per_hour,
+            usd_per_million_output_tokens_at_target: fleet_usd_per_hour
+                / (target_tokens_per_s * 3600.0)
+                * 1e6,
+        }
+    });
+    Sizing {
+        target_qps,
+        headroom: options.headroom,
+        instances,
+        gpus_per_instance: options.gpus_per_instance,
+        gpus,
+        cost,
+    }
+}
+
+/// Interpolated crossing between a passing level and the next (failing) one, with a CI from
+/// resampling both levels' requests.
+fn crossing(
+    low: &SweepLevel,
+    high: &SweepLevel,
+    slo: &SloSpec,
+    settings: Bootstrap,
+) -> ConfidenceInterval {
+    let r1 = low.offered_rate;
+    let r2 = if high.saturated {
+        high.achieved_rate.min(high.offered_rate).max(r1)
+    } else {
+        high.offered_rate
+    };
+    let values: Vec<(Vec<f64>, Vec<f64>)> = slo
+        .targets
+        .iter()
+        .map(|t| (low.samples.values(t.metric), high.samples.values(t.metric)))
+        .collect();
+    let estimate_at = |percentiles: &[(Option<f64>, Option<f64>)]| -> f64 {
+        slo.targets
+            .iter()
+            .zip(percentiles)
+            .map(|(target, &(v1, v2))| match (v1, v2) {
+                (Some(v1), Some(v2)) => interpolate(r1, v1, r2, v2, target.limit_ms),
+                // Without data on either side nothing can be interpolated: stay at the passing level.
+                _ => r1,
+            })
+            .fold(r2, f64::min)
+    };
+    let point: Vec<(Option<f64>, Option<f64>)> = slo
+        .targets
+        .iter()
+        .zip(&values)
+        .map(|(t, (a, b))| {
+            let p = Statistic::Percentile(t.percentile);
+            (p.compute(&mut a.clone()), p.compute(&mut b.clone()))
+        })
+        .collect();
+    let estimate = estimate_at(&point);
+    let mut rng = StdRng::seed_from_u64(settings.seed);
+    let mut replicates = Vec::with_capacity(settings.resamples);
+    for _ in 0..settings.resamples {
+        let resampled: Vec<(Option<f64>, Option<f64>)> = slo
+            .targets
+            .iter()
+            .zip(&values)
+            .map(|(t, (a, b))| {
+                let p = Statistic::Percentile(t.percentile);
+                (
+                    p.compute(&mut resample(a, &mut rng)),
+                    p.compute(&mut resample(b, &mut rng)),
+                )
+            })
+            .collect();
+        replicates.push(estimate_at(&resampled));
+    }
+    let tail = (1.0 - settings.confidence) / 2.0 * 100.0;
+    ConfidenceInterval {
+        estimate,
+        lower: percentile_linear(&replicates, tail).unwrap_or(estimate),
+        upper: percentile_linear(&replicates, 100.0 - tail).unwrap_or(estimate),
+        confidence: settings.confidence,
+    }
+}
+
+/// Rate where the line through (r1, v1) and (r2, v2) reaches `limit`, clamped to [r1, r2].
+fn interpolate(r1: f64, v1: f64, r2: f64, v2: f64, limit: f64) -> f64 {
+    if v2 <= limit {
+        r2
+    } else if v1 >= limit {
+        r1
+    } else {
+        r1 + (limit - v1) / (v2 - v1) * (r2 - r1)
+    }
+}
+
+fn resample(values: &[f64], rng: &mut StdRng) -> Vec<f64> {
+    if values.is_empty() {
+        return Vec::new();
+    }
+    (0..values.len())
+        .map(|_| values[rng.random_range(0..values.len())])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpolation_is_linear_and_clamped() {
+        assert_eq!(interpolate(2.0, 100.0, 4.0, 300.0, 200.0), 3.0);
+        assert_eq!(interpolate(2.0, 100.0, 4.0, 150.0, 200.0), 4.0);
+        assert_eq!(interpolate(2.0, 250.0, 4.0, 300.0, 200.0), 2.0);
+    }
+
+    #[test]
+    fn daily_target_uses_peak_factor() {
+        let target = TargetLoad::Daily {
+            requests: 8_640_000.0,
+            peak_factor: 2.0,
+        };
+        assert_eq!(target.peak_qps(), 200.0);
+    }
+}

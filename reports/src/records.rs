@@ -1,0 +1,263 @@
+//! The raw data of a run: one [`RequestRecord`] per request (a line of `records.jsonl`,
+//! appended as each request ends) and one [`RunMeta`] per run (`meta.json`, beside it).
+//!
+//! All times are milliseconds (f64, microsecond resolution) on the client's monotonic clock,
+//! measured from the run's origin instant; `RunMeta::start_time` gives that origin in wall-clock time.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Version of the records / meta / summary schemas; bumped on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Which part of the run a request belongs to, decided by its scheduled send time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Warmup,
+    Measured,
+    Cooldown,
+}
+
+/// Where a token count came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountSource {
+    /// The server's `usage` object.
+    Usage,
+    /// Counted by the client (content chunks / words); flagged because it may be wrong.
+    Counted,
+    /// Not observed: the value is the length the client asked for.
+    Requested,
+}
+
+/// How the number of tokens in each streamed chunk was determined (for token-true ITL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChunkTokensSource {
+    /// Usage on every chunk (vLLM `continuous_usage_stats`): exact per-chunk deltas.
+    ContinuousUsage,
+    /// The final `usage.completion_tokens` spread evenly over the chunks.
+    UsageSpread,
+    /// Neither was available: one token per chunk.
+    OnePerChunk,
+}
+
+/// Why a request failed. Failed requests are counted by kind and excluded from latencies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// TCP connect failed (refused, unreachable).
+    Connect,
+    /// HTTP 429 Too Many Requests.
+    Http429,
+    /// HTTP 5xx.
+    Http5xx,
+    /// Any other non-2xx status.
+    HttpOther,
+    /// The request exceeded the client timeout.
+    Timeout,
+    /// The stream ended (or broke) before `[DONE]` / a finish reason.
+    StreamCut,
+    /// The response could not be parsed, or carried no content at all.
+    Protocol,
+}
+
+impl ErrorKind {
+    /// The snake_case name used in JSON and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Connect => "connect",
+            ErrorKind::Http429 => "http_429",
+            ErrorKind::Http5xx => "http_5xx",
+            ErrorKind::HttpOther => "http_other",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::StreamCut => "stream_cut",
+            ErrorKind::Protocol => "protocol",
+        }
+    }
+}
+
+/// A failed request's reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+/// One request, as measured by the client. Derived metrics (TTFT, ITL, …) live in `metrics`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Index of the request in the pre-generated request list.
+    pub id: u64,
+    pub phase: Phase,
+    /// When the schedule said to send it.
+    pub scheduled_ms: f64,
+    /// Time spent waiting for a `--max-concurrency` slot (0 without a cap).
+    pub queue_ms: f64,
+    /// When the HTTP request actually started (after any queueing).
+    /// Schedule lag = `sent_ms - queue_ms - scheduled_ms`.
+    pub sent_ms: f64,
+    /// Arrival of the first chunk carrying content (text or tokens); `None` if none arrived.
+    pub first_token_ms: Option<f64>,
+    /// Arrival of the last content chunk for a success; time of the failure otherwise.
+    pub end_ms: f64,
+    /// Arrival time of every content chunk, in order.
+    pub chunk_ms: Vec<f64>,
+    /// Tokens carried by each content chunk (same length as `chunk_ms`).
+    pub chunk_tokens: Vec<u32>,
+    pub chunk_tokens_source: ChunkTokensSource,
+    pub prompt_tokens: u64,
+    pub prompt_tokens_source: CountSource,
+    pub output_tokens: u64,
+    pub output_tokens_source: CountSource,
+    /// `max_tokens` sent with the request.
+    pub requested_output_tokens: u64,
+    /// The server returned fewer tokens than requested (with `ignore_eos` set).
+    pub short_output: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_group: Option<u64>,
+    pub http_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RequestError>,
+}
+
+impl RequestRecord {
+    /// True when the request completed without error.
+    pub fn is_success(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// Actual send − scheduled send, excluding time queued for a concurrency slot.
+    pub fn schedule_lag_ms(&self) -> f64 {
+        self.sent_ms - self.queue_ms - self.scheduled_ms
+    }
+}
+
+/// Host the load generator ran on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub hostname: String,
+    pub cpu_model: String,
+    pub cores: usize,
+    pub os: String,
+}
+
+/// Client-added error measured against the built-in mock (`loadgen calibrate`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Offered rate (open loop) or `None` for closed loop.
+    pub rate: Option<f64>,
+    /// Closed-loop concurrency, if that mode was used.
+    pub concurrency: Option<usize>,
+    pub mock_ttft_ms: f64,
+    pub mock_itl_ms: f64,
+    pub requests: u64,
+    /// Measured TTFT p50 / p99 minus the mock's TTFT.
+    pub added_ttft_p50_ms: f64,
+    pub added_ttft_p99_ms: f64,
+    /// Measured chunk-ITL p50 / p99 minus the mock's ITL.
+    pub added_itl_p50_ms: f64,
+    pub added_itl_p99_ms: f64,
+    pub schedule_lag_p99_ms: f64,
+    /// Streamed output tokens per second sustained over the run.
+    pub output_tokens_per_s: f64,
+}
+
+/// `meta.json`: the conditions of a run. Every report carries them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunMeta {
+    pub schema_version: u32,
+    pub loadgen_version: String,
+    pub command_line: Vec<String>,
+    pub seed: u64,
+    /// Workload description (source, profile, length parameters), free-form JSON.
+    pub workload: serde_json::Value,
+    /// Schedule description (arrival process, rate, phases, concurrency), free-form JSON.
+    pub schedule: serde_json::Value,
+    pub url: String,
+    /// `completions` or `chat`.
+    pub backend: String,
+    pub model: String,
+    /// Server version, if the server reports one.
+    #[serde(default)]
+    pub server_version: Option<String>,
+    pub host: HostInfo,
+    /// RFC 3339 wall-clock time of the run origin (t = 0 ms in the records).
+    pub start_time: String,
+    /// Prompt lengths are approximate (no tokenizer given: ~1 token per word).
+    pub approximate_lengths: bool,
+    /// Requests in the pre-generated list.
+    pub planned_requests: u64,
+    #[serde(default)]
+    pub calibration: Option<Calibration>,
+    /// Free-form extra information (e.g. options specific to one source).
+    #[serde(default)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// Reads a `records.jsonl` file; an unparsable line is an error naming the file and line.
+pub fn read_records(path: &Path) -> Result<Vec<RequestRecord>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut records = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("{}:{}: read error", path.display(), i + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: invalid record", path.display(), i + 1))?;
+        records.push(record);
+    }
+    Ok(records)
+}
+
+/// Reads a `meta.json` file.
+pub fn read_meta(path: &Path) -> Result<RunMeta> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: invalid run metadata", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips_and_reader_names_bad_line() {
+        let record = RequestRecord {
+            id: 3,
+            phase: Phase::Measured,
+            scheduled_ms: 10.0,
+            queue_ms: 1.0,
+            sent_ms: 11.5,
+            first_token_ms: Some(61.5),
+            end_ms: 81.5,
+            chunk_ms: vec![61.5, 71.5, 81.5],
+            chunk_tokens: vec![1, 1, 1],
+            chunk_tokens_source: ChunkTokensSource::ContinuousUsage,
+            prompt_tokens: 12,
+            prompt_tokens_source: CountSource::Usage,
+            output_tokens: 3,
+            output_tokens_source: CountSource::Usage,
+            requested_output_tokens: 3,
+            short_output: false,
+            prefix_group: None,
+            http_status: Some(200),
+            error: None,
+        };
+        assert!((record.schedule_lag_ms() - 0.5).abs() < 1e-12);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.jsonl");
+        let line = serde_json::to_string(&record).unwrap();
+        std::fs::write(&path, format!("{line}\n{line}\n")).unwrap();
+        assert_eq!(read_records(&path).unwrap(), vec![record.clone(), record]);
+        std::fs::write(&path, format!("{line}\n{{\"id\": 1}}\n")).unwrap();
+        let err = format!("{:#}", read_records(&path).unwrap_err());
+        assert!(err.contains("records.jsonl:2"), "{err}");
+    }
+}

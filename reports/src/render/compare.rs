@@ -1,0 +1,110 @@
+//! Sections of an A/B comparison report: verdict table, CDFs and paired differences.
+
+use super::run::cdf_plot;
+use super::svg::{self, Marker};
+use super::{fmt_ms, fmt_p, CompareView, Plot, Section, Table};
+use crate::ab::{MetricVerdict, Pairing};
+use crate::samples::{metric_label, LATENCY_METRICS};
+use crate::stats::{ConfidenceInterval, PMethod};
+
+pub(super) fn sections(view: &CompareView) -> Vec<Section> {
+    let analysis = &view.analysis;
+    let paired = analysis.pairing == Pairing::Paired;
+    let mut paragraphs = vec![format!("A = {}; B = {}.", view.a_label, view.b_label)];
+    paragraphs.extend(analysis.notes.iter().cloned());
+    let header = [
+        "metric",
+        "n A / B",
+        "median A (ms)",
+        "median B (ms)",
+        "median B/A [95% CI]",
+        "p99 A (ms)",
+        "p99 B (ms)",
+        "p99 B/A [95% CI]",
+        if paired {
+            "Wilcoxon p"
+        } else {
+            "Mann–Whitney p"
+        },
+        "Holm p",
+        "Welch p (round p99s, Holm)",
+        "verdict",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows = analysis.metrics.iter().map(verdict_row).collect();
+    let mut plots: Vec<Plot> = Vec::new();
+    if paired {
+        plots.extend(analysis.metrics.iter().map(difference_histogram));
+    }
+    let sets = [("A".to_string(), &view.a), ("B".to_string(), &view.b)];
+    plots.extend(
+        LATENCY_METRICS
+            .iter()
+            .map(|&m| cdf_plot(m, &sets, "compare")),
+    );
+    vec![
+        Section {
+            heading: "A/B verdict".into(),
+            paragraphs,
+            tables: vec![Table { header, rows }],
+            ..Section::default()
+        },
+        Section {
+            heading: "Plots".into(),
+            plots,
+            ..Section::default()
+        },
+    ]
+}
+
+fn ci(value: Option<ConfidenceInterval>) -> String {
+    match value {
+        None => "–".into(),
+        Some(c) => format!("{:.3} [{:.3}, {:.3}]", c.estimate, c.lower, c.upper),
+    }
+}
+
+fn verdict_row(v: &MetricVerdict) -> Vec<String> {
+    let test_p = v.rank_test.map(|t| {
+        let method = match t.method {
+            PMethod::Exact => "exact",
+            PMethod::Normal => "normal approx.",
+        };
+        format!("{} ({method})", fmt_p(Some(t.p_value)))
+    });
+    vec![
+        metric_label(v.metric).into(),
+        format!("{} / {}", v.n_a, v.n_b),
+        fmt_ms(v.median_a),
+        fmt_ms(v.median_b),
+        ci(v.median_ratio),
+        fmt_ms(v.p99_a),
+        fmt_ms(v.p99_b),
+        ci(v.p99_ratio),
+        test_p.unwrap_or_else(|| "–".into()),
+        fmt_p(v.p_adjusted),
+        match v.welch {
+            Some(w) => format!("{} ({})", fmt_p(Some(w.p_value)), fmt_p(v.welch_p_adjusted)),
+            None => "– (needs ≥ 2 rounds per side)".into(),
+        },
+        v.verdict.to_string(),
+    ]
+}
+
+fn difference_histogram(v: &MetricVerdict) -> Plot {
+    let label = metric_label(v.metric);
+    Plot {
+        name: format!("compare-diff-{}", label.to_lowercase()),
+        svg: svg::histogram(
+            &format!("{label}: paired differences B − A ({})", v.verdict),
+            &format!("{label} B − A (ms)"),
+            &v.differences,
+            40,
+            Some(Marker {
+                value: 0.0,
+                label: "no difference".into(),
+            }),
+        ),
+    }
+}

@@ -1,0 +1,228 @@
+//! Reports people can read: `report.md` and a self-contained `report.html` (inline SVG plots,
+//! no scripts, no network) for a run, a sweep (with its capacity plan) or an A/B comparison.
+//! Every page states the conditions (workload, schedule, server, hardware) and the metric
+//! definitions used.
+//!
+//! The views are turned into [`Section`]s once; the Markdown and HTML writers only lay them out.
+
+mod compare;
+mod html;
+mod markdown;
+mod run;
+pub mod svg;
+mod sweep;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::ab::AbReport;
+use crate::metrics::Metrics;
+use crate::plan::{CapacityPlan, SweepLevel};
+use crate::records::RunMeta;
+use crate::samples::LatencySamples;
+use crate::slo::SloSpec;
+
+pub use html::render_html;
+pub use markdown::render_markdown;
+
+/// The conditions every number is reported under.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Conditions {
+    pub workload: String,
+    pub schedule: String,
+    pub server: String,
+    pub hardware: String,
+    /// Further key/value facts (seed, command line, loadgen version, …).
+    pub extra: Vec<(String, String)>,
+}
+
+impl Conditions {
+    /// Conditions from a run's `meta.json`. Server hardware is taken from
+    /// `extra.server_hardware` when the run recorded it.
+    pub fn from_meta(meta: &RunMeta) -> Conditions {
+        let server_hardware = meta
+            .extra
+            .get("server_hardware")
+            .map(json_text)
+            .unwrap_or_else(|| "not recorded".to_string());
+        Conditions {
+            workload: json_text(&meta.workload),
+            schedule: json_text(&meta.schedule),
+            server: format!(
+                "{} ({} API), model {}, version {}",
+                meta.url,
+                meta.backend,
+                meta.model,
+                meta.server_version.as_deref().unwrap_or("unknown")
+            ),
+            hardware: format!(
+                "server: {server_hardware}; client: {} ({} cores, {}) on {}",
+                meta.host.cpu_model, meta.host.cores, meta.host.os, meta.host.hostname
+            ),
+            extra: vec![
+                ("seed".into(), meta.seed.to_string()),
+                ("started".into(), meta.start_time.clone()),
+                ("loadgen".into(), meta.loadgen_version.clone()),
+                ("command".into(), meta.command_line.join(" ")),
+            ],
+        }
+    }
+}
+
+fn json_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// One run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunView {
+    pub metrics: Metrics,
+    pub samples: LatencySamples,
+}
+
+/// A sweep, with its SLO and capacity plan when given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepView {
+    pub levels: Vec<SweepLevel>,
+    pub slo: Option<SloSpec>,
+    pub plan: Option<CapacityPlan>,
+}
+
+/// An A/B comparison: the pooled samples of each side and the analysis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompareView {
+    pub a_label: String,
+    pub b_label: String,
+    pub a: LatencySamples,
+    pub b: LatencySamples,
+    pub analysis: AbReport,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportBody {
+    /// Boxed: the run metrics dwarf the other variants.
+    Run(Box<RunView>),
+    Sweep(SweepView),
+    Compare(CompareView),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub title: String,
+    pub conditions: Conditions,
+    pub body: ReportBody,
+}
+
+/// A titled block of paragraphs, tables and plots, shared by both writers.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Section {
+    pub heading: String,
+    pub paragraphs: Vec<String>,
+    pub tables: Vec<Table>,
+    pub plots: Vec<Plot>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Table {
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+/// An SVG plot; `name` is its file stem under `plots/`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Plot {
+    pub name: String,
+    pub svg: String,
+}
+
+/// How the metrics are defined (ARCHITECTURE.md, "Metrics").
+const METRIC_DEFINITIONS: [&str; 7] = [
+    "All times come from a monotonic clock on the client; latencies are measured from the actual send time s.",
+    "TTFT = f − s, where f is the first chunk carrying content (not a role-only prelude or empty chunk).",
+    "E2E = e − s, where e is the last content chunk (not the usage chunk or [DONE]).",
+    "TPOT = (e − f) / (n − 1) for n > 1 output tokens; n is the server's usage.completion_tokens when given, else counted (and flagged).",
+    "Schedule lag = actual send − scheduled send. Throughput is over the measurement window (sends after warm-up and before cool-down; from the first such send to the last such completion).",
+    "Percentiles are nearest-rank (as HDR histograms with 3 significant digits report them); failed requests are counted and excluded from latency percentiles.",
+    "A/B: ratios are B / A (above 1: B slower) with 95% percentile-bootstrap CIs from resampling requests; p-values are two-sided and Holm-corrected across the metrics tested.",
+];
+
+/// All sections of a report, in display order.
+pub(crate) fn sections(report: &Report) -> Vec<Section> {
+    let c = &report.conditions;
+    let mut conditions = Table {
+        header: vec!["condition".into(), "value".into()],
+        rows: vec![
+            vec!["workload".into(), c.workload.clone()],
+            vec!["schedule".into(), c.schedule.clone()],
+            vec!["server".into(), c.server.clone()],
+            vec!["hardware".into(), c.hardware.clone()],
+        ],
+    };
+    conditions
+        .rows
+        .extend(c.extra.iter().map(|(k, v)| vec![k.clone(), v.clone()]));
+    let mut all = vec![Section {
+        heading: "Conditions".into(),
+        tables: vec![conditions],
+        ..Section::default()
+    }];
+    all.extend(match &report.body {
+        ReportBody::Run(view) => run::sections(view),
+        ReportBody::Sweep(view) => sweep::sections(view),
+        ReportBody::Compare(view) => compare::sections(view),
+    });
+    all.push(Section {
+        heading: "Metric definitions".into(),
+        paragraphs: METRIC_DEFINITIONS.iter().map(|s| s.to_string()).collect(),
+        ..Section::default()
+    });
+    all
+}
+
+/// Writes `report.md`, `report.html` and the plots as `plots/*.svg` (linked from the Markdown)
+/// into `dir`, creating it. Returns the paths of the Markdown and HTML files.
+pub fn write_report(dir: &Path, report: &Report) -> Result<(PathBuf, PathBuf)> {
+    let plots_dir = dir.join("plots");
+    fs::create_dir_all(&plots_dir)
+        .with_context(|| format!("creating report folder {}", plots_dir.display()))?;
+    let all = sections(report);
+    for plot in all.iter().flat_map(|s| &s.plots) {
+        let path = plots_dir.join(format!("{}.svg", plot.name));
+        let standalone =
+            plot.svg
+                .replacen("<svg ", "<svg xmlns=\"http://www.w3.org/2000/svg\" ", 1);
+        fs::write(&path, standalone).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let md = dir.join("report.md");
+    fs::write(&md, markdown::markdown(&report.title, &all))
+        .with_context(|| format!("writing {}", md.display()))?;
+    let html = dir.join("report.html");
+    fs::write(&html, html::html(&report.title, &all))
+        .with_context(|| format!("writing {}", html.display()))?;
+    Ok((md, html))
+}
+
+/// Milliseconds with adaptive precision, or "–".
+pub(crate) fn fmt_ms(value: Option<f64>) -> String {
+    match value {
+        None => "–".into(),
+        Some(v) if v.abs() >= 100.0 => format!("{v:.1}"),
+        Some(v) if v.abs() >= 1.0 => format!("{v:.2}"),
+        Some(v) => format!("{v:.3}"),
+    }
+}
+
+/// A p-value: 4 decimals, or scientific below 1e-4.
+pub(crate) fn fmt_p(value: Option<f64>) -> String {
+    match value {
+        None => "–".into(),
+        Some(p) if p < 1e-4 => format!("{p:.1e}"),
+        Some(p) => format!("{p:.4}"),
+    }
+}

@@ -1,0 +1,131 @@
+//! Sections of a single-run report.
+
+use super::svg::{self, Chart, Series, Style};
+use super::{fmt_ms, Plot, RunView, Section, Table};
+use crate::metrics::{DistStats, SloMetric};
+use crate::samples::{metric_label, LatencySamples, LATENCY_METRICS};
+
+pub(super) fn sections(view: &RunView) -> Vec<Section> {
+    let m = &view.metrics;
+    let mut summary = Table {
+        header: vec!["quantity".into(), "value".into()],
+        rows: vec![
+            vec!["completed requests".into(), m.completed.to_string()],
+            vec!["failed requests".into(), m.failed.to_string()],
+            vec![
+                "measurement window (s)".into(),
+                format!("{:.2}", m.duration_s),
+            ],
+            vec![
+                "request throughput (req/s)".into(),
+                format!("{:.3}", m.request_throughput),
+            ],
+            vec![
+                "output throughput (tok/s)".into(),
+                format!("{:.1}", m.output_throughput),
+            ],
+            vec![
+                "total token throughput (tok/s)".into(),
+                format!("{:.1}", m.total_token_throughput),
+            ],
+        ],
+    };
+    if let Some(goodput) = m.request_goodput {
+        summary
+            .rows
+            .push(vec!["goodput (req/s)".into(), format!("{goodput:.3}")]);
+    }
+    if m.client_bound {
+        summary.rows.push(vec![
+            "client-bound".into(),
+            m.client_bound_reasons.join("; "),
+        ]);
+    }
+    let distributions = [
+        ("TTFT", &m.ttft),
+        ("TPOT", &m.tpot),
+        ("E2E", &m.e2el),
+        ("ITL (token-true)", &m.token_itl),
+        ("Chunk-ITL", &m.chunk_itl),
+        ("schedule lag", &m.schedule_lag),
+    ];
+    let latencies = Table {
+        header: [
+            "metric (ms)",
+            "n",
+            "mean",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: distributions
+            .iter()
+            .map(|(name, d)| dist_row(name, d))
+            .collect(),
+    };
+    let sets = [("run".to_string(), &view.samples)];
+    let mut plots: Vec<Plot> = LATENCY_METRICS
+        .iter()
+        .map(|&metric| cdf_plot(metric, &sets, "run"))
+        .collect();
+    plots.push(lag_histogram(
+        "run-schedule-lag",
+        &view.samples.schedule_lag_ms,
+    ));
+    vec![Section {
+        heading: "Run summary".into(),
+        tables: vec![summary, latencies],
+        plots,
+        ..Section::default()
+    }]
+}
+
+fn dist_row(name: &str, d: &DistStats) -> Vec<String> {
+    let mut row = vec![name.to_string(), d.count.to_string()];
+    row.extend([d.mean, d.p50, d.p90, d.p99, d.p99_9, d.max].map(|v| fmt_ms(Some(v))));
+    row
+}
+
+/// CDF of `metric` for each labelled sample set.
+pub(super) fn cdf_plot(
+    metric: SloMetric,
+    sets: &[(String, &LatencySamples)],
+    prefix: &str,
+) -> Plot {
+    let label = metric_label(metric);
+    let series = sets
+        .iter()
+        .map(|(name, samples)| Series {
+            name: name.clone(),
+            points: svg::cdf_points(&samples.values(metric), 400),
+            style: Style::Line,
+        })
+        .collect();
+    Plot {
+        name: format!("{prefix}-cdf-{}", label.to_lowercase()),
+        svg: svg::chart(&Chart {
+            title: format!("{label} CDF"),
+            x_label: format!("{label} (ms)"),
+            y_label: "fraction of requests ≤ x".into(),
+            series,
+            ..Chart::default()
+        }),
+    }
+}
+
+pub(super) fn lag_histogram(name: &str, lag_ms: &[f64]) -> Plot {
+    Plot {
+        name: name.into(),
+        svg: svg::histogram(
+            "Schedule lag (actual − scheduled send)",
+            "lag (ms)",
+            lag_ms,
+            40,
+            None,
+        ),
+    }
+}

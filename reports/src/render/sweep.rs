@@ -1,0 +1,290 @@
+//! Sections of a sweep report: levels, SLO, capacity plan and the rate plots.
+
+use super::run::{cdf_plot, lag_histogram};
+use super::svg::{self, Chart, Marker, Series, Style};
+use super::{fmt_ms, Plot, Section, SweepView, Table};
+use crate::metrics::SloMetric;
+use crate::plan::{CapacityPlan, SweepLevel};
+use crate::samples::{metric_label, LATENCY_METRICS};
+use crate::stats::percentile_nearest_rank;
+
+pub(super) fn sections(view: &SweepView) -> Vec<Section> {
+    let mut levels: Vec<&SweepLevel> = view.levels.iter().collect();
+    levels.sort_by(|a, b| a.offered_rate.total_cmp(&b.offered_rate));
+    let knee = view
+        .plan
+        .as_ref()
+        .and_then(|p| p.max_sustainable)
+        .map(|m| m.offered_rate);
+    let mut out = vec![levels_section(view, &levels)];
+    if let Some(plan) = &view.plan {
+        out.push(plan_section(plan));
+    }
+    let mut plots: Vec<Plot> = [SloMetric::Ttft, SloMetric::Tpot]
+        .iter()
+        .map(|&metric| percentile_vs_rate(view, &levels, metric, knee))
+        .collect();
+    plots.push(achieved_vs_offered(&levels, knee));
+    plots.push(throughput_vs_latency(&levels));
+    let sets: Vec<(String, &crate::samples::LatencySamples)> = levels
+        .iter()
+        .map(|l| (format!("{} req/s", rate(l.offered_rate)), &l.samples))
+        .collect();
+    plots.extend(LATENCY_METRICS.iter().map(|&m| cdf_plot(m, &sets, "sweep")));
+    let lag: Vec<f64> = levels
+        .iter()
+        .flat_map(|l| l.samples.schedule_lag_ms.iter().copied())
+        .collect();
+    plots.push(lag_histogram("sweep-schedule-lag", &lag));
+    out.push(Section {
+        heading: "Plots".into(),
+        paragraphs: vec![
+            "Dashed horizontal lines: SLO limits. Dotted vertical line: the knee (max sustainable QPS)."
+                .into(),
+        ],
+        plots,
+        ..Section::default()
+    });
+    out
+}
+
+fn rate(r: f64) -> String {
+    let s = format!("{r:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
+    let mut header: Vec<String> = ["offered (req/s)", "achieved (req/s)", "output (tok/s)", "n"]
+        .map(String::from)
+        .to_vec();
+    for metric in LATENCY_METRICS {
+        let label = metric_label(metric);
+        header.push(format!("{label} p50 (ms)"));
+        header.push(format!("{label} p99 (ms)"));
+    }
+    header.push("saturated".into());
+    if view.slo.is_some() {
+        header.push("meets SLO".into());
+    }
+    let rows = levels
+        .iter()
+        .map(|level| {
+            let mut row = vec![
+                rate(level.offered_rate),
+                format!("{:.3}", level.achieved_rate),
+                format!("{:.1}", level.output_tokens_per_s),
+                level.samples.requests.len().to_string(),
+            ];
+            for metric in LATENCY_METRICS {
+                let values = level.samples.values(metric);
+                row.push(fmt_ms(percentile_nearest_rank(&values, 50.0)));
+                row.push(fmt_ms(percentile_nearest_rank(&values, 99.0)));
+            }
+            row.push(if level.saturated { "yes" } else { "no" }.into());
+            if let Some(slo) = &view.slo {
+                let met = slo.check(&level.samples).met && !level.saturated;
+                row.push(if met { "yes" } else { "no" }.into());
+            }
+            row
+        })
+        .collect();
+    let mut paragraphs = vec![format!("{} levels, sorted by offered rate.", levels.len())];
+    if let Some(slo) = &view.slo {
+        paragraphs.push(format!(
+            "SLO: {slo}. A level meets it when every target holds and it did not saturate \
+             (achieved < 95% of offered, or a growing queue)."
+        ));
+    }
+    Section {
+        heading: "Sweep levels".into(),
+        paragraphs,
+        tables: vec![Table { header, rows }],
+        ..Section::default()
+    }
+}
+
+fn plan_section(plan: &CapacityPlan) -> Section {
+    let mut rows = Vec::new();
+    if let Some(max) = plan.max_sustainable {
+        rows.push(vec![
+            "max sustainable QPS (highest level meeting the SLO)".into(),
+            format!(
+                "{} req/s ({:.1} output tok/s)",
+                rate(max.offered_rate),
+                max.output_tokens_per_s
+            ),
+        ]);
+    }
+    if let Some(c) = plan.crossing {
+        rows.push(vec![
+            "interpolated crossing".into(),
+            format!(
+                "{:.3} req/s ({:.0}% CI {:.3}–{:.3}, bootstrap of the boundary levels)",
+                c.estimate,
+                c.confidence * 100.0,
+                c.lower,
+                c.upper
+            ),
+        ]);
+    }
+    if let Some(s) = plan.sizing {
+        rows.push(vec![
+            "target load".into(),
+            format!("{:.3} req/s", s.target_qps),
+        ]);
+        rows.push(vec![
+            "instances".into(),
+            format!(
+                "{} (= ⌈target × headroom {} / max QPS⌉)",
+                s.instances, s.headroom
+            ),
+        ]);
+        rows.push(vec![
+            "GPUs".into(),
+            format!("{} ({} per instance)", s.gpus, s.gpus_per_instance),
+        ]);
+        if let Some(cost) = s.cost {
+            rows.push(vec![
+                "cost per million output tokens at capacity".into(),
+                format!(
+                    "${:.4} (at ${}/GPU-hour)",
+                    cost.usd_per_million_output_tokens_at_capacity, cost.gpu_hour_usd
+                ),
+            ]);
+            rows.push(vec![
+                "fleet cost".into(),
+                format!(
+                    "${:.2}/hour; ${:.4} per million output tokens at the target load",
+                    cost.fleet_usd_per_hour, cost.usd_per_million_output_tokens_at_target
+                ),
+            ]);
+        }
+    }
+    Section {
+        heading: "Capacity plan".into(),
+        paragraphs: plan.notes.clone(),
+        tables: if rows.is_empty() {
+            Vec::new()
+        } else {
+            vec![Table {
+                header: vec!["quantity".into(), "value".into()],
+                rows,
+            }]
+        },
+        ..Section::default()
+    }
+}
+
+fn knee_marker(knee: Option<f64>) -> Vec<Marker> {
+    knee.map(|value| Marker {
+        value,
+        label: format!("knee {} req/s", rate(value)),
+    })
+    .into_iter()
+    .collect()
+}
+
+fn percentile_vs_rate(
+    view: &SweepView,
+    levels: &[&SweepLevel],
+    metric: SloMetric,
+    knee: Option<f64>,
+) -> Plot {
+    let label = metric_label(metric);
+    let series = [50.0, 99.0]
+        .iter()
+        .map(|&p| Series {
+            name: format!("{label} p{p}"),
+            points: levels
+                .iter()
+                .filter_map(|l| {
+                    Some((
+                        l.offered_rate,
+                        percentile_nearest_rank(&l.samples.values(metric), p)?,
+                    ))
+                })
+                .collect(),
+            style: Style::LinePoints,
+        })
+        .collect();
+    let h_markers = view
+        .slo
+        .iter()
+        .flat_map(|s| &s.targets)
+        .filter(|t| t.metric == metric)
+        .map(|t| Marker {
+            value: t.limit_ms,
+            label: format!("SLO p{} {} ms", t.percentile, t.limit_ms),
+        })
+        .collect();
+    Plot {
+        name: format!("sweep-{}-vs-rate", label.to_lowercase()),
+        svg: svg::chart(&Chart {
+            title: format!("{label} p50 and p99 vs offered rate"),
+            x_label: "offered rate (req/s)".into(),
+            y_label: format!("{label} (ms)"),
+            series,
+            h_markers,
+            v_markers: knee_marker(knee),
+        }),
+    }
+}
+
+fn achieved_vs_offered(levels: &[&SweepLevel], knee: Option<f64>) -> Plot {
+    let offered: Vec<(f64, f64)> = levels
+        .iter()
+        .map(|l| (l.offered_rate, l.offered_rate))
+        .collect();
+    Plot {
+        name: "sweep-achieved-vs-offered".into(),
+        svg: svg::chart(&Chart {
+            title: "Achieved vs offered rate".into(),
+            x_label: "offered rate (req/s)".into(),
+            y_label: "achieved rate (req/s)".into(),
+            series: vec![
+                Series {
+                    name: "achieved".into(),
+                    points: levels
+                        .iter()
+                        .map(|l| (l.offered_rate, l.achieved_rate))
+                        .collect(),
+                    style: Style::LinePoints,
+                },
+                Series {
+                    name: "achieved = offered".into(),
+                    points: offered,
+                    style: Style::DashedLine,
+                },
+            ],
+            v_markers: knee_marker(knee),
+            ..Chart::default()
+        }),
+    }
+}
+
+fn throughput_vs_latency(levels: &[&SweepLevel]) -> Plot {
+    let series = [50.0, 99.0]
+        .iter()
+        .map(|&p| Series {
+            name: format!("E2E p{p}"),
+            points: levels
+                .iter()
+                .filter_map(|l| {
+                    let v = percentile_nearest_rank(&l.samples.values(SloMetric::E2el), p)?;
+                    Some((l.output_tokens_per_s, v))
+                })
+                .collect(),
+            style: Style::LinePoints,
+        })
+        .collect();
+    Plot {
+        name: "sweep-throughput-vs-latency".into(),
+        svg: svg::chart(&Chart {
+            title: "Output throughput vs E2E latency".into(),
+            x_label: "output throughput (tok/s)".into(),
+            y_label: "E2E (ms)".into(),
+            series,
+            ..Chart::default()
+        }),
+    }
+}

@@ -1,0 +1,247 @@
+//! Percentile SLOs on a run or sweep level: `ttft:p99:500ms,tpot:p99:50ms`.
+//!
+//! Each target is `metric[:pNN]:limit`; without a percentile the target is on p99 (so
+//! `ttft:500ms` means `ttft:p99:500ms`). Metrics: `ttft`, `tpot`, `e2el` (alias `e2e`).
+//! Limits take `ms` or `s`; a bare number is milliseconds (as in `metrics::parse_slos`).
+//! Percentiles are nearest-rank, consistent with the HDR histograms of the summaries.
+
+use std::fmt;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{Slo, SloMetric};
+use crate::samples::{metric_label, LatencySamples};
+use crate::stats::percentile_nearest_rank;
+
+/// Percentile used when a target does not name one.
+pub const DEFAULT_PERCENTILE: f64 = 99.0;
+
+/// One bound: the `percentile` of `metric` must be ≤ `limit_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SloTarget {
+    pub metric: SloMetric,
+    pub percentile: f64,
+    pub limit_ms: f64,
+}
+
+/// A set of targets, all of which must hold.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SloSpec {
+    pub targets: Vec<SloTarget>,
+}
+
+/// The outcome of one target on one sample set.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TargetCheck {
+    pub target: SloTarget,
+    /// `None` when the samples hold no value of the metric (counts as not met).
+    pub observed_ms: Option<f64>,
+    pub met: bool,
+}
+
+impl TargetCheck {
+    /// observed / limit (how far over or under the limit), when observed.
+    pub fn ratio_to_limit(&self) -> Option<f64> {
+        self.observed_ms.map(|v| v / self.target.limit_ms)
+    }
+}
+
+/// The outcome of every target.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SloCheck {
+    pub targets: Vec<TargetCheck>,
+    pub met: bool,
+}
+
+impl SloCheck {
+    /// The largest observed/limit ratio over the targets (∞ when a metric had no data).
+    pub fn worst_ratio(&self) -> f64 {
+        self.targets
+            .iter()
+            .map(|t| t.ratio_to_limit().unwrap_or(f64::INFINITY))
+            .fold(0.0, f64::max)
+    }
+}
+
+impl SloSpec {
+    /// Parses `metric[:pNN]:limit[,…]`, e.g. `ttft:p99:500ms,tpot:50ms`.
+    pub fn parse(text: &str) -> Result<SloSpec> {
+        let mut targets = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            targets.push(parse_target(part).with_context(|| format!("SLO target `{part}`"))?);
+        }
+        if targets.is_empty() {
+            bail!("SLO `{text}`: no targets (expected e.g. ttft:p99:500ms,tpot:p99:50ms)");
+        }
+        Ok(SloSpec { targets })
+    }
+
+    /// The same limits as per-request bounds, for goodput (`metrics::MetricsOptions::slos`).
+    pub fn per_request(&self) -> Vec<Slo> {
+        self.targets
+            .iter()
+            .map(|t| Slo {
+                metric: t.metric,
+                limit_ms: t.limit_ms,
+            })
+            .collect()
+    }
+
+    /// Checks every target against `samples`.
+    pub fn check(&self, samples: &LatencySamples) -> SloCheck {
+        let targets: Vec<TargetCheck> = self
+            .targets
+            .iter()
+            .map(|&target| {
+                let observed_ms =
+                    percentile_nearest_rank(&samples.values(target.metric), target.percentile);
+                TargetCheck {
+                    target,
+                    observed_ms,
+                    met: observed_ms.is_some_and(|v| v <= target.limit_ms),
+                }
+            })
+            .collect();
+        let met = targets.iter().all(|t| t.met);
+        SloCheck { targets, met }
+    }
+}
+
+fn parse_target(part: &str) -> Result<SloTarget> {
+    let fields: Vec<&str> = part.split(':').map(str::trim).collect();
+    let (name, percentile, limit) = match fields.as_slice() {
+        [name, limit] => (*name, DEFAULT_PERCENTILE, *limit),
+        [name, percentile, limit] => (*name, parse_percentile(percentile)?, *limit),
+        _ => bail!("expected metric:limit or metric:pNN:limit, e.g. ttft:p99:500ms"),
+    };
+    let metric = match name {
+        "ttft" => SloMetric::Ttft,
+        "tpot" => SloMetric::Tpot,
+        "e2el" | "e2e" => SloMetric::E2el,
+        other => bail!("unknown metric `{other}` (ttft, tpot, e2el)"),
+    };
+    Ok(SloTarget {
+        metric,
+        percentile,
+        limit_ms: parse_limit_ms(limit)?,
+    })
+}
+
+fn parse_percentile(text: &str) -> Result<f64> {
+    let number = text
+        .strip_prefix('p')
+        .with_context(|| format!("percentile `{text}` must look like p99 or p99.9"))?;
+    let value: f64 = number
+        .parse()
+        .with_context(|| format!("percentile `{text}` is not a number"))?;
+    if !(0.0..=100.0).contains(&value) {
+        bail!("percentile `{text}` is outside 0–100");
+    }
+    Ok(value)
+}
+
+fn parse_limit_ms(text: &str) -> Result<f64> {
+    let (number, scale) = if let Some(v) = text.strip_suffix("ms") {
+        (v, 1.0)
+    } else if let Some(v) = text.strip_suffix('s') {
+        (v, 1000.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .with_context(|| format!("limit `{text}` is not a number with ms or s"))?;
+    if !(value.is_finite() && value > 0.0) {
+        bail!("limit `{text}` must be positive");
+    }
+    Ok(value * scale)
+}
+
+impl fmt::Display for SloTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} p{} ≤ {} ms",
+            metric_label(self.metric),
+            self.percentile,
+            self.limit_ms
+        )
+    }
+}
+
+impl fmt::Display for SloSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.targets.iter().map(ToString::to_string).collect();
+        write!(f, "{}", parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::samples::RequestSample;
+
+    #[test]
+    fn parses_full_and_short_forms() {
+        let spec = SloSpec::parse("ttft:p99:500ms, tpot:50ms,e2e:p90:2s").unwrap();
+        assert_eq!(
+            spec.targets,
+            vec![
+                SloTarget {
+                    metric: SloMetric::Ttft,
+                    percentile: 99.0,
+                    limit_ms: 500.0
+                },
+                SloTarget {
+                    metric: SloMetric::Tpot,
+                    percentile: 99.0,
+                    limit_ms: 50.0
+                },
+                SloTarget {
+                    metric: SloMetric::E2el,
+                    percentile: 90.0,
+                    limit_ms: 2000.0
+                },
+            ]
+        );
+        for bad in [
+            "",
+            "ttft",
+            "foo:1ms",
+            "ttft:q99:1ms",
+            "ttft:p101:1ms",
+            "ttft:-3ms",
+            "ttft:abc",
+        ] {
+            assert!(SloSpec::parse(bad).is_err(), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn check_uses_nearest_rank_percentile() {
+        let requests = (1..=100)
+            .map(|i| RequestSample {
+                id: i,
+                ttft_ms: i as f64,
+                tpot_ms: None,
+                e2el_ms: 10.0 * i as f64,
+            })
+            .collect();
+        let samples = LatencySamples {
+            requests,
+            schedule_lag_ms: vec![],
+        };
+        let spec = SloSpec::parse("ttft:p99:99ms,e2el:p50:500ms").unwrap();
+        let check = spec.check(&samples);
+        assert!(check.met);
+        assert_eq!(check.targets[0].observed_ms, Some(99.0));
+        assert_eq!(check.targets[1].observed_ms, Some(500.0));
+        let strict = SloSpec::parse("ttft:p99:98.5ms").unwrap().check(&samples);
+        assert!(!strict.met);
+        // No TPOT values at all: not met, and the worst ratio says so.
+        let tpot = SloSpec::parse("tpot:50ms").unwrap().check(&samples);
+        assert!(!tpot.met && tpot.worst_ratio().is_infinite());
+    }
+}

@@ -1,0 +1,167 @@
+//! The terminal result table, in the layout of `vllm bench serve` (50 columns, label padded
+//! to 40), extended with p90 / p95 / p99.9, token-true ITL, schedule lag and errors.
+
+use std::fmt::Write;
+
+use crate::metrics::DistStats;
+use crate::summary::Summary;
+
+const WIDTH: usize = 50;
+
+fn title(out: &mut String, text: &str, fill: char) {
+    let text = format!(" {text} ");
+    let pad = WIDTH.saturating_sub(text.chars().count());
+    let left = pad / 2;
+    let fill_str = |n| std::iter::repeat_n(fill, n).collect::<String>();
+    let _ = writeln!(out, "{}{text}{}", fill_str(left), fill_str(pad - left));
+}
+
+fn row(out: &mut String, label: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "{label:<40} {value:<10}");
+}
+
+fn dist(out: &mut String, heading: &str, short: &str, d: &DistStats) {
+    title(out, heading, '-');
+    for (name, v) in [
+        ("Mean", d.mean),
+        ("Median", d.p50),
+        ("P90", d.p90),
+        ("P95", d.p95),
+        ("P99", d.p99),
+        ("P99.9", d.p99_9),
+    ] {
+        row(out, &format!("{name} {short} (ms):"), format!("{v:.2}"));
+    }
+}
+
+/// Renders the table for `summary`.
+pub fn render(summary: &Summary) -> String {
+    let mut out = String::new();
+    let result_title = if summary.incomplete {
+        "Serving Benchmark Result (INCOMPLETE)"
+    } else {
+        "Serving Benchmark Result"
+    };
+    title(&mut out, result_title, '=');
+    row(&mut out, "Successful requests:", summary.completed);
+    row(&mut out, "Failed requests:", summary.failed);
+    for (kind, n) in &summary.errors {
+        row(&mut out, &format!("  failed ({kind}):"), n);
+    }
+    if summary.unfinished > 0 {
+        row(&mut out, "Unfinished (stopped early):", summary.unfinished);
+    }
+    row(
+        &mut out,
+        "Benchmark duration (s):",
+        format!("{:.2}", summary.duration),
+    );
+    row(&mut out, "Total input tokens:", summary.total_input_tokens);
+    row(
+        &mut out,
+        "Total generated tokens:",
+        summary.total_output_tokens,
+    );
+    row(
+        &mut out,
+        "Request throughput (req/s):",
+        format!("{:.2}", summary.request_throughput),
+    );
+    if let Some(goodput) = summary.request_goodput {
+        row(
+            &mut out,
+            "Request goodput (req/s):",
+            format!("{goodput:.2}"),
+        );
+    }
+    row(
+        &mut out,
+        "Output token throughput (tok/s):",
+        format!("{:.2}", summary.output_throughput),
+    );
+    row(
+        &mut out,
+        "Total Token throughput (tok/s):",
+        format!("{:.2}", summary.total_token_throughput),
+    );
+    let get = |key: &str| summary.metrics.get(key).copied().unwrap_or_default();
+    dist(&mut out, "Time to First Token", "TTFT", &get("ttft"));
+    dist(
+        &mut out,
+        "Time per Output Token (excl. 1st token)",
+        "TPOT",
+        &get("tpot"),
+    );
+    dist(
+        &mut out,
+        "Inter-token Latency (per chunk)",
+        "ITL",
+        &get("itl"),
+    );
+    dist(
+        &mut out,
+        "Inter-token Latency (token-true)",
+        "token ITL",
+        &get("token_itl"),
+    );
+    dist(&mut out, "End-to-end Latency", "E2EL", &get("e2el"));
+    title(&mut out, "Schedule Lag", '-');
+    let lag = get("schedule_lag");
+    row(&mut out, "Median lag (ms):", format!("{:.3}", lag.p50));
+    row(&mut out, "P99 lag (ms):", format!("{:.3}", lag.p99));
+    row(&mut out, "Max lag (ms):", format!("{:.3}", lag.max));
+    let queue = get("queue_time");
+    if queue.max > 0.0 {
+        row(
+            &mut out,
+            "P99 queue time (ms):",
+            format!("{:.3}", queue.p99),
+        );
+        row(
+            &mut out,
+            "P99 TTFT from scheduled (ms):",
+            format!("{:.2}", get("ttft_from_scheduled").p99),
+        );
+    }
+    if let (Some(o), Some(a)) = (summary.offered_rate, summary.achieved_rate) {
+        row(
+            &mut out,
+            "Offered / achieved rate (req/s):",
+            format!("{o:.2} / {a:.2}"),
+        );
+    }
+    if summary.client_bound {
+        row(
+            &mut out,
+            "CLIENT-BOUND:",
+            summary.client_bound_reasons.join("; "),
+        );
+    }
+    let _ = writeln!(out, "{}", "=".repeat(WIDTH));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    #[test]
+    fn layout_matches_vllm() {
+        let mut m = Metrics::default();
+        m.completed = 7;
+        m.ttft.p50 = 50.25;
+        let text = render(&Summary::new(&m, &[], false, 0));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "============ Serving Benchmark Result ============"
+        );
+        assert_eq!(
+            lines[1],
+            format!("{:<40} {:<10}", "Successful requests:", 7)
+        );
+        assert!(text.contains("Median TTFT (ms):                        50.25"));
+        assert_eq!(lines.last().unwrap().len(), WIDTH);
+    }
+}

@@ -1,0 +1,129 @@
+//! Capacity plans on synthetic sweeps with known percentiles.
+
+use reports::plan::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
+use reports::samples::{LatencySamples, RequestSample};
+use reports::slo::SloSpec;
+use reports::stats::Bootstrap;
+
+/// A level whose TTFTs are scale·i/100 for i = 1..=100, so its nearest-rank p99 is 0.99·scale.
+fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
+    let requests = (1..=100)
+        .map(|i| RequestSample {
+            id: i,
+            ttft_ms: ttft_scale * i as f64 / 100.0,
+            tpot_ms: Some(10.0),
+            e2el_ms: 1000.0,
+        })
+        .collect();
+    SweepLevel {
+        offered_rate: rate,
+        achieved_rate: if saturated { rate * 0.8 } else { rate },
+        output_tokens_per_s: rate * 100.0,
+        saturated,
+        samples: LatencySamples {
+            requests,
+            schedule_lag_ms: vec![],
+        },
+    }
+}
+
+fn options(target: TargetLoad) -> PlanOptions {
+    PlanOptions {
+        target,
+        gpus_per_instance: 2,
+        headroom: 1.2,
+        gpu_hour_usd: Some(2.5),
+        bootstrap: Bootstrap::default(),
+    }
+}
+
+fn sweep() -> Vec<SweepLevel> {
+    // p99 TTFT: 198, 297, 445.5, 693 ms; given out of order on purpose.
+    vec![
+        level(8.0, 700.0, false),
+        level(1.0, 200.0, false),
+        level(4.0, 450.0, false),
+        level(2.0, 300.0, false),
+    ]
+}
+
+#[test]
+fn plan_from_a_sweep_that_crosses_the_slo() {
+    let slo = SloSpec::parse("ttft:p99:500ms,tpot:p99:50ms").unwrap();
+    let plan = capacity_plan(&sweep(), &slo, &options(TargetLoad::Qps(50.0))).unwrap();
+    let passed: Vec<bool> = plan.levels.iter().map(|l| l.passed).collect();
+    assert_eq!(passed, vec![true, true, true, false]);
+    let max = plan.max_sustainable.unwrap();
+    assert_eq!((max.level_index, max.offered_rate), (2, 4.0));
+
+    // 4 + (500 − 445.5) / (693 − 445.5) · (8 − 4)
+    let crossing = plan.crossing.unwrap();
+    assert!((crossing.estimate - (4.0 + 54.5 / 247.5 * 4.0)).abs() < 1e-9);
+    assert!(4.0 <= crossing.lower && crossing.lower <= crossing.estimate);
+    assert!(crossing.estimate <= crossing.upper && crossing.upper <= 8.0);
+
+    // ⌈50 · 1.2 / 4⌉ = 15 instances, × 2 GPUs.
+    let sizing = plan.sizing.unwrap();
+    assert_eq!((sizing.instances, sizing.gpus), (15, 30));
+    let cost = sizing.cost.unwrap();
+    // One instance (2 GPUs · $2.5) makes 400 tok/s = 1.44 M tok/h.
+    assert!((cost.usd_per_million_output_tokens_at_capacity - 5.0 / 1.44).abs() < 1e-9);
+    // Fleet $75/h for 50 req/s · 100 tok = 18 M tok/h.
+    assert!((cost.fleet_usd_per_hour - 75.0).abs() < 1e-9);
+    assert!((cost.usd_per_million_output_tokens_at_target - 75.0 / 18.0).abs() < 1e-9);
+}
+
+#[test]
+fn daily_volume_with_peak_factor() {
+    let slo = SloSpec::parse("ttft:500ms").unwrap();
+    let target = TargetLoad::Daily {
+        requests: 5e6,
+        peak_factor: 2.0,
+    };
+    let plan = capacity_plan(&sweep(), &slo, &options(target)).unwrap();
+    let sizing = plan.sizing.unwrap();
+    // 5e6 / 86400 · 2 = 115.74 req/s; · 1.2 / 4 = 34.7 → 35 instances.
+    assert!((sizing.target_qps - 5e6 / 86_400.0 * 2.0).abs() < 1e-9);
+    assert_eq!(sizing.instances, 35);
+}
+
+#[test]
+fn sweep_that_never_met_the_slo_has_no_plan() {
+    let slo = SloSpec::parse("ttft:p99:100ms").unwrap();
+    let plan = capacity_plan(&sweep(), &slo, &options(TargetLoad::Qps(10.0))).unwrap();
+    assert!(plan.max_sustainable.is_none() && plan.sizing.is_none() && plan.crossing.is_none());
+    assert!(plan.notes[0].contains("No level met the SLO"));
+}
+
+#[test]
+fn slo_met_everywhere_says_the_limit_is_higher() {
+    let slo = SloSpec::parse("ttft:p99:1s").unwrap();
+    let plan = capacity_plan(&sweep(), &slo, &options(TargetLoad::Qps(10.0))).unwrap();
+    assert_eq!(plan.max_sustainable.unwrap().offered_rate, 8.0);
+    assert!(plan.crossing.is_none());
+    assert!(plan.notes[0].contains("true limit is higher"));
+    // ⌈10 · 1.2 / 8⌉ = 2
+    assert_eq!(plan.sizing.unwrap().instances, 2);
+}
+
+#[test]
+fn saturated_level_fails_and_bounds_the_crossing() {
+    let slo = SloSpec::parse("ttft:p99:1s").unwrap();
+    let levels = vec![level(4.0, 300.0, false), level(8.0, 400.0, true)];
+    let plan = capacity_plan(&levels, &slo, &options(TargetLoad::Qps(10.0))).unwrap();
+    assert_eq!(plan.max_sustainable.unwrap().offered_rate, 4.0);
+    // Latency is within the limit at 8 req/s, but only 6.4 req/s were achieved.
+    let crossing = plan.crossing.unwrap();
+    assert_eq!((crossing.estimate, crossing.upper), (6.4, 6.4));
+    assert!(plan.notes[0].contains("saturated"));
+}
+
+#[test]
+fn bad_options_are_errors() {
+    let slo = SloSpec::parse("ttft:1s").unwrap();
+    let mut bad = options(TargetLoad::Qps(10.0));
+    bad.headroom = 0.5;
+    assert!(capacity_plan(&sweep(), &slo, &bad).is_err());
+    assert!(capacity_plan(&[], &slo, &options(TargetLoad::Qps(1.0))).is_err());
+    assert!(capacity_plan(&sweep(), &slo, &options(TargetLoad::Qps(0.0))).is_err());
+}

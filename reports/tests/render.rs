@@ -1,0 +1,219 @@
+//! Report rendering: both files are written, every SVG is closed, nothing points outside the
+//! page, and every page carries the conditions and the metric definitions.
+//!
+//! Set `REPORTS_DEMO_OUT=<dir>` to keep the rendered reports (scripts/check-report-html.sh
+//! does this to screenshot them in headless Chromium).
+
+use std::path::{Path, PathBuf};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reports::ab::{compare, AbInput};
+use reports::metrics::{DistStats, Metrics};
+use reports::plan::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
+use reports::render::{
+    write_report, CompareView, Conditions, Report, ReportBody, RunView, SweepView,
+};
+use reports::samples::{LatencySamples, RequestSample};
+use reports::slo::SloSpec;
+use reports::stats::Bootstrap;
+
+fn conditions() -> Conditions {
+    Conditions {
+        workload: "synthetic ShareGPT-like chat, seed 1".into(),
+        schedule: "Poisson <rates> & warm-up 15 s".into(),
+        server: "mock at http://127.0.0.1:8000".into(),
+        hardware: "test host".into(),
+        extra: vec![("seed".into(), "1".into())],
+    }
+}
+
+/// Requests whose latencies grow with utilisation `load` (0..1).
+fn samples(rng: &mut StdRng, n: u64, load: f64, scale: f64) -> LatencySamples {
+    let queueing = 1.0 / (1.0 - load.min(0.97));
+    let requests = (0..n)
+        .map(|id| {
+            let noise = |rng: &mut StdRng| -(1.0 - rng.random::<f64>()).ln();
+            RequestSample {
+                id,
+                ttft_ms: scale * 40.0 * queueing * noise(rng),
+                tpot_ms: Some(scale * (8.0 + 4.0 * load + noise(rng))),
+                e2el_ms: scale * (40.0 * queueing + 200.0 * (1.0 + noise(rng))),
+            }
+        })
+        .collect();
+    LatencySamples {
+        requests,
+        schedule_lag_ms: (0..n).map(|_| 0.05 + 0.3 * rng.random::<f64>()).collect(),
+    }
+}
+
+fn sweep_report(rng: &mut StdRng) -> Report {
+    let slo = SloSpec::parse("ttft:p99:500ms,tpot:p99:20ms").unwrap();
+    let levels: Vec<SweepLevel> = [1.0, 2.0, 4.0, 6.0, 8.0]
+        .iter()
+        .map(|&rate| {
+            let load = rate / 8.5;
+            let achieved = if rate > 7.0 { 7.2 } else { rate * 0.995 };
+            SweepLevel {
+                offered_rate: rate,
+                achieved_rate: achieved,
+                output_tokens_per_s: achieved * 180.0,
+                saturated: achieved < 0.95 * rate,
+                samples: samples(rng, 300, load, 1.0),
+            }
+        })
+        .collect();
+    let options = PlanOptions {
+        target: TargetLoad::Qps(50.0),
+        gpus_per_instance: 1,
+        headroom: 1.2,
+        gpu_hour_usd: Some(2.5),
+        bootstrap: Bootstrap::default(),
+    };
+    let plan = capacity_plan(&levels, &slo, &options).unwrap();
+    assert!(plan.max_sustainable.is_some());
+    Report {
+        title: "Sweep <mock>".into(),
+        conditions: conditions(),
+        body: ReportBody::Sweep(SweepView {
+            levels,
+            slo: Some(slo),
+            plan: Some(plan),
+        }),
+    }
+}
+
+fn compare_report(rng: &mut StdRng) -> Report {
+    let a: Vec<LatencySamples> = (0..2).map(|_| samples(rng, 200, 0.5, 1.0)).collect();
+    let b: Vec<LatencySamples> = (0..2).map(|_| samples(rng, 200, 0.5, 1.15)).collect();
+    let analysis = compare(
+        &AbInput::from_rounds(&a, &b, true),
+        0.05,
+        Bootstrap::default(),
+    );
+    let pool = |rounds: &[LatencySamples]| LatencySamples {
+        requests: rounds.iter().flat_map(|r| r.requests.clone()).collect(),
+        schedule_lag_ms: rounds
+            .iter()
+            .flat_map(|r| r.schedule_lag_ms.clone())
+            .collect(),
+    };
+    Report {
+        title: "A/B".into(),
+        conditions: conditions(),
+        body: ReportBody::Compare(CompareView {
+            a_label: "engine serve --max-num-seqs 8".into(),
+            b_label: "engine serve --max-num-seqs 4".into(),
+            a: pool(&a),
+            b: pool(&b),
+            analysis,
+        }),
+    }
+}
+
+fn run_report(rng: &mut StdRng) -> Report {
+    let samples = samples(rng, 500, 0.5, 1.0);
+    let metrics = Metrics {
+        completed: 500,
+        duration_s: 100.0,
+        request_throughput: 5.0,
+        output_throughput: 900.0,
+        ttft: DistStats::from_values(&samples.values(reports::metrics::SloMetric::Ttft)),
+        schedule_lag: DistStats::from_values(&samples.schedule_lag_ms),
+        ..Metrics::default()
+    };
+    Report {
+        title: "Run".into(),
+        conditions: conditions(),
+        body: ReportBody::Run(Box::new(RunView { metrics, samples })),
+    }
+}
+
+fn output_dir(name: &str, temp: &Path) -> PathBuf {
+    match std::env::var_os("REPORTS_DEMO_OUT") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => temp.join(name),
+    }
+}
+
+fn check_files(md: &Path, html: &Path, expected_plots: usize) {
+    let html_text = std::fs::read_to_string(html).unwrap();
+    let md_text = std::fs::read_to_string(md).unwrap();
+    let opened = html_text.matches("<svg").count();
+    assert_eq!(opened, expected_plots, "plots in {}", html.display());
+    assert_eq!(
+        opened,
+        html_text.matches("</svg>").count(),
+        "every <svg> is closed"
+    );
+    assert_eq!(
+        html_text.matches("<figure").count(),
+        html_text.matches("</figure>").count()
+    );
+    assert_eq!(
+        html_text.matches("<table>").count(),
+        html_text.matches("</table>").count()
+    );
+    assert!(html_text.trim_end().ends_with("</html>"));
+    for forbidden in [
+        "http://", "https://", "<script", "src=", "href=", "url(", "@import",
+    ] {
+        let outside_text = html_text.replace("http://127.0.0.1:8000", "");
+        assert!(
+            !outside_text.contains(forbidden),
+            "{forbidden} in {}",
+            html.display()
+        );
+    }
+    for text in [&html_text, &md_text] {
+        for needle in [
+            "Conditions",
+            "workload",
+            "schedule",
+            "server",
+            "hardware",
+            "Metric definitions",
+            "TPOT = (e − f) / (n − 1)",
+        ] {
+            assert!(text.contains(needle), "{needle} missing");
+        }
+    }
+    // Every plot linked from the Markdown exists.
+    let dir = md.parent().unwrap();
+    let links: Vec<&str> = md_text
+        .match_indices("](plots/")
+        .map(|(i, _)| &md_text[i + 2..])
+        .collect();
+    assert_eq!(links.len(), expected_plots);
+    for link in links {
+        let path = &link[..link.find(')').unwrap()];
+        assert!(dir.join(path).is_file(), "{path} not written");
+    }
+}
+
+#[test]
+fn sweep_compare_and_run_reports_are_self_contained() {
+    let temp = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+
+    let sweep = sweep_report(&mut rng);
+    let (md, html) = write_report(&output_dir("sweep", temp.path()), &sweep).unwrap();
+    // TTFT and TPOT vs rate, achieved vs offered, throughput vs latency, 3 CDFs, lag histogram.
+    check_files(&md, &html, 8);
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(text.contains("Capacity plan") && text.contains("max sustainable QPS"));
+    assert!(text.contains("SLO p99 500 ms") && text.contains("knee"));
+    assert!(text.contains("Sweep &lt;mock&gt;"), "title is escaped");
+
+    let ab = compare_report(&mut rng);
+    let (md, html) = write_report(&output_dir("compare", temp.path()), &ab).unwrap();
+    // 3 paired-difference histograms and 3 CDFs.
+    check_files(&md, &html, 6);
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(text.contains("A faster") && text.contains("Wilcoxon p"));
+
+    let run = run_report(&mut rng);
+    let (md, html) = write_report(&output_dir("run", temp.path()), &run).unwrap();
+    check_files(&md, &html, 4);
+}
