@@ -154,7 +154,8 @@ fn main() -> anyhow::Result<()> {
 pub fn op_bench() -> anyhow::Result<()> {
     use engine::backend::cpu::{CpuAct, CpuBackend};
     use engine::backend::Backend;
-    let b = CpuBackend::new(&CpuOptions { threads: 0, f32_weights_as_f16: true })?;
+    let threads = std::env::var("THREADS").ok().map(|t| t.parse()).transpose()?.unwrap_or(0);
+    let b = CpuBackend::new(&CpuOptions { threads, f32_weights_as_f16: true })?;
     for &(m, n, k) in &[(1usize, 3072usize, 576usize), (1, 576, 1536), (1, 49152, 576), (4, 3072, 576), (16, 3072, 576), (32, 3072, 576), (64, 3072, 576), (128, 3072, 576), (256, 3072, 576), (256, 576, 1536)] {
         let w = b.upload_weight("w", HostTensor { shape: vec![n, k], data: TensorData::F32(vec![0.01; n * k]) })?;
         let x = CpuAct::from_rows(m, k, vec![0.5; m * k])?;

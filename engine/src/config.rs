@@ -161,7 +161,9 @@ impl ModelConfig {
         let num_heads: usize = req_field(&json, "num_attention_heads", file)?;
         let head_dim = match opt_field(&json, "head_dim", file)? {
             Some(head_dim) => head_dim,
-            None if num_heads > 0 && hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+            None if num_heads > 0 && hidden_size.is_multiple_of(num_heads) => {
+                hidden_size / num_heads
+            }
             None => bail!(
                 "num_attention_heads {num_heads} does not divide hidden_size {hidden_size} in {}",
                 file.display()
@@ -253,7 +255,9 @@ impl ModelConfig {
         let num_heads = file.get_usize(&key("attention.head_count"))?;
         let head_dim = match file.opt(&key("attention.key_length"), GgufFile::get_usize)? {
             Some(head_dim) => head_dim,
-            None if num_heads > 0 && hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+            None if num_heads > 0 && hidden_size.is_multiple_of(num_heads) => {
+                hidden_size / num_heads
+            }
             None => bail!(
                 "{} {num_heads} does not divide {} {hidden_size} in {}",
                 key("attention.head_count"),

@@ -1,3 +1,336 @@
+//! `engine` command line: `generate` (one-off prompts, batched) and `bench` (offline
+//! throughput in the manner of nano-vLLM's bench.py).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{ensure, Context};
+use clap::{Args, Parser, Subcommand};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use engine::backend::cpu::{load_cpu_runner_with, CpuOptions};
+use engine::engine::{EngineConfig, LlmEngine};
+use engine::model::RunnerOptions;
+use engine::sampler::SamplingParams;
+use engine::tokenizer::{ChatMessage, Tokenizer};
+
+#[derive(Parser)]
+#[command(name = "engine", version, about = "LLM inference engine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generates continuations of one or more prompts, all batched together.
+    Generate(GenerateArgs),
+    /// Offline throughput: random prompts and output lengths, ignore_eos, warm-up excluded.
+    Bench(BenchArgs),
+    /// Serves the OpenAI-compatible HTTP API: completions, chat completions, models, health, metrics.
+    Serve(engine::server::ServeArgs),
+}
+
+/// Model and engine sizing shared by the subcommands.
+#[derive(Args)]
+struct ModelArgs {
+    /// A GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: PathBuf,
+    /// KV-cache memory budget, e.g. `512MiB`, `1GiB` or a byte count.
+    #[arg(long, default_value = "1GiB")]
+    kv_cache_memory: String,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Token budget of one engine step (decodes plus prefill chunks).
+    #[arg(long, default_value_t = 2048)]
+    max_num_batched_tokens: usize,
+    /// Compute threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt text.
+    #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+    prompt: Option<String>,
+    /// A file with one prompt per line (empty lines skipped), all run batched together.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Wrap each prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value_t = 32)]
+    num_seqs: usize,
+    #[arg(long, default_value_t = 32)]
+    min_input_len: usize,
+    #[arg(long, default_value_t = 256)]
+    max_input_len: usize,
+    #[arg(long, default_value_t = 32)]
+    min_output_len: usize,
+    #[arg(long, default_value_t = 128)]
+    max_output_len: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
 fn main() {
-    println!("engine: not built yet");
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Generate(args) => generate(args),
+        Command::Bench(args) => bench(args),
+        Command::Serve(args) => engine::server::serve(args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Parses `512MiB`, `1GiB`, `1.5GB`, `300M` or a plain byte count.
+fn parse_size(text: &str) -> anyhow::Result<usize> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .with_context(|| format!("--kv-cache-memory `{text}`: expected a size such as 1GiB"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => anyhow::bail!("--kv-cache-memory `{text}`: unknown unit `{other}`"),
+    };
+    let bytes = value * scale;
+    ensure!(
+        bytes >= 1.0 && bytes.is_finite(),
+        "--kv-cache-memory `{text}` must be a positive size"
+    );
+    Ok(bytes as usize)
+}
+
+/// Loads the model, its tokenizer and a CPU runner, and builds the engine.
+fn load_engine(args: &ModelArgs) -> anyhow::Result<LlmEngine> {
+    ensure!(
+        args.block_size > 0 && args.max_num_seqs > 0 && args.max_num_batched_tokens > 0,
+        "--block-size, --max-num-seqs and --max-num-batched-tokens must be at least 1"
+    );
+    let path: &Path = &args.model;
+    ensure!(
+        path.exists(),
+        "model {} not found (run scripts/fetch-model.sh for the default model)",
+        path.display()
+    );
+    let started = Instant::now();
+    let (config, mut weights) = engine::weights::open_model(path)
+        .with_context(|| format!("loading model {}", path.display()))?;
+    let tokenizer = Arc::new(
+        Tokenizer::from_model_path(path)
+            .with_context(|| format!("loading the tokenizer of {}", path.display()))?,
+    );
+    let options = RunnerOptions {
+        block_size: args.block_size,
+        kv_cache_bytes: parse_size(&args.kv_cache_memory)?,
+    };
+    let cpu = CpuOptions {
+        threads: args.threads,
+        f32_weights_as_f16: path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf")),
+    };
+    let runner = load_cpu_runner_with(&config, weights.as_mut(), &options, &cpu)?;
+    let capacity = runner.num_blocks() * runner.block_size();
+    tracing::info!(
+        "loaded {} in {:.2}s: {} KV blocks of {} tokens",
+        path.display(),
+        started.elapsed().as_secs_f64(),
+        runner.num_blocks(),
+        runner.block_size()
+    );
+    let config = EngineConfig {
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_model_len: config.max_position_embeddings.min(capacity),
+        enable_prefix_caching: true,
+    };
+    Ok(LlmEngine::new(runner, tokenizer, config))
+}
+
+fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    let texts: Vec<String> = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => vec![p.clone()],
+        (None, Some(file)) => std::fs::read_to_string(file)
+            .with_context(|| format!("reading --prompt-file {}", file.display()))?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect(),
+        (None, None) => anyhow::bail!("give --prompt or --prompt-file"),
+    };
+    ensure!(!texts.is_empty(), "the prompt file holds no prompts");
+    let mut engine = load_engine(&args.model)?;
+    let tokenizer = engine.tokenizer().clone();
+    let prompts = texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| encode_prompt(&tokenizer, text, args.chat).with_context(|| format!("prompt {i}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let params = SamplingParams {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        seed: args.seed,
+        ignore_eos: args.ignore_eos,
+        ..SamplingParams::default()
+    };
+    let num_prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let started = Instant::now();
+    let outputs = engine.generate(prompts, &params)?;
+    let secs = started.elapsed().as_secs_f64();
+    let num_generated: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
+    for (i, output) in outputs.iter().enumerate() {
+        tracing::debug!(prompt = i, tokens = ?output.token_ids, "generated");
+        if outputs.len() > 1 {
+            println!("### prompt {i} (finish: {:?})", output.finish);
+        }
+        println!("{}", output.text);
+    }
+    eprintln!(
+        "prompt tokens: {num_prompt_tokens}, generated tokens: {num_generated}, time: {secs:.2}s, {:.2} tok/s",
+        num_generated as f64 / secs
+    );
+    Ok(())
+}
+
+fn encode_prompt(tokenizer: &Tokenizer, text: &str, chat: bool) -> anyhow::Result<Vec<u32>> {
+    if chat {
+        let message = ChatMessage {
+            role: "user".into(),
+            content: text.into(),
+        };
+        let rendered = tokenizer.apply_chat_template(&[message], true)?;
+        tokenizer.encode(&rendered, false)
+    } else {
+        tokenizer.encode(text, true)
+    }
+}
+
+fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    ensure!(
+        args.num_seqs > 0
+            && args.min_input_len >= 1
+            && args.min_input_len <= args.max_input_len
+            && args.min_output_len >= 1
+            && args.min_output_len <= args.max_output_len,
+        "need --num-seqs >= 1, 1 <= --min-input-len <= --max-input-len and 1 <= --min-output-len <= --max-output-len"
+    );
+    let mut engine = load_engine(&args.model)?;
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let vocab = engine.tokenizer().vocab_size().min(10_000) as u32;
+    let requests: Vec<(Vec<u32>, SamplingParams)> = (0..args.num_seqs)
+        .map(|i| {
+            let input_len = rng.random_range(args.min_input_len..=args.max_input_len);
+            let prompt = (0..input_len).map(|_| rng.random_range(0..vocab)).collect();
+            let params = SamplingParams {
+                max_tokens: rng.random_range(args.min_output_len..=args.max_output_len),
+                temperature: 0.6,
+                seed: Some(args.seed.wrapping_add(i as u64)),
+                ignore_eos: true,
+                ..SamplingParams::default()
+            };
+            (prompt, params)
+        })
+        .collect();
+
+    let warm_up = SamplingParams {
+        max_tokens: 4,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    engine.generate(vec![(1..=16).collect()], &warm_up)?;
+    engine.reset_timings();
+
+    let num_prompt_tokens: usize = requests.iter().map(|(p, _)| p.len()).sum();
+    let started = Instant::now();
+    for (prompt, params) in requests {
+        engine.add_request(prompt, params)?;
+    }
+    let mut num_output_tokens = 0usize;
+    while engine.has_unfinished() {
+        num_output_tokens += engine
+            .step()?
+            .iter()
+            .filter(|u| u.token.is_some())
+            .count();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let t = engine.timings();
+    let stats = engine.stats();
+    println!(
+        "Total: {num_output_tokens}tok, Time: {secs:.2}s, Throughput: {:.2}tok/s",
+        num_output_tokens as f64 / secs
+    );
+    println!(
+        "Prefill: {}tok computed ({num_prompt_tokens} prompt), Time: {:.2}s in {} steps, Throughput: {:.2}tok/s",
+        t.prefill_tokens,
+        t.prefill_secs,
+        t.prefill_steps,
+        t.prefill_tokens as f64 / t.prefill_secs.max(1e-9)
+    );
+    println!(
+        "Decode: {}tok, Time: {:.2}s in {} steps, Throughput: {:.2}tok/s",
+        t.decode_tokens,
+        t.decode_secs,
+        t.decode_steps,
+        t.decode_tokens as f64 / t.decode_secs.max(1e-9)
+    );
+    tracing::info!(
+        preemptions = stats.num_preemptions,
+        prefix_cache_hits = stats.prefix_cache_hits,
+        "bench done"
+    );
+    Ok(())
 }

@@ -129,7 +129,7 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
-            if self.seqs[&id].num_output_tokens() == 0 {
+            if self.seqs[&id].num_uncomputed_tokens() != 1 {
                 i += 1;
                 continue;
             }

@@ -640,3 +640,140 @@ fn hf_config_key_variants() {
         "{msg}"
     );
 }
+
+/// `y = W x` for a row-major `[rows, x.len()]` matrix.
+fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
+    w.chunks_exact(x.len())
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    x.iter().zip(w).map(|(v, w)| v * scale * w).collect()
+}
+
+/// HF's rotate-half RoPE on every head of `x` at position `pos`.
+fn rope(x: &mut [f32], head_dim: usize, pos: usize, theta: f32) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let freq = theta.powf(-2.0 * i as f32 / head_dim as f32);
+            let (sin, cos) = (pos as f32 * freq).sin_cos();
+            let (a, b) = (head[i], head[i + half]);
+            head[i] = a * cos - b * sin;
+            head[i + half] = b * cos + a * sin;
+        }
+    }
+}
+
+/// A plain f32 Llama forward pass over `ids`, returning the last position's
+/// logits: an independent check that the loaded GGUF weights (dequantised, Q/K
+/// un-permuted) are the ones transformers used.
+fn reference_logits(config: &ModelConfig, weights: &mut dyn WeightSource, ids: &[u32]) -> Vec<f32> {
+    let mut load = |name: &str| weights.load(name).unwrap().into_f32();
+    let (h, hd, eps) = (config.hidden_size, config.head_dim, config.rms_norm_eps);
+    let group = config.num_heads / config.num_kv_heads;
+    let embed = load("model.embed_tokens.weight");
+    let mut xs: Vec<Vec<f32>> = ids
+        .iter()
+        .map(|&id| embed[id as usize * h..(id as usize + 1) * h].to_vec())
+        .collect();
+    for layer in 0..config.num_layers {
+        let p = |name: &str| format!("model.layers.{layer}.{name}.weight");
+        let (wq, wk, wv, wo) = (
+            load(&p("self_attn.q_proj")),
+            load(&p("self_attn.k_proj")),
+            load(&p("self_attn.v_proj")),
+            load(&p("self_attn.o_proj")),
+        );
+        let (norm1, norm2) = (
+            load(&p("input_layernorm")),
+            load(&p("post_attention_layernorm")),
+        );
+        let (gate, up, down) = (
+            load(&p("mlp.gate_proj")),
+            load(&p("mlp.up_proj")),
+            load(&p("mlp.down_proj")),
+        );
+        let mut qs = Vec::new();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        for (pos, x) in xs.iter().enumerate() {
+            let n = rms_norm(x, &norm1, eps);
+            let (mut q, mut k) = (matvec(&wq, &n), matvec(&wk, &n));
+            rope(&mut q, hd, pos, config.rope_theta);
+            rope(&mut k, hd, pos, config.rope_theta);
+            qs.push(q);
+            ks.push(k);
+            vs.push(matvec(&wv, &n));
+        }
+        for (pos, x) in xs.iter_mut().enumerate() {
+            let mut attn = vec![0f32; config.num_heads * hd];
+            for head in 0..config.num_heads {
+                let kv = head / group;
+                let q = &qs[pos][head * hd..(head + 1) * hd];
+                let scores: Vec<f32> = (0..=pos)
+                    .map(|t| {
+                        let k = &ks[t][kv * hd..(kv + 1) * hd];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f32 = exps.iter().sum();
+                for (t, e) in exps.iter().enumerate() {
+                    for d in 0..hd {
+                        attn[head * hd + d] += e / total * vs[t][kv * hd + d];
+                    }
+                }
+            }
+            for (xi, o) in x.iter_mut().zip(matvec(&wo, &attn)) {
+                *xi += o;
+            }
+            let n = rms_norm(x, &norm2, eps);
+            let act: Vec<f32> = matvec(&gate, &n)
+                .iter()
+                .zip(matvec(&up, &n))
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            for (xi, d) in x.iter_mut().zip(matvec(&down, &act)) {
+                *xi += d;
+            }
+        }
+    }
+    let last = rms_norm(xs.last().unwrap(), &load("model.norm.weight"), eps);
+    matvec(&embed, &last)
+}
+
+#[test]
+fn smollm2_gguf_weights_reproduce_golden_logits() {
+    let text = std::fs::read_to_string(golden("smollm2-135m/reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let prompt = json["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "short_hi")
+        .unwrap();
+    let mut ids: Vec<u32> =
+        serde_json::from_value(prompt["input_ids_with_special"].clone()).unwrap();
+    let greedy: Vec<u32> = serde_json::from_value(prompt["greedy_ids"].clone()).unwrap();
+    let step = &prompt["top_logits"][3];
+    assert_eq!(step["step"], 3);
+    ids.extend(&greedy[..3]);
+    let (config, mut weights) = open_model(&smollm2_gguf()).unwrap();
+    let logits = reference_logits(&config, weights.as_mut(), &ids);
+    for pair in step["topk"].as_array().unwrap() {
+        let (id, want) = (
+            pair[0].as_u64().unwrap() as usize,
+            pair[1].as_f64().unwrap() as f32,
+        );
+        assert!(
+            (logits[id] - want).abs() < 2e-3,
+            "token {id}: {} vs golden {want}",
+            logits[id]
+        );
+    }
+}

@@ -477,3 +477,46 @@ fn add_request_rejects_bad_input_clearly() {
     assert!(err(e.add_request(vec![5; 16], greedy(4))).contains("KV cache"));
     assert!(!e.has_unfinished());
 }
+
+/// The real CPU runner on the tiny Llama: greedy outputs are the same alone, in a batch
+/// of 16, under a KV budget that forces preemption, and under a token budget that forces
+/// chunked prefill.
+#[test]
+fn llama_tiny_greedy_is_batch_invariant() {
+    use engine::backend::cpu::load_cpu_runner;
+    use engine::model::{kv_bytes_per_token, RunnerOptions};
+
+    let dir = golden_dir("llama-tiny");
+    let tok = tokenizer();
+    let run = |prompts: &[Vec<u32>], num_blocks: usize, budget: usize| {
+        let (config, mut weights) = engine::weights::open_model(&dir).unwrap();
+        let options = RunnerOptions {
+            block_size: 4,
+            kv_cache_bytes: kv_bytes_per_token(&config) * 4 * num_blocks,
+        };
+        let runner = load_cpu_runner(&config, weights.as_mut(), &options, 2).unwrap();
+        assert_eq!(runner.num_blocks(), num_blocks);
+        let engine_config = EngineConfig {
+            max_num_seqs: 16,
+            max_num_batched_tokens: budget,
+            max_model_len: 2048,
+            enable_prefix_caching: true,
+        };
+        let mut e = LlmEngine::new(runner, tok.clone(), engine_config);
+        let out = e.generate(prompts.to_vec(), &greedy(12)).unwrap();
+        e.check_invariants().unwrap();
+        (tokens(&out), e.stats().num_preemptions)
+    };
+    let prompts = mixed_prompts(3);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| run(std::slice::from_ref(p), 256, 512).0.remove(0))
+        .collect();
+    let (batched, _) = run(&prompts, 256, 512);
+    assert_eq!(batched, alone, "batch of 16");
+    let (preempted, preemptions) = run(&prompts, 24, 512);
+    assert!(preemptions > 0);
+    assert_eq!(preempted, alone, "under preemption");
+    let (chunked, _) = run(&prompts, 256, 7);
+    assert_eq!(chunked, alone, "with chunked prefill");
+}

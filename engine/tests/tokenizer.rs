@@ -246,3 +246,10 @@ fn chat_template_raise_exception_is_an_error() {
         .unwrap();
     assert_eq!(text, "[USER] hi\n");
 }
+
+#[test]
+fn tokenizer_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<IncrementalDecoder>();
+}

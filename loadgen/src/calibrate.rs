@@ -62,7 +62,11 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         Some(c) => (
             LoadMode::Closed { concurrency: c },
             (0..c as u64 * 4)
-                .map(|i| PlannedRequest { id: i, at_s: None, spec: spec(i) })
+                .map(|i| PlannedRequest {
+                    id: i,
+                    at_s: None,
+                    spec: spec(i),
+                })
                 .collect(),
         ),
         None => {
@@ -75,7 +79,11 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
             let requests = times
                 .into_iter()
                 .enumerate()
-                .map(|(i, t)| PlannedRequest { id: i as u64, at_s: Some(t), spec: spec(i as u64) })
+                .map(|(i, t)| PlannedRequest {
+                    id: i as u64,
+                    at_s: Some(t),
+                    spec: spec(i as u64),
+                })
                 .collect();
             (LoadMode::Open, requests)
         }

@@ -23,7 +23,11 @@ use crate::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
 use crate::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
 
 #[derive(Parser, Debug)]
-#[command(name = "loadgen", version, about = "Open-loop load generator for OpenAI-compatible LLM servers")]
+#[command(
+    name = "loadgen",
+    version,
+    about = "Open-loop load generator for OpenAI-compatible LLM servers"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -260,8 +264,14 @@ fn parse_window(text: &str) -> Result<(f64, f64)> {
     let (a, b) = text
         .split_once(':')
         .with_context(|| format!("--trace-window `{text}`: expected START:END in seconds"))?;
-    let start: f64 = a.trim().parse().with_context(|| format!("--trace-window start `{a}`"))?;
-    let end: f64 = b.trim().parse().with_context(|| format!("--trace-window end `{b}`"))?;
+    let start: f64 = a
+        .trim()
+        .parse()
+        .with_context(|| format!("--trace-window start `{a}`"))?;
+    let end: f64 = b
+        .trim()
+        .parse()
+        .with_context(|| format!("--trace-window end `{b}`"))?;
     if end <= start {
         bail!("--trace-window: END must be after START");
     }
@@ -271,8 +281,15 @@ fn parse_window(text: &str) -> Result<(f64, f64)> {
 fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
     let prompt = match (&row.prompt, row.hash_ids.is_empty()) {
         (Some(text), _) => PromptSource::Text(text.clone()),
-        (None, false) => PromptSource::Blocks(hash_id_blocks(seed, &row.hash_ids, row.input_len, MOONCAKE_BLOCK)),
-        (None, true) => PromptSource::Blocks(prefixed_blocks(seed, index, row.input_len, row.prefix)),
+        (None, false) => PromptSource::Blocks(hash_id_blocks(
+            seed,
+            &row.hash_ids,
+            row.input_len,
+            MOONCAKE_BLOCK,
+        )),
+        (None, true) => {
+            PromptSource::Blocks(prefixed_blocks(seed, index, row.input_len, row.prefix))
+        }
     };
     RequestSpec {
         input_len: row.input_len,
@@ -284,7 +301,10 @@ fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
 
 /// Builds the plan (request list + schedule) for `args`; also returns workload / schedule
 /// descriptions for `meta.json`.
-pub fn build_plan(args: &RunArgs, prompts: &PromptBuilder) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+pub fn build_plan(
+    args: &RunArgs,
+    prompts: &PromptBuilder,
+) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
     let warmup = args.warmup.as_secs_f64();
     let duration = args.duration.map(|d| d.as_secs_f64());
     let cooldown = args.cooldown.as_secs_f64();
@@ -293,18 +313,28 @@ pub fn build_plan(args: &RunArgs, prompts: &PromptBuilder) -> Result<(Plan, serd
 
     // Trace rows (lengths, maybe timestamps) when the workload is a trace.
     let trace_rows = if args.workload == WorkloadKind::Trace {
-        let path = args.trace.as_ref().context("--workload trace needs --trace PATH")?;
+        let path = args
+            .trace
+            .as_ref()
+            .context("--workload trace needs --trace PATH")?;
         let format = match args.trace_format {
             Some(f) => f,
             None => traces::detect_format(path)?,
         };
         let count = |t: &str| prompts.count_tokens(t);
         let rows = traces::load(path, format, &count)?;
-        let usable: Vec<TraceRow> = rows.iter().filter(|r| r.input_len > 0 && r.output_len > 0).cloned().collect();
+        let usable: Vec<TraceRow> = rows
+            .iter()
+            .filter(|r| r.input_len > 0 && r.output_len > 0)
+            .cloned()
+            .collect();
         workload_meta["trace"] = json!({"path": path, "format": format, "rows": rows.len(),
             "skipped_zero_length_rows": rows.len() - usable.len()});
         if usable.is_empty() {
-            bail!("{}: no row with positive input and output lengths", path.display());
+            bail!(
+                "{}: no row with positive input and output lengths",
+                path.display()
+            );
         }
         Some(usable)
     } else {
@@ -312,50 +342,68 @@ pub fn build_plan(args: &RunArgs, prompts: &PromptBuilder) -> Result<(Plan, serd
     };
 
     // Send times (open loop) and the number of requests.
-    let (times, schedule_meta): (Option<Vec<f64>>, serde_json::Value) = match (args.concurrency, args.arrival) {
-        (Some(c), _) => (None, json!({"mode": "closed", "concurrency": c})),
-        (None, ArrivalKind::Trace) => {
-            let rows = trace_rows.as_ref().context("--arrival trace needs --workload trace")?;
-            let ts: Vec<f64> = rows
-                .iter()
-                .map(|r| r.timestamp_ms)
-                .collect::<Option<Vec<f64>>>()
-                .context("--arrival trace: this trace has no timestamps")?;
-            let scaling = TraceScaling {
-                window: args.trace_window.as_deref().map(parse_window).transpose()?,
-                time_scale: args.time_scale,
-                target_rate: args.target_rate,
-            };
-            let (kept, times) = scale_trace(&ts, &scaling)?;
-            let rows: Vec<TraceRow> = kept.iter().map(|&i| rows[i].clone()).collect();
-            let meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
+    let (times, schedule_meta): (Option<Vec<f64>>, serde_json::Value) =
+        match (args.concurrency, args.arrival) {
+            (Some(c), _) => (None, json!({"mode": "closed", "concurrency": c})),
+            (None, ArrivalKind::Trace) => {
+                let rows = trace_rows
+                    .as_ref()
+                    .context("--arrival trace needs --workload trace")?;
+                let ts: Vec<f64> = rows
+                    .iter()
+                    .map(|r| r.timestamp_ms)
+                    .collect::<Option<Vec<f64>>>()
+                    .context("--arrival trace: this trace has no timestamps")?;
+                let scaling = TraceScaling {
+                    window: args.trace_window.as_deref().map(parse_window).transpose()?,
+                    time_scale: args.time_scale,
+                    target_rate: args.target_rate,
+                };
+                let (kept, times) = scale_trace(&ts, &scaling)?;
+                let rows: Vec<TraceRow> = kept.iter().map(|&i| rows[i].clone()).collect();
+                let meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
                 "bursts": "rows with equal timestamps are sent at the same instant"});
-            let mut times = times;
-            if let Some(d) = duration {
-                times.retain(|&t| t < warmup + d + cooldown);
+                let mut times = times;
+                if let Some(d) = duration {
+                    times.retain(|&t| t < warmup + d + cooldown);
+                }
+                let n = times.len();
+                return finish_plan(
+                    args,
+                    Some(times),
+                    Some(rows[..n].to_vec()),
+                    n,
+                    workload_meta,
+                    meta,
+                );
             }
-            let n = times.len();
-            return finish_plan(args, Some(times), Some(rows[..n].to_vec()), n, workload_meta, meta);
-        }
-        (None, arrival) => {
-            let arrival = match arrival {
-                ArrivalKind::Poisson => Arrival::Poisson,
-                ArrivalKind::Gamma => Arrival::Gamma { burstiness: args.burstiness },
-                ArrivalKind::Constant | ArrivalKind::Trace => Arrival::Constant,
-            };
-            let spec = ScheduleSpec {
-                arrival,
-                rate: args.rate,
-                ramp_up: args.ramp_up.map(|r| RampUp { from_rate: args.ramp_start_rate, secs: r.as_secs_f64() }),
-            };
-            let extent = match duration {
-                Some(d) => Extent::Until(warmup + d + cooldown),
-                None => Extent::Count(args.num_prompts),
-            };
-            let times = spec.generate(extent, schedule_seed)?;
-            (Some(times), json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed}))
-        }
-    };
+            (None, arrival) => {
+                let arrival = match arrival {
+                    ArrivalKind::Poisson => Arrival::Poisson,
+                    ArrivalKind::Gamma => Arrival::Gamma {
+                        burstiness: args.burstiness,
+                    },
+                    ArrivalKind::Constant | ArrivalKind::Trace => Arrival::Constant,
+                };
+                let spec = ScheduleSpec {
+                    arrival,
+                    rate: args.rate,
+                    ramp_up: args.ramp_up.map(|r| RampUp {
+                        from_rate: args.ramp_start_rate,
+                        secs: r.as_secs_f64(),
+                    }),
+                };
+                let extent = match duration {
+                    Some(d) => Extent::Until(warmup + d + cooldown),
+                    None => Extent::Count(args.num_prompts),
+                };
+                let times = spec.generate(extent, schedule_seed)?;
+                (
+                    Some(times),
+                    json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed}),
+                )
+            }
+        };
     let n = times.as_ref().map_or(args.num_prompts, Vec::len);
     finish_plan(args, times, trace_rows, n, workload_meta, schedule_meta)
 }
@@ -372,7 +420,9 @@ fn finish_plan(
         bail!("the schedule has no requests (rate too low for the duration?)");
     }
     let specs: Vec<RequestSpec> = match &trace_rows {
-        Some(rows) => (0..n).map(|i| row_spec(args.seed, i as u64, &rows[i % rows.len()])).collect(),
+        Some(rows) => (0..n)
+            .map(|i| row_spec(args.seed, i as u64, &rows[i % rows.len()]))
+            .collect(),
         None => {
             let model = match args.workload {
                 WorkloadKind::Random => LengthModel::Random {
@@ -380,9 +430,14 @@ fn finish_plan(
                     output_len: args.random_output_len,
                     range_ratio: args.random_range_ratio,
                 },
-                _ => LengthModel::ShareGptLike { profile: args.profile.clone() },
+                _ => LengthModel::ShareGptLike {
+                    profile: args.profile.clone(),
+                },
             };
-            let prefix = (args.prefix_len > 0).then_some(PrefixGroups { len: args.prefix_len, groups: args.prefix_groups });
+            let prefix = (args.prefix_len > 0).then_some(PrefixGroups {
+                len: args.prefix_len,
+                groups: args.prefix_groups,
+            });
             workload_meta["lengths"] = serde_json::to_value(&model)?;
             workload_meta["prefix"] = serde_json::to_value(prefix)?;
             SyntheticWorkload::new(model, prefix)?.generate(n, args.seed)?
@@ -433,7 +488,12 @@ pub async fn run_command(args: RunArgs) -> Result<()> {
         Some(p) => PromptBuilder::from_tokenizer(p)?,
         None => PromptBuilder::approximate(),
     });
-    let slos = args.slo.as_deref().map(parse_slos).transpose()?.unwrap_or_default();
+    let slos = args
+        .slo
+        .as_deref()
+        .map(parse_slos)
+        .transpose()?
+        .unwrap_or_default();
     let headers = parse_headers(&args.headers)?;
     let (plan, workload_meta, schedule_meta) = build_plan(&args, &prompts)?;
     let calibration = if args.calibrate {
@@ -451,7 +511,15 @@ pub async fn run_command(args: RunArgs) -> Result<()> {
     };
     let model = match &args.model {
         Some(m) => m.clone(),
-        None => client::first_model(&client::http_client(1)?, &args.url, &headers, args.api_key.as_deref()).await?,
+        None => {
+            client::first_model(
+                &client::http_client(1)?,
+                &args.url,
+                &headers,
+                args.api_key.as_deref(),
+            )
+            .await?
+        }
     };
     let target = Target {
         base_url: args.url.clone(),

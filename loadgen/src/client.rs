@@ -74,7 +74,11 @@ pub fn http_client(pool: usize) -> Result<reqwest::Client> {
         .context("building the HTTP client")
 }
 
-fn with_auth(mut req: reqwest::RequestBuilder, target_headers: &[(String, String)], api_key: Option<&str>) -> reqwest::RequestBuilder {
+fn with_auth(
+    mut req: reqwest::RequestBuilder,
+    target_headers: &[(String, String)],
+    api_key: Option<&str>,
+) -> reqwest::RequestBuilder {
     for (k, v) in target_headers {
         req = req.header(k, v);
     }
@@ -269,11 +273,19 @@ pub async fn execute(
     body: &Value,
     origin: Instant,
 ) -> RequestRecord {
-    let url = format!("{}{}", target.base_url.trim_end_matches('/'), target.backend.path());
+    let url = format!(
+        "{}{}",
+        target.base_url.trim_end_matches('/'),
+        target.backend.path()
+    );
     let chat = target.backend == Backend::Chat;
-    let request = with_auth(client.post(&url), &target.headers, target.api_key.as_deref())
-        .timeout(target.timeout)
-        .json(body);
+    let request = with_auth(
+        client.post(&url),
+        &target.headers,
+        target.api_key.as_deref(),
+    )
+    .timeout(target.timeout)
+    .json(body);
     let sent = Instant::now();
     let mut st = StreamState::default();
     let mut status = None;
@@ -363,7 +375,10 @@ fn finish_record(
     let requested = u64::from(stub.output_len);
     let success = failure.is_none();
     let end_ms = if success {
-        st.chunk_ms.last().copied().unwrap_or_else(|| ms_since(origin, end))
+        st.chunk_ms
+            .last()
+            .copied()
+            .unwrap_or_else(|| ms_since(origin, end))
     } else {
         ms_since(origin, end)
     };
@@ -397,14 +412,25 @@ mod tests {
     #[test]
     fn stream_state_counts_tokens_per_chunk() {
         let mut st = StreamState::default();
-        st.on_event(r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#, 1.0, true);
+        st.on_event(
+            r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+            1.0,
+            true,
+        );
         st.on_event(r#"{"choices":[{"delta":{"content":"a b"},"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#, 2.0, true);
         st.on_event(r#"{"choices":[{"delta":{"content":"c"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#, 3.0, true);
-        st.on_event(r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#, 3.5, true);
+        st.on_event(
+            r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#,
+            3.5,
+            true,
+        );
         st.on_event("[DONE]", 3.5, true);
         assert_eq!(st.chunk_ms, vec![2.0, 3.0], "role prelude is not content");
         assert_eq!(st.chunk_tokens, vec![2, 1]);
         assert!(st.continuous && st.done && st.finished);
-        assert_eq!((st.usage_prompt, st.last_usage_completion), (Some(5), Some(3)));
+        assert_eq!(
+            (st.usage_prompt, st.last_usage_completion),
+            (Some(5), Some(3))
+        );
     }
 }

@@ -1,14 +1,18 @@
 //! `loadgen`: an open-loop load generator for OpenAI-compatible LLM servers, with a
 //! built-in mock server for self-calibration. See ARCHITECTURE.md ("Load generator").
 
-pub mod schedule;
-pub mod units;
-pub mod workload;
-pub mod mock;
-pub mod sse;
-pub mod client;
-pub mod progress;
-pub mod run;
-pub mod host;
 pub mod calibrate;
 pub mod cli;
+pub mod client;
+pub mod host;
+pub mod mock;
+pub mod progress;
+pub mod run;
+pub mod schedule;
+pub mod sse;
+pub mod units;
+pub mod workload;
+pub mod compare;
+pub mod plan_cmd;
+pub mod report_cmd;
+pub mod sweep;

@@ -129,7 +129,9 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
 }
 
 async fn models(State(s): State<Arc<MockState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": s.cfg.model, "object": "model", "owned_by": "loadgen"}]}))
+    Json(
+        json!({"object": "list", "data": [{"id": s.cfg.model, "object": "model", "owned_by": "loadgen"}]}),
+    )
 }
 
 fn error_response(status: StatusCode, message: &str) -> Response {
@@ -143,7 +145,8 @@ fn error_response(status: StatusCode, message: &str) -> Response {
 }
 
 fn words(v: &Value) -> u64 {
-    v.as_str().map_or(0, |s| s.split_whitespace().count() as u64)
+    v.as_str()
+        .map_or(0, |s| s.split_whitespace().count() as u64)
 }
 
 /// The parts of a request the mock honours.
@@ -281,7 +284,12 @@ struct StreamState {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
-fn stream_response(model: String, ask: Ask, timing: Timing, permit: Option<OwnedSemaphorePermit>) -> Response {
+fn stream_response(
+    model: String,
+    ask: Ask,
+    timing: Timing,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Response {
     let state = StreamState {
         prelude_sent: !ask.chat,
         model,
@@ -296,7 +304,11 @@ fn stream_response(model: String, ask: Ask, timing: Timing, permit: Option<Owned
         if st.finished {
             return None;
         }
-        let object = if st.ask.chat { "chat.completion.chunk" } else { "text_completion" };
+        let object = if st.ask.chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
         if !st.prelude_sent {
             st.prelude_sent = true;
             let v = json!({"id": "mock", "object": object, "model": st.model,
@@ -315,6 +327,8 @@ fn stream_response(model: String, ask: Ask, timing: Timing, permit: Option<Owned
             return Some((Ok(Bytes::from(out)), st));
         }
         if st.timing.cut_after.is_some_and(|c| st.sent_tokens >= c) {
+            // Cut when the next chunk would be due, so the chunks before it are flushed.
+            tokio::time::sleep_until(st.timing.deadline(st.chunk).into()).await;
             st.finished = true;
             return Some((Err(std::io::Error::other("mock: stream cut")), st));
         }
@@ -339,5 +353,7 @@ fn stream_response(model: String, ask: Ask, timing: Timing, permit: Option<Owned
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| error_response(StatusCode::INTERNAL_SERVER_ERROR, "response build failed"))
+        .unwrap_or_else(|_| {
+            error_response(StatusCode::INTERNAL_SERVER_ERROR, "response build failed")
+        })
 }

@@ -52,14 +52,20 @@ impl Progress {
         let sent = self.sent.load(Ordering::Relaxed);
         let done = self.done.load(Ordering::Relaxed);
         let errors = self.errors.load(Ordering::Relaxed);
-        let elapsed = Instant::now().saturating_duration_since(origin).as_secs_f64();
+        let elapsed = Instant::now()
+            .saturating_duration_since(origin)
+            .as_secs_f64();
         let (p50, p99) = self.ttft.lock().map_or((0.0, 0.0), |h| {
             (
                 h.value_at_quantile(0.5) as f64 / 1000.0,
                 h.value_at_quantile(0.99) as f64 / 1000.0,
             )
         });
-        let rate = if elapsed > 0.0 { sent as f64 / elapsed } else { 0.0 };
+        let rate = if elapsed > 0.0 {
+            sent as f64 / elapsed
+        } else {
+            0.0
+        };
         format!(
             "[{elapsed:7.1}s] sent {sent}/{} | in flight {} | done {done} | errors {errors} | TTFT p50 {p50:.1} ms p99 {p99:.1} ms | {rate:.2} req/s",
             self.planned,

@@ -83,7 +83,8 @@ impl Plan {
             });
             writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
         }
-        out.flush().with_context(|| format!("writing {}", path.display()))
+        out.flush()
+            .with_context(|| format!("writing {}", path.display()))
     }
 }
 
@@ -156,7 +157,13 @@ fn ms(origin: Instant, t: Instant) -> f64 {
 }
 
 /// Runs request `index` of the plan as record `id`; sends its record unless stopped.
-async fn one_request(ctx: Arc<RunContext>, id: u64, index: usize, scheduled: Instant, phase: Phase) {
+async fn one_request(
+    ctx: Arc<RunContext>,
+    id: u64,
+    index: usize,
+    scheduled: Instant,
+    phase: Phase,
+) {
     let task_start = Instant::now();
     ctx.started.fetch_add(1, Ordering::Relaxed);
     ctx.progress.on_sent();
@@ -298,7 +305,9 @@ pub async fn execute(
         origin,
         stop: opts.stop.clone(),
         stop_flag: stop_flag.clone(),
-        slots: plan.max_concurrency.map(|n| Arc::new(Semaphore::new(n.max(1)))),
+        slots: plan
+            .max_concurrency
+            .map(|n| Arc::new(Semaphore::new(n.max(1)))),
         progress: progress.clone(),
         records: tx,
         started: AtomicU64::new(0),
@@ -331,9 +340,9 @@ pub async fn execute(
         }
         LoadMode::Closed { concurrency } => {
             let next = Arc::new(AtomicU64::new(0));
-            let end = plan.duration_s.map(|d| {
-                origin + Duration::from_secs_f64(plan.warmup_s + d + plan.cooldown_s)
-            });
+            let end = plan
+                .duration_s
+                .map(|d| origin + Duration::from_secs_f64(plan.warmup_s + d + plan.cooldown_s));
             tokio::time::sleep_until(origin.into()).await;
             let workers: Vec<_> = (0..concurrency.max(1))
                 .map(|_| tokio::spawn(closed_worker(ctx.clone(), next.clone(), end)))

@@ -131,7 +131,10 @@ pub struct TraceScaling {
 
 /// Maps trace timestamps (ms) to send times (s): shifted so the first kept row is at 0, then
 /// divided by the speed-up factor. Returns the kept row indices and their times.
-pub fn scale_trace(timestamps_ms: &[f64], scaling: &TraceScaling) -> Result<(Vec<usize>, Vec<f64>)> {
+pub fn scale_trace(
+    timestamps_ms: &[f64],
+    scaling: &TraceScaling,
+) -> Result<(Vec<usize>, Vec<f64>)> {
     let Some(&origin) = timestamps_ms.first() else {
         bail!("the trace has no rows");
     };
@@ -147,7 +150,10 @@ pub fn scale_trace(timestamps_ms: &[f64], scaling: &TraceScaling) -> Result<(Vec
         bail!("--trace-window keeps no rows of the trace");
     };
     let base = timestamps_ms[first];
-    let relative: Vec<f64> = kept.iter().map(|&i| (timestamps_ms[i] - base) / 1000.0).collect();
+    let relative: Vec<f64> = kept
+        .iter()
+        .map(|&i| (timestamps_ms[i] - base) / 1000.0)
+        .collect();
     let speedup = match (scaling.target_rate, scaling.time_scale) {
         (Some(_), Some(_)) => bail!("give --time-scale or --target-rate, not both"),
         (Some(rate), None) => {
@@ -216,14 +222,24 @@ mod tests {
             let sd = (g.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
             let cv = sd / mean;
             let expected_cv = 1.0 / burstiness.sqrt();
-            assert!((mean - 0.2).abs() < 0.2 * 0.04, "mean {mean} (b={burstiness})");
-            assert!((cv / expected_cv - 1.0).abs() < 0.05, "cv {cv} vs {expected_cv}");
+            assert!(
+                (mean - 0.2).abs() < 0.2 * 0.04,
+                "mean {mean} (b={burstiness})"
+            );
+            assert!(
+                (cv / expected_cv - 1.0).abs() < 0.05,
+                "cv {cv} vs {expected_cv}"
+            );
         }
     }
 
     #[test]
     fn realised_rate_within_two_percent() {
-        for arrival in [Arrival::Poisson, Arrival::Gamma { burstiness: 2.0 }, Arrival::Constant] {
+        for arrival in [
+            Arrival::Poisson,
+            Arrival::Gamma { burstiness: 2.0 },
+            Arrival::Constant,
+        ] {
             let spec = ScheduleSpec {
                 arrival,
                 rate: 50.0,
@@ -231,7 +247,10 @@ mod tests {
             };
             let times = spec.generate(Extent::Until(200.0), 3).unwrap();
             let realised = times.len() as f64 / 200.0;
-            assert!((realised / 50.0 - 1.0).abs() < 0.02, "{arrival:?}: {realised}");
+            assert!(
+                (realised / 50.0 - 1.0).abs() < 0.02,
+                "{arrival:?}: {realised}"
+            );
         }
     }
 

@@ -91,7 +91,11 @@ mod tests {
             let mut p = SseParser::new();
             let mut events = p.push(&stream[..cut]);
             events.extend(p.push(&stream[cut..]));
-            assert_eq!(events, vec!["{\"x\": \"hello\"}", "line1\nline2", "[DONE]"], "cut at {cut}");
+            assert_eq!(
+                events,
+                vec!["{\"x\": \"hello\"}", "line1\nline2", "[DONE]"],
+                "cut at {cut}"
+            );
         }
         let mut p = SseParser::new();
         let mut events = Vec::new();

@@ -2,7 +2,7 @@
 //! behaviour under queueing, and error handling. Bounds are generous; timing-sensitive
 //! tests run one at a time.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use loadgen::client::{Backend, Target};
@@ -13,11 +13,8 @@ use loadgen::workload::prompt::PromptBuilder;
 use loadgen::workload::{prefixed_blocks, PromptSource, RequestSpec};
 use reports::records::{ChunkTokensSource, CountSource};
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+/// Timing-sensitive tests run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn poisson_plan(rate: f64, secs: f64, output_len: u32) -> Plan {
     let times = ScheduleSpec {
@@ -90,7 +87,7 @@ async fn against_mock(cfg: MockConfig, plan: Plan, backend: Backend) -> RunOutco
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mock_timing_is_measured_accurately() {
-    let _guard = serial();
+    let _guard = SERIAL.lock().await;
     let plan = poisson_plan(20.0, 5.0, 64);
     let n = plan.requests.len() as u64;
     let out = against_mock(MockConfig::default(), plan, Backend::Completions).await;
@@ -106,14 +103,18 @@ async fn mock_timing_is_measured_accurately() {
     }
     assert_eq!(m.total_output_tokens, 64 * n);
     assert!((m.ttft.p50 - 50.0).abs() < 5.0, "TTFT p50 {}", m.ttft.p50);
-    assert!((m.tpot.mean - 10.0).abs() < 1.0, "TPOT mean {}", m.tpot.mean);
+    assert!(
+        (m.tpot.mean - 10.0).abs() < 1.0,
+        "TPOT mean {}",
+        m.tpot.mean
+    );
     assert!((m.tpot.p50 - 10.0).abs() < 1.0, "TPOT p50 {}", m.tpot.p50);
     assert_eq!(out.summary.completed, n);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_itl_and_chunk_itl_with_four_tokens_per_chunk() {
-    let _guard = serial();
+    let _guard = SERIAL.lock().await;
     let cfg = MockConfig {
         tokens_per_chunk: 4,
         ..MockConfig::default()
@@ -121,17 +122,30 @@ async fn token_itl_and_chunk_itl_with_four_tokens_per_chunk() {
     let out = against_mock(cfg, poisson_plan(20.0, 2.0, 64), Backend::Chat).await;
     let m = &out.metrics;
     assert_eq!(m.failed, 0);
-    assert!(out.records.iter().all(|r| r.chunk_ms.len() == 16 && r.output_tokens == 64));
-    assert!((m.chunk_itl.p50 - 10.0).abs() < 1.5, "chunk ITL {}", m.chunk_itl.p50);
-    assert!((m.token_itl.p50 - 2.5).abs() < 0.4, "token ITL {}", m.token_itl.p50);
-    assert!((m.token_itl.mean - 2.5).abs() < 0.4, "token ITL mean {}", m.token_itl.mean);
+    assert!(out
+        .records
+        .iter()
+        .all(|r| r.chunk_ms.len() == 16 && r.output_tokens == 64));
+    assert!(
+        (m.chunk_itl.p50 - 10.0).abs() < 1.5,
+        "chunk ITL {}",
+        m.chunk_itl.p50
+    );
+    assert!(
+        (m.token_itl.p50 - 2.5).abs() < 0.4,
+        "token ITL {}",
+        m.token_itl.p50
+    );
+    // 15 gaps per request, each split into 4 token gaps.
+    assert_eq!(m.token_itl.count, 60 * m.completed);
+    assert_eq!(m.chunk_itl.count, 15 * m.completed);
     // The chat role prelude arrives at once; TTFT counts from the first content chunk.
     assert!((m.ttft.p50 - 50.0).abs() < 5.0, "TTFT p50 {}", m.ttft.p50);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_keeps_schedule_while_server_queues() {
-    let _guard = serial();
+    let _guard = SERIAL.lock().await;
     // One slot, ~52 ms of service per request, a request every 25 ms on average: the queue grows.
     let cfg = MockConfig {
         slots: 1,
@@ -142,7 +156,11 @@ async fn open_loop_keeps_schedule_while_server_queues() {
     let out = against_mock(cfg, poisson_plan(40.0, 1.5, 16), Backend::Completions).await;
     let m = &out.metrics;
     assert_eq!(m.failed, 0);
-    assert!(m.schedule_lag.p99 < 5.0, "send lag p99 {}", m.schedule_lag.p99);
+    assert!(
+        m.schedule_lag.p99 < 5.0,
+        "send lag p99 {}",
+        m.schedule_lag.p99
+    );
     let ttfts: Vec<f64> = out
         .records
         .iter()
@@ -151,12 +169,15 @@ async fn open_loop_keeps_schedule_while_server_queues() {
     let q = ttfts.len() / 4;
     let first: f64 = ttfts[..q].iter().sum::<f64>() / q as f64;
     let last: f64 = ttfts[ttfts.len() - q..].iter().sum::<f64>() / q as f64;
-    assert!(last > first + 200.0, "TTFT should grow with the queue: {first} → {last}");
+    assert!(
+        last > first + 200.0,
+        "TTFT should grow with the queue: {first} → {last}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_recorded_counted_and_excluded() {
-    let _guard = serial();
+    let _guard = SERIAL.lock().await;
     // 429 / 500 on about half of the requests: the rest succeed, the run goes on.
     for (status, kind) in [(429, "http_429"), (500, "http_5xx")] {
         let cfg = MockConfig {
@@ -168,13 +189,26 @@ async fn errors_are_recorded_counted_and_excluded() {
         };
         let out = against_mock(cfg, poisson_plan(50.0, 1.0, 8), Backend::Completions).await;
         let m = &out.metrics;
-        assert!(m.failed > 5 && m.completed > 5, "{status}: {} / {}", m.failed, m.completed);
+        assert!(
+            m.failed > 5 && m.completed > 5,
+            "{status}: {} / {}",
+            m.failed,
+            m.completed
+        );
         assert_eq!(m.errors.get(kind), Some(&m.failed));
-        assert_eq!(m.ttft.count, m.completed, "failures excluded from latencies");
+        assert_eq!(
+            m.ttft.count, m.completed,
+            "failures excluded from latencies"
+        );
         assert_eq!(m.completed + m.failed, out.records.len() as u64);
         let failed = out.records.iter().find(|r| r.error.is_some()).unwrap();
         assert_eq!(failed.http_status, Some(status));
-        assert!(failed.error.as_ref().unwrap().message.contains("injected failure"));
+        assert!(failed
+            .error
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("injected failure"));
     }
     // A stream cut after 5 tokens.
     let cfg = MockConfig {
@@ -185,7 +219,10 @@ async fn errors_are_recorded_counted_and_excluded() {
     };
     let out = against_mock(cfg, poisson_plan(20.0, 0.5, 16), Backend::Completions).await;
     assert_eq!(out.metrics.completed, 0);
-    assert_eq!(out.metrics.errors.get("stream_cut"), Some(&out.metrics.failed));
+    assert_eq!(
+        out.metrics.errors.get("stream_cut"),
+        Some(&out.metrics.failed)
+    );
     assert!(out.records.iter().all(|r| r.chunk_ms.len() == 5));
     // A timeout: the client gives up after 100 ms, the mock's TTFT is 1 s.
     let (addr, handle) = mock::spawn(MockConfig {
@@ -218,7 +255,7 @@ async fn errors_are_recorded_counted_and_excluded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_keeps_concurrency_and_caps_queue() {
-    let _guard = serial();
+    let _guard = SERIAL.lock().await;
     let cfg = MockConfig {
         ttft: Duration::from_millis(20),
         itl: Duration::from_millis(2),

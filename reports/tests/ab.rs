@@ -81,7 +81,7 @@ fn paired_verdicts(seed: u64, b_factors: [f64; 3]) -> Vec<(SloMetric, Verdict)> 
     for v in &report.metrics {
         assert_eq!(v.n_a, ROUNDS * REQUESTS as usize);
         assert_eq!(v.differences.len(), v.n_a);
-        assert_eq!(v.welch.is_some(), true, "4 rounds per side allow Welch");
+        assert!(v.welch.is_some(), "4 rounds per side allow Welch");
     }
     report
         .metrics

@@ -480,6 +480,14 @@ impl CudaBackend {
         want.clamp(1, 32).min(max_ctx.div_ceil(64).max(1))
     }
 
+    /// Uploads a row-major f32 matrix as a bf16 activation (tests and host-built inputs).
+    pub fn upload_act(&self, rows: usize, cols: usize, data: &[f32]) -> anyhow::Result<CudaAct> {
+        ensure!(data.len() == rows * cols, "upload_act: {} values for {rows}x{cols}", data.len());
+        let host: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+        let buf = self.stream.clone_htod(&host).context("uploading an activation")?;
+        Ok(CudaAct { buf: Some(buf), rows, cols })
+    }
+
     /// Samples one token per logits row on the device (see kernels/sampling.cu); only the
     /// ids cross to the host.
     pub fn sample(&self, logits: &CudaAct, params: &[GpuSampling]) -> anyhow::Result<Vec<u32>> {

@@ -312,7 +312,10 @@ impl GgufFile {
                 .try_fold(1usize, |acc, &d| acc.checked_mul(d))
                 .with_context(|| format!("tensor `{name}` in {} is too large", path.display()))?;
             let (block_elems, block_bytes) = dtype.block();
-            if dims.first().is_some_and(|&d0| !d0.is_multiple_of(block_elems)) {
+            if dims
+                .first()
+                .is_some_and(|&d0| !d0.is_multiple_of(block_elems))
+            {
                 bail!(
                     "tensor `{name}` in {}: row length {} is not a multiple of the {dtype:?} block size {block_elems}",
                     path.display(),

@@ -95,7 +95,10 @@ pub fn hash_id_blocks(seed: u64, hash_ids: &[u64], input_len: u32, block_size: u
     }
     if rest > 0 {
         blocks.push(Block {
-            key: mix(mix(seed, TAG_UNIQUE), u64::from(input_len) ^ hash_ids.len() as u64),
+            key: mix(
+                mix(seed, TAG_UNIQUE),
+                u64::from(input_len) ^ hash_ids.len() as u64,
+            ),
             len: rest,
         });
     }

@@ -16,7 +16,8 @@ use tokenizers::Tokenizer;
 use super::Block;
 
 /// Common English words, each a single token in most LLM vocabularies.
-const WORDS: &str = "the of and to in is was for on that with as by at from his it an were are which \
+const WORDS: &str =
+    "the of and to in is was for on that with as by at from his it an were are which \
 this be or has had not but also its they first their one new after been who two time other more \
 he all into she most there can during her over only when would than some these up out about may \
 used made world where such through many part both later three well years state before people city \
@@ -46,7 +47,9 @@ impl PromptBuilder {
         let mut words: Vec<String> = WORDS.split_whitespace().map(|w| format!(" {w}")).collect();
         words.sort();
         words.dedup();
-        let ids = (0..words.len() as u32).map(|i| APPROX_ID_BASE + i).collect();
+        let ids = (0..words.len() as u32)
+            .map(|i| APPROX_ID_BASE + i)
+            .collect();
         PromptBuilder {
             words,
             ids,
@@ -56,7 +59,10 @@ impl PromptBuilder {
 
     /// Uses the target model's `tokenizer.json` so prompts have exact token lengths.
     pub fn from_tokenizer(path: &Path) -> Result<PromptBuilder> {
-        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
             bail!(
                 "{}: GGUF tokenizers are not supported by loadgen; pass the model's tokenizer.json",
                 path.display()
@@ -196,7 +202,9 @@ mod tests {
             let ids = b.ids(&blocks);
             assert_eq!(ids.len(), 17 + len as usize);
         }
-        let err = PromptBuilder::from_tokenizer(Path::new("model.gguf")).err().unwrap();
+        let err = PromptBuilder::from_tokenizer(Path::new("model.gguf"))
+            .err()
+            .unwrap();
         assert!(format!("{err:#}").contains("tokenizer.json"));
     }
 }

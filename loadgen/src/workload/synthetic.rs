@@ -140,9 +140,7 @@ impl SyntheticWorkload {
                     bail!("profile `{profile}` was not loaded")
                 }
             };
-            let prefix = self
-                .prefix
-                .map(|p| (rng.random_range(0..p.groups), p.len));
+            let prefix = self.prefix.map(|p| (rng.random_range(0..p.groups), p.len));
             let input_len = input + prefix.map_or(0, |(_, len)| len);
             out.push(RequestSpec {
                 input_len,
@@ -182,8 +180,15 @@ mod tests {
             let mut outs: Vec<u32> = reqs.iter().map(|r| r.output_len).collect();
             outs.sort_unstable();
             let median = f64::from(outs[outs.len() / 2]);
-            let expected = p.output.mu.exp().clamp(f64::from(p.output.min), f64::from(p.output.max));
-            assert!((median / expected - 1.0).abs() < 0.1, "{name}: {median} vs {expected}");
+            let expected = p
+                .output
+                .mu
+                .exp()
+                .clamp(f64::from(p.output.min), f64::from(p.output.max));
+            assert!(
+                (median / expected - 1.0).abs() < 0.1,
+                "{name}: {median} vs {expected}"
+            );
         }
         assert!(profile("poetry").is_err());
     }
@@ -211,7 +216,10 @@ mod tests {
         };
         for a in &reqs[..50] {
             for b in &reqs[..50] {
-                assert_eq!(a.prefix_group == b.prefix_group, first_block(a) == first_block(b));
+                assert_eq!(
+                    a.prefix_group == b.prefix_group,
+                    first_block(a) == first_block(b)
+                );
             }
         }
         let total: u32 = match &reqs[0].prompt {

@@ -177,18 +177,27 @@ pub fn parse_azure_timestamp(text: &str) -> Result<i64> {
     let t = text.trim();
     let (body, offset_s) = if let Some(b) = t.strip_suffix('Z') {
         (b, 0i64)
-    } else if t.len() > 6 && matches!(&t[t.len() - 6..t.len() - 5], "+" | "-") && &t[t.len() - 3..t.len() - 2] == ":" {
+    } else if t.len() > 6
+        && matches!(&t[t.len() - 6..t.len() - 5], "+" | "-")
+        && &t[t.len() - 3..t.len() - 2] == ":"
+    {
         let (b, off) = t.split_at(t.len() - 6);
         let sign = if off.starts_with('-') { -1 } else { 1 };
-        let h: i64 = off[1..3].parse().with_context(|| format!("bad offset in `{text}`"))?;
-        let m: i64 = off[4..6].parse().with_context(|| format!("bad offset in `{text}`"))?;
+        let h: i64 = off[1..3]
+            .parse()
+            .with_context(|| format!("bad offset in `{text}`"))?;
+        let m: i64 = off[4..6]
+            .parse()
+            .with_context(|| format!("bad offset in `{text}`"))?;
         (b, sign * (h * 3600 + m * 60))
     } else {
         (t, 0)
     };
     let dt = NaiveDateTime::parse_from_str(body, "%Y-%m-%d %H:%M:%S%.f")
         .or_else(|_| NaiveDateTime::parse_from_str(body, "%Y-%m-%dT%H:%M:%S%.f"))
-        .with_context(|| format!("bad timestamp `{text}` (expected YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM])"))?;
+        .with_context(|| {
+            format!("bad timestamp `{text}` (expected YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM])")
+        })?;
     let utc = dt.and_utc();
     let ns = utc.timestamp() * 1_000_000_000 + i64::from(utc.timestamp_subsec_nanos());
     Ok(ns - offset_s * 1_000_000_000)
@@ -230,7 +239,8 @@ fn for_each_csv(
                 record.len()
             );
         }
-        row(&record, &columns).with_context(|| format!("{}:{line}: malformed line", path.display()))?;
+        row(&record, &columns)
+            .with_context(|| format!("{}:{line}: malformed line", path.display()))?;
     }
     Ok(())
 }
@@ -308,9 +318,14 @@ struct ShareGptConversation {
 /// ShareGPT JSON: the first human turn is the prompt and the reply's length is the output
 /// length; conversations with fewer than two turns are skipped (as vLLM does).
 fn load_sharegpt(path: &Path, count_tokens: &dyn Fn(&str) -> usize) -> Result<Vec<TraceRow>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let conversations: Vec<ShareGptConversation> = serde_json::from_str(&text).map_err(|e| {
-        anyhow::anyhow!("{}:{}: malformed ShareGPT JSON: {e}", path.display(), e.line())
+        anyhow::anyhow!(
+            "{}:{}: malformed ShareGPT JSON: {e}",
+            path.display(),
+            e.line()
+        )
     })?;
     let mut rows = Vec::new();
     for c in conversations {
@@ -338,7 +353,9 @@ mod tests {
     use std::path::PathBuf;
 
     fn shared(rel: &str) -> PathBuf {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces").join(rel);
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/traces")
+            .join(rel);
         assert!(
             p.exists(),
             "{} is missing: the shared data folder ../shared must sit beside the repository",
@@ -378,8 +395,14 @@ mod tests {
     #[test]
     fn azure_traces_load_with_exact_counts() {
         let s = stats();
-        check_lengths(&load_auto("azure_llm_2023/AzureLLMInferenceTrace_code.csv"), &s["azure2023_code"]);
-        check_lengths(&load_auto("azure_llm_2023/AzureLLMInferenceTrace_conv.csv"), &s["azure2023_conv"]);
+        check_lengths(
+            &load_auto("azure_llm_2023/AzureLLMInferenceTrace_code.csv"),
+            &s["azure2023_code"],
+        );
+        check_lengths(
+            &load_auto("azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
+            &s["azure2023_conv"],
+        );
     }
 
     #[test]
@@ -404,7 +427,10 @@ mod tests {
     fn mooncake_traces_load_with_prefix_blocks() {
         let s = stats();
         for (rel, key) in [
-            ("mooncake/conversation_trace.jsonl", "mooncake_conversation_trace"),
+            (
+                "mooncake/conversation_trace.jsonl",
+                "mooncake_conversation_trace",
+            ),
             ("mooncake/synthetic_trace.jsonl", "mooncake_synthetic_trace"),
         ] {
             let rows = load_auto(rel);

@@ -504,6 +504,8 @@ unsafe fn tile_avx512<T: Elem, const MR: usize, const NR: usize>(
     while kk < k16 {
         let mut wv = [_mm512_setzero_ps(); NR];
         for (r, v) in wv.iter_mut().enumerate() {
+            // The row 16 below: its tile comes four tiles later (prefetch never faults).
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((r + 16) * k + kk) as *const i8);
             *v = T::load16(w.add(r * k + kk));
         }
         for (i, acc_row) in acc.iter_mut().enumerate() {

@@ -1,0 +1,302 @@
+//! The CUDA backend: host-side checks that run everywhere (device selection, graph buckets,
+//! kernel entry points) and GPU checks against the CPU backend that skip themselves, saying
+//! why, when no CUDA driver and GPU are present.
+
+use std::path::{Path, PathBuf};
+
+use engine::backend::cpu::load_cpu_runner;
+use engine::backend::cuda::{
+    all_kernel_names, bucket_for, cuda_available, decode_kernel_name, driver_present,
+    graph_buckets, load_cuda_runner, prefill_kernel_name, resolve_device, CudaBackend, CudaOptions,
+    Device, GpuSampling, NO_DRIVER, SOURCES,
+};
+use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::weights::open_model;
+
+const BLOCK_SIZE: usize = 16;
+const NUM_BLOCKS: usize = 64;
+
+fn golden_model(rel: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/golden")
+        .join(rel);
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "missing golden model {}: the shared folder must sit beside the workspace (../shared)",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn cuda_without_a_driver_is_a_clear_error() {
+    if driver_present() {
+        println!("skipped: a CUDA driver is present on this machine");
+        return;
+    }
+    let dir = golden_model("qwen3-tiny/bf16");
+    let (config, mut weights) = open_model(&dir).expect("open qwen3-tiny");
+    let err = match load_cuda_runner(&config, weights.as_mut(), &CudaOptions::default()) {
+        Ok(_) => panic!("load_cuda_runner succeeded without a driver"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert_eq!(err, NO_DRIVER);
+    assert!(!cuda_available());
+    assert!(CudaBackend::new(0).is_err());
+    let (device, why) = resolve_device(None);
+    assert_eq!(device, Device::Cpu);
+    assert!(why.contains("libcuda.so not loadable"), "{why}");
+}
+
+#[test]
+fn device_choice_honours_the_request() {
+    assert_eq!(resolve_device(Some(Device::Cuda)).0, Device::Cuda);
+    assert_eq!(resolve_device(Some(Device::Cpu)).0, Device::Cpu);
+    assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda);
+    assert_eq!("CPU".parse::<Device>().unwrap(), Device::Cpu);
+    assert!("tpu".parse::<Device>().is_err());
+    let expected = if cuda_available() {
+        Device::Cuda
+    } else {
+        Device::Cpu
+    };
+    assert_eq!(resolve_device(None).0, expected);
+}
+
+#[test]
+fn graph_buckets_cover_every_batch_size() {
+    let b = graph_buckets(256);
+    let mut expected = vec![1, 2, 4, 8];
+    expected.extend((1..=16).map(|i| 16 * i));
+    assert_eq!(b, expected);
+    assert_eq!(bucket_for(&b, 0), None);
+    assert_eq!(bucket_for(&b, 1), Some(1));
+    assert_eq!(bucket_for(&b, 3), Some(4));
+    assert_eq!(bucket_for(&b, 8), Some(8));
+    assert_eq!(bucket_for(&b, 17), Some(32));
+    assert_eq!(bucket_for(&b, 256), Some(256));
+    assert_eq!(bucket_for(&b, 257), None);
+    assert_eq!(graph_buckets(100).last(), Some(&100));
+    for n in 1..=100 {
+        let got = bucket_for(&graph_buckets(100), n)
+            .expect("every batch up to max_num_seqs has a bucket");
+        assert!(got >= n && got < 2 * n.max(8), "batch {n} -> bucket {got}");
+    }
+}
+
+/// Every kernel the backend loads must be defined in kernels/*.cu: directly as
+/// `extern "C" __global__ ... name(`, or through the DECODE_KERNEL / PREFILL_KERNEL macros.
+#[test]
+fn every_launched_kernel_is_defined_in_the_sources() {
+    let all: String = SOURCES.iter().map(|(_, s)| *s).collect();
+    for (name, src) in SOURCES {
+        assert!(src.trim().len() > 100, "{name} is empty");
+    }
+    let defined = |name: &str| {
+        all.lines()
+            .any(|l| l.contains("extern \"C\" __global__") && l.contains(&format!(" {name}(")))
+    };
+    for name in all_kernel_names() {
+        if let Some(rest) = name.strip_prefix("paged_decode_g") {
+            let (g, p) = rest.split_once("_p").expect("decode kernel name");
+            assert!(
+                all.contains(&format!("DECODE_KERNEL({g}, {p})")),
+                "{name} is not instantiated"
+            );
+            assert!(
+                all.contains("paged_decode_g##G##_p##P("),
+                "DECODE_KERNEL no longer defines {name}"
+            );
+        } else if let Some(np) = name.strip_prefix("prefill_attention_np") {
+            assert!(
+                all.contains(&format!("PREFILL_KERNEL({np})")),
+                "{name} is not instantiated"
+            );
+            assert!(
+                all.contains("prefill_attention_np##NP("),
+                "PREFILL_KERNEL no longer defines {name}"
+            );
+        } else {
+            assert!(
+                defined(&name),
+                "kernel `{name}` is launched by cuda.rs but not defined in kernels/*.cu"
+            );
+        }
+    }
+    assert_eq!(
+        decode_kernel_name(2, 128).as_deref(),
+        Some("paged_decode_g2_p2")
+    );
+    assert_eq!(
+        decode_kernel_name(3, 64).as_deref(),
+        Some("paged_decode_g4_p1")
+    );
+    assert_eq!(
+        decode_kernel_name(1, 256).as_deref(),
+        Some("paged_decode_g1_p4")
+    );
+    assert_eq!(decode_kernel_name(9, 128), None);
+    assert_eq!(decode_kernel_name(2, 320), None);
+    assert_eq!(
+        prefill_kernel_name(16).as_deref(),
+        Some("prefill_attention_np4")
+    );
+    assert_eq!(
+        prefill_kernel_name(128).as_deref(),
+        Some("prefill_attention_np16")
+    );
+    assert_eq!(prefill_kernel_name(300), None);
+}
+
+// ---- GPU tests: skip without a driver and a GPU ----
+
+fn gpu_or_skip(test: &str) -> bool {
+    if cuda_available() {
+        return true;
+    }
+    println!("skipped {test}: no CUDA driver or GPU (cuda_available() is false)");
+    false
+}
+
+fn runners(rel: &str) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
+    let dir = golden_model(rel);
+    let (config, mut w) = open_model(&dir).expect("open model");
+    let opts = RunnerOptions {
+        block_size: BLOCK_SIZE,
+        kv_cache_bytes: kv_bytes_per_token(&config) * BLOCK_SIZE * NUM_BLOCKS,
+    };
+    let cpu = load_cpu_runner(&config, w.as_mut(), &opts, 2).expect("load on the CPU");
+    let (config, mut w) = open_model(&dir).expect("open model");
+    let cuda_opts = CudaOptions {
+        block_size: BLOCK_SIZE,
+        kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
+        ..CudaOptions::default()
+    };
+    let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts).expect("load on the GPU");
+    assert_eq!(gpu.num_blocks(), NUM_BLOCKS);
+    (cpu, gpu)
+}
+
+/// Largest |a - b| relative to the largest |b| (bf16 activations on the GPU).
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn forward_one(r: &mut dyn ModelRunner, tokens: &[u32], start: usize, table: &[u32]) -> Vec<f32> {
+    let input = SeqInput {
+        tokens,
+        start_pos: start,
+        block_table: table,
+        need_logits: true,
+    };
+    r.forward(&[input])
+        .expect("forward")
+        .pop()
+        .expect("one logits row")
+}
+
+fn gpu_matches_cpu(rel: &str) {
+    let (mut cpu, mut gpu) = runners(rel);
+    let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % 5000).collect();
+    let table: Vec<u32> = (0..8).collect();
+    let a = forward_one(gpu.as_mut(), &prompt, 0, &table);
+    let b = forward_one(cpu.as_mut(), &prompt, 0, &table);
+    let e = rel_err(&a, &b);
+    println!(
+        "{rel}: prefill of {} tokens, max relative error {e:.4}",
+        prompt.len()
+    );
+    assert!(
+        e < 0.05,
+        "{rel}: GPU prefill logits differ from the CPU's (max relative error {e})"
+    );
+    for (i, t) in [5u32, 900, 17, 4000].into_iter().enumerate() {
+        let pos = prompt.len() + i;
+        let a = forward_one(gpu.as_mut(), &[t], pos, &table);
+        let b = forward_one(cpu.as_mut(), &[t], pos, &table);
+        let e = rel_err(&a, &b);
+        assert!(
+            e < 0.05,
+            "{rel}: decode at position {pos} differs (max relative error {e})"
+        );
+    }
+    // Chunked prefill over a cached prefix gives the plain prefill's logits.
+    let other: Vec<u32> = (16..24).collect();
+    forward_one(gpu.as_mut(), &prompt[..40], 0, &other);
+    let chunked = forward_one(gpu.as_mut(), &prompt[40..], 40, &other);
+    let plain = forward_one(gpu.as_mut(), &prompt, 0, &table);
+    assert!(
+        rel_err(&chunked, &plain) < 0.02,
+        "{rel}: chunked prefill differs from plain prefill"
+    );
+}
+
+#[test]
+fn gpu_logits_match_cpu_on_qwen3_tiny() {
+    if gpu_or_skip("gpu_logits_match_cpu_on_qwen3_tiny") {
+        gpu_matches_cpu("qwen3-tiny/bf16");
+    }
+}
+
+#[test]
+fn gpu_logits_match_cpu_on_llama_tiny() {
+    if gpu_or_skip("gpu_logits_match_cpu_on_llama_tiny") {
+        gpu_matches_cpu("llama-tiny");
+    }
+}
+
+#[test]
+fn gpu_sampling_greedy_and_seeded() {
+    if !gpu_or_skip("gpu_sampling_greedy_and_seeded") {
+        return;
+    }
+    let b = CudaBackend::new(0).expect("open GPU 0");
+    let vocab = 1000;
+    let mut data = vec![0.0f32; 2 * vocab];
+    data[417] = 5.0;
+    data[vocab + 3] = 2.0;
+    data[vocab + 9] = 2.0;
+    let logits = b.upload_act(2, vocab, &data).expect("upload");
+    let greedy = GpuSampling {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+        offset: 0,
+    };
+    assert_eq!(b.sample(&logits, &[greedy, greedy]).unwrap(), vec![417, 3]);
+    let top1 = GpuSampling {
+        temperature: 1.0,
+        top_k: 1,
+        ..greedy
+    };
+    assert_eq!(b.sample(&logits, &[top1, top1]).unwrap()[0], 417);
+    let hot = GpuSampling {
+        temperature: 1.0,
+        top_k: 2,
+        seed: 7,
+        ..greedy
+    };
+    let mut seen = std::collections::HashSet::new();
+    for offset in 0..64 {
+        let row = b
+            .sample(&logits, &[hot, GpuSampling { offset, ..hot }])
+            .unwrap()[1];
+        assert!(row == 3 || row == 9, "top-k 2 drew {row}");
+        seen.insert(row);
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "both tied tokens should be drawn over 64 offsets"
+    );
+    let again = b.sample(&logits, &[hot, hot]).unwrap();
+    assert_eq!(
+        again,
+        b.sample(&logits, &[hot, hot]).unwrap(),
+        "same seed and offset, same draw"
+    );
+}

@@ -1,0 +1,884 @@
+//! End-to-end tests of `engine serve`: the real binary on a loopback port, an HTTP client.
+//!
+//! Most tests use the tiny random Llama from `../shared/golden/llama-tiny` (fast); one
+//! checks real content with SmolLM2.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn tiny_model() -> PathBuf {
+    let path = workspace().join("../shared/golden/llama-tiny");
+    assert!(
+        path.join("model.safetensors").exists(),
+        "missing {}: the shared golden data must sit beside the repository (../shared)",
+        path.display()
+    );
+    path
+}
+
+fn smollm2() -> PathBuf {
+    let path = workspace().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "missing {}: run scripts/fetch-model.sh to download the default model",
+        path.display()
+    );
+    path
+}
+
+/// A running `engine serve`, killed on drop.
+struct Server {
+    child: Child,
+    base: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    fn start(model: &PathBuf, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+            .arg("serve")
+            .arg("--model")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", "0", "--threads", "1"])
+            .args(if extra.contains(&"--kv-cache-memory") {
+                &[][..]
+            } else {
+                &["--kv-cache-memory", "64MiB"][..]
+            })
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the engine binary");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (port_tx, port_rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut port_tx = Some(port_tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let port: String = rest
+                        .split(':')
+                        .nth(1)
+                        .unwrap_or("")
+                        .chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect();
+                    if let (Some(tx), Ok(port)) = (port_tx.take(), port.parse::<u16>()) {
+                        let _ = tx.send(port);
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let port = port_rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the server never said where it listens; log: {:?}",
+                    log.lock().unwrap()
+                )
+            });
+        Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Polls /health until 200; returns the statuses seen.
+    async fn wait_ready(&mut self) -> Vec<u16> {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut seen = Vec::new();
+        loop {
+            if let Ok(r) = client.get(self.url("/health")).send().await {
+                let status = r.status().as_u16();
+                if seen.last() != Some(&status) {
+                    seen.push(status);
+                }
+                if status == 200 {
+                    return seen;
+                }
+            }
+            if let Ok(Some(exit)) = self.child.try_wait() {
+                panic!(
+                    "the server exited ({exit}) before it was ready; log:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server not ready; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn tiny_server(extra: &[&str]) -> Server {
+    let mut server = Server::start(&tiny_model(), extra);
+    server.wait_ready().await;
+    server
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body read");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// The `data:` payloads of a complete SSE response.
+async fn post_stream(client: &reqwest::Client, url: &str, body: &Value) -> Vec<String> {
+    let r = client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(
+        r.status().as_u16(),
+        200,
+        "stream request failed: {:?}",
+        r.text().await
+    );
+    let text = r.text().await.expect("stream read");
+    sse_payloads(&text)
+}
+
+fn sse_payloads(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter_map(|event| {
+            event
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+fn chunks(payloads: &[String]) -> Vec<Value> {
+    assert_eq!(
+        payloads.last().map(String::as_str),
+        Some("[DONE]"),
+        "stream must end with [DONE]"
+    );
+    payloads[..payloads.len() - 1]
+        .iter()
+        .map(|p| serde_json::from_str(p).expect("chunk is JSON"))
+        .collect()
+}
+
+fn greedy(prompt: Value, max_tokens: usize) -> Value {
+    json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_usage_prompts_and_n() {
+    let server = tiny_server(&[]).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/completions");
+
+    let (status, body) = post(&client, &url, &greedy(json!([5, 6, 7, 8, 9]), 7)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12})
+    );
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+
+    let (status, body) = post(
+        &client,
+        &url,
+        &greedy(json!([[5, 6, 7], [10, 11, 12, 13]]), 3),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13})
+    );
+
+    let (status, body) = post(
+        &client,
+        &url,
+        &greedy(json!(["Hello there", "Once upon a time"]), 4),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][1]["index"], 1);
+    assert_eq!(body["usage"]["completion_tokens"], 8);
+
+    let mut request = greedy(json!("The quick brown fox"), 5);
+    request["n"] = json!(3);
+    request["temperature"] = json!(1.0);
+    request["seed"] = json!(1);
+    request["logprobs"] = json!(2);
+    let (status, body) = post(&client, &url, &request).await;
+    assert_eq!(status, 200, "{body}");
+    let choices = body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    assert_eq!(body["usage"]["completion_tokens"], 15);
+    for c in choices {
+        let lp = &c["logprobs"];
+        assert_eq!(lp["tokens"].as_array().unwrap().len(), 5);
+        assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+        assert!(lp["token_logprobs"][0].as_f64().unwrap() <= 0.0);
+    }
+
+    let (status, models) = (
+        200,
+        client
+            .get(server.url("/v1/models"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], tiny_model().display().to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_completions_match_and_count_tokens() {
+    let server = tiny_server(&[]).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/completions");
+    let request = greedy(json!("Streaming is fun because"), 12);
+    let (_, full) = post(&client, &url, &request).await;
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+    let chunks = chunks(&post_stream(&client, &url, &streamed).await);
+    let (last, content) = chunks.split_last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], full["usage"]);
+    let text: String = content
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, full["choices"][0]["text"].as_str().unwrap());
+    let counts: Vec<u64> = content
+        .iter()
+        .map(|c| c["usage"]["completion_tokens"].as_u64().unwrap())
+        .collect();
+    assert!(
+        counts.windows(2).all(|w| w[0] < w[1]),
+        "usage must grow on every chunk: {counts:?}"
+    );
+    assert_eq!(*counts.last().unwrap(), 12);
+    assert_eq!(
+        content.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_streams_role_first_and_matches_non_streaming() {
+    let server = tiny_server(&[]).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/chat/completions");
+    let request = json!({
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi!"}]}],
+        "max_tokens": 9, "temperature": 0, "ignore_eos": true,
+    });
+    let (status, full) = post(&client, &url, &request).await;
+    assert_eq!(status, 200, "{full}");
+    assert_eq!(full["object"], "chat.completion");
+    assert_eq!(full["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(full["choices"][0]["finish_reason"], "length");
+    assert_eq!(full["usage"]["completion_tokens"], 9);
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let chunks = chunks(&post_stream(&client, &url, &streamed).await);
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let (last, content) = chunks.split_last().unwrap();
+    assert_eq!(last["usage"], full["usage"]);
+    assert!(content[1..]
+        .iter()
+        .all(|c| c["choices"][0]["delta"].get("role").is_none()));
+    let text: String = content
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        text,
+        full["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    assert_eq!(
+        content.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_string_across_token_boundary_and_seeds() {
+    let server = tiny_server(&[]).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/completions");
+    let mut request = greedy(json!([100, 200, 300, 400]), 24);
+    request["logprobs"] = json!(0);
+    let (_, full) = post(&client, &url, &request).await;
+    let text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    let tokens: Vec<String> = full["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    // The last char of one token and the first of the next: a stop string no single token holds.
+    let k = (3..tokens.len() - 1)
+        .find(|&k| !tokens[k].is_empty() && !tokens[k + 1].is_empty())
+        .expect("two adjacent non-empty tokens");
+    let stop: String = tokens[k]
+        .chars()
+        .last()
+        .into_iter()
+        .chain(tokens[k + 1].chars().next())
+        .collect();
+    let cut = text
+        .find(&stop)
+        .expect("the stop string occurs in the text");
+    request["stop"] = json!([stop]);
+    let (status, stopped) = post(&client, &url, &request).await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(
+        stopped["choices"][0]["text"].as_str().unwrap(),
+        &text[..cut],
+        "stop {stop:?}"
+    );
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+
+    let sampled = |seed: u64| json!({"prompt": "Random words:", "max_tokens": 16, "temperature": 1.0, "seed": seed, "ignore_eos": true});
+    let (_, a) = post(&client, &url, &sampled(42)).await;
+    let (_, b) = post(&client, &url, &sampled(42)).await;
+    let (_, c) = post(&client, &url, &sampled(43)).await;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    assert_ne!(a["choices"][0]["text"], c["choices"][0]["text"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_streams_equal_sequential_outputs() {
+    let server = tiny_server(&[]).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/completions");
+    let requests: Vec<Value> = (0..64u32)
+        .map(|i| {
+            greedy(
+                json!((0..3 + i % 7)
+                    .map(|j| 1000 + 37 * i + j)
+                    .collect::<Vec<_>>()),
+                10,
+            )
+        })
+        .collect();
+    let mut sequential = Vec::new();
+    for r in &requests {
+        let (status, body) = post(&client, &url, r).await;
+        assert_eq!(status, 200, "{body}");
+        sequential.push(body["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    let tasks = requests.iter().map(|r| {
+        let mut r = r.clone();
+        r["stream"] = json!(true);
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let chunks = chunks(&post_stream(&client, &url, &r).await);
+            chunks
+                .iter()
+                .map(|c| c["choices"][0]["text"].as_str().unwrap().to_string())
+                .collect::<String>()
+        })
+    });
+    let concurrent: Vec<String> = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(concurrent, sequential);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_get_openai_errors_naming_the_field() {
+    let server = tiny_server(&["--max-model-len", "64"]).await;
+    let client = reqwest::Client::new();
+    let completions = server.url("/v1/completions");
+    let chat = server.url("/v1/chat/completions");
+    let cases: Vec<(&str, Value, u16, Value)> = vec![
+        (
+            &completions,
+            json!({"prompt": "hi", "temperature": "hot"}),
+            400,
+            json!("temperature"),
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "max_tokens": -3}),
+            400,
+            json!("max_tokens"),
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "max_tokens": "many"}),
+            400,
+            json!("max_tokens"),
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "n": 0}),
+            400,
+            json!("n"),
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "top_p": 7}),
+            400,
+            json!("top_p"),
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "logprobs": 1000}),
+            400,
+            json!("logprobs"),
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "stop": [1, 2]}),
+            400,
+            json!("stop"),
+        ),
+        (&completions, json!({"prompt": ""}), 400, json!("prompt")),
+        (&completions, json!({"prompt": []}), 400, json!("prompt")),
+        (
+            &completions,
+            json!({"prompt": [1, 2, 99999999]}),
+            400,
+            json!("prompt"),
+        ),
+        (
+            &completions,
+            json!({"prompt": {"text": "hi"}}),
+            400,
+            json!("prompt"),
+        ),
+        (&completions, json!({}), 400, json!("prompt")),
+        (
+            &completions,
+            json!({"prompt": [1, 2, 3], "max_tokens": 62}),
+            400,
+            json!("max_tokens"),
+        ),
+        (
+            &completions,
+            json!({"prompt": vec![7; 64]}),
+            400,
+            json!("prompt"),
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "stream_options": {"include_usage": true}}),
+            400,
+            json!("stream_options"),
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "model": "gpt-5"}),
+            404,
+            json!("model"),
+        ),
+        (&chat, json!({"messages": "hi"}), 400, json!("messages")),
+        (&chat, json!({"messages": []}), 400, json!("messages")),
+        (
+            &chat,
+            json!({"messages": [{"role": "wizard", "content": "hi"}]}),
+            400,
+            json!("messages[0].role"),
+        ),
+        (
+            &chat,
+            json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}),
+            400,
+            json!("top_logprobs"),
+        ),
+        (
+            &chat,
+            json!({"messages": [{"role": "user", "content": "hi"}], "model": "nope"}),
+            404,
+            json!("model"),
+        ),
+    ];
+    for (url, body, status, param) in cases {
+        let (got, error) = post(&client, url, &body).await;
+        assert_eq!(got, status, "{body} -> {error}");
+        assert_eq!(error["error"]["param"], param, "{body} -> {error}");
+        assert!(error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        assert!(error["error"]["type"].is_string());
+    }
+    let r = client
+        .post(&completions)
+        .header("content-type", "application/json")
+        .body("{\"prompt\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let error: Value = r.json().await.unwrap();
+    assert!(
+        error["error"]["message"].as_str().unwrap().contains("JSON"),
+        "{error}"
+    );
+    // The server keeps serving.
+    let (status, body) = post(&client, &completions, &greedy(json!([1, 2, 3]), 4)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_and_body_limit() {
+    let server = tiny_server(&["--api-key", "sekret", "--max-body-bytes", "2048"]).await;
+    let client = reqwest::Client::new();
+    assert_eq!(
+        client
+            .get(server.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    for (route, key) in [
+        ("/v1/models", None),
+        ("/metrics", Some("wrong")),
+        ("/v1/models", Some("sekret2")),
+    ] {
+        let mut r = client.get(server.url(route));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 401, "{route} {key:?}");
+        let error: Value = r.json().await.unwrap();
+        assert_eq!(error["error"]["type"], "authentication_error");
+    }
+    let r = client
+        .post(server.url("/v1/completions"))
+        .json(&greedy(json!([1, 2]), 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let ok = client
+        .get(server.url("/v1/models"))
+        .bearer_auth("sekret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status().as_u16(), 200);
+    let r = client
+        .post(server.url("/v1/completions"))
+        .bearer_auth("sekret")
+        .json(&json!({"prompt": "x".repeat(4000)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let error: Value = r.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "request_too_large");
+    let r = client
+        .post(server.url("/v1/completions"))
+        .bearer_auth("sekret")
+        .json(&greedy(json!([1, 2]), 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}
+
+async fn first_chunk(response: &mut reqwest::Response) {
+    let chunk = response
+        .chunk()
+        .await
+        .expect("stream read")
+        .expect("a first chunk");
+    assert!(!chunk.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_answers_429_without_hurting_admitted_requests() {
+    let server = tiny_server(&["--max-num-seqs", "1", "--max-waiting-requests", "1"]).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/completions");
+    let mut long = greedy(json!([1, 2, 3]), 1500);
+    long["stream"] = json!(true);
+    long["stream_options"] = json!({"include_usage": true});
+    let mut running = client.post(&url).json(&long).send().await.unwrap();
+    assert_eq!(running.status().as_u16(), 200);
+    first_chunk(&mut running).await;
+    let waiting = client.post(&url).json(&greedy(json!([4, 5, 6]), 5)).send();
+    let waiting = tokio::spawn(waiting);
+    // Wait until the second request is queued, then a third must be refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = client
+            .get(server.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metric(&metrics, "vllm:num_requests_waiting") == 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "second request never queued:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let refused = client
+        .post(&url)
+        .json(&greedy(json!([7, 8]), 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["type"], "rate_limit_error");
+
+    let rest = running.text().await.unwrap();
+    let usage: Value = sse_payloads(&rest)
+        .iter()
+        .rev()
+        .find_map(|p| {
+            serde_json::from_str::<Value>(p)
+                .ok()
+                .filter(|v| v["usage"].is_object())
+        })
+        .expect("a usage chunk");
+    assert_eq!(usage["usage"]["completion_tokens"], 1500);
+    let waited: Value = waiting.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(waited["usage"]["completion_tokens"], 5);
+}
+
+/// The value of an unlabelled-but-for-model metric in Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing:\n{text}"))
+}
+
+fn abort_count(text: &str) -> f64 {
+    text.lines()
+        .find(|l| {
+            l.starts_with("vllm:request_success_total{") && l.contains("finished_reason=\"abort\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .expect("abort counter")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnected_clients_are_aborted_and_free_their_blocks() {
+    const STREAMS: usize = 200;
+    let server = tiny_server(&["--max-num-seqs", "64"]).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/completions");
+    let mut rng_state = 0x9e3779b97f4a7c15u64;
+    let mut next = move || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        rng_state
+    };
+    let plans: Vec<(Vec<u64>, usize)> = (0..STREAMS)
+        .map(|_| {
+            (
+                (0..4 + next() % 12).map(|_| next() % 40000).collect(),
+                (next() % 12) as usize,
+            )
+        })
+        .collect();
+    for batch in plans.chunks(50) {
+        let tasks = batch.iter().cloned().map(|(prompt, cut)| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let body = json!({"prompt": prompt, "max_tokens": 1900, "ignore_eos": true, "stream": true});
+                let response = client.post(&url).json(&body).send().await.unwrap();
+                assert_eq!(response.status().as_u16(), 200);
+                let mut stream = response.bytes_stream();
+                for _ in 0..cut {
+                    if stream.next().await.is_none() {
+                        break;
+                    }
+                }
+            })
+        });
+        for t in futures::future::join_all(tasks).await {
+            t.unwrap();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = client
+            .get(server.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let settled = metric(&text, "vllm:num_requests_running") == 0.0
+            && metric(&text, "vllm:num_requests_waiting") == 0.0
+            && abort_count(&text) == STREAMS as f64;
+        if settled {
+            assert_eq!(metric(&text, "vllm:kv_cache_usage_perc"), 0.0, "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "aborts did not settle:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = post(&client, &url, &greedy(json!([1, 2, 3]), 3)).await;
+    assert_eq!(
+        (status, body["usage"]["completion_tokens"].clone()),
+        (200, json!(3))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let mut server = tiny_server(&["--shutdown-grace", "30"]).await;
+    let client = reqwest::Client::new();
+    let mut request = greedy(json!([3, 1, 4, 1, 5]), 300);
+    request["stream"] = json!(true);
+    request["stream_options"] = json!({"include_usage": true});
+    let mut response = client
+        .post(server.url("/v1/completions"))
+        .json(&request)
+        .send()
+        .await
+        .unwrap();
+    first_chunk(&mut response).await;
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success());
+    let rest = response
+        .text()
+        .await
+        .expect("the stream finishes after SIGTERM");
+    let payloads = sse_payloads(&rest);
+    assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"));
+    let usage: Value = serde_json::from_str(&payloads[payloads.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 300);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = server.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        exit.success(),
+        "exit status {exit:?}; log:\n{}",
+        server.log_text()
+    );
+    assert!(
+        client.get(server.url("/health")).send().await.is_err(),
+        "still accepting after exit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_answers_a_chat_question() {
+    let mut server = Server::start(
+        &smollm2(),
+        &[
+            "--served-model-name",
+            "smollm2",
+            "--max-model-len",
+            "2048",
+            "--kv-cache-memory",
+            "128MiB",
+        ],
+    );
+    let statuses = server.wait_ready().await;
+    assert!(
+        statuses.iter().all(|s| *s == 503 || *s == 200),
+        "{statuses:?}"
+    );
+    let log = server.log_text();
+    let listening = log.find("listening on").expect("a listening line");
+    let ready = log.find("ready in").expect("a ready line");
+    assert!(
+        listening < ready,
+        "the port must be bound before the model loads:\n{log}"
+    );
+    assert!(log.contains("kv_capacity_tokens="), "{log}");
+    let client = reqwest::Client::new();
+    let request = json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 24, "temperature": 0,
+    });
+    let (status, body) = post(&client, &server.url("/v1/chat/completions"), &request).await;
+    assert_eq!(status, 200, "{body}");
+    let answer = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer.contains("Paris"), "{answer}");
+    assert_eq!(body["model"], "smollm2");
+}

@@ -1,0 +1,130 @@
+//! `loadgen plan SWEEP_DIR`: the capacity plan of a sweep under its SLO, printed and written
+//! to `plan.json` (and into the sweep's report).
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use reports::plan::{capacity_plan, CapacityPlan, PlanOptions, TargetLoad, DEFAULT_HEADROOM};
+use reports::render::write_report;
+use reports::slo::SloSpec;
+use reports::stats::Bootstrap;
+
+use crate::report_cmd::{sweep_report, PLAN_FILE};
+use crate::sweep::load_sweep;
+
+#[derive(Args, Debug, Clone)]
+pub struct PlanArgs {
+    /// Sweep folder (with sweep.json).
+    pub dir: PathBuf,
+    /// SLO to plan under (default: the sweep's --slo), e.g. ttft:p99:500ms,tpot:p99:50ms.
+    #[arg(long)]
+    pub slo: Option<String>,
+    /// Peak load to serve, requests/s.
+    #[arg(long, conflicts_with = "daily_requests", required_unless_present = "daily_requests")]
+    pub target_qps: Option<f64>,
+    /// Requests per day; peak QPS = daily / 86400 × --peak-factor.
+    #[arg(long)]
+    pub daily_requests: Option<f64>,
+    #[arg(long, default_value_t = 1.0)]
+    pub peak_factor: f64,
+    #[arg(long, default_value_t = 1)]
+    pub gpus_per_instance: u32,
+    /// Spare capacity: instances = ⌈target × headroom / max QPS⌉.
+    #[arg(long, default_value_t = DEFAULT_HEADROOM)]
+    pub headroom: f64,
+    /// Price of one GPU-hour in USD, for the cost per million output tokens.
+    #[arg(long)]
+    pub gpu_hour_usd: Option<f64>,
+    /// Seed of the bootstrap CI of the interpolated crossing.
+    #[arg(long, default_value_t = 0x5eed)]
+    pub seed: u64,
+}
+
+/// `loadgen plan`.
+pub fn plan_command(args: PlanArgs) -> Result<()> {
+    let sweep = load_sweep(&args.dir)?;
+    let slo = match (&args.slo, &sweep.slo) {
+        (Some(text), _) => SloSpec::parse(text)?,
+        (None, Some(slo)) => slo.clone(),
+        (None, None) => bail!(
+            "{}: the sweep has no SLO; give one with --slo ttft:p99:500ms,…",
+            args.dir.display()
+        ),
+    };
+    let target = match (args.target_qps, args.daily_requests) {
+        (Some(qps), _) => TargetLoad::Qps(qps),
+        (None, Some(requests)) => TargetLoad::Daily {
+            requests,
+            peak_factor: args.peak_factor,
+        },
+        (None, None) => bail!("loadgen plan: give --target-qps or --daily-requests"),
+    };
+    let options = PlanOptions {
+        target,
+        gpus_per_instance: args.gpus_per_instance,
+        headroom: args.headroom,
+        gpu_hour_usd: args.gpu_hour_usd,
+        bootstrap: Bootstrap {
+            seed: args.seed,
+            ..Bootstrap::default()
+        },
+    };
+    let plan = capacity_plan(&sweep.levels, &slo, &options)?;
+    print!("{}", plan_text(&plan));
+    let path = args.dir.join(PLAN_FILE);
+    std::fs::write(&path, serde_json::to_string_pretty(&plan)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    let (_, html) = write_report(&args.dir, &sweep_report(&args.dir)?)?;
+    println!("plan: {}  report: {}", path.display(), html.display());
+    Ok(())
+}
+
+/// The plan as terminal text.
+pub fn plan_text(plan: &CapacityPlan) -> String {
+    let mut out = format!("Capacity plan under SLO: {}\n", plan.slo);
+    for level in &plan.levels {
+        let _ = writeln!(
+            out,
+            "  {:>9.3} req/s offered, {:>9.3} achieved: {}{}",
+            level.offered_rate,
+            level.achieved_rate,
+            if level.passed { "meets SLO" } else { "fails" },
+            if level.saturated { " (saturated)" } else { "" }
+        );
+    }
+    if let Some(max) = plan.max_sustainable {
+        let _ = writeln!(out, "Max sustainable QPS: {} req/s", max.offered_rate);
+    }
+    if let Some(c) = plan.crossing {
+        let _ = writeln!(
+            out,
+            "Interpolated crossing: {:.3} req/s ({:.0}% CI {:.3}–{:.3})",
+            c.estimate,
+            c.confidence * 100.0,
+            c.lower,
+            c.upper
+        );
+    }
+    if let Some(s) = plan.sizing {
+        let _ = writeln!(
+            out,
+            "Target {:.3} req/s × headroom {} → {} instances × {} GPU = {} GPUs",
+            s.target_qps, s.headroom, s.instances, s.gpus_per_instance, s.gpus
+        );
+        if let Some(cost) = s.cost {
+            let _ = writeln!(
+                out,
+                "Cost: ${:.4} per million output tokens at capacity; fleet ${:.2}/h = ${:.4} per million at the target",
+                cost.usd_per_million_output_tokens_at_capacity,
+                cost.fleet_usd_per_hour,
+                cost.usd_per_million_output_tokens_at_target
+            );
+        }
+    }
+    for note in &plan.notes {
+        let _ = writeln!(out, "Note: {note}");
+    }
+    out
+}

@@ -1,0 +1,142 @@
+//! The `loadgen` binary end to end against the in-process mock: run folder contents,
+//! trace replay timing, and SIGTERM mid-run.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use loadgen::mock::{self, MockConfig};
+use reports::records::{read_meta, read_records};
+use reports::summary::Summary;
+
+fn loadgen() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_loadgen"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_writes_folder_and_replays_trace_times() {
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/example.jsonl");
+    let status = loadgen()
+        .args([
+            "run",
+            "--url",
+            &format!("http://{addr}"),
+            "--workload",
+            "trace",
+            "--arrival",
+            "trace",
+        ])
+        .arg("--trace")
+        .arg(&trace)
+        .args(["--time-scale", "2", "--seed", "3", "--no-progress", "--out"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    handle.shutdown().await;
+    assert!(status.success());
+    // Trace times 0, 250, 250, 1000.5, 1800 ms replayed twice as fast, exactly.
+    let schedule = std::fs::read_to_string(out.join("schedule.jsonl")).unwrap();
+    let at: Vec<f64> = schedule
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["at_ms"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(at, vec![0.0, 125.0, 125.0, 500.25, 900.0]);
+    let records = read_records(&out.join("records.jsonl")).unwrap();
+    assert_eq!(records.len(), 5);
+    assert_eq!(records[1].prefix_group, Some(1));
+    assert_eq!(
+        records.iter().map(|r| r.output_tokens).sum::<u64>(),
+        64 + 32 + 16 + 128 + 8
+    );
+    let meta = read_meta(&out.join("meta.json")).unwrap();
+    assert_eq!(meta.model, "loadgen-mock");
+    assert!(meta.approximate_lengths);
+    assert!(meta.host.cores > 0);
+    assert_eq!(meta.seed, 3);
+    let summary = Summary::read(&out.join("summary.json")).unwrap();
+    assert!(!summary.incomplete);
+    assert_eq!(summary.completed, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_keeps_finished_records_and_marks_summary_incomplete() {
+    let (addr, handle) = mock::spawn(MockConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut child = loadgen()
+        .args([
+            "run",
+            "--url",
+            &format!("http://{addr}"),
+            "--model",
+            "loadgen-mock",
+        ])
+        .args([
+            "--workload",
+            "random",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "32",
+        ])
+        .args([
+            "--rate",
+            "20",
+            "--duration",
+            "60s",
+            "--no-progress",
+            "--out",
+        ])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "loadgen did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    handle.shutdown().await;
+    assert!(status.success(), "{status:?}");
+    let records = read_records(&out.join("records.jsonl")).unwrap();
+    let summary = Summary::read(&out.join("summary.json")).unwrap();
+    assert!(summary.incomplete);
+    assert!(records.len() >= 10, "only {} records", records.len());
+    assert_eq!(
+        records.len() as u64,
+        summary.completed + summary.failed + summary.excluded_outside_window
+    );
+    assert_eq!(summary.failed, 0);
+    assert!(
+        summary.unfinished > 1000,
+        "the rest of the 60 s schedule was not sent"
+    );
+    assert!(out.join("meta.json").exists());
+}
