@@ -22,10 +22,14 @@ impl RandomWeights {
         let c = &self.config;
         let (h, i, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
         let (q, kv) = (c.num_heads * hd, c.num_kv_heads * hd);
-        let suffix = name.rsplit_once("layers.").map_or(name, |(_, s)| s.split_once('.').map_or(s, |(_, s)| s));
+        let suffix = name
+            .rsplit_once("layers.")
+            .map_or(name, |(_, s)| s.split_once('.').map_or(s, |(_, s)| s));
         Some(match suffix {
             "model.embed_tokens.weight" => vec![c.vocab_size, h],
-            "model.norm.weight" | "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
+            "model.norm.weight" | "input_layernorm.weight" | "post_attention_layernorm.weight" => {
+                vec![h]
+            }
             "self_attn.q_proj.weight" => vec![q, h],
             "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, h],
             "self_attn.o_proj.weight" => vec![h, q],
@@ -38,17 +42,29 @@ impl RandomWeights {
 
 impl WeightSource for RandomWeights {
     fn load(&mut self, name: &str) -> anyhow::Result<HostTensor> {
-        let shape = self.shape(name).ok_or_else(|| anyhow::anyhow!("no tensor {name}"))?;
+        let shape = self
+            .shape(name)
+            .ok_or_else(|| anyhow::anyhow!("no tensor {name}"))?;
         let n: usize = shape.iter().product();
         let is_norm = shape.len() == 1;
         let data = (0..n)
             .map(|_| {
-                self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                self.seed = self
+                    .seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let u = (self.seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                if is_norm { 1.0 + 0.1 * u } else { 0.1 * u }
+                if is_norm {
+                    1.0 + 0.1 * u
+                } else {
+                    0.1 * u
+                }
             })
             .collect();
-        Ok(HostTensor { shape, data: TensorData::F32(data) })
+        Ok(HostTensor {
+            shape,
+            data: TensorData::F32(data),
+        })
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -90,63 +106,123 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let bs = 16;
-    let opts = RunnerOptions { block_size: bs, kv_cache_bytes: kv_bytes_per_token(&config) * 16 * 512 };
-    let cpu = CpuOptions { threads, f32_weights_as_f16: true };
+    let opts = RunnerOptions {
+        block_size: bs,
+        kv_cache_bytes: kv_bytes_per_token(&config) * 16 * 512,
+    };
+    let cpu = CpuOptions {
+        threads,
+        f32_weights_as_f16: true,
+    };
     let t = Instant::now();
     let mut r: Box<dyn ModelRunner> = load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu)?;
     println!("load: {:.2}s", t.elapsed().as_secs_f64());
 
-    let prompt: Vec<u32> = (0..256u32).map(|i| (i * 7919) % config.vocab_size as u32).collect();
+    let prompt: Vec<u32> = (0..256u32)
+        .map(|i| (i * 7919) % config.vocab_size as u32)
+        .collect();
     let blocks_per_seq = 512 / bs;
-    let table = |s: usize| -> Vec<u32> { ((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32).collect() };
+    let table = |s: usize| -> Vec<u32> {
+        ((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32).collect()
+    };
 
     if std::env::var_os("DECODE_ONLY").is_some() {
         let tb = table(0);
-        r.forward(&[SeqInput { tokens: &prompt[..64], start_pos: 0, block_table: &tb, need_logits: false }])?;
+        r.forward(&[SeqInput {
+            tokens: &prompt[..64],
+            start_pos: 0,
+            block_table: &tb,
+            need_logits: false,
+        }])?;
         let t = Instant::now();
         for s in 0..200 {
-            r.forward(&[SeqInput { tokens: &[5], start_pos: 64 + s, block_table: &tb, need_logits: true }])?;
+            r.forward(&[SeqInput {
+                tokens: &[5],
+                start_pos: 64 + s,
+                block_table: &tb,
+                need_logits: true,
+            }])?;
         }
-        println!("decode batch 1: {:.1} ms/step", t.elapsed().as_secs_f64() * 1e3 / 200.0);
+        println!(
+            "decode batch 1: {:.1} ms/step",
+            t.elapsed().as_secs_f64() * 1e3 / 200.0
+        );
         return Ok(());
     }
 
     // Prefill: 2 × 256 tokens, one sequence each.
-    r.forward(&[SeqInput { tokens: &prompt[..16], start_pos: 0, block_table: &table(0), need_logits: true }])?;
+    r.forward(&[SeqInput {
+        tokens: &prompt[..16],
+        start_pos: 0,
+        block_table: &table(0),
+        need_logits: true,
+    }])?;
     let t = Instant::now();
     for s in 0..2 {
         let tb = table(s);
-        r.forward(&[SeqInput { tokens: &prompt, start_pos: 0, block_table: &tb, need_logits: true }])?;
+        r.forward(&[SeqInput {
+            tokens: &prompt,
+            start_pos: 0,
+            block_table: &tb,
+            need_logits: true,
+        }])?;
     }
     let dt = t.elapsed().as_secs_f64();
-    println!("prefill: {:.0} tok/s ({} tokens in {dt:.2}s)", 512.0 / dt, 512);
+    println!(
+        "prefill: {:.0} tok/s ({} tokens in {dt:.2}s)",
+        512.0 / dt,
+        512
+    );
 
     // Decode, batch 1: 64 steps after the 256-token prompt of sequence 0.
     let tb = table(0);
     let steps = 64;
     let t = Instant::now();
     for s in 0..steps {
-        r.forward(&[SeqInput { tokens: &[5], start_pos: 256 + s, block_table: &tb, need_logits: true }])?;
+        r.forward(&[SeqInput {
+            tokens: &[5],
+            start_pos: 256 + s,
+            block_table: &tb,
+            need_logits: true,
+        }])?;
     }
     let dt = t.elapsed().as_secs_f64();
-    println!("decode batch 1: {:.1} tok/s ({:.1} ms/step)", steps as f64 / dt, dt * 1e3 / steps as f64);
+    println!(
+        "decode batch 1: {:.1} tok/s ({:.1} ms/step)",
+        steps as f64 / dt,
+        dt * 1e3 / steps as f64
+    );
 
     // Decode, batch 16: sequences with 64-token prompts.
     let tables: Vec<Vec<u32>> = (0..16).map(table).collect();
     for tb in &tables {
-        r.forward(&[SeqInput { tokens: &prompt[..64], start_pos: 0, block_table: tb, need_logits: false }])?;
+        r.forward(&[SeqInput {
+            tokens: &prompt[..64],
+            start_pos: 0,
+            block_table: tb,
+            need_logits: false,
+        }])?;
     }
     let steps = 16;
     let t = Instant::now();
     for s in 0..steps {
         let batch: Vec<SeqInput> = tables
             .iter()
-            .map(|tb| SeqInput { tokens: &[5], start_pos: 64 + s, block_table: tb, need_logits: true })
+            .map(|tb| SeqInput {
+                tokens: &[5],
+                start_pos: 64 + s,
+                block_table: tb,
+                need_logits: true,
+            })
             .collect();
         r.forward(&batch)?;
     }
     let dt = t.elapsed().as_secs_f64();
-    println!("decode batch 16: {:.1} tok/s ({:.1} ms/step)", (16 * steps) as f64 / dt, dt * 1e3 / steps as f64);
+    println!(
+        "decode batch 16: {:.1} tok/s ({:.1} ms/step)",
+        (16 * steps) as f64 / dt,
+        dt * 1e3 / steps as f64
+    );
     Ok(())
 }
 
@@ -154,10 +230,34 @@ fn main() -> anyhow::Result<()> {
 pub fn op_bench() -> anyhow::Result<()> {
     use engine::backend::cpu::{CpuAct, CpuBackend};
     use engine::backend::Backend;
-    let threads = std::env::var("THREADS").ok().map(|t| t.parse()).transpose()?.unwrap_or(0);
-    let b = CpuBackend::new(&CpuOptions { threads, f32_weights_as_f16: true })?;
-    for &(m, n, k) in &[(1usize, 3072usize, 576usize), (1, 576, 1536), (1, 49152, 576), (4, 3072, 576), (16, 3072, 576), (32, 3072, 576), (64, 3072, 576), (128, 3072, 576), (256, 3072, 576), (256, 576, 1536)] {
-        let w = b.upload_weight("w", HostTensor { shape: vec![n, k], data: TensorData::F32(vec![0.01; n * k]) })?;
+    let threads = std::env::var("THREADS")
+        .ok()
+        .map(|t| t.parse())
+        .transpose()?
+        .unwrap_or(0);
+    let b = CpuBackend::new(&CpuOptions {
+        threads,
+        f32_weights_as_f16: true,
+    })?;
+    for &(m, n, k) in &[
+        (1usize, 3072usize, 576usize),
+        (1, 576, 1536),
+        (1, 49152, 576),
+        (4, 3072, 576),
+        (16, 3072, 576),
+        (32, 3072, 576),
+        (64, 3072, 576),
+        (128, 3072, 576),
+        (256, 3072, 576),
+        (256, 576, 1536),
+    ] {
+        let w = b.upload_weight(
+            "w",
+            HostTensor {
+                shape: vec![n, k],
+                data: TensorData::F32(vec![0.01; n * k]),
+            },
+        )?;
         let x = CpuAct::from_rows(m, k, vec![0.5; m * k])?;
         let mut out = b.new_act();
         let iters = (2_000_000_000 / (m * n * k * 2)).clamp(3, 2000);

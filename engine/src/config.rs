@@ -245,12 +245,6 @@ impl ModelConfig {
                 );
             }
         }
-        if file.tensors.contains_key("rope_freqs.weight") {
-            bail!(
-                "rope frequency factors (tensor `rope_freqs.weight`, Llama 3.1+ rope scaling) in {} are not supported",
-                file.path().display()
-            );
-        }
         let hidden_size = file.get_usize(&key("embedding_length"))?;
         let num_heads = file.get_usize(&key("attention.head_count"))?;
         let head_dim = match file.opt(&key("attention.key_length"), GgufFile::get_usize)? {
@@ -265,6 +259,22 @@ impl ModelConfig {
                 file.path().display()
             ),
         };
+        let rope_theta = file
+            .opt(&key("rope.freq_base"), GgufFile::get_f64)?
+            .unwrap_or(10_000.0) as f32;
+        let rope_scaling = if file.tensors.contains_key(ROPE_FREQS_TENSOR) {
+            let factors = file.read_tensor(ROPE_FREQS_TENSOR)?.into_f32();
+            Some(
+                llama3_scaling_from_factors(&factors, rope_theta, head_dim).with_context(|| {
+                    format!(
+                        "tensor `{ROPE_FREQS_TENSOR}` in {} does not match Llama 3 rope scaling",
+                        file.path().display()
+                    )
+                })?,
+            )
+        } else {
+            None
+        };
         let eos = file.opt("tokenizer.ggml.eos_token_id", GgufFile::get_usize)?;
         Ok(ModelConfig {
             arch,
@@ -277,10 +287,8 @@ impl ModelConfig {
                 .opt(&key("attention.head_count_kv"), GgufFile::get_usize)?
                 .unwrap_or(num_heads),
             head_dim,
-            rope_theta: file
-                .opt(&key("rope.freq_base"), GgufFile::get_f64)?
-                .unwrap_or(10_000.0) as f32,
-            rope_scaling: None,
+            rope_theta,
+            rope_scaling,
             rms_norm_eps: file.get_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
             max_position_embeddings: file.get_usize(&key("context_length"))?,
             tie_word_embeddings: !file.tensors.contains_key("output.weight"),
@@ -290,4 +298,60 @@ impl ModelConfig {
             eos_token_ids: eos.map(|id| id as u32).into_iter().collect(),
         })
     }
+}
+
+/// The GGUF tensor in which llama.cpp stores Llama 3.1+ per-frequency rope factors.
+const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
+
+/// The per-frequency divisors that Llama 3 rope scaling applies (llama.cpp
+/// stores exactly these in `rope_freqs.weight`).
+pub fn llama3_rope_factors(
+    scaling: &Llama3RopeScaling,
+    rope_theta: f32,
+    head_dim: usize,
+) -> Vec<f32> {
+    let old_context = scaling.original_max_position_embeddings as f32;
+    let low_freq_wavelen = old_context / scaling.low_freq_factor;
+    let high_freq_wavelen = old_context / scaling.high_freq_factor;
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / rope_theta.powf(2.0 * i as f32 / head_dim as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high_freq_wavelen {
+                1.0
+            } else if wavelen > low_freq_wavelen {
+                scaling.factor
+            } else {
+                let smooth = (old_context / wavelen - scaling.low_freq_factor)
+                    / (scaling.high_freq_factor - scaling.low_freq_factor);
+                1.0 / ((1.0 - smooth) / scaling.factor + smooth)
+            }
+        })
+        .collect()
+}
+
+/// Recovers Llama 3 rope scaling from llama.cpp's factor table: `factor` is the
+/// largest entry; the other parameters are those of every Llama 3.1/3.2/3.3
+/// release (low 1, high 4, original context 8192), checked against the table.
+fn llama3_scaling_from_factors(
+    factors: &[f32],
+    rope_theta: f32,
+    head_dim: usize,
+) -> anyhow::Result<Llama3RopeScaling> {
+    if factors.len() != head_dim / 2 {
+        bail!("{} factors for head_dim {head_dim}", factors.len());
+    }
+    let scaling = Llama3RopeScaling {
+        factor: factors.iter().cloned().fold(1.0, f32::max),
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    };
+    let expected = llama3_rope_factors(&scaling, rope_theta, head_dim);
+    for (i, (got, want)) in factors.iter().zip(&expected).enumerate() {
+        if (got - want).abs() > 1e-3 * want.abs() {
+            bail!("factor {i} is {got}, Llama 3 scaling {scaling:?} gives {want}");
+        }
+    }
+    Ok(scaling)
 }

@@ -312,7 +312,10 @@ impl LlmEngine {
             });
         }
         let wanted = inputs.iter().filter(|i| i.need_logits).count();
-        let logits = self.runner.forward(&inputs).context("model forward failed")?;
+        let logits = self
+            .runner
+            .forward(&inputs)
+            .context("model forward failed")?;
         ensure!(
             logits.len() == wanted,
             "model returned {} logits rows for {wanted} sequences",
@@ -378,10 +381,10 @@ impl LlmEngine {
             text.push_str(&std::mem::take(&mut request.held));
             finish = Some(FinishReason::Length);
         }
-        let logprob = params.logprobs.map(|_| TokenLogprob {
+        let logprob = sampled.logprobs.map(|l| TokenLogprob {
             token,
-            logprob: sampled.logprob,
-            top: sampled.top,
+            logprob: l.logprob,
+            top: l.top,
         });
         if finish.is_some() {
             self.requests.remove(&id);
@@ -399,7 +402,12 @@ impl LlmEngine {
         })
     }
 
-    fn record_timing(&mut self, chunks: &[ScheduledChunk], updates: &[SeqUpdate], started: Instant) {
+    fn record_timing(
+        &mut self,
+        chunks: &[ScheduledChunk],
+        updates: &[SeqUpdate],
+        started: Instant,
+    ) {
         let secs = started.elapsed().as_secs_f64();
         let t = &mut self.timings;
         if chunks.iter().any(|c| c.is_prefill) {
@@ -515,7 +523,10 @@ mod tests {
 
     #[test]
     fn stop_string_across_token_boundaries_is_cut() {
-        assert_eq!(feed(&["Hel", "lo ST", "O", "P more"], &["STOP"]), ("Hello ".into(), true));
+        assert_eq!(
+            feed(&["Hel", "lo ST", "O", "P more"], &["STOP"]),
+            ("Hello ".into(), true)
+        );
     }
 
     #[test]
@@ -525,12 +536,18 @@ mod tests {
 
     #[test]
     fn earliest_of_several_stop_strings_wins() {
-        assert_eq!(feed(&["one two three"], &["three", "two"]), ("one ".into(), true));
+        assert_eq!(
+            feed(&["one two three"], &["three", "two"]),
+            ("one ".into(), true)
+        );
     }
 
     #[test]
     fn held_text_respects_utf8_boundaries() {
         assert_eq!(longest_suffix_prefix("ab\u{e9}", "\u{e9}x"), 2);
-        assert_eq!(feed(&["caf\u{e9}", "!"], &["\u{e9}t\u{e9}"]), ("caf\u{e9}!".into(), false));
+        assert_eq!(
+            feed(&["caf\u{e9}", "!"], &["\u{e9}t\u{e9}"]),
+            ("caf\u{e9}!".into(), false)
+        );
     }
 }

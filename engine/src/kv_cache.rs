@@ -335,7 +335,10 @@ impl BlockManager {
                 .cached
                 .as_ref()
                 .is_some_and(|c| c.hash == hash);
-            ensure!(holds, "hash index points at block {id} which does not hold it");
+            ensure!(
+                holds,
+                "hash index points at block {id} which does not hold it"
+            );
         }
         Ok(())
     }
@@ -391,7 +394,13 @@ mod tests {
         assert_eq!(b.num_computed_tokens, 12);
         assert_eq!(&b.block_table[..3], &a.block_table[..3]);
         assert_ne!(b.block_table[3], a.block_table[3]);
-        assert_eq!(bm.prefix_cache_stats(), PrefixCacheStats { queries: 27, hits: 12 });
+        assert_eq!(
+            bm.prefix_cache_stats(),
+            PrefixCacheStats {
+                queries: 27,
+                hits: 12
+            }
+        );
         check(&bm, &[&a, &b]);
         bm.free(&mut a);
         check(&bm, &[&b]);
@@ -458,7 +467,10 @@ mod tests {
         bm.free(&mut other);
         assert!(bm.can_allocate(&probe));
         bm.allocate(&mut probe).unwrap();
-        assert_eq!(probe.num_computed_tokens, 4, "head block survived, tail evicted");
+        assert_eq!(
+            probe.num_computed_tokens, 4,
+            "head block survived, tail evicted"
+        );
         check(&bm, &[&probe]);
     }
 

@@ -61,7 +61,11 @@ struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// The prompt text.
-    #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_file",
+        required_unless_present = "prompt_file"
+    )]
     prompt: Option<String>,
     /// A file with one prompt per line (empty lines skipped), all run batched together.
     #[arg(long)]
@@ -215,7 +219,9 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let prompts = texts
         .iter()
         .enumerate()
-        .map(|(i, text)| encode_prompt(&tokenizer, text, args.chat).with_context(|| format!("prompt {i}")))
+        .map(|(i, text)| {
+            encode_prompt(&tokenizer, text, args.chat).with_context(|| format!("prompt {i}"))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let params = SamplingParams {
         max_tokens: args.max_tokens,
@@ -300,11 +306,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut num_output_tokens = 0usize;
     while engine.has_unfinished() {
-        num_output_tokens += engine
-            .step()?
-            .iter()
-            .filter(|u| u.token.is_some())
-            .count();
+        num_output_tokens += engine.step()?.iter().filter(|u| u.token.is_some()).count();
     }
     let secs = started.elapsed().as_secs_f64();
     let t = engine.timings();

@@ -50,9 +50,8 @@ pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
 /// RoPE inverse frequencies (`head_dim / 2` of them), with Llama 3 scaling when configured.
 pub fn rope_inv_freq(config: &ModelConfig) -> Vec<f32> {
     let hd = config.head_dim;
-    let base = (0..hd / 2).map(|i| {
-        1.0f32 / (config.rope_theta as f64).powf((2 * i) as f64 / hd as f64) as f32
-    });
+    let base = (0..hd / 2)
+        .map(|i| 1.0f32 / (config.rope_theta as f64).powf((2 * i) as f64 / hd as f64) as f32);
     match config.rope_scaling {
         None => base.collect(),
         Some(s) => base.map(|f| llama3_scale(f, &s)).collect(),
@@ -70,7 +69,8 @@ fn llama3_scale(inv_freq: f32, s: &Llama3RopeScaling) -> f32 {
     } else if wavelen > low_freq_wavelen {
         inv_freq / s.factor
     } else {
-        let smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        let smooth =
+            (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
         (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq
     }
 }
@@ -138,8 +138,14 @@ fn read(weights: &mut dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::
     if !weights.contains(name) {
         bail!("missing tensor `{name}`");
     }
-    let t = weights.load(name).with_context(|| format!("loading tensor `{name}`"))?;
-    ensure!(t.shape == shape, "tensor `{name}` has shape {:?}, expected {shape:?}", t.shape);
+    let t = weights
+        .load(name)
+        .with_context(|| format!("loading tensor `{name}`"))?;
+    ensure!(
+        t.shape == shape,
+        "tensor `{name}` has shape {:?}, expected {shape:?}",
+        t.shape
+    );
     Ok(t)
 }
 
@@ -150,33 +156,54 @@ fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
     shape[0] = rows;
     let same = |f: fn(&TensorData) -> bool| parts.iter().all(|p| f(&p.data));
     let data = if same(|d| matches!(d, TensorData::F16(_))) {
-        TensorData::F16(parts.into_iter().flat_map(|p| match p.data {
-            TensorData::F16(v) => v,
-            _ => Vec::new(),
-        }).collect())
+        TensorData::F16(
+            parts
+                .into_iter()
+                .flat_map(|p| match p.data {
+                    TensorData::F16(v) => v,
+                    _ => Vec::new(),
+                })
+                .collect(),
+        )
     } else if same(|d| matches!(d, TensorData::BF16(_))) {
-        TensorData::BF16(parts.into_iter().flat_map(|p| match p.data {
-            TensorData::BF16(v) => v,
-            _ => Vec::new(),
-        }).collect())
+        TensorData::BF16(
+            parts
+                .into_iter()
+                .flat_map(|p| match p.data {
+                    TensorData::BF16(v) => v,
+                    _ => Vec::new(),
+                })
+                .collect(),
+        )
     } else {
-        TensorData::F32(parts.into_iter().flat_map(|p| match p.data {
-            TensorData::F32(v) => v,
-            TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
-        }).collect())
+        TensorData::F32(
+            parts
+                .into_iter()
+                .flat_map(|p| match p.data {
+                    TensorData::F32(v) => v,
+                    TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                    TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                })
+                .collect(),
+        )
     };
     HostTensor { shape, data }
 }
 
 impl<B: Backend> Layer<B> {
-    fn load(backend: &B, c: &ModelConfig, w: &mut dyn WeightSource, i: usize) -> anyhow::Result<Self> {
+    fn load(
+        backend: &B,
+        c: &ModelConfig,
+        w: &mut dyn WeightSource,
+        i: usize,
+    ) -> anyhow::Result<Self> {
         let p = format!("model.layers.{i}");
         let (h, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qw, kvw) = (c.num_heads * hd, c.num_kv_heads * hd);
-        let param = |w: &mut dyn WeightSource, name: String, len: usize| -> anyhow::Result<B::Param> {
-            backend.upload_param(&name, read(w, &name, &[len])?)
-        };
+        let param =
+            |w: &mut dyn WeightSource, name: String, len: usize| -> anyhow::Result<B::Param> {
+                backend.upload_param(&name, read(w, &name, &[len])?)
+            };
         let qkv_names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{p}.self_attn.{n}"));
         let widths = [qw, kvw, kvw];
         let mut parts = Vec::new();
@@ -184,7 +211,10 @@ impl<B: Backend> Layer<B> {
             parts.push(read(w, &format!("{n}.weight"), &[rows, h])?);
         }
         let qkv = backend.upload_weight(&format!("{p}.self_attn.qkv"), concat_rows(parts))?;
-        let has_bias: Vec<bool> = qkv_names.iter().map(|n| w.contains(&format!("{n}.bias"))).collect();
+        let has_bias: Vec<bool> = qkv_names
+            .iter()
+            .map(|n| w.contains(&format!("{n}.bias")))
+            .collect();
         let qkv_bias = if has_bias.iter().any(|&b| b) {
             let mut parts = Vec::new();
             for (n, &rows) in qkv_names.iter().zip(&widths) {
@@ -196,7 +226,10 @@ impl<B: Backend> Layer<B> {
         };
         let q_norm = format!("{p}.self_attn.q_norm.weight");
         let qk_norm = if c.arch == Arch::Qwen3 || w.contains(&q_norm) {
-            Some((param(w, q_norm, hd)?, param(w, format!("{p}.self_attn.k_norm.weight"), hd)?))
+            Some((
+                param(w, q_norm, hd)?,
+                param(w, format!("{p}.self_attn.k_norm.weight"), hd)?,
+            ))
         } else {
             None
         };
@@ -204,7 +237,8 @@ impl<B: Backend> Layer<B> {
         let o_proj = backend.upload_weight(&o_name, read(w, &o_name, &[h, qw])?)?;
         let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
         let up = read(w, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
-        let gate_up = backend.upload_weight(&format!("{p}.mlp.gate_up"), concat_rows(vec![gate, up]))?;
+        let gate_up =
+            backend.upload_weight(&format!("{p}.mlp.gate_up"), concat_rows(vec![gate, up]))?;
         let down_name = format!("{p}.mlp.down_proj.weight");
         let down = backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?;
         Ok(Layer {
@@ -231,13 +265,20 @@ impl<B: Backend> Model<B> {
     ) -> anyhow::Result<Self> {
         let c = config;
         ensure!(
-            c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,
+            c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads.is_multiple_of(c.num_kv_heads),
             "num_attention_heads {} is not a multiple of num_key_value_heads {}",
             c.num_heads,
             c.num_kv_heads
         );
-        ensure!(c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim {} must be even", c.head_dim);
-        ensure!(c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers > 0, "empty model dimensions in the config");
+        ensure!(
+            c.head_dim > 0 && c.head_dim.is_multiple_of(2),
+            "head_dim {} must be even",
+            c.head_dim
+        );
+        ensure!(
+            c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers > 0,
+            "empty model dimensions in the config"
+        );
         ensure!(opts.block_size > 0, "KV block size must be positive");
         let block_bytes = kv_bytes_per_token(c) * opts.block_size;
         let num_blocks = opts.kv_cache_bytes / block_bytes;
@@ -248,19 +289,30 @@ impl<B: Backend> Model<B> {
             opts.block_size
         );
         let embed_name = "model.embed_tokens.weight";
-        let embed = backend.upload_weight(embed_name, read(weights, embed_name, &[c.vocab_size, c.hidden_size])?)?;
+        let embed = backend.upload_weight(
+            embed_name,
+            read(weights, embed_name, &[c.vocab_size, c.hidden_size])?,
+        )?;
         let lm_head = if weights.contains("lm_head.weight") {
             let t = read(weights, "lm_head.weight", &[c.vocab_size, c.hidden_size])?;
             Some(backend.upload_weight("lm_head.weight", t)?)
         } else {
             None
         };
-        let final_norm = backend.upload_param("model.norm.weight", read(weights, "model.norm.weight", &[c.hidden_size])?)?;
+        let final_norm = backend.upload_param(
+            "model.norm.weight",
+            read(weights, "model.norm.weight", &[c.hidden_size])?,
+        )?;
         let mut layers = Vec::with_capacity(c.num_layers);
         let mut caches = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             layers.push(Layer::load(&backend, c, weights, i)?);
-            caches.push(backend.new_kv_cache(num_blocks, opts.block_size, c.num_kv_heads, c.head_dim)?);
+            caches.push(backend.new_kv_cache(
+                num_blocks,
+                opts.block_size,
+                c.num_kv_heads,
+                c.head_dim,
+            )?);
         }
         let bufs = Buffers {
             x: backend.new_act(),
@@ -276,7 +328,11 @@ impl<B: Backend> Model<B> {
         };
         let state = ModelState {
             config: c.clone(),
-            layout: QkvLayout { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim },
+            layout: QkvLayout {
+                num_heads: c.num_heads,
+                num_kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+            },
             embed,
             lm_head,
             final_norm,
@@ -311,8 +367,15 @@ impl<B: Backend> ModelState<B> {
         let mut seqs = Vec::with_capacity(batch.len());
         for (i, s) in batch.iter().enumerate() {
             ensure!(!s.tokens.is_empty(), "batch entry {i} has no tokens");
-            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-                bail!("batch entry {i}: token id {t} is outside the vocabulary ({})", self.config.vocab_size);
+            if let Some(&t) = s
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.config.vocab_size)
+            {
+                bail!(
+                    "batch entry {i}: token id {t} is outside the vocabulary ({})",
+                    self.config.vocab_size
+                );
             }
             let end = s.start_pos + s.tokens.len();
             let need = end.div_ceil(bs);
@@ -321,13 +384,20 @@ impl<B: Backend> ModelState<B> {
                 "batch entry {i}: block table has {} blocks but positions up to {end} need {need}",
                 s.block_table.len()
             );
-            if let Some(&b) = s.block_table[..need].iter().find(|&&b| b as usize >= self.num_blocks) {
-                bail!("batch entry {i}: block id {b} is past the KV cache ({} blocks)", self.num_blocks);
+            if let Some(&b) = s.block_table[..need]
+                .iter()
+                .find(|&&b| b as usize >= self.num_blocks)
+            {
+                bail!(
+                    "batch entry {i}: block id {b} is past the KV cache ({} blocks)",
+                    self.num_blocks
+                );
             }
             let row_start = host.tokens.len();
             host.tokens.extend_from_slice(s.tokens);
             for pos in s.start_pos..end {
-                host.slots.push(s.block_table[pos / bs] as usize * bs + pos % bs);
+                host.slots
+                    .push(s.block_table[pos / bs] as usize * bs + pos % bs);
                 for &f in &self.inv_freq {
                     let angle = pos as f32 * f;
                     host.rope_cos.push(angle.cos());
@@ -338,7 +408,12 @@ impl<B: Backend> ModelState<B> {
             if s.need_logits {
                 host.logit_rows.push(host.tokens.len() - 1);
             }
-            seqs.push(AttnSeq { row_start, n_tokens: s.tokens.len(), start_pos: s.start_pos, block_table: s.block_table });
+            seqs.push(AttnSeq {
+                row_start,
+                n_tokens: s.tokens.len(),
+                start_pos: s.start_pos,
+                block_table: s.block_table,
+            });
         }
         Ok(seqs)
     }
@@ -357,7 +432,18 @@ impl<B: Backend> ModelState<B> {
         })?;
         let eps = self.config.rms_norm_eps;
         let layout = self.layout;
-        let Buffers { x, h, qkv, attn, o, gate_up, act, down, last, logits } = &mut self.bufs;
+        let Buffers {
+            x,
+            h,
+            qkv,
+            attn,
+            o,
+            gate_up,
+            act,
+            down,
+            last,
+            logits,
+        } = &mut self.bufs;
         b.embed(&self.embed, &self.host.tokens, x)?;
         for (i, (layer, cache)) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
             if i == 0 {
@@ -382,7 +468,12 @@ impl<B: Backend> ModelState<B> {
         }
         b.add_rms_norm(x, down, &self.final_norm, eps, h)?;
         b.gather_rows(h, &self.host.logit_rows, last)?;
-        b.matmul(last, self.lm_head.as_ref().unwrap_or(&self.embed), None, logits)?;
+        b.matmul(
+            last,
+            self.lm_head.as_ref().unwrap_or(&self.embed),
+            None,
+            logits,
+        )?;
         b.to_host(logits)
     }
 }

@@ -120,10 +120,18 @@ impl SamplingParams {
     }
 }
 
-/// A sampled token with its log-probability under the processed distribution.
+/// A sampled token, with logprobs when the request asked for them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
+    pub logprobs: Option<TopLogprobs>,
+}
+
+/// Log-probabilities under the processed distribution (after penalties, temperature and
+/// truncation: the distribution the token was drawn from).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprobs {
+    /// Of the sampled token.
     pub logprob: f32,
     /// The `logprobs` most likely tokens, most likely first (ties by lower id).
     pub top: Vec<(u32, f32)>,
@@ -167,17 +175,14 @@ impl Sampler {
             truncate(logits, params);
             sample_from_logits(logits, self.rng.random::<f64>())
         };
-        let log_z = log_sum_exp(logits);
-        let logprob = logits[token as usize] - log_z;
-        let top = params
-            .logprobs
-            .map(|n| top_n(logits, n, log_z))
-            .unwrap_or_default();
-        Sampled {
-            token,
-            logprob,
-            top,
-        }
+        let logprobs = params.logprobs.map(|n| {
+            let log_z = log_sum_exp(logits);
+            TopLogprobs {
+                logprob: logits[token as usize] - log_z,
+                top: top_n(logits, n, log_z),
+            }
+        });
+        Sampled { token, logprobs }
     }
 }
 
@@ -294,21 +299,22 @@ fn truncate(logits: &mut [f32], params: &SamplingParams) {
 /// Inverse-CDF sample over softmax(logits) with `u` uniform in [0, 1).
 fn sample_from_logits(logits: &[f32], u: f64) -> u32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let total: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let weights: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
     let target = u * total;
     let mut acc = 0.0;
-    let mut last_finite = argmax(logits);
-    for (i, &l) in logits.iter().enumerate() {
-        if l == f32::NEG_INFINITY {
+    let mut last_positive = argmax(logits);
+    for (i, &w) in weights.iter().enumerate() {
+        if w == 0.0 {
             continue;
         }
-        acc += f64::from(l - max).exp();
-        last_finite = i as u32;
+        acc += f64::from(w);
+        last_positive = i as u32;
         if acc > target {
             return i as u32;
         }
     }
-    last_finite
+    last_positive
 }
 
 fn log_sum_exp(logits: &[f32]) -> f32 {
@@ -425,7 +431,9 @@ mod tests {
                 ..params(1.0)
             };
             let mut s = Sampler::new(&p);
-            (0..64).map(|_| draw(&logits, &p, &mut s)).collect::<Vec<_>>()
+            (0..64)
+                .map(|_| draw(&logits, &p, &mut s))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));
@@ -473,7 +481,9 @@ mod tests {
             stop_token_ids: vec![],
             ..p
         };
-        let masked = s.sample(&mut logits.to_vec(), &ignore, &[], &[], &eos).token;
+        let masked = s
+            .sample(&mut logits.to_vec(), &ignore, &[], &[], &eos)
+            .token;
         assert_eq!(masked, 1, "EOS is not a stop token with ignore_eos");
     }
 
@@ -486,8 +496,9 @@ mod tests {
         let mut s = Sampler::new(&p);
         let probs = [0.2f32, 0.5, 0.2, 0.1];
         let mut logits: Vec<f32> = probs.iter().map(|p| p.ln() + 3.0).collect();
-        let out = s.sample(&mut logits, &p, &[], &[], &[]);
-        assert_eq!(out.token, 1);
+        let sampled = s.sample(&mut logits, &p, &[], &[], &[]);
+        assert_eq!(sampled.token, 1);
+        let out = sampled.logprobs.unwrap();
         assert!((out.logprob - 0.5f32.ln()).abs() < 1e-5);
         assert_eq!(out.top.len(), 2);
         assert_eq!(out.top[0].0, 1);

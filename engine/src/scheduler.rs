@@ -268,7 +268,11 @@ impl Scheduler {
             arrivals(&mut self.waiting.iter()).is_sorted(),
             "waiting queue is not in arrival order"
         );
-        let tables: Vec<&[u32]> = self.seqs.values().map(|s| s.block_table.as_slice()).collect();
+        let tables: Vec<&[u32]> = self
+            .seqs
+            .values()
+            .map(|s| s.block_table.as_slice())
+            .collect();
         bm.check_invariants(&tables)
     }
 }
@@ -371,7 +375,10 @@ mod tests {
         assert_eq!(s.block_manager().prefix_cache_stats().hits, 4);
         let seq = s.seq(1).unwrap();
         assert_eq!(seq.output_tokens(), &[50, 51, 53]);
-        assert_eq!(seq.num_cached_prompt_tokens, 0, "first admission found nothing cached");
+        assert_eq!(
+            seq.num_cached_prompt_tokens, 0,
+            "first admission found nothing cached"
+        );
     }
 
     #[test]

@@ -33,13 +33,17 @@ fn reference(dir: &Path) -> Value {
 
 /// Loads a model with a 64-block cache, keeping weights as stored (or f32 as f16).
 fn load(path: &Path, f32_as_f16: bool) -> Box<dyn ModelRunner> {
-    let (config, mut weights) = open_model(path).unwrap_or_else(|e| panic!("open {}: {e:#}", path.display()));
+    let (config, mut weights) =
+        open_model(path).unwrap_or_else(|e| panic!("open {}: {e:#}", path.display()));
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
         kv_cache_bytes: kv_bytes_per_token(&config) * BLOCK_SIZE * NUM_BLOCKS,
     };
     let runner = if f32_as_f16 {
-        let cpu = CpuOptions { threads: 2, f32_weights_as_f16: true };
+        let cpu = CpuOptions {
+            threads: 2,
+            f32_weights_as_f16: true,
+        };
         load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu)
     } else {
         load_cpu_runner(&config, weights.as_mut(), &opts, 2)
@@ -53,7 +57,12 @@ fn load(path: &Path, f32_as_f16: bool) -> Box<dyn ModelRunner> {
 /// Computes `tokens` at positions `start..` of a sequence stored in `table`; returns the
 /// last token's logits.
 fn step(r: &mut dyn ModelRunner, tokens: &[u32], start: usize, table: &[u32]) -> Vec<f32> {
-    let input = SeqInput { tokens, start_pos: start, block_table: table, need_logits: true };
+    let input = SeqInput {
+        tokens,
+        start_pos: start,
+        block_table: table,
+        need_logits: true,
+    };
     let mut out = r.forward(&[input]).expect("forward");
     assert_eq!(out.len(), 1);
     out.pop().unwrap()
@@ -70,11 +79,19 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().expect("float list").iter().map(|x| x.as_f64().expect("float") as f32).collect()
+    v.as_array()
+        .expect("float list")
+        .iter()
+        .map(|x| x.as_f64().expect("float") as f32)
+        .collect()
 }
 
 /// Largest `|a - b| / max(1, |b|)`.
@@ -93,7 +110,9 @@ fn check_tiny_golden(rel: &str) {
     let dir = golden_dir(rel);
     let golden = reference(&dir);
     let mut r = load(&dir, false);
-    let cases = golden["runs"]["float32"]["cases"].as_array().expect("float32 cases");
+    let cases = golden["runs"]["float32"]["cases"]
+        .as_array()
+        .expect("float32 cases");
     assert_eq!(cases.len(), 5);
     let mut err = MaxErr::default();
     for (ci, case) in cases.iter().enumerate() {
@@ -104,7 +123,10 @@ fn check_tiny_golden(rel: &str) {
         // One prefill: top-20 at the last position.
         let mut logits = step(r.as_mut(), &input, 0, &table);
         for pair in case["last_top20"].as_array().unwrap() {
-            let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap() as f32);
+            let (id, want) = (
+                pair[0].as_u64().unwrap() as usize,
+                pair[1].as_f64().unwrap() as f32,
+            );
             err.add(logits[id], want);
         }
 
@@ -136,7 +158,11 @@ fn check_tiny_golden(rel: &str) {
         }
     }
     println!("{rel}: max relative logit error {:.2e}", err.0);
-    assert!(err.0 <= 1e-3, "{rel}: logits differ from the golden by {:.2e} (relative)", err.0);
+    assert!(
+        err.0 <= 1e-3,
+        "{rel}: logits differ from the golden by {:.2e} (relative)",
+        err.0
+    );
 }
 
 #[test]
@@ -156,13 +182,19 @@ fn llama_tiny_matches_golden() {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// The prompt of the 130-token case of qwen3-tiny.
 fn qwen3_prompt(golden: &Value, n: usize) -> Vec<u32> {
     let cases = golden["runs"]["float32"]["cases"].as_array().unwrap();
-    let case = cases.iter().find(|c| c["n_input"] == n).expect("case length");
+    let case = cases
+        .iter()
+        .find(|c| c["n_input"] == n)
+        .expect("case length");
     ids(&case["input_ids"])
 }
 
@@ -177,12 +209,23 @@ fn chunked_prefill_and_prefix_reuse_match_one_prefill() {
     let whole = step(r.as_mut(), &prompt, 0, &table);
 
     // Chunks of 5 tokens, through a shuffled block table.
-    let shuffled: Vec<u32> = (0..table.len() as u32).map(|i| (i * 7 + 3) % 20 + 20).collect();
+    let shuffled: Vec<u32> = (0..table.len() as u32)
+        .map(|i| (i * 7 + 3) % 20 + 20)
+        .collect();
     let mut chunked = Vec::new();
     for start in (0..n).step_by(5) {
-        chunked = step(r.as_mut(), &prompt[start..(start + 5).min(n)], start, &shuffled);
+        chunked = step(
+            r.as_mut(),
+            &prompt[start..(start + 5).min(n)],
+            start,
+            &shuffled,
+        );
     }
-    assert!(max_abs_diff(&chunked, &whole) <= 1e-4, "chunks of 5: {}", max_abs_diff(&chunked, &whole));
+    assert!(
+        max_abs_diff(&chunked, &whole) <= 1e-4,
+        "chunks of 5: {}",
+        max_abs_diff(&chunked, &whole)
+    );
 
     // A cached prefix (full blocks, as a prefix-cache hit gives), then the rest in
     // another sequence that shares those blocks.
@@ -191,12 +234,20 @@ fn chunked_prefill_and_prefix_reuse_match_one_prefill() {
     other.extend(40..40 + (table.len() - 3) as u32);
     step(r.as_mut(), &prompt[..prefix], 0, &table);
     let rest = step(r.as_mut(), &prompt[prefix..], prefix, &other);
-    assert!(max_abs_diff(&rest, &whole) <= 1e-4, "prefix then rest: {}", max_abs_diff(&rest, &whole));
+    assert!(
+        max_abs_diff(&rest, &whole) <= 1e-4,
+        "prefix then rest: {}",
+        max_abs_diff(&rest, &whole)
+    );
 
     // A prefix that ends inside a block.
     step(r.as_mut(), &prompt[..37], 0, &table);
     let rest = step(r.as_mut(), &prompt[37..], 37, &table);
-    assert!(max_abs_diff(&rest, &whole) <= 1e-4, "37 then rest: {}", max_abs_diff(&rest, &whole));
+    assert!(
+        max_abs_diff(&rest, &whole) <= 1e-4,
+        "37 then rest: {}",
+        max_abs_diff(&rest, &whole)
+    );
 }
 
 #[test]
@@ -220,9 +271,24 @@ fn batched_sequences_match_solo_runs() {
 
     // Step 1: A's prefill, B's first chunk (no logits), C's prefill.
     let batch = [
-        SeqInput { tokens: &a, start_pos: 0, block_table: &ta, need_logits: true },
-        SeqInput { tokens: &b[..4], start_pos: 0, block_table: &tb, need_logits: false },
-        SeqInput { tokens: &c, start_pos: 0, block_table: &tc, need_logits: true },
+        SeqInput {
+            tokens: &a,
+            start_pos: 0,
+            block_table: &ta,
+            need_logits: true,
+        },
+        SeqInput {
+            tokens: &b[..4],
+            start_pos: 0,
+            block_table: &tb,
+            need_logits: false,
+        },
+        SeqInput {
+            tokens: &c,
+            start_pos: 0,
+            block_table: &tc,
+            need_logits: true,
+        },
     ];
     let out = r.forward(&batch).expect("forward");
     assert_eq!(out.len(), 2, "one logits row per entry with need_logits");
@@ -231,37 +297,85 @@ fn batched_sequences_match_solo_runs() {
 
     // Step 2: A decodes, B finishes its prefill.
     let batch = [
-        SeqInput { tokens: &[next], start_pos: a.len(), block_table: &ta, need_logits: true },
-        SeqInput { tokens: &b[4..], start_pos: 4, block_table: &tb, need_logits: true },
+        SeqInput {
+            tokens: &[next],
+            start_pos: a.len(),
+            block_table: &ta,
+            need_logits: true,
+        },
+        SeqInput {
+            tokens: &b[4..],
+            start_pos: 4,
+            block_table: &tb,
+            need_logits: true,
+        },
     ];
     let out = r.forward(&batch).expect("forward");
-    assert!(max_abs_diff(&out[0], &a_decode) <= 1e-4, "decode in a batch: {}", max_abs_diff(&out[0], &a_decode));
-    assert!(max_abs_diff(&out[1], &b_last) <= 1e-4, "chunk in a batch: {}", max_abs_diff(&out[1], &b_last));
+    assert!(
+        max_abs_diff(&out[0], &a_decode) <= 1e-4,
+        "decode in a batch: {}",
+        max_abs_diff(&out[0], &a_decode)
+    );
+    assert!(
+        max_abs_diff(&out[1], &b_last) <= 1e-4,
+        "chunk in a batch: {}",
+        max_abs_diff(&out[1], &b_last)
+    );
 }
 
 #[test]
 fn bad_inputs_are_errors() {
     let dir = golden_dir("qwen3-tiny/f32");
     let mut r = load(&dir, false);
-    let bad_token = SeqInput { tokens: &[49152], start_pos: 0, block_table: &[0], need_logits: true };
+    let bad_token = SeqInput {
+        tokens: &[49152],
+        start_pos: 0,
+        block_table: &[0],
+        need_logits: true,
+    };
     assert!(r.forward(&[bad_token]).is_err());
-    let short_table = SeqInput { tokens: &[1; 17], start_pos: 0, block_table: &[0], need_logits: true };
+    let short_table = SeqInput {
+        tokens: &[1; 17],
+        start_pos: 0,
+        block_table: &[0],
+        need_logits: true,
+    };
     assert!(r.forward(&[short_table]).is_err());
-    let bad_block = SeqInput { tokens: &[1], start_pos: 0, block_table: &[64], need_logits: true };
+    let bad_block = SeqInput {
+        tokens: &[1],
+        start_pos: 0,
+        block_table: &[64],
+        need_logits: true,
+    };
     assert!(r.forward(&[bad_block]).is_err());
-    let empty = SeqInput { tokens: &[], start_pos: 0, block_table: &[0], need_logits: true };
+    let empty = SeqInput {
+        tokens: &[],
+        start_pos: 0,
+        block_table: &[0],
+        need_logits: true,
+    };
     assert!(r.forward(&[empty]).is_err());
     assert!(r.forward(&[]).unwrap().is_empty());
 
     let (config, mut weights) = open_model(&dir).unwrap();
-    let opts = RunnerOptions { block_size: 16, kv_cache_bytes: kv_bytes_per_token(&config) * 15 };
-    let err = load_cpu_runner(&config, weights.as_mut(), &opts, 1).err().expect("too small a cache is an error");
+    let opts = RunnerOptions {
+        block_size: 16,
+        kv_cache_bytes: kv_bytes_per_token(&config) * 15,
+    };
+    let err = load_cpu_runner(&config, weights.as_mut(), &opts, 1)
+        .err()
+        .expect("too small a cache is an error");
     assert!(err.to_string().contains("less than one block"), "{err}");
 }
 
 fn smollm2_path() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(path.is_file(), "missing {}: run scripts/fetch-model.sh to download it", path.display());
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "missing {}: run scripts/fetch-model.sh to download it",
+        path.display()
+    );
     path
 }
 
@@ -272,7 +386,14 @@ fn smollm2_gguf_matches_golden() {
     let golden = reference(&golden_dir("smollm2-135m"));
     let mut r = load(&path, true);
     let mut max_abs = 0.0f32;
-    let names = ["en_capital", "code_python", "chinese", "leading_spaces", "short_hi", "chat_two_message"];
+    let names = [
+        "en_capital",
+        "code_python",
+        "chinese",
+        "leading_spaces",
+        "short_hi",
+        "chat_two_message",
+    ];
     for prompt in golden["prompts"].as_array().unwrap() {
         let name = prompt["name"].as_str().unwrap();
         if !names.contains(&name) {
@@ -292,9 +413,15 @@ fn smollm2_gguf_matches_golden() {
                 let mut order: Vec<usize> = (0..logits.len()).collect();
                 order.sort_by(|&i, &j| logits[j].total_cmp(&logits[i]));
                 let ref_top1 = topk[0][0].as_u64().unwrap() as usize;
-                assert!(order[..5].contains(&ref_top1), "{name} step {s}: reference top-1 not in our top-5");
+                assert!(
+                    order[..5].contains(&ref_top1),
+                    "{name} step {s}: reference top-1 not in our top-5"
+                );
                 for pair in topk {
-                    let (id, v) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap() as f32);
+                    let (id, v) = (
+                        pair[0].as_u64().unwrap() as usize,
+                        pair[1].as_f64().unwrap() as f32,
+                    );
                     max_abs = max_abs.max((logits[id] - v).abs());
                 }
             }

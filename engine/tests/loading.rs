@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::config::{Arch, Llama3RopeScaling, ModelConfig};
+use engine::config::{llama3_rope_factors, Arch, Llama3RopeScaling, ModelConfig};
 use engine::weights::gguf::{dequantize, GgufFile, QuantType};
 use engine::weights::{open_model, HostTensor, TensorData, WeightSource};
 use safetensors::tensor::{serialize, Dtype, TensorView};
@@ -249,6 +249,7 @@ fn dequantize_q4_1_blocks() {
 }
 
 /// A minimal GGUF v3 writer for building test files.
+#[derive(Clone)]
 struct GgufBuilder {
     kv: Vec<u8>,
     n_kv: u64,
@@ -776,4 +777,50 @@ fn smollm2_gguf_weights_reproduce_golden_logits() {
             logits[id]
         );
     }
+}
+
+#[test]
+fn gguf_rope_freqs_become_llama3_scaling() {
+    let want = Llama3RopeScaling {
+        factor: 32.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    };
+    let factors = llama3_rope_factors(&want, 500_000.0, 64);
+    // Entries run from 1 (high frequencies) through the smooth band to `factor`.
+    assert_eq!((factors[0], factors[31]), (1.0, 32.0));
+    assert!(factors.iter().any(|&f| f > 1.0 && f < 32.0));
+    let base = GgufBuilder::new()
+        .kv_str("general.architecture", "llama")
+        .kv_u32("llama.embedding_length", 128)
+        .kv_u32("llama.block_count", 1)
+        .kv_u32("llama.feed_forward_length", 256)
+        .kv_u32("llama.attention.head_count", 2)
+        .kv_f32("llama.rope.freq_base", 500_000.0)
+        .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        .kv_u32("llama.context_length", 131072)
+        .kv_str_array("tokenizer.ggml.tokens", &["a"]);
+    let dir = tempfile::tempdir().unwrap();
+    let good = base
+        .clone()
+        .tensor("rope_freqs.weight", &[32], 0, f32_bytes(&factors))
+        .build();
+    let file = GgufFile::open(&write_temp(dir.path(), "good.gguf", &good)).unwrap();
+    assert_eq!(
+        ModelConfig::from_gguf(&file).unwrap().rope_scaling,
+        Some(want)
+    );
+
+    let mut odd = factors.clone();
+    odd[10] *= 1.5;
+    let bad = base
+        .tensor("rope_freqs.weight", &[32], 0, f32_bytes(&odd))
+        .build();
+    let file = GgufFile::open(&write_temp(dir.path(), "bad.gguf", &bad)).unwrap();
+    let msg = error_of(ModelConfig::from_gguf(&file));
+    assert!(
+        msg.contains("rope_freqs.weight") && msg.contains("bad.gguf"),
+        "{msg}"
+    );
 }

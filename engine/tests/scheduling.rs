@@ -92,7 +92,10 @@ impl MockRunner {
         let block = *table
             .get(pos / self.block_size)
             .with_context(|| format!("block table too short for position {pos}"))?;
-        ensure!((block as usize) < self.num_blocks, "block {block} out of range");
+        ensure!(
+            (block as usize) < self.num_blocks,
+            "block {block} out of range"
+        );
         Ok(block as usize * self.block_size + pos % self.block_size)
     }
 }
@@ -158,7 +161,10 @@ fn engine(setup: &Setup, tokenizer: &Arc<Tokenizer>) -> (LlmEngine, ForwardLog) 
         max_model_len: 4096,
         enable_prefix_caching: true,
     };
-    (LlmEngine::new(Box::new(runner), tokenizer.clone(), config), log)
+    (
+        LlmEngine::new(Box::new(runner), tokenizer.clone(), config),
+        log,
+    )
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
@@ -177,7 +183,11 @@ fn mixed_prompts(seed: u64) -> Vec<Vec<u32>> {
     (0..16)
         .map(|i| {
             let len = rng.random_range(1..60);
-            let mut p: Vec<u32> = if i % 2 == 0 { shared.clone() } else { Vec::new() };
+            let mut p: Vec<u32> = if i % 2 == 0 {
+                shared.clone()
+            } else {
+                Vec::new()
+            };
             p.extend((0..len).map(|_| rng.random_range(3..VOCAB as u32)));
             p
         })
@@ -215,7 +225,10 @@ fn greedy_outputs_are_batch_invariant() {
     let (mut e, _) = engine(&tight_kv, &tok);
     let preempted = e.generate(prompts.clone(), &params).unwrap();
     assert_eq!(tokens(&preempted), expected, "under preemption");
-    assert!(e.stats().num_preemptions > 0, "the KV budget must force preemption");
+    assert!(
+        e.stats().num_preemptions > 0,
+        "the KV budget must force preemption"
+    );
     e.check_invariants().unwrap();
     assert_eq!(e.stats().kv_blocks_used, 0);
 
@@ -227,9 +240,13 @@ fn greedy_outputs_are_batch_invariant() {
     let chunked = e.generate(prompts, &params).unwrap();
     assert_eq!(tokens(&chunked), expected, "with chunked prefill");
     let log = log.lock().unwrap();
-    assert!(log.iter().all(|step| step.iter().map(|s| s.1).sum::<usize>() <= 7));
+    assert!(log
+        .iter()
+        .all(|step| step.iter().map(|s| s.1).sum::<usize>() <= 7));
     assert!(
-        log.iter().flatten().any(|&(start, len, need)| start > 0 && len > 1 && !need),
+        log.iter()
+            .flatten()
+            .any(|&(start, len, need)| start > 0 && len > 1 && !need),
         "prompts must be split into chunks"
     );
 }
@@ -315,7 +332,11 @@ fn fully_cached_prompt_still_computes_its_last_token() {
         let cached = (len - 1) / 4 * 4;
         assert_eq!(second[0].num_cached_prompt_tokens, cached);
         let log = log.lock().unwrap();
-        assert_eq!(log[0], vec![(cached, len - cached, true)], "prompt of {len}");
+        assert_eq!(
+            log[0],
+            vec![(cached, len - cached, true)],
+            "prompt of {len}"
+        );
     }
 }
 
@@ -342,13 +363,20 @@ fn preempted_sequence_reprefills_from_the_cache_and_continues_identically() {
     let stats = e.stats();
     assert!(stats.num_preemptions >= 1);
     // The re-prefill found p1's cached blocks (prompt and generated tokens).
-    assert!(stats.prefix_cache_hits >= 8, "hits: {}", stats.prefix_cache_hits);
+    assert!(
+        stats.prefix_cache_hits >= 8,
+        "hits: {}",
+        stats.prefix_cache_hits
+    );
     let log = log.lock().unwrap();
     let reprefill = log
         .iter()
         .flatten()
         .any(|&(start, len, _)| start > 0 && len > 1 && start + len > p1.len());
-    assert!(reprefill, "the preempted sequence must re-prefill its generated tokens: {log:?}");
+    assert!(
+        reprefill,
+        "the preempted sequence must re-prefill its generated tokens: {log:?}"
+    );
     e.check_invariants().unwrap();
     assert_eq!(e.stats().kv_blocks_used, 0);
 }
@@ -370,13 +398,21 @@ fn random_request_mix_leaks_no_blocks() {
     while added < 200 || e.has_unfinished() {
         if added < 200 && rng.random_bool(0.6) {
             let len = rng.random_range(1..40);
-            let mut prompt = if rng.random_bool(0.5) { shared.clone() } else { Vec::new() };
+            let mut prompt = if rng.random_bool(0.5) {
+                shared.clone()
+            } else {
+                Vec::new()
+            };
             prompt.extend((0..len).map(|_| rng.random_range(3..VOCAB as u32)));
             let params = SamplingParams {
                 max_tokens: rng.random_range(1..30),
                 temperature: if rng.random_bool(0.5) { 0.0 } else { 0.9 },
                 seed: Some(rng.random()),
-                stop: if rng.random_bool(0.3) { vec!["e".into()] } else { vec![] },
+                stop: if rng.random_bool(0.3) {
+                    vec!["e".into()]
+                } else {
+                    vec![]
+                },
                 stop_token_ids: (0..20).map(|_| rng.random_range(3..VOCAB as u32)).collect(),
                 ..SamplingParams::default()
             };
@@ -403,9 +439,15 @@ fn random_request_mix_leaks_no_blocks() {
     assert_eq!(finished + aborted, 200);
     assert!(stopped > 0 && aborted > 0);
     let stats = e.stats();
-    assert!(stats.num_preemptions > 0, "the mix must exercise preemption");
+    assert!(
+        stats.num_preemptions > 0,
+        "the mix must exercise preemption"
+    );
     assert!(stats.prefix_cache_hits > 0);
-    assert_eq!((stats.kv_blocks_used, stats.num_running, stats.num_waiting), (0, 0, 0));
+    assert_eq!(
+        (stats.kv_blocks_used, stats.num_running, stats.num_waiting),
+        (0, 0, 0)
+    );
 }
 
 #[test]
@@ -413,7 +455,10 @@ fn finish_reasons_and_stop_strings() {
     let tok = tokenizer();
     let (mut e, _) = engine(&ROOMY, &tok);
     let prompt: Vec<u32> = (500..520).collect();
-    let full = e.generate(vec![prompt.clone()], &greedy(12)).unwrap().remove(0);
+    let full = e
+        .generate(vec![prompt.clone()], &greedy(12))
+        .unwrap()
+        .remove(0);
     assert_eq!(full.finish, FinishReason::Length);
     assert_eq!(full.text, tok.decode(&full.token_ids, true).unwrap());
 
@@ -427,7 +472,10 @@ fn finish_reasons_and_stop_strings() {
     let first = full.token_ids.iter().position(|&t| t == stop_id).unwrap();
     assert_eq!(out.token_ids, full.token_ids[..=first]);
     assert_eq!(out.finish, FinishReason::Stop);
-    assert_eq!(out.text, tok.decode(&full.token_ids[..first], true).unwrap());
+    assert_eq!(
+        out.text,
+        tok.decode(&full.token_ids[..first], true).unwrap()
+    );
 
     // A stop string spanning a token boundary: the text is cut before it.
     let text = &full.text;
@@ -519,4 +567,38 @@ fn llama_tiny_greedy_is_batch_invariant() {
     assert_eq!(preempted, alone, "under preemption");
     let (chunked, _) = run(&prompts, 256, 7);
     assert_eq!(chunked, alone, "with chunked prefill");
+}
+
+#[test]
+fn updates_carry_logprobs_counts_and_stats() {
+    let tok = tokenizer();
+    let (mut e, _) = engine(&ROOMY, &tok);
+    let prompt: Vec<u32> = (700..710).collect();
+    let params = SamplingParams {
+        logprobs: Some(3),
+        ..greedy(4)
+    };
+    let id = e.add_request(prompt.clone(), params).unwrap();
+    let mut updates = Vec::new();
+    while e.has_unfinished() {
+        updates.extend(e.step().unwrap());
+    }
+    let expected = reference(&prompt, 4);
+    assert_eq!(updates.len(), 4);
+    for (i, u) in updates.iter().enumerate() {
+        assert_eq!((u.id, u.token), (id, Some(expected[i])));
+        assert_eq!((u.num_prompt_tokens, u.num_output_tokens), (10, i + 1));
+        let lp = u.logprob.as_ref().unwrap();
+        assert_eq!(lp.top.len(), 3);
+        assert_eq!(lp.top[0], (expected[i], lp.logprob));
+        assert!(lp.logprob < 0.0 && lp.top[1].1 < lp.logprob);
+    }
+    assert_eq!(updates[3].finish, Some(FinishReason::Length));
+    assert!(updates[..3].iter().all(|u| u.finish.is_none()));
+    let stats = e.stats();
+    assert_eq!(
+        (stats.prompt_tokens_total, stats.generation_tokens_total),
+        (10, 4)
+    );
+    assert_eq!(stats.kv_blocks_total, ROOMY.num_blocks);
 }

@@ -162,7 +162,10 @@ fn extra(c: &Conditions, key: &str) -> String {
 fn pooled(rounds: &[LatencySamples]) -> LatencySamples {
     LatencySamples {
         requests: rounds.iter().flat_map(|r| r.requests.clone()).collect(),
-        schedule_lag_ms: rounds.iter().flat_map(|r| r.schedule_lag_ms.clone()).collect(),
+        schedule_lag_ms: rounds
+            .iter()
+            .flat_map(|r| r.schedule_lag_ms.clone())
+            .collect(),
     }
 }
 

@@ -22,7 +22,11 @@ pub struct PlanArgs {
     #[arg(long)]
     pub slo: Option<String>,
     /// Peak load to serve, requests/s.
-    #[arg(long, conflicts_with = "daily_requests", required_unless_present = "daily_requests")]
+    #[arg(
+        long,
+        conflicts_with = "daily_requests",
+        required_unless_present = "daily_requests"
+    )]
     pub target_qps: Option<f64>,
     /// Requests per day; peak QPS = daily / 86400 × --peak-factor.
     #[arg(long)]

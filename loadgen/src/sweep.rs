@@ -65,7 +65,8 @@ impl SweepFile {
     pub fn read(path: &Path) -> Result<SweepFile> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{}: invalid sweep file", path.display()))
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: invalid sweep file", path.display()))
     }
 
     fn write(&self, path: &Path) -> Result<()> {
@@ -216,6 +217,10 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         );
     }
     let (_, html) = write_report(&out, &sweep_report(&out)?)?;
-    println!("sweep: {}  report: {}", out.join(SWEEP_FILE).display(), html.display());
+    println!(
+        "sweep: {}  report: {}",
+        out.join(SWEEP_FILE).display(),
+        html.display()
+    );
     Ok(())
 }

@@ -223,7 +223,11 @@ async fn errors_are_recorded_counted_and_excluded() {
         out.metrics.errors.get("stream_cut"),
         Some(&out.metrics.failed)
     );
-    assert!(out.records.iter().all(|r| r.chunk_ms.len() == 5));
+    // The connection dies when the 6th token is due; the 5th chunk may be lost with it.
+    assert!(out
+        .records
+        .iter()
+        .all(|r| (4..=5).contains(&r.chunk_ms.len()) && r.http_status == Some(200)));
     // A timeout: the client gives up after 100 ms, the mock's TTFT is 1 s.
     let (addr, handle) = mock::spawn(MockConfig {
         ttft: Duration::from_secs(1),

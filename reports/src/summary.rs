@@ -145,8 +145,10 @@ mod tests {
 
     #[test]
     fn vllm_keys_are_present_and_round_trip() {
-        let mut m = Metrics::default();
-        m.completed = 5;
+        let mut m = Metrics {
+            completed: 5,
+            ..Metrics::default()
+        };
         m.ttft.p50 = 50.0;
         let s = Summary::new(&m, &[], true, 2);
         let value = serde_json::to_value(&s).unwrap();

@@ -148,8 +148,10 @@ mod tests {
 
     #[test]
     fn layout_matches_vllm() {
-        let mut m = Metrics::default();
-        m.completed = 7;
+        let mut m = Metrics {
+            completed: 7,
+            ..Metrics::default()
+        };
         m.ttft.p50 = 50.25;
         let text = render(&Summary::new(&m, &[], false, 0));
         let lines: Vec<&str> = text.lines().collect();

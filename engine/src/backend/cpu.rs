@@ -38,7 +38,10 @@ pub fn load_cpu_runner(
     opts: &RunnerOptions,
     threads: usize,
 ) -> anyhow::Result<Box<dyn ModelRunner>> {
-    let cpu = CpuOptions { threads, f32_weights_as_f16: false };
+    let cpu = CpuOptions {
+        threads,
+        f32_weights_as_f16: false,
+    };
     load_cpu_runner_with(config, weights, opts, &cpu)
 }
 
@@ -63,7 +66,9 @@ pub struct CpuBackend {
 impl CpuBackend {
     pub fn new(opts: &CpuOptions) -> anyhow::Result<Self> {
         let threads = if opts.threads == 0 {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
         } else {
             opts.threads
         };
@@ -72,7 +77,10 @@ impl CpuBackend {
             .thread_name(|i| format!("cpu-backend-{i}"))
             .build()
             .context("creating the CPU backend's thread pool")?;
-        Ok(Self { pool, f32_weights_as_f16: opts.f32_weights_as_f16 })
+        Ok(Self {
+            pool,
+            f32_weights_as_f16: opts.f32_weights_as_f16,
+        })
     }
 
     /// Number of worker threads.
@@ -92,7 +100,12 @@ pub struct CpuAct {
 impl CpuAct {
     /// From row-major data.
     pub fn from_rows(rows: usize, cols: usize, data: Vec<f32>) -> anyhow::Result<Self> {
-        ensure!(data.len() == rows * cols, "activation of {rows}x{cols} needs {} values, got {}", rows * cols, data.len());
+        ensure!(
+            data.len() == rows * cols,
+            "activation of {rows}x{cols} needs {} values, got {}",
+            rows * cols,
+            data.len()
+        );
         Ok(Self { data, rows, cols })
     }
 
@@ -191,9 +204,16 @@ impl Backend for CpuBackend {
 
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<CpuWeight> {
         let &[rows, cols] = tensor.shape.as_slice() else {
-            bail!("weight `{name}` has shape {:?}, expected 2 dimensions", tensor.shape);
+            bail!(
+                "weight `{name}` has shape {:?}, expected 2 dimensions",
+                tensor.shape
+            );
         };
-        ensure!(host_len(&tensor) == rows * cols, "weight `{name}`: shape {:?} does not match its data", tensor.shape);
+        ensure!(
+            host_len(&tensor) == rows * cols,
+            "weight `{name}`: shape {:?} does not match its data",
+            tensor.shape
+        );
         let data = match tensor.data {
             TensorData::F32(v) if self.f32_weights_as_f16 => {
                 WeightData::F16(v.iter().map(|&x| f16::from_f32(x)).collect())
@@ -206,8 +226,15 @@ impl Backend for CpuBackend {
     }
 
     fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Vec<f32>> {
-        ensure!(tensor.shape.len() == 1, "parameter `{name}` has shape {:?}, expected 1 dimension", tensor.shape);
-        ensure!(host_len(&tensor) == tensor.shape[0], "parameter `{name}`: shape does not match its data");
+        ensure!(
+            tensor.shape.len() == 1,
+            "parameter `{name}` has shape {:?}, expected 1 dimension",
+            tensor.shape
+        );
+        ensure!(
+            host_len(&tensor) == tensor.shape[0],
+            "parameter `{name}`: shape does not match its data"
+        );
         Ok(host_to_f32(tensor))
     }
 
@@ -250,25 +277,57 @@ impl Backend for CpuBackend {
         let cols = table.cols;
         let data = out.reshape(tokens.len(), cols);
         for (&tok, row) in tokens.iter().zip(data.chunks_exact_mut(cols.max(1))) {
-            ensure!((tok as usize) < table.rows, "token id {tok} is outside the vocabulary ({})", table.rows);
+            ensure!(
+                (tok as usize) < table.rows,
+                "token id {tok} is outside the vocabulary ({})",
+                table.rows
+            );
             table.row_to_f32(tok as usize, row);
         }
         Ok(())
     }
 
-    fn matmul(&self, x: &CpuAct, w: &CpuWeight, bias: Option<&Vec<f32>>, out: &mut CpuAct) -> anyhow::Result<()> {
-        ensure!(x.cols == w.cols, "matmul: input width {} but the weight takes {}", x.cols, w.cols);
+    fn matmul(
+        &self,
+        x: &CpuAct,
+        w: &CpuWeight,
+        bias: Option<&Vec<f32>>,
+        out: &mut CpuAct,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            x.cols == w.cols,
+            "matmul: input width {} but the weight takes {}",
+            x.cols,
+            w.cols
+        );
         if let Some(b) = bias {
-            ensure!(b.len() == w.rows, "matmul: bias of {} for {} outputs", b.len(), w.rows);
+            ensure!(
+                b.len() == w.rows,
+                "matmul: bias of {} for {} outputs",
+                b.len(),
+                w.rows
+            );
         }
         let threads = self.threads();
         let rows = x.rows;
-        matmul::matmul(&x.data, rows, w, bias.map(|b| b.as_slice()), out.reshape(rows, w.rows), threads);
+        matmul::matmul(
+            &x.data,
+            rows,
+            w,
+            bias.map(|b| b.as_slice()),
+            out.reshape(rows, w.rows),
+            threads,
+        );
         Ok(())
     }
 
     fn rms_norm(&self, x: &CpuAct, w: &Vec<f32>, eps: f32, out: &mut CpuAct) -> anyhow::Result<()> {
-        ensure!(x.cols == w.len(), "rms_norm: width {} but weight {}", x.cols, w.len());
+        ensure!(
+            x.cols == w.len(),
+            "rms_norm: width {} but weight {}",
+            x.cols,
+            w.len()
+        );
         ops::rms_norm(&x.data, w, eps, out.reshape(x.rows, x.cols));
         Ok(())
     }
@@ -290,7 +349,13 @@ impl Backend for CpuBackend {
             x.cols,
             w.len()
         );
-        ops::add_rms_norm(&mut residual.data, &x.data, w, eps, out.reshape(x.rows, x.cols));
+        ops::add_rms_norm(
+            &mut residual.data,
+            &x.data,
+            w,
+            eps,
+            out.reshape(x.rows, x.cols),
+        );
         Ok(())
     }
 
@@ -302,7 +367,11 @@ impl Backend for CpuBackend {
         k_w: &Vec<f32>,
         eps: f32,
     ) -> anyhow::Result<()> {
-        ensure!(qkv.cols == layout.qkv_width(), "qk_head_norm: width {}", qkv.cols);
+        ensure!(
+            qkv.cols == layout.qkv_width(),
+            "qk_head_norm: width {}",
+            qkv.cols
+        );
         ensure!(
             q_w.len() == layout.head_dim && k_w.len() == layout.head_dim && layout.head_dim <= 512,
             "qk_head_norm: weights of {} and {} for head_dim {}",
@@ -310,14 +379,23 @@ impl Backend for CpuBackend {
             k_w.len(),
             layout.head_dim
         );
-        ops::qk_head_norm(&mut qkv.data, qkv.cols, layout.num_heads, layout.num_kv_heads, q_w, k_w, eps);
+        ops::qk_head_norm(
+            &mut qkv.data,
+            qkv.cols,
+            layout.num_heads,
+            layout.num_kv_heads,
+            q_w,
+            k_w,
+            eps,
+        );
         Ok(())
     }
 
     fn rope(&self, qkv: &mut CpuAct, layout: QkvLayout, step: &CpuStep) -> anyhow::Result<()> {
         ensure!(qkv.cols == layout.qkv_width(), "rope: width {}", qkv.cols);
         ensure!(
-            step.rope_cos.len() == qkv.rows * layout.head_dim / 2 && step.rope_sin.len() == step.rope_cos.len(),
+            step.rope_cos.len() == qkv.rows * layout.head_dim / 2
+                && step.rope_sin.len() == step.rope_cos.len(),
             "rope: tables do not match {} rows",
             qkv.rows
         );
@@ -335,14 +413,21 @@ impl Backend for CpuBackend {
         step: &CpuStep,
         out: &mut CpuAct,
     ) -> anyhow::Result<()> {
-        ensure!(qkv.cols == layout.qkv_width() && qkv.rows == step.slots.len(), "attention: qkv shape");
+        ensure!(
+            qkv.cols == layout.qkv_width() && qkv.rows == step.slots.len(),
+            "attention: qkv shape"
+        );
         let seqs = step.attn_seqs();
         let out_data = out.reshape(qkv.rows, layout.q_width());
         attention::attention(&qkv.data, layout, cache, &seqs, &step.slots, out_data)
     }
 
     fn silu_mul(&self, gate_up: &CpuAct, out: &mut CpuAct) -> anyhow::Result<()> {
-        ensure!(gate_up.cols % 2 == 0, "silu_mul: odd width {}", gate_up.cols);
+        ensure!(
+            gate_up.cols.is_multiple_of(2),
+            "silu_mul: odd width {}",
+            gate_up.cols
+        );
         let inter = gate_up.cols / 2;
         ops::silu_mul(&gate_up.data, inter, out.reshape(gate_up.rows, inter));
         Ok(())
@@ -359,7 +444,11 @@ impl Backend for CpuBackend {
     }
 
     fn to_host(&self, x: &CpuAct) -> anyhow::Result<Vec<Vec<f32>>> {
-        Ok(x.data.chunks_exact(x.cols.max(1)).take(x.rows).map(|r| r.to_vec()).collect())
+        Ok(x.data
+            .chunks_exact(x.cols.max(1))
+            .take(x.rows)
+            .map(|r| r.to_vec())
+            .collect())
     }
 }
 
@@ -370,13 +459,34 @@ mod tests {
 
     #[test]
     fn f32_weights_become_f16_when_asked() {
-        let t = HostTensor { shape: vec![1, 2], data: TensorData::F32(vec![1.0, 0.1]) };
-        let b = CpuBackend::new(&CpuOptions { threads: 1, f32_weights_as_f16: true }).unwrap();
+        let t = HostTensor {
+            shape: vec![1, 2],
+            data: TensorData::F32(vec![1.0, 0.1]),
+        };
+        let b = CpuBackend::new(&CpuOptions {
+            threads: 1,
+            f32_weights_as_f16: true,
+        })
+        .unwrap();
         let w = b.upload_weight("w", t.clone()).unwrap();
         assert!(matches!(w.data, WeightData::F16(_)));
-        let b = CpuBackend::new(&CpuOptions { threads: 1, f32_weights_as_f16: false }).unwrap();
-        assert!(matches!(b.upload_weight("w", t).unwrap().data, WeightData::F32(_)));
-        let bad = HostTensor { shape: vec![3], data: TensorData::BF16(vec![bf16::ONE; 3]) };
-        assert!(b.upload_weight("bad", bad).unwrap_err().to_string().contains("`bad`"));
+        let b = CpuBackend::new(&CpuOptions {
+            threads: 1,
+            f32_weights_as_f16: false,
+        })
+        .unwrap();
+        assert!(matches!(
+            b.upload_weight("w", t).unwrap().data,
+            WeightData::F32(_)
+        ));
+        let bad = HostTensor {
+            shape: vec![3],
+            data: TensorData::BF16(vec![bf16::ONE; 3]),
+        };
+        assert!(b
+            .upload_weight("bad", bad)
+            .unwrap_err()
+            .to_string()
+            .contains("`bad`"));
     }
 }

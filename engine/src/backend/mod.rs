@@ -105,7 +105,12 @@ pub trait Backend: Send + Sync {
     fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<Self::Step>;
 
     /// `out[t] = table[tokens[t]]` (rows of the `[vocab, hidden]` table; ids are checked by the caller).
-    fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Act) -> anyhow::Result<()>;
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        tokens: &[u32],
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
     /// `out = x · wᵀ (+ bias)`: `[M, K] · [N, K]ᵀ → [M, N]`.
     fn matmul(
         &self,
@@ -142,7 +147,8 @@ pub trait Backend: Send + Sync {
         eps: f32,
     ) -> anyhow::Result<()>;
     /// In place: rotate-half (NEOX) RoPE on the q and k heads of a fused QKV matrix.
-    fn rope(&self, qkv: &mut Self::Act, layout: QkvLayout, step: &Self::Step) -> anyhow::Result<()>;
+    fn rope(&self, qkv: &mut Self::Act, layout: QkvLayout, step: &Self::Step)
+        -> anyhow::Result<()>;
     /// Writes every row's K and V into `cache` at its slot, then computes causal
     /// attention of every query row over positions `0..=pos` of its sequence, read
     /// through the block table. `out` is `[T, num_heads * head_dim]`.
@@ -157,7 +163,8 @@ pub trait Backend: Send + Sync {
     /// `out = silu(gate) * up` where `gate_up` rows are `[gate | up]`.
     fn silu_mul(&self, gate_up: &Self::Act, out: &mut Self::Act) -> anyhow::Result<()>;
     /// `out[i] = x[rows[i]]`.
-    fn gather_rows(&self, x: &Self::Act, rows: &[usize], out: &mut Self::Act) -> anyhow::Result<()>;
+    fn gather_rows(&self, x: &Self::Act, rows: &[usize], out: &mut Self::Act)
+        -> anyhow::Result<()>;
     /// Copies the matrix to the host, one `Vec` per row.
     fn to_host(&self, x: &Self::Act) -> anyhow::Result<Vec<Vec<f32>>>;
 }

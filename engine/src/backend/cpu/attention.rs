@@ -27,11 +27,20 @@ pub struct CpuKvCache {
 
 impl CpuKvCache {
     /// Zero-filled cache (calloc'd, so untouched blocks cost no memory).
-    pub fn new(num_blocks: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> anyhow::Result<Self> {
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> anyhow::Result<Self> {
         let len = num_blocks
             .checked_mul(block_size)
             .and_then(|v| v.checked_mul(num_kv_heads * head_dim))
-            .ok_or_else(|| anyhow::anyhow!("KV cache size overflows: {num_blocks} blocks of {block_size} tokens"))?;
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "KV cache size overflows: {num_blocks} blocks of {block_size} tokens"
+                )
+            })?;
         Ok(Self {
             k: vec![0.0; len],
             v: vec![0.0; len],
@@ -53,7 +62,11 @@ impl CpuKvCache {
         let (k_off, v_off) = (layout.q_width(), layout.q_width() + layout.kv_width());
         for (t, &slot) in slots.iter().enumerate() {
             let (block, off) = (slot / self.block_size, slot % self.block_size);
-            ensure!(block < self.num_blocks, "KV slot {slot} is past the cache ({} blocks)", self.num_blocks);
+            ensure!(
+                block < self.num_blocks,
+                "KV slot {slot} is past the cache ({} blocks)",
+                self.num_blocks
+            );
             let row = &qkv[t * width..(t + 1) * width];
             for h in 0..self.num_kv_heads {
                 let dst = self.index(block, h, off);
@@ -80,19 +93,37 @@ pub fn attention(
         "KV cache shape does not match the attention layout"
     );
     let rows = slots.len();
-    ensure!(qkv.len() == rows * layout.qkv_width(), "attention: qkv shape");
-    ensure!(out.len() == rows * layout.q_width(), "attention: output shape");
+    ensure!(
+        qkv.len() == rows * layout.qkv_width(),
+        "attention: qkv shape"
+    );
+    ensure!(
+        out.len() == rows * layout.q_width(),
+        "attention: output shape"
+    );
     cache.write(qkv, layout, slots)?;
     let bs = cache.block_size;
     let mut items = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
-        ensure!(s.row_start + s.n_tokens <= rows, "sequence {si} rows are past the batch");
+        ensure!(
+            s.row_start + s.n_tokens <= rows,
+            "sequence {si} rows are past the batch"
+        );
         let need = (s.start_pos + s.n_tokens).div_ceil(bs);
         if s.block_table.len() < need {
-            bail!("sequence {si}: block table has {} blocks, needs {need}", s.block_table.len());
+            bail!(
+                "sequence {si}: block table has {} blocks, needs {need}",
+                s.block_table.len()
+            );
         }
-        if let Some(&b) = s.block_table[..need].iter().find(|&&b| b as usize >= cache.num_blocks) {
-            bail!("sequence {si}: block id {b} is past the cache ({} blocks)", cache.num_blocks);
+        if let Some(&b) = s.block_table[..need]
+            .iter()
+            .find(|&&b| b as usize >= cache.num_blocks)
+        {
+            bail!(
+                "sequence {si}: block id {b} is past the cache ({} blocks)",
+                cache.num_blocks
+            );
         }
         for h in 0..layout.num_kv_heads {
             for q0 in (0..s.n_tokens).step_by(QUERY_BLOCK) {
@@ -104,7 +135,16 @@ pub fn attention(
     let cache = &*cache;
     let avx2 = cpu_has_avx2();
     items.into_par_iter().for_each(|(si, h, q0, q1)| {
-        let job = Item { qkv, layout, cache, seq: &seqs[si], kv_head: h, q0, q1, out: out_ptr };
+        let job = Item {
+            qkv,
+            layout,
+            cache,
+            seq: &seqs[si],
+            kv_head: h,
+            q0,
+            q1,
+            out: out_ptr,
+        };
         // SAFETY: an item writes only the output columns of the query heads of KV head
         // `h` in rows of its own query block: disjoint across items. `avx2` was detected.
         unsafe { job.run(avx2) };
@@ -145,7 +185,11 @@ impl Item<'_> {
 
     #[inline(always)]
     unsafe fn compute<const FMA: bool>(&self) {
-        let QkvLayout { num_heads, head_dim: hd, .. } = self.layout;
+        let QkvLayout {
+            num_heads,
+            head_dim: hd,
+            ..
+        } = self.layout;
         let group = self.layout.group_size();
         let width = self.layout.qkv_width();
         let bs = self.cache.block_size;
@@ -190,7 +234,11 @@ impl Item<'_> {
                 for o in 0..n {
                     let val = &self.cache.v[base + o * hd..base + (o + 1) * hd];
                     for g in 0..group {
-                        axpy::<FMA>(&mut acc[g * hd..(g + 1) * hd], scores[g * ctx + bi * bs + o], val);
+                        axpy::<FMA>(
+                            &mut acc[g * hd..(g + 1) * hd],
+                            scores[g * ctx + bi * bs + o],
+                            val,
+                        );
                     }
                 }
             }

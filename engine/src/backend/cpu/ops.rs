@@ -123,7 +123,15 @@ fn head_norm_rows<const FMA: bool>(
 
 /// In place: RMSNorm over each of the first `n_q` heads (weight `q_w`) and the next
 /// `n_k` heads (weight `k_w`) of every row; rows are `width` wide. `head_dim <= 512`.
-pub fn qk_head_norm(qkv: &mut [f32], width: usize, n_q: usize, n_k: usize, q_w: &[f32], k_w: &[f32], eps: f32) {
+pub fn qk_head_norm(
+    qkv: &mut [f32],
+    width: usize,
+    n_q: usize,
+    n_k: usize,
+    q_w: &[f32],
+    k_w: &[f32],
+    eps: f32,
+) {
     for_row_blocks(qkv, width, |_, block| {
         dispatch!(head_norm_rows(block, width, n_q, n_k, q_w, k_w, eps));
     });
@@ -139,7 +147,10 @@ fn rope_rows<const FMA: bool>(
     sin: &[f32],
 ) {
     for (t, row) in rows.chunks_exact_mut(width).enumerate() {
-        let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+        let (c, s) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
         for head in row[..n_heads * 2 * half].chunks_exact_mut(2 * half) {
             let (x1, x2) = head.split_at_mut(half);
             for i in 0..half {
@@ -160,14 +171,20 @@ pub fn rope(qkv: &mut [f32], width: usize, n_heads: usize, cos: &[f32], sin: &[f
     let half = cos.len() / (qkv.len() / width).max(1);
     for_row_blocks(qkv, width, |r0, block| {
         let n = block.len() / width;
-        let (c, s) = (&cos[r0 * half..(r0 + n) * half], &sin[r0 * half..(r0 + n) * half]);
+        let (c, s) = (
+            &cos[r0 * half..(r0 + n) * half],
+            &sin[r0 * half..(r0 + n) * half],
+        );
         dispatch!(rope_rows(block, width, n_heads, half, c, s));
     });
 }
 
 #[inline(always)]
 fn silu_rows<const FMA: bool>(gate_up: &[f32], inter: usize, out: &mut [f32]) {
-    for (gu, o) in gate_up.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+    for (gu, o) in gate_up
+        .chunks_exact(2 * inter)
+        .zip(out.chunks_exact_mut(inter))
+    {
         let (g, u) = gu.split_at(inter);
         for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
             *ov = gv / (1.0 + fast_exp(-gv)) * uv;

@@ -1,0 +1,160 @@
+//! `loadgen sweep`, `plan`, `compare` and `report` against the built-in mock.
+//!
+//! Capacity: a mock with K slots and a fixed service time S saturates at K / S requests/s; the
+//! sweep's max sustainable QPS under a loose SLO must land within 20% below it, never above.
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Parser;
+use loadgen::compare::{compare_command, CompareArgs, CompareFile, COMPARE_FILE};
+use loadgen::mock::{self, MockConfig};
+use loadgen::plan_cmd::{plan_command, PlanArgs};
+use loadgen::report_cmd::{report_command, ReportArgs, PLAN_FILE};
+use loadgen::sweep::{sweep_command, SweepArgs, SweepFile, SWEEP_FILE};
+use reports::ab::Verdict;
+use reports::plan::CapacityPlan;
+
+#[derive(Parser)]
+struct Sweep {
+    #[command(flatten)]
+    args: SweepArgs,
+}
+
+#[derive(Parser)]
+struct Plan {
+    #[command(flatten)]
+    args: PlanArgs,
+}
+
+#[derive(Parser)]
+struct Compare {
+    #[command(flatten)]
+    args: CompareArgs,
+}
+
+fn check_report(dir: &Path) {
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert_eq!(html.matches("<svg").count(), html.matches("</svg>").count());
+    assert!(
+        html.matches("<svg").count() >= 4,
+        "plots in {}",
+        dir.display()
+    );
+    assert!(dir.join("report.md").is_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_plan_compare_and_report_on_the_mock() {
+    // 4 slots × (20 ms TTFT + 16 × 5 ms ITL = 100 ms per request) → saturation at 40 req/s.
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(5),
+        slots: 4,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let saturation = 40.0;
+    let temp = tempfile::tempdir().unwrap();
+    let sweep_dir = temp.path().join("sweep");
+    let url = format!("http://{addr}");
+    let out = sweep_dir.to_str().unwrap();
+    let sweep = Sweep::try_parse_from([
+        "sweep",
+        "--url",
+        &url,
+        "--model",
+        "loadgen-mock",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "17",
+        "--random-range-ratio",
+        "0",
+        "--rates",
+        "24,34,38,46,60",
+        "--warmup",
+        "500ms",
+        "--duration",
+        "4s",
+        "--seed",
+        "3",
+        "--slo",
+        "ttft:p99:5s",
+        "--no-progress",
+        "--out",
+        out,
+    ])
+    .unwrap();
+    sweep_command(sweep.args).await.unwrap();
+    handle.shutdown().await;
+
+    let file = SweepFile::read(&sweep_dir.join(SWEEP_FILE)).unwrap();
+    assert!(file.levels.len() >= 3, "{file:?}");
+    assert!(
+        file.levels.len() < 5,
+        "the sweep stops after saturating: {file:?}"
+    );
+    assert!(file.stop_reason.is_some());
+    check_report(&sweep_dir);
+
+    let plan = Plan::try_parse_from([
+        "plan",
+        out,
+        "--target-qps",
+        "100",
+        "--gpus-per-instance",
+        "1",
+        "--gpu-hour-usd",
+        "2",
+    ])
+    .unwrap();
+    plan_command(plan.args).unwrap();
+    let text = std::fs::read_to_string(sweep_dir.join(PLAN_FILE)).unwrap();
+    let plan: CapacityPlan = serde_json::from_str(&text).unwrap();
+    let max = plan
+        .max_sustainable
+        .expect("a loose SLO is met at low rates")
+        .offered_rate;
+    assert!(
+        (0.8 * saturation..=saturation).contains(&max),
+        "max sustainable {max} req/s vs saturation {saturation}"
+    );
+    let sizing = plan.sizing.unwrap();
+    assert_eq!(sizing.instances, (100.0 * 1.2 / max - 1e-9).ceil() as u64);
+    assert!(std::fs::read_to_string(sweep_dir.join("report.html"))
+        .unwrap()
+        .contains("Capacity plan"));
+
+    // The same run on both sides: paired, every difference zero → no difference.
+    let level = sweep_dir.join(&file.levels[0].dir);
+    let compare_dir = temp.path().join("compare");
+    let compare = Compare::try_parse_from([
+        "compare",
+        level.to_str().unwrap(),
+        level.to_str().unwrap(),
+        "--out",
+        compare_dir.to_str().unwrap(),
+    ])
+    .unwrap();
+    compare_command(compare.args).unwrap();
+    let result = CompareFile::read(&compare_dir.join(COMPARE_FILE)).unwrap();
+    assert!(result.pair_by_id);
+    assert!(result
+        .analysis
+        .metrics
+        .iter()
+        .all(|m| m.verdict == Verdict::NoSignificantDifference));
+    check_report(&compare_dir);
+
+    // `loadgen report` on a single run folder.
+    report_command(ReportArgs {
+        dir: level.clone(),
+        out: None,
+    })
+    .unwrap();
+    check_report(&level);
+}
