@@ -72,6 +72,38 @@ impl WeightSource for RandomWeights {
     }
 }
 
+/// Seconds of CPU time (user + system) this process has used, from `/proc/self/stat`
+/// (Linux; 0 elsewhere). With other processes on the machine, `tokens / (cpu / threads)`
+/// estimates the rate on an idle machine.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Prints wall-clock and CPU-time-normalised rates for `tokens` processed since `(t, cpu)`.
+fn report(what: &str, tokens: usize, t: Instant, cpu: f64, threads: usize) {
+    let wall = t.elapsed().as_secs_f64();
+    let busy = (cpu_seconds() - cpu) / threads as f64;
+    println!(
+        "{what}: {:.1} tok/s wall ({:.2} ms per step-token), {:.1} tok/s per CPU-time of {threads} threads",
+        tokens as f64 / wall,
+        wall * 1e3 / tokens as f64,
+        tokens as f64 / busy
+    );
+}
+
 fn smollm2_config() -> ModelConfig {
     ModelConfig {
         arch: Arch::Llama,
@@ -113,6 +145,10 @@ fn main() -> anyhow::Result<()> {
     let cpu = CpuOptions {
         threads,
         f32_weights_as_f16: true,
+    };
+    let n_threads = match threads {
+        0 => std::thread::available_parallelism()?.get(),
+        t => t,
     };
     let t = Instant::now();
     let mut r: Box<dyn ModelRunner> = load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu)?;
@@ -157,7 +193,7 @@ fn main() -> anyhow::Result<()> {
         block_table: &table(0),
         need_logits: true,
     }])?;
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
     for s in 0..2 {
         let tb = table(s);
         r.forward(&[SeqInput {
@@ -167,17 +203,12 @@ fn main() -> anyhow::Result<()> {
             need_logits: true,
         }])?;
     }
-    let dt = t.elapsed().as_secs_f64();
-    println!(
-        "prefill: {:.0} tok/s ({} tokens in {dt:.2}s)",
-        512.0 / dt,
-        512
-    );
+    report("prefill (2 x 256 tokens)", 512, t, cpu, n_threads);
 
     // Decode, batch 1: 64 steps after the 256-token prompt of sequence 0.
     let tb = table(0);
     let steps = 64;
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
     for s in 0..steps {
         r.forward(&[SeqInput {
             tokens: &[5],
@@ -186,12 +217,7 @@ fn main() -> anyhow::Result<()> {
             need_logits: true,
         }])?;
     }
-    let dt = t.elapsed().as_secs_f64();
-    println!(
-        "decode batch 1: {:.1} tok/s ({:.1} ms/step)",
-        steps as f64 / dt,
-        dt * 1e3 / steps as f64
-    );
+    report("decode batch 1", steps, t, cpu, n_threads);
 
     // Decode, batch 16: sequences with 64-token prompts.
     let tables: Vec<Vec<u32>> = (0..16).map(table).collect();
@@ -204,7 +230,7 @@ fn main() -> anyhow::Result<()> {
         }])?;
     }
     let steps = 16;
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
     for s in 0..steps {
         let batch: Vec<SeqInput> = tables
             .iter()
@@ -217,12 +243,7 @@ fn main() -> anyhow::Result<()> {
             .collect();
         r.forward(&batch)?;
     }
-    let dt = t.elapsed().as_secs_f64();
-    println!(
-        "decode batch 16: {:.1} tok/s ({:.1} ms/step)",
-        (16 * steps) as f64 / dt,
-        dt * 1e3 / steps as f64
-    );
+    report("decode batch 16", 16 * steps, t, cpu, n_threads);
     Ok(())
 }
 

@@ -1,5 +1,5 @@
-//! `engine` command line: `generate` (one-off prompts, batched) and `bench` (offline
-//! throughput in the manner of nano-vLLM's bench.py).
+//! `engine` command line: `serve` (the OpenAI-compatible server), `generate` (one-off
+//! prompts, batched) and `bench` (offline throughput in the manner of nano-vLLM's bench.py).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use engine::backend::cpu::{load_cpu_runner_with, CpuOptions};
 use engine::engine::{EngineConfig, LlmEngine};
 use engine::model::RunnerOptions;
 use engine::sampler::SamplingParams;
+use engine::server::parse_memory;
 use engine::tokenizer::{ChatMessage, Tokenizer};
 
 #[derive(Parser)]
@@ -115,6 +116,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().command {
         Command::Generate(args) => generate(args),
@@ -125,34 +127,6 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
-}
-
-/// Parses `512MiB`, `1GiB`, `1.5GB`, `300M` or a plain byte count.
-fn parse_size(text: &str) -> anyhow::Result<usize> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .parse()
-        .with_context(|| format!("--kv-cache-memory `{text}`: expected a size such as 1GiB"))?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1024.0 * 1024.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => anyhow::bail!("--kv-cache-memory `{text}`: unknown unit `{other}`"),
-    };
-    let bytes = value * scale;
-    ensure!(
-        bytes >= 1.0 && bytes.is_finite(),
-        "--kv-cache-memory `{text}` must be a positive size"
-    );
-    Ok(bytes as usize)
 }
 
 /// Loads the model, its tokenizer and a CPU runner, and builds the engine.
@@ -176,7 +150,7 @@ fn load_engine(args: &ModelArgs) -> anyhow::Result<LlmEngine> {
     );
     let options = RunnerOptions {
         block_size: args.block_size,
-        kv_cache_bytes: parse_size(&args.kv_cache_memory)?,
+        kv_cache_bytes: parse_memory(&args.kv_cache_memory)?,
     };
     let cpu = CpuOptions {
         threads: args.threads,

@@ -479,18 +479,21 @@ fn finish_reasons_and_stop_strings() {
 
     // A stop string spanning a token boundary: the text is cut before it.
     let text = &full.text;
-    let piece_end = tok.decode(&full.token_ids[..6], true).unwrap().len();
-    let spans = piece_end >= 2 && piece_end + 2 <= text.len();
-    if spans && text.is_char_boundary(piece_end - 2) && text.is_char_boundary(piece_end + 2) {
-        let stop = text[piece_end - 2..piece_end + 2].to_string();
-        let params = SamplingParams {
-            stop: vec![stop.clone()],
-            ..greedy(12)
-        };
-        let out = e.generate(vec![prompt.clone()], &params).unwrap().remove(0);
-        assert_eq!(out.finish, FinishReason::Stop);
-        assert_eq!(out.text, text[..text.find(&stop).unwrap()]);
-    }
+    let prefix = tok.decode(&full.token_ids[..6], true).unwrap();
+    assert!(text.starts_with(&prefix) && prefix.len() < text.len());
+    // The last character of token 6's text and the first one after it.
+    let start = prefix.char_indices().last().unwrap().0;
+    let end = prefix.len() + text[prefix.len()..].chars().next().unwrap().len_utf8();
+    let stop = text[start..end].to_string();
+    let params = SamplingParams {
+        stop: vec![stop.clone()],
+        ..greedy(12)
+    };
+    let out = e.generate(vec![prompt.clone()], &params).unwrap().remove(0);
+    assert_eq!(out.finish, FinishReason::Stop);
+    let cut = text.find(&stop).unwrap();
+    assert_eq!(out.text, text[..cut]);
+    assert!(out.token_ids.len() < full.token_ids.len());
 
     // min_tokens delays a stop token id.
     let params = SamplingParams {

@@ -862,6 +862,15 @@ async fn smollm2_answers_a_chat_question() {
         statuses.iter().all(|s| *s == 503 || *s == 200),
         "{statuses:?}"
     );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.log_text().contains("ready in") {
+        assert!(
+            Instant::now() < deadline,
+            "no ready line:\n{}",
+            server.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let log = server.log_text();
     let listening = log.find("listening on").expect("a listening line");
     let ready = log.find("ready in").expect("a ready line");

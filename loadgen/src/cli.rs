@@ -41,6 +41,14 @@ pub enum Command {
     MockServer(MockArgs),
     /// Measure the client-added TTFT / ITL error against the built-in mock.
     Calibrate(CalibrateArgs),
+    /// Run the same seeded workload at a list of rates until it saturates or breaks the SLO.
+    Sweep(Box<crate::sweep::SweepArgs>),
+    /// Capacity plan of a sweep under an SLO: max sustainable QPS, instances, GPUs, cost.
+    Plan(crate::plan_cmd::PlanArgs),
+    /// A/B verdict per latency metric from two saved runs.
+    Compare(crate::compare::CompareArgs),
+    /// Render a run, sweep or comparison folder to report.md and report.html.
+    Report(crate::report_cmd::ReportArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -223,6 +231,10 @@ pub async fn main(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run(args) => run_command(*args).await,
         Command::MockServer(args) => mock_command(args).await,
+        Command::Sweep(args) => crate::sweep::sweep_command(*args).await,
+        Command::Plan(args) => crate::plan_cmd::plan_command(args),
+        Command::Compare(args) => crate::compare::compare_command(args),
+        Command::Report(args) => crate::report_cmd::report_command(args),
         Command::Calibrate(args) => {
             let cal = calibrate(&CalibrateConfig {
                 rate: args.rate,

@@ -248,11 +248,6 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
                     return;
                 }
             };
-            let _ = engine_state.ready.set(Ready {
-                tokenizer: loaded.tokenizer,
-                info: loaded.info.clone(),
-                commands: commands_tx,
-            });
             tracing::info!(
                 "ready in {:.2}s: model={} backend=cpu kv_capacity_tokens={} max_model_len={} address=http://{address}",
                 start.elapsed().as_secs_f64(),
@@ -260,6 +255,11 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
                 loaded.kv_capacity_tokens,
                 loaded.info.max_model_len,
             );
+            let _ = engine_state.ready.set(Ready {
+                tokenizer: loaded.tokenizer,
+                info: loaded.info.clone(),
+                commands: commands_tx,
+            });
             let _ = loaded_tx.send(Ok(()));
             EngineLoop::new(loaded.engine, commands_rx, metrics, engine_args.max_waiting_requests).run();
         })
