@@ -162,6 +162,24 @@ fn main() -> anyhow::Result<()> {
         ((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32).collect()
     };
 
+    if let Some(len) = std::env::var("PREFILL_ONLY")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let long: Vec<u32> = (0..len as u32)
+            .map(|i| (i * 7919) % config.vocab_size as u32)
+            .collect();
+        let tb: Vec<u32> = (0..len.div_ceil(bs) as u32).collect();
+        let (t, cpu) = (Instant::now(), cpu_seconds());
+        r.forward(&[SeqInput {
+            tokens: &long,
+            start_pos: 0,
+            block_table: &tb,
+            need_logits: true,
+        }])?;
+        report(&format!("prefill ({len} tokens)"), len, t, cpu, n_threads);
+        return Ok(());
+    }
     if std::env::var_os("DECODE_ONLY").is_some() {
         let tb = table(0);
         r.forward(&[SeqInput {

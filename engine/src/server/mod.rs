@@ -45,7 +45,7 @@ pub struct ServeArgs {
     /// Token budget of one engine step (prefill chunks plus decodes).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
-    /// Context limit per sequence (prompt + output); default: the model's maximum position.
+    /// Context limit per sequence (prompt + output); default: the model's maximum position, capped to the KV-cache capacity.
     #[arg(long)]
     pub max_model_len: Option<usize>,
     /// KV-cache memory budget, e.g. `512MiB`, `2GiB` or a byte count.
