@@ -8,7 +8,7 @@
 use anyhow::{bail, ensure};
 use rayon::prelude::*;
 
-use super::simd::{axpy, cpu_has_avx2, dot, fast_exp, SendPtr};
+use super::simd::{axpy, cpu_has_avx2, dot_fast, fast_exp, sum, SendPtr};
 use crate::backend::{AttnSeq, QkvLayout};
 
 /// Query rows per work item.
@@ -213,19 +213,17 @@ impl Item<'_> {
                 for o in 0..n {
                     let key = &self.cache.k[base + o * hd..base + (o + 1) * hd];
                     for g in 0..group {
-                        scores[g * ctx + bi * bs + o] = dot::<FMA>(q_head(g), key) * scale;
+                        scores[g * ctx + bi * bs + o] = dot_fast::<FMA>(q_head(g), key) * scale;
                     }
                 }
             }
             for g in 0..group {
                 let s = &mut scores[g * ctx..(g + 1) * ctx];
                 let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                let mut sum = 0.0f32;
                 for v in s.iter_mut() {
                     *v = fast_exp(*v - max);
-                    sum += *v;
                 }
-                inv_sums[g] = 1.0 / sum;
+                inv_sums[g] = 1.0 / sum::<FMA>(s);
             }
             acc.fill(0.0);
             for (bi, &block) in self.seq.block_table[..ctx.div_ceil(bs)].iter().enumerate() {
