@@ -90,7 +90,11 @@ pub unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     let mut i = 0;
     while i < n16 {
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), s1);
+        s1 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(pa.add(i + 8)),
+            _mm256_loadu_ps(pb.add(i + 8)),
+            s1,
+        );
         i += 16;
     }
     let v = _mm256_add_ps(s0, s1);
