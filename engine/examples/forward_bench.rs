@@ -266,7 +266,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Times single ops with SmolLM2's decode shapes (run with `ops` as the only argument).
-pub fn op_bench() -> anyhow::Result<()> {
+fn op_bench() -> anyhow::Result<()> {
     use engine::backend::cpu::{CpuAct, CpuBackend};
     use engine::backend::Backend;
     let threads = std::env::var("THREADS")

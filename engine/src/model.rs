@@ -152,40 +152,32 @@ fn read(weights: &mut dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::
 /// Stacks 2-D tensors (or 1-D vectors) along the first dimension; mixed dtypes become f32.
 fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
     let rows: usize = parts.iter().map(|p| p.shape[0]).sum();
+    let len: usize = parts.iter().map(|p| p.data.len()).sum();
     let mut shape = parts[0].shape.clone();
     shape[0] = rows;
     let same = |f: fn(&TensorData) -> bool| parts.iter().all(|p| f(&p.data));
     let data = if same(|d| matches!(d, TensorData::F16(_))) {
-        TensorData::F16(
-            parts
-                .into_iter()
-                .flat_map(|p| match p.data {
-                    TensorData::F16(v) => v,
-                    _ => Vec::new(),
-                })
-                .collect(),
-        )
+        let mut out = Vec::with_capacity(len);
+        for p in &parts {
+            if let TensorData::F16(v) = &p.data {
+                out.extend_from_slice(v);
+            }
+        }
+        TensorData::F16(out)
     } else if same(|d| matches!(d, TensorData::BF16(_))) {
-        TensorData::BF16(
-            parts
-                .into_iter()
-                .flat_map(|p| match p.data {
-                    TensorData::BF16(v) => v,
-                    _ => Vec::new(),
-                })
-                .collect(),
-        )
+        let mut out = Vec::with_capacity(len);
+        for p in &parts {
+            if let TensorData::BF16(v) = &p.data {
+                out.extend_from_slice(v);
+            }
+        }
+        TensorData::BF16(out)
     } else {
-        TensorData::F32(
-            parts
-                .into_iter()
-                .flat_map(|p| match p.data {
-                    TensorData::F32(v) => v,
-                    TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-                    TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
-                })
-                .collect(),
-        )
+        let mut out = Vec::with_capacity(len);
+        for p in parts {
+            out.extend_from_slice(&p.data.into_f32());
+        }
+        TensorData::F32(out)
     };
     HostTensor { shape, data }
 }
@@ -346,11 +338,6 @@ impl<B: Backend> Model<B> {
         };
         Ok(Model { backend, state })
     }
-
-    /// The backend the model runs on.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
 }
 
 impl<B: Backend> ModelState<B> {
@@ -490,5 +477,66 @@ impl<B: Backend> ModelRunner for Model<B> {
 
     fn block_size(&self) -> usize {
         self.state.block_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(scaling: Option<Llama3RopeScaling>) -> ModelConfig {
+        ModelConfig {
+            arch: Arch::Llama,
+            vocab_size: 8,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_layers: 2,
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 128,
+            rope_theta: 500_000.0,
+            rope_scaling: scaling,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 131_072,
+            tie_word_embeddings: true,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+        }
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_high_divides_low_and_blends_medium_frequencies() {
+        let scaling = Llama3RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let plain = rope_inv_freq(&config(None));
+        let scaled = rope_inv_freq(&config(Some(scaling)));
+        assert_eq!(plain.len(), 64);
+        assert!((plain[1] - 500_000f32.powf(-2.0 / 128.0)).abs() < 1e-7);
+        let mut regimes = [0; 3];
+        for (&p, &s) in plain.iter().zip(&scaled) {
+            let wavelen = 2.0 * std::f32::consts::PI / p;
+            if wavelen < 8192.0 / 4.0 {
+                assert_eq!(s, p);
+                regimes[0] += 1;
+            } else if wavelen > 8192.0 {
+                assert!((s - p / 8.0).abs() <= 1e-6 * p);
+                regimes[1] += 1;
+            } else {
+                let smooth = (8192.0 / wavelen - 1.0) / 3.0;
+                let want = (1.0 - smooth) * p / 8.0 + smooth * p;
+                assert!((s - want).abs() <= 1e-6 * p);
+                regimes[2] += 1;
+            }
+        }
+        assert!(regimes.iter().all(|&n| n > 0), "{regimes:?}");
+    }
+
+    #[test]
+    fn kv_bytes_count_k_and_v_of_every_layer() {
+        assert_eq!(kv_bytes_per_token(&config(None)), 2 * 2 * 128 * 4);
     }
 }

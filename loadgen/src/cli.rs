@@ -1,4 +1,5 @@
-//! The command line: `loadgen run`, `loadgen mock-server`, `loadgen calibrate`.
+//! The command line: `loadgen run`, `mock-server`, `calibrate`, `sweep`, `plan`, `compare`,
+//! `report`; and the run preparation / execution the multi-run commands share.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,8 +46,9 @@ pub enum Command {
     Sweep(Box<crate::sweep::SweepArgs>),
     /// Capacity plan of a sweep under an SLO: max sustainable QPS, instances, GPUs, cost.
     Plan(crate::plan_cmd::PlanArgs),
-    /// A/B verdict per latency metric from two saved runs.
-    Compare(crate::compare::CompareArgs),
+    /// A/B verdict per latency metric: online (--a/--b URLs or --a-cmd/--b-cmd servers, in
+    /// alternating rounds) or offline from saved runs.
+    Compare(Box<crate::compare::CompareArgs>),
     /// Render a run, sweep or comparison folder to report.md and report.html.
     Report(crate::report_cmd::ReportArgs),
 }
@@ -233,7 +235,7 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::MockServer(args) => mock_command(args).await,
         Command::Sweep(args) => crate::sweep::sweep_command(*args).await,
         Command::Plan(args) => crate::plan_cmd::plan_command(args),
-        Command::Compare(args) => crate::compare::compare_command(args),
+        Command::Compare(args) => crate::compare::compare_command(*args).await,
         Command::Report(args) => crate::report_cmd::report_command(args),
         Command::Calibrate(args) => {
             let cal = calibrate(&CalibrateConfig {
@@ -493,9 +495,22 @@ fn parse_headers(raw: &[String]) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-/// `loadgen run`.
-pub async fn run_command(args: RunArgs) -> Result<()> {
-    let stop = run::stop_on_signals()?;
+/// Everything a run decides before sending: prompts, SLOs, headers and the request plan.
+/// Built once and executed any number of times (sweep probes, A/B rounds) with identical
+/// requests and schedule.
+pub struct PreparedRun {
+    pub prompts: Arc<PromptBuilder>,
+    pub slos: Vec<reports::metrics::Slo>,
+    pub headers: Vec<(String, String)>,
+    pub plan: Arc<Plan>,
+    pub workload_meta: serde_json::Value,
+    pub schedule_meta: serde_json::Value,
+    /// Recorded in `meta.json` when the run calibrated against the mock first.
+    pub calibration: Option<reports::records::Calibration>,
+}
+
+/// Builds the prompts, SLOs, headers and plan of `args` (no network).
+pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
     let prompts = Arc::new(match &args.tokenizer {
         Some(p) => PromptBuilder::from_tokenizer(p)?,
         None => PromptBuilder::approximate(),
@@ -507,37 +522,56 @@ pub async fn run_command(args: RunArgs) -> Result<()> {
         .transpose()?
         .unwrap_or_default();
     let headers = parse_headers(&args.headers)?;
-    let (plan, workload_meta, schedule_meta) = build_plan(&args, &prompts)?;
-    let calibration = if args.calibrate {
-        eprintln!("loadgen: calibrating against the built-in mock…");
-        Some(
-            calibrate(&CalibrateConfig {
-                rate: args.rate,
-                concurrency: args.concurrency,
-                ..CalibrateConfig::default()
-            })
-            .await?,
-        )
-    } else {
-        None
-    };
+    let (plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
+    Ok(PreparedRun {
+        prompts,
+        slos,
+        headers,
+        plan: Arc::new(plan),
+        workload_meta,
+        schedule_meta,
+        calibration: None,
+    })
+}
+
+/// Where one execution of a prepared run goes.
+pub struct Execution {
+    /// Base URL of the server (without /v1).
+    pub url: String,
+    /// Run folder (`meta.json` is written there too); `None` keeps everything in memory.
+    pub out: Option<PathBuf>,
+    /// Server version, when known (e.g. from its `/version`).
+    pub server_version: Option<String>,
+    /// Extra facts for `meta.json` (A/B side and round, server command line, …).
+    pub extra: std::collections::BTreeMap<String, serde_json::Value>,
+    pub progress: bool,
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Runs `prepared` against `exec.url` with the target options of `args` (backend, model,
+/// headers, timeouts); writes `meta.json` beside the records when `exec.out` is set.
+pub async fn execute_prepared(
+    args: &RunArgs,
+    prepared: &PreparedRun,
+    exec: Execution,
+) -> Result<run::RunOutcome> {
     let model = match &args.model {
         Some(m) => m.clone(),
         None => {
             client::first_model(
                 &client::http_client(1)?,
-                &args.url,
-                &headers,
+                &exec.url,
+                &prepared.headers,
                 args.api_key.as_deref(),
             )
             .await?
         }
     };
     let target = Target {
-        base_url: args.url.clone(),
+        base_url: exec.url.clone(),
         backend: args.backend,
         model: model.clone(),
-        headers,
+        headers: prepared.headers.clone(),
         api_key: args.api_key.clone(),
         timeout: args.timeout,
         ignore_eos: !args.no_ignore_eos,
@@ -545,42 +579,72 @@ pub async fn run_command(args: RunArgs) -> Result<()> {
         prompt_ids: args.prompt_ids,
         continuous_usage: !args.no_continuous_usage,
     };
-    let planned = plan.requests.len() as u64;
     let outcome = run::execute(
-        Arc::new(plan),
+        prepared.plan.clone(),
         target,
-        prompts.clone(),
+        prepared.prompts.clone(),
         RunOptions {
-            out_dir: args.out.clone(),
-            slos,
-            progress: !args.no_progress,
-            stop,
+            out_dir: exec.out.clone(),
+            slos: prepared.slos.clone(),
+            progress: exec.progress,
+            stop: exec.stop,
         },
     )
     .await?;
-    if let Some(dir) = &args.out {
+    if let Some(dir) = &exec.out {
         let meta = RunMeta {
             schema_version: SCHEMA_VERSION,
             loadgen_version: env!("CARGO_PKG_VERSION").to_string(),
             command_line: std::env::args().collect(),
             seed: args.seed,
-            workload: workload_meta,
-            schedule: schedule_meta,
-            url: args.url.clone(),
+            workload: prepared.workload_meta.clone(),
+            schedule: prepared.schedule_meta.clone(),
+            url: exec.url.clone(),
             backend: args.backend.name().to_string(),
             model,
-            server_version: None,
+            server_version: exec.server_version,
             host: host_info(),
             start_time: outcome.start_time.to_rfc3339(),
-            approximate_lengths: prompts.is_approximate(),
-            planned_requests: planned,
-            calibration,
-            extra: Default::default(),
+            approximate_lengths: prepared.prompts.is_approximate(),
+            planned_requests: prepared.plan.requests.len() as u64,
+            calibration: prepared.calibration.clone(),
+            extra: exec.extra,
         };
         let path = dir.join("meta.json");
         std::fs::write(&path, serde_json::to_string_pretty(&meta)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    Ok(outcome)
+}
+
+/// `loadgen run`.
+pub async fn run_command(args: RunArgs) -> Result<()> {
+    let stop = run::stop_on_signals()?;
+    let mut prepared = prepare_run(&args)?;
+    if args.calibrate {
+        eprintln!("loadgen: calibrating against the built-in mock…");
+        prepared.calibration = Some(
+            calibrate(&CalibrateConfig {
+                rate: args.rate,
+                concurrency: args.concurrency,
+                ..CalibrateConfig::default()
+            })
+            .await?,
+        );
+    }
+    let outcome = execute_prepared(
+        &args,
+        &prepared,
+        Execution {
+            url: args.url.clone(),
+            out: args.out.clone(),
+            server_version: None,
+            extra: Default::default(),
+            progress: !args.no_progress,
+            stop,
+        },
+    )
+    .await?;
     print!("{}", reports::table::render(&outcome.summary));
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod progress;
 pub mod report_cmd;
 pub mod run;
 pub mod schedule;
+pub mod server_proc;
 pub mod sse;
 pub mod sweep;
 pub mod units;

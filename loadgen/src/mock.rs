@@ -104,6 +104,8 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
         cfg,
     });
     let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/version", get(version))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -126,6 +128,10 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
             task,
         },
     ))
+}
+
+async fn version() -> Json<Value> {
+    Json(json!({"version": format!("loadgen-mock {}", env!("CARGO_PKG_VERSION"))}))
 }
 
 async fn models(State(s): State<Arc<MockState>>) -> Json<Value> {

@@ -140,7 +140,7 @@ async fn sweep_plan_compare_and_report_on_the_mock() {
         compare_dir.to_str().unwrap(),
     ])
     .unwrap();
-    compare_command(compare.args).unwrap();
+    compare_command(compare.args).await.unwrap();
     let result = CompareFile::read(&compare_dir.join(COMPARE_FILE)).unwrap();
     assert!(result.pair_by_id);
     assert!(result

@@ -2,9 +2,11 @@
 //!
 //! Linear weights that arrive as f32 can be stored as f16 ([`CpuOptions::f32_weights_as_f16`]):
 //! GGUF quantised tensors are dequantised to f32 by the loader, and keeping them in f16
-//! halves the memory traffic of decode, which is bandwidth-bound. f16 keeps 11
-//! significant bits, more than Q4/Q8 blocks carry, so the loss is small (see the report
-//! in `tests/forward.rs`). Unquantised f32 checkpoints keep full precision by default.
+//! halves the memory traffic of decode, which is bandwidth-bound. f16's relative rounding
+//! error (2^-11) is far below the quantisation error of Q4/Q8 blocks: on SmolLM2-135M
+//! Q4_1 the top-10 logits move by at most 0.015 against transformers' f32 run (0.00005
+//! with f32 weights) and greedy tokens match (`tests/forward.rs`). Unquantised f32
+//! checkpoints keep full precision by default.
 
 mod attention;
 mod matmul;
@@ -216,7 +218,9 @@ impl Backend for CpuBackend {
         );
         let data = match tensor.data {
             TensorData::F32(v) if self.f32_weights_as_f16 => {
-                WeightData::F16(v.iter().map(|&x| f16::from_f32(x)).collect())
+                let mut h = vec![f16::ZERO; v.len()];
+                h.convert_from_f32_slice(&v);
+                WeightData::F16(h)
             }
             TensorData::F32(v) => WeightData::F32(v),
             TensorData::F16(v) => WeightData::F16(v),

@@ -1,0 +1,198 @@
+//! Servers started by the load generator (`loadgen compare --a-cmd …`): a free port, the
+//! command run through `sh -c` with its output in a log file, a wait for `GET /health` = 200,
+//! and a stop by SIGTERM (SIGKILL after a grace period). Also what a server says about itself
+//! (`/v1/models`, `/version`), for `meta.json`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+/// How long a stopped server may take to exit after SIGTERM before it is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// A port that was free a moment ago (bound to 127.0.0.1:0, then released).
+pub fn free_port() -> Result<u16> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port on 127.0.0.1")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// `command` with every `{port}` replaced by `port`, or with ` --port PORT` appended when it
+/// has no `{port}`.
+pub fn command_for_port(command: &str, port: u16) -> String {
+    if command.contains("{port}") {
+        command.replace("{port}", &port.to_string())
+    } else {
+        format!("{command} --port {port}")
+    }
+}
+
+/// A server process this tool started.
+pub struct ServerProcess {
+    child: Child,
+    /// Base URL (`http://127.0.0.1:PORT`).
+    pub url: String,
+    /// The command line as run (port filled in).
+    pub command: String,
+    pub log: PathBuf,
+}
+
+/// Starts `command` (with a free port filled in) and waits until `GET /health` answers 200,
+/// at most `timeout`. The server's stdout and stderr go to `log`.
+pub async fn start(command: &str, log: &Path, timeout: Duration) -> Result<ServerProcess> {
+    let port = free_port()?;
+    let command = command_for_port(command, port);
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out
+        .try_clone()
+        .with_context(|| format!("opening {}", log.display()))?;
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("exec {command}"))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting `{command}`"))?;
+    let mut server = ServerProcess {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        command,
+        log: log.to_path_buf(),
+    };
+    if let Err(e) = server.wait_healthy(timeout).await {
+        let tail = log_tail(log);
+        server.stop().await?;
+        return Err(e.context(format!("server log {}:\n{tail}", log.display())));
+    }
+    Ok(server)
+}
+
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+impl ServerProcess {
+    async fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .context("building the health-check client")?;
+        let deadline = Instant::now() + timeout;
+        let health = format!("{}/health", self.url);
+        loop {
+            if let Some(status) = self.child.try_wait().context("polling the server")? {
+                bail!(
+                    "`{}` exited with {status} before /health answered 200",
+                    self.command
+                );
+            }
+            let ok = client
+                .get(&health)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == reqwest::StatusCode::OK);
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "`{}`: GET {health} did not answer 200 within {:?}",
+                    self.command,
+                    timeout
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit (SIGKILL after [`STOP_GRACE`]).
+    pub async fn stop(mut self) -> Result<()> {
+        if self.child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .await;
+        }
+        match tokio::time::timeout(STOP_GRACE, self.child.wait()).await {
+            Ok(status) => {
+                status.with_context(|| format!("waiting for `{}` to exit", self.command))?;
+            }
+            Err(_) => {
+                eprintln!(
+                    "loadgen: `{}` still running {STOP_GRACE:?} after SIGTERM: killing it",
+                    self.command
+                );
+                self.child
+                    .kill()
+                    .await
+                    .with_context(|| format!("killing `{}`", self.command))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a server says about itself: its `/v1/models` list and its `/version`, if it has one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerIdentity {
+    pub models: Option<Value>,
+    pub version: Option<String>,
+}
+
+/// Asks `url` for `/v1/models` and `/version`; a missing route leaves the field empty.
+pub async fn identify(
+    url: &str,
+    headers: &[(String, String)],
+    api_key: Option<&str>,
+) -> ServerIdentity {
+    let Ok(client) = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+    else {
+        return ServerIdentity::default();
+    };
+    let get = |path: &str| {
+        let mut request = client.get(format!("{url}{path}"));
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        if let Some(key) = api_key {
+            request = request.bearer_auth(key);
+        }
+        async move {
+            let response = request.send().await.ok()?;
+            if !response.status().is_success() {
+                return None;
+            }
+            response.text().await.ok()
+        }
+    };
+    let models = get("/v1/models")
+        .await
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let version = get("/version")
+        .await
+        .map(|text| match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(map)) => match map.get("version") {
+                Some(Value::String(v)) => v.clone(),
+                _ => Value::Object(map).to_string(),
+            },
+            _ => text.trim().chars().take(200).collect(),
+        });
+    ServerIdentity { models, version }
+}

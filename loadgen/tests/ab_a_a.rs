@@ -1,0 +1,28 @@
+//! A/A: the same mock config on both sides, 20 short online comparisons (fixed seeds, one
+//! round per side, about 30 paired requests) → "no significant difference" on every metric
+//! in at least 18 (the false-positive rate is at most about α).
+
+mod common;
+
+use common::{base_mock, compare_mocks, summary};
+use reports::ab::Verdict;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_a_comparisons_find_no_difference() {
+    let temp = tempfile::tempdir().unwrap();
+    let mut clean = 0;
+    for rep in 0..20u64 {
+        let out = temp.path().join(format!("aa-{rep:02}"));
+        let file = compare_mocks(base_mock(), base_mock(), 1, 100 + rep, &out).await;
+        assert!(file.pair_by_id, "identical schedules are paired");
+        assert!(file.analysis.metrics.iter().all(|m| m.n_a >= 15));
+        eprintln!("A/A {rep}: {}", summary(&file));
+        clean += usize::from(
+            file.analysis
+                .metrics
+                .iter()
+                .all(|m| m.verdict == Verdict::NoSignificantDifference),
+        );
+    }
+    assert!(clean >= 18, "A/A: only {clean} of 20 found no difference");
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The main job on the built-in default: fetch SmolLM2-135M (if absent), build, start
+# `engine serve`, sweep a ShareGPT-like workload over a few rates, print the capacity
+# plan, write the HTML report, stop the server.
+#
+#   ./scripts/demo.sh                      # against our own engine (CPU)
+#   ./scripts/demo.sh --url http://HOST:PORT [--model NAME]   # against any OpenAI-compatible server
+#
+# Environment knobs: RATES (default 0.1,0.2,0.4), DURATION (default 40s), WARMUP (10s),
+# SLO (default ttft:p99:2s,tpot:p99:100ms), OUT (default runs/demo-<time>).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+url=""
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --url) url="$2"; shift 2 ;;
+    *) extra+=("$1"); shift ;;
+  esac
+done
+rates=${RATES:-0.1,0.2,0.4}
+duration=${DURATION:-40s}
+warmup=${WARMUP:-10s}
+slo=${SLO:-ttft:p99:2s,tpot:p99:100ms}
+out=${OUT:-runs/demo-$(date +%Y%m%d-%H%M%S)}
+
+cargo build --release -p engine -p loadgen
+server_pid=""
+cleanup() { if [ -n "$server_pid" ]; then kill -TERM "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi; }
+trap cleanup EXIT
+
+if [ -z "$url" ]; then
+  ./scripts/fetch-model.sh
+  port=${PORT:-8000}
+  url="http://127.0.0.1:$port"
+  mkdir -p "$out"
+  echo "starting engine serve on $url (log: $out/engine.log)"
+  ./target/release/engine serve --port "$port" --max-num-seqs 32 >"$out/engine.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 1 120); do
+    if curl -fs "$url/health" >/dev/null 2>&1; then break; fi
+    kill -0 "$server_pid" 2>/dev/null || { cat "$out/engine.log"; exit 1; }
+    sleep 0.5
+  done
+  curl -fs "$url/health" >/dev/null || { echo "server did not become ready"; cat "$out/engine.log"; exit 1; }
+  # Our engine accepts token-id prompts, so every prompt has its exact drawn length.
+  extra+=(--prompt-ids)
+fi
+
+./target/release/loadgen sweep --url "$url" --workload sharegpt-like --profile chat \
+  --rates "$rates" --duration "$duration" --warmup "$warmup" --seed 1 \
+  --slo "$slo" --out "$out/sweep" "${extra[@]}"
+./target/release/loadgen plan "$out/sweep" --slo "$slo" --target-qps 10 --gpus-per-instance 1 --headroom 1.2
+./target/release/loadgen report "$out/sweep"
+echo
+echo "report: $out/sweep/report.html (and report.md)"
