@@ -5,6 +5,7 @@ pub mod backend;
 pub mod config;
 pub mod engine;
 pub mod kv_cache;
+pub mod loader;
 pub mod model;
 pub mod sampler;
 pub mod scheduler;

@@ -1,8 +1,7 @@
 //! `engine` command line: `serve` (the OpenAI-compatible server), `generate` (one-off
 //! prompts, batched) and `bench` (offline throughput in the manner of nano-vLLM's bench.py).
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{ensure, Context};
@@ -10,9 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use engine::backend::cpu::{load_cpu_runner_with, CpuOptions};
 use engine::engine::{EngineConfig, LlmEngine};
-use engine::model::RunnerOptions;
+use engine::loader::{load_model, DeviceArgs, RunnerSizing};
 use engine::sampler::SamplingParams;
 use engine::server::parse_memory;
 use engine::tokenizer::{ChatMessage, Tokenizer};
@@ -52,9 +50,8 @@ struct ModelArgs {
     /// Token budget of one engine step (decodes plus prefill chunks).
     #[arg(long, default_value_t = 2048)]
     max_num_batched_tokens: usize,
-    /// Compute threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 #[derive(Args)]
@@ -129,51 +126,29 @@ fn main() {
     }
 }
 
-/// Loads the model, its tokenizer and a CPU runner, and builds the engine.
+/// Loads the model on the chosen device and builds the engine.
 fn load_engine(args: &ModelArgs) -> anyhow::Result<LlmEngine> {
     ensure!(
         args.block_size > 0 && args.max_num_seqs > 0 && args.max_num_batched_tokens > 0,
         "--block-size, --max-num-seqs and --max-num-batched-tokens must be at least 1"
     );
-    let path: &Path = &args.model;
-    ensure!(
-        path.exists(),
-        "model {} not found (run scripts/fetch-model.sh for the default model)",
-        path.display()
-    );
-    let started = Instant::now();
-    let (config, mut weights) = engine::weights::open_model(path)
-        .with_context(|| format!("loading model {}", path.display()))?;
-    let tokenizer = Arc::new(
-        Tokenizer::from_model_path(path)
-            .with_context(|| format!("loading the tokenizer of {}", path.display()))?,
-    );
-    let options = RunnerOptions {
+    let sizing = RunnerSizing {
         block_size: args.block_size,
         kv_cache_bytes: parse_memory(&args.kv_cache_memory)?,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
     };
-    let cpu = CpuOptions {
-        threads: args.threads,
-        f32_weights_as_f16: path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf")),
-    };
-    let runner = load_cpu_runner_with(&config, weights.as_mut(), &options, &cpu)?;
-    let capacity = runner.num_blocks() * runner.block_size();
-    tracing::info!(
-        "loaded {} in {:.2}s: {} KV blocks of {} tokens",
-        path.display(),
-        started.elapsed().as_secs_f64(),
-        runner.num_blocks(),
-        runner.block_size()
-    );
+    let loaded = load_model(&args.model, &args.device, &sizing)?;
     let config = EngineConfig {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
-        max_model_len: config.max_position_embeddings.min(capacity),
+        max_model_len: loaded
+            .config
+            .max_position_embeddings
+            .min(loaded.kv_capacity_tokens()),
         enable_prefix_caching: true,
     };
-    Ok(LlmEngine::new(runner, tokenizer, config))
+    Ok(LlmEngine::new(loaded.runner, loaded.tokenizer, config))
 }
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {

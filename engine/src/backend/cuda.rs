@@ -482,10 +482,21 @@ impl CudaBackend {
 
     /// Uploads a row-major f32 matrix as a bf16 activation (tests and host-built inputs).
     pub fn upload_act(&self, rows: usize, cols: usize, data: &[f32]) -> anyhow::Result<CudaAct> {
-        ensure!(data.len() == rows * cols, "upload_act: {} values for {rows}x{cols}", data.len());
+        ensure!(
+            data.len() == rows * cols,
+            "upload_act: {} values for {rows}x{cols}",
+            data.len()
+        );
         let host: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
-        let buf = self.stream.clone_htod(&host).context("uploading an activation")?;
-        Ok(CudaAct { buf: Some(buf), rows, cols })
+        let buf = self
+            .stream
+            .clone_htod(&host)
+            .context("uploading an activation")?;
+        Ok(CudaAct {
+            buf: Some(buf),
+            rows,
+            cols,
+        })
     }
 
     /// Samples one token per logits row on the device (see kernels/sampling.cu); only the

@@ -11,16 +11,15 @@ pub mod routes;
 pub mod validate;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use tokio::sync::oneshot;
 
-use crate::backend::cpu::{load_cpu_runner_with, CpuOptions};
 use crate::engine::{EngineConfig, LlmEngine};
-use crate::model::RunnerOptions;
+use crate::loader::{load_model, DeviceArgs, LoadedModel, RunnerSizing};
 use crate::tokenizer::Tokenizer;
 use engine_loop::{Command, EngineLoop};
 use metrics::Metrics;
@@ -72,9 +71,8 @@ pub struct ServeArgs {
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
-    /// Compute threads of the CPU backend (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Seconds that in-flight requests may take to finish after SIGTERM before the server exits.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace: f64,
@@ -115,28 +113,22 @@ struct Loaded {
     tokenizer: Arc<Tokenizer>,
     info: ModelInfo,
     kv_capacity_tokens: usize,
+    device: crate::backend::cuda::Device,
 }
 
 fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
-    let path: &Path = &args.model;
-    let (config, mut weights) = crate::weights::open_model(path)
-        .with_context(|| format!("loading model {}", path.display()))?;
-    let tokenizer = Arc::new(
-        Tokenizer::from_model_path(path)
-            .with_context(|| format!("loading the tokenizer of {}", path.display()))?,
-    );
-    let options = RunnerOptions {
+    let sizing = RunnerSizing {
         block_size: args.block_size,
         kv_cache_bytes: parse_memory(&args.kv_cache_memory)?,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
     };
-    let is_gguf = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    let cpu = CpuOptions {
-        threads: args.threads,
-        f32_weights_as_f16: is_gguf,
-    };
-    let runner = load_cpu_runner_with(&config, weights.as_mut(), &options, &cpu)?;
+    let LoadedModel {
+        config,
+        tokenizer,
+        runner,
+        device,
+    } = load_model(&args.model, &args.device, &sizing)?;
     let kv_capacity_tokens = runner.num_blocks() * runner.block_size();
     let max_model_len = match args.max_model_len {
         Some(len) if len > kv_capacity_tokens => bail!(
@@ -173,6 +165,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             max_model_len,
         },
         kv_capacity_tokens,
+        device,
     })
 }
 
@@ -249,9 +242,10 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
                 }
             };
             tracing::info!(
-                "ready in {:.2}s: model={} backend=cpu kv_capacity_tokens={} max_model_len={} address=http://{address}",
+                "ready in {:.2}s: model={} backend={} kv_capacity_tokens={} max_model_len={} address=http://{address}",
                 start.elapsed().as_secs_f64(),
                 engine_args.model.display(),
+                loaded.device,
                 loaded.kv_capacity_tokens,
                 loaded.info.max_model_len,
             );
