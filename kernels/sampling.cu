@@ -23,9 +23,8 @@ __device__ __forceinline__ double uniform01(unsigned long long seed, unsigned lo
     return ((double)(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-// Block-wide argmax: best value, lowest index on ties. Every thread gets the result.
-__device__ __forceinline__ void block_argmax(float& v, int& idx, float* sv, int* si) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+// Warp-wide argmax: best value, lowest index on ties. Every lane gets the result.
+__device__ __forceinline__ void warp_argmax(float& v, int& idx) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, v, o);
@@ -35,6 +34,12 @@ __device__ __forceinline__ void block_argmax(float& v, int& idx, float* sv, int*
             idx = oi;
         }
     }
+}
+
+// Block-wide argmax: best value, lowest index on ties. Every thread gets the result.
+__device__ __forceinline__ void block_argmax(float& v, int& idx, float* sv, int* si) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    warp_argmax(v, idx);
     __syncthreads();
     if (lane == 0) {
         sv[warp] = v;
@@ -43,15 +48,7 @@ __device__ __forceinline__ void block_argmax(float& v, int& idx, float* sv, int*
     __syncthreads();
     v = lane < nwarps ? sv[lane] : -INFINITY;
     idx = lane < nwarps ? si[lane] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > v || (ov == v && oi < idx)) {
-            v = ov;
-            idx = oi;
-        }
-    }
+    warp_argmax(v, idx);
 }
 
 // Number of row values >= t.

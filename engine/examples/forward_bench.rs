@@ -1,8 +1,13 @@
-//! Times the CPU forward pass: prefill, single-stream decode and 16-sequence decode.
+//! Times the CPU runner's forward pass: prefill (2 × 256 tokens), single-stream decode and
+//! 16-sequence decode, as wall-clock tok/s and tok/s per CPU-time (for a busy machine).
 //!
 //! `cargo run --release -p engine --example forward_bench -- [MODEL] [THREADS]`
 //! MODEL is an HF directory or a GGUF file (linear weights stored as f16); without it a
-//! random model with SmolLM2-135M's shapes is used.
+//! random model with SmolLM2-135M's shapes is used. THREADS defaults to all cores.
+//!
+//! Variants: `PREFILL_ONLY=N` times one N-token prefill; `DECODE_ONLY=1` times 200
+//! batch-1 decode steps; `-- ops` (with `THREADS=n` in the environment) times the
+//! matmul op alone at SmolLM2's decode and prefill shapes.
 
 use std::time::Instant;
 

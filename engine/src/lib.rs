@@ -1,5 +1,6 @@
-//! The engine core: model loading, tokenizer, CPU backend, paged KV cache,
-//! continuous-batching scheduler and sampler. See `../shared/ARCHITECTURE.md`.
+//! The engine: model loading, tokenizer, the forward pass over CPU and CUDA backends,
+//! paged KV cache, continuous-batching scheduler, sampler and the OpenAI-compatible
+//! server. See `../shared/ARCHITECTURE.md`.
 
 pub mod backend;
 pub mod config;

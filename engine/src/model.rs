@@ -1,11 +1,11 @@
 //! The forward pass over a batch of sequence chunks, reading and writing the paged KV cache.
 //!
 //! [`Model`] is written once against [`Backend`]; `crate::backend::cpu::load_cpu_runner`
-//! builds one on the CPU.
+//! and `crate::backend::cuda::load_cuda_runner` build one on each device.
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{anyhow, bail, ensure, Context};
 
-use crate::backend::{AttnSeq, Backend, QkvLayout, StepMeta};
+use crate::backend::{check_block_table, AttnSeq, Backend, QkvLayout, StepMeta};
 use crate::config::{Arch, Llama3RopeScaling, ModelConfig};
 use crate::weights::{HostTensor, TensorData, WeightSource};
 
@@ -365,21 +365,8 @@ impl<B: Backend> ModelState<B> {
                 );
             }
             let end = s.start_pos + s.tokens.len();
-            let need = end.div_ceil(bs);
-            ensure!(
-                s.block_table.len() >= need,
-                "batch entry {i}: block table has {} blocks but positions up to {end} need {need}",
-                s.block_table.len()
-            );
-            if let Some(&b) = s.block_table[..need]
-                .iter()
-                .find(|&&b| b as usize >= self.num_blocks)
-            {
-                bail!(
-                    "batch entry {i}: block id {b} is past the KV cache ({} blocks)",
-                    self.num_blocks
-                );
-            }
+            check_block_table(s.block_table, end, bs, self.num_blocks)
+                .map_err(|e| anyhow!("batch entry {i}: {e}"))?;
             let row_start = host.tokens.len();
             host.tokens.extend_from_slice(s.tokens);
             for pos in s.start_pos..end {

@@ -455,12 +455,7 @@ impl IncrementalDecoder {
     /// Returns the text that became final with this token (possibly empty).
     pub fn push(&mut self, id: u32) -> anyhow::Result<String> {
         self.tokens.push(id);
-        let window = &self.tokens[self.prefix_offset..];
-        let prefix = self.tokenizer.decode(
-            &window[..self.read_offset - self.prefix_offset],
-            self.skip_special,
-        )?;
-        let text = self.tokenizer.decode(window, self.skip_special)?;
+        let (prefix, text) = self.decode_window()?;
         if text.len() > prefix.len() && !text.ends_with('\u{FFFD}') {
             if let Some(new) = text.get(prefix.len()..) {
                 let new = new.to_string();
@@ -472,15 +467,22 @@ impl IncrementalDecoder {
         Ok(String::new())
     }
 
-    /// Returns whatever text is still held back (e.g. an incomplete UTF-8
-    /// sequence at the end of generation, rendered as U+FFFD).
-    pub fn flush(&mut self) -> anyhow::Result<String> {
+    /// Decodes the tokens from `prefix_offset`: those up to `read_offset` (already
+    /// returned) and all of them; the new text is what the second adds to the first.
+    fn decode_window(&self) -> anyhow::Result<(String, String)> {
         let window = &self.tokens[self.prefix_offset..];
         let prefix = self.tokenizer.decode(
             &window[..self.read_offset - self.prefix_offset],
             self.skip_special,
         )?;
         let text = self.tokenizer.decode(window, self.skip_special)?;
+        Ok((prefix, text))
+    }
+
+    /// Returns whatever text is still held back (e.g. an incomplete UTF-8
+    /// sequence at the end of generation, rendered as U+FFFD).
+    pub fn flush(&mut self) -> anyhow::Result<String> {
+        let (prefix, text) = self.decode_window()?;
         self.prefix_offset = self.tokens.len();
         self.read_offset = self.tokens.len();
         Ok(text.get(prefix.len()..).unwrap_or_default().to_string())

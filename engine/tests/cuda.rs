@@ -2,7 +2,7 @@
 //! kernel entry points) and GPU checks against the CPU backend that skip themselves, saying
 //! why, when no CUDA driver and GPU are present.
 
-use std::path::{Path, PathBuf};
+mod common;
 
 use engine::backend::cpu::load_cpu_runner;
 use engine::backend::cuda::{
@@ -10,23 +10,13 @@ use engine::backend::cuda::{
     graph_buckets, load_cuda_runner, prefill_kernel_name, resolve_device, CudaBackend, CudaOptions,
     Device, GpuSampling, NO_DRIVER, SOURCES,
 };
-use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions};
 use engine::weights::open_model;
+
+use common::{golden_dir_with, last_logits};
 
 const BLOCK_SIZE: usize = 16;
 const NUM_BLOCKS: usize = 64;
-
-fn golden_model(rel: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/golden")
-        .join(rel);
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "missing golden model {}: the shared folder must sit beside the workspace (../shared)",
-        dir.display()
-    );
-    dir
-}
 
 #[test]
 fn cuda_without_a_driver_is_a_clear_error() {
@@ -34,7 +24,7 @@ fn cuda_without_a_driver_is_a_clear_error() {
         println!("skipped: a CUDA driver is present on this machine");
         return;
     }
-    let dir = golden_model("qwen3-tiny/bf16");
+    let dir = golden_dir_with("qwen3-tiny/bf16", "model.safetensors");
     let (config, mut weights) = open_model(&dir).expect("open qwen3-tiny");
     let err = match load_cuda_runner(&config, weights.as_mut(), &CudaOptions::default()) {
         Ok(_) => panic!("load_cuda_runner succeeded without a driver"),
@@ -159,7 +149,7 @@ fn gpu_or_skip(test: &str) -> bool {
 }
 
 fn runners(rel: &str) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
-    let dir = golden_model(rel);
+    let dir = golden_dir_with(rel, "model.safetensors");
     let (config, mut w) = open_model(&dir).expect("open model");
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
@@ -184,25 +174,12 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
-fn forward_one(r: &mut dyn ModelRunner, tokens: &[u32], start: usize, table: &[u32]) -> Vec<f32> {
-    let input = SeqInput {
-        tokens,
-        start_pos: start,
-        block_table: table,
-        need_logits: true,
-    };
-    r.forward(&[input])
-        .expect("forward")
-        .pop()
-        .expect("one logits row")
-}
-
 fn gpu_matches_cpu(rel: &str) {
     let (mut cpu, mut gpu) = runners(rel);
     let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % 5000).collect();
     let table: Vec<u32> = (0..8).collect();
-    let a = forward_one(gpu.as_mut(), &prompt, 0, &table);
-    let b = forward_one(cpu.as_mut(), &prompt, 0, &table);
+    let a = last_logits(gpu.as_mut(), &prompt, 0, &table);
+    let b = last_logits(cpu.as_mut(), &prompt, 0, &table);
     let e = rel_err(&a, &b);
     println!(
         "{rel}: prefill of {} tokens, max relative error {e:.4}",
@@ -214,8 +191,8 @@ fn gpu_matches_cpu(rel: &str) {
     );
     for (i, t) in [5u32, 900, 17, 4000].into_iter().enumerate() {
         let pos = prompt.len() + i;
-        let a = forward_one(gpu.as_mut(), &[t], pos, &table);
-        let b = forward_one(cpu.as_mut(), &[t], pos, &table);
+        let a = last_logits(gpu.as_mut(), &[t], pos, &table);
+        let b = last_logits(cpu.as_mut(), &[t], pos, &table);
         let e = rel_err(&a, &b);
         assert!(
             e < 0.05,
@@ -224,9 +201,9 @@ fn gpu_matches_cpu(rel: &str) {
     }
     // Chunked prefill over a cached prefix gives the plain prefill's logits.
     let other: Vec<u32> = (16..24).collect();
-    forward_one(gpu.as_mut(), &prompt[..40], 0, &other);
-    let chunked = forward_one(gpu.as_mut(), &prompt[40..], 40, &other);
-    let plain = forward_one(gpu.as_mut(), &prompt, 0, &table);
+    last_logits(gpu.as_mut(), &prompt[..40], 0, &other);
+    let chunked = last_logits(gpu.as_mut(), &prompt[40..], 40, &other);
+    let plain = last_logits(gpu.as_mut(), &prompt, 0, &table);
     assert!(
         rel_err(&chunked, &plain) < 0.02,
         "{rel}: chunked prefill differs from plain prefill"

@@ -1,30 +1,20 @@
 //! Forward pass on the CPU backend against the HF transformers goldens in `../shared/golden`
 //! (see its README), plus consistency of chunked prefill, prefix reuse and batching.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use engine::backend::cpu::{load_cpu_runner, load_cpu_runner_with, CpuOptions};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
 use engine::weights::open_model;
 use serde_json::Value;
 
+use common::{golden_dir_with, last_logits, smollm2_gguf};
+
 const BLOCK_SIZE: usize = 16;
 /// KV blocks every test runner gets (1024 tokens).
 const NUM_BLOCKS: usize = 64;
-
-fn shared() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")
-}
-
-fn golden_dir(rel: &str) -> PathBuf {
-    let dir = shared().join("golden").join(rel);
-    assert!(
-        dir.join("reference.json").is_file(),
-        "missing golden data {}: the shared folder must sit beside the workspace (../shared)",
-        dir.display()
-    );
-    dir
-}
 
 fn reference(dir: &Path) -> Value {
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("read reference.json");
@@ -52,20 +42,6 @@ fn load(path: &Path, f32_as_f16: bool) -> Box<dyn ModelRunner> {
     assert_eq!(runner.num_blocks(), NUM_BLOCKS);
     assert_eq!(runner.block_size(), BLOCK_SIZE);
     runner
-}
-
-/// Computes `tokens` at positions `start..` of a sequence stored in `table`; returns the
-/// last token's logits.
-fn step(r: &mut dyn ModelRunner, tokens: &[u32], start: usize, table: &[u32]) -> Vec<f32> {
-    let input = SeqInput {
-        tokens,
-        start_pos: start,
-        block_table: table,
-        need_logits: true,
-    };
-    let mut out = r.forward(&[input]).expect("forward");
-    assert_eq!(out.len(), 1);
-    out.pop().unwrap()
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -107,7 +83,7 @@ impl MaxErr {
 /// Checks every float32 case of a tiny model's reference: last-position top-20 and
 /// first-64 logits at three positions (through chunked prefill), and 24 greedy tokens.
 fn check_tiny_golden(rel: &str) {
-    let dir = golden_dir(rel);
+    let dir = golden_dir_with(rel, "reference.json");
     let golden = reference(&dir);
     let mut r = load(&dir, false);
     let cases = golden["runs"]["float32"]["cases"]
@@ -121,7 +97,7 @@ fn check_tiny_golden(rel: &str) {
         let table: Vec<u32> = (0..(n + 24).div_ceil(BLOCK_SIZE) as u32).collect();
 
         // One prefill: top-20 at the last position.
-        let mut logits = step(r.as_mut(), &input, 0, &table);
+        let mut logits = last_logits(r.as_mut(), &input, 0, &table);
         for pair in case["last_top20"].as_array().unwrap() {
             let (id, want) = (
                 pair[0].as_u64().unwrap() as usize,
@@ -137,7 +113,7 @@ fn check_tiny_golden(rel: &str) {
             let tok = argmax(&logits);
             greedy.push(tok);
             if s + 1 < want_greedy.len() {
-                logits = step(r.as_mut(), &[tok], n + s, &table);
+                logits = last_logits(r.as_mut(), &[tok], n + s, &table);
             }
         }
         assert_eq!(greedy, want_greedy, "{rel} case {ci}: greedy tokens");
@@ -149,7 +125,7 @@ fn check_tiny_golden(rel: &str) {
         for (k, &p) in positions.iter().enumerate() {
             let p = p as usize;
             if p + 1 > start {
-                logits = step(r.as_mut(), &input[start..=p], start, &table);
+                logits = last_logits(r.as_mut(), &input[start..=p], start, &table);
                 start = p + 1;
             }
             for (id, want) in floats(&case["first64_logits"][k]).into_iter().enumerate() {
@@ -200,13 +176,13 @@ fn qwen3_prompt(golden: &Value, n: usize) -> Vec<u32> {
 
 #[test]
 fn chunked_prefill_and_prefix_reuse_match_one_prefill() {
-    let dir = golden_dir("qwen3-tiny/f32");
+    let dir = golden_dir_with("qwen3-tiny/f32", "reference.json");
     let golden = reference(&dir);
     let mut r = load(&dir, false);
     let prompt = qwen3_prompt(&golden, 130);
     let n = prompt.len();
     let table: Vec<u32> = (0..n.div_ceil(BLOCK_SIZE) as u32).collect();
-    let whole = step(r.as_mut(), &prompt, 0, &table);
+    let whole = last_logits(r.as_mut(), &prompt, 0, &table);
 
     // Chunks of 5 tokens, through a shuffled block table.
     let shuffled: Vec<u32> = (0..table.len() as u32)
@@ -214,7 +190,7 @@ fn chunked_prefill_and_prefix_reuse_match_one_prefill() {
         .collect();
     let mut chunked = Vec::new();
     for start in (0..n).step_by(5) {
-        chunked = step(
+        chunked = last_logits(
             r.as_mut(),
             &prompt[start..(start + 5).min(n)],
             start,
@@ -232,8 +208,8 @@ fn chunked_prefill_and_prefix_reuse_match_one_prefill() {
     let prefix = 3 * BLOCK_SIZE;
     let mut other: Vec<u32> = table[..3].to_vec();
     other.extend(40..40 + (table.len() - 3) as u32);
-    step(r.as_mut(), &prompt[..prefix], 0, &table);
-    let rest = step(r.as_mut(), &prompt[prefix..], prefix, &other);
+    last_logits(r.as_mut(), &prompt[..prefix], 0, &table);
+    let rest = last_logits(r.as_mut(), &prompt[prefix..], prefix, &other);
     assert!(
         max_abs_diff(&rest, &whole) <= 1e-4,
         "prefix then rest: {}",
@@ -241,8 +217,8 @@ fn chunked_prefill_and_prefix_reuse_match_one_prefill() {
     );
 
     // A prefix that ends inside a block.
-    step(r.as_mut(), &prompt[..37], 0, &table);
-    let rest = step(r.as_mut(), &prompt[37..], 37, &table);
+    last_logits(r.as_mut(), &prompt[..37], 0, &table);
+    let rest = last_logits(r.as_mut(), &prompt[37..], 37, &table);
     assert!(
         max_abs_diff(&rest, &whole) <= 1e-4,
         "37 then rest: {}",
@@ -252,7 +228,7 @@ fn chunked_prefill_and_prefix_reuse_match_one_prefill() {
 
 #[test]
 fn batched_sequences_match_solo_runs() {
-    let dir = golden_dir("qwen3-tiny/f32");
+    let dir = golden_dir_with("qwen3-tiny/f32", "reference.json");
     let golden = reference(&dir);
     let mut r = load(&dir, false);
     let a = qwen3_prompt(&golden, 33);
@@ -261,13 +237,13 @@ fn batched_sequences_match_solo_runs() {
     let (ta, tb, tc): (Vec<u32>, Vec<u32>, Vec<u32>) = (vec![0, 1, 2], vec![5], vec![9]);
 
     // Solo references.
-    let a_last = step(r.as_mut(), &a, 0, &ta);
+    let a_last = last_logits(r.as_mut(), &a, 0, &ta);
     let next = argmax(&a_last);
     let mut a_next = a.clone();
     a_next.push(next);
-    let a_decode = step(r.as_mut(), &a_next, 0, &ta);
-    let b_last = step(r.as_mut(), &b, 0, &tb);
-    let c_last = step(r.as_mut(), &c, 0, &tc);
+    let a_decode = last_logits(r.as_mut(), &a_next, 0, &ta);
+    let b_last = last_logits(r.as_mut(), &b, 0, &tb);
+    let c_last = last_logits(r.as_mut(), &c, 0, &tc);
 
     // Step 1: A's prefill, B's first chunk (no logits), C's prefill.
     let batch = [
@@ -325,7 +301,7 @@ fn batched_sequences_match_solo_runs() {
 
 #[test]
 fn bad_inputs_are_errors() {
-    let dir = golden_dir("qwen3-tiny/f32");
+    let dir = golden_dir_with("qwen3-tiny/f32", "reference.json");
     let mut r = load(&dir, false);
     let bad_token = SeqInput {
         tokens: &[49152],
@@ -368,24 +344,13 @@ fn bad_inputs_are_errors() {
     assert!(err.to_string().contains("less than one block"), "{err}");
 }
 
-fn smollm2_path() -> PathBuf {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "missing {}: run scripts/fetch-model.sh to download it",
-        path.display()
-    );
-    path
-}
-
 /// SmolLM2-135M (Q4_1 GGUF, weights stored as f16) against transformers' f32 run.
 /// Measured: the recorded top-10 logits differ by at most 0.015 (0.00005 with f32
 /// weights); every prompt's first 16 greedy tokens must match exactly.
 #[test]
 fn smollm2_gguf_matches_golden() {
-    let path = smollm2_path();
-    let golden = reference(&golden_dir("smollm2-135m"));
+    let path = smollm2_gguf();
+    let golden = reference(&golden_dir_with("smollm2-135m", "reference.json"));
     let mut r = load(&path, true);
     let mut max_abs = 0.0f32;
     let prompts = golden["prompts"].as_array().unwrap();
@@ -398,7 +363,7 @@ fn smollm2_gguf_matches_golden() {
         let steps = 16;
         let table: Vec<u32> = (0..(n + steps).div_ceil(BLOCK_SIZE) as u32).collect();
         let top = prompt["top_logits"].as_array().unwrap();
-        let mut logits = step(r.as_mut(), &input, 0, &table);
+        let mut logits = last_logits(r.as_mut(), &input, 0, &table);
         let mut got = Vec::new();
         for s in 0..steps {
             if let Some(t) = top.iter().find(|t| t["step"] == s) {
@@ -420,7 +385,7 @@ fn smollm2_gguf_matches_golden() {
             }
             let tok = argmax(&logits);
             got.push(tok);
-            logits = step(r.as_mut(), &[tok], n + s, &table);
+            logits = last_logits(r.as_mut(), &[tok], n + s, &table);
         }
         assert_eq!(got, want[..steps], "{name}: greedy tokens");
     }
@@ -435,7 +400,7 @@ fn smollm2_gguf_matches_golden() {
 /// path computes in f32 on the same bf16 weights, so the logits agree within the bf16
 /// tolerance the golden README gives (0.2), and greedy tokens are not compared.
 fn check_tiny_bf16_run(rel: &str) {
-    let dir = golden_dir(rel);
+    let dir = golden_dir_with(rel, "reference.json");
     let golden = reference(&dir);
     let mut r = load(&dir, false);
     let cases = golden["runs"]["bfloat16"]["cases"]
@@ -445,7 +410,7 @@ fn check_tiny_bf16_run(rel: &str) {
     for case in cases {
         let input = ids(&case["input_ids"]);
         let table: Vec<u32> = (0..input.len().div_ceil(BLOCK_SIZE) as u32).collect();
-        let logits = step(r.as_mut(), &input, 0, &table);
+        let logits = last_logits(r.as_mut(), &input, 0, &table);
         for pair in case["last_top20"].as_array().unwrap() {
             let (id, want) = (
                 pair[0].as_u64().unwrap() as usize,

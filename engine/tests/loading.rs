@@ -1,5 +1,7 @@
 //! Model loading: HF configs, safetensors, GGUF, and errors on bad input.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use engine::config::{llama3_rope_factors, Arch, Llama3RopeScaling, ModelConfig};
@@ -7,17 +9,7 @@ use engine::weights::gguf::{dequantize, GgufFile, QuantType};
 use engine::weights::{open_model, HostTensor, TensorData, WeightSource};
 use safetensors::tensor::{serialize, Dtype, TensorView};
 
-fn golden(rel: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/golden")
-        .join(rel);
-    assert!(
-        path.exists(),
-        "missing {}: the golden data lives in ../shared/golden next to the workspace",
-        path.display()
-    );
-    path
-}
+use common::{golden, smollm2_gguf};
 
 fn expected_tensor_names(dir: &str) -> Vec<String> {
     let text = std::fs::read_to_string(golden(&format!("{dir}/reference.json"))).unwrap();
@@ -117,17 +109,6 @@ fn llama_tiny_has_untied_head() {
     // embed, final norm, lm_head, and 9 tensors per layer.
     assert_eq!(names.len(), 3 + 2 * 9);
     assert!(names.iter().all(|n| weights.contains(n)));
-}
-
-fn smollm2_gguf() -> PathBuf {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "missing {}: run scripts/fetch-model.sh to download the default model",
-        path.display()
-    );
-    path
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! the full context read back through the block table, so any block-table or
 //! prefix-cache corruption changes the tokens versus a cache-free reference.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context};
@@ -13,23 +14,13 @@ use engine::tokenizer::Tokenizer;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use common::golden;
+
 const VOCAB: usize = 49152;
 const EMPTY: u32 = u32::MAX;
 
-fn golden_dir(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/golden")
-        .join(name);
-    assert!(
-        path.exists(),
-        "missing {}: the golden data lives in ../shared/golden next to the workspace",
-        path.display()
-    );
-    path
-}
-
 fn tokenizer() -> Arc<Tokenizer> {
-    Arc::new(Tokenizer::from_model_path(&golden_dir("llama-tiny")).expect("llama-tiny tokenizer"))
+    Arc::new(Tokenizer::from_model_path(&golden("llama-tiny")).expect("llama-tiny tokenizer"))
 }
 
 fn mix(mut x: u64) -> u64 {
@@ -537,7 +528,7 @@ fn llama_tiny_greedy_is_batch_invariant() {
     use engine::backend::cpu::load_cpu_runner;
     use engine::model::{kv_bytes_per_token, RunnerOptions};
 
-    let dir = golden_dir("llama-tiny");
+    let dir = golden("llama-tiny");
     let tok = tokenizer();
     let run = |prompts: &[Vec<u32>], num_blocks: usize, budget: usize| {
         let (config, mut weights) = engine::weights::open_model(&dir).unwrap();

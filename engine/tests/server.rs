@@ -3,6 +3,8 @@
 //! Most tests use the tiny random Llama from `../shared/golden/llama-tiny` (fast); one
 //! checks real content with SmolLM2.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -12,28 +14,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use common::{golden_dir_with, smollm2_gguf};
 
+/// The tiny random Llama most tests serve.
 fn tiny_model() -> PathBuf {
-    let path = workspace().join("../shared/golden/llama-tiny");
-    assert!(
-        path.join("model.safetensors").exists(),
-        "missing {}: the shared golden data must sit beside the repository (../shared)",
-        path.display()
-    );
-    path
-}
-
-fn smollm2() -> PathBuf {
-    let path = workspace().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "missing {}: run scripts/fetch-model.sh to download the default model",
-        path.display()
-    );
-    path
+    golden_dir_with("llama-tiny", "model.safetensors")
 }
 
 /// A running `engine serve`, killed on drop.
@@ -847,7 +832,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_answers_a_chat_question() {
     let mut server = Server::start(
-        &smollm2(),
+        &smollm2_gguf(),
         &[
             "--served-model-name",
             "smollm2",

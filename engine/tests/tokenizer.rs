@@ -1,33 +1,13 @@
 //! Tokenizer against HF transformers' reference data (SmolLM2 GGUF and the tiny
 //! models' `tokenizer.json`), chat templates and streaming detokenisation.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
 use engine::tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
 
-fn golden(rel: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/golden")
-        .join(rel);
-    assert!(
-        path.exists(),
-        "missing {}: the golden data lives in ../shared/golden next to the workspace",
-        path.display()
-    );
-    path
-}
-
-fn smollm2_gguf() -> PathBuf {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "missing {}: run scripts/fetch-model.sh to download the default model",
-        path.display()
-    );
-    path
-}
+use common::{golden, smollm2_gguf};
 
 fn reference() -> &'static serde_json::Value {
     static REFERENCE: OnceLock<serde_json::Value> = OnceLock::new();

@@ -13,7 +13,7 @@ mod matmul;
 mod ops;
 mod simd;
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use half::{f16, slice::HalfFloatSliceExt};
 
 pub use attention::CpuKvCache;
@@ -165,30 +165,6 @@ impl CpuStep {
     }
 }
 
-fn host_to_f32(t: HostTensor) -> Vec<f32> {
-    match t.data {
-        TensorData::F32(v) => v,
-        TensorData::F16(v) => {
-            let mut out = vec![0.0; v.len()];
-            v.convert_to_f32_slice(&mut out);
-            out
-        }
-        TensorData::BF16(v) => {
-            let mut out = vec![0.0; v.len()];
-            v.convert_to_f32_slice(&mut out);
-            out
-        }
-    }
-}
-
-fn host_len(t: &HostTensor) -> usize {
-    match &t.data {
-        TensorData::F32(v) => v.len(),
-        TensorData::F16(v) => v.len(),
-        TensorData::BF16(v) => v.len(),
-    }
-}
-
 impl Backend for CpuBackend {
     type Act = CpuAct;
     type Weight = CpuWeight;
@@ -205,17 +181,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<CpuWeight> {
-        let &[rows, cols] = tensor.shape.as_slice() else {
-            bail!(
-                "weight `{name}` has shape {:?}, expected 2 dimensions",
-                tensor.shape
-            );
-        };
-        ensure!(
-            host_len(&tensor) == rows * cols,
-            "weight `{name}`: shape {:?} does not match its data",
-            tensor.shape
-        );
+        let (rows, cols) = tensor.matrix_dims(name)?;
         let data = match tensor.data {
             TensorData::F32(v) if self.f32_weights_as_f16 => {
                 let mut h = vec![f16::ZERO; v.len()];
@@ -230,16 +196,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Vec<f32>> {
-        ensure!(
-            tensor.shape.len() == 1,
-            "parameter `{name}` has shape {:?}, expected 1 dimension",
-            tensor.shape
-        );
-        ensure!(
-            host_len(&tensor) == tensor.shape[0],
-            "parameter `{name}`: shape does not match its data"
-        );
-        Ok(host_to_f32(tensor))
+        tensor.into_param(name)
     }
 
     fn new_kv_cache(

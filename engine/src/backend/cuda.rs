@@ -19,7 +19,9 @@ use anyhow::{anyhow, bail, ensure, Context};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use half::bf16;
 
 pub use device::{cuda_available, driver_present, gpu_count, resolve_device, Device, NO_DRIVER};
@@ -232,20 +234,13 @@ fn int(v: usize, what: &str) -> anyhow::Result<i32> {
     i32::try_from(v).map_err(|_| anyhow!("{what} = {v} does not fit a kernel's int argument"))
 }
 
-fn host_to_bf16(name: &str, t: HostTensor) -> anyhow::Result<Vec<bf16>> {
-    let numel: usize = t.shape.iter().product();
-    let v: Vec<bf16> = match t.data {
+/// Rounds weight values to bf16, the storage type of every CUDA weight.
+fn to_bf16(data: TensorData) -> Vec<bf16> {
+    match data {
         TensorData::BF16(v) => v,
         TensorData::F16(v) => v.iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
         TensorData::F32(v) => v.iter().map(|&x| bf16::from_f32(x)).collect(),
-    };
-    ensure!(
-        v.len() == numel,
-        "tensor `{name}`: shape {:?} does not match its {} values",
-        t.shape,
-        v.len()
-    );
-    Ok(v)
+    }
 }
 
 /// The CUDA implementation of [`Backend`].
@@ -512,24 +507,12 @@ impl CudaBackend {
         if params.is_empty() {
             return Ok(Vec::new());
         }
-        let temps = self
-            .stream
-            .clone_htod(&params.iter().map(|p| p.temperature).collect::<Vec<f32>>())?;
-        let top_k = self
-            .stream
-            .clone_htod(&params.iter().map(|p| p.top_k).collect::<Vec<i32>>())?;
-        let top_p = self
-            .stream
-            .clone_htod(&params.iter().map(|p| p.top_p).collect::<Vec<f32>>())?;
-        let min_p = self
-            .stream
-            .clone_htod(&params.iter().map(|p| p.min_p).collect::<Vec<f32>>())?;
-        let seeds = self
-            .stream
-            .clone_htod(&params.iter().map(|p| p.seed).collect::<Vec<u64>>())?;
-        let offsets = self
-            .stream
-            .clone_htod(&params.iter().map(|p| p.offset).collect::<Vec<u64>>())?;
+        let temps = self.upload_column(params, |p| p.temperature)?;
+        let top_k = self.upload_column(params, |p| p.top_k)?;
+        let top_p = self.upload_column(params, |p| p.top_p)?;
+        let min_p = self.upload_column(params, |p| p.min_p)?;
+        let seeds = self.upload_column(params, |p| p.seed)?;
+        let offsets = self.upload_column(params, |p| p.offset)?;
         let out = self.stream.alloc_zeros::<u32>(params.len())?;
         let args = [
             KArg::Ptr(self.ptr(logits.slice()?)),
@@ -552,6 +535,16 @@ impl CudaBackend {
         let ids = self.stream.clone_dtoh(&out)?;
         self.stream.synchronize()?;
         Ok(ids)
+    }
+
+    /// Copies one field of every row's sampling settings to the device.
+    fn upload_column<T: DeviceRepr>(
+        &self,
+        params: &[GpuSampling],
+        field: impl Fn(&GpuSampling) -> T,
+    ) -> anyhow::Result<CudaSlice<T>> {
+        let host: Vec<T> = params.iter().map(field).collect();
+        Ok(self.stream.clone_htod(&host)?)
     }
 }
 
@@ -584,13 +577,8 @@ impl Backend for CudaBackend {
     }
 
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<CudaWeight> {
-        let &[rows, cols] = tensor.shape.as_slice() else {
-            bail!(
-                "weight `{name}` has shape {:?}, expected 2 dimensions",
-                tensor.shape
-            );
-        };
-        let host = host_to_bf16(name, tensor)?;
+        let (rows, cols) = tensor.matrix_dims(name)?;
+        let host = to_bf16(tensor.data);
         let data = self
             .stream
             .clone_htod(&host)
@@ -599,17 +587,8 @@ impl Backend for CudaBackend {
     }
 
     fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<CudaParam> {
-        ensure!(
-            tensor.shape.len() == 1,
-            "parameter `{name}` has shape {:?}, expected 1 dimension",
-            tensor.shape
-        );
-        let len = tensor.shape[0];
-        let host = tensor.data.into_f32();
-        ensure!(
-            host.len() == len,
-            "parameter `{name}`: shape does not match its data"
-        );
+        let host = tensor.into_param(name)?;
+        let len = host.len();
         let data = self
             .stream
             .clone_htod(&host)

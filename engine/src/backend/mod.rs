@@ -8,6 +8,8 @@
 pub mod cpu;
 pub mod cuda;
 
+use anyhow::{bail, ensure};
+
 use crate::weights::HostTensor;
 
 /// Where the heads sit in a fused QKV activation row: `[q heads | k heads | v heads]`,
@@ -52,6 +54,29 @@ pub struct AttnSeq<'a> {
     pub start_pos: usize,
     /// Physical KV block ids covering positions `0..start_pos + n_tokens`.
     pub block_table: &'a [u32],
+}
+
+/// Checks that `block_table` covers positions `0..end` (blocks of `block_size` tokens) and
+/// that each of those blocks is one of a cache's `num_blocks`.
+pub fn check_block_table(
+    block_table: &[u32],
+    end: usize,
+    block_size: usize,
+    num_blocks: usize,
+) -> anyhow::Result<()> {
+    let need = end.div_ceil(block_size);
+    ensure!(
+        block_table.len() >= need,
+        "block table has {} blocks but positions up to {end} need {need}",
+        block_table.len()
+    );
+    if let Some(&b) = block_table[..need]
+        .iter()
+        .find(|&&b| b as usize >= num_blocks)
+    {
+        bail!("block id {b} is past the KV cache ({num_blocks} blocks)");
+    }
+    Ok(())
 }
 
 /// Per-step metadata shared by every layer, built by the model on the host.

@@ -316,22 +316,17 @@ impl ChunkWriter {
             .iter()
             .enumerate()
             .map(|(index, &prompt)| {
-                to_json(&ChatChunk {
-                    id: self.id.clone(),
-                    object: "chat.completion.chunk",
-                    created: self.created,
-                    model: self.model.clone(),
-                    choices: vec![ChatChunkChoice {
-                        index,
-                        delta: ChatDelta {
-                            role: Some("assistant"),
-                            content: Some(String::new()),
-                        },
-                        logprobs: None,
-                        finish_reason: None,
-                    }],
-                    usage: self.continuous_usage.then(|| Usage::new(prompt, 0)),
-                })
+                let role = ChatChunkChoice {
+                    index,
+                    delta: ChatDelta {
+                        role: Some("assistant"),
+                        content: Some(String::new()),
+                    },
+                    logprobs: None,
+                    finish_reason: None,
+                };
+                let usage = self.continuous_usage.then(|| Usage::new(prompt, 0));
+                to_json(&self.chat_chunk(vec![role], usage))
             })
             .collect()
     }
@@ -341,29 +336,12 @@ impl ChunkWriter {
         let usage = self
             .continuous_usage
             .then(|| Usage::new(out.num_prompt_tokens, out.num_output_tokens));
-        let finish = finish_reason(out.finish);
         match self.endpoint {
-            Endpoint::Completions => to_json(&CompletionResponse {
-                id: self.id.clone(),
-                object: "text_completion",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![CompletionChoice {
-                    index: out.index,
-                    text: out.text.clone(),
-                    logprobs: self
-                        .want_logprobs
-                        .then(|| self.completion_logprobs(&out.logprobs, offset)),
-                    finish_reason: finish,
-                }],
-                usage,
-            }),
-            Endpoint::Chat => to_json(&ChatChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![ChatChunkChoice {
+            Endpoint::Completions => {
+                to_json(&self.completion(vec![self.completion_choice(out, offset)], usage))
+            }
+            Endpoint::Chat => {
+                let choice = ChatChunkChoice {
                     index: out.index,
                     delta: ChatDelta {
                         role: None,
@@ -372,57 +350,71 @@ impl ChunkWriter {
                     logprobs: self
                         .want_logprobs
                         .then(|| self.chat_logprobs(&out.logprobs)),
-                    finish_reason: finish,
-                }],
-                usage,
-            }),
+                    finish_reason: finish_reason(out.finish),
+                };
+                to_json(&self.chat_chunk(vec![choice], usage))
+            }
+        }
+    }
+
+    /// A `text_completion` body or stream chunk with this request's id, time and model.
+    fn completion(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Usage>,
+    ) -> CompletionResponse {
+        CompletionResponse {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    /// One choice's output; `offset` is the choice's text length before it.
+    fn completion_choice(&self, out: &SeqOutput, offset: usize) -> CompletionChoice {
+        CompletionChoice {
+            index: out.index,
+            text: out.text.clone(),
+            logprobs: self
+                .want_logprobs
+                .then(|| self.completion_logprobs(&out.logprobs, offset)),
+            finish_reason: finish_reason(out.finish),
+        }
+    }
+
+    /// A `chat.completion.chunk` with this request's id, time and model.
+    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatChunk {
+        ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
         }
     }
 
     /// The final `include_usage` chunk: no choices, the request's totals.
     fn usage_chunk(&self, usage: Usage) -> String {
         match self.endpoint {
-            Endpoint::Completions => to_json(&CompletionResponse {
-                id: self.id.clone(),
-                object: "text_completion",
-                created: self.created,
-                model: self.model.clone(),
-                choices: Vec::new(),
-                usage: Some(usage),
-            }),
-            Endpoint::Chat => to_json(&ChatChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: self.model.clone(),
-                choices: Vec::new(),
-                usage: Some(usage),
-            }),
+            Endpoint::Completions => to_json(&self.completion(Vec::new(), Some(usage))),
+            Endpoint::Chat => to_json(&self.chat_chunk(Vec::new(), Some(usage))),
         }
     }
 
     /// The non-streaming body from every choice's collected output.
     fn full_response(&self, choices: Vec<SeqOutput>, usage: Usage) -> Response {
         match self.endpoint {
-            Endpoint::Completions => Json(CompletionResponse {
-                id: self.id.clone(),
-                object: "text_completion",
-                created: self.created,
-                model: self.model.clone(),
-                choices: choices
+            Endpoint::Completions => {
+                let choices = choices
                     .iter()
-                    .map(|c| CompletionChoice {
-                        index: c.index,
-                        text: c.text.clone(),
-                        logprobs: self
-                            .want_logprobs
-                            .then(|| self.completion_logprobs(&c.logprobs, 0)),
-                        finish_reason: finish_reason(c.finish),
-                    })
-                    .collect(),
-                usage: Some(usage),
-            })
-            .into_response(),
+                    .map(|c| self.completion_choice(c, 0))
+                    .collect();
+                Json(self.completion(choices, Some(usage))).into_response()
+            }
             Endpoint::Chat => Json(ChatResponse {
                 id: self.id.clone(),
                 object: "chat.completion",

@@ -411,29 +411,27 @@ impl GgufFile {
 
     /// An array of strings (e.g. `tokenizer.ggml.tokens`).
     pub fn get_str_array(&self, key: &str) -> anyhow::Result<Vec<&str>> {
-        match self.get(key)? {
-            GgufValue::Array(items) => items
-                .iter()
-                .map(|v| {
-                    v.as_str()
-                        .ok_or_else(|| self.type_error(key, "an array of strings"))
-                })
-                .collect(),
-            _ => Err(self.type_error(key, "an array of strings")),
-        }
+        self.get_array(key, "an array of strings", GgufValue::as_str)
     }
 
     /// An array of integers (e.g. `tokenizer.ggml.token_type`).
     pub fn get_int_array(&self, key: &str) -> anyhow::Result<Vec<i64>> {
+        self.get_array(key, "an array of integers", GgufValue::as_i64)
+    }
+
+    /// An array whose every item `item` converts; `what` names the expected type in errors.
+    fn get_array<'a, T>(
+        &'a self,
+        key: &str,
+        what: &str,
+        item: impl Fn(&'a GgufValue) -> Option<T>,
+    ) -> anyhow::Result<Vec<T>> {
         match self.get(key)? {
             GgufValue::Array(items) => items
                 .iter()
-                .map(|v| {
-                    v.as_i64()
-                        .ok_or_else(|| self.type_error(key, "an array of integers"))
-                })
+                .map(|v| item(v).ok_or_else(|| self.type_error(key, what)))
                 .collect(),
-            _ => Err(self.type_error(key, "an array of integers")),
+            _ => Err(self.type_error(key, what)),
         }
     }
 

@@ -11,7 +11,8 @@ pub mod safetensors;
 
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::{bail, ensure, Context};
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::config::ModelConfig;
@@ -75,8 +76,8 @@ impl TensorData {
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
             TensorData::F32(v) => v.clone(),
-            TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::F16(v) => v.to_f32_vec(),
+            TensorData::BF16(v) => v.to_f32_vec(),
         }
     }
 
@@ -98,6 +99,40 @@ impl HostTensor {
     /// The elements widened to f32 (no copy for f32 tensors).
     pub fn into_f32(self) -> Vec<f32> {
         self.data.into_f32()
+    }
+
+    /// `(rows, cols)` of a 2-D weight whose data fills its shape; `name` is for errors.
+    pub fn matrix_dims(&self, name: &str) -> anyhow::Result<(usize, usize)> {
+        let &[rows, cols] = self.shape.as_slice() else {
+            bail!(
+                "weight `{name}` has shape {:?}, expected 2 dimensions",
+                self.shape
+            );
+        };
+        ensure!(
+            self.data.len() == rows * cols,
+            "weight `{name}`: shape {:?} does not match its {} values",
+            self.shape,
+            self.data.len()
+        );
+        Ok((rows, cols))
+    }
+
+    /// The values of a 1-D parameter (a norm weight, a bias) widened to f32, checked
+    /// against its shape; `name` is for errors.
+    pub fn into_param(self, name: &str) -> anyhow::Result<Vec<f32>> {
+        ensure!(
+            self.shape.len() == 1,
+            "parameter `{name}` has shape {:?}, expected 1 dimension",
+            self.shape
+        );
+        ensure!(
+            self.data.len() == self.shape[0],
+            "parameter `{name}`: shape {:?} does not match its {} values",
+            self.shape,
+            self.data.len()
+        );
+        Ok(self.into_f32())
     }
 }
 

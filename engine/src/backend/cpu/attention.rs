@@ -5,11 +5,11 @@
 //! (sequence, KV head, block of query rows); an item handles every query head of the
 //! KV head's group, so each key and value is read once per query row for the group.
 
-use anyhow::{bail, ensure};
+use anyhow::{anyhow, ensure};
 use rayon::prelude::*;
 
 use super::simd::{axpy, cpu_has_avx2, dot_fast, fast_exp, sum, SendPtr};
-use crate::backend::{AttnSeq, QkvLayout};
+use crate::backend::{check_block_table, AttnSeq, QkvLayout};
 
 /// Query rows per work item.
 const QUERY_BLOCK: usize = 16;
@@ -109,22 +109,13 @@ pub fn attention(
             s.row_start + s.n_tokens <= rows,
             "sequence {si} rows are past the batch"
         );
-        let need = (s.start_pos + s.n_tokens).div_ceil(bs);
-        if s.block_table.len() < need {
-            bail!(
-                "sequence {si}: block table has {} blocks, needs {need}",
-                s.block_table.len()
-            );
-        }
-        if let Some(&b) = s.block_table[..need]
-            .iter()
-            .find(|&&b| b as usize >= cache.num_blocks)
-        {
-            bail!(
-                "sequence {si}: block id {b} is past the cache ({} blocks)",
-                cache.num_blocks
-            );
-        }
+        check_block_table(
+            s.block_table,
+            s.start_pos + s.n_tokens,
+            bs,
+            cache.num_blocks,
+        )
+        .map_err(|e| anyhow!("sequence {si}: {e}"))?;
         for h in 0..layout.num_kv_heads {
             for q0 in (0..s.n_tokens).step_by(QUERY_BLOCK) {
                 items.push((si, h, q0, (q0 + QUERY_BLOCK).min(s.n_tokens)));
