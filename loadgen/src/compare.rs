@@ -565,3 +565,37 @@ pub async fn run_rounds(
     }
     Ok((a_rounds, b_rounds))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_alternate_a_b_b_a() {
+        let order: Vec<String> = round_order(4)
+            .iter()
+            .map(|(k, s)| format!("{k}{}", s.suffix()))
+            .collect();
+        assert_eq!(order, ["0a", "0b", "1b", "1a", "2a", "2b", "3b", "3a"]);
+        assert_eq!(
+            round_dir(Path::new("out"), 3, Side::B),
+            Path::new("out/round-03-b")
+        );
+    }
+
+    #[test]
+    fn each_side_is_a_url_or_a_command() {
+        let url = Some("http://h:1/".to_string());
+        let cmd = Some("engine serve".to_string());
+        assert_eq!(
+            server_spec(&url, &None, Side::A).unwrap(),
+            ServerSpec::Url("http://h:1".into())
+        );
+        assert_eq!(
+            server_spec(&None, &cmd, Side::B).unwrap(),
+            ServerSpec::Command("engine serve".into())
+        );
+        assert!(server_spec(&None, &None, Side::A).is_err());
+        assert!(server_spec(&url, &cmd, Side::A).is_err());
+    }
+}

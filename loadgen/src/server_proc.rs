@@ -196,3 +196,34 @@ pub async fn identify(
         });
     ServerIdentity { models, version }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_is_substituted_or_appended() {
+        assert_eq!(
+            command_for_port("engine serve --port {port} --x", 81),
+            "engine serve --port 81 --x"
+        );
+        assert_eq!(
+            command_for_port("engine serve", 82),
+            "engine serve --port 82"
+        );
+        assert_ne!(free_port().unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_exits_early_is_an_error_with_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("server.log");
+        let err = start("echo starting; exit 3; true", &log, Duration::from_secs(5))
+            .await
+            .err()
+            .unwrap();
+        let text = format!("{err:#}");
+        assert!(text.contains("before /health answered 200"), "{text}");
+        assert!(text.contains("starting"), "{text}");
+    }
+}

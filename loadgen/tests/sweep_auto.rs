@@ -1,0 +1,101 @@
+//! `loadgen sweep --rates auto` against a mock with K = 4 slots and a fixed 100 ms service time
+//! (saturation K / S = 40 req/s): the closed-loop probe estimates the saturation rate, the
+//! levels are spread below (and here one above) it, and the max sustainable QPS under a loose
+//! SLO lands within 20% below the saturation rate, never above.
+
+use std::time::Duration;
+
+use clap::Parser;
+use loadgen::mock::{self, MockConfig};
+use loadgen::plan_cmd::{plan_command, PlanArgs};
+use loadgen::report_cmd::PLAN_FILE;
+use loadgen::sweep::{sweep_command, SweepArgs, SweepFile, SWEEP_FILE};
+use reports::plan::CapacityPlan;
+
+#[derive(Parser)]
+struct Sweep {
+    #[command(flatten)]
+    args: SweepArgs,
+}
+
+#[derive(Parser)]
+struct Plan {
+    #[command(flatten)]
+    args: PlanArgs,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_rates_find_the_saturation_rate() {
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(5),
+        slots: 4,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let saturation = 40.0;
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("sweep");
+    let sweep = Sweep::try_parse_from([
+        "sweep",
+        "--url",
+        &format!("http://{addr}"),
+        "--model",
+        "loadgen-mock",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "17",
+        "--rates",
+        "auto",
+        "--probe-duration",
+        "800ms",
+        "--auto-fractions",
+        "0.6,0.85,1.0,1.2",
+        "--warmup",
+        "500ms",
+        "--duration",
+        "2s",
+        "--seed",
+        "4",
+        "--slo",
+        "ttft:p99:5s",
+        "--no-progress",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    sweep_command(sweep.args).await.unwrap();
+    handle.shutdown().await;
+
+    let file = SweepFile::read(&out.join(SWEEP_FILE)).unwrap();
+    let probe = file.probe.as_ref().expect("--rates auto records its probe");
+    assert!(
+        (0.9 * saturation..=1.1 * saturation).contains(&probe.saturation_rate),
+        "{probe:?}"
+    );
+    assert!((4..=8).contains(&probe.knee_concurrency), "{probe:?}");
+    assert_eq!(file.rates.len(), 4);
+    assert!((file.rates[0] - 0.6 * probe.saturation_rate).abs() < 0.01);
+    let above = file
+        .levels
+        .iter()
+        .find(|l| l.offered_rate > 1.1 * saturation);
+    assert!(above.is_none_or(|l| l.saturated), "{file:?}");
+
+    let plan = Plan::try_parse_from(["plan", out.to_str().unwrap(), "--target-qps", "10"]).unwrap();
+    plan_command(plan.args).unwrap();
+    let plan: CapacityPlan =
+        serde_json::from_str(&std::fs::read_to_string(out.join(PLAN_FILE)).unwrap()).unwrap();
+    let max = plan
+        .max_sustainable
+        .expect("a loose SLO is met")
+        .offered_rate;
+    assert!(
+        (0.8 * saturation..=saturation).contains(&max),
+        "max {max} vs {saturation}"
+    );
+}
