@@ -6,8 +6,10 @@
 #   ./scripts/demo.sh                      # against our own engine (CPU)
 #   ./scripts/demo.sh --url http://HOST:PORT [--model NAME]   # against any OpenAI-compatible server
 #
-# Environment knobs: RATES (default 0.1,0.2,0.4), DURATION (default 40s), WARMUP (10s),
-# SLO (default ttft:p99:2s,tpot:p99:100ms), OUT (default runs/demo-<time>).
+# Environment knobs: RATES (default 0.4,0.8,1.6), DURATION (default 40s), WARMUP (10s),
+# SLO (default ttft:p99:3s,tpot:p99:150ms, sized for a 2-core CPU), OUT (default runs/demo-<time>),
+# MAX_INPUT_LEN / MAX_OUTPUT_LEN (default 512 / 64: the ShareGPT-like chat profile clipped so
+# that a CPU finishes a level in seconds; set them to 1024 / 1024 for the unclipped profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 url=""
@@ -18,10 +20,12 @@ while [ $# -gt 0 ]; do
     *) extra+=("$1"); shift ;;
   esac
 done
-rates=${RATES:-0.1,0.2,0.4}
+rates=${RATES:-0.4,0.8,1.6}
 duration=${DURATION:-40s}
 warmup=${WARMUP:-10s}
-slo=${SLO:-ttft:p99:2s,tpot:p99:100ms}
+slo=${SLO:-ttft:p99:3s,tpot:p99:150ms}
+max_input_len=${MAX_INPUT_LEN:-512}
+max_output_len=${MAX_OUTPUT_LEN:-64}
 out=${OUT:-runs/demo-$(date +%Y%m%d-%H%M%S)}
 
 cargo build --release -p engine -p loadgen
@@ -48,6 +52,7 @@ if [ -z "$url" ]; then
 fi
 
 ./target/release/loadgen sweep --url "$url" --workload sharegpt-like --profile chat \
+  --max-input-len "$max_input_len" --max-output-len "$max_output_len" \
   --rates "$rates" --duration "$duration" --warmup "$warmup" --seed 1 \
   --slo "$slo" --out "$out/sweep" "${extra[@]}"
 ./target/release/loadgen plan "$out/sweep" --slo "$slo" --target-qps 10 --gpus-per-instance 1 --headroom 1.2

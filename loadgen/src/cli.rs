@@ -92,6 +92,12 @@ pub struct RunArgs {
     /// ShareGPT-like profile: chat, code, summarization, long-context.
     #[arg(long, default_value = "chat")]
     pub profile: String,
+    /// ShareGPT-like: lower the profile's upper clip on prompt lengths (tokens).
+    #[arg(long)]
+    pub max_input_len: Option<u32>,
+    /// ShareGPT-like: lower the profile's upper clip on output lengths (tokens).
+    #[arg(long)]
+    pub max_output_len: Option<u32>,
     #[arg(long, default_value_t = 1024)]
     pub random_input_len: u32,
     #[arg(long, default_value_t = 128)]
@@ -446,6 +452,8 @@ fn finish_plan(
                 },
                 _ => LengthModel::ShareGptLike {
                     profile: args.profile.clone(),
+                    max_input_len: args.max_input_len,
+                    max_output_len: args.max_output_len,
                 },
             };
             let prefix = (args.prefix_len > 0).then_some(PrefixGroups {

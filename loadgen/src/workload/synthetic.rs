@@ -60,8 +60,15 @@ pub struct PrefixGroups {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum LengthModel {
-    /// Log-normal lengths of a ShareGPT-like profile.
-    ShareGptLike { profile: String },
+    /// Log-normal lengths of a ShareGPT-like profile; the caps lower the profile's clip
+    /// limits (e.g. to fit a small model's context or a CPU's speed).
+    ShareGptLike {
+        profile: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_input_len: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_output_len: Option<u32>,
+    },
     /// vLLM `random`: uniform integers in
     /// [floor(len · (1 − ratio)), ceil(len · (1 + ratio))] for input and output.
     Random {
@@ -91,10 +98,33 @@ fn sample_clipped(dist: &LengthDist, rng: &mut StdRng) -> Result<u32> {
     Ok(v.clamp(f64::from(dist.min), f64::from(dist.max)) as u32)
 }
 
+/// Lowers a distribution's upper clip to `cap`; a cap below the lower clip is an error.
+fn cap_clip(dist: &mut LengthDist, cap: Option<u32>, flag: &str) -> Result<()> {
+    if let Some(cap) = cap {
+        if cap < dist.min {
+            bail!(
+                "{flag} {cap} is below the profile's minimum length {}",
+                dist.min
+            );
+        }
+        dist.max = dist.max.min(cap);
+    }
+    Ok(())
+}
+
 impl SyntheticWorkload {
     pub fn new(model: LengthModel, prefix: Option<PrefixGroups>) -> Result<Self> {
         let profile = match &model {
-            LengthModel::ShareGptLike { profile: name } => Some(profile(name)?),
+            LengthModel::ShareGptLike {
+                profile: name,
+                max_input_len,
+                max_output_len,
+            } => {
+                let mut p = profile(name)?;
+                cap_clip(&mut p.input, *max_input_len, "--max-input-len")?;
+                cap_clip(&mut p.output, *max_output_len, "--max-output-len")?;
+                Some(p)
+            }
             LengthModel::Random { range_ratio, .. } => {
                 if !(0.0..1.0).contains(range_ratio) {
                     bail!("--random-range-ratio must be in [0, 1)");
@@ -136,7 +166,7 @@ impl SyntheticWorkload {
                     let (olo, ohi) = uniform_range(*output_len, *range_ratio);
                     (rng.random_range(ilo..=ihi), rng.random_range(olo..=ohi))
                 }
-                (LengthModel::ShareGptLike { profile }, None) => {
+                (LengthModel::ShareGptLike { profile, .. }, None) => {
                     bail!("profile `{profile}` was not loaded")
                 }
             };
@@ -164,6 +194,8 @@ mod tests {
             let w = SyntheticWorkload::new(
                 LengthModel::ShareGptLike {
                     profile: name.into(),
+                    max_input_len: None,
+                    max_output_len: None,
                 },
                 None,
             )
@@ -191,6 +223,31 @@ mod tests {
             );
         }
         assert!(profile("poetry").is_err());
+    }
+
+    #[test]
+    fn caps_lower_the_clip_limits() {
+        let chat = |max_input_len, max_output_len| {
+            SyntheticWorkload::new(
+                LengthModel::ShareGptLike {
+                    profile: "chat".into(),
+                    max_input_len,
+                    max_output_len,
+                },
+                None,
+            )
+        };
+        let reqs = chat(Some(256), Some(64))
+            .unwrap()
+            .generate(2000, 3)
+            .unwrap();
+        assert!(reqs
+            .iter()
+            .all(|r| r.input_len <= 256 && r.output_len <= 64));
+        // exp(5.69) ≈ 296 > 64: most outputs sit at the cap, none above it.
+        assert!(reqs.iter().filter(|r| r.output_len == 64).count() > 1000);
+        let err = chat(None, Some(2)).err().unwrap().to_string();
+        assert!(err.contains("--max-output-len 2"), "{err}");
     }
 
     #[test]
