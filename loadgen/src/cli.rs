@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use reports::metrics::parse_slos;
 use reports::records::{RunMeta, SCHEMA_VERSION};
+use reports::slo::SloSpec;
 use serde_json::json;
 
 use crate::calibrate::{calibrate, CalibrateConfig};
@@ -526,8 +526,9 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
     let slos = args
         .slo
         .as_deref()
-        .map(parse_slos)
+        .map(SloSpec::parse)
         .transpose()?
+        .map(|spec| spec.per_request())
         .unwrap_or_default();
     let headers = parse_headers(&args.headers)?;
     let (plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;

@@ -25,7 +25,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use reports::metrics::SloMetric;
 use reports::plan::SweepLevel;
 use reports::records::{read_records, Phase, RequestRecord};
 use reports::render::{write_report, Conditions};
@@ -409,23 +408,6 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
     })
 }
 
-/// `ttft:500ms,…`: the SLO limits in the per-request form `loadgen run --slo` takes (goodput).
-fn per_request_text(slo: &SloSpec) -> String {
-    let parts: Vec<String> = slo
-        .targets
-        .iter()
-        .map(|t| {
-            let name = match t.metric {
-                SloMetric::Ttft => "ttft",
-                SloMetric::Tpot => "tpot",
-                SloMetric::E2el => "e2el",
-            };
-            format!("{name}:{}ms", t.limit_ms)
-        })
-        .collect();
-    parts.join(",")
-}
-
 /// `loadgen sweep`.
 pub async fn sweep_command(args: SweepArgs) -> Result<()> {
     let out: PathBuf = args
@@ -476,7 +458,6 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         let mut run = args.run.clone();
         run.rate = rate;
         run.out = Some(out.join(&dir));
-        run.slo = slo.as_ref().map(per_request_text);
         run_command(run).await?;
         let loaded = load_run(&out.join(&dir), &per_request)?;
         let achieved = loaded.metrics.request_throughput;

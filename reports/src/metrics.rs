@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -86,39 +85,6 @@ pub enum SloMetric {
 pub struct Slo {
     pub metric: SloMetric,
     pub limit_ms: f64,
-}
-
-/// Parses `ttft:500ms,tpot:50ms,e2el:2s` (units ms or s; a bare number is ms).
-pub fn parse_slos(text: &str) -> Result<Vec<Slo>> {
-    let mut slos = Vec::new();
-    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, value) = part
-            .split_once(':')
-            .with_context(|| format!("SLO `{part}`: expected metric:limit, e.g. ttft:500ms"))?;
-        let metric = match name.trim() {
-            "ttft" => SloMetric::Ttft,
-            "tpot" => SloMetric::Tpot,
-            "e2el" | "e2e" => SloMetric::E2el,
-            other => bail!("SLO `{part}`: unknown metric `{other}` (ttft, tpot, e2el)"),
-        };
-        let value = value.trim();
-        let (number, scale) = if let Some(v) = value.strip_suffix("ms") {
-            (v, 1.0)
-        } else if let Some(v) = value.strip_suffix('s') {
-            (v, 1000.0)
-        } else {
-            (value, 1.0)
-        };
-        let limit: f64 = number
-            .trim()
-            .parse()
-            .with_context(|| format!("SLO `{part}`: bad limit `{value}`"))?;
-        slos.push(Slo {
-            metric,
-            limit_ms: limit * scale,
-        });
-    }
-    Ok(slos)
 }
 
 /// Options for [`compute`].
@@ -382,7 +348,9 @@ mod tests {
         failed.end_ms = 6.0;
         let mut warm = record(2, 0.0, &[1.0, 2.0], &[1, 1]);
         warm.phase = Phase::Warmup;
-        let slos = parse_slos("ttft:60ms,tpot:1s").unwrap();
+        let slos = crate::slo::SloSpec::parse("ttft:p99:60ms,tpot:1s")
+            .unwrap()
+            .per_request();
         let m = compute(
             &[ok, failed, warm],
             &MetricsOptions {
@@ -425,7 +393,5 @@ mod tests {
         r.sent_ms = 3.0;
         let m = compute(&[r], &MetricsOptions::default());
         assert!(m.client_bound);
-        assert!(parse_slos("ttft:5x").is_err());
-        assert!(parse_slos("foo:5ms").is_err());
     }
 }

@@ -214,6 +214,7 @@ mod tests {
             "ttft:p101:1ms",
             "ttft:-3ms",
             "ttft:abc",
+            "ttft:5x",
         ] {
             assert!(SloSpec::parse(bad).is_err(), "{bad} should not parse");
         }
