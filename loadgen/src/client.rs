@@ -220,7 +220,11 @@ impl StreamState {
         if let Some(now) = usage_completion {
             self.last_usage_completion = Some(now);
         }
-        if text.is_some_and(|t| !t.is_empty()) {
+        // A content chunk carries text, or tokens whose text is still held back (vLLM sends
+        // `text: ""` for a partial UTF-8 character, with its usage delta); a usage-only chunk
+        // has no choice and never counts.
+        let carries_tokens = choice.is_object() && delta.is_some_and(|d| d > 0);
+        if text.is_some_and(|t| !t.is_empty()) || carries_tokens {
             if self.chunk_ms.is_empty() {
                 self.continuous = true;
             }
@@ -432,5 +436,36 @@ mod tests {
             (st.usage_prompt, st.last_usage_completion),
             (Some(5), Some(3))
         );
+    }
+
+    #[test]
+    fn token_without_text_is_content_but_usage_only_chunk_is_not() {
+        // Continuous usage: the first token is half a UTF-8 character (empty text).
+        let mut st = StreamState::default();
+        st.on_event(
+            r#"{"choices":[{"text":"","finish_reason":null}],"usage":{"prompt_tokens":4,"completion_tokens":1}}"#,
+            1.0,
+            false,
+        );
+        st.on_event(
+            r#"{"choices":[{"text":"é","finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":2}}"#,
+            2.0,
+            false,
+        );
+        assert_eq!(
+            st.chunk_ms,
+            vec![1.0, 2.0],
+            "TTFT starts at the first token"
+        );
+        assert_eq!(st.chunk_tokens, vec![1, 1]);
+        // Usage only at the end (include_usage without continuous stats): not a content chunk.
+        let mut st = StreamState::default();
+        st.on_event(r#"{"choices":[{"text":"ab"}]}"#, 1.0, false);
+        st.on_event(
+            r#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}"#,
+            5.0,
+            false,
+        );
+        assert_eq!(st.chunk_ms, vec![1.0], "E2E ends at the last content chunk");
     }
 }

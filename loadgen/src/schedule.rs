@@ -129,16 +129,26 @@ pub struct TraceScaling {
     pub target_rate: Option<f64>,
 }
 
-/// Maps trace timestamps (ms) to send times (s): shifted so the first kept row is at 0, then
-/// divided by the speed-up factor. Returns the kept row indices and their times.
+/// Maps trace timestamps (ms) to send times (s): rows are put in time order (stable, so rows
+/// with equal timestamps keep their file order), shifted so the first kept row is at 0, then
+/// divided by the speed-up factor. Returns the kept row indices and their times, both in time order.
 pub fn scale_trace(
     timestamps_ms: &[f64],
     scaling: &TraceScaling,
 ) -> Result<(Vec<usize>, Vec<f64>)> {
-    let Some(&origin) = timestamps_ms.first() else {
+    if let Some(i) = timestamps_ms.iter().position(|t| !t.is_finite()) {
+        bail!(
+            "trace row {} has a timestamp that is not a finite number",
+            i + 1
+        );
+    }
+    let mut order: Vec<usize> = (0..timestamps_ms.len()).collect();
+    order.sort_by(|&a, &b| timestamps_ms[a].total_cmp(&timestamps_ms[b]));
+    let Some(&origin) = order.first().map(|&i| &timestamps_ms[i]) else {
         bail!("the trace has no rows");
     };
-    let kept: Vec<usize> = (0..timestamps_ms.len())
+    let kept: Vec<usize> = order
+        .into_iter()
         .filter(|&i| {
             scaling.window.is_none_or(|(start, end)| {
                 let t = (timestamps_ms[i] - origin) / 1000.0;
@@ -303,5 +313,18 @@ mod tests {
         let rate = 2.0 / at_rate[2];
         assert!((rate - 2.0).abs() < 1e-12);
         assert!((at_rate[1] / at_rate[2] - (4000.0 - 1250.5) / (9000.25 - 1250.5)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn unsorted_traces_replay_in_time_order() {
+        // A row stamped before the first one must not give a negative send time.
+        let ts = [1000.0, 0.0, 500.0, 500.0];
+        let (kept, times) = scale_trace(&ts, &TraceScaling::default()).unwrap();
+        assert_eq!(kept, vec![1, 2, 3, 0]);
+        assert_eq!(times, vec![0.0, 0.5, 0.5, 1.0]);
+        let err = scale_trace(&[0.0, f64::NAN], &TraceScaling::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("row 2"), "{err}");
     }
 }
