@@ -678,6 +678,13 @@ async fn overload_answers_429_without_hurting_admitted_requests() {
     assert_eq!(refused.headers()["retry-after"], "1");
     let error: Value = refused.json().await.unwrap();
     assert_eq!(error["error"]["type"], "rate_limit_error");
+    // More sequences than the queue can ever hold: retrying cannot help, so 400, not 429.
+    let mut too_many = greedy(json!([7, 8]), 5);
+    too_many["n"] = json!(2);
+    let never = client.post(&url).json(&too_many).send().await.unwrap();
+    assert_eq!(never.status().as_u16(), 400);
+    let error: Value = never.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "n");
 
     let rest = running.text().await.unwrap();
     let usage: Value = sse_payloads(&rest)

@@ -1,6 +1,7 @@
 //! A/A: the same mock config on both sides, 20 short online comparisons (fixed seeds, two
-//! rounds per side in the order A B B A so that drift over time cancels, about 55 paired requests) → "no significant difference" on every metric
-//! in at least 18 (the false-positive rate is at most about α).
+//! rounds per side in the order A B B A so that drift over time cancels, about 55 paired
+//! requests) → "no significant difference" on every metric in at least 18 (the
+//! false-positive rate is at most about α).
 
 mod common;
 

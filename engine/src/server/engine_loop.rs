@@ -180,6 +180,18 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, request: AddRequest) {
+        if request.seqs.len() > self.max_waiting {
+            // Retrying could never succeed, so this is the client's error, not overload.
+            let _ = request.admitted.send(Err(ApiError::invalid(
+                "n",
+                format!(
+                    "the request needs {} sequences (prompts × n) but the server queues at most {} (--max-waiting-requests)",
+                    request.seqs.len(),
+                    self.max_waiting
+                ),
+            )));
+            return;
+        }
         let waiting = self.engine.stats().num_waiting;
         if waiting + request.seqs.len() > self.max_waiting {
             let _ = request
