@@ -233,8 +233,9 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Token ids sorted by logit, highest first, lower id on ties.
-fn sorted_ids(logits: &[f32], keep: usize) -> Vec<u32> {
+/// Token ids with a logit of at least `floor`, sorted by logit (highest first, lower id on
+/// ties), at most `keep` of them.
+fn sorted_ids(logits: &[f32], keep: usize, floor: f32) -> Vec<u32> {
     let order = |a: &u32, b: &u32| {
         logits[*b as usize]
             .total_cmp(&logits[*a as usize])
@@ -242,7 +243,7 @@ fn sorted_ids(logits: &[f32], keep: usize) -> Vec<u32> {
     };
     // Candidates are only finite logits; -inf ones are never kept.
     let mut ids: Vec<u32> = (0..logits.len() as u32)
-        .filter(|&i| logits[i as usize] > f32::NEG_INFINITY)
+        .filter(|&i| logits[i as usize] > f32::NEG_INFINITY && logits[i as usize] >= floor)
         .collect();
     if keep < ids.len() {
         ids.select_nth_unstable_by(keep, order);
@@ -258,41 +259,51 @@ fn truncate(logits: &mut [f32], params: &SamplingParams) {
     if params.top_k == 0 && params.top_p >= 1.0 && params.min_p <= 0.0 {
         return;
     }
-    let keep = if params.top_k > 0 {
-        params.top_k
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return;
+    }
+    // Top-p and min-p renormalise within the top-k set when there is one.
+    let (ids, total) = if params.top_k > 0 {
+        let ids = sorted_ids(logits, params.top_k, f32::NEG_INFINITY);
+        let total: f64 = ids
+            .iter()
+            .map(|&i| f64::from(logits[i as usize] - max).exp())
+            .sum();
+        (ids, total)
     } else {
-        logits.len()
+        // Only tokens above the larger of two cut-offs can be kept, so only those are sorted:
+        // tokens below (1 − top_p) / V hold less than 1 − top_p together, so the nucleus lies
+        // above that line, and min-p drops everything below min_p times the top probability
+        // (1 / total). The small margin only adds candidates; the walk below decides exactly.
+        let total: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+        let nucleus_floor = f64::from(1.0 - params.top_p.min(1.0)) / logits.len() as f64;
+        let floor_p = nucleus_floor.max(f64::from(params.min_p) / total);
+        let floor = max + (floor_p * total).ln() as f32 - 1e-3;
+        (sorted_ids(logits, logits.len(), floor), total)
     };
-    let ids = sorted_ids(logits, keep);
     let Some(&first) = ids.first() else {
         return;
     };
-    let max = logits[first as usize];
-    let weights: Vec<f64> = ids
-        .iter()
-        .map(|&i| f64::from(logits[i as usize] - max).exp())
-        .collect();
-    let total: f64 = weights.iter().sum();
-    // weights[0] is the top token's unnormalised probability.
-    let min_p = f64::from(params.min_p) * weights[0] / total;
+    let top = f64::from(logits[first as usize] - max).exp();
+    let min_p = f64::from(params.min_p) * top / total;
     let mut kept = 0;
     let mut mass = 0.0;
-    for &w in &weights {
-        let p = w / total;
+    for &i in &ids {
+        let p = f64::from(logits[i as usize] - max).exp() / total;
         if kept > 0 && (mass >= f64::from(params.top_p) || p < min_p) {
             break;
         }
         mass += p;
         kept += 1;
     }
-    let mut keep_mask = vec![false; logits.len()];
-    for &i in &ids[..kept] {
-        keep_mask[i as usize] = true;
-    }
-    for (l, keep) in logits.iter_mut().zip(keep_mask) {
-        if !keep {
-            *l = f32::NEG_INFINITY;
-        }
+    let kept_logits: Vec<(u32, f32)> = ids[..kept]
+        .iter()
+        .map(|&i| (i, logits[i as usize]))
+        .collect();
+    logits.fill(f32::NEG_INFINITY);
+    for (i, l) in kept_logits {
+        logits[i as usize] = l;
     }
 }
 
@@ -327,7 +338,7 @@ fn log_sum_exp(logits: &[f32]) -> f32 {
 }
 
 fn top_n(logits: &[f32], n: usize, log_z: f32) -> Vec<(u32, f32)> {
-    sorted_ids(logits, n)
+    sorted_ids(logits, n, f32::NEG_INFINITY)
         .into_iter()
         .map(|i| (i, logits[i as usize] - log_z))
         .collect()
@@ -514,5 +525,49 @@ mod tests {
         };
         assert!(bad.validate().unwrap_err().to_string().contains("top_p"));
         assert!(SamplingParams::default().validate().is_ok());
+    }
+
+    /// The candidate cut-off of `truncate` must not change the kept set: compare it with a
+    /// plain walk over the whole sorted vocabulary.
+    #[test]
+    fn truncation_keeps_exactly_the_brute_force_set() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for case in 0..40 {
+            let logits: Vec<f32> = (0..2000).map(|_| rng.random_range(-8.0f32..8.0)).collect();
+            let (top_p, min_p) = [
+                (0.9, 0.0),
+                (0.5, 0.0),
+                (0.99, 0.0),
+                (1.0, 0.05),
+                (0.8, 0.01),
+            ][case % 5];
+            let p = SamplingParams {
+                top_p,
+                min_p,
+                ..SamplingParams::default()
+            };
+            let mut got = logits.clone();
+            truncate(&mut got, &p);
+            let kept: Vec<usize> = (0..got.len()).filter(|&i| got[i].is_finite()).collect();
+
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            let max = logits[order[0]];
+            let total: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+            let mut want = Vec::new();
+            let mut mass = 0.0;
+            for &i in &order {
+                let prob = f64::from(logits[i] - max).exp() / total;
+                if !want.is_empty() && (mass >= f64::from(top_p) || prob < f64::from(min_p) / total)
+                {
+                    break;
+                }
+                mass += prob;
+                want.push(i);
+            }
+            want.sort_unstable();
+            assert_eq!(kept, want, "case {case}: top_p {top_p}, min_p {min_p}");
+        }
     }
 }
