@@ -77,9 +77,12 @@ pub struct EngineStats {
     pub num_waiting: usize,
     pub kv_blocks_total: usize,
     pub kv_blocks_used: usize,
-    /// In tokens (as vLLM counts).
+    /// In tokens (as vLLM counts), first admissions only.
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// Tokens of re-admissions after preemption, and those served by the cache.
+    pub prefix_cache_preempted_queries: u64,
+    pub prefix_cache_preempted_hits: u64,
     pub num_preemptions: u64,
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
@@ -231,6 +234,8 @@ impl LlmEngine {
             kv_blocks_used: bm.num_used_blocks(),
             prefix_cache_queries: cache.queries,
             prefix_cache_hits: cache.hits,
+            prefix_cache_preempted_queries: cache.preempted_queries,
+            prefix_cache_preempted_hits: cache.preempted_hits,
             num_preemptions: self.scheduler.num_preemptions(),
             prompt_tokens_total: self.prompt_tokens_total,
             generation_tokens_total: self.generation_tokens_total,

@@ -45,11 +45,15 @@ struct CachedContent {
     token_ids: Vec<u32>,
 }
 
-/// Counters in tokens, as vLLM reports them.
+/// Counters in tokens, as vLLM reports them. Re-admissions after preemption are counted
+/// apart (as vLLM v1 does): they find their own just-freed blocks, which is recompute saved,
+/// not a prefix shared with other requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrefixCacheStats {
     pub queries: u64,
     pub hits: u64,
+    pub preempted_queries: u64,
+    pub preempted_hits: u64,
 }
 
 pub struct BlockManager {
@@ -179,8 +183,16 @@ impl BlockManager {
         let cached_tokens = hits.len() * self.block_size;
         seq.num_computed_tokens = cached_tokens;
         if self.enable_prefix_caching {
-            self.stats.queries += seq.num_tokens() as u64;
-            self.stats.hits += cached_tokens as u64;
+            let (queries, hits) = if seq.admitted_once {
+                (
+                    &mut self.stats.preempted_queries,
+                    &mut self.stats.preempted_hits,
+                )
+            } else {
+                (&mut self.stats.queries, &mut self.stats.hits)
+            };
+            *queries += seq.num_tokens() as u64;
+            *hits += cached_tokens as u64;
         }
         Ok(())
     }
@@ -398,7 +410,8 @@ mod tests {
             bm.prefix_cache_stats(),
             PrefixCacheStats {
                 queries: 27,
-                hits: 12
+                hits: 12,
+                ..PrefixCacheStats::default()
             }
         );
         check(&bm, &[&a, &b]);

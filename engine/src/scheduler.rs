@@ -372,7 +372,8 @@ mod tests {
         assert_eq!(chunks.len(), 1);
         assert_eq!((chunks[0].id, chunks[0].start, chunks[0].len), (1, 4, 5));
         assert!(chunks[0].is_prefill);
-        assert_eq!(s.block_manager().prefix_cache_stats().hits, 4);
+        let cache = s.block_manager().prefix_cache_stats();
+        assert_eq!((cache.hits, cache.preempted_hits), (0, 4));
         let seq = s.seq(1).unwrap();
         assert_eq!(seq.output_tokens(), &[50, 51, 53]);
         assert_eq!(
