@@ -328,18 +328,7 @@ impl Backend for CpuBackend {
         k_w: &Vec<f32>,
         eps: f32,
     ) -> anyhow::Result<()> {
-        ensure!(
-            qkv.cols == layout.qkv_width(),
-            "qk_head_norm: width {}",
-            qkv.cols
-        );
-        ensure!(
-            q_w.len() == layout.head_dim && k_w.len() == layout.head_dim && layout.head_dim <= 512,
-            "qk_head_norm: weights of {} and {} for head_dim {}",
-            q_w.len(),
-            k_w.len(),
-            layout.head_dim
-        );
+        super::check_qk_head_norm(qkv.cols, layout, q_w.len(), k_w.len(), 512)?;
         ops::qk_head_norm(
             &mut qkv.data,
             qkv.cols,

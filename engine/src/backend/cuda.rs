@@ -864,18 +864,7 @@ impl Backend for CudaBackend {
         k_w: &CudaParam,
         eps: f32,
     ) -> anyhow::Result<()> {
-        ensure!(
-            qkv.cols == layout.qkv_width(),
-            "qk_head_norm: width {}",
-            qkv.cols
-        );
-        ensure!(
-            q_w.len == layout.head_dim && k_w.len == layout.head_dim && layout.head_dim <= 256,
-            "qk_head_norm: weights of {} and {} for head_dim {} (at most 256)",
-            q_w.len,
-            k_w.len,
-            layout.head_dim
-        );
+        super::check_qk_head_norm(qkv.cols, layout, q_w.len, k_w.len, 256)?;
         let norm = (self.ptr(&q_w.data), self.ptr(&k_w.data), eps);
         self.defer(self.ptr(qkv.slice()?), qkv.rows, layout, |p| {
             let fresh = p.norm.is_none() && p.rope.is_none();

@@ -56,6 +56,28 @@ pub struct AttnSeq<'a> {
     pub block_table: &'a [u32],
 }
 
+/// Checks the operands of [`Backend::qk_head_norm`]: a fused QKV width, one weight per
+/// head dimension, and a head no wider than the backend's kernel handles.
+pub fn check_qk_head_norm(
+    qkv_cols: usize,
+    layout: QkvLayout,
+    q_len: usize,
+    k_len: usize,
+    max_head_dim: usize,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        qkv_cols == layout.qkv_width(),
+        "qk_head_norm: width {qkv_cols}, expected {}",
+        layout.qkv_width()
+    );
+    anyhow::ensure!(
+        q_len == layout.head_dim && k_len == layout.head_dim && layout.head_dim <= max_head_dim,
+        "qk_head_norm: weights of {q_len} and {k_len} for head_dim {} (at most {max_head_dim})",
+        layout.head_dim
+    );
+    Ok(())
+}
+
 /// Checks that `block_table` covers positions `0..end` (blocks of `block_size` tokens) and
 /// that each of those blocks is one of a cache's `num_blocks`.
 pub fn check_block_table(
