@@ -3,38 +3,20 @@
 //! levels are spread below (and here one above) it, and the max sustainable QPS under a loose
 //! SLO lands within 20% below the saturation rate, never above.
 
-use std::time::Duration;
+mod capacity;
 
+use capacity::{four_slot_mock, Plan, Sweep, SATURATION};
 use clap::Parser;
-use loadgen::mock::{self, MockConfig};
-use loadgen::plan_cmd::{plan_command, PlanArgs};
+use loadgen::mock;
+use loadgen::plan_cmd::plan_command;
 use loadgen::report_cmd::PLAN_FILE;
-use loadgen::sweep::{sweep_command, SweepArgs, SweepFile, SWEEP_FILE};
+use loadgen::sweep::{sweep_command, SweepFile, SWEEP_FILE};
 use reports::plan::CapacityPlan;
-
-#[derive(Parser)]
-struct Sweep {
-    #[command(flatten)]
-    args: SweepArgs,
-}
-
-#[derive(Parser)]
-struct Plan {
-    #[command(flatten)]
-    args: PlanArgs,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_rates_find_the_saturation_rate() {
-    let (addr, handle) = mock::spawn(MockConfig {
-        ttft: Duration::from_millis(20),
-        itl: Duration::from_millis(5),
-        slots: 4,
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
-    let saturation = 40.0;
+    let (addr, handle) = mock::spawn(four_slot_mock()).await.unwrap();
+    let saturation = SATURATION;
     let temp = tempfile::tempdir().unwrap();
     let out = temp.path().join("sweep");
     let sweep = Sweep::try_parse_from([

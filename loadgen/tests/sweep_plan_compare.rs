@@ -3,29 +3,19 @@
 //! Capacity: a mock with K slots and a fixed service time S saturates at K / S requests/s; the
 //! sweep's max sustainable QPS under a loose SLO must land within 20% below it, never above.
 
-use std::path::Path;
-use std::time::Duration;
+mod capacity;
 
+use std::path::Path;
+
+use capacity::{four_slot_mock, Plan, Sweep, SATURATION};
 use clap::Parser;
 use loadgen::compare::{compare_command, CompareArgs, CompareFile, COMPARE_FILE};
-use loadgen::mock::{self, MockConfig};
-use loadgen::plan_cmd::{plan_command, PlanArgs};
+use loadgen::mock;
+use loadgen::plan_cmd::plan_command;
 use loadgen::report_cmd::{report_command, ReportArgs, PLAN_FILE};
-use loadgen::sweep::{sweep_command, SweepArgs, SweepFile, SWEEP_FILE};
+use loadgen::sweep::{sweep_command, SweepFile, SWEEP_FILE};
 use reports::ab::Verdict;
 use reports::plan::CapacityPlan;
-
-#[derive(Parser)]
-struct Sweep {
-    #[command(flatten)]
-    args: SweepArgs,
-}
-
-#[derive(Parser)]
-struct Plan {
-    #[command(flatten)]
-    args: PlanArgs,
-}
 
 #[derive(Parser)]
 struct Compare {
@@ -46,16 +36,8 @@ fn check_report(dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_plan_compare_and_report_on_the_mock() {
-    // 4 slots × (20 ms TTFT + 16 × 5 ms ITL = 100 ms per request) → saturation at 40 req/s.
-    let (addr, handle) = mock::spawn(MockConfig {
-        ttft: Duration::from_millis(20),
-        itl: Duration::from_millis(5),
-        slots: 4,
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
-    let saturation = 40.0;
+    let (addr, handle) = mock::spawn(four_slot_mock()).await.unwrap();
+    let saturation = SATURATION;
     let temp = tempfile::tempdir().unwrap();
     let sweep_dir = temp.path().join("sweep");
     let url = format!("http://{addr}");
