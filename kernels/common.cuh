@@ -6,6 +6,12 @@
 // sources free of cuda_bf16.h (NVRTC then needs no include path) and lets the
 // host check them with a plain C++ compiler.
 
+// NVRTC has no math.h, so INFINITY (used by the kernels for -inf masks and maxima) is
+// defined here; a host compiler that already has it keeps its own.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 typedef unsigned short bf16;
 
 __device__ __forceinline__ float bf16_to_f32(bf16 v) {

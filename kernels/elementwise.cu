@@ -60,14 +60,16 @@ extern "C" __global__ void add_rms_norm(bf16* __restrict__ residual, const bf16*
 
 // The attention prologue over a fused QKV matrix `[T, (H + 2 * KVH) * D]`, one warp per head:
 //  - q and k heads: optional per-head RMSNorm (Qwen3, weights q_w / k_w of length D), then
-//    optional rotate-half RoPE with the row's cos / sin (`[T, D/2]`), written back in place;
+//    optional rotate-half RoPE with row `positions[t]` of the cos / sin tables
+//    (`[max_positions, D/2]`), written back in place;
 //  - with `do_write`, the row's k and v heads are stored into the paged cache at `slots[t]`
 //    (cache layout `[num_slots, KVH, D]`); a negative slot (a padding row) is skipped.
 // grid = (T, ceil((H + 2 * KVH) / 4)), block = 128.
 extern "C" __global__ void qkv_prep(bf16* __restrict__ qkv, const float* __restrict__ q_w,
                                     const float* __restrict__ k_w, float eps, int do_norm,
                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                                    int do_rope, const int* __restrict__ slots,
+                                    const int* __restrict__ positions, int do_rope,
+                                    const int* __restrict__ slots,
                                     bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                     int do_write, int num_heads, int num_kv_heads, int head_dim) {
     int t = blockIdx.x;
@@ -113,8 +115,8 @@ extern "C" __global__ void qkv_prep(bf16* __restrict__ qkv, const float* __restr
     }
     if (do_rope) {
         // transformers: cos/sin cast to bf16; q*cos + rotate_half(q)*sin, each product rounded.
-        const float* c = cos_t + (size_t)t * half;
-        const float* s = sin_t + (size_t)t * half;
+        const float* c = cos_t + (size_t)positions[t] * half;
+        const float* s = sin_t + (size_t)positions[t] * half;
 #pragma unroll
         for (int j = 0; j < QKV_MAX_PAIRS; ++j) {
             int i = lane + 32 * j;
@@ -174,7 +176,7 @@ extern "C" __global__ void gather_rows(const bf16* __restrict__ x, const int* __
     for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = src[i];
 }
 
-// Widens bf16 to f32 (logits on their way to the host). grid = ceil(n / 256), block = 256.
+// Widens bf16 to f32 (logits before sampling or on their way to the host). grid = ceil(n / 256), block = 256.
 extern "C" __global__ void bf16_to_f32_kernel(const bf16* __restrict__ x, float* __restrict__ out,
                                               long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

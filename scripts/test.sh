@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command (the README's second command): formatting, lints, every test.
+# The kernel tests (engine/tests/nvrtc.rs) compile kernels/*.cu with NVRTC and fail without
+# it: nvrtc-env.sh installs it from PyPI on the first run (cached after) and sets
+# LD_LIBRARY_PATH for the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh
+# shellcheck source=scripts/nvrtc-env.sh
+source ./scripts/nvrtc-env.sh
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace

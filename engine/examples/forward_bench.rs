@@ -14,6 +14,7 @@ use std::time::Instant;
 use engine::backend::cpu::{load_cpu_runner_with, CpuOptions};
 use engine::config::{Arch, ModelConfig};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::sampler::SampleSpec;
 use engine::weights::{open_model, HostTensor, TensorData, WeightSource};
 
 /// Random weights with the shapes a config implies.
@@ -180,7 +181,7 @@ fn main() -> anyhow::Result<()> {
             tokens: &long,
             start_pos: 0,
             block_table: &tb,
-            need_logits: true,
+            sample: Some(SampleSpec::GREEDY),
         }])?;
         report(&format!("prefill ({len} tokens)"), len, t, cpu, n_threads);
         return Ok(());
@@ -191,7 +192,7 @@ fn main() -> anyhow::Result<()> {
             tokens: &prompt[..64],
             start_pos: 0,
             block_table: &tb,
-            need_logits: false,
+            sample: None,
         }])?;
         let t = Instant::now();
         for s in 0..200 {
@@ -199,7 +200,7 @@ fn main() -> anyhow::Result<()> {
                 tokens: &[5],
                 start_pos: 64 + s,
                 block_table: &tb,
-                need_logits: true,
+                sample: Some(SampleSpec::GREEDY),
             }])?;
         }
         println!(
@@ -214,7 +215,7 @@ fn main() -> anyhow::Result<()> {
         tokens: &prompt[..16],
         start_pos: 0,
         block_table: &table(0),
-        need_logits: true,
+        sample: Some(SampleSpec::GREEDY),
     }])?;
     let (t, cpu) = (Instant::now(), cpu_seconds());
     for s in 0..2 {
@@ -223,7 +224,7 @@ fn main() -> anyhow::Result<()> {
             tokens: &prompt,
             start_pos: 0,
             block_table: &tb,
-            need_logits: true,
+            sample: Some(SampleSpec::GREEDY),
         }])?;
     }
     report("prefill (2 x 256 tokens)", 512, t, cpu, n_threads);
@@ -237,7 +238,7 @@ fn main() -> anyhow::Result<()> {
             tokens: &[5],
             start_pos: 256 + s,
             block_table: &tb,
-            need_logits: true,
+            sample: Some(SampleSpec::GREEDY),
         }])?;
     }
     report("decode batch 1", steps, t, cpu, n_threads);
@@ -249,7 +250,7 @@ fn main() -> anyhow::Result<()> {
             tokens: &prompt[..64],
             start_pos: 0,
             block_table: tb,
-            need_logits: false,
+            sample: None,
         }])?;
     }
     let steps = 16;
@@ -261,7 +262,7 @@ fn main() -> anyhow::Result<()> {
                 tokens: &[5],
                 start_pos: 64 + s,
                 block_table: tb,
-                need_logits: true,
+                sample: Some(SampleSpec::GREEDY),
             })
             .collect();
         r.forward(&batch)?;

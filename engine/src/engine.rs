@@ -7,14 +7,14 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
 
+use crate::backend::RowSample;
 use crate::kv_cache::BlockManager;
 use crate::model::{ModelRunner, SeqInput};
-use crate::sampler::{Sampler, SamplingParams};
+use crate::sampler::{min_tokens_mask, SampleSpec, Sampled, Sampler, SamplingParams, TokenCounts};
 use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig};
+pub use crate::sequence::SeqId;
 use crate::sequence::Sequence;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
-
-pub type SeqId = u64;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -89,7 +89,7 @@ pub struct EngineStats {
 }
 
 /// Step-level timing for offline benchmarks: steps with any prefill work versus
-/// decode-only steps.
+/// decode-only steps, and where the decode steps' time went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTimings {
     pub prefill_steps: u64,
@@ -100,6 +100,25 @@ pub struct StepTimings {
     pub decode_secs: f64,
     /// Tokens sampled in decode-only steps.
     pub decode_tokens: u64,
+    /// Decode steps, summed: where their time went.
+    pub decode: StepBreakdown,
+}
+
+/// Seconds of a set of steps by phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepBreakdown {
+    /// Host: the scheduler's decision and the batch's inputs (block tables, sampling specs).
+    pub schedule_secs: f64,
+    /// Host: the runner's input checks, metadata build and upload.
+    pub prepare_secs: f64,
+    /// Device: the forward pass (GPU time from events on CUDA).
+    pub forward_secs: f64,
+    /// Device: penalties, sampling and logprobs (GPU time from events on CUDA).
+    pub sample_secs: f64,
+    /// The runner's whole call as the host saw it.
+    pub runner_wall_secs: f64,
+    /// Host: appending tokens, detokenising, stop checks, freeing finished sequences.
+    pub update_secs: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -114,6 +133,10 @@ pub struct GenerationOutput {
 struct Request {
     params: SamplingParams,
     sampler: Sampler,
+    /// EOS and stop ids, masked while fewer than `min_tokens` tokens are generated.
+    min_tokens_mask: Vec<u32>,
+    /// Token history for the penalties (only when the request has penalties).
+    counts: Option<TokenCounts>,
     decoder: IncrementalDecoder,
     /// Decoded text not emitted yet because it could be the start of a stop string.
     held: String,
@@ -202,8 +225,13 @@ impl LlmEngine {
         params.validate()?;
         let id = self.next_id;
         self.next_id += 1;
+        let has_penalties = params.repetition_penalty != 1.0
+            || params.presence_penalty != 0.0
+            || params.frequency_penalty != 0.0;
         let request = Request {
             sampler: Sampler::new(&params),
+            min_tokens_mask: min_tokens_mask(&params, self.tokenizer.eos_token_ids()),
+            counts: has_penalties.then(|| TokenCounts::new(&prompt_ids)),
             decoder: IncrementalDecoder::new(self.tokenizer.clone(), params.skip_special_tokens),
             params,
             held: String::new(),
@@ -257,7 +285,8 @@ impl LlmEngine {
         self.scheduler.check_invariants()
     }
 
-    /// One scheduler step + one forward + sampling. Returns the updates of this step.
+    /// One scheduler step + one forward that samples on the device. Returns the updates of
+    /// this step.
     pub fn step(&mut self) -> anyhow::Result<Vec<SeqUpdate>> {
         let started = Instant::now();
         let chunks = self.scheduler.schedule()?;
@@ -270,9 +299,10 @@ impl LlmEngine {
             );
             return Ok(Vec::new());
         }
-        let logits = self.forward(&chunks)?;
+        let (sampled, schedule_secs) = self.forward(&chunks, started)?;
+        let computed = Instant::now();
         self.scheduler.on_computed(&chunks)?;
-        let mut rows = logits.into_iter();
+        let mut results = sampled.into_iter();
         let mut updates = Vec::with_capacity(chunks.len());
         for chunk in &chunks {
             let seq = self.seq(chunk.id)?;
@@ -289,10 +319,14 @@ impl LlmEngine {
                 });
                 continue;
             }
-            let row = rows.next().context("model returned too few logits rows")?;
-            updates.push(self.sample_and_update(chunk.id, row)?);
+            let sampled = results
+                .next()
+                .context("model returned too few sampled rows")?
+                .with_context(|| format!("sampling sequence {}", chunk.id))?;
+            updates.push(self.append_sampled(chunk.id, sampled)?);
         }
-        self.record_timing(&chunks, &updates, started);
+        let update_secs = computed.elapsed().as_secs_f64();
+        self.record_timing(&chunks, &updates, started, schedule_secs, update_secs);
         Ok(updates)
     }
 
@@ -302,51 +336,82 @@ impl LlmEngine {
             .with_context(|| format!("unknown sequence {id}"))
     }
 
-    fn forward(&mut self, chunks: &[ScheduledChunk]) -> anyhow::Result<Vec<Vec<f32>>> {
-        let mut inputs = Vec::with_capacity(chunks.len());
+    /// Builds the batch (with each sampled sequence's spec) and runs the runner; returns
+    /// its results and the host seconds spent since `started` before the runner was called.
+    fn forward(
+        &mut self,
+        chunks: &[ScheduledChunk],
+        started: Instant,
+    ) -> anyhow::Result<(Vec<RowSample>, f64)> {
+        // The uniform draws advance each request's own stream, so they come first (they
+        // need the requests mutably, the specs borrow them).
+        let mut uniforms = Vec::with_capacity(chunks.len());
         for c in chunks {
             let seq = self
                 .scheduler
                 .seq(c.id)
                 .with_context(|| format!("scheduled sequence {} vanished", c.id))?;
+            let samples = c.start + c.len == seq.num_tokens();
+            let request = self
+                .requests
+                .get_mut(&c.id)
+                .with_context(|| format!("no request state for sequence {}", c.id))?;
+            uniforms.push(samples.then(|| request.sampler.next_uniform(&request.params)));
+        }
+        let mut inputs = Vec::with_capacity(chunks.len());
+        for (c, uniform) in chunks.iter().zip(uniforms) {
+            let seq = self
+                .scheduler
+                .seq(c.id)
+                .with_context(|| format!("scheduled sequence {} vanished", c.id))?;
+            let sample = match uniform {
+                Some(u) => {
+                    let r = self
+                        .requests
+                        .get(&c.id)
+                        .with_context(|| format!("no request state for sequence {}", c.id))?;
+                    let generated = seq.num_output_tokens();
+                    let masked: &[u32] = if generated < r.params.min_tokens {
+                        &r.min_tokens_mask
+                    } else {
+                        &[]
+                    };
+                    Some(SampleSpec::new(
+                        &r.params,
+                        r.sampler.seed(),
+                        generated as u64,
+                        u,
+                        masked,
+                        r.counts.as_ref(),
+                    ))
+                }
+                None => None,
+            };
             inputs.push(SeqInput {
                 tokens: &seq.token_ids[c.start..c.start + c.len],
                 start_pos: c.start,
                 block_table: &seq.block_table,
-                need_logits: c.start + c.len == seq.num_tokens(),
+                sample,
             });
         }
-        let wanted = inputs.iter().filter(|i| i.need_logits).count();
-        let logits = self
+        let wanted = inputs.iter().filter(|i| i.sample.is_some()).count();
+        let schedule_secs = started.elapsed().as_secs_f64();
+        let sampled = self
             .runner
             .forward(&inputs)
             .context("model forward failed")?;
         ensure!(
-            logits.len() == wanted,
-            "model returned {} logits rows for {wanted} sequences",
-            logits.len()
+            sampled.len() == wanted,
+            "model returned {} sampled rows for {wanted} sequences",
+            sampled.len()
         );
-        Ok(logits)
+        Ok((sampled, schedule_secs))
     }
 
-    fn sample_and_update(&mut self, id: SeqId, mut row: Vec<f32>) -> anyhow::Result<SeqUpdate> {
+    /// Appends a sampled token to its sequence: detokenise, check stop conditions, and
+    /// finish the sequence when one holds.
+    fn append_sampled(&mut self, id: SeqId, sampled: Sampled) -> anyhow::Result<SeqUpdate> {
         let eos_ids = self.tokenizer.eos_token_ids();
-        let seq = self
-            .scheduler
-            .seq(id)
-            .with_context(|| format!("unknown sequence {id}"))?;
-        let request = self
-            .requests
-            .get_mut(&id)
-            .with_context(|| format!("no request state for sequence {id}"))?;
-        let params = &request.params;
-        let sampled = request.sampler.sample(
-            &mut row,
-            params,
-            seq.prompt_tokens(),
-            seq.output_tokens(),
-            eos_ids,
-        );
         let token = sampled.token;
         self.scheduler.append_token(id, token)?;
         let seq = self.seq(id)?;
@@ -361,6 +426,9 @@ impl LlmEngine {
             .requests
             .get_mut(&id)
             .with_context(|| format!("no request state for sequence {id}"))?;
+        if let Some(counts) = request.counts.as_mut() {
+            counts.push_output(token);
+        }
         let params = &request.params;
         let may_stop = num_output >= params.min_tokens;
         let stop_token = (!params.ignore_eos && eos_ids.contains(&token))
@@ -412,8 +480,11 @@ impl LlmEngine {
         chunks: &[ScheduledChunk],
         updates: &[SeqUpdate],
         started: Instant,
+        schedule_secs: f64,
+        update_secs: f64,
     ) {
         let secs = started.elapsed().as_secs_f64();
+        let runner = self.runner.profile();
         let t = &mut self.timings;
         if chunks.iter().any(|c| c.is_prefill) {
             t.prefill_steps += 1;
@@ -427,6 +498,13 @@ impl LlmEngine {
             t.decode_steps += 1;
             t.decode_secs += secs;
             t.decode_tokens += updates.iter().filter(|u| u.token.is_some()).count() as u64;
+            let d = &mut t.decode;
+            d.schedule_secs += schedule_secs;
+            d.prepare_secs += runner.prepare_secs;
+            d.forward_secs += runner.forward_secs;
+            d.sample_secs += runner.sample_secs;
+            d.runner_wall_secs += runner.wall_secs;
+            d.update_secs += update_secs;
         }
     }
 

@@ -5,8 +5,11 @@
 
 use anyhow::{anyhow, bail, ensure, Context};
 
-use crate::backend::{check_block_table, AttnSeq, Backend, QkvLayout, StepMeta};
+use std::time::Instant;
+
+use crate::backend::{check_block_table, AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
 use crate::config::{Arch, Llama3RopeScaling, ModelConfig};
+use crate::sampler::SampleSpec;
 use crate::weights::{HostTensor, TensorData, WeightSource};
 
 /// One sequence's slice of work in a forward step.
@@ -18,15 +21,35 @@ pub struct SeqInput<'a> {
     pub start_pos: usize,
     /// Physical KV block ids of the sequence, covering positions `0..start_pos + tokens.len()`.
     pub block_table: &'a [u32],
-    /// Whether logits of the last token are wanted (decode, or the last prefill chunk).
-    pub need_logits: bool,
+    /// How to sample the token after the last one (decode, or the last prefill chunk);
+    /// `None` for a chunk that samples nothing.
+    pub sample: Option<SampleSpec<'a>>,
+}
+
+/// Where a runner's last step spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepProfile {
+    /// Host: checking the batch, building the step's inputs and copying them to the device.
+    pub prepare_secs: f64,
+    /// The forward pass; on CUDA the GPU's time between events around it.
+    pub forward_secs: f64,
+    /// Penalties, sampling and logprobs; on CUDA the GPU's time between events around it.
+    pub sample_secs: f64,
+    /// The whole `forward` call as the host saw it (includes waiting for the device).
+    pub wall_secs: f64,
 }
 
 /// Runs the model on a device; owns the weights and the KV cache storage.
 pub trait ModelRunner: Send {
-    /// Computes the batch, writes its K/V into the cache, and returns one full-vocab
-    /// logits row per entry with `need_logits`, in batch order.
-    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
+    /// Computes the batch, writes its K/V into the cache and samples every entry that has
+    /// a [`SeqInput::sample`]: one result per such entry, in batch order. An entry's own
+    /// failure is its `Err`; an `Err` of the whole call means the step failed.
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>>;
+    /// The full-vocabulary logits of the entries with a `sample`, copied to the host, with
+    /// no penalties applied (reference checks only; serving never copies logits).
+    fn logits(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
+    /// Where the last `forward` spent its time.
+    fn profile(&self) -> StepProfile;
     /// Number of KV blocks the runner allocated (the block manager's capacity).
     fn num_blocks(&self) -> usize;
     /// Tokens per KV block.
@@ -105,10 +128,27 @@ struct Buffers<B: Backend> {
 #[derive(Default)]
 struct HostScratch {
     tokens: Vec<u32>,
+    positions: Vec<u32>,
     slots: Vec<usize>,
-    rope_cos: Vec<f32>,
-    rope_sin: Vec<f32>,
     logit_rows: Vec<usize>,
+}
+
+/// Positions the RoPE tables cover: the model's context, capped so a 128k-context model's
+/// tables stay small (positions past it are rejected).
+const MAX_ROPE_POSITIONS: usize = 1 << 17;
+
+/// RoPE cosine and sine tables `[positions, head_dim / 2]`, angle `pos * inv_freq[i]` in f32.
+fn rope_tables(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut cos = Vec::with_capacity(positions * inv_freq.len());
+    let mut sin = Vec::with_capacity(positions * inv_freq.len());
+    for pos in 0..positions {
+        for &f in inv_freq {
+            let angle = pos as f32 * f;
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    (cos, sin)
 }
 
 /// Everything but the backend (split so the backend can run the forward in its context).
@@ -122,9 +162,12 @@ struct ModelState<B: Backend> {
     caches: Vec<B::KvCache>,
     num_blocks: usize,
     block_size: usize,
-    inv_freq: Vec<f32>,
+    rope_positions: usize,
+    rope_cos: B::Param,
+    rope_sin: B::Param,
     bufs: Buffers<B>,
     host: HostScratch,
+    profile: StepProfile,
 }
 
 /// A Llama / Qwen2 / Qwen3 decoder on a [`Backend`], with its paged KV cache.
@@ -318,6 +361,19 @@ impl<B: Backend> Model<B> {
             last: backend.new_act(),
             logits: backend.new_act(),
         };
+        let rope_positions = c.max_position_embeddings.clamp(1, MAX_ROPE_POSITIONS);
+        let (cos, sin) = rope_tables(&rope_inv_freq(c), rope_positions);
+        let table = |name: &str, v: Vec<f32>| {
+            backend.upload_param(
+                name,
+                HostTensor {
+                    shape: vec![v.len()],
+                    data: TensorData::F32(v),
+                },
+            )
+        };
+        let rope_cos = table("rope.cos", cos)?;
+        let rope_sin = table("rope.sin", sin)?;
         let state = ModelState {
             config: c.clone(),
             layout: QkvLayout {
@@ -332,24 +388,25 @@ impl<B: Backend> Model<B> {
             caches,
             num_blocks,
             block_size: opts.block_size,
-            inv_freq: rope_inv_freq(c),
+            rope_positions,
+            rope_cos,
+            rope_sin,
             bufs,
             host: HostScratch::default(),
+            profile: StepProfile::default(),
         };
         Ok(Model { backend, state })
     }
 }
 
 impl<B: Backend> ModelState<B> {
-    /// Checks the batch and fills the host scratch (tokens, slots, RoPE tables, logits rows).
+    /// Checks the batch and fills the host scratch (tokens, positions, slots, logits rows).
     fn prepare_inputs<'a>(&mut self, batch: &[SeqInput<'a>]) -> anyhow::Result<Vec<AttnSeq<'a>>> {
         let bs = self.block_size;
-        let half = self.config.head_dim / 2;
         let host = &mut self.host;
         host.tokens.clear();
+        host.positions.clear();
         host.slots.clear();
-        host.rope_cos.clear();
-        host.rope_sin.clear();
         host.logit_rows.clear();
         let mut seqs = Vec::with_capacity(batch.len());
         for (i, s) in batch.iter().enumerate() {
@@ -365,21 +422,21 @@ impl<B: Backend> ModelState<B> {
                 );
             }
             let end = s.start_pos + s.tokens.len();
+            ensure!(
+                end <= self.rope_positions,
+                "batch entry {i}: positions up to {end} exceed the model's {}",
+                self.rope_positions
+            );
             check_block_table(s.block_table, end, bs, self.num_blocks)
                 .map_err(|e| anyhow!("batch entry {i}: {e}"))?;
             let row_start = host.tokens.len();
             host.tokens.extend_from_slice(s.tokens);
             for pos in s.start_pos..end {
+                host.positions.push(pos as u32);
                 host.slots
                     .push(s.block_table[pos / bs] as usize * bs + pos % bs);
-                for &f in &self.inv_freq {
-                    let angle = pos as f32 * f;
-                    host.rope_cos.push(angle.cos());
-                    host.rope_sin.push(angle.sin());
-                }
             }
-            debug_assert_eq!(host.rope_cos.len(), host.tokens.len() * half);
-            if s.need_logits {
+            if s.sample.is_some() {
                 host.logit_rows.push(host.tokens.len() - 1);
             }
             seqs.push(AttnSeq {
@@ -392,18 +449,27 @@ impl<B: Backend> ModelState<B> {
         Ok(seqs)
     }
 
-    fn forward(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
+    /// Runs the layers and leaves the sampled rows' logits in `bufs.logits`; returns the
+    /// device step, or `None` when no entry samples.
+    fn run_layers(
+        &mut self,
+        b: &B,
+        batch: &[SeqInput<'_>],
+        samples: &[SampleSpec<'_>],
+    ) -> anyhow::Result<Option<B::Step>> {
+        let started = Instant::now();
         let seqs = self.prepare_inputs(batch)?;
         let step = b.prepare_step(&StepMeta {
             seqs: &seqs,
+            tokens: &self.host.tokens,
+            positions: &self.host.positions,
             slots: &self.host.slots,
-            rope_cos: &self.host.rope_cos,
-            rope_sin: &self.host.rope_sin,
+            logit_rows: &self.host.logit_rows,
+            samples,
             block_size: self.block_size,
         })?;
+        self.profile.prepare_secs = started.elapsed().as_secs_f64();
+        b.record_mark(0)?;
         let eps = self.config.rms_norm_eps;
         let layout = self.layout;
         let Buffers {
@@ -418,7 +484,7 @@ impl<B: Backend> ModelState<B> {
             last,
             logits,
         } = &mut self.bufs;
-        b.embed(&self.embed, &self.host.tokens, x)?;
+        b.embed(&self.embed, &step, x)?;
         for (i, (layer, cache)) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
             if i == 0 {
                 b.rms_norm(x, &layer.attn_norm, eps, h)?;
@@ -429,7 +495,7 @@ impl<B: Backend> ModelState<B> {
             if let Some((q_w, k_w)) = &layer.qk_norm {
                 b.qk_head_norm(qkv, layout, q_w, k_w, eps)?;
             }
-            b.rope(qkv, layout, &step)?;
+            b.rope(qkv, layout, &self.rope_cos, &self.rope_sin, &step)?;
             b.attention(qkv, layout, cache, &step, attn)?;
             b.matmul(attn, &layer.o_proj, None, o)?;
             b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?;
@@ -438,24 +504,70 @@ impl<B: Backend> ModelState<B> {
             b.matmul(act, &layer.down, None, down)?;
         }
         if self.host.logit_rows.is_empty() {
-            return Ok(Vec::new());
+            b.record_mark(1)?;
+            return Ok(None);
         }
         b.add_rms_norm(x, down, &self.final_norm, eps, h)?;
-        b.gather_rows(h, &self.host.logit_rows, last)?;
+        b.gather_logit_rows(h, &step, last)?;
         b.matmul(
             last,
             self.lm_head.as_ref().unwrap_or(&self.embed),
             None,
             logits,
         )?;
-        b.to_host(logits)
+        b.record_mark(1)?;
+        Ok(Some(step))
+    }
+
+    fn forward(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>> {
+        let started = Instant::now();
+        self.profile = StepProfile::default();
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let samples: Vec<SampleSpec<'_>> = batch.iter().filter_map(|s| s.sample).collect();
+        let out = match self.run_layers(b, batch, &samples)? {
+            Some(step) => {
+                let out = b.sample(&mut self.bufs.logits, &samples, &step)?;
+                b.record_mark(2)?;
+                out
+            }
+            None => Vec::new(),
+        };
+        let device = |from, to| b.elapsed_between_marks(from, to);
+        let after_layers = self.profile.prepare_secs + started.elapsed().as_secs_f64();
+        self.profile.forward_secs = device(0, 1)?.unwrap_or(after_layers);
+        self.profile.sample_secs = if out.is_empty() {
+            0.0
+        } else {
+            device(1, 2)?.unwrap_or(0.0)
+        };
+        self.profile.wall_secs = started.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    fn logits(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let samples: Vec<SampleSpec<'_>> = batch.iter().filter_map(|s| s.sample).collect();
+        match self.run_layers(b, batch, &samples)? {
+            Some(_) => b.to_host(&self.bufs.logits),
+            None => Ok(Vec::new()),
+        }
     }
 }
 
 impl<B: Backend> ModelRunner for Model<B> {
-    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>> {
         let Model { backend, state } = self;
         backend.install(|| state.forward(backend, batch))
+    }
+
+    fn logits(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let Model { backend, state } = self;
+        backend.install(|| state.logits(backend, batch))
+    }
+
+    fn profile(&self) -> StepProfile {
+        self.state.profile
     }
 
     fn num_blocks(&self) -> usize {

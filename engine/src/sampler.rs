@@ -137,9 +137,157 @@ pub struct TopLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
-/// One request's sampler: its parameters' processors and its own random stream.
+/// One sequence's token history for the penalties, kept incrementally: O(1) per new token,
+/// and a step reads only the distinct tokens (never the whole sequence).
+#[derive(Debug, Clone, Default)]
+pub struct TokenCounts {
+    /// Distinct tokens of prompt and output, in first-seen order (repetition penalty).
+    seen: Vec<u32>,
+    seen_set: std::collections::HashSet<u32>,
+    /// Distinct output tokens in first-seen order, and their counts (presence, frequency).
+    output: Vec<u32>,
+    output_counts: std::collections::HashMap<u32, u32>,
+}
+
+impl TokenCounts {
+    pub fn new(prompt: &[u32]) -> TokenCounts {
+        let mut counts = TokenCounts::default();
+        for &t in prompt {
+            counts.see(t);
+        }
+        counts
+    }
+
+    fn see(&mut self, token: u32) {
+        if self.seen_set.insert(token) {
+            self.seen.push(token);
+        }
+    }
+
+    /// Records a generated token.
+    pub fn push_output(&mut self, token: u32) {
+        self.see(token);
+        let c = self.output_counts.entry(token).or_insert(0);
+        if *c == 0 {
+            self.output.push(token);
+        }
+        *c += 1;
+    }
+
+    /// Distinct tokens of prompt and output.
+    pub fn seen(&self) -> &[u32] {
+        &self.seen
+    }
+
+    /// Distinct output tokens, first-seen order.
+    pub fn output_tokens(&self) -> &[u32] {
+        &self.output
+    }
+
+    /// How often `token` was generated.
+    pub fn output_count(&self, token: u32) -> u32 {
+        self.output_counts.get(&token).copied().unwrap_or(0)
+    }
+}
+
+/// What a runner needs to sample one sequence's next token in a step.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleSpec<'a> {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Top logprobs wanted (0..=20), `None` for none.
+    pub logprobs: Option<usize>,
+    /// The request's seed (drawn once when the request gave none): the device sampler's key.
+    pub seed: u64,
+    /// Tokens generated before this one: the device sampler's counter.
+    pub draw: u64,
+    /// A uniform draw in [0, 1) from the request's own stream: the CPU sampler's inverse CDF.
+    pub uniform: f64,
+    /// Token ids that may not be drawn this step (EOS and stop ids before `min_tokens`).
+    pub masked: &'a [u32],
+    /// The history for the penalties; `None` when the request has none.
+    pub counts: Option<&'a TokenCounts>,
+}
+
+impl SampleSpec<'static> {
+    /// Greedy, no penalties, no logprobs.
+    pub const GREEDY: SampleSpec<'static> = SampleSpec {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        logprobs: None,
+        seed: 0,
+        draw: 0,
+        uniform: 0.0,
+        masked: &[],
+        counts: None,
+    };
+}
+
+impl<'a> SampleSpec<'a> {
+    /// The spec of a request's next draw.
+    pub fn new(
+        params: &SamplingParams,
+        seed: u64,
+        draw: u64,
+        uniform: f64,
+        masked: &'a [u32],
+        counts: Option<&'a TokenCounts>,
+    ) -> SampleSpec<'a> {
+        SampleSpec {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            min_p: params.min_p,
+            repetition_penalty: params.repetition_penalty,
+            presence_penalty: params.presence_penalty,
+            frequency_penalty: params.frequency_penalty,
+            logprobs: params.logprobs,
+            seed,
+            draw,
+            uniform,
+            masked,
+            counts,
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Whether any penalty changes the logits.
+    pub fn has_penalties(&self) -> bool {
+        self.counts.is_some()
+            && (self.repetition_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
+    }
+}
+
+/// The ids masked while fewer than `min_tokens` tokens are generated: EOS (unless
+/// `ignore_eos`) and the stop ids.
+pub fn min_tokens_mask(params: &SamplingParams, eos_ids: &[u32]) -> Vec<u32> {
+    let eos = if params.ignore_eos { &[][..] } else { eos_ids };
+    eos.iter().chain(&params.stop_token_ids).copied().collect()
+}
+
+/// One request's random stream: the uniform draws of the CPU sampler.
 pub struct Sampler {
     rng: StdRng,
+    seed: u64,
 }
 
 impl Sampler {
@@ -148,42 +296,47 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(|| rand::rng().random());
         Sampler {
             rng: StdRng::seed_from_u64(seed),
+            seed,
         }
     }
 
-    /// Samples the next token from one row of logits (modified in place).
-    /// `prompt` and `output` feed the penalties; `eos_ids` are masked with the stop ids
-    /// while fewer than `min_tokens` tokens are generated.
-    pub fn sample(
-        &mut self,
-        logits: &mut [f32],
-        params: &SamplingParams,
-        prompt: &[u32],
-        output: &[u32],
-        eos_ids: &[u32],
-    ) -> Sampled {
-        if output.len() < params.min_tokens {
-            let eos = if params.ignore_eos { &[][..] } else { eos_ids };
-            mask_tokens(logits, eos.iter().chain(&params.stop_token_ids));
-        }
-        apply_penalties(logits, params, prompt, output);
-        let token = if params.is_greedy() {
-            argmax(logits)
-        } else {
-            let inv_t = 1.0 / params.temperature;
-            logits.iter_mut().for_each(|l| *l *= inv_t);
-            truncate(logits, params);
-            sample_from_logits(logits, self.rng.random::<f64>())
-        };
-        let logprobs = params.logprobs.map(|n| {
-            let log_z = log_sum_exp(logits);
-            TopLogprobs {
-                logprob: logits[token as usize] - log_z,
-                top: top_n(logits, n, log_z),
-            }
-        });
-        Sampled { token, logprobs }
+    /// The seed in use (the request's, or the one drawn for it).
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
+
+    /// The next uniform draw; greedy requests draw nothing (0.0).
+    pub fn next_uniform(&mut self, params: &SamplingParams) -> f64 {
+        if params.is_greedy() {
+            0.0
+        } else {
+            self.rng.random::<f64>()
+        }
+    }
+}
+
+/// Samples the next token from one row of logits (modified in place): the CPU backend's
+/// sampler. Masked ids, then penalties, then greedy argmax or temperature, top-k, top-p,
+/// min-p and an inverse-CDF draw with `spec.uniform`.
+pub fn sample_row(logits: &mut [f32], spec: &SampleSpec<'_>) -> Sampled {
+    mask_tokens(logits, spec.masked.iter());
+    apply_penalties(logits, spec);
+    let token = if spec.is_greedy() {
+        argmax(logits)
+    } else {
+        let inv_t = 1.0 / spec.temperature;
+        logits.iter_mut().for_each(|l| *l *= inv_t);
+        truncate(logits, spec);
+        sample_from_logits(logits, spec.uniform)
+    };
+    let logprobs = spec.logprobs.map(|n| {
+        let log_z = log_sum_exp(logits);
+        TopLogprobs {
+            logprob: logits[token as usize] - log_z,
+            top: top_n(logits, n, log_z),
+        }
+    });
+    Sampled { token, logprobs }
 }
 
 fn mask_tokens<'a>(logits: &mut [f32], ids: impl Iterator<Item = &'a u32>) {
@@ -196,27 +349,23 @@ fn mask_tokens<'a>(logits: &mut [f32], ids: impl Iterator<Item = &'a u32>) {
 
 /// Repetition penalty over prompt + output (divide positive logits, multiply negative
 /// ones, once per distinct token); presence and frequency penalties over the output.
-fn apply_penalties(logits: &mut [f32], params: &SamplingParams, prompt: &[u32], output: &[u32]) {
-    let rep = params.repetition_penalty;
+fn apply_penalties(logits: &mut [f32], spec: &SampleSpec<'_>) {
+    let Some(counts) = spec.counts else {
+        return;
+    };
+    let rep = spec.repetition_penalty;
     if rep != 1.0 {
-        let mut seen = vec![false; logits.len()];
-        for &id in prompt.iter().chain(output) {
-            let i = id as usize;
-            if i < logits.len() && !seen[i] {
-                seen[i] = true;
-                let l = &mut logits[i];
+        for &id in counts.seen() {
+            if let Some(l) = logits.get_mut(id as usize) {
                 *l = if *l > 0.0 { *l / rep } else { *l * rep };
             }
         }
     }
-    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
-        let mut counts = std::collections::HashMap::<u32, u32>::new();
-        for &id in output {
-            *counts.entry(id).or_default() += 1;
-        }
-        for (id, count) in counts {
+    if spec.presence_penalty != 0.0 || spec.frequency_penalty != 0.0 {
+        for &id in counts.output_tokens() {
             if let Some(l) = logits.get_mut(id as usize) {
-                *l -= params.frequency_penalty * count as f32 + params.presence_penalty;
+                let count = counts.output_count(id);
+                *l -= spec.frequency_penalty * count as f32 + spec.presence_penalty;
             }
         }
     }
@@ -255,7 +404,7 @@ fn sorted_ids(logits: &[f32], keep: usize, floor: f32) -> Vec<u32> {
 
 /// Masks everything outside top-k, then top-p (smallest set reaching the mass), then
 /// min-p (probability below `min_p` times the top probability). Always keeps the top token.
-fn truncate(logits: &mut [f32], params: &SamplingParams) {
+fn truncate(logits: &mut [f32], params: &SampleSpec<'_>) {
     if params.top_k == 0 && params.top_p >= 1.0 && params.min_p <= 0.0 {
         return;
     }
@@ -357,7 +506,15 @@ mod tests {
     }
 
     fn draw(logits: &[f32], p: &SamplingParams, sampler: &mut Sampler) -> u32 {
-        sampler.sample(&mut logits.to_vec(), p, &[], &[], &[]).token
+        let u = sampler.next_uniform(p);
+        let spec = SampleSpec::new(p, sampler.seed(), 0, u, &[], None);
+        sample_row(&mut logits.to_vec(), &spec).token
+    }
+
+    fn penalised(p: &SamplingParams, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
+        let mut counts = TokenCounts::new(prompt);
+        output.iter().for_each(|&t| counts.push_output(t));
+        apply_penalties(logits, &SampleSpec::new(p, 0, 0, 0.0, &[], Some(&counts)));
     }
 
     #[test]
@@ -457,7 +614,7 @@ mod tests {
             ..params(0.0)
         };
         let mut logits = vec![4.0, -1.0, 3.0];
-        apply_penalties(&mut logits, &p, &[0, 0], &[1]);
+        penalised(&p, &mut logits, &[0, 0], &[1]);
         assert_eq!(logits, vec![2.0, -2.0, 3.0]);
     }
 
@@ -469,33 +626,50 @@ mod tests {
             ..params(0.0)
         };
         let mut logits = vec![1.0, 1.0, 1.0];
-        apply_penalties(&mut logits, &p, &[2, 2], &[0, 0, 1]);
+        penalised(&p, &mut logits, &[2, 2], &[0, 0, 1]);
         assert_eq!(logits, vec![1.0 - 0.5 - 0.5, 1.0 - 0.25 - 0.5, 1.0]);
     }
 
     #[test]
-    fn min_tokens_masks_eos_and_stop_ids() {
+    fn min_tokens_mask_holds_eos_and_stop_ids_unless_eos_is_ignored() {
         let p = SamplingParams {
             min_tokens: 2,
             stop_token_ids: vec![1],
             ..params(0.0)
         };
-        let mut s = Sampler::new(&p);
-        let logits = [1.0, 5.0, 4.0, 0.0];
         let eos = [2];
-        let first = s.sample(&mut logits.to_vec(), &p, &[], &[9], &eos).token;
-        assert_eq!(first, 0);
-        let later = s.sample(&mut logits.to_vec(), &p, &[], &[9, 9], &eos).token;
-        assert_eq!(later, 1);
+        let mask = min_tokens_mask(&p, &eos);
+        assert_eq!(mask, vec![2, 1]);
+        let logits = [1.0, 5.0, 4.0, 0.0];
+        let spec = SampleSpec {
+            masked: &mask,
+            ..SampleSpec::GREEDY
+        };
+        assert_eq!(sample_row(&mut logits.to_vec(), &spec).token, 0);
+        assert_eq!(
+            sample_row(&mut logits.to_vec(), &SampleSpec::GREEDY).token,
+            1
+        );
         let ignore = SamplingParams {
             ignore_eos: true,
-            stop_token_ids: vec![],
             ..p
         };
-        let masked = s
-            .sample(&mut logits.to_vec(), &ignore, &[], &[], &eos)
-            .token;
-        assert_eq!(masked, 1, "EOS is not a stop token with ignore_eos");
+        assert_eq!(min_tokens_mask(&ignore, &eos), vec![1]);
+    }
+
+    #[test]
+    fn token_counts_grow_by_distinct_tokens_only() {
+        let mut c = TokenCounts::new(&[5, 5, 7]);
+        assert_eq!(c.seen(), &[5, 7]);
+        for t in [7, 9, 7] {
+            c.push_output(t);
+        }
+        assert_eq!(c.seen(), &[5, 7, 9]);
+        assert_eq!(c.output_tokens(), &[7, 9]);
+        assert_eq!(
+            (c.output_count(7), c.output_count(9), c.output_count(5)),
+            (2, 1, 0)
+        );
     }
 
     #[test]
@@ -504,10 +678,9 @@ mod tests {
             logprobs: Some(2),
             ..params(0.0)
         };
-        let mut s = Sampler::new(&p);
         let probs = [0.2f32, 0.5, 0.2, 0.1];
         let mut logits: Vec<f32> = probs.iter().map(|p| p.ln() + 3.0).collect();
-        let sampled = s.sample(&mut logits, &p, &[], &[], &[]);
+        let sampled = sample_row(&mut logits, &SampleSpec::new(&p, 7, 0, 0.0, &[], None));
         assert_eq!(sampled.token, 1);
         let out = sampled.logprobs.unwrap();
         assert!((out.logprob - 0.5f32.ln()).abs() < 1e-5);
@@ -542,10 +715,10 @@ mod tests {
                 (1.0, 0.05),
                 (0.8, 0.01),
             ][case % 5];
-            let p = SamplingParams {
+            let p = SampleSpec {
                 top_p,
                 min_p,
-                ..SamplingParams::default()
+                ..SampleSpec::GREEDY
             };
             let mut got = logits.clone();
             truncate(&mut got, &p);

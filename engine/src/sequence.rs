@@ -1,7 +1,8 @@
 //! A sequence as the scheduler and the block manager see it: token ids, how many of
 //! them have KV in the cache, and the physical blocks holding that KV.
 
-use crate::engine::SeqId;
+/// A sequence's id, unique within an engine.
+pub type SeqId = u64;
 
 /// Where a sequence is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,9 +6,8 @@ mod common;
 
 use engine::backend::cpu::load_cpu_runner;
 use engine::backend::cuda::{
-    all_kernel_names, bucket_for, cuda_available, decode_kernel_name, driver_present,
-    graph_buckets, load_cuda_runner, prefill_kernel_name, resolve_device, CudaBackend, CudaOptions,
-    Device, GpuSampling, NO_DRIVER, SOURCES,
+    all_kernel_names, cuda_available, decode_kernel_name, driver_present, load_cuda_runner,
+    prefill_kernel_name, resolve_device, CudaBackend, CudaOptions, Device, NO_DRIVER, SOURCES,
 };
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions};
 use engine::weights::open_model;
@@ -51,27 +50,6 @@ fn device_choice_honours_the_request() {
         Device::Cpu
     };
     assert_eq!(resolve_device(None).0, expected);
-}
-
-#[test]
-fn graph_buckets_cover_every_batch_size() {
-    let b = graph_buckets(256);
-    let mut expected = vec![1, 2, 4, 8];
-    expected.extend((1..=16).map(|i| 16 * i));
-    assert_eq!(b, expected);
-    assert_eq!(bucket_for(&b, 0), None);
-    assert_eq!(bucket_for(&b, 1), Some(1));
-    assert_eq!(bucket_for(&b, 3), Some(4));
-    assert_eq!(bucket_for(&b, 8), Some(8));
-    assert_eq!(bucket_for(&b, 17), Some(32));
-    assert_eq!(bucket_for(&b, 256), Some(256));
-    assert_eq!(bucket_for(&b, 257), None);
-    assert_eq!(graph_buckets(100).last(), Some(&100));
-    for n in 1..=100 {
-        let got = bucket_for(&graph_buckets(100), n)
-            .expect("every batch up to max_num_seqs has a bucket");
-        assert!(got >= n && got < 2 * n.max(8), "batch {n} -> bucket {got}");
-    }
 }
 
 /// Every kernel the backend loads must be defined in kernels/*.cu: directly as
@@ -225,55 +203,23 @@ fn gpu_logits_match_cpu_on_llama_tiny() {
 }
 
 #[test]
-fn gpu_sampling_greedy_and_seeded() {
-    if !gpu_or_skip("gpu_sampling_greedy_and_seeded") {
+fn gpu_sampling_keeps_the_contract() {
+    if !gpu_or_skip("gpu_sampling_keeps_the_contract") {
         return;
     }
     let b = CudaBackend::new(0).expect("open GPU 0");
-    let vocab = 1000;
-    let mut data = vec![0.0f32; 2 * vocab];
-    data[417] = 5.0;
-    data[vocab + 3] = 2.0;
-    data[vocab + 9] = 2.0;
-    let logits = b.upload_act(2, vocab, &data).expect("upload");
-    let greedy = GpuSampling {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 0,
-        offset: 0,
-    };
-    assert_eq!(b.sample(&logits, &[greedy, greedy]).unwrap(), vec![417, 3]);
-    let top1 = GpuSampling {
-        temperature: 1.0,
-        top_k: 1,
-        ..greedy
-    };
-    assert_eq!(b.sample(&logits, &[top1, top1]).unwrap()[0], 417);
-    let hot = GpuSampling {
-        temperature: 1.0,
-        top_k: 2,
-        seed: 7,
-        ..greedy
-    };
-    let mut seen = std::collections::HashSet::new();
-    for offset in 0..64 {
-        let row = b
-            .sample(&logits, &[hot, GpuSampling { offset, ..hot }])
-            .unwrap()[1];
-        assert!(row == 3 || row == 9, "top-k 2 drew {row}");
-        seen.insert(row);
+    common::check_sampling_contract(&b, |rows, cols, data| {
+        b.upload_act(rows, cols, data).expect("upload")
+    });
+}
+
+/// The runner samples on the device what its own logits say: greedy is the argmax of
+/// `logits()`, top-k 1 at any temperature too, and a seed repeats.
+#[test]
+fn gpu_runner_samples_its_own_logits() {
+    if !gpu_or_skip("gpu_runner_samples_its_own_logits") {
+        return;
     }
-    assert_eq!(
-        seen.len(),
-        2,
-        "both tied tokens should be drawn over 64 offsets"
-    );
-    let again = b.sample(&logits, &[hot, hot]).unwrap();
-    assert_eq!(
-        again,
-        b.sample(&logits, &[hot, hot]).unwrap(),
-        "same seed and offset, same draw"
-    );
+    let (_, mut gpu) = runners("qwen3-tiny/bf16");
+    common::check_runner_samples_its_logits(gpu.as_mut());
 }

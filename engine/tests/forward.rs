@@ -7,6 +7,7 @@ use std::path::Path;
 
 use engine::backend::cpu::{load_cpu_runner, load_cpu_runner_with, CpuOptions};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::sampler::SampleSpec;
 use engine::weights::open_model;
 use serde_json::Value;
 
@@ -251,23 +252,23 @@ fn batched_sequences_match_solo_runs() {
             tokens: &a,
             start_pos: 0,
             block_table: &ta,
-            need_logits: true,
+            sample: Some(SampleSpec::GREEDY),
         },
         SeqInput {
             tokens: &b[..4],
             start_pos: 0,
             block_table: &tb,
-            need_logits: false,
+            sample: None,
         },
         SeqInput {
             tokens: &c,
             start_pos: 0,
             block_table: &tc,
-            need_logits: true,
+            sample: Some(SampleSpec::GREEDY),
         },
     ];
-    let out = r.forward(&batch).expect("forward");
-    assert_eq!(out.len(), 2, "one logits row per entry with need_logits");
+    let out = r.logits(&batch).expect("forward");
+    assert_eq!(out.len(), 2, "one logits row per entry that samples");
     assert!(max_abs_diff(&out[0], &a_last) <= 1e-4);
     assert!(max_abs_diff(&out[1], &c_last) <= 1e-4);
 
@@ -277,16 +278,16 @@ fn batched_sequences_match_solo_runs() {
             tokens: &[next],
             start_pos: a.len(),
             block_table: &ta,
-            need_logits: true,
+            sample: Some(SampleSpec::GREEDY),
         },
         SeqInput {
             tokens: &b[4..],
             start_pos: 4,
             block_table: &tb,
-            need_logits: true,
+            sample: Some(SampleSpec::GREEDY),
         },
     ];
-    let out = r.forward(&batch).expect("forward");
+    let out = r.logits(&batch).expect("forward");
     assert!(
         max_abs_diff(&out[0], &a_decode) <= 1e-4,
         "decode in a batch: {}",
@@ -307,28 +308,28 @@ fn bad_inputs_are_errors() {
         tokens: &[49152],
         start_pos: 0,
         block_table: &[0],
-        need_logits: true,
+        sample: Some(SampleSpec::GREEDY),
     };
     assert!(r.forward(&[bad_token]).is_err());
     let short_table = SeqInput {
         tokens: &[1; 17],
         start_pos: 0,
         block_table: &[0],
-        need_logits: true,
+        sample: Some(SampleSpec::GREEDY),
     };
     assert!(r.forward(&[short_table]).is_err());
     let bad_block = SeqInput {
         tokens: &[1],
         start_pos: 0,
         block_table: &[64],
-        need_logits: true,
+        sample: Some(SampleSpec::GREEDY),
     };
     assert!(r.forward(&[bad_block]).is_err());
     let empty = SeqInput {
         tokens: &[],
         start_pos: 0,
         block_table: &[0],
-        need_logits: true,
+        sample: Some(SampleSpec::GREEDY),
     };
     assert!(r.forward(&[empty]).is_err());
     assert!(r.forward(&[]).unwrap().is_empty());

@@ -7,9 +7,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context};
+use engine::backend::RowSample;
 use engine::engine::{EngineConfig, FinishReason, GenerationOutput, LlmEngine, SeqId};
-use engine::model::{ModelRunner, SeqInput};
-use engine::sampler::SamplingParams;
+use engine::model::{ModelRunner, SeqInput, StepProfile};
+use engine::sampler::{sample_row, SamplingParams};
 use engine::tokenizer::Tokenizer;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -91,12 +92,13 @@ impl MockRunner {
     }
 }
 
-impl ModelRunner for MockRunner {
-    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+impl MockRunner {
+    /// Writes the batch into the mock cache and returns the sampled entries' logits.
+    fn run(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         self.log.lock().unwrap().push(
             batch
                 .iter()
-                .map(|s| (s.start_pos, s.tokens.len(), s.need_logits))
+                .map(|s| (s.start_pos, s.tokens.len(), s.sample.is_some()))
                 .collect(),
         );
         // Write every entry first, as a real forward writes K/V of the whole batch.
@@ -107,7 +109,7 @@ impl ModelRunner for MockRunner {
             }
         }
         let mut rows = Vec::new();
-        for input in batch.iter().filter(|s| s.need_logits) {
+        for input in batch.iter().filter(|s| s.sample.is_some()) {
             let end = input.start_pos + input.tokens.len();
             let context = (0..end)
                 .map(|pos| {
@@ -119,6 +121,26 @@ impl ModelRunner for MockRunner {
             rows.push(mock_logits(&context));
         }
         Ok(rows)
+    }
+}
+
+impl ModelRunner for MockRunner {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>> {
+        let rows = self.run(batch)?;
+        let specs = batch.iter().filter_map(|s| s.sample.as_ref());
+        Ok(rows
+            .into_iter()
+            .zip(specs)
+            .map(|(mut row, spec)| Ok(sample_row(&mut row, spec)))
+            .collect())
+    }
+
+    fn logits(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.run(batch)
+    }
+
+    fn profile(&self) -> StepProfile {
+        StepProfile::default()
     }
 
     fn num_blocks(&self) -> usize {

@@ -19,9 +19,10 @@ use half::{f16, slice::HalfFloatSliceExt};
 pub use attention::CpuKvCache;
 pub use matmul::{CpuWeight, WeightData};
 
-use super::{AttnSeq, Backend, QkvLayout, StepMeta};
+use super::{AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
 use crate::config::ModelConfig;
 use crate::model::{Model, ModelRunner, RunnerOptions};
+use crate::sampler::{sample_row, SampleSpec};
 use crate::weights::{HostTensor, TensorData, WeightSource};
 
 /// How the CPU backend runs.
@@ -146,9 +147,10 @@ struct StepSeq {
 pub struct CpuStep {
     seqs: Vec<StepSeq>,
     tables: Vec<u32>,
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
     slots: Vec<usize>,
-    rope_cos: Vec<f32>,
-    rope_sin: Vec<f32>,
+    logit_rows: Vec<usize>,
 }
 
 impl CpuStep {
@@ -225,16 +227,24 @@ impl Backend for CpuBackend {
                 }
             })
             .collect();
+        ensure!(
+            meta.samples.len() == meta.logit_rows.len(),
+            "{} sampling specs for {} sampled rows",
+            meta.samples.len(),
+            meta.logit_rows.len()
+        );
         Ok(CpuStep {
             seqs,
             tables,
+            tokens: meta.tokens.to_vec(),
+            positions: meta.positions.to_vec(),
             slots: meta.slots.to_vec(),
-            rope_cos: meta.rope_cos.to_vec(),
-            rope_sin: meta.rope_sin.to_vec(),
+            logit_rows: meta.logit_rows.to_vec(),
         })
     }
 
-    fn embed(&self, table: &CpuWeight, tokens: &[u32], out: &mut CpuAct) -> anyhow::Result<()> {
+    fn embed(&self, table: &CpuWeight, step: &CpuStep, out: &mut CpuAct) -> anyhow::Result<()> {
+        let tokens = &step.tokens;
         let cols = table.cols;
         let data = out.reshape(tokens.len(), cols);
         for (&tok, row) in tokens.iter().zip(data.chunks_exact_mut(cols.max(1))) {
@@ -341,17 +351,36 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rope(&self, qkv: &mut CpuAct, layout: QkvLayout, step: &CpuStep) -> anyhow::Result<()> {
+    fn rope(
+        &self,
+        qkv: &mut CpuAct,
+        layout: QkvLayout,
+        cos: &Vec<f32>,
+        sin: &Vec<f32>,
+        step: &CpuStep,
+    ) -> anyhow::Result<()> {
         ensure!(qkv.cols == layout.qkv_width(), "rope: width {}", qkv.cols);
+        let half = layout.head_dim / 2;
+        let positions = cos.len() / half.max(1);
         ensure!(
-            step.rope_cos.len() == qkv.rows * layout.head_dim / 2
-                && step.rope_sin.len() == step.rope_cos.len(),
-            "rope: tables do not match {} rows",
+            step.positions.len() == qkv.rows && sin.len() == cos.len(),
+            "rope: {} positions for {} rows",
+            step.positions.len(),
             qkv.rows
         );
+        if let Some(&p) = step.positions.iter().find(|&&p| p as usize >= positions) {
+            anyhow::bail!("rope: position {p} is past the tables ({positions} positions)");
+        }
         let heads = layout.num_heads + layout.num_kv_heads;
         let cols = qkv.cols;
-        ops::rope(&mut qkv.data, cols, heads, &step.rope_cos, &step.rope_sin);
+        ops::rope(
+            &mut qkv.data,
+            cols,
+            heads,
+            half,
+            &step.positions,
+            (cos, sin),
+        );
         Ok(())
     }
 
@@ -383,7 +412,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn gather_rows(&self, x: &CpuAct, rows: &[usize], out: &mut CpuAct) -> anyhow::Result<()> {
+    fn gather_logit_rows(
+        &self,
+        x: &CpuAct,
+        step: &CpuStep,
+        out: &mut CpuAct,
+    ) -> anyhow::Result<()> {
+        let rows = &step.logit_rows;
         let cols = x.cols;
         let data = out.reshape(rows.len(), cols);
         for (&r, dst) in rows.iter().zip(data.chunks_exact_mut(cols.max(1))) {
@@ -391,6 +426,27 @@ impl Backend for CpuBackend {
             dst.copy_from_slice(&x.data[r * cols..(r + 1) * cols]);
         }
         Ok(())
+    }
+
+    fn sample(
+        &self,
+        logits: &mut CpuAct,
+        samples: &[SampleSpec<'_>],
+        _step: &CpuStep,
+    ) -> anyhow::Result<Vec<RowSample>> {
+        ensure!(
+            samples.len() == logits.rows,
+            "sample: {} specs for {} logits rows",
+            samples.len(),
+            logits.rows
+        );
+        let cols = logits.cols.max(1);
+        Ok(logits
+            .data
+            .chunks_exact_mut(cols)
+            .zip(samples)
+            .map(|(row, spec)| Ok(sample_row(row, spec)))
+            .collect())
     }
 
     fn to_host(&self, x: &CpuAct) -> anyhow::Result<Vec<Vec<f32>>> {

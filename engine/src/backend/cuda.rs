@@ -9,7 +9,6 @@
 //! Everything runs on one stream, so cudarc's cross-stream event tracking is turned off.
 
 mod device;
-mod graph;
 mod kernels;
 mod sizing;
 
@@ -18,24 +17,26 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use anyhow::{anyhow, bail, ensure, Context};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute_enum};
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 use half::bf16;
 
 pub use device::{cuda_available, driver_present, gpu_count, resolve_device, Device, NO_DRIVER};
-pub use graph::{bucket_for, graph_buckets};
 pub use kernels::{
-    all_kernel_names, decode_kernel_name, prefill_kernel_name, prefill_smem_bytes, SOURCES,
+    all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_kernel_name,
+    missing_kernels, nvrtc_present, prefill_kernel_name, prefill_smem_bytes, program, SOURCES,
 };
 pub use sizing::{
     activation_reserve_bytes, kv_bytes_per_token_bf16, kv_cache_tokens, weight_bytes_bf16,
 };
 
-use super::{Backend, QkvLayout, StepMeta};
+use super::{Backend, QkvLayout, RowSample, StepMeta};
 use crate::config::ModelConfig;
 use crate::model::{kv_bytes_per_token, Model, ModelRunner, RunnerOptions};
+use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData, WeightSource};
 
 /// How the CUDA runner is set up.
@@ -53,8 +54,9 @@ pub struct CudaOptions {
     pub max_num_batched_tokens: usize,
     /// Exact KV-cache size in tokens instead of sizing from free memory (tests).
     pub kv_cache_tokens: Option<usize>,
-    /// Run decode steps eagerly. CUDA-graph capture is not implemented yet, so every step
-    /// runs eagerly whatever this says; the flag is accepted so the CLI contract is stable.
+    /// Run decode steps eagerly. CUDA-graph capture is not implemented yet (issue 10), so
+    /// every step runs eagerly whatever this says; the flag is accepted so the CLI
+    /// contract is stable.
     pub enforce_eager: bool,
 }
 
@@ -120,6 +122,15 @@ pub fn load_cuda_runner(
         block_size: opts.block_size,
         kv_cache_bytes: tokens * kv_bytes_per_token(config),
     };
+    let max_blocks_per_seq = tokens
+        .min(config.max_position_embeddings.max(1))
+        .div_ceil(opts.block_size);
+    backend.reserve_step_buffers(
+        opts.max_num_batched_tokens,
+        opts.max_num_seqs,
+        max_blocks_per_seq,
+        config.vocab_size,
+    )?;
     let model = Model::load(backend, config, weights, &runner_opts)?;
     tracing::info!(
         "CUDA KV cache: {} tokens ({} blocks of {}), {:.2} GiB bf16; decode runs eagerly",
@@ -177,9 +188,11 @@ pub struct CudaKvCache {
     block_size: usize,
 }
 
-/// Offsets (in i32 elements) of the step metadata inside [`CudaStep::meta`].
+/// Offsets (in i32 words) of the step's parts inside the metadata buffer.
 #[derive(Debug, Clone, Copy, Default)]
 struct MetaOffsets {
+    tokens: usize,
+    positions: usize,
     slots: usize,
     row_start: usize,
     n_tokens: usize,
@@ -187,21 +200,57 @@ struct MetaOffsets {
     dec: usize,
     tile_seq: usize,
     tile_q0: usize,
+    logit_rows: usize,
+    temperature: usize,
+    top_k: usize,
+    top_p: usize,
+    min_p: usize,
+    n_top: usize,
+    repetition: usize,
+    presence: usize,
+    frequency: usize,
+    /// u64 columns, at even offsets.
+    seeds: usize,
+    draws: usize,
+    penalties: usize,
     tables: usize,
 }
 
-/// The device copy of a step's metadata: one i32 buffer (slots, per-sequence rows,
-/// decode list, prefill tiles, padded block tables) and one f32 buffer (cos then sin).
+/// A step's metadata in the backend's one device buffer (written by one host-to-device
+/// copy per step): the offsets of its parts and the sizes the launches need.
 pub struct CudaStep {
-    meta: CudaSlice<i32>,
-    rope: CudaSlice<f32>,
+    meta: u64,
     off: MetaOffsets,
     rows: usize,
     n_dec: usize,
     n_tiles: usize,
+    n_logits: usize,
+    n_penalties: usize,
     table_stride: usize,
     max_ctx: usize,
     block_size: usize,
+}
+
+impl CudaStep {
+    fn at(&self, off: usize) -> u64 {
+        self.meta + 4 * off as u64
+    }
+}
+
+/// Words of `sample_rows`' output per row (`SAMPLE_OUT_WORDS` in sampling.cu).
+const SAMPLE_OUT_WORDS: usize = 3 + 2 * SAMPLE_MAX_TOP;
+/// Most top logprobs the device sampler returns (`SAMPLE_MAX_TOP`).
+const SAMPLE_MAX_TOP: usize = 20;
+
+/// Device buffers allocated at start-up and reused by every step (grown, never shrunk,
+/// if a step ever needs more), with their host staging copies.
+#[derive(Default)]
+struct StepBuffers {
+    meta: Option<CudaSlice<i32>>,
+    meta_host: Vec<i32>,
+    logits: Option<CudaSlice<f32>>,
+    sampled: Option<CudaSlice<i32>>,
+    sampled_host: Vec<i32>,
 }
 
 /// Deferred in-place work on a QKV matrix: q/k norm and RoPE, run fused by `attention`.
@@ -211,7 +260,8 @@ struct Pending {
     rows: usize,
     layout: QkvLayout,
     norm: Option<(u64, u64, f32)>,
-    rope: Option<(u64, u64)>,
+    /// cos table, sin table, per-row positions.
+    rope: Option<(u64, u64, u64)>,
 }
 
 /// Mutable backend state (ops take `&self`).
@@ -220,6 +270,24 @@ struct State {
     pending: Option<Pending>,
     part_acc: Option<CudaSlice<f32>>,
     part_ml: Option<CudaSlice<f32>>,
+    step: StepBuffers,
+}
+
+/// Grows `buf` to hold at least `len` elements (contents are not kept).
+fn ensure_len<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    buf: &mut Option<CudaSlice<T>>,
+    len: usize,
+    what: &str,
+) -> anyhow::Result<()> {
+    if buf.as_ref().is_none_or(|b| b.len() < len) {
+        // SAFETY: every reader of these buffers reads only what the same step wrote.
+        *buf = Some(
+            unsafe { stream.alloc::<T>(len.max(1)) }
+                .with_context(|| format!("allocating {what}"))?,
+        );
+    }
+    Ok(())
 }
 
 /// A kernel argument.
@@ -251,6 +319,8 @@ pub struct CudaBackend {
     kernels: kernels::Kernels,
     num_sms: usize,
     state: Mutex<State>,
+    /// Timing events for [`Backend::record_mark`].
+    marks: [CudaEvent; 3],
 }
 
 impl CudaBackend {
@@ -289,6 +359,8 @@ impl CudaBackend {
             .context("reading the SM count")? as usize;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
         tracing::info!("CUDA device {ordinal}: {name}, {num_sms} SMs");
+        let timed = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+        let marks = [timed()?, timed()?, timed()?];
         Ok(CudaBackend {
             ctx,
             stream,
@@ -296,6 +368,7 @@ impl CudaBackend {
             kernels,
             num_sms,
             state: Mutex::new(State::default()),
+            marks,
         })
     }
 
@@ -415,13 +488,9 @@ impl CudaBackend {
         let l = p.layout;
         let heads = l.num_heads + 2 * l.num_kv_heads;
         let (q_w, k_w, eps) = p.norm.unwrap_or((0, 0, 0.0));
-        let (cos, sin) = p.rope.unwrap_or((0, 0));
+        let (cos, sin, positions) = p.rope.unwrap_or((0, 0, 0));
         let (slots, kc, vc) = match write {
-            Some((c, s)) => (
-                self.ptr(&s.meta) + 4 * s.off.slots as u64,
-                self.ptr(&c.k),
-                self.ptr(&c.v),
-            ),
+            Some((c, s)) => (s.at(s.off.slots), self.ptr(&c.k), self.ptr(&c.v)),
             None => (0, 0, 0),
         };
         let args = [
@@ -432,6 +501,7 @@ impl CudaBackend {
             KArg::I32(p.norm.is_some() as i32),
             KArg::Ptr(cos),
             KArg::Ptr(sin),
+            KArg::Ptr(positions),
             KArg::I32(p.rope.is_some() as i32),
             KArg::Ptr(slots),
             KArg::Ptr(kc),
@@ -494,75 +564,113 @@ impl CudaBackend {
         })
     }
 
-    /// Samples one token per logits row on the device (see kernels/sampling.cu); only the
-    /// ids cross to the host.
-    pub fn sample(&self, logits: &CudaAct, params: &[GpuSampling]) -> anyhow::Result<Vec<u32>> {
-        self.flush()?;
-        ensure!(
-            params.len() == logits.rows,
-            "sample: {} parameter sets for {} logits rows",
-            params.len(),
-            logits.rows
-        );
-        if params.is_empty() {
-            return Ok(Vec::new());
-        }
-        let temps = self.upload_column(params, |p| p.temperature)?;
-        let top_k = self.upload_column(params, |p| p.top_k)?;
-        let top_p = self.upload_column(params, |p| p.top_p)?;
-        let min_p = self.upload_column(params, |p| p.min_p)?;
-        let seeds = self.upload_column(params, |p| p.seed)?;
-        let offsets = self.upload_column(params, |p| p.offset)?;
-        let out = self.stream.alloc_zeros::<u32>(params.len())?;
-        let args = [
-            KArg::Ptr(self.ptr(logits.slice()?)),
-            KArg::I32(int(logits.cols, "vocab")?),
-            KArg::Ptr(self.ptr(&temps)),
-            KArg::Ptr(self.ptr(&top_k)),
-            KArg::Ptr(self.ptr(&top_p)),
-            KArg::Ptr(self.ptr(&min_p)),
-            KArg::Ptr(self.ptr(&seeds)),
-            KArg::Ptr(self.ptr(&offsets)),
-            KArg::Ptr(self.ptr(&out)),
-        ];
-        self.launch(
-            "sample_rows",
-            (int(params.len(), "rows")? as u32, 1, 1),
-            kernels::SAMPLE_THREADS,
-            0,
-            &args,
-        )?;
-        let ids = self.stream.clone_dtoh(&out)?;
-        self.stream.synchronize()?;
-        Ok(ids)
-    }
-
-    /// Copies one field of every row's sampling settings to the device.
-    fn upload_column<T: DeviceRepr>(
+    /// Sizes the step buffers for the scheduler's limits once, at start-up, so that steps
+    /// within them allocate nothing.
+    fn reserve_step_buffers(
         &self,
-        params: &[GpuSampling],
-        field: impl Fn(&GpuSampling) -> T,
-    ) -> anyhow::Result<CudaSlice<T>> {
-        let host: Vec<T> = params.iter().map(field).collect();
-        Ok(self.stream.clone_htod(&host)?)
+        max_tokens: usize,
+        max_seqs: usize,
+        max_blocks_per_seq: usize,
+        vocab: usize,
+    ) -> anyhow::Result<()> {
+        let tiles = max_tokens.div_ceil(kernels::PREFILL_TILE) + max_seqs;
+        let words = 3 * max_tokens
+            + 5 * max_seqs
+            + 2 * tiles
+            + 18 * max_seqs
+            + 2
+            + max_seqs * max_blocks_per_seq;
+        let mut st = self.state()?;
+        let b = &mut st.step;
+        ensure_len(&self.stream, &mut b.meta, words, "the step metadata buffer")?;
+        b.meta_host.reserve(words);
+        ensure_len(
+            &self.stream,
+            &mut b.logits,
+            max_seqs * vocab,
+            "the f32 logits buffer",
+        )?;
+        ensure_len(
+            &self.stream,
+            &mut b.sampled,
+            max_seqs * SAMPLE_OUT_WORDS,
+            "the sampling output buffer",
+        )?;
+        b.sampled_host.reserve(max_seqs * SAMPLE_OUT_WORDS);
+        Ok(())
     }
 }
 
-/// Per-row sampling settings for [`CudaBackend::sample`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpuSampling {
-    /// `<= 0` samples greedily.
-    pub temperature: f32,
-    /// `<= 0` disables top-k.
-    pub top_k: i32,
-    /// `>= 1` disables top-p.
-    pub top_p: f32,
-    /// `<= 0` disables min-p.
-    pub min_p: f32,
-    /// The request's seed.
-    pub seed: u64,
-    /// Distinguishes the request's successive draws (e.g. its number of generated tokens).
-    pub offset: u64,
+/// Appends a column of `f32` values as their bit patterns.
+fn push_f32s(m: &mut Vec<i32>, values: impl Iterator<Item = f32>) -> usize {
+    let at = m.len();
+    m.extend(values.map(|v| v.to_bits() as i32));
+    at
+}
+
+/// Appends a column of `u64` values (two words each, at an even offset).
+fn push_u64s(m: &mut Vec<i32>, values: impl Iterator<Item = u64>) -> usize {
+    if m.len() % 2 == 1 {
+        m.push(0);
+    }
+    let at = m.len();
+    for v in values {
+        m.push(v as u32 as i32);
+        m.push((v >> 32) as u32 as i32);
+    }
+    at
+}
+
+/// The sparse penalty entries `(row, token, output count, flags)` of the sampled rows:
+/// flag 1 = seen in prompt or output (repetition penalty), 2 = masked.
+fn push_penalties(m: &mut Vec<i32>, samples: &[SampleSpec<'_>]) -> anyhow::Result<(usize, usize)> {
+    let at = m.len();
+    let mut masked = std::collections::HashSet::new();
+    for (row, spec) in samples.iter().enumerate() {
+        let row = int(row, "sampled row")?;
+        masked.clear();
+        for &t in spec.masked {
+            if masked.insert(t) {
+                m.extend([row, int(t as usize, "token")?, 0, 2]);
+            }
+        }
+        let Some(counts) = spec.counts.filter(|_| spec.has_penalties()) else {
+            continue;
+        };
+        let rep = spec.repetition_penalty != 1.0;
+        let tokens: &[u32] = if rep {
+            counts.seen()
+        } else {
+            counts.output_tokens()
+        };
+        for &t in tokens.iter().filter(|t| !masked.contains(t)) {
+            let n = int(counts.output_count(t) as usize, "token count")?;
+            m.extend([row, int(t as usize, "token")?, n, rep as i32]);
+        }
+    }
+    Ok((at, (m.len() - at) / 4))
+}
+
+/// Decodes one row of `sample_rows`' output.
+fn read_sampled(w: &[i32], spec: &SampleSpec<'_>, vocab: usize) -> anyhow::Result<Sampled> {
+    let token = w[0] as u32;
+    ensure!(
+        (token as usize) < vocab,
+        "the device sampler returned token {token} (vocabulary {vocab})"
+    );
+    let logprobs = spec.logprobs.map(|_| {
+        let found = (w[2].max(0) as usize).min(SAMPLE_MAX_TOP);
+        TopLogprobs {
+            logprob: f32::from_bits(w[1] as u32),
+            top: (0..found)
+                .map(|k| {
+                    let lp = f32::from_bits(w[3 + SAMPLE_MAX_TOP + k] as u32);
+                    (w[3 + k] as u32, lp)
+                })
+                .collect(),
+        }
+    });
+    Ok(Sampled { token, logprobs })
 }
 
 impl Backend for CudaBackend {
@@ -628,6 +736,18 @@ impl Backend for CudaBackend {
     fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<CudaStep> {
         let rows = meta.slots.len();
         let n_seqs = meta.seqs.len();
+        let n_logits = meta.logit_rows.len();
+        ensure!(
+            meta.tokens.len() == rows && meta.positions.len() == rows,
+            "step metadata: {} tokens and {} positions for {rows} rows",
+            meta.tokens.len(),
+            meta.positions.len()
+        );
+        ensure!(
+            meta.samples.len() == n_logits,
+            "{} sampling specs for {n_logits} sampled rows",
+            meta.samples.len()
+        );
         let table_stride = meta
             .seqs
             .iter()
@@ -635,21 +755,13 @@ impl Backend for CudaBackend {
             .max()
             .unwrap_or(0)
             .max(1);
-        let dec: Vec<usize> = (0..n_seqs)
-            .filter(|&i| meta.seqs[i].n_tokens == 1)
-            .collect();
-        let mut tiles = Vec::new();
-        for (i, s) in meta.seqs.iter().enumerate().filter(|(_, s)| s.n_tokens > 1) {
-            tiles.extend(
-                (0..s.n_tokens)
-                    .step_by(kernels::PREFILL_TILE)
-                    .map(|q0| (i, q0)),
-            );
-        }
+        let mut st = self.state()?;
+        let m = &mut st.step.meta_host;
+        m.clear();
         let mut off = MetaOffsets::default();
-        let mut m: Vec<i32> = Vec::with_capacity(
-            rows + 3 * n_seqs + dec.len() + 2 * tiles.len() + n_seqs * table_stride,
-        );
+        m.extend(meta.tokens.iter().map(|&t| t as i32));
+        off.positions = m.len();
+        m.extend(meta.positions.iter().map(|&p| p as i32));
         off.slots = m.len();
         for &s in meta.slots {
             m.push(int(s, "KV slot")?);
@@ -667,11 +779,53 @@ impl Backend for CudaBackend {
             m.push(int(s.start_pos, "position")?);
         }
         off.dec = m.len();
-        m.extend(dec.iter().map(|&i| i as i32));
+        let dec = (0..n_seqs).filter(|&i| meta.seqs[i].n_tokens == 1);
+        m.extend(dec.map(|i| i as i32));
+        let n_dec = m.len() - off.dec;
+        let tiles = || {
+            meta.seqs
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.n_tokens > 1)
+                .flat_map(|(i, s)| {
+                    (0..s.n_tokens)
+                        .step_by(kernels::PREFILL_TILE)
+                        .map(move |q0| (i as i32, q0 as i32))
+                })
+        };
         off.tile_seq = m.len();
-        m.extend(tiles.iter().map(|&(i, _)| i as i32));
+        m.extend(tiles().map(|(i, _)| i));
+        let n_tiles = m.len() - off.tile_seq;
         off.tile_q0 = m.len();
-        m.extend(tiles.iter().map(|&(_, q0)| q0 as i32));
+        m.extend(tiles().map(|(_, q0)| q0));
+        off.logit_rows = m.len();
+        for &r in meta.logit_rows {
+            m.push(int(r, "logits row")?);
+        }
+        let samples = meta.samples;
+        off.temperature = push_f32s(m, samples.iter().map(|s| s.temperature));
+        off.top_k = m.len();
+        for s in samples {
+            m.push(int(s.top_k, "top_k")?);
+        }
+        off.top_p = push_f32s(m, samples.iter().map(|s| s.top_p));
+        off.min_p = push_f32s(m, samples.iter().map(|s| s.min_p));
+        off.n_top = m.len();
+        for s in samples {
+            let n = s.logprobs.map_or(Ok(-1), |n| int(n, "logprobs"))?;
+            ensure!(
+                n <= SAMPLE_MAX_TOP as i32,
+                "logprobs {n} > {SAMPLE_MAX_TOP}"
+            );
+            m.push(n);
+        }
+        off.repetition = push_f32s(m, samples.iter().map(|s| s.repetition_penalty));
+        off.presence = push_f32s(m, samples.iter().map(|s| s.presence_penalty));
+        off.frequency = push_f32s(m, samples.iter().map(|s| s.frequency_penalty));
+        off.seeds = push_u64s(m, samples.iter().map(|s| s.seed));
+        off.draws = push_u64s(m, samples.iter().map(|s| s.draw));
+        let (penalties, n_penalties) = push_penalties(m, samples)?;
+        off.penalties = penalties;
         off.tables = m.len();
         for s in meta.seqs {
             for &b in s.block_table {
@@ -679,54 +833,72 @@ impl Backend for CudaBackend {
             }
             m.extend(std::iter::repeat_n(0, table_stride - s.block_table.len()));
         }
-        let mut rope = Vec::with_capacity(2 * meta.rope_cos.len());
-        rope.extend_from_slice(meta.rope_cos);
-        rope.extend_from_slice(meta.rope_sin);
-        rope.push(0.0);
         let max_ctx = meta
             .seqs
             .iter()
             .map(|s| s.start_pos + s.n_tokens)
             .max()
             .unwrap_or(0);
+        let words = m.len();
+        let StepBuffers {
+            meta: dev,
+            meta_host,
+            ..
+        } = &mut st.step;
+        ensure_len(&self.stream, dev, words, "the step metadata buffer")?;
+        let dev = dev
+            .as_mut()
+            .ok_or_else(|| anyhow!("step metadata buffer missing"))?;
+        self.stream
+            .memcpy_htod(meta_host.as_slice(), &mut dev.slice_mut(..words))
+            .context("uploading step metadata")?;
         Ok(CudaStep {
-            meta: self
-                .stream
-                .clone_htod(&m)
-                .context("uploading step metadata")?,
-            rope: self
-                .stream
-                .clone_htod(&rope)
-                .context("uploading RoPE tables")?,
+            meta: self.ptr(dev),
             off,
             rows,
-            n_dec: dec.len(),
-            n_tiles: tiles.len(),
+            n_dec,
+            n_tiles,
+            n_logits,
+            n_penalties,
             table_stride,
             max_ctx,
             block_size: meta.block_size,
         })
     }
 
-    fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaAct) -> anyhow::Result<()> {
+    fn record_mark(&self, slot: usize) -> anyhow::Result<()> {
+        let event = self
+            .marks
+            .get(slot)
+            .ok_or_else(|| anyhow!("no timing mark {slot}"))?;
+        event
+            .record(&self.stream)
+            .context("recording a timing event")
+    }
+
+    fn elapsed_between_marks(&self, from: usize, to: usize) -> anyhow::Result<Option<f64>> {
+        let (Some(a), Some(b)) = (self.marks.get(from), self.marks.get(to)) else {
+            bail!("no timing marks {from}..{to}");
+        };
+        let ms = a.elapsed_ms(b).context("reading timing events")?;
+        Ok(Some(f64::from(ms) / 1e3))
+    }
+
+    fn embed(&self, table: &CudaWeight, step: &CudaStep, out: &mut CudaAct) -> anyhow::Result<()> {
         self.flush()?;
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
-            bail!("token id {t} is outside the vocabulary ({})", table.rows);
+        let o = self.shape(out, step.rows, table.cols)?;
+        if step.rows == 0 {
+            return Ok(());
         }
-        let dev = self
-            .stream
-            .clone_htod(tokens)
-            .context("uploading token ids")?;
-        let o = self.shape(out, tokens.len(), table.cols)?;
         let args = [
             KArg::Ptr(self.ptr(&table.data)),
-            KArg::Ptr(self.ptr(&dev)),
+            KArg::Ptr(step.at(step.off.tokens)),
             KArg::Ptr(o),
             KArg::I32(int(table.cols, "hidden")?),
         ];
         self.launch(
             "embedding_gather",
-            (int(tokens.len(), "tokens")? as u32, 1, 1),
+            (int(step.rows, "tokens")? as u32, 1, 1),
             256,
             0,
             &args,
@@ -875,7 +1047,14 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn rope(&self, qkv: &mut CudaAct, layout: QkvLayout, step: &CudaStep) -> anyhow::Result<()> {
+    fn rope(
+        &self,
+        qkv: &mut CudaAct,
+        layout: QkvLayout,
+        cos: &CudaParam,
+        sin: &CudaParam,
+        step: &CudaStep,
+    ) -> anyhow::Result<()> {
         ensure!(
             qkv.cols == layout.qkv_width() && qkv.rows == step.rows,
             "rope: qkv is {}x{}",
@@ -887,15 +1066,18 @@ impl Backend for CudaBackend {
             "rope: head_dim {} (at most 256)",
             layout.head_dim
         );
-        let half = step.rows * layout.head_dim / 2;
         ensure!(
-            step.rope.len() == 2 * half + 1,
-            "rope: tables do not match {} rows of head_dim {}",
-            step.rows,
+            cos.len == sin.len && cos.len.is_multiple_of(layout.head_dim / 2),
+            "rope: tables of {} and {} values for head_dim {}",
+            cos.len,
+            sin.len,
             layout.head_dim
         );
-        let base = self.ptr(&step.rope);
-        let tables = (base, base + 4 * half as u64);
+        let tables = (
+            self.ptr(&cos.data),
+            self.ptr(&sin.data),
+            step.at(step.off.positions),
+        );
         self.defer(self.ptr(qkv.slice()?), qkv.rows, layout, |p| {
             let free = p.rope.is_none();
             if free {
@@ -946,8 +1128,7 @@ impl Backend for CudaBackend {
 
         let (h, kvh, d) = (layout.num_heads, layout.num_kv_heads, layout.head_dim);
         let o = self.shape(out, qkv.rows, layout.q_width())?;
-        let meta = self.ptr(&step.meta);
-        let at = |off: usize| KArg::Ptr(meta + 4 * off as u64);
+        let at = |off: usize| KArg::Ptr(step.at(off));
         let scale = 1.0 / (d as f32).sqrt();
         let common = |v: &mut Vec<KArg>| {
             v.push(KArg::Ptr(qkv_ptr));
@@ -1077,33 +1258,133 @@ impl Backend for CudaBackend {
         )
     }
 
-    fn gather_rows(&self, x: &CudaAct, rows: &[usize], out: &mut CudaAct) -> anyhow::Result<()> {
+    fn gather_logit_rows(
+        &self,
+        x: &CudaAct,
+        step: &CudaStep,
+        out: &mut CudaAct,
+    ) -> anyhow::Result<()> {
         self.flush()?;
-        if let Some(&r) = rows.iter().find(|&&r| r >= x.rows) {
-            bail!("gather_rows: row {r} of {}", x.rows);
-        }
-        let o = self.shape(out, rows.len(), x.cols)?;
-        if rows.is_empty() {
+        ensure!(x.rows == step.rows, "gather_logit_rows: {} rows", x.rows);
+        let o = self.shape(out, step.n_logits, x.cols)?;
+        if step.n_logits == 0 {
             return Ok(());
         }
-        let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
-        let dev = self
-            .stream
-            .clone_htod(&idx)
-            .context("uploading row indices")?;
         let args = [
             KArg::Ptr(self.ptr(x.slice()?)),
-            KArg::Ptr(self.ptr(&dev)),
+            KArg::Ptr(step.at(step.off.logit_rows)),
             KArg::Ptr(o),
             KArg::I32(int(x.cols, "cols")?),
         ];
         self.launch(
             "gather_rows",
-            (int(rows.len(), "rows")? as u32, 1, 1),
+            (int(step.n_logits, "rows")? as u32, 1, 1),
             256,
             0,
             &args,
         )
+    }
+
+    fn sample(
+        &self,
+        logits: &mut CudaAct,
+        samples: &[SampleSpec<'_>],
+        step: &CudaStep,
+    ) -> anyhow::Result<Vec<RowSample>> {
+        self.flush()?;
+        let (rows, vocab) = (logits.rows, logits.cols);
+        ensure!(
+            samples.len() == rows && step.n_logits == rows,
+            "sample: {} specs and {} step rows for {rows} logits rows",
+            samples.len(),
+            step.n_logits
+        );
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let mut st = self.state()?;
+        let b = &mut st.step;
+        ensure_len(
+            &self.stream,
+            &mut b.logits,
+            rows * vocab,
+            "the f32 logits buffer",
+        )?;
+        ensure_len(
+            &self.stream,
+            &mut b.sampled,
+            rows * SAMPLE_OUT_WORDS,
+            "the sampling output buffer",
+        )?;
+        let wide = b.logits.as_ref().map(|l| self.ptr(l)).unwrap_or(0);
+        let out = b.sampled.as_ref().map(|l| self.ptr(l)).unwrap_or(0);
+        let n = rows * vocab;
+        self.launch(
+            "bf16_to_f32_kernel",
+            (n.div_ceil(256) as u32, 1, 1),
+            256,
+            0,
+            &[
+                KArg::Ptr(self.ptr(logits.slice()?)),
+                KArg::Ptr(wide),
+                KArg::I64(n as i64),
+            ],
+        )?;
+        let vocab_arg = int(vocab, "vocab")?;
+        if step.n_penalties > 0 {
+            self.launch(
+                "apply_penalties",
+                (step.n_penalties.div_ceil(256) as u32, 1, 1),
+                256,
+                0,
+                &[
+                    KArg::Ptr(wide),
+                    KArg::I32(vocab_arg),
+                    KArg::Ptr(step.at(step.off.penalties)),
+                    KArg::I32(int(step.n_penalties, "penalty entries")?),
+                    KArg::Ptr(step.at(step.off.repetition)),
+                    KArg::Ptr(step.at(step.off.presence)),
+                    KArg::Ptr(step.at(step.off.frequency)),
+                ],
+            )?;
+        }
+        self.launch(
+            "sample_rows",
+            (int(rows, "rows")? as u32, 1, 1),
+            kernels::SAMPLE_THREADS,
+            0,
+            &[
+                KArg::Ptr(wide),
+                KArg::I32(vocab_arg),
+                KArg::Ptr(step.at(step.off.temperature)),
+                KArg::Ptr(step.at(step.off.top_k)),
+                KArg::Ptr(step.at(step.off.top_p)),
+                KArg::Ptr(step.at(step.off.min_p)),
+                KArg::Ptr(step.at(step.off.seeds)),
+                KArg::Ptr(step.at(step.off.draws)),
+                KArg::Ptr(step.at(step.off.n_top)),
+                KArg::Ptr(out),
+            ],
+        )?;
+        let words = rows * SAMPLE_OUT_WORDS;
+        let StepBuffers {
+            sampled,
+            sampled_host,
+            ..
+        } = b;
+        sampled_host.resize(words, 0);
+        let dev = sampled
+            .as_ref()
+            .ok_or_else(|| anyhow!("sampling output buffer missing"))?;
+        self.stream
+            .memcpy_dtoh(&dev.slice(..words), sampled_host.as_mut_slice())
+            .context("copying sampled tokens to the host")?;
+        self.stream.synchronize().context("waiting for the GPU")?;
+        Ok(sampled_host
+            .chunks_exact(SAMPLE_OUT_WORDS)
+            .zip(samples)
+            .map(|(w, spec)| read_sampled(w, spec, vocab))
+            .collect())
     }
 
     fn to_host(&self, x: &CudaAct) -> anyhow::Result<Vec<Vec<f32>>> {

@@ -10,6 +10,7 @@ pub mod cuda;
 
 use anyhow::{bail, ensure};
 
+use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
 
 /// Where the heads sit in a fused QKV activation row: `[q heads | k heads | v heads]`,
@@ -101,20 +102,28 @@ pub fn check_block_table(
     Ok(())
 }
 
-/// Per-step metadata shared by every layer, built by the model on the host.
+/// Per-step metadata shared by every layer, built by the model on the host and copied to
+/// the device once per step.
 #[derive(Debug, Clone, Copy)]
 pub struct StepMeta<'a> {
     /// The sequences, in row order; their rows tile `0..T` without gaps.
     pub seqs: &'a [AttnSeq<'a>],
+    /// Per row: the token id (checked against the vocabulary).
+    pub tokens: &'a [u32],
+    /// Per row: its position in its sequence (the row of the RoPE tables).
+    pub positions: &'a [u32],
     /// Per row: the KV cache slot (`block * block_size + offset`) its K/V are written to.
     pub slots: &'a [usize],
-    /// Per row: RoPE cosines, `head_dim / 2` values (row-major `[T, head_dim / 2]`).
-    pub rope_cos: &'a [f32],
-    /// Per row: RoPE sines, same layout as `rope_cos`.
-    pub rope_sin: &'a [f32],
+    /// The rows whose next token is sampled, in batch order.
+    pub logit_rows: &'a [usize],
+    /// One per entry of `logit_rows`: how to sample it.
+    pub samples: &'a [SampleSpec<'a>],
     /// Tokens per KV block.
     pub block_size: usize,
 }
+
+/// One sampled row's result: a failure of one sequence does not fail the step.
+pub type RowSample = anyhow::Result<Sampled>;
 
 /// Tensor operations over one device's memory.
 ///
@@ -134,6 +143,17 @@ pub trait Backend: Send + Sync {
         f()
     }
 
+    /// Marks point `slot` (0..3) of the step on the device's timeline (a no-op where the
+    /// host's clock already times the work).
+    fn record_mark(&self, _slot: usize) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// Device seconds between two recorded marks, once the work has finished; `None`
+    /// where the device keeps no timeline.
+    fn elapsed_between_marks(&self, _from: usize, _to: usize) -> anyhow::Result<Option<f64>> {
+        Ok(None)
+    }
+
     /// An empty activation buffer.
     fn new_act(&self) -> Self::Act;
     /// Uploads a 2-D weight `[N, K]`; `name` is for error messages.
@@ -151,11 +171,12 @@ pub trait Backend: Send + Sync {
     /// Copies the step metadata to the device.
     fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<Self::Step>;
 
-    /// `out[t] = table[tokens[t]]` (rows of the `[vocab, hidden]` table; ids are checked by the caller).
+    /// `out[t] = table[step.tokens[t]]` (rows of the `[vocab, hidden]` table; ids are
+    /// checked by the caller).
     fn embed(
         &self,
         table: &Self::Weight,
-        tokens: &[u32],
+        step: &Self::Step,
         out: &mut Self::Act,
     ) -> anyhow::Result<()>;
     /// `out = x · wᵀ (+ bias)`: `[M, K] · [N, K]ᵀ → [M, N]`.
@@ -193,9 +214,16 @@ pub trait Backend: Send + Sync {
         k_w: &Self::Param,
         eps: f32,
     ) -> anyhow::Result<()>;
-    /// In place: rotate-half (NEOX) RoPE on the q and k heads of a fused QKV matrix.
-    fn rope(&self, qkv: &mut Self::Act, layout: QkvLayout, step: &Self::Step)
-        -> anyhow::Result<()>;
+    /// In place: rotate-half (NEOX) RoPE on the q and k heads of a fused QKV matrix. `cos`
+    /// and `sin` are `[positions, head_dim / 2]` tables, read at each row's position.
+    fn rope(
+        &self,
+        qkv: &mut Self::Act,
+        layout: QkvLayout,
+        cos: &Self::Param,
+        sin: &Self::Param,
+        step: &Self::Step,
+    ) -> anyhow::Result<()>;
     /// Writes every row's K and V into `cache` at its slot, then computes causal
     /// attention of every query row over positions `0..=pos` of its sequence, read
     /// through the block table. `out` is `[T, num_heads * head_dim]`.
@@ -209,9 +237,23 @@ pub trait Backend: Send + Sync {
     ) -> anyhow::Result<()>;
     /// `out = silu(gate) * up` where `gate_up` rows are `[gate | up]`.
     fn silu_mul(&self, gate_up: &Self::Act, out: &mut Self::Act) -> anyhow::Result<()>;
-    /// `out[i] = x[rows[i]]`.
-    fn gather_rows(&self, x: &Self::Act, rows: &[usize], out: &mut Self::Act)
-        -> anyhow::Result<()>;
-    /// Copies the matrix to the host, one `Vec` per row.
+    /// `out[i] = x[step.logit_rows[i]]`.
+    fn gather_logit_rows(
+        &self,
+        x: &Self::Act,
+        step: &Self::Step,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// Samples one token per row of `logits` (one row per `samples` entry, in order),
+    /// applying the penalties in place; only the ids and the asked-for logprobs leave the
+    /// device.
+    fn sample(
+        &self,
+        logits: &mut Self::Act,
+        samples: &[SampleSpec<'_>],
+        step: &Self::Step,
+    ) -> anyhow::Result<Vec<RowSample>>;
+    /// Copies the matrix to the host, one `Vec` per row (reference checks only: the serving
+    /// path never copies logits).
     fn to_host(&self, x: &Self::Act) -> anyhow::Result<Vec<Vec<f32>>>;
 }

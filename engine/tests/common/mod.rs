@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use engine::model::{ModelRunner, SeqInput};
+use engine::sampler::SampleSpec;
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -70,9 +71,195 @@ pub fn last_logits(
         tokens,
         start_pos: start,
         block_table: table,
-        need_logits: true,
+        sample: Some(SampleSpec::GREEDY),
     };
-    let mut out = r.forward(&[input]).expect("forward");
+    let mut out = r.logits(&[input]).expect("forward");
     assert_eq!(out.len(), 1, "one logits row per sequence");
     out.pop().unwrap()
+}
+
+/// The sampling contract every backend keeps, on crafted logits (`make(rows, cols, data)`
+/// uploads an activation): greedy ties go to the lowest id, top-k 1 is greedy, seeded
+/// draws repeat and cover the kept set, penalties and masks change the pick, logprobs are
+/// the log-softmax of what was drawn from.
+pub fn check_sampling_contract<B: engine::backend::Backend>(
+    b: &B,
+    make: impl Fn(usize, usize, &[f32]) -> B::Act,
+) {
+    use engine::backend::StepMeta;
+    use engine::sampler::TokenCounts;
+    let vocab = 1000;
+    let mut data = vec![0.0f32; 2 * vocab];
+    data[417] = 5.0;
+    data[418] = 1.0;
+    data[vocab + 3] = 2.0;
+    data[vocab + 9] = 2.0;
+    let run = |specs: [SampleSpec<'_>; 2]| -> Vec<engine::sampler::Sampled> {
+        let mut logits = make(2, vocab, &data);
+        let step = b
+            .prepare_step(&StepMeta {
+                seqs: &[],
+                tokens: &[],
+                positions: &[],
+                slots: &[],
+                logit_rows: &[0, 1],
+                samples: &specs,
+                block_size: 16,
+            })
+            .expect("prepare step");
+        b.sample(&mut logits, &specs, &step)
+            .expect("sample")
+            .into_iter()
+            .map(|r| r.expect("row sampled"))
+            .collect()
+    };
+    let tokens = |specs| run(specs).iter().map(|s| s.token).collect::<Vec<_>>();
+    let greedy = SampleSpec::GREEDY;
+    assert_eq!(tokens([greedy, greedy]), vec![417, 3]);
+    let top1 = SampleSpec {
+        temperature: 1.0,
+        top_k: 1,
+        ..greedy
+    };
+    assert_eq!(tokens([top1, top1])[0], 417);
+    let hot = SampleSpec {
+        temperature: 1.0,
+        top_k: 2,
+        seed: 7,
+        ..greedy
+    };
+    let mut seen = std::collections::HashSet::new();
+    for draw in 0..64u64 {
+        let spec = SampleSpec {
+            draw,
+            uniform: (draw as f64 + 0.5) / 64.0,
+            ..hot
+        };
+        let t = tokens([spec, spec])[1];
+        assert!(t == 3 || t == 9, "top-k 2 drew {t}");
+        seen.insert(t);
+        assert_eq!(tokens([spec, spec])[1], t, "same seed and draw, same token");
+    }
+    assert_eq!(seen.len(), 2, "both tied tokens drawn over 64 draws");
+
+    let counts = TokenCounts::new(&[417]);
+    let mut generated = TokenCounts::new(&[]);
+    generated.push_output(417);
+    generated.push_output(417);
+    let rep = SampleSpec {
+        repetition_penalty: 10.0,
+        counts: Some(&counts),
+        ..greedy
+    };
+    assert_eq!(tokens([rep, greedy])[0], 418, "5.0 / 10 falls below 1.0");
+    let freq = SampleSpec {
+        presence_penalty: 2.0,
+        frequency_penalty: 1.5,
+        counts: Some(&generated),
+        ..greedy
+    };
+    assert_eq!(tokens([freq, greedy])[0], 418, "5 - 2 * 1.5 - 2 = 0 < 1");
+    let masked = SampleSpec {
+        masked: &[417, 3],
+        ..greedy
+    };
+    assert_eq!(tokens([masked, masked]), vec![418, 9]);
+
+    let lp = SampleSpec {
+        logprobs: Some(2),
+        ..greedy
+    };
+    let out = run([lp, lp]);
+    let z0 = (5.0f32.exp() + 1.0f32.exp() + (vocab - 2) as f32).ln();
+    let l0 = out[0].logprobs.as_ref().expect("logprobs asked");
+    assert!((l0.logprob - (5.0 - z0)).abs() < 1e-3, "{l0:?}");
+    assert_eq!(l0.top.len(), 2);
+    assert_eq!((l0.top[0].0, l0.top[1].0), (417, 418));
+    assert!((l0.top[1].1 - (1.0 - z0)).abs() < 1e-3, "{l0:?}");
+    let l1 = out[1].logprobs.as_ref().expect("logprobs asked");
+    assert_eq!((l1.top[0].0, l1.top[1].0), (3, 9), "ties by lower id");
+    assert!(run([greedy, greedy])[0].logprobs.is_none());
+}
+
+/// The runner samples what its own logits say: greedy is the argmax of `logits()`, top-k 1
+/// at any temperature too, a seed repeats, logprobs are the log-softmax, and a chunk that
+/// samples nothing returns nothing.
+pub fn check_runner_samples_its_logits(r: &mut dyn ModelRunner) {
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 37 + 11) % 500).collect();
+    let table: Vec<u32> = (0..4).collect();
+    let other: Vec<u32> = (4..8).collect();
+    let input = |sample: SampleSpec<'static>| SeqInput {
+        tokens: &prompt,
+        start_pos: 0,
+        block_table: &table,
+        sample: Some(sample),
+    };
+    let logits = r
+        .logits(&[input(SampleSpec::GREEDY)])
+        .expect("logits")
+        .remove(0);
+    let argmax = engine::sampler::argmax(&logits);
+    let token = |r: &mut dyn ModelRunner, spec| {
+        let mut out = r.forward(&[input(spec)]).expect("forward");
+        assert_eq!(out.len(), 1);
+        out.remove(0).expect("sampled").token
+    };
+    assert_eq!(token(r, SampleSpec::GREEDY), argmax);
+    let top1 = SampleSpec {
+        temperature: 0.7,
+        top_k: 1,
+        seed: 5,
+        uniform: 0.9,
+        ..SampleSpec::GREEDY
+    };
+    assert_eq!(token(r, top1), argmax);
+    let hot = SampleSpec {
+        temperature: 1.5,
+        seed: 3,
+        draw: 5,
+        uniform: 0.3,
+        ..SampleSpec::GREEDY
+    };
+    assert_eq!(
+        token(r, hot),
+        token(r, hot),
+        "same seed and draw, same token"
+    );
+
+    let lp = SampleSpec {
+        logprobs: Some(5),
+        ..SampleSpec::GREEDY
+    };
+    let sampled = r
+        .forward(&[input(lp)])
+        .expect("forward")
+        .remove(0)
+        .expect("row");
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_z = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let got = sampled.logprobs.expect("logprobs asked");
+    assert!((got.logprob - (logits[argmax as usize] - log_z)).abs() < 1e-3);
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    assert_eq!(got.top.len(), 5);
+    for ((id, l), &want) in got.top.iter().zip(&order) {
+        assert_eq!(*id as usize, want);
+        assert!(
+            (l - (logits[want] - log_z)).abs() < 1e-3,
+            "{l} vs {}",
+            logits[want] - log_z
+        );
+    }
+
+    let chunk = SeqInput {
+        tokens: &prompt[..8],
+        start_pos: 0,
+        block_table: &other,
+        sample: None,
+    };
+    let out = r
+        .forward(&[chunk, input(SampleSpec::GREEDY)])
+        .expect("forward");
+    assert_eq!(out.len(), 1, "only the sampling entry returns a row");
+    assert_eq!(out[0].as_ref().expect("sampled").token, argmax);
 }

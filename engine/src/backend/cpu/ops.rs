@@ -143,13 +143,14 @@ fn rope_rows<const FMA: bool>(
     width: usize,
     n_heads: usize,
     half: usize,
-    cos: &[f32],
-    sin: &[f32],
+    positions: &[u32],
+    (cos, sin): (&[f32], &[f32]),
 ) {
-    for (t, row) in rows.chunks_exact_mut(width).enumerate() {
+    for (row, &pos) in rows.chunks_exact_mut(width).zip(positions) {
+        let p = pos as usize;
         let (c, s) = (
-            &cos[t * half..(t + 1) * half],
-            &sin[t * half..(t + 1) * half],
+            &cos[p * half..(p + 1) * half],
+            &sin[p * half..(p + 1) * half],
         );
         for head in row[..n_heads * 2 * half].chunks_exact_mut(2 * half) {
             let (x1, x2) = head.split_at_mut(half);
@@ -163,19 +164,23 @@ fn rope_rows<const FMA: bool>(
 }
 
 /// In place: rotate-half RoPE on the first `n_heads` heads of every row (`width` wide);
-/// `cos`/`sin` are `[rows, head_dim / 2]`.
-pub fn rope(qkv: &mut [f32], width: usize, n_heads: usize, cos: &[f32], sin: &[f32]) {
+/// row `t` reads row `positions[t]` of the `[positions, half]` tables `cos` and `sin`
+/// (the caller checks that every position is inside them).
+pub fn rope(
+    qkv: &mut [f32],
+    width: usize,
+    n_heads: usize,
+    half: usize,
+    positions: &[u32],
+    tables: (&[f32], &[f32]),
+) {
     if width == 0 {
         return;
     }
-    let half = cos.len() / (qkv.len() / width).max(1);
     for_row_blocks(qkv, width, |r0, block| {
         let n = block.len() / width;
-        let (c, s) = (
-            &cos[r0 * half..(r0 + n) * half],
-            &sin[r0 * half..(r0 + n) * half],
-        );
-        dispatch!(rope_rows(block, width, n_heads, half, c, s));
+        let pos = &positions[r0..r0 + n];
+        dispatch!(rope_rows(block, width, n_heads, half, pos, tables));
     });
 }
 
@@ -234,7 +239,10 @@ mod tests {
         // one row, two heads of dim 4: pairs (0,2) and (1,3) rotate by angles a0, a1
         let mut x = vec![1.0f32, 2.0, 3.0, 4.0, 1.0, 0.0, 0.0, 1.0, 9.0];
         let (a0, a1) = (0.3f32, -1.2f32);
-        rope(&mut x, 9, 2, &[a0.cos(), a1.cos()], &[a0.sin(), a1.sin()]);
+        // position 1 reads the second row of the tables
+        let cos = [1.0, 1.0, a0.cos(), a1.cos()];
+        let sin = [0.0, 0.0, a0.sin(), a1.sin()];
+        rope(&mut x, 9, 2, 2, &[1], (&cos, &sin));
         assert!((x[0] - (a0.cos() - 3.0 * a0.sin())).abs() < 1e-6);
         assert!((x[2] - (3.0 * a0.cos() + a0.sin())).abs() < 1e-6);
         assert!((x[3] - (4.0 * a1.cos() + 2.0 * a1.sin())).abs() < 1e-6);

@@ -1,0 +1,66 @@
+//! The CUDA kernels compile with NVRTC, exactly as the backend compiles them at start-up,
+//! for the architectures the engine runs on, and the cubin defines every kernel the backend
+//! loads. No GPU is needed, but libnvrtc is: these tests fail (they do not skip) without it.
+//! `scripts/test.sh` installs it; by hand:
+//!
+//! ```sh
+//! source scripts/nvrtc-env.sh && cargo test --release -p engine --test nvrtc
+//! ```
+
+use engine::backend::cuda::{
+    all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, missing_kernels,
+    nvrtc_present, program,
+};
+
+/// Fails the test, saying how to get libnvrtc, when it cannot be loaded.
+fn require_nvrtc() {
+    assert!(
+        nvrtc_present(),
+        "libnvrtc (CUDA 13: libnvrtc.so.13 and libnvrtc-builtins.so.13.0) could not be loaded, \
+         so the kernels cannot be compiled. Run the tests through scripts/test.sh, which \
+         installs NVRTC from PyPI (nvidia-cuda-nvrtc==13.0.88) into a cache and puts it on \
+         LD_LIBRARY_PATH, or by hand:\n    \
+         source scripts/nvrtc-env.sh && cargo test --release -p engine --test nvrtc\n\
+         (LD_LIBRARY_PATH is {:?})",
+        std::env::var("LD_LIBRARY_PATH").unwrap_or_default()
+    );
+}
+
+fn check_arch(arch: &str) {
+    require_nvrtc();
+    let cubin = compile_cubin(arch).unwrap_or_else(|e| panic!("{e:#}"));
+    let kernels = cubin_kernels(&cubin)
+        .unwrap_or_else(|e| panic!("the {arch} cubin is not a readable ELF image: {e:#}"));
+    let missing = missing_kernels(&cubin);
+    assert!(
+        missing.is_empty(),
+        "the {arch} cubin lacks kernels the backend loads: {missing:?} (its kernels: {kernels:?})"
+    );
+    assert!(kernels.len() >= all_kernel_names().len());
+}
+
+#[test]
+fn kernels_compile_for_sm_90() {
+    check_arch("sm_90");
+}
+
+#[test]
+fn kernels_compile_for_sm_80() {
+    check_arch("sm_80");
+}
+
+/// A compile error comes back with NVRTC's log, which names the file and line.
+#[test]
+fn a_compile_error_reports_file_and_line() {
+    require_nvrtc();
+    let broken = program().replacen(
+        "__device__ __forceinline__ float warp_sum(float v) {",
+        "__device__ __forceinline__ float warp_sum(float v) {\n    undeclared_name = 1;",
+        1,
+    );
+    assert_ne!(broken, program(), "warp_sum is no longer in common.cuh");
+    let err = format!("{:#}", compile_source_cubin(&broken, "sm_90").unwrap_err());
+    assert!(err.contains("sm_90"), "{err}");
+    assert!(err.contains("kernels/common.cuh("), "{err}");
+    assert!(err.contains("undeclared_name"), "{err}");
+}
