@@ -278,6 +278,21 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
         t.decode_steps,
         t.decode_tokens as f64 / t.decode_secs.max(1e-9)
     );
+    if t.decode_steps > 0 {
+        let d = t.decode;
+        let ms = |x: f64| 1e3 * x / t.decode_steps as f64;
+        println!(
+            "Decode step (mean of {}): {:.3}ms = schedule {:.3}ms + runner {:.3}ms (prepare {:.3}ms, forward {:.3}ms, sample {:.3}ms on the device) + update {:.3}ms",
+            t.decode_steps,
+            ms(t.decode_secs),
+            ms(d.schedule_secs),
+            ms(d.runner_wall_secs),
+            ms(d.prepare_secs),
+            ms(d.forward_secs),
+            ms(d.sample_secs),
+            ms(d.update_secs)
+        );
+    }
     tracing::info!(
         preemptions = stats.num_preemptions,
         prefix_cache_hits = stats.prefix_cache_hits,

@@ -6,10 +6,14 @@
 mod common;
 
 use engine::backend::cpu::{load_cpu_runner, CpuAct, CpuBackend, CpuOptions};
+use engine::backend::cuda::Device;
+use engine::engine::{EngineConfig, LlmEngine};
+use engine::loader::{load_model, DeviceArgs, RunnerSizing};
 use engine::model::{kv_bytes_per_token, RunnerOptions};
+use engine::sampler::SamplingParams;
 use engine::weights::open_model;
 
-use common::golden_dir_with;
+use common::{golden_dir_with, smollm2_gguf};
 
 #[test]
 fn cpu_backend_keeps_the_sampling_contract() {
@@ -33,4 +37,83 @@ fn cpu_runner_samples_its_own_logits() {
     };
     let mut r = load_cpu_runner(&config, w.as_mut(), &opts, 2).expect("load");
     common::check_runner_samples_its_logits(r.as_mut());
+}
+
+/// Seeded sampling on the CPU draws what it drew before sampling moved into the runner:
+/// these token ids came from the engine as of commit ce3914a (the sampler read full logits
+/// rows on the host), with top-k/top-p, min-p and all three penalties.
+#[test]
+fn seeded_cpu_sampling_draws_the_same_tokens_as_before() {
+    let device = DeviceArgs {
+        device: Some(Device::Cpu),
+        threads: 2,
+        gpu_memory_utilization: 0.9,
+        enforce_eager: false,
+    };
+    let sizing = RunnerSizing {
+        block_size: 16,
+        kv_cache_bytes: 64 << 20,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 512,
+    };
+    let loaded = load_model(&smollm2_gguf(), &device, &sizing).expect("load SmolLM2");
+    let tokenizer = loaded.tokenizer.clone();
+    let config = EngineConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 512,
+        max_model_len: 2048,
+        enable_prefix_caching: true,
+    };
+    let mut engine = LlmEngine::new(loaded.runner, tokenizer.clone(), config);
+    let prompts: Vec<Vec<u32>> = ["Once upon a time", "The best way to learn Rust is"]
+        .iter()
+        .map(|p| tokenizer.encode(p, true).expect("encode"))
+        .collect();
+    let nucleus = SamplingParams {
+        max_tokens: 24,
+        temperature: 0.8,
+        top_p: 0.9,
+        top_k: 40,
+        seed: Some(42),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let penalised = SamplingParams {
+        max_tokens: 24,
+        temperature: 1.0,
+        min_p: 0.05,
+        seed: Some(7),
+        repetition_penalty: 1.3,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.3,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let want: [[u32; 24]; 4] = [
+        [
+            28, 339, 804, 288, 325, 253, 5636, 6949, 28, 253, 22230, 351, 253, 6521, 327, 2477, 28,
+            564, 253, 1443, 929, 3156, 28, 339,
+        ],
+        [
+            288, 1120, 351, 260, 10152, 30, 1385, 506, 253, 340, 11444, 12784, 338, 339, 3543, 804,
+            28, 564, 288, 835, 36828, 28, 346, 737,
+        ],
+        [
+            28, 260, 905, 436, 1811, 8441, 30, 533, 451, 7456, 6693, 282, 469, 1038, 4599, 2026,
+            5286, 2747, 347, 354, 4507, 281, 1488, 346,
+        ],
+        [
+            351, 253, 1578, 30, 216, 198, 57, 699, 338, 665, 359, 634, 617, 736, 2606, 469, 7543,
+            284, 502, 856, 722, 346, 327, 750,
+        ],
+    ];
+    let mut got = Vec::new();
+    for params in [&nucleus, &penalised] {
+        for out in engine.generate(prompts.clone(), params).expect("generate") {
+            got.push(out.token_ids);
+        }
+    }
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.as_slice(), w.as_slice(), "sequence {i}");
+    }
 }
