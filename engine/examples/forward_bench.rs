@@ -11,8 +11,9 @@
 
 use std::time::Instant;
 
-use engine::backend::cpu::{load_cpu_runner_with, CpuOptions};
+use engine::backend::cpu::CpuOptions;
 use engine::config::{Arch, ModelConfig};
+use engine::loader::load_cpu_runner_with;
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
 use engine::sampler::SampleSpec;
 use engine::weights::{open_model, HostTensor, TensorData, WeightSource};

@@ -1,17 +1,19 @@
 //! The one start-up path of `generate`, `bench` and `serve`: open the model files, build
 //! the tokenizer, pick the device and load the runner with its KV cache.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 
-use crate::backend::cpu::{load_cpu_runner_with, CpuOptions};
-use crate::backend::cuda::{load_cuda_runner, resolve_device, CudaOptions, Device};
+use crate::backend::cpu::{CpuBackend, CpuOptions};
+use crate::backend::cuda::{open_cuda_backend, resolve_device, CudaOptions, Device};
 use crate::config::ModelConfig;
-use crate::model::{ModelRunner, RunnerOptions};
+use crate::engine::{EngineConfig, LlmEngine};
+use crate::model::{Model, ModelRunner, RunnerOptions};
 use crate::tokenizer::Tokenizer;
+use crate::weights::WeightSource;
 
 /// Device flags shared by every subcommand that loads a model.
 #[derive(Debug, Clone, clap::Args)]
@@ -28,6 +30,139 @@ pub struct DeviceArgs {
     /// CUDA: run every decode step eagerly, without CUDA graphs.
     #[arg(long)]
     pub enforce_eager: bool,
+}
+
+/// Model, KV-cache and scheduler flags shared by `generate`, `bench` and `serve`: one set
+/// of defaults (named after vLLM's flags where the meaning is the same).
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// A GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// Most sequences in one running batch.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Token budget of one engine step (prefill chunks plus decodes).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Context limit per sequence (prompt + output); default: the model's maximum position, capped to the KV-cache capacity.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// CPU KV-cache memory budget, e.g. `512MiB`, `2GiB` or a byte count (on CUDA the cache is sized by --gpu-memory-utilization).
+    #[arg(long, default_value = "1GiB")]
+    pub kv_cache_memory: String,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Reuse KV blocks of shared prompt prefixes (on by default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+impl EngineArgs {
+    /// Rejects zero sizes and unreadable memory budgets before anything is loaded.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.max_num_seqs > 0 && self.max_num_batched_tokens > 0 && self.block_size > 0,
+            "--max-num-seqs, --max-num-batched-tokens and --block-size must be at least 1"
+        );
+        anyhow::ensure!(
+            self.max_model_len != Some(0),
+            "--max-model-len must be at least 1"
+        );
+        parse_memory(&self.kv_cache_memory)?;
+        Ok(())
+    }
+}
+
+/// An engine ready to run, with what the callers report about it.
+pub struct LoadedEngine {
+    pub engine: LlmEngine,
+    pub config: ModelConfig,
+    pub tokenizer: Arc<Tokenizer>,
+    pub device: Device,
+    pub kv_capacity_tokens: usize,
+    pub max_model_len: usize,
+}
+
+/// Loads the model and builds the engine from the shared flags: the one place where the
+/// engine's configuration is decided.
+pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
+    args.check()?;
+    let sizing = RunnerSizing {
+        block_size: args.block_size,
+        kv_cache_bytes: parse_memory(&args.kv_cache_memory)?,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+    };
+    let loaded = load_model(&args.model, &args.device, &sizing)?;
+    let kv_capacity_tokens = loaded.kv_capacity_tokens();
+    let max_model_len = match args.max_model_len {
+        Some(len) if len > kv_capacity_tokens => anyhow::bail!(
+            "--max-model-len {len} exceeds the KV cache capacity of {kv_capacity_tokens} tokens: raise --kv-cache-memory or lower --max-model-len"
+        ),
+        Some(len) => len,
+        None if loaded.config.max_position_embeddings > kv_capacity_tokens => {
+            tracing::warn!(
+                "the model allows {} positions but the KV cache holds {kv_capacity_tokens} tokens: max_model_len = {kv_capacity_tokens}",
+                loaded.config.max_position_embeddings
+            );
+            kv_capacity_tokens
+        }
+        None => loaded.config.max_position_embeddings,
+    };
+    let engine = LlmEngine::new(
+        loaded.runner,
+        loaded.tokenizer.clone(),
+        EngineConfig {
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            max_model_len,
+            enable_prefix_caching: !args.no_enable_prefix_caching,
+        },
+    );
+    Ok(LoadedEngine {
+        engine,
+        config: loaded.config,
+        tokenizer: loaded.tokenizer,
+        device: loaded.device,
+        kv_capacity_tokens,
+        max_model_len,
+    })
+}
+
+/// Parses `512MiB`, `2GiB`, `1.5GB`, `300M` or a plain byte count.
+pub fn parse_memory(text: &str) -> anyhow::Result<usize> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .with_context(|| format!("--kv-cache-memory `{text}`: expected a size such as 512MiB"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => bail!(
+            "--kv-cache-memory `{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+        ),
+    };
+    let bytes = value * scale;
+    if !(bytes >= 1.0 && bytes.is_finite()) {
+        bail!("--kv-cache-memory `{text}` must be a positive size; the CPU backend has no utilisation fraction");
+    }
+    Ok(bytes as usize)
 }
 
 /// How big the runner's buffers and KV cache are.
@@ -116,4 +251,47 @@ pub fn load_model(
         runner,
         device: chosen,
     })
+}
+
+/// Loads a model onto the CPU with weights kept in their file dtype.
+pub fn load_cpu_runner(
+    config: &ModelConfig,
+    weights: &mut dyn WeightSource,
+    opts: &RunnerOptions,
+    threads: usize,
+) -> anyhow::Result<Box<dyn ModelRunner>> {
+    let cpu = CpuOptions {
+        threads,
+        f32_weights_as_f16: false,
+    };
+    load_cpu_runner_with(config, weights, opts, &cpu)
+}
+
+/// Loads a model onto the CPU with explicit backend options (use
+/// `f32_weights_as_f16: true` for GGUF files with quantised tensors).
+pub fn load_cpu_runner_with(
+    config: &ModelConfig,
+    weights: &mut dyn WeightSource,
+    opts: &RunnerOptions,
+    cpu: &CpuOptions,
+) -> anyhow::Result<Box<dyn ModelRunner>> {
+    let backend = CpuBackend::new(cpu)?;
+    Ok(Box::new(Model::load(backend, config, weights, opts)?))
+}
+
+/// Loads a model onto a GPU with a bf16 KV cache sized from free memory; fails with
+/// `backend::cuda::NO_DRIVER` (never panics) on a machine without a CUDA driver.
+pub fn load_cuda_runner(
+    config: &ModelConfig,
+    weights: &mut dyn WeightSource,
+    opts: &CudaOptions,
+) -> anyhow::Result<Box<dyn ModelRunner>> {
+    let (backend, runner_opts) =
+        open_cuda_backend(config, weights.contains("lm_head.weight"), opts)?;
+    Ok(Box::new(Model::load(
+        backend,
+        config,
+        weights,
+        &runner_opts,
+    )?))
 }

@@ -9,10 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use engine::engine::{EngineConfig, LlmEngine};
-use engine::loader::{load_model, DeviceArgs, RunnerSizing};
+use engine::loader::{load_engine, EngineArgs};
 use engine::sampler::SamplingParams;
-use engine::server::parse_memory;
 use engine::tokenizer::{ChatMessage, Tokenizer};
 
 #[derive(Parser)]
@@ -32,32 +30,10 @@ enum Command {
     Serve(engine::server::ServeArgs),
 }
 
-/// Model and engine sizing shared by the subcommands.
-#[derive(Args)]
-struct ModelArgs {
-    /// A GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    model: PathBuf,
-    /// KV-cache memory budget, e.g. `512MiB`, `1GiB` or a byte count.
-    #[arg(long, default_value = "1GiB")]
-    kv_cache_memory: String,
-    /// Tokens per KV-cache block.
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
-    /// Most sequences running at once.
-    #[arg(long, default_value_t = 64)]
-    max_num_seqs: usize,
-    /// Token budget of one engine step (decodes plus prefill chunks).
-    #[arg(long, default_value_t = 2048)]
-    max_num_batched_tokens: usize,
-    #[command(flatten)]
-    device: DeviceArgs,
-}
-
 #[derive(Args)]
 struct GenerateArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    engine: EngineArgs,
     /// The prompt text.
     #[arg(
         long,
@@ -90,7 +66,7 @@ struct GenerateArgs {
 #[derive(Args)]
 struct BenchArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    engine: EngineArgs,
     #[arg(long, default_value_t = 32)]
     num_seqs: usize,
     #[arg(long, default_value_t = 32)]
@@ -126,31 +102,6 @@ fn main() {
     }
 }
 
-/// Loads the model on the chosen device and builds the engine.
-fn load_engine(args: &ModelArgs) -> anyhow::Result<LlmEngine> {
-    ensure!(
-        args.block_size > 0 && args.max_num_seqs > 0 && args.max_num_batched_tokens > 0,
-        "--block-size, --max-num-seqs and --max-num-batched-tokens must be at least 1"
-    );
-    let sizing = RunnerSizing {
-        block_size: args.block_size,
-        kv_cache_bytes: parse_memory(&args.kv_cache_memory)?,
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-    };
-    let loaded = load_model(&args.model, &args.device, &sizing)?;
-    let config = EngineConfig {
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_model_len: loaded
-            .config
-            .max_position_embeddings
-            .min(loaded.kv_capacity_tokens()),
-        enable_prefix_caching: true,
-    };
-    Ok(LlmEngine::new(loaded.runner, loaded.tokenizer, config))
-}
-
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let texts: Vec<String> = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => vec![p.clone()],
@@ -163,7 +114,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("give --prompt or --prompt-file"),
     };
     ensure!(!texts.is_empty(), "the prompt file holds no prompts");
-    let mut engine = load_engine(&args.model)?;
+    let mut engine = load_engine(&args.engine)?.engine;
     let tokenizer = engine.tokenizer().clone();
     let prompts = texts
         .iter()
@@ -222,7 +173,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             && args.min_output_len <= args.max_output_len,
         "need --num-seqs >= 1, 1 <= --min-input-len <= --max-input-len and 1 <= --min-output-len <= --max-output-len"
     );
-    let mut engine = load_engine(&args.model)?;
+    let mut engine = load_engine(&args.engine)?.engine;
     let mut rng = StdRng::seed_from_u64(args.seed);
     let vocab = engine.tokenizer().vocab_size().min(10_000) as u32;
     let requests: Vec<(Vec<u32>, SamplingParams)> = (0..args.num_seqs)

@@ -1,7 +1,6 @@
 //! The forward pass over a batch of sequence chunks, reading and writing the paged KV cache.
 //!
-//! [`Model`] is written once against [`Backend`]; `crate::backend::cpu::load_cpu_runner`
-//! and `crate::backend::cuda::load_cuda_runner` build one on each device.
+//! [`Model`] is written once against [`Backend`]; `crate::loader` builds one on each device.
 
 use anyhow::{anyhow, bail, ensure, Context};
 

@@ -4,11 +4,11 @@
 
 mod common;
 
-use engine::backend::cpu::load_cpu_runner;
 use engine::backend::cuda::{
-    all_kernel_names, cuda_available, decode_kernel_name, driver_present, load_cuda_runner,
-    prefill_kernel_name, resolve_device, CudaBackend, CudaOptions, Device, NO_DRIVER, SOURCES,
+    all_kernel_names, cuda_available, decode_kernel_name, driver_present, prefill_kernel_name,
+    resolve_device, CudaBackend, CudaOptions, Device, NO_DRIVER, SOURCES,
 };
+use engine::loader::{load_cpu_runner, load_cuda_runner};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions};
 use engine::weights::open_model;
 

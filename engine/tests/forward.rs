@@ -5,7 +5,8 @@ mod common;
 
 use std::path::Path;
 
-use engine::backend::cpu::{load_cpu_runner, load_cpu_runner_with, CpuOptions};
+use engine::backend::cpu::CpuOptions;
+use engine::loader::{load_cpu_runner, load_cpu_runner_with};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
 use engine::sampler::SampleSpec;
 use engine::weights::open_model;

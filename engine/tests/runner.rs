@@ -5,10 +5,10 @@
 
 mod common;
 
-use engine::backend::cpu::{load_cpu_runner, CpuAct, CpuBackend, CpuOptions};
+use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions};
 use engine::backend::cuda::Device;
 use engine::engine::{EngineConfig, LlmEngine};
-use engine::loader::{load_model, DeviceArgs, RunnerSizing};
+use engine::loader::{load_cpu_runner, load_model, DeviceArgs, RunnerSizing};
 use engine::model::{kv_bytes_per_token, RunnerOptions};
 use engine::sampler::SamplingParams;
 use engine::weights::open_model;

@@ -549,7 +549,7 @@ fn add_request_rejects_bad_input_clearly() {
 /// chunked prefill.
 #[test]
 fn llama_tiny_greedy_is_batch_invariant() {
-    use engine::backend::cpu::load_cpu_runner;
+    use engine::loader::load_cpu_runner;
     use engine::model::{kv_bytes_per_token, RunnerOptions};
 
     let dir = golden("llama-tiny");

@@ -20,10 +20,8 @@ pub use attention::CpuKvCache;
 pub use matmul::{CpuWeight, WeightData};
 
 use super::{AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
-use crate::config::ModelConfig;
-use crate::model::{Model, ModelRunner, RunnerOptions};
 use crate::sampler::{sample_row, SampleSpec};
-use crate::weights::{HostTensor, TensorData, WeightSource};
+use crate::weights::{HostTensor, TensorData};
 
 /// How the CPU backend runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,32 +30,6 @@ pub struct CpuOptions {
     pub threads: usize,
     /// Store f32 linear weights (and the embedding table) as f16.
     pub f32_weights_as_f16: bool,
-}
-
-/// Loads a model onto the CPU with weights kept in their file dtype.
-pub fn load_cpu_runner(
-    config: &ModelConfig,
-    weights: &mut dyn WeightSource,
-    opts: &RunnerOptions,
-    threads: usize,
-) -> anyhow::Result<Box<dyn ModelRunner>> {
-    let cpu = CpuOptions {
-        threads,
-        f32_weights_as_f16: false,
-    };
-    load_cpu_runner_with(config, weights, opts, &cpu)
-}
-
-/// Loads a model onto the CPU with explicit backend options (use
-/// `f32_weights_as_f16: true` for GGUF files with quantised tensors).
-pub fn load_cpu_runner_with(
-    config: &ModelConfig,
-    weights: &mut dyn WeightSource,
-    opts: &RunnerOptions,
-    cpu: &CpuOptions,
-) -> anyhow::Result<Box<dyn ModelRunner>> {
-    let backend = CpuBackend::new(cpu)?;
-    Ok(Box::new(Model::load(backend, config, weights, opts)?))
 }
 
 /// The CPU implementation of [`Backend`].

@@ -35,9 +35,9 @@ pub use sizing::{
 
 use super::{Backend, QkvLayout, RowSample, StepMeta};
 use crate::config::ModelConfig;
-use crate::model::{kv_bytes_per_token, Model, ModelRunner, RunnerOptions};
+use crate::model::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
-use crate::weights::{HostTensor, TensorData, WeightSource};
+use crate::weights::{HostTensor, TensorData};
 
 /// How the CUDA runner is set up.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,13 +74,15 @@ impl Default for CudaOptions {
     }
 }
 
-/// Loads a model onto a GPU and sizes its bf16 KV cache from free memory; fails with
-/// [`NO_DRIVER`] (never panics) on a machine without a CUDA driver.
-pub fn load_cuda_runner(
+/// Opens the GPU, compiles the kernels, sizes the bf16 KV cache from free memory (or
+/// `opts.kv_cache_tokens`) and the step buffers from the scheduler's limits; returns the
+/// backend and the options `Model::load` sizes its cache with. Fails with [`NO_DRIVER`]
+/// (never panics) on a machine without a CUDA driver.
+pub fn open_cuda_backend(
     config: &ModelConfig,
-    weights: &mut dyn WeightSource,
+    separate_lm_head: bool,
     opts: &CudaOptions,
-) -> anyhow::Result<Box<dyn ModelRunner>> {
+) -> anyhow::Result<(CudaBackend, RunnerOptions)> {
     let gpus = gpu_count().map_err(|why| anyhow!(why))?;
     ensure!(
         opts.ordinal < gpus,
@@ -96,7 +98,7 @@ pub fn load_cuda_runner(
                 .ctx
                 .mem_get_info()
                 .context("reading free GPU memory")?;
-            let weights_bytes = weight_bytes_bf16(config, weights.contains("lm_head.weight"));
+            let weights_bytes = weight_bytes_bf16(config, separate_lm_head);
             let reserve =
                 activation_reserve_bytes(config, opts.max_num_batched_tokens, opts.max_num_seqs);
             let bytes = kv_bytes_per_token_bf16(config);
@@ -131,7 +133,6 @@ pub fn load_cuda_runner(
         max_blocks_per_seq,
         config.vocab_size,
     )?;
-    let model = Model::load(backend, config, weights, &runner_opts)?;
     tracing::info!(
         "CUDA KV cache: {} tokens ({} blocks of {}), {:.2} GiB bf16; decode runs eagerly",
         tokens,
@@ -139,7 +140,7 @@ pub fn load_cuda_runner(
         opts.block_size,
         (tokens * kv_bytes_per_token_bf16(config)) as f64 / (1u64 << 30) as f64
     );
-    Ok(Box::new(model))
+    Ok((backend, runner_opts))
 }
 
 /// A bf16 activation matrix `[rows, cols]` in a grow-only device buffer.

@@ -11,15 +11,15 @@ pub mod routes;
 pub mod validate;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use axum::serve::ListenerExt;
 use tokio::sync::oneshot;
 
-use crate::engine::{EngineConfig, LlmEngine};
-use crate::loader::{load_model, DeviceArgs, LoadedModel, RunnerSizing};
+use crate::engine::LlmEngine;
+use crate::loader::{load_engine, EngineArgs};
 use crate::tokenizer::Tokenizer;
 use engine_loop::{Command, EngineLoop};
 use metrics::Metrics;
@@ -29,36 +29,14 @@ use validate::ModelInfo;
 /// Flags of `engine serve` (named after vLLM's where the meaning is the same).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Model to serve: a GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    pub model: PathBuf,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port to listen on (0 picks a free one; the ready line says which).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Most sequences in one running batch.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
-    /// Token budget of one engine step (prefill chunks plus decodes).
-    #[arg(long, default_value_t = 2048)]
-    pub max_num_batched_tokens: usize,
-    /// Context limit per sequence (prompt + output); default: the model's maximum position, capped to the KV-cache capacity.
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
-    /// KV-cache memory budget, e.g. `512MiB`, `2GiB` or a byte count.
-    #[arg(long, default_value = "512MiB")]
-    pub kv_cache_memory: String,
-    /// Tokens per KV-cache block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// Reuse KV blocks of shared prompt prefixes (on by default).
-    #[arg(long, overrides_with = "no_enable_prefix_caching")]
-    pub enable_prefix_caching: bool,
-    /// Turn prefix caching off.
-    #[arg(long, overrides_with = "enable_prefix_caching")]
-    pub no_enable_prefix_caching: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Model names accepted in requests and reported in responses; default: the `--model` value.
     #[arg(long, num_args = 1..)]
     pub served_model_name: Vec<String>,
@@ -71,40 +49,9 @@ pub struct ServeArgs {
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
-    #[command(flatten)]
-    pub device: DeviceArgs,
     /// Seconds that in-flight requests may take to finish after SIGTERM before the server exits.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace: f64,
-}
-
-/// Parses `512MiB`, `2GiB`, `1.5GB`, `300M` or a plain byte count.
-pub fn parse_memory(text: &str) -> anyhow::Result<usize> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .parse()
-        .with_context(|| format!("--kv-cache-memory `{text}`: expected a size such as 512MiB"))?;
-    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1024.0 * 1024.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => bail!(
-            "--kv-cache-memory `{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
-        ),
-    };
-    let bytes = value * scale;
-    if !(bytes >= 1.0 && bytes.is_finite()) {
-        bail!("--kv-cache-memory `{text}` must be a positive size; the CPU backend has no utilisation fraction");
-    }
-    Ok(bytes as usize)
 }
 
 /// The loaded model, ready for the engine loop.
@@ -117,69 +64,27 @@ struct Loaded {
 }
 
 fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
-    let sizing = RunnerSizing {
-        block_size: args.block_size,
-        kv_cache_bytes: parse_memory(&args.kv_cache_memory)?,
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-    };
-    let LoadedModel {
-        config,
-        tokenizer,
-        runner,
-        device,
-    } = load_model(&args.model, &args.device, &sizing)?;
-    let kv_capacity_tokens = runner.num_blocks() * runner.block_size();
-    let max_model_len = match args.max_model_len {
-        Some(len) if len > kv_capacity_tokens => bail!(
-            "--max-model-len {len} exceeds the KV cache capacity of {kv_capacity_tokens} tokens: raise --kv-cache-memory or lower --max-model-len"
-        ),
-        Some(len) => len,
-        None if config.max_position_embeddings > kv_capacity_tokens => {
-            tracing::warn!(
-                "the model allows {} positions but the KV cache holds {kv_capacity_tokens} tokens: max_model_len = {kv_capacity_tokens}",
-                config.max_position_embeddings
-            );
-            kv_capacity_tokens
-        }
-        None => config.max_position_embeddings,
-    };
+    let loaded = load_engine(&args.engine)?;
     // Ids must index both the embedding table and the tokenizer.
-    let vocab_size = config.vocab_size.min(tokenizer.vocab_size());
-    let engine = LlmEngine::new(
-        runner,
-        tokenizer.clone(),
-        EngineConfig {
-            max_num_seqs: args.max_num_seqs,
-            max_num_batched_tokens: args.max_num_batched_tokens,
-            max_model_len,
-            enable_prefix_caching: !args.no_enable_prefix_caching,
-        },
-    );
+    let vocab_size = loaded.config.vocab_size.min(loaded.tokenizer.vocab_size());
     Ok(Loaded {
-        engine,
-        tokenizer,
+        engine: loaded.engine,
+        tokenizer: loaded.tokenizer,
         info: ModelInfo {
             served_names,
             vocab_size,
-            max_model_len,
+            max_model_len: loaded.max_model_len,
         },
-        kv_capacity_tokens,
-        device,
+        kv_capacity_tokens: loaded.kv_capacity_tokens,
+        device: loaded.device,
     })
 }
 
 fn check_args(args: &ServeArgs) -> anyhow::Result<()> {
-    if args.max_num_seqs == 0 || args.max_num_batched_tokens == 0 || args.block_size == 0 {
-        bail!("--max-num-seqs, --max-num-batched-tokens and --block-size must be at least 1");
-    }
-    if args.max_model_len == Some(0) {
-        bail!("--max-model-len must be at least 1");
-    }
+    args.engine.check()?;
     if !(args.shutdown_grace >= 0.0 && args.shutdown_grace.is_finite()) {
         bail!("--shutdown-grace must be a non-negative number of seconds");
     }
-    parse_memory(&args.kv_cache_memory)?;
     Ok(())
 }
 
@@ -204,14 +109,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let served_names = if args.served_model_name.is_empty() {
-        vec![args.model.display().to_string()]
+        vec![args.engine.model.display().to_string()]
     } else {
         args.served_model_name.clone()
     };
     let metrics = Arc::new(Metrics::new(&served_names[0]));
     let state = Arc::new(AppState {
         served_names: served_names.clone(),
-        model_root: args.model.display().to_string(),
+        model_root: args.engine.model.display().to_string(),
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
         metrics: metrics.clone(),
@@ -224,7 +129,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let address: SocketAddr = listener.local_addr().context("reading the bound address")?;
     tracing::info!(
         "listening on http://{address}, loading {}",
-        args.model.display()
+        args.engine.model.display()
     );
 
     let (commands_tx, commands_rx) = std::sync::mpsc::channel::<Command>();
@@ -244,7 +149,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
             tracing::info!(
                 "ready in {:.2}s: model={} backend={} kv_capacity_tokens={} max_model_len={} address=http://{address}",
                 start.elapsed().as_secs_f64(),
-                engine_args.model.display(),
+                engine_args.engine.model.display(),
                 loaded.device,
                 loaded.kv_capacity_tokens,
                 loaded.info.max_model_len,
@@ -262,6 +167,12 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let app = routes::router(state.clone());
     let server = tokio::spawn(async move {
+        // Nagle's algorithm could hold a small SSE write back until the client ACKs.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::warn!("TCP_NODELAY on an accepted socket: {e}");
+            }
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
                 let _ = stop_rx.await;
@@ -329,7 +240,7 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_memory;
+    use crate::loader::parse_memory;
 
     #[test]
     fn memory_sizes_parse() {
