@@ -525,21 +525,24 @@ impl<B: Backend> ModelState<B> {
             return Ok(Vec::new());
         }
         let samples: Vec<SampleSpec<'_>> = batch.iter().filter_map(|s| s.sample).collect();
-        let out = match self.run_layers(b, batch, &samples)? {
+        let (layers_done, out) = match self.run_layers(b, batch, &samples)? {
             Some(step) => {
+                let layers_done = started.elapsed().as_secs_f64();
                 let out = b.sample(&mut self.bufs.logits, &samples, &step)?;
                 b.record_mark(2)?;
-                out
+                (layers_done, out)
             }
-            None => Vec::new(),
+            None => (started.elapsed().as_secs_f64(), Vec::new()),
         };
+        // Device timelines where the backend keeps one, else the host's clock.
         let device = |from, to| b.elapsed_between_marks(from, to);
-        let after_layers = self.profile.prepare_secs + started.elapsed().as_secs_f64();
-        self.profile.forward_secs = device(0, 1)?.unwrap_or(after_layers);
+        let host_forward = layers_done - self.profile.prepare_secs;
+        self.profile.forward_secs = device(0, 1)?.unwrap_or(host_forward);
         self.profile.sample_secs = if out.is_empty() {
             0.0
         } else {
-            device(1, 2)?.unwrap_or(0.0)
+            let host_sample = started.elapsed().as_secs_f64() - layers_done;
+            device(1, 2)?.unwrap_or(host_sample)
         };
         self.profile.wall_secs = started.elapsed().as_secs_f64();
         Ok(out)

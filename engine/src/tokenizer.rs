@@ -57,6 +57,9 @@ pub struct Tokenizer {
     /// Append EOS on `encode(.., true)` (idem).
     add_eos: bool,
     chat_template: Option<ChatTemplate>,
+    /// `inner.get_vocab_size(true)`, which rebuilds the vocabulary map on every call (about
+    /// 17 ms for 151k tokens): computed once.
+    vocab_size: usize,
 }
 
 /// A compiled chat template.
@@ -342,6 +345,7 @@ impl Tokenizer {
         let mut seen = std::collections::HashSet::new();
         eos_token_ids.retain(|id| seen.insert(*id));
         Tokenizer {
+            vocab_size: inner.get_vocab_size(true),
             inner,
             bos_token,
             bos_token_id,
@@ -378,7 +382,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// Token ids that end generation (EOS and e.g. `<|im_end|>`/`<|eot_id|>`).
