@@ -11,11 +11,29 @@
 // each K/V row once for all G query heads of the GQA group. The context is cut into
 // `num_splits` equal ranges (flash-decoding); with one split the block writes the output,
 // else unnormalised partials that `paged_decode_reduce` merges.
-// Template: G = group size rounded up to an instantiated value, P = bf16 pairs per lane
-// (head_dim <= 64 * P). grid = (KVH, num_decode_seqs, num_splits), block = 32 * DEC_WARPS.
+// Keys are taken DEC_TILE at a time, in three phases so that every load is 16 bytes and
+// all of a tile's K and V loads are in flight together before any is used: (1) scores: KL
+// lanes share a key, each lane 8 dims (one 16-byte load); (2) online softmax of the tile,
+// one warp per query head; (3) P.V: thread (key group kg, lane kl) sums keys kg, kg + NKG,
+// ... of the tile for its 8 dims. Key groups are merged once at the end.
+// Template: G = group size rounded up to an instantiated value, KL = lanes per key
+// (head_dim <= 8 * KL, a multiple of 8). grid = (KVH, num_decode_seqs, num_splits),
+// block = 32 * DEC_WARPS.
 #define DEC_WARPS 4
+#define DEC_THREADS (32 * DEC_WARPS)
+#define DEC_TILE 64
 
-template <int G, int P>
+// Eight bf16 values from a 16-byte word.
+__device__ __forceinline__ void unpack_bf16x8(uint4 w, float* f) {
+    unsigned int u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+
+template <int G, int KL>
 __device__ __forceinline__ void paged_decode_impl(
     const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int table_stride,
@@ -24,12 +42,20 @@ __device__ __forceinline__ void paged_decode_impl(
     float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
     int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
     int num_splits, float scale) {
-    __shared__ float s_m[DEC_WARPS][G];
-    __shared__ float s_l[DEC_WARPS][G];
-    __shared__ float s_acc[DEC_WARPS][G][64 * P];
+    constexpr int KEYS_PER_PASS = DEC_THREADS / KL;  // phase 1: keys scored together
+    constexpr int PASSES = DEC_TILE / KEYS_PER_PASS;
+    constexpr int NKG = DEC_THREADS / KL;            // phase 3: key groups
+    constexpr int KEYS_PER_GROUP = DEC_TILE / NKG;
+    constexpr int HD = 8 * KL;
+    __shared__ float s_p[G][DEC_TILE];
+    __shared__ float s_m[G], s_l[G], s_corr[G];
+    __shared__ float s_acc[NKG][G][HD];
 
     int kvh = blockIdx.x, di = blockIdx.y, split = blockIdx.z;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int kl = tid % KL, sub = tid / KL;  // lane within a key, key (phase 1) or key group (phase 3)
+    int d0 = 8 * kl;
+    bool dim_ok = d0 < head_dim;
     int group = num_heads / num_kv_heads;
     int seq = dec_seqs[di];
     int row = seq_row_start[seq];
@@ -38,89 +64,125 @@ __device__ __forceinline__ void paged_decode_impl(
     int chunk = (ctx + num_splits - 1) / num_splits;
     int begin = split * chunk;
     int end = min(ctx, begin + chunk);
+    size_t head_off = (size_t)kvh * head_dim + d0;
+    size_t row_stride = (size_t)num_kv_heads * head_dim;
 
-    float q[G][P][2], acc[G][P][2], m[G], l[G];
+    float q[G][8], acc[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
+        float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (g < group && dim_ok) {
+            const bf16* qp = qkv + (size_t)row * qkv_stride + (size_t)(kvh * group + g) * head_dim + d0;
+            unpack_bf16x8(*reinterpret_cast<const uint4*>(qp), f);
+        }
 #pragma unroll
-        for (int j = 0; j < P; ++j) {
-            int d = 2 * lane + 64 * j;
-            q[g][j][0] = q[g][j][1] = 0.0f;
-            acc[g][j][0] = acc[g][j][1] = 0.0f;
-            if (g < group && d < head_dim) {
-                const bf16* qp = qkv + (size_t)row * qkv_stride + (size_t)(kvh * group + g) * head_dim + d;
-                load_bf16x2(qp, q[g][j][0], q[g][j][1]);
-                q[g][j][0] *= scale;
-                q[g][j][1] *= scale;
-            }
+        for (int e = 0; e < 8; ++e) {
+            q[g][e] = f[e] * scale;
+            acc[g][e] = 0.0f;
         }
     }
+    if (tid < G) {
+        s_m[tid] = -INFINITY;
+        s_l[tid] = 0.0f;
+    }
 
-    for (int t = begin + warp; t < end; t += DEC_WARPS) {
-        size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
-        size_t off = (slot * num_kv_heads + kvh) * head_dim;
-        float k[P][2], v[P][2];
+    for (int t0 = begin; t0 < end; t0 += DEC_TILE) {
+        int n = min(DEC_TILE, end - t0);
+        // (1) scores. The tile's V rows are loaded here too: they do not depend on the
+        // scores, so both loads are in flight together.
+        uint4 kw[PASSES], vw[KEYS_PER_GROUP];
 #pragma unroll
-        for (int j = 0; j < P; ++j) {
-            int d = 2 * lane + 64 * j;
-            k[j][0] = k[j][1] = v[j][0] = v[j][1] = 0.0f;
-            if (d < head_dim) {
-                load_bf16x2(k_cache + off + d, k[j][0], k[j][1]);
-                load_bf16x2(v_cache + off + d, v[j][0], v[j][1]);
+        for (int j = 0; j < KEYS_PER_GROUP; ++j) {
+            int key = sub + j * NKG;
+            vw[j] = make_uint4(0, 0, 0, 0);
+            if (key < n && dim_ok) {
+                int t = t0 + key;
+                size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+                vw[j] = *reinterpret_cast<const uint4*>(v_cache + slot * row_stride + head_off);
             }
         }
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-            if (g < group) {
+        for (int p = 0; p < PASSES; ++p) {
+            int key = p * KEYS_PER_PASS + sub;
+            kw[p] = make_uint4(0, 0, 0, 0);
+            if (key < n && dim_ok) {
+                int t = t0 + key;
+                size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+                kw[p] = *reinterpret_cast<const uint4*>(k_cache + slot * row_stride + head_off);
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            int key = p * KEYS_PER_PASS + sub;
+            float k[8];
+            unpack_bf16x8(kw[p], k);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
                 float dot = 0.0f;
 #pragma unroll
-                for (int j = 0; j < P; ++j) dot += q[g][j][0] * k[j][0] + q[g][j][1] * k[j][1];
-                dot = warp_sum(dot);
-                float m_new = fmaxf(m[g], dot);
-                float corr = __expf(m[g] - m_new);
-                float p = __expf(dot - m_new);
-                l[g] = l[g] * corr + p;
-                m[g] = m_new;
+                for (int e = 0; e < 8; ++e) dot += q[g][e] * k[e];
 #pragma unroll
-                for (int j = 0; j < P; ++j) {
-                    acc[g][j][0] = acc[g][j][0] * corr + p * v[j][0];
-                    acc[g][j][1] = acc[g][j][1] * corr + p * v[j][1];
+                for (int o = KL / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                if (kl == 0 && key < n) s_p[g][key] = dot;
+            }
+        }
+        __syncthreads();
+        // (2) online softmax of the tile: warp w takes query heads w, w + DEC_WARPS, ...
+        for (int g = warp; g < G; g += DEC_WARPS) {
+            float a = lane < n ? s_p[g][lane] : -INFINITY;
+            float b = lane + 32 < n ? s_p[g][lane + 32] : -INFINITY;
+            float m_old = s_m[g];
+            float m_new = fmaxf(m_old, warp_max(fmaxf(a, b)));
+            float pa = lane < n ? __expf(a - m_new) : 0.0f;
+            float pb = lane + 32 < n ? __expf(b - m_new) : 0.0f;
+            s_p[g][lane] = pa;
+            s_p[g][lane + 32] = pb;
+            float sum = warp_sum(pa + pb);
+            if (lane == 0) {
+                float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+                s_corr[g] = corr;
+                s_l[g] = s_l[g] * corr + sum;
+                s_m[g] = m_new;
+            }
+        }
+        __syncthreads();
+        // (3) P.V
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float corr = s_corr[g];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+        }
+#pragma unroll
+        for (int j = 0; j < KEYS_PER_GROUP; ++j) {
+            int key = sub + j * NKG;
+            if (key < n) {
+                float v[8];
+                unpack_bf16x8(vw[j], v);
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    float pr = s_p[g][key];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[g][e] += pr * v[e];
                 }
             }
         }
+        __syncthreads();
     }
 
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        if (lane == 0) {
-            s_m[warp][g] = m[g];
-            s_l[warp][g] = l[g];
-        }
 #pragma unroll
-        for (int j = 0; j < P; ++j) {
-            int d = 2 * lane + 64 * j;
-            s_acc[warp][g][d] = acc[g][j][0];
-            s_acc[warp][g][d + 1] = acc[g][j][1];
-        }
+        for (int e = 0; e < 8; ++e) s_acc[sub][g][d0 + e] = acc[g][e];
     }
     __syncthreads();
 
-    for (int idx = threadIdx.x; idx < group * head_dim; idx += blockDim.x) {
+    for (int idx = tid; idx < group * head_dim; idx += DEC_THREADS) {
         int g = idx / head_dim, d = idx % head_dim;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
-        float lsum = 0.0f, a = 0.0f;
-        if (mx != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < DEC_WARPS; ++w) {
-                float f = __expf(s_m[w][g] - mx);
-                lsum += s_l[w][g] * f;
-                a += s_acc[w][g][d] * f;
-            }
-        }
+        float a = 0.0f;
+#pragma unroll 4
+        for (int k = 0; k < NKG; ++k) a += s_acc[k][g][d];
+        float mx = s_m[g], lsum = s_l[g];
         int hq = kvh * group + g;
         if (num_splits == 1) {
             out[(size_t)row * out_stride + (size_t)hq * head_dim + d] = f32_to_bf16(a / lsum);
@@ -135,31 +197,35 @@ __device__ __forceinline__ void paged_decode_impl(
     }
 }
 
-#define DECODE_KERNEL(G, P)                                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) paged_decode_g##G##_p##P(    \
+#define DECODE_KERNEL(G, KL)                                                                   \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_decode_g##G##_k##KL(      \
         const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,             \
         const int* block_tables, int table_stride, const int* dec_seqs,                        \
         const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,           \
         float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,             \
         int num_kv_heads, int head_dim, int block_size, int num_splits, float scale) {         \
-        paged_decode_impl<G, P>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,  \
-                                dec_seqs, seq_row_start, seq_n_tokens, seq_start_pos,          \
-                                part_acc, part_ml, out, out_stride, num_heads, num_kv_heads,   \
-                                head_dim, block_size, num_splits, scale);                      \
+        paged_decode_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,              \
+                                 table_stride, dec_seqs, seq_row_start, seq_n_tokens,          \
+                                 seq_start_pos, part_acc, part_ml, out, out_stride, num_heads, \
+                                 num_kv_heads, head_dim, block_size, num_splits, scale);       \
     }
 
-DECODE_KERNEL(1, 1)
 DECODE_KERNEL(1, 2)
-DECODE_KERNEL(1, 4)
-DECODE_KERNEL(2, 1)
+DECODE_KERNEL(1, 8)
+DECODE_KERNEL(1, 16)
+DECODE_KERNEL(1, 32)
 DECODE_KERNEL(2, 2)
-DECODE_KERNEL(2, 4)
-DECODE_KERNEL(4, 1)
+DECODE_KERNEL(2, 8)
+DECODE_KERNEL(2, 16)
+DECODE_KERNEL(2, 32)
 DECODE_KERNEL(4, 2)
-DECODE_KERNEL(4, 4)
-DECODE_KERNEL(8, 1)
+DECODE_KERNEL(4, 8)
+DECODE_KERNEL(4, 16)
+DECODE_KERNEL(4, 32)
 DECODE_KERNEL(8, 2)
-DECODE_KERNEL(8, 4)
+DECODE_KERNEL(8, 8)
+DECODE_KERNEL(8, 16)
+DECODE_KERNEL(8, 32)
 
 // Merges the split partials of paged_decode_*: out = sum_j acc_j e^(m_j - M) / sum_j l_j e^(m_j - M).
 // grid = (H, num_decode_seqs), block = 128.

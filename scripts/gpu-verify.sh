@@ -122,28 +122,45 @@ print(f"transformers generate_batch ({m.config._attn_implementation}): {n} token
 PY
 fi
 if has ncu; then
-    # GPU time per kernel over about two decode steps at batch 256 with 800-token contexts
-    # (the launches of the warm-up and of the prefill steps are skipped).
+    # (a) Decode attention at batch 64 with 512-token contexts: GPU time and DRAM bytes per
+    # launch (one launch per layer of the first all-decode step; the warm-up's 3 decode steps
+    # and the step that decodes the first 32 sequences are skipped), as a share of HBM peak.
+    # (b) GPU time per kernel over about one decode step of the same run.
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    timeout 300 "$NCU" --metrics gpu__time_duration.sum --csv --clock-control none \
-        --launch-skip "${NCU_SKIP:-5200}" --launch-count "${NCU_COUNT:-600}" \
-        "$G/engine" bench --model $M --device cuda --num-seqs 256 --max-num-seqs 256 --max-num-batched-tokens 16384 \
-        --min-input-len 800 --max-input-len 800 --min-output-len 8 --max-output-len 8 > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
-    echo "ncu rc=$?"; tail -3 "$OUT/ncu.err"
-    python3 - "$OUT/ncu.csv" <<'PY' | tee "$OUT/ncu-summary.txt"
-import csv, sys, collections, io
-text = open(sys.argv[1]).read()
-rows = list(csv.DictReader(io.StringIO(text[text.find('"ID"'):])))
-tot = collections.defaultdict(float); cnt = collections.Counter()
+    timeout 200 "$NCU" --kernel-name regex:paged_decode_g --launch-skip 112 --launch-count 28 --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+        "$G/engine" bench --model $M --device cuda --num-seqs 64 --max-num-seqs 64 \
+        --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 6 --max-output-len 6 \
+        > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err"
+    timeout 200 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 900 --launch-count 300 \
+        "$G/engine" bench --model $M --device cuda --num-seqs 64 --max-num-seqs 64 \
+        --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 6 --max-output-len 6 \
+        > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+    python3 - "$OUT" <<'PY' | tee "$OUT/ncu-summary.txt"
+import csv, sys, collections, io, os
 scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
-for r in rows:
+def rows(name):
+    text = open(os.path.join(sys.argv[1], name)).read()
+    return list(csv.DictReader(io.StringIO(text[text.find('"ID"'):])))
+per = collections.defaultdict(dict)
+for r in rows("ncu-decode.csv"):
+    v = float(r["Metric Value"].replace(",", ""))
+    per[r["ID"]][r["Metric Name"]] = (v, r.get("Metric Unit", ""))
+us = sum(m["gpu__time_duration.sum"][0] * scale.get(m["gpu__time_duration.sum"][1], 1) for m in per.values())
+byt = sum(m["dram__bytes_read.sum"][0] * {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(m["dram__bytes_read.sum"][1], 1) for m in per.values())
+pct = [m["dram__throughput.avg.pct_of_peak_sustained_elapsed"][0] for m in per.values()]
+if per:
+    print(f"decode attention, batch 64 x 512: {len(per)} launches, {us:.1f} us, {byt/1e6:.1f} MB read, "
+          f"{byt/us/1e3:.0f} GB/s; DRAM throughput {sum(pct)/len(pct):.1f}% of peak (mean over launches)")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows("ncu.csv"):
     if r.get("Metric Name") != "gpu__time_duration.sum":
         continue
     k = r["Kernel Name"].split("(")[0][:70]
     tot[k] += float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1.0)
     cnt[k] += 1
-print(f"{sum(cnt.values())} kernel launches profiled; total GPU time {sum(tot.values())/1000:.2f} ms")
-for k, v in sorted(tot.items(), key=lambda x: -x[1])[:25]:
+print(f"{sum(cnt.values())} kernel launches profiled; total GPU time {sum(tot.values())/1000:.3f} ms")
+for k, v in sorted(tot.items(), key=lambda x: -x[1])[:20]:
     print(f"{v/1000:9.3f} ms  {cnt[k]:6d} launches  {k}")
 PY
 fi

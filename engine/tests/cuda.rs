@@ -9,13 +9,14 @@ use engine::backend::cuda::{
     resolve_device, CudaBackend, CudaOptions, Device, NO_DRIVER, SOURCES,
 };
 use engine::loader::{load_cpu_runner, load_cuda_runner};
-use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions};
+use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::sampler::SampleSpec;
 use engine::weights::open_model;
 
 use common::{golden_dir_with, last_logits};
 
 const BLOCK_SIZE: usize = 16;
-const NUM_BLOCKS: usize = 64;
+const NUM_BLOCKS: usize = 128;
 
 #[test]
 fn cuda_without_a_driver_is_a_clear_error() {
@@ -66,13 +67,13 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     };
     for name in all_kernel_names() {
         if let Some(rest) = name.strip_prefix("paged_decode_g") {
-            let (g, p) = rest.split_once("_p").expect("decode kernel name");
+            let (g, k) = rest.split_once("_k").expect("decode kernel name");
             assert!(
-                all.contains(&format!("DECODE_KERNEL({g}, {p})")),
+                all.contains(&format!("DECODE_KERNEL({g}, {k})")),
                 "{name} is not instantiated"
             );
             assert!(
-                all.contains("paged_decode_g##G##_p##P("),
+                all.contains("paged_decode_g##G##_k##KL("),
                 "DECODE_KERNEL no longer defines {name}"
             );
         } else if let Some(np) = name.strip_prefix("prefill_attention_np") {
@@ -93,18 +94,27 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     }
     assert_eq!(
         decode_kernel_name(2, 128).as_deref(),
-        Some("paged_decode_g2_p2")
+        Some("paged_decode_g2_k16")
     );
     assert_eq!(
         decode_kernel_name(3, 64).as_deref(),
-        Some("paged_decode_g4_p1")
+        Some("paged_decode_g4_k8")
     );
     assert_eq!(
         decode_kernel_name(1, 256).as_deref(),
-        Some("paged_decode_g1_p4")
+        Some("paged_decode_g1_k32")
     );
     assert_eq!(decode_kernel_name(9, 128), None);
     assert_eq!(decode_kernel_name(2, 320), None);
+    assert_eq!(
+        decode_kernel_name(2, 16).as_deref(),
+        Some("paged_decode_g2_k2")
+    );
+    assert_eq!(
+        decode_kernel_name(2, 100),
+        None,
+        "head_dim must be a multiple of 8"
+    );
     assert_eq!(
         prefill_kernel_name(16).as_deref(),
         Some("prefill_attention_np4")
@@ -175,6 +185,42 @@ fn gpu_matches_cpu(rel: &str) {
         assert!(
             e < 0.05,
             "{rel}: decode at position {pos} differs (max relative error {e})"
+        );
+    }
+    // Long contexts (several key tiles, split across blocks) decoded in one step with a
+    // short one: each row matches the CPU's.
+    let long: Vec<u32> = (0..700u32).map(|i| (i * 91 + 5) % 5000).collect();
+    let long_table: Vec<u32> = (32..78).collect();
+    last_logits(gpu.as_mut(), &long, 0, &long_table);
+    last_logits(cpu.as_mut(), &long, 0, &long_table);
+    let pos = prompt.len() + 4;
+    let batch = |sample| {
+        [
+            SeqInput {
+                tokens: &[77],
+                start_pos: long.len(),
+                block_table: &long_table,
+                sample,
+            },
+            SeqInput {
+                tokens: &[78],
+                start_pos: pos,
+                block_table: &table,
+                sample,
+            },
+        ]
+    };
+    let a = gpu
+        .logits(&batch(Some(SampleSpec::GREEDY)))
+        .expect("GPU decode batch");
+    let b = cpu
+        .logits(&batch(Some(SampleSpec::GREEDY)))
+        .expect("CPU decode batch");
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let e = rel_err(x, y);
+        assert!(
+            e < 0.05,
+            "{rel}: batched decode row {i} differs (max relative error {e})"
         );
     }
     // Chunked prefill over a cached prefix gives the plain prefill's logits.

@@ -538,12 +538,13 @@ impl CudaBackend {
         Ok((a, m))
     }
 
-    /// Context splits for a decode batch: enough blocks for two waves over the SMs, at
-    /// most 32, and at least 64 positions per split.
+    /// Context splits for a decode batch: enough blocks to fill the SMs with about eight
+    /// resident blocks each (a block alone cannot keep enough loads in flight), at most 32,
+    /// and at least two key tiles (128 positions) per split.
     fn decode_splits(&self, num_kv_heads: usize, n_dec: usize, max_ctx: usize) -> usize {
         let base = (num_kv_heads * n_dec).max(1);
-        let want = (2 * self.num_sms).div_ceil(base);
-        want.clamp(1, 32).min(max_ctx.div_ceil(64).max(1))
+        let want = (8 * self.num_sms).div_ceil(base);
+        want.clamp(1, 32).min(max_ctx.div_ceil(128).max(1))
     }
 
     /// Uploads a row-major f32 matrix as a bf16 activation (tests and host-built inputs).

@@ -37,8 +37,9 @@ pub const SOURCES: [(&str, &str); 4] = [
 
 /// Group sizes (query heads per KV head) the decode kernel is instantiated for.
 pub const DECODE_GROUPS: [usize; 4] = [1, 2, 4, 8];
-/// bf16 pairs per lane the decode kernel is instantiated for (head_dim <= 64 * pairs).
-pub const DECODE_PAIRS: [usize; 3] = [1, 2, 4];
+/// Lanes per key the decode kernel is instantiated for: each lane holds 8 dims, so
+/// `head_dim <= 8 * lanes` (and a multiple of 8).
+pub const DECODE_LANES: [usize; 4] = [2, 8, 16, 32];
 /// Dim pairs per thread the prefill kernel is instantiated for (head_dim <= 8 * pairs).
 pub const PREFILL_PAIRS: [usize; 4] = [4, 8, 16, 32];
 /// Query rows and key rows per prefill tile (`PF_BQ`, `PF_BK` in attention.cu).
@@ -68,8 +69,11 @@ pub const FIXED_KERNELS: [&str; 11] = [
 /// The decode kernel for a GQA group size and head dim, if instantiated.
 pub fn decode_kernel_name(group: usize, head_dim: usize) -> Option<String> {
     let g = DECODE_GROUPS.iter().copied().find(|&g| g >= group)?;
-    let p = DECODE_PAIRS.iter().copied().find(|&p| 64 * p >= head_dim)?;
-    Some(format!("paged_decode_g{g}_p{p}"))
+    if !head_dim.is_multiple_of(8) {
+        return None;
+    }
+    let k = DECODE_LANES.iter().copied().find(|&k| 8 * k >= head_dim)?;
+    Some(format!("paged_decode_g{g}_k{k}"))
 }
 
 /// The prefill kernel for a head dim, if instantiated.
@@ -88,8 +92,8 @@ pub fn prefill_smem_bytes(head_dim: usize) -> usize {
 pub fn all_kernel_names() -> Vec<String> {
     let mut names: Vec<String> = FIXED_KERNELS.iter().map(|s| s.to_string()).collect();
     for g in DECODE_GROUPS {
-        for p in DECODE_PAIRS {
-            names.push(format!("paged_decode_g{g}_p{p}"));
+        for k in DECODE_LANES {
+            names.push(format!("paged_decode_g{g}_k{k}"));
         }
     }
     names.extend(
@@ -462,13 +466,13 @@ mod tests {
             "silu_mul",
             "sample_rows",
             "gather_rows",
-            "paged_decode_g8_p4",
+            "paged_decode_g8_k32",
         ];
         syms.retain(|(n, ..)| !gone.contains(n));
         syms.push(("silu_mul", FUNC_GLOBAL, ENTRY, 0));
         syms.push(("sample_rows", OBJECT_GLOBAL, 0, 3));
         syms.push(("gather_rows", FUNC_GLOBAL, 0, 3));
-        syms.push(("paged_decode_g8_p4_tail", FUNC_GLOBAL, ENTRY, 3));
+        syms.push(("paged_decode_g8_k32_tail", FUNC_GLOBAL, ENTRY, 3));
         let missing = missing_kernels(&elf_with_symbols(&syms));
         let mut expected = gone.to_vec();
         expected.sort_by_key(|n| all.iter().position(|a| a == n));
