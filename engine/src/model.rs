@@ -469,6 +469,23 @@ impl<B: Backend> ModelState<B> {
         })?;
         self.profile.prepare_secs = started.elapsed().as_secs_f64();
         b.record_mark(0)?;
+        let samples_rows = !self.host.logit_rows.is_empty();
+        if !b.replay_layers(&step, &mut self.bufs.logits)? {
+            b.begin_layers(&step)?;
+            let issued = self.issue_layers(b, &step);
+            let ran = b.end_layers(&step, &self.bufs.logits)?;
+            issued?;
+            if !ran {
+                self.issue_layers(b, &step)?;
+            }
+        }
+        b.record_mark(1)?;
+        Ok(samples_rows.then_some(step))
+    }
+
+    /// Issues the layers' ops: embedding, decoder layers, and (when rows are sampled) the
+    /// final norm, the sampled rows and the LM head into `bufs.logits`.
+    fn issue_layers(&mut self, b: &B, step: &B::Step) -> anyhow::Result<()> {
         let eps = self.config.rms_norm_eps;
         let layout = self.layout;
         let Buffers {
@@ -483,7 +500,7 @@ impl<B: Backend> ModelState<B> {
             last,
             logits,
         } = &mut self.bufs;
-        b.embed(&self.embed, &step, x)?;
+        b.embed(&self.embed, step, x)?;
         for (i, (layer, cache)) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
             if i == 0 {
                 b.rms_norm(x, &layer.attn_norm, eps, h)?;
@@ -494,8 +511,8 @@ impl<B: Backend> ModelState<B> {
             if let Some((q_w, k_w)) = &layer.qk_norm {
                 b.qk_head_norm(qkv, layout, q_w, k_w, eps)?;
             }
-            b.rope(qkv, layout, &self.rope_cos, &self.rope_sin, &step)?;
-            b.attention(qkv, layout, cache, &step, attn)?;
+            b.rope(qkv, layout, &self.rope_cos, &self.rope_sin, step)?;
+            b.attention(qkv, layout, cache, step, attn)?;
             b.matmul(attn, &layer.o_proj, None, o)?;
             b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?;
             b.matmul(h, &layer.gate_up, None, gate_up)?;
@@ -503,19 +520,16 @@ impl<B: Backend> ModelState<B> {
             b.matmul(act, &layer.down, None, down)?;
         }
         if self.host.logit_rows.is_empty() {
-            b.record_mark(1)?;
-            return Ok(None);
+            return Ok(());
         }
         b.add_rms_norm(x, down, &self.final_norm, eps, h)?;
-        b.gather_logit_rows(h, &step, last)?;
+        b.gather_logit_rows(h, step, last)?;
         b.matmul(
             last,
             self.lm_head.as_ref().unwrap_or(&self.embed),
             None,
             logits,
-        )?;
-        b.record_mark(1)?;
-        Ok(Some(step))
+        )
     }
 
     fn forward(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>> {
@@ -551,7 +565,12 @@ impl<B: Backend> ModelState<B> {
     fn logits(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         let samples: Vec<SampleSpec<'_>> = batch.iter().filter_map(|s| s.sample).collect();
         match self.run_layers(b, batch, &samples)? {
-            Some(_) => b.to_host(&self.bufs.logits),
+            Some(_) => {
+                // A padded (graph) step has more logits rows than sampled entries.
+                let mut rows = b.to_host(&self.bufs.logits)?;
+                rows.truncate(samples.len());
+                Ok(rows)
+            }
             None => Ok(Vec::new()),
         }
     }

@@ -9,22 +9,27 @@
 //! Everything runs on one stream, so cudarc's cross-stream event tracking is turned off.
 
 mod device;
+mod graph;
 mod kernels;
 mod sizing;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{anyhow, bail, ensure, Context};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute_enum};
+use cudarc::driver::sys::{
+    CUevent_flags, CUfunction_attribute_enum, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+    LaunchConfig, PushKernelArg,
 };
 use half::bf16;
 
 pub use device::{cuda_available, driver_present, gpu_count, resolve_device, Device, NO_DRIVER};
+pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
     all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_kernel_name,
     missing_kernels, nvrtc_present, prefill_kernel_name, prefill_smem_bytes, program, SOURCES,
@@ -54,9 +59,7 @@ pub struct CudaOptions {
     pub max_num_batched_tokens: usize,
     /// Exact KV-cache size in tokens instead of sizing from free memory (tests).
     pub kv_cache_tokens: Option<usize>,
-    /// Run decode steps eagerly. CUDA-graph capture is not implemented yet (issue 10), so
-    /// every step runs eagerly whatever this says; the flag is accepted so the CLI
-    /// contract is stable.
+    /// Run decode steps eagerly instead of replaying CUDA graphs.
     pub enforce_eager: bool,
 }
 
@@ -133,8 +136,17 @@ pub fn open_cuda_backend(
         max_blocks_per_seq,
         config.vocab_size,
     )?;
+    let graphs = if opts.enforce_eager {
+        "decode runs eagerly (--enforce-eager)".to_string()
+    } else {
+        backend.state()?.graphs.buckets = graph_buckets(opts.max_num_seqs);
+        format!(
+            "decode steps of up to {} sequences replay CUDA graphs",
+            opts.max_num_seqs
+        )
+    };
     tracing::info!(
-        "CUDA KV cache: {} tokens ({} blocks of {}), {:.2} GiB bf16; decode runs eagerly",
+        "CUDA KV cache: {} tokens ({} blocks of {}), {:.2} GiB bf16; {graphs}",
         tokens,
         tokens / opts.block_size,
         opts.block_size,
@@ -230,6 +242,8 @@ pub struct CudaStep {
     table_stride: usize,
     max_ctx: usize,
     block_size: usize,
+    /// The graph shape this decode step runs as, if any.
+    graph_key: Option<GraphKey>,
 }
 
 impl CudaStep {
@@ -237,6 +251,9 @@ impl CudaStep {
         self.meta + 4 * off as u64
     }
 }
+
+/// cuBLAS workspace (what PyTorch gives a handle on Hopper).
+const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Words of `sample_rows`' output per row (`SAMPLE_OUT_WORDS` in sampling.cu).
 const SAMPLE_OUT_WORDS: usize = 3 + 2 * SAMPLE_MAX_TOP;
@@ -272,6 +289,35 @@ struct State {
     part_acc: Option<CudaSlice<f32>>,
     part_ml: Option<CudaSlice<f32>>,
     step: StepBuffers,
+    graphs: GraphState,
+}
+
+/// A captured graph, only ever touched under the backend's state lock.
+struct LockedGraph(CudaGraph);
+
+// SAFETY: CUDA graph objects may be used from any thread as long as calls on one graph are
+// serialised; every use goes through `State`, behind the backend's mutex.
+unsafe impl Send for LockedGraph {}
+
+/// The shape of a graph-captured decode step: (batch bucket, table-stride bucket).
+type GraphKey = (usize, usize);
+
+/// Captured decode graphs. A graph bakes in the addresses of every buffer it touches, so
+/// each reallocation of one (activations, partials, step metadata) bumps `epoch`, and the
+/// graphs of an older epoch are dropped. A shape is captured the second time it is seen
+/// in one epoch: the first, eager, run sizes every buffer, so nothing is allocated while
+/// capturing.
+#[derive(Default)]
+struct GraphState {
+    /// Batch buckets; empty when graphs are off (`enforce_eager`).
+    buckets: Vec<usize>,
+    epoch: u64,
+    graphs_epoch: u64,
+    /// The graph of each shape, with the width of the logits it writes.
+    graphs: HashMap<GraphKey, (LockedGraph, usize)>,
+    warmed: HashMap<GraphKey, u64>,
+    /// The shape being captured and the epoch the capture began in.
+    capturing: Option<(GraphKey, u64)>,
 }
 
 /// Grows `buf` to hold at least `len` elements (contents are not kept).
@@ -280,15 +326,16 @@ fn ensure_len<T: DeviceRepr>(
     buf: &mut Option<CudaSlice<T>>,
     len: usize,
     what: &str,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     if buf.as_ref().is_none_or(|b| b.len() < len) {
         // SAFETY: every reader of these buffers reads only what the same step wrote.
         *buf = Some(
             unsafe { stream.alloc::<T>(len.max(1)) }
                 .with_context(|| format!("allocating {what}"))?,
         );
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 /// A kernel argument.
@@ -322,6 +369,8 @@ pub struct CudaBackend {
     state: Mutex<State>,
     /// Timing events for [`Backend::record_mark`].
     marks: [CudaEvent; 3],
+    /// cuBLAS's workspace, set once so that GEMMs allocate nothing while a graph is captured.
+    _blas_workspace: CudaSlice<u8>,
 }
 
 impl CudaBackend {
@@ -360,6 +409,22 @@ impl CudaBackend {
             .context("reading the SM count")? as usize;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
         tracing::info!("CUDA device {ordinal}: {name}, {num_sms} SMs");
+        let mut workspace = stream
+            .alloc_zeros::<u8>(BLAS_WORKSPACE_BYTES)
+            .context("allocating the cuBLAS workspace")?;
+        let (ws, _) = workspace.device_ptr_mut(&stream);
+        // SAFETY: the workspace outlives the handle (both live as long as the backend).
+        let status = unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                ws as *mut std::ffi::c_void,
+                BLAS_WORKSPACE_BYTES,
+            )
+        };
+        ensure!(
+            status == cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+            "setting the cuBLAS workspace: {status:?}"
+        );
         let timed = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
         let marks = [timed()?, timed()?, timed()?];
         Ok(CudaBackend {
@@ -370,6 +435,7 @@ impl CudaBackend {
             num_sms,
             state: Mutex::new(State::default()),
             marks,
+            _blas_workspace: workspace,
         })
     }
 
@@ -421,6 +487,7 @@ impl CudaBackend {
                 unsafe { self.stream.alloc::<bf16>(need) }
                     .context("allocating an activation buffer")?,
             );
+            self.state()?.graphs.epoch += 1;
         }
         a.rows = rows;
         a.cols = cols;
@@ -519,6 +586,8 @@ impl CudaBackend {
     /// Grow-only split-K partial buffers; returns their pointers.
     fn partials(&self, acc_len: usize, ml_len: usize) -> anyhow::Result<(u64, u64)> {
         let mut st = self.state()?;
+        let grew = st.part_acc.as_ref().is_none_or(|b| b.len() < acc_len)
+            || st.part_ml.as_ref().is_none_or(|b| b.len() < ml_len);
         if st.part_acc.as_ref().is_none_or(|b| b.len() < acc_len) {
             // SAFETY: the decode kernel writes every partial the reduce kernel reads.
             st.part_acc = Some(
@@ -532,6 +601,9 @@ impl CudaBackend {
                 unsafe { self.stream.alloc::<f32>(ml_len) }
                     .context("allocating attention partials")?,
             );
+        }
+        if grew {
+            st.graphs.epoch += 1;
         }
         let a = st.part_acc.as_ref().map(|b| self.ptr(b)).unwrap_or(0);
         let m = st.part_ml.as_ref().map(|b| self.ptr(b)).unwrap_or(0);
@@ -750,39 +822,54 @@ impl Backend for CudaBackend {
             "{} sampling specs for {n_logits} sampled rows",
             meta.samples.len()
         );
-        let table_stride = meta
+        let longest_table = meta
             .seqs
             .iter()
             .map(|s| s.block_table.len())
             .max()
-            .unwrap_or(0)
-            .max(1);
+            .unwrap_or(0);
         let mut st = self.state()?;
+        // A decode-only step whose every sequence samples runs as a graph shape: padded to
+        // the bucket's rows and table stride (see graph.rs).
+        let all_decode = n_seqs > 0 && rows == n_seqs && n_logits == n_seqs;
+        let graph_key = match bucket_for(&st.graphs.buckets, n_seqs) {
+            Some(b) if all_decode => Some((b, table_bucket(longest_table))),
+            _ => None,
+        };
+        let (padded, table_stride) = graph_key.unwrap_or((rows, longest_table.max(1)));
+        let pad = padded - rows;
         let m = &mut st.step.meta_host;
         m.clear();
         let mut off = MetaOffsets::default();
         m.extend(meta.tokens.iter().map(|&t| t as i32));
+        m.extend(std::iter::repeat_n(0, pad));
         off.positions = m.len();
         m.extend(meta.positions.iter().map(|&p| p as i32));
+        m.extend(std::iter::repeat_n(0, pad));
         off.slots = m.len();
         for &s in meta.slots {
             m.push(int(s, "KV slot")?);
         }
+        m.extend(std::iter::repeat_n(-1, pad));
         off.row_start = m.len();
         for s in meta.seqs {
             m.push(int(s.row_start, "row")?);
         }
+        m.extend((rows..padded).map(|r| r as i32));
         off.n_tokens = m.len();
         for s in meta.seqs {
             m.push(int(s.n_tokens, "tokens")?);
         }
+        m.extend(std::iter::repeat_n(1, pad));
         off.start_pos = m.len();
         for s in meta.seqs {
             m.push(int(s.start_pos, "position")?);
         }
+        m.extend(std::iter::repeat_n(0, pad));
         off.dec = m.len();
         let dec = (0..n_seqs).filter(|&i| meta.seqs[i].n_tokens == 1);
         m.extend(dec.map(|i| i as i32));
+        m.extend((n_seqs..n_seqs + pad).map(|i| i as i32));
         let n_dec = m.len() - off.dec;
         let tiles = || {
             meta.seqs
@@ -804,16 +891,19 @@ impl Backend for CudaBackend {
         for &r in meta.logit_rows {
             m.push(int(r, "logits row")?);
         }
-        let samples = meta.samples;
+        m.extend((rows..padded).map(|r| r as i32));
+        // Padding rows sample greedily with no logprobs; their results are never read.
+        let padding = std::iter::repeat_n(SampleSpec::GREEDY, pad);
+        let samples: Vec<SampleSpec<'_>> = meta.samples.iter().copied().chain(padding).collect();
         off.temperature = push_f32s(m, samples.iter().map(|s| s.temperature));
         off.top_k = m.len();
-        for s in samples {
+        for s in &samples {
             m.push(int(s.top_k, "top_k")?);
         }
         off.top_p = push_f32s(m, samples.iter().map(|s| s.top_p));
         off.min_p = push_f32s(m, samples.iter().map(|s| s.min_p));
         off.n_top = m.len();
-        for s in samples {
+        for s in &samples {
             let n = s.logprobs.map_or(Ok(-1), |n| int(n, "logprobs"))?;
             ensure!(
                 n <= SAMPLE_MAX_TOP as i32,
@@ -826,8 +916,6 @@ impl Backend for CudaBackend {
         off.frequency = push_f32s(m, samples.iter().map(|s| s.frequency_penalty));
         off.seeds = push_u64s(m, samples.iter().map(|s| s.seed));
         off.draws = push_u64s(m, samples.iter().map(|s| s.draw));
-        let (penalties, n_penalties) = push_penalties(m, samples)?;
-        off.penalties = penalties;
         off.tables = m.len();
         for s in meta.seqs {
             for &b in s.block_table {
@@ -835,19 +923,33 @@ impl Backend for CudaBackend {
             }
             m.extend(std::iter::repeat_n(0, table_stride - s.block_table.len()));
         }
-        let max_ctx = meta
-            .seqs
-            .iter()
-            .map(|s| s.start_pos + s.n_tokens)
-            .max()
-            .unwrap_or(0);
+        m.extend(std::iter::repeat_n(0, pad * table_stride));
+        // Last, as their number changes from step to step (a graph's offsets must not).
+        let (penalties, n_penalties) = push_penalties(m, meta.samples)?;
+        off.penalties = penalties;
+        let max_ctx = match graph_key {
+            Some((_, t)) => t * meta.block_size,
+            None => meta
+                .seqs
+                .iter()
+                .map(|s| s.start_pos + s.n_tokens)
+                .max()
+                .unwrap_or(0),
+        };
         let words = m.len();
-        let StepBuffers {
-            meta: dev,
-            meta_host,
+        let State {
+            step:
+                StepBuffers {
+                    meta: dev,
+                    meta_host,
+                    ..
+                },
+            graphs,
             ..
-        } = &mut st.step;
-        ensure_len(&self.stream, dev, words, "the step metadata buffer")?;
+        } = &mut *st;
+        if ensure_len(&self.stream, dev, words, "the step metadata buffer")? {
+            graphs.epoch += 1;
+        }
         let dev = dev
             .as_mut()
             .ok_or_else(|| anyhow!("step metadata buffer missing"))?;
@@ -857,15 +959,79 @@ impl Backend for CudaBackend {
         Ok(CudaStep {
             meta: self.ptr(dev),
             off,
-            rows,
+            rows: padded,
             n_dec,
             n_tiles,
-            n_logits,
+            n_logits: padded - (rows - n_logits),
             n_penalties,
             table_stride,
             max_ctx,
             block_size: meta.block_size,
+            graph_key,
         })
+    }
+
+    fn replay_layers(&self, step: &CudaStep, logits: &mut CudaAct) -> anyhow::Result<bool> {
+        let Some(key) = step.graph_key else {
+            return Ok(false);
+        };
+        let mut st = self.state()?;
+        let g = &mut st.graphs;
+        if g.graphs_epoch != g.epoch {
+            g.graphs.clear();
+            g.graphs_epoch = g.epoch;
+        }
+        match g.graphs.get(&key) {
+            Some((graph, vocab)) => {
+                graph.0.launch().context("launching a decode graph")?;
+                logits.rows = step.n_logits;
+                logits.cols = *vocab;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn begin_layers(&self, step: &CudaStep) -> anyhow::Result<()> {
+        let Some(key) = step.graph_key else {
+            return Ok(());
+        };
+        let mut st = self.state()?;
+        let g = &mut st.graphs;
+        let epoch = g.epoch;
+        if g.warmed.insert(key, epoch) != Some(epoch) {
+            return Ok(()); // first run of this shape in this epoch: eager, sizes the buffers
+        }
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .context("starting a decode graph capture")?;
+        g.capturing = Some((key, epoch));
+        Ok(())
+    }
+
+    fn end_layers(&self, _step: &CudaStep, logits: &CudaAct) -> anyhow::Result<bool> {
+        let mut st = self.state()?;
+        let g = &mut st.graphs;
+        let Some((key, epoch)) = g.capturing.take() else {
+            return Ok(true);
+        };
+        let graph = self
+            .stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .context("ending a decode graph capture")?;
+        let Some(graph) = graph.filter(|_| g.epoch == epoch) else {
+            // A buffer was reallocated while capturing: nothing ran, and the capture is stale.
+            tracing::debug!("decode graph {key:?} discarded (a buffer moved while capturing)");
+            return Ok(false);
+        };
+        graph.launch().context("launching a decode graph")?;
+        tracing::debug!(
+            "decode graph captured for batch {} and table stride {}",
+            key.0,
+            key.1
+        );
+        g.graphs.insert(key, (LockedGraph(graph), logits.cols));
+        Ok(true)
     }
 
     fn record_mark(&self, slot: usize) -> anyhow::Result<()> {
@@ -1294,11 +1460,12 @@ impl Backend for CudaBackend {
         step: &CudaStep,
     ) -> anyhow::Result<Vec<RowSample>> {
         self.flush()?;
-        let (rows, vocab) = (logits.rows, logits.cols);
+        // A graph-replayed step leaves `logits` as the graph wrote it: `n_logits` rows (the
+        // real ones first, then padding), whatever the host-side shape says.
+        let (rows, vocab) = (samples.len(), logits.cols);
         ensure!(
-            samples.len() == rows && step.n_logits == rows,
-            "sample: {} specs and {} step rows for {rows} logits rows",
-            samples.len(),
+            step.n_logits >= rows && logits.slice()?.len() >= step.n_logits * vocab,
+            "sample: {rows} specs for {} step rows",
             step.n_logits
         );
         if rows == 0 {

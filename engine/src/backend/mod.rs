@@ -154,6 +154,23 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
+    /// Runs the layers of `step` (embedding to logits) from a captured graph when the device
+    /// holds one for its shape, leaving `logits` shaped as the graph wrote it; true when it
+    /// did, and the caller then skips the layers.
+    fn replay_layers(&self, _step: &Self::Step, _logits: &mut Self::Act) -> anyhow::Result<bool> {
+        Ok(false)
+    }
+    /// Called before the layers run op by op: a backend may capture them instead of running
+    /// them (CUDA graphs).
+    fn begin_layers(&self, _step: &Self::Step) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// Called after the layers' ops were issued: a capturing backend runs the capture now.
+    /// False when the layers did not run (a capture was discarded) and must be issued again.
+    fn end_layers(&self, _step: &Self::Step, _logits: &Self::Act) -> anyhow::Result<bool> {
+        Ok(true)
+    }
+
     /// An empty activation buffer.
     fn new_act(&self) -> Self::Act;
     /// Uploads a 2-D weight `[N, K]`; `name` is for error messages.
