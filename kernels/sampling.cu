@@ -25,11 +25,13 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
     return z ^ (z >> 31);
 }
 
-// Uniform in (0, 1): 53 random bits, never 0 or 1, so both logs stay finite.
-__device__ __forceinline__ double uniform01(unsigned long long seed, unsigned long long offset,
-                                            unsigned int i) {
+// Uniform in (0, 1): 24 random bits, never 0 or 1, so both logs stay finite. Single
+// precision on purpose: a double log per vocabulary entry made sampling cost more than the
+// rest of a decode step's tail (as in vLLM, the exponential race is drawn in f32).
+__device__ __forceinline__ float uniform01(unsigned long long seed, unsigned long long offset,
+                                           unsigned int i) {
     unsigned long long h = mix64(seed ^ mix64(offset * 0x9e3779b97f4a7c15ull + i));
-    return ((double)(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    return ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
 }
 
 // Warp-wide argmax: best value, lowest index on ties. Every lane gets the result.
@@ -173,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
             float v = x[i];
             if (v >= thresh && v > -INFINITY) {
-                float e = (float)(-log(uniform01(seed, draw, (unsigned int)i)));
+                float e = -__logf(uniform01(seed, draw, (unsigned int)i));
                 float s = (v - mx) * inv_temp - __logf(e);
                 if (s > score) {
                     score = s;
