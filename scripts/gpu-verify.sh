@@ -10,7 +10,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-tests model logprobs bench peer ncu}
+STEPS=${STEPS:-tests model logprobs bench peer serve ncu}
 G=/tmp/gbin
 mkdir -p $G
 for f in .gpu/*.xz; do xz -dc "$f" > "$G/$(basename "$f" .xz)"; done
@@ -125,6 +125,29 @@ n = sum(len(o.generated_tokens) for o in out.values())
 print(f"transformers generate_batch ({m.config._attn_implementation}): {n} tokens in {dt:.2f}s = {n/dt:.1f} tok/s")
 PY
 fi
+if has serve; then
+    # `engine serve --device cuda` under an open-loop sweep of the ShareGPT-like chat profile,
+    # then 40 streams cut mid-way: the KV cache is freed and the server stays up.
+    "$G/engine" serve --model $M --device cuda --port 8124 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$OUT/serve-sweep.log" 2>&1 &
+    sp=$!
+    for _ in $(seq 1 120); do curl -sf localhost:8124/health >/dev/null && break; sleep 1; done
+    timeout 300 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
+        --rates "${SWEEP_RATES:-4,16,48}" --duration 25s --warmup 5s --seed 1 --slo ttft:p99:1s,tpot:p99:50ms \
+        --out /tmp/sweep 2>&1 | tail -25 | tee "$OUT/sweep.txt"
+    cp /tmp/sweep/report.md "$OUT/sweep-report.md" 2>/dev/null
+    cut=()
+    for _ in $(seq 1 40); do
+        timeout 0.5 curl -sN localhost:8124/v1/completions -H 'content-type: application/json' \
+            -d '{"prompt":[1,2,3,4,5,6,7,8],"max_tokens":600,"ignore_eos":true,"stream":true}' >/dev/null 2>&1 &
+        cut+=($!)
+    done
+    wait "${cut[@]}"
+    sleep 3
+    curl -s localhost:8124/metrics | grep -E "^vllm:(num_requests_running|kv_cache_usage_perc|request_success_total)" | tee "$OUT/serve-metrics.txt"
+    curl -sf localhost:8124/health >/dev/null && echo "alive after 40 cut streams" | tee -a "$OUT/serve-metrics.txt"
+    kill $sp; wait $sp 2>/dev/null
+fi
+
 if has ncu; then
     # (a) Decode attention at batch 64 with 512-token contexts: GPU time and DRAM bytes per
     # launch (one launch per layer of the first all-decode step; the warm-up's 3 decode steps
