@@ -33,6 +33,13 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 w, float* f) {
     }
 }
 
+// The 16 bytes at `head_off` of position `t`'s row of a paged cache.
+__device__ __forceinline__ uint4 load_kv16(const bf16* __restrict__ cache, const int* __restrict__ table,
+                                           int t, int block_size, size_t row_stride, size_t head_off) {
+    size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+    return *reinterpret_cast<const uint4*>(cache + slot * row_stride + head_off);
+}
+
 template <int G, int KL>
 __device__ __forceinline__ void paged_decode_impl(
     const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
@@ -94,22 +101,14 @@ __device__ __forceinline__ void paged_decode_impl(
 #pragma unroll
         for (int j = 0; j < KEYS_PER_GROUP; ++j) {
             int key = sub + j * NKG;
-            vw[j] = make_uint4(0, 0, 0, 0);
-            if (key < n && dim_ok) {
-                int t = t0 + key;
-                size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
-                vw[j] = *reinterpret_cast<const uint4*>(v_cache + slot * row_stride + head_off);
-            }
+            vw[j] = key < n && dim_ok ? load_kv16(v_cache, table, t0 + key, block_size, row_stride, head_off)
+                                      : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
             int key = p * KEYS_PER_PASS + sub;
-            kw[p] = make_uint4(0, 0, 0, 0);
-            if (key < n && dim_ok) {
-                int t = t0 + key;
-                size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
-                kw[p] = *reinterpret_cast<const uint4*>(k_cache + slot * row_stride + head_off);
-            }
+            kw[p] = key < n && dim_ok ? load_kv16(k_cache, table, t0 + key, block_size, row_stride, head_off)
+                                      : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
