@@ -55,6 +55,10 @@ impl ModelRunner for NullRunner {
         StepProfile::default()
     }
 
+    fn vocab_size(&self) -> usize {
+        151_936
+    }
+
     fn num_blocks(&self) -> usize {
         self.num_blocks
     }

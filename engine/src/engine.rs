@@ -38,12 +38,14 @@ impl Default for EngineConfig {
     }
 }
 
-/// Stop = EOS / stop id / stop string; Length = max_tokens or max_model_len.
+/// Stop = EOS / stop id / stop string; Length = max_tokens or max_model_len; Abort = the
+/// client went away; Error = this sequence failed alone (the others of its step went on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum FinishReason {
     Stop,
     Length,
     Abort,
+    Error,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -193,6 +195,11 @@ impl LlmEngine {
         &self.tokenizer
     }
 
+    /// Ids a prompt may hold: those both the model's embedding table and the tokenizer know.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.vocab_size().min(self.runner.vocab_size())
+    }
+
     /// Validates (empty prompt, ids >= vocab, prompt + max_tokens > max_model_len or
     /// beyond the KV cache, bad sampling parameters) and queues.
     pub fn add_request(
@@ -201,7 +208,7 @@ impl LlmEngine {
         params: SamplingParams,
     ) -> anyhow::Result<SeqId> {
         ensure!(!prompt_ids.is_empty(), "prompt is empty");
-        let vocab = self.tokenizer.vocab_size();
+        let vocab = self.vocab_size();
         if let Some(&bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
             bail!("token id {bad} is out of vocabulary (size {vocab})");
         }
@@ -319,15 +326,51 @@ impl LlmEngine {
                 });
                 continue;
             }
-            let sampled = results
+            let row = results
                 .next()
-                .context("model returned too few sampled rows")?
-                .with_context(|| format!("sampling sequence {}", chunk.id))?;
-            updates.push(self.append_sampled(chunk.id, sampled)?);
+                .context("model returned too few sampled rows")?;
+            // One sequence's failure (its sampling, its detokenisation, a panic in its stop
+            // handling) ends that sequence only.
+            let id = chunk.id;
+            let appended = row.and_then(|sampled| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.append_sampled(id, sampled)
+                }))
+                .unwrap_or_else(|panic| Err(anyhow::anyhow!("panicked: {}", panic_text(&panic))))
+            });
+            updates.push(match appended {
+                Ok(update) => update,
+                Err(e) => self.fail_sequence(id, &e),
+            });
         }
         let update_secs = computed.elapsed().as_secs_f64();
         self.record_timing(&chunks, &updates, started, schedule_secs, update_secs);
         Ok(updates)
+    }
+
+    /// Ends a sequence that failed on its own: its blocks are freed at once and its last
+    /// update says `FinishReason::Error`.
+    fn fail_sequence(&mut self, id: SeqId, error: &anyhow::Error) -> SeqUpdate {
+        tracing::warn!("sequence {id} failed and was finished with an error: {error:#}");
+        self.requests.remove(&id);
+        let seq = self.scheduler.remove(id);
+        let (prompt, output, cached) = seq.map_or((0, 0, 0), |s| {
+            (
+                s.num_prompt_tokens,
+                s.num_output_tokens(),
+                s.num_cached_prompt_tokens,
+            )
+        });
+        SeqUpdate {
+            id,
+            token: None,
+            text: String::new(),
+            logprob: None,
+            finish: Some(FinishReason::Error),
+            num_prompt_tokens: prompt,
+            num_output_tokens: output,
+            num_cached_prompt_tokens: cached,
+        }
     }
 
     fn seq(&self, id: SeqId) -> anyhow::Result<&Sequence> {
@@ -434,6 +477,9 @@ impl LlmEngine {
         let stop_token = (!params.ignore_eos && eos_ids.contains(&token))
             || params.stop_token_ids.contains(&token);
         let (text, mut finish) = if stop_token && may_stop {
+            // Bytes of an unfinished character before the stop token are text too.
+            let tail = request.decoder.flush().context("detokenising the end")?;
+            request.held.push_str(&tail);
             (std::mem::take(&mut request.held), Some(FinishReason::Stop))
         } else {
             let new_text = request
@@ -451,6 +497,8 @@ impl LlmEngine {
         if finish.is_none()
             && (num_output >= params.max_tokens || num_tokens >= self.config.max_model_len)
         {
+            let tail = request.decoder.flush().context("detokenising the end")?;
+            request.held.push_str(&tail);
             text.push_str(&std::mem::take(&mut request.held));
             finish = Some(FinishReason::Length);
         }
@@ -555,6 +603,15 @@ impl LlmEngine {
             .map(|(i, o)| o.with_context(|| format!("prompt {i} produced no output")))
             .collect()
     }
+}
+
+/// The message of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// Moves the part of `held` that can no longer start a stop string into the returned

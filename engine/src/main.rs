@@ -175,7 +175,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
     );
     let mut engine = load_engine(&args.engine)?.engine;
     let mut rng = StdRng::seed_from_u64(args.seed);
-    let vocab = engine.tokenizer().vocab_size().min(10_000) as u32;
+    let vocab = engine.vocab_size().min(10_000) as u32;
     let requests: Vec<(Vec<u32>, SamplingParams)> = (0..args.num_seqs)
         .map(|i| {
             let input_len = rng.random_range(args.min_input_len..=args.max_input_len);

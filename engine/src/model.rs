@@ -49,6 +49,8 @@ pub trait ModelRunner: Send {
     fn logits(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
     /// Where the last `forward` spent its time.
     fn profile(&self) -> StepProfile;
+    /// Rows of the embedding table: token ids must be below it.
+    fn vocab_size(&self) -> usize;
     /// Number of KV blocks the runner allocated (the block manager's capacity).
     fn num_blocks(&self) -> usize;
     /// Tokens per KV block.
@@ -589,6 +591,10 @@ impl<B: Backend> ModelRunner for Model<B> {
 
     fn profile(&self) -> StepProfile {
         self.state.profile
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.state.config.vocab_size
     }
 
     fn num_blocks(&self) -> usize {

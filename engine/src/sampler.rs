@@ -657,6 +657,25 @@ mod tests {
         assert_eq!(min_tokens_mask(&ignore, &eos), vec![1]);
     }
 
+    /// The penalties visit each distinct token once per step, so the work of a step stays
+    /// flat however long the output grows: 10,000 generated tokens over 5 distinct ids cost
+    /// what 5 do.
+    #[test]
+    fn penalty_work_per_step_counts_distinct_tokens_not_length() {
+        let mut c = TokenCounts::new(&[1, 2, 3, 1]);
+        let work = |c: &TokenCounts| c.seen().len() + c.output_tokens().len();
+        for t in 0..5u32 {
+            c.push_output(10 + t);
+        }
+        let after_five = work(&c);
+        for i in 0..10_000u32 {
+            c.push_output(10 + i % 5);
+        }
+        assert_eq!(work(&c), after_five);
+        assert_eq!(after_five, 3 + 5 + 5);
+        assert_eq!(c.output_count(12), 2001);
+    }
+
     #[test]
     fn token_counts_grow_by_distinct_tokens_only() {
         let mut c = TokenCounts::new(&[5, 5, 7]);

@@ -62,6 +62,12 @@ type ForwardLog = Arc<Mutex<Vec<Vec<(usize, usize, bool)>>>>;
 
 /// A paged "KV cache" that stores the token id written at each slot.
 struct MockRunner {
+    /// Rows of the mock's embedding table (ids at or past it are rejected).
+    vocab: usize,
+    /// Sequences whose sampling fails, by the first token of their prompt.
+    failing_prompts: Vec<u32>,
+    /// When set, every sampled token is this id.
+    forced: Option<u32>,
     block_size: usize,
     num_blocks: usize,
     slots: Vec<u32>,
@@ -72,6 +78,9 @@ impl MockRunner {
     fn new(num_blocks: usize, block_size: usize) -> (MockRunner, ForwardLog) {
         let log = ForwardLog::default();
         let runner = MockRunner {
+            vocab: VOCAB,
+            failing_prompts: Vec::new(),
+            forced: None,
             block_size,
             num_blocks,
             slots: vec![EMPTY; num_blocks * block_size],
@@ -127,12 +136,21 @@ impl MockRunner {
 impl ModelRunner for MockRunner {
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>> {
         let rows = self.run(batch)?;
-        let specs = batch.iter().filter_map(|s| s.sample.as_ref());
-        Ok(rows
-            .into_iter()
-            .zip(specs)
-            .map(|(mut row, spec)| Ok(sample_row(&mut row, spec)))
-            .collect())
+        let sampled = batch.iter().filter(|s| s.sample.is_some());
+        let mut out = Vec::new();
+        for (mut row, input) in rows.into_iter().zip(sampled) {
+            let first = self.slots[self.slot(input.block_table, 0)?];
+            out.push(if self.failing_prompts.contains(&first) {
+                Err(anyhow::anyhow!("injected sampling failure"))
+            } else {
+                let mut sampled = sample_row(&mut row, input.sample.as_ref().expect("filtered"));
+                if let Some(t) = self.forced {
+                    sampled.token = t;
+                }
+                Ok(sampled)
+            });
+        }
+        Ok(out)
     }
 
     fn logits(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
@@ -141,6 +159,10 @@ impl ModelRunner for MockRunner {
 
     fn profile(&self) -> StepProfile {
         StepProfile::default()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
     }
 
     fn num_blocks(&self) -> usize {
@@ -167,7 +189,17 @@ const ROOMY: Setup = Setup {
 };
 
 fn engine(setup: &Setup, tokenizer: &Arc<Tokenizer>) -> (LlmEngine, ForwardLog) {
-    let (runner, log) = MockRunner::new(setup.num_blocks, setup.block_size);
+    engine_with(setup, tokenizer, |_| {})
+}
+
+/// An engine over a mock runner adjusted by `tweak`.
+fn engine_with(
+    setup: &Setup,
+    tokenizer: &Arc<Tokenizer>,
+    tweak: impl FnOnce(&mut MockRunner),
+) -> (LlmEngine, ForwardLog) {
+    let (mut runner, log) = MockRunner::new(setup.num_blocks, setup.block_size);
+    tweak(&mut runner);
     let config = EngineConfig {
         max_num_seqs: setup.max_num_seqs,
         max_num_batched_tokens: setup.max_num_batched_tokens,
@@ -619,4 +651,68 @@ fn updates_carry_logprobs_counts_and_stats() {
         (10, 4)
     );
     assert_eq!(stats.kv_blocks_total, ROOMY.num_blocks);
+}
+
+/// A sequence whose sampling fails is finished with `FinishReason::Error` and its blocks
+/// freed; the others of its steps finish as they would alone.
+#[test]
+fn one_failing_sequence_finishes_alone_with_an_error() {
+    let tok = tokenizer();
+    let prompts: Vec<Vec<u32>> = vec![vec![5, 6, 7, 8, 9], vec![777, 6, 7], vec![11, 12]];
+    let expected: Vec<Vec<u32>> = [0, 2].iter().map(|&i| reference(&prompts[i], 12)).collect();
+    let (mut e, _) = engine_with(&ROOMY, &tok, |r| r.failing_prompts = vec![777]);
+    let ids: Vec<_> = prompts
+        .iter()
+        .map(|p| e.add_request(p.clone(), greedy(12)).unwrap())
+        .collect();
+    let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let mut finish = vec![None; 3];
+    while e.has_unfinished() {
+        for u in e.step().expect("a step survives one sequence's failure") {
+            let i = ids.iter().position(|&id| id == u.id).unwrap();
+            tokens[i].extend(u.token);
+            if u.finish.is_some() {
+                finish[i] = u.finish;
+            }
+        }
+        e.check_invariants().unwrap();
+    }
+    assert_eq!(
+        finish,
+        vec![
+            Some(FinishReason::Length),
+            Some(FinishReason::Error),
+            Some(FinishReason::Length)
+        ]
+    );
+    assert!(tokens[1].is_empty(), "the failing sequence sampled nothing");
+    assert_eq!(vec![tokens[0].clone(), tokens[2].clone()], expected);
+    assert_eq!(e.stats().kv_blocks_used, 0, "every block freed");
+}
+
+/// Prompt ids are checked against the smaller of the model's and the tokenizer's vocabularies.
+#[test]
+fn prompt_ids_past_the_models_vocabulary_are_rejected() {
+    let tok = tokenizer();
+    let (mut e, _) = engine_with(&ROOMY, &tok, |r| r.vocab = 1000);
+    assert_eq!(e.vocab_size(), 1000);
+    let err = e.add_request(vec![5, 999, 1000], greedy(4)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "token id 1000 is out of vocabulary (size 1000)"
+    );
+    assert!(e.add_request(vec![5, 999], greedy(4)).is_ok());
+}
+
+/// A finish in the middle of a multi-byte character keeps its bytes (as U+FFFD) instead of
+/// dropping them: the decoder is flushed when a sequence ends.
+#[test]
+fn the_decoder_is_flushed_when_a_sequence_ends() {
+    let tok = tokenizer();
+    // "\u{c3}" in the byte-level alphabet is the first byte of a two-byte UTF-8 character.
+    let lead = tok.token_to_id("\u{c3}").expect("byte token");
+    let (mut e, _) = engine_with(&ROOMY, &tok, |r| r.forced = Some(lead));
+    let out = e.generate(vec![vec![5, 6, 7]], &greedy(1)).unwrap();
+    assert_eq!(out[0].token_ids, vec![lead]);
+    assert_eq!(out[0].text, "\u{fffd}");
 }

@@ -307,7 +307,7 @@ impl EngineLoop {
             if let Some(reason) = update.finish {
                 slot.finished = true;
                 self.owners.remove(&update.id);
-                let timings = (reason != FinishReason::Abort)
+                let timings = matches!(reason, FinishReason::Stop | FinishReason::Length)
                     .then(|| seq_timings(slot, arrival, now, update.num_output_tokens));
                 self.metrics.record_finished(reason, timings);
             }

@@ -86,8 +86,8 @@ struct Inner {
     tpot: Histogram,
     e2e: Histogram,
     queue: Histogram,
-    /// Finished sequences by reason: stop, length, abort.
-    finished: [u64; 3],
+    /// Finished sequences by reason: stop, length, abort, error.
+    finished: [u64; 4],
 }
 
 /// Shared between the engine loop (writer) and `/metrics` (reader).
@@ -102,6 +102,7 @@ fn reason_slot(reason: FinishReason) -> usize {
         FinishReason::Stop => 0,
         FinishReason::Length => 1,
         FinishReason::Abort => 2,
+        FinishReason::Error => 3,
     }
 }
 
@@ -119,7 +120,7 @@ impl Metrics {
                 tpot: Histogram::new(TPOT_BUCKETS),
                 e2e: Histogram::new(REQUEST_BUCKETS),
                 queue: Histogram::new(REQUEST_BUCKETS),
-                finished: [0; 3],
+                finished: [0; 4],
             }),
         }
     }
@@ -221,8 +222,11 @@ impl Metrics {
             );
         }
         let name = "vllm:request_success_total";
-        let _ = writeln!(out, "# HELP {name} Count of finished requests by finish reason (abort = client gone).\n# TYPE {name} counter");
-        for (reason, count) in ["stop", "length", "abort"].iter().zip(inner.finished) {
+        let _ = writeln!(out, "# HELP {name} Count of finished requests by finish reason (abort = client gone, error = this sequence failed alone).\n# TYPE {name} counter");
+        for (reason, count) in ["stop", "length", "abort", "error"]
+            .iter()
+            .zip(inner.finished)
+        {
             let _ = writeln!(out, "{name}{{{l},finished_reason=\"{reason}\"}} {count}");
         }
         inner.ttft.render(

@@ -215,6 +215,7 @@ fn finish_reason(reason: Option<FinishReason>) -> Option<&'static str> {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
         FinishReason::Abort => "abort",
+        FinishReason::Error => "error",
     })
 }
 
@@ -542,6 +543,13 @@ impl StreamState {
                 self.output_tokens[out.index] = out.num_output_tokens;
                 if out.finish.is_some() {
                     self.open -= 1;
+                }
+                if out.finish == Some(FinishReason::Error) {
+                    let error = ApiError::internal(format!(
+                        "Generation of choice {} failed; the other choices go on (see the server log).",
+                        out.index
+                    ));
+                    return Some(vec![chunk, error.body().to_string()]);
                 }
                 Some(vec![chunk])
             }
