@@ -11,3 +11,5 @@ source ./scripts/nvrtc-env.sh
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace
+# The short form of the fuzz and soak run against `engine serve` (scripts/soak.sh).
+./scripts/soak.sh --requests 1000 --warmup-fraction 0.3
