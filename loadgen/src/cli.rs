@@ -588,6 +588,30 @@ pub async fn execute_prepared(
         prompt_ids: args.prompt_ids,
         continuous_usage: !args.no_continuous_usage,
     };
+    let mut meta = RunMeta {
+        schema_version: SCHEMA_VERSION,
+        loadgen_version: env!("CARGO_PKG_VERSION").to_string(),
+        command_line: std::env::args().collect(),
+        seed: args.seed,
+        workload: prepared.workload_meta.clone(),
+        schedule: prepared.schedule_meta.clone(),
+        url: exec.url.clone(),
+        backend: args.backend.name().to_string(),
+        model,
+        server_version: exec.server_version,
+        host: host_info(),
+        start_time: chrono::Utc::now().to_rfc3339(),
+        approximate_lengths: prepared.prompts.is_approximate(),
+        planned_requests: prepared.plan.requests.len() as u64,
+        calibration: prepared.calibration.clone(),
+        extra: exec.extra,
+        complete: false,
+    };
+    // Written first as it stands, so that a run killed hard still says what it was.
+    if let Some(dir) = &exec.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_meta(dir, &meta)?;
+    }
     let outcome = run::execute(
         prepared.plan.clone(),
         target,
@@ -601,29 +625,17 @@ pub async fn execute_prepared(
     )
     .await?;
     if let Some(dir) = &exec.out {
-        let meta = RunMeta {
-            schema_version: SCHEMA_VERSION,
-            loadgen_version: env!("CARGO_PKG_VERSION").to_string(),
-            command_line: std::env::args().collect(),
-            seed: args.seed,
-            workload: prepared.workload_meta.clone(),
-            schedule: prepared.schedule_meta.clone(),
-            url: exec.url.clone(),
-            backend: args.backend.name().to_string(),
-            model,
-            server_version: exec.server_version,
-            host: host_info(),
-            start_time: outcome.start_time.to_rfc3339(),
-            approximate_lengths: prepared.prompts.is_approximate(),
-            planned_requests: prepared.plan.requests.len() as u64,
-            calibration: prepared.calibration.clone(),
-            extra: exec.extra,
-        };
-        let path = dir.join("meta.json");
-        std::fs::write(&path, serde_json::to_string_pretty(&meta)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        meta.start_time = outcome.start_time.to_rfc3339();
+        meta.complete = true;
+        write_meta(dir, &meta)?;
     }
     Ok(outcome)
+}
+
+fn write_meta(dir: &std::path::Path, meta: &RunMeta) -> Result<()> {
+    let path = dir.join("meta.json");
+    std::fs::write(&path, serde_json::to_string_pretty(meta)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// `loadgen run`.

@@ -10,7 +10,9 @@ use reports::records::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::sync::watch;
 
+use crate::run::stopped;
 use crate::sse::SseParser;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::{PromptSource, RequestSpec};
@@ -270,12 +272,15 @@ fn error_chain(e: &reqwest::Error) -> String {
 
 /// Sends one streaming request and measures it. `sent` is the instant the request is
 /// handed to the HTTP client; never fails: errors become the record's `error`.
+/// Sends one request and measures it. When `stop` fires while the request is in flight, the
+/// record keeps what arrived so far and says `Phase::Interrupted`.
 pub async fn execute(
     client: &reqwest::Client,
     target: &Target,
-    stub: RequestStub,
+    mut stub: RequestStub,
     body: &Value,
     origin: Instant,
+    stop: watch::Receiver<bool>,
 ) -> RequestRecord {
     let url = format!(
         "{}{}",
@@ -294,53 +299,89 @@ pub async fn execute(
     let mut st = StreamState::default();
     let mut status = None;
     let mut failure: Option<(ErrorKind, String)> = None;
-    match request.send().await {
-        Err(e) => failure = Some((classify(&e), error_chain(&e))),
-        Ok(resp) => {
-            status = Some(resp.status().as_u16());
-            let code = resp.status();
-            if !code.is_success() {
-                let kind = match code.as_u16() {
-                    429 => ErrorKind::Http429,
-                    500..=599 => ErrorKind::Http5xx,
-                    _ => ErrorKind::HttpOther,
-                };
-                let text = resp.text().await.unwrap_or_default();
-                failure = Some((kind, format!("HTTP {code}: {}", truncate(&text))));
-            } else {
-                let mut parser = SseParser::new();
-                let mut body = resp.bytes_stream();
-                while let Some(item) = body.next().await {
-                    let at_ms = ms_since(origin, Instant::now());
-                    match item {
-                        Ok(bytes) => {
-                            for data in parser.push(&bytes) {
-                                st.on_event(&data, at_ms, chat);
+    let exchange = async {
+        match request.send().await {
+            Err(e) => failure = Some((classify(&e), error_chain(&e))),
+            Ok(resp) => {
+                status = Some(resp.status().as_u16());
+                let code = resp.status();
+                if !code.is_success() {
+                    let kind = match code.as_u16() {
+                        429 => ErrorKind::Http429,
+                        500..=599 => ErrorKind::Http5xx,
+                        _ => ErrorKind::HttpOther,
+                    };
+                    let text = resp.text().await.unwrap_or_default();
+                    failure = Some((kind, format!("HTTP {code}: {}", truncate(&text))));
+                } else {
+                    let mut parser = SseParser::new();
+                    let mut body = resp.bytes_stream();
+                    while let Some(item) = body.next().await {
+                        let at_ms = ms_since(origin, Instant::now());
+                        match item {
+                            Ok(bytes) => {
+                                for data in parser.push(&bytes) {
+                                    st.on_event(&data, at_ms, chat);
+                                }
+                            }
+                            Err(e) => {
+                                failure = Some((classify(&e), error_chain(&e)));
+                                break;
                             }
                         }
-                        Err(e) => {
-                            failure = Some((classify(&e), error_chain(&e)));
+                        if st.error.is_some() {
                             break;
                         }
                     }
-                    if st.error.is_some() {
-                        break;
-                    }
-                }
-                if failure.is_none() {
-                    if let Some(msg) = st.error.take() {
-                        failure = Some((ErrorKind::Protocol, msg));
-                    } else if !st.done && !st.finished {
-                        failure = Some((ErrorKind::StreamCut, "stream ended before [DONE]".into()));
-                    } else if st.chunk_ms.is_empty() {
-                        failure = Some((ErrorKind::Protocol, "no content in the response".into()));
+                    if failure.is_none() {
+                        if let Some(msg) = st.error.take() {
+                            failure = Some((ErrorKind::Protocol, msg));
+                        } else if !st.done && !st.finished {
+                            failure =
+                                Some((ErrorKind::StreamCut, "stream ended before [DONE]".into()));
+                        } else if st.chunk_ms.is_empty() {
+                            failure =
+                                Some((ErrorKind::Protocol, "no content in the response".into()));
+                        }
                     }
                 }
             }
         }
+    };
+    let interrupted = tokio::select! {
+        () = exchange => false,
+        () = stopped(stop) => true,
+    };
+    if interrupted {
+        stub.phase = Phase::Interrupted;
+        failure = Some((
+            ErrorKind::Interrupted,
+            "the run was stopped while the request was in flight".into(),
+        ));
     }
     let end = Instant::now();
     finish_record(stub, target, sent, end, origin, st, status, failure)
+}
+
+/// The record of a request that was never sent because its body could not be built.
+pub fn unsent_record(
+    stub: RequestStub,
+    target: &Target,
+    origin: Instant,
+    message: String,
+) -> RequestRecord {
+    let now = Instant::now();
+    let failure = Some((ErrorKind::RequestBody, message));
+    finish_record(
+        stub,
+        target,
+        now,
+        now,
+        origin,
+        StreamState::default(),
+        None,
+        failure,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -130,7 +130,8 @@ pub fn stop_on_signals() -> Result<watch::Receiver<bool>> {
     Ok(rx)
 }
 
-async fn stopped(mut stop: watch::Receiver<bool>) {
+/// Resolves once `stop` says so (never, if its sender is gone without saying so).
+pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
         if stop.changed().await.is_err() {
             std::future::pending::<()>().await;
@@ -168,33 +169,45 @@ async fn one_request(
     ctx.started.fetch_add(1, Ordering::Relaxed);
     ctx.progress.on_sent();
     let spec = &ctx.plan.requests[index].spec;
-    let work = async {
-        let _permit = match &ctx.slots {
-            Some(sem) => Some(sem.clone().acquire_owned().await.ok()?),
-            None => None,
-        };
-        let queue_ms = task_start.elapsed().as_secs_f64() * 1000.0;
-        let stub = RequestStub {
-            id,
-            phase,
-            scheduled_ms: ms(ctx.origin, scheduled),
-            queue_ms,
-            input_len: spec.input_len,
-            output_len: spec.output_len,
-            prefix_group: spec.prefix_group,
-        };
-        let record = match client::request_body(&ctx.target, spec, &ctx.prompts) {
-            Ok(body) => client::execute(&ctx.client, &ctx.target, stub, &body, ctx.origin).await,
-            Err(e) => {
-                eprintln!("loadgen: request {id}: {e:#}");
-                return None;
-            }
-        };
-        Some(record)
+    // A request still waiting for a concurrency slot when the run stops was never sent and
+    // leaves no record; one in flight is recorded with what arrived (`Phase::Interrupted`).
+    let permit = async {
+        match &ctx.slots {
+            Some(sem) => sem.clone().acquire_owned().await.ok().map(Some),
+            None => Some(None),
+        }
     };
-    let record = tokio::select! {
-        r = work => r,
+    let permit = tokio::select! {
+        p = permit => p,
         _ = stopped(ctx.stop.clone()) => None,
+    };
+    let record = match permit {
+        None => None,
+        Some(_permit) => {
+            let queue_ms = task_start.elapsed().as_secs_f64() * 1000.0;
+            let stub = RequestStub {
+                id,
+                phase,
+                scheduled_ms: ms(ctx.origin, scheduled),
+                queue_ms,
+                input_len: spec.input_len,
+                output_len: spec.output_len,
+                prefix_group: spec.prefix_group,
+            };
+            Some(
+                match client::request_body(&ctx.target, spec, &ctx.prompts) {
+                    Ok(body) => {
+                        let stop = ctx.stop.clone();
+                        client::execute(&ctx.client, &ctx.target, stub, &body, ctx.origin, stop)
+                            .await
+                    }
+                    Err(e) => {
+                        eprintln!("loadgen: request {id}: {e:#}");
+                        client::unsent_record(stub, &ctx.target, ctx.origin, format!("{e:#}"))
+                    }
+                },
+            )
+        }
     };
     if let Some(record) = record {
         let _ = ctx.records.send(record);

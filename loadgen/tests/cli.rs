@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use loadgen::mock::{self, MockConfig};
-use reports::records::{read_meta, read_records};
+use reports::records::{read_meta, read_records, ErrorKind, Phase};
 use reports::summary::Summary;
 
 fn loadgen() -> Command {
@@ -107,6 +107,11 @@ async fn sigterm_keeps_finished_records_and_marks_summary_incomplete() {
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let meta = read_meta(&out.join("meta.json")).expect("meta.json is written when the run starts");
+    assert!(
+        !meta.complete,
+        "the start copy of meta.json says the run is not over"
+    );
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -131,12 +136,30 @@ async fn sigterm_keeps_finished_records_and_marks_summary_incomplete() {
     assert!(records.len() >= 10, "only {} records", records.len());
     assert_eq!(
         records.len() as u64,
-        summary.completed + summary.failed + summary.excluded_outside_window
+        summary.completed + summary.failed + summary.excluded_outside_window + summary.interrupted
     );
     assert_eq!(summary.failed, 0);
     assert!(
         summary.unfinished > 1000,
         "the rest of the 60 s schedule was not sent"
     );
-    assert!(out.join("meta.json").exists());
+    assert!(read_meta(&out.join("meta.json")).unwrap().complete);
+    // Requests in flight at SIGTERM are records too, with what had arrived.
+    let interrupted: Vec<_> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Interrupted)
+        .collect();
+    assert!(!interrupted.is_empty(), "no in-flight request was recorded");
+    assert_eq!(summary.interrupted, interrupted.len() as u64);
+    for r in &interrupted {
+        assert_eq!(
+            r.error.as_ref().map(|e| e.kind),
+            Some(ErrorKind::Interrupted)
+        );
+        assert!(r.output_tokens < 32);
+    }
+    assert!(
+        interrupted.iter().any(|r| !r.chunk_ms.is_empty()),
+        "partial timings kept"
+    );
 }

@@ -287,3 +287,22 @@ async fn closed_loop_keeps_concurrency_and_caps_queue() {
     assert!(m.schedule_lag.p99 < 5.0, "lag {}", m.schedule_lag.p99);
     assert!(m.ttft_from_scheduled.p99 > m.ttft.p99 + 100.0);
 }
+
+/// A request whose body cannot be built (token-id prompts on the chat API) leaves a record
+/// with the reason instead of vanishing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbuildable_body_is_a_record_with_its_error() {
+    let _guard = SERIAL.lock().await;
+    let plan = poisson_plan(50.0, 0.2, 8);
+    let n = plan.requests.len();
+    let mut t = target("http://127.0.0.1:9".into(), Backend::Chat);
+    t.prompt_ids = true;
+    let out = run_plan(plan, t).await;
+    assert_eq!(out.records.len(), n);
+    for r in &out.records {
+        let e = r.error.as_ref().expect("an error");
+        assert_eq!(e.kind, reports::records::ErrorKind::RequestBody);
+        assert!(e.message.contains("--prompt-ids"), "{}", e.message);
+        assert_eq!(r.http_status, None);
+    }
+}

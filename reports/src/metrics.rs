@@ -142,6 +142,9 @@ pub struct Metrics {
     pub errors: BTreeMap<String, u64>,
     /// Records outside the measurement window (warm-up + cool-down), all outcomes.
     pub excluded_outside_window: u64,
+    /// Records of requests in flight when the run was stopped (partial timings, never
+    /// counted above).
+    pub interrupted: u64,
     /// First measured send to last measured completion, seconds.
     pub duration_s: f64,
     pub total_input_tokens: u64,
@@ -189,8 +192,13 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
         .iter()
         .filter(|r| r.phase == Phase::Measured)
         .collect();
+    let interrupted = records
+        .iter()
+        .filter(|r| r.phase == Phase::Interrupted)
+        .count();
     let mut m = Metrics {
-        excluded_outside_window: (records.len() - measured.len()) as u64,
+        excluded_outside_window: (records.len() - measured.len() - interrupted) as u64,
+        interrupted: interrupted as u64,
         ..Metrics::default()
     };
 

@@ -21,6 +21,9 @@ pub enum Phase {
     Warmup,
     Measured,
     Cooldown,
+    /// In flight when the run was stopped (SIGTERM, Ctrl-C): kept with its partial timings,
+    /// never counted in the metrics.
+    Interrupted,
 }
 
 /// Where a token count came from.
@@ -65,6 +68,10 @@ pub enum ErrorKind {
     StreamCut,
     /// The response could not be parsed, or carried no content at all.
     Protocol,
+    /// The run was stopped while the request was in flight.
+    Interrupted,
+    /// The request body could not be built (nothing was sent).
+    RequestBody,
 }
 
 impl ErrorKind {
@@ -78,6 +85,8 @@ impl ErrorKind {
             ErrorKind::Timeout => "timeout",
             ErrorKind::StreamCut => "stream_cut",
             ErrorKind::Protocol => "protocol",
+            ErrorKind::Interrupted => "interrupted",
+            ErrorKind::RequestBody => "request_body",
         }
     }
 }
@@ -198,6 +207,15 @@ pub struct RunMeta {
     /// Free-form extra information (e.g. options specific to one source).
     #[serde(default)]
     pub extra: BTreeMap<String, serde_json::Value>,
+    /// False in the copy written when the run starts; true once the run has ended (a run
+    /// killed hard leaves the start copy, so its folder still says what it was).
+    #[serde(default = "ended_by_default")]
+    pub complete: bool,
+}
+
+/// Run folders written before `complete` existed were written at the end of their run.
+fn ended_by_default() -> bool {
+    true
 }
 
 /// Reads a `records.jsonl` file; an unparsable line is an error naming the file and line.

@@ -52,8 +52,12 @@ pub struct Summary {
     pub p99_e2el_ms: f64,
     /// Failed requests by error kind (`connect`, `http_429`, `timeout`, …).
     pub errors: BTreeMap<String, u64>,
-    /// Planned requests without a record: never sent, or in flight when the run was stopped.
+    /// Planned requests without a record: never sent before the run was stopped.
     pub unfinished: u64,
+    /// Requests in flight when the run was stopped: recorded with their partial timings
+    /// (`phase: "interrupted"`), not in any number above.
+    #[serde(default)]
+    pub interrupted: u64,
     /// Warm-up and cool-down records, not in any number above.
     pub excluded_outside_window: u64,
     pub short_outputs: u64,
@@ -113,6 +117,7 @@ impl Summary {
             p99_e2el_ms: m.e2el.p99,
             errors: m.errors.clone(),
             unfinished,
+            interrupted: m.interrupted,
             excluded_outside_window: m.excluded_outside_window,
             short_outputs: m.short_outputs,
             counted_output_tokens: m.counted_output_tokens,

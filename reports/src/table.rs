@@ -51,6 +51,13 @@ pub fn render(summary: &Summary) -> String {
     if summary.unfinished > 0 {
         row(&mut out, "Unfinished (stopped early):", summary.unfinished);
     }
+    if summary.interrupted > 0 {
+        row(
+            &mut out,
+            "Interrupted (in flight at stop):",
+            summary.interrupted,
+        );
+    }
     row(
         &mut out,
         "Benchmark duration (s):",
