@@ -8,7 +8,7 @@
 # Other flags go to soak.py (--concurrency, --seed, --bad-fraction, --disconnect-fraction).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ENGINE=${ENGINE:-target/release/engine}
+ENGINE=${ENGINE:-${CARGO_TARGET_DIR:-target}/release/engine}
 [ -x "$ENGINE" ] || cargo build --release -p engine
 MODEL=${MODEL:-../shared/golden/llama-tiny}
 PORT=${PORT:-18631}
