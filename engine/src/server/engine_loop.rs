@@ -413,4 +413,121 @@ mod tests {
             (Some(FinishReason::Length), 3, 3)
         );
     }
+
+    /// A runner that fails its first `fail_steps` whole steps, then samples token 300.
+    struct FlakyRunner {
+        fail_steps: usize,
+    }
+
+    impl crate::model::ModelRunner for FlakyRunner {
+        fn forward(
+            &mut self,
+            batch: &[crate::model::SeqInput<'_>],
+        ) -> anyhow::Result<Vec<crate::backend::RowSample>> {
+            if self.fail_steps > 0 {
+                self.fail_steps -= 1;
+                anyhow::bail!("injected device failure");
+            }
+            Ok(batch
+                .iter()
+                .filter(|s| s.sample.is_some())
+                .map(|_| {
+                    Ok(crate::sampler::Sampled {
+                        token: 300,
+                        logprobs: None,
+                    })
+                })
+                .collect())
+        }
+
+        fn logits(&mut self, _: &[crate::model::SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+            anyhow::bail!("no logits")
+        }
+
+        fn profile(&self) -> crate::model::StepProfile {
+            crate::model::StepProfile::default()
+        }
+
+        fn vocab_size(&self) -> usize {
+            1000
+        }
+
+        fn num_blocks(&self) -> usize {
+            64
+        }
+
+        fn block_size(&self) -> usize {
+            16
+        }
+    }
+
+    fn add(commands: &std::sync::mpsc::Sender<Command>) -> mpsc::Receiver<SeqOutput> {
+        let (events, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+        let (admitted, admitted_rx) = oneshot::channel();
+        let params = SamplingParams {
+            max_tokens: 3,
+            temperature: 0.0,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        };
+        commands
+            .send(Command::Add(AddRequest {
+                seqs: vec![(vec![5, 6, 7], params)],
+                events,
+                admitted,
+                arrival: Instant::now(),
+            }))
+            .unwrap();
+        admitted_rx.blocking_recv().unwrap().unwrap();
+        rx
+    }
+
+    /// A step that fails as a whole ends the requests it was running (their channels close
+    /// without a finish, which the routes turn into a 500), and the loop serves the next one.
+    #[test]
+    fn a_failed_step_ends_its_requests_and_the_loop_serves_the_next() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
+        let tokenizer = Arc::new(crate::tokenizer::Tokenizer::from_model_path(&dir).unwrap());
+        let engine = LlmEngine::new(
+            Box::new(FlakyRunner { fail_steps: 1 }),
+            tokenizer,
+            crate::engine::EngineConfig::default(),
+        );
+        let metrics = Arc::new(Metrics::new("m"));
+        let (commands, commands_rx) = std::sync::mpsc::channel();
+        let looping = EngineLoop::new(engine, commands_rx, metrics.clone(), 8);
+        let thread = std::thread::spawn(move || looping.run());
+
+        let mut first = add(&commands);
+        let mut finishes = Vec::new();
+        while let Some(out) = first.blocking_recv() {
+            finishes.extend(out.finish);
+        }
+        assert!(
+            finishes.is_empty(),
+            "the failed request got no finish: {finishes:?}"
+        );
+
+        let mut second = add(&commands);
+        let mut last = None;
+        while let Some(out) = second.blocking_recv() {
+            if out.finish.is_some() {
+                last = Some(out);
+            }
+        }
+        let last = last.expect("the next request is served");
+        assert_eq!(
+            (last.finish, last.num_output_tokens),
+            (Some(FinishReason::Length), 3)
+        );
+        commands.send(Command::Shutdown).unwrap();
+        thread.join().unwrap();
+        let text = metrics.render();
+        assert!(text.contains("finished_reason=\"abort\"} 1"), "{text}");
+        assert!(
+            text.contains("vllm:num_requests_running{model_name=\"m\"} 0"),
+            "{text}"
+        );
+    }
 }
