@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(
             best = v;
             best_i = i;
         }
-        lo = fminf(lo, v);
+        if (v > -INFINITY) lo = fminf(lo, v);  // masked tokens must not drag the bisections to -inf
     }
     block_argmax(best, best_i, sv, si);
     if (best_i == 0x7fffffff) best_i = 0;  // every logit masked: token 0, as the CPU's argmax

@@ -188,6 +188,8 @@ class Soak:
             c.request("POST", path, body=json.dumps(body).encode(), headers={"content-type": "application/json"})
             r = c.getresponse()
             if r.status == 429:
+                if not r.getheader("retry-after"):
+                    self.fail(f"{what}: 429 without Retry-After")
                 self.count("429")
                 r.read()
                 return
@@ -322,13 +324,20 @@ def main():
     deadline = time.time() + 30
     while True:
         m = soak.metrics()
-        idle = m.get("vllm:num_requests_running", 1) == 0 and m.get("vllm:kv_cache_usage_perc", 1) == 0
+        idle = (m.get("vllm:num_requests_running", 1) == 0 and m.get("vllm:num_requests_waiting", 1) == 0
+                and m.get("vllm:kv_cache_usage_perc", 1) == 0)
         if idle or time.time() > deadline:
             break
         time.sleep(0.5)
     if not idle:
         soak.fail(f"server not idle at the end: running {m.get('vllm:num_requests_running')}, "
-                  f"KV usage {m.get('vllm:kv_cache_usage_perc')}")
+                  f"waiting {m.get('vllm:num_requests_waiting')}, KV usage {m.get('vllm:kv_cache_usage_perc')}")
+    if m.get("vllm:request_success_total:error", 0) > 0:
+        soak.fail(f"{int(m['vllm:request_success_total:error'])} sequences finished with an error")
+    # 429s are allowed under the floods, not as the answer to most well-formed requests.
+    valid = soak.counts.get("ok", 0) + soak.counts.get("429", 0) + soak.counts.get("disconnected", 0)
+    if soak.counts.get("ok", 0) < 0.5 * valid:
+        soak.fail(f"only {soak.counts.get('ok', 0)} of {valid} well-formed requests were answered")
     c = soak.conn()
     c.request("GET", "/health")
     health = c.getresponse().status

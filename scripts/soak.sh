@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENGINE=${ENGINE:-${CARGO_TARGET_DIR:-target}/release/engine}
-[ -x "$ENGINE" ] || cargo build --release -p engine
+cargo build --release -q -p engine   # a no-op when up to date: never soak a stale binary
 MODEL=${MODEL:-../shared/golden/llama-tiny}
 PORT=${PORT:-18631}
 MAX_BODY=65536

@@ -499,8 +499,15 @@ impl LlmEngine {
         {
             let tail = request.decoder.flush().context("detokenising the end")?;
             request.held.push_str(&tail);
+            let stops: &[String] = if may_stop { &params.stop } else { &[] };
+            let (released, stopped) = release_text(&mut request.held, stops);
+            text.push_str(&released);
             text.push_str(&std::mem::take(&mut request.held));
-            finish = Some(FinishReason::Length);
+            finish = Some(if stopped {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            });
         }
         let logprob = sampled.logprobs.map(|l| TokenLogprob {
             token,

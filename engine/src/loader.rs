@@ -102,19 +102,23 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
     };
     let loaded = load_model(&args.model, &args.device, &sizing)?;
     let kv_capacity_tokens = loaded.kv_capacity_tokens();
+    let positions = crate::model::max_positions(&loaded.config);
     let max_model_len = match args.max_model_len {
+        Some(len) if len > positions => anyhow::bail!(
+            "--max-model-len {len} exceeds the {positions} positions the model serves (max_position_embeddings {})",
+            loaded.config.max_position_embeddings
+        ),
         Some(len) if len > kv_capacity_tokens => anyhow::bail!(
             "--max-model-len {len} exceeds the KV cache capacity of {kv_capacity_tokens} tokens: raise --kv-cache-memory or lower --max-model-len"
         ),
         Some(len) => len,
-        None if loaded.config.max_position_embeddings > kv_capacity_tokens => {
+        None if positions > kv_capacity_tokens => {
             tracing::warn!(
-                "the model allows {} positions but the KV cache holds {kv_capacity_tokens} tokens: max_model_len = {kv_capacity_tokens}",
-                loaded.config.max_position_embeddings
+                "the model allows {positions} positions but the KV cache holds {kv_capacity_tokens} tokens: max_model_len = {kv_capacity_tokens}"
             );
             kv_capacity_tokens
         }
-        None => loaded.config.max_position_embeddings,
+        None => positions,
     };
     let engine = LlmEngine::new(
         loaded.runner,

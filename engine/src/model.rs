@@ -138,6 +138,12 @@ struct HostScratch {
 /// tables stay small (positions past it are rejected).
 const MAX_ROPE_POSITIONS: usize = 1 << 17;
 
+/// The longest context a model loaded from `config` serves: its maximum position, capped
+/// to the RoPE tables.
+pub fn max_positions(config: &ModelConfig) -> usize {
+    config.max_position_embeddings.clamp(1, MAX_ROPE_POSITIONS)
+}
+
 /// RoPE cosine and sine tables `[positions, head_dim / 2]`, angle `pos * inv_freq[i]` in f32.
 fn rope_tables(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
     let mut cos = Vec::with_capacity(positions * inv_freq.len());
@@ -362,7 +368,7 @@ impl<B: Backend> Model<B> {
             last: backend.new_act(),
             logits: backend.new_act(),
         };
-        let rope_positions = c.max_position_embeddings.clamp(1, MAX_ROPE_POSITIONS);
+        let rope_positions = max_positions(c);
         let (cos, sin) = rope_tables(&rope_inv_freq(c), rope_positions);
         let table = |name: &str, v: Vec<f32>| {
             backend.upload_param(
@@ -475,7 +481,7 @@ impl<B: Backend> ModelState<B> {
         if !b.replay_layers(&step, &mut self.bufs.logits)? {
             b.begin_layers(&step)?;
             let issued = self.issue_layers(b, &step);
-            let ran = b.end_layers(&step, &self.bufs.logits)?;
+            let ran = b.end_layers(&step, &self.bufs.logits, issued.is_ok())?;
             issued?;
             if !ran {
                 self.issue_layers(b, &step)?;

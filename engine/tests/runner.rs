@@ -8,7 +8,9 @@ mod common;
 use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions};
 use engine::backend::cuda::Device;
 use engine::engine::{EngineConfig, LlmEngine};
-use engine::loader::{load_cpu_runner, load_model, DeviceArgs, RunnerSizing};
+use engine::loader::{
+    load_cpu_runner, load_engine, load_model, DeviceArgs, EngineArgs, RunnerSizing,
+};
 use engine::model::{kv_bytes_per_token, RunnerOptions};
 use engine::sampler::SamplingParams;
 use engine::weights::open_model;
@@ -116,4 +118,36 @@ fn seeded_cpu_sampling_draws_the_same_tokens_as_before() {
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.as_slice(), w.as_slice(), "sequence {i}");
     }
+}
+
+/// A context longer than the positions the model serves is refused at start-up, not
+/// discovered by a step (which would fail every running request).
+#[test]
+fn max_model_len_past_the_models_positions_is_refused() {
+    let args = EngineArgs {
+        model: golden_dir_with("llama-tiny", "model.safetensors"),
+        max_num_seqs: 4,
+        max_num_batched_tokens: 256,
+        max_model_len: Some(3000),
+        kv_cache_memory: "16MiB".into(),
+        block_size: 16,
+        enable_prefix_caching: false,
+        no_enable_prefix_caching: false,
+        device: DeviceArgs {
+            device: Some(Device::Cpu),
+            threads: 1,
+            gpu_memory_utilization: 0.9,
+            enforce_eager: false,
+        },
+    };
+    let err = load_engine(&args).err().expect("refused").to_string();
+    assert!(
+        err.contains("--max-model-len 3000 exceeds the 2048 positions"),
+        "{err}"
+    );
+    let fits = EngineArgs {
+        max_model_len: Some(2048),
+        ..args
+    };
+    assert_eq!(load_engine(&fits).expect("loads").max_model_len, 2048);
 }

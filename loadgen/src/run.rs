@@ -178,8 +178,9 @@ async fn one_request(
         }
     };
     let permit = tokio::select! {
-        p = permit => p,
+        biased;
         _ = stopped(ctx.stop.clone()) => None,
+        p = permit => p,
     };
     let record = match permit {
         None => None,

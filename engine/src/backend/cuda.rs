@@ -316,6 +316,8 @@ struct GraphState {
     /// The graph of each shape, with the width of the logits it writes.
     graphs: HashMap<GraphKey, (LockedGraph, usize)>,
     warmed: HashMap<GraphKey, u64>,
+    /// Shapes whose capture failed: they run eagerly from then on.
+    eager_only: std::collections::HashSet<GraphKey>,
     /// The shape being captured and the epoch the capture began in.
     capturing: Option<(GraphKey, u64)>,
 }
@@ -947,7 +949,14 @@ impl Backend for CudaBackend {
             graphs,
             ..
         } = &mut *st;
-        if ensure_len(&self.stream, dev, words, "the step metadata buffer")? {
+        // Grown to twice the need: penalty entries vary from step to step, and each
+        // reallocation drops the captured graphs.
+        let need = if dev.as_ref().is_none_or(|b| b.len() < words) {
+            2 * words
+        } else {
+            words
+        };
+        if ensure_len(&self.stream, dev, need, "the step metadata buffer")? {
             graphs.epoch += 1;
         }
         let dev = dev
@@ -999,7 +1008,7 @@ impl Backend for CudaBackend {
         let mut st = self.state()?;
         let g = &mut st.graphs;
         let epoch = g.epoch;
-        if g.warmed.insert(key, epoch) != Some(epoch) {
+        if g.eager_only.contains(&key) || g.warmed.insert(key, epoch) != Some(epoch) {
             return Ok(()); // first run of this shape in this epoch: eager, sizes the buffers
         }
         self.stream
@@ -1009,16 +1018,21 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn end_layers(&self, _step: &CudaStep, logits: &CudaAct) -> anyhow::Result<bool> {
+    fn end_layers(&self, _step: &CudaStep, logits: &CudaAct, issued: bool) -> anyhow::Result<bool> {
         let mut st = self.state()?;
         let g = &mut st.graphs;
         let Some((key, epoch)) = g.capturing.take() else {
             return Ok(true);
         };
-        let graph = self
-            .stream
-            .end_capture(CUgraphInstantiate_flags(0))
-            .context("ending a decode graph capture")?;
+        let graph = match self.stream.end_capture(CUgraphInstantiate_flags(0)) {
+            Ok(graph) if issued => graph,
+            Ok(_) => return Ok(false), // an op failed: the partial capture is dropped
+            Err(e) => {
+                g.eager_only.insert(key);
+                tracing::warn!("decode graph {key:?} could not be captured, runs eagerly: {e:?}");
+                return Ok(false);
+            }
+        };
         let Some(graph) = graph.filter(|_| g.epoch == epoch) else {
             // A buffer was reallocated while capturing: nothing ran, and the capture is stale.
             tracing::debug!("decode graph {key:?} discarded (a buffer moved while capturing)");

@@ -165,9 +165,15 @@ pub trait Backend: Send + Sync {
     fn begin_layers(&self, _step: &Self::Step) -> anyhow::Result<()> {
         Ok(())
     }
-    /// Called after the layers' ops were issued: a capturing backend runs the capture now.
-    /// False when the layers did not run (a capture was discarded) and must be issued again.
-    fn end_layers(&self, _step: &Self::Step, _logits: &Self::Act) -> anyhow::Result<bool> {
+    /// Called after the layers' ops were issued (`issued` false when one failed): a capturing
+    /// backend runs the capture now. False when the layers did not run (a capture was
+    /// discarded) and must be issued again.
+    fn end_layers(
+        &self,
+        _step: &Self::Step,
+        _logits: &Self::Act,
+        _issued: bool,
+    ) -> anyhow::Result<bool> {
         Ok(true)
     }
 
