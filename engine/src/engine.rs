@@ -232,13 +232,12 @@ impl LlmEngine {
         params.validate()?;
         let id = self.next_id;
         self.next_id += 1;
-        let has_penalties = params.repetition_penalty != 1.0
-            || params.presence_penalty != 0.0
-            || params.frequency_penalty != 0.0;
         let request = Request {
             sampler: Sampler::new(&params),
             min_tokens_mask: min_tokens_mask(&params, self.tokenizer.eos_token_ids()),
-            counts: has_penalties.then(|| TokenCounts::new(&prompt_ids)),
+            counts: params
+                .has_penalties()
+                .then(|| TokenCounts::new(&prompt_ids)),
             decoder: IncrementalDecoder::new(self.tokenizer.clone(), params.skip_special_tokens),
             params,
             held: String::new(),

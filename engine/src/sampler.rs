@@ -118,6 +118,20 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }
+
+    /// Whether any penalty changes the logits (the request then keeps `TokenCounts`).
+    pub fn has_penalties(&self) -> bool {
+        penalties_active(
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+        )
+    }
+}
+
+/// The one rule for "this request is penalised", shared by its parameters and its specs.
+fn penalties_active(repetition: f32, presence: f32, frequency: f32) -> bool {
+    repetition != 1.0 || presence != 0.0 || frequency != 0.0
 }
 
 /// A sampled token, with logprobs when the request asked for them.
@@ -271,9 +285,11 @@ impl<'a> SampleSpec<'a> {
     /// Whether any penalty changes the logits.
     pub fn has_penalties(&self) -> bool {
         self.counts.is_some()
-            && (self.repetition_penalty != 1.0
-                || self.presence_penalty != 0.0
-                || self.frequency_penalty != 0.0)
+            && penalties_active(
+                self.repetition_penalty,
+                self.presence_penalty,
+                self.frequency_penalty,
+            )
     }
 }
 

@@ -701,12 +701,12 @@ fn push_u64s(m: &mut Vec<i32>, values: impl Iterator<Item = u64>) -> usize {
 /// flag 1 = seen in prompt or output (repetition penalty), 2 = masked.
 fn push_penalties(m: &mut Vec<i32>, samples: &[SampleSpec<'_>]) -> anyhow::Result<(usize, usize)> {
     let at = m.len();
-    let mut masked = std::collections::HashSet::new();
     for (row, spec) in samples.iter().enumerate() {
         let row = int(row, "sampled row")?;
-        masked.clear();
-        for &t in spec.masked {
-            if masked.insert(t) {
+        // Mask lists are a few EOS and stop ids: linear checks, no per-step set.
+        let masked = spec.masked;
+        for (i, &t) in masked.iter().enumerate() {
+            if !masked[..i].contains(&t) {
                 m.extend([row, int(t as usize, "token")?, 0, 2]);
             }
         }
@@ -895,17 +895,19 @@ impl Backend for CudaBackend {
         }
         m.extend((rows..padded).map(|r| r as i32));
         // Padding rows sample greedily with no logprobs; their results are never read.
-        let padding = std::iter::repeat_n(SampleSpec::GREEDY, pad);
-        let samples: Vec<SampleSpec<'_>> = meta.samples.iter().copied().chain(padding).collect();
-        off.temperature = push_f32s(m, samples.iter().map(|s| s.temperature));
+        let samples = || {
+            let padding = std::iter::repeat_n(SampleSpec::GREEDY, pad);
+            meta.samples.iter().copied().chain(padding)
+        };
+        off.temperature = push_f32s(m, samples().map(|s| s.temperature));
         off.top_k = m.len();
-        for s in &samples {
+        for s in samples() {
             m.push(int(s.top_k, "top_k")?);
         }
-        off.top_p = push_f32s(m, samples.iter().map(|s| s.top_p));
-        off.min_p = push_f32s(m, samples.iter().map(|s| s.min_p));
+        off.top_p = push_f32s(m, samples().map(|s| s.top_p));
+        off.min_p = push_f32s(m, samples().map(|s| s.min_p));
         off.n_top = m.len();
-        for s in &samples {
+        for s in samples() {
             let n = s.logprobs.map_or(Ok(-1), |n| int(n, "logprobs"))?;
             ensure!(
                 n <= SAMPLE_MAX_TOP as i32,
@@ -913,11 +915,11 @@ impl Backend for CudaBackend {
             );
             m.push(n);
         }
-        off.repetition = push_f32s(m, samples.iter().map(|s| s.repetition_penalty));
-        off.presence = push_f32s(m, samples.iter().map(|s| s.presence_penalty));
-        off.frequency = push_f32s(m, samples.iter().map(|s| s.frequency_penalty));
-        off.seeds = push_u64s(m, samples.iter().map(|s| s.seed));
-        off.draws = push_u64s(m, samples.iter().map(|s| s.draw));
+        off.repetition = push_f32s(m, samples().map(|s| s.repetition_penalty));
+        off.presence = push_f32s(m, samples().map(|s| s.presence_penalty));
+        off.frequency = push_f32s(m, samples().map(|s| s.frequency_penalty));
+        off.seeds = push_u64s(m, samples().map(|s| s.seed));
+        off.draws = push_u64s(m, samples().map(|s| s.draw));
         off.tables = m.len();
         for s in meta.seqs {
             for &b in s.block_table {
