@@ -4,7 +4,8 @@
 //! `loadgen compare DIR` on the same folder reproduces the verdicts.
 
 use clap::Parser;
-use loadgen::compare::{compare_command, round_dir, CompareArgs, CompareFile, Side, COMPARE_FILE};
+use loadgen::commands::compare::{compare_command, CompareArgs};
+use loadgen::folders::{round_dir, CompareFile, Side, COMPARE_FILE};
 use reports::ab::Verdict;
 use reports::metrics::SloMetric;
 use reports::records::read_meta;

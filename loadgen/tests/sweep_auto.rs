@@ -7,10 +7,11 @@ mod capacity;
 
 use capacity::{four_slot_mock, Plan, Sweep, SATURATION};
 use clap::Parser;
+use loadgen::commands::plan::plan_command;
+use loadgen::commands::sweep::sweep_command;
+use loadgen::folders::PLAN_FILE;
+use loadgen::folders::{SweepFile, SWEEP_FILE};
 use loadgen::mock;
-use loadgen::plan_cmd::plan_command;
-use loadgen::report_cmd::PLAN_FILE;
-use loadgen::sweep::{sweep_command, SweepFile, SWEEP_FILE};
 use reports::plan::CapacityPlan;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,11 +9,14 @@ use std::path::Path;
 
 use capacity::{four_slot_mock, Plan, Sweep, SATURATION};
 use clap::Parser;
-use loadgen::compare::{compare_command, CompareArgs, CompareFile, COMPARE_FILE};
+use loadgen::commands::compare::{compare_command, CompareArgs};
+use loadgen::commands::plan::plan_command;
+use loadgen::commands::report::{report_command, ReportArgs};
+use loadgen::commands::sweep::sweep_command;
+use loadgen::folders::PLAN_FILE;
+use loadgen::folders::{CompareFile, COMPARE_FILE};
+use loadgen::folders::{SweepFile, SWEEP_FILE};
 use loadgen::mock;
-use loadgen::plan_cmd::plan_command;
-use loadgen::report_cmd::{report_command, ReportArgs, PLAN_FILE};
-use loadgen::sweep::{sweep_command, SweepFile, SWEEP_FILE};
 use reports::ab::Verdict;
 use reports::plan::CapacityPlan;
 

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use clap::Parser;
+use loadgen::commands::plan::PlanArgs;
+use loadgen::commands::sweep::SweepArgs;
 use loadgen::mock::MockConfig;
-use loadgen::plan_cmd::PlanArgs;
-use loadgen::sweep::SweepArgs;
 
 #[derive(Parser)]
 pub struct Sweep {

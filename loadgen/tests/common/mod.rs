@@ -4,9 +4,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use clap::Parser;
-use loadgen::compare::{
-    analyse_rounds, run_rounds, AnalysisOptions, CompareArgs, CompareFile, PairMode, ServerSpec,
-};
+use loadgen::commands::compare::{run_rounds, CompareArgs, ServerSpec};
+use loadgen::comparison::{analyse_rounds, AnalysisOptions, PairMode};
+use loadgen::folders::CompareFile;
 use loadgen::mock::{self, MockConfig};
 use reports::ab::{MetricVerdict, DEFAULT_ALPHA};
 use reports::metrics::SloMetric;

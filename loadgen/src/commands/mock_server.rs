@@ -1,0 +1,62 @@
+//! `loadgen mock-server`: the built-in OpenAI-compatible mock, with known timing.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::mock::{self, MockConfig};
+use crate::units::duration_arg;
+
+#[derive(Args, Debug, Clone)]
+pub struct MockArgs {
+    #[arg(long, value_parser = duration_arg, default_value = "50ms")]
+    pub ttft: Duration,
+    #[arg(long, value_parser = duration_arg, default_value = "10ms")]
+    pub itl: Duration,
+    #[arg(long, default_value_t = 1)]
+    pub tokens_per_chunk: u32,
+    /// Requests served at once (0 = unlimited); others queue FIFO.
+    #[arg(long, default_value_t = 0)]
+    pub slots: usize,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    #[arg(long, default_value = "loadgen-mock")]
+    pub model: String,
+    /// Multiply the TTFT (a "slower" server for A/B tests).
+    #[arg(long, default_value_t = 1.0)]
+    pub ttft_factor: f64,
+    /// Fraction of requests answered with --error-status.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    #[arg(long, default_value_t = 500)]
+    pub error_status: u16,
+    /// Abort each stream after this many tokens.
+    #[arg(long)]
+    pub cut_after: Option<u32>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// `loadgen mock-server`: serves until killed.
+pub async fn mock_command(a: MockArgs) -> Result<()> {
+    let (addr, handle) = mock::spawn(MockConfig {
+        addr: std::net::SocketAddr::new(a.host, a.port),
+        model: a.model,
+        ttft: a.ttft,
+        itl: a.itl,
+        tokens_per_chunk: a.tokens_per_chunk,
+        slots: a.slots,
+        ttft_factor: a.ttft_factor,
+        error_rate: a.error_rate,
+        error_status: a.error_status,
+        cut_after: a.cut_after,
+        seed: a.seed,
+    })
+    .await?;
+    eprintln!("loadgen mock server listening on http://{addr}");
+    handle.wait().await;
+    Ok(())
+}

@@ -1,0 +1,11 @@
+//! One module per subcommand: its arguments and what it does with them. Shared work lives
+//! outside: run preparation in `prepare`, folder formats in `folders`, analyses in
+//! `saturation`, `probe` and `comparison`.
+
+pub mod calibrate;
+pub mod compare;
+pub mod mock_server;
+pub mod plan;
+pub mod report;
+pub mod run;
+pub mod sweep;

@@ -1,0 +1,44 @@
+//! `loadgen report DIR`: renders a run, sweep or comparison folder to `report.md` and a
+//! self-contained `report.html`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use reports::render::write_report;
+
+use crate::comparison::compare_view;
+use crate::folders::{CompareFile, COMPARE_FILE, SWEEP_FILE};
+use crate::views::{run_report, sweep_report};
+
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// A run folder (records.jsonl + meta.json), a sweep folder (sweep.json) or a comparison
+    /// folder (compare.json).
+    pub dir: PathBuf,
+    /// Where to write report.md / report.html (default: DIR).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// `loadgen report`.
+pub fn report_command(args: ReportArgs) -> Result<()> {
+    let dir = &args.dir;
+    let report = if dir.join(COMPARE_FILE).is_file() {
+        compare_view(&CompareFile::read(&dir.join(COMPARE_FILE))?)?
+    } else if dir.join(SWEEP_FILE).is_file() {
+        sweep_report(dir)?
+    } else if dir.join("records.jsonl").is_file() {
+        run_report(dir)?
+    } else {
+        bail!(
+            "{}: no {COMPARE_FILE}, {SWEEP_FILE} or records.jsonl: not a comparison, sweep or run folder",
+            dir.display()
+        );
+    };
+    let out = args.out.as_deref().unwrap_or(dir);
+    let (md, html) = write_report(out, &report)?;
+    println!("report: {}", html.display());
+    println!("        {}", md.display());
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! `loadgen sweep`: the same seeded workload at a list of offered rates, one level after
+//! another, stopping after the first level that saturates (see `saturation`) or breaks the
+//! SLO badly. `--rates auto` first finds the saturation rate (see `probe`).
+//!
+//! Layout of the output folder: `sweep.json` (levels and why the sweep stopped, rewritten after
+//! every level so a cut-short sweep stays readable) and one run folder per level
+//! (`level-00/`, …) as `loadgen run --out` writes it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use reports::records::read_records;
+use reports::render::write_report;
+use reports::slo::SloSpec;
+
+use crate::folders::{load_run, LevelEntry, SweepFile, SWEEP_FILE};
+use crate::prepare::{run_once, RunArgs};
+use crate::probe::{auto_levels, probe_saturation};
+use crate::run::stop_on_signals;
+use crate::saturation::{backlog_trend, level_rates, SATURATION_FRACTION};
+use crate::units::duration_arg;
+use crate::views::sweep_report;
+
+/// A level breaks the SLO badly when an observed percentile exceeds its limit by this factor.
+pub const BAD_SLO_FACTOR: f64 = 2.0;
+
+#[derive(Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// Offered rates in requests/s, comma-separated (e.g. 1,2,4,8,16), run in ascending order;
+    /// or `auto`: find the saturation rate with a closed-loop probe, then spread levels below it.
+    #[arg(long, required = true)]
+    pub rates: String,
+    /// With --rates auto: the levels as fractions of the saturation rate.
+    #[arg(long, value_delimiter = ',', default_value = "0.2,0.4,0.6,0.8,0.9,1.0")]
+    pub auto_fractions: Vec<f64>,
+    /// With --rates auto: the measured length of each closed-loop probe step (plus a quarter
+    /// of it as warm-up).
+    #[arg(long, value_parser = duration_arg, default_value = "10s")]
+    pub probe_duration: Duration,
+    /// With --rates auto: the largest probe concurrency.
+    #[arg(long, default_value_t = 256)]
+    pub probe_max_concurrency: usize,
+    /// Every `loadgen run` option applies to each level (`--rate` is replaced by each rate;
+    /// `--slo` takes percentiles: ttft:p99:500ms,tpot:p99:50ms; `--out` is required).
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// The rates of `--rates`: a comma-separated list, or `None` for `auto`.
+pub fn parse_rates(text: &str) -> Result<Option<Vec<f64>>> {
+    if text.trim().eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    let mut rates = text
+        .split(',')
+        .map(|r| {
+            let rate: f64 = r
+                .trim()
+                .parse()
+                .with_context(|| format!("--rates: `{r}` is not a number (or give `auto`)"))?;
+            if !(rate.is_finite() && rate > 0.0) {
+                bail!("--rates: rate {rate} is not a positive number");
+            }
+            Ok(rate)
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    Ok(Some(rates))
+}
+
+/// `loadgen sweep`.
+pub async fn sweep_command(args: SweepArgs) -> Result<()> {
+    let out: PathBuf = args
+        .run
+        .out
+        .clone()
+        .context("loadgen sweep: --out FOLDER is required")?;
+    if args.run.concurrency.is_some() {
+        bail!("loadgen sweep: --concurrency (closed loop) cannot be combined with --rates");
+    }
+    let slo = args.run.slo.as_deref().map(SloSpec::parse).transpose()?;
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let (rates, probe) = match parse_rates(&args.rates)? {
+        Some(rates) => (rates, None),
+        None => {
+            eprintln!("loadgen sweep: --rates auto: probing the saturation rate (closed loop)…");
+            let (steps, reason) = probe_saturation(
+                &args.run,
+                args.probe_duration,
+                args.probe_max_concurrency.max(1),
+            )
+            .await?;
+            let (probe, rates) = auto_levels(steps, reason, &args.auto_fractions)?;
+            eprintln!(
+                "loadgen sweep: saturation ≈ {:.3} req/s (concurrency {} / mean E2E; {}); levels {rates:?}",
+                probe.saturation_rate, probe.knee_concurrency, probe.stop_reason
+            );
+            (rates, Some(probe))
+        }
+    };
+    let mut file = SweepFile {
+        schema_version: 1,
+        slo: args.run.slo.clone(),
+        rates: rates.clone(),
+        probe,
+        levels: Vec::new(),
+        stop_reason: None,
+    };
+    let per_request = slo.as_ref().map(SloSpec::per_request).unwrap_or_default();
+    let stop = stop_on_signals()?;
+    for (i, &rate) in rates.iter().enumerate() {
+        let dir = format!("level-{i:02}");
+        eprintln!(
+            "loadgen sweep: level {}/{} at {rate} req/s → {}",
+            i + 1,
+            rates.len(),
+            out.join(&dir).display()
+        );
+        let mut run = args.run.clone();
+        run.rate = rate;
+        run.out = Some(out.join(&dir));
+        let outcome = run_once(&run, stop.clone()).await?;
+        print!("{}", reports::table::render(&outcome.summary));
+        let loaded = load_run(&out.join(&dir), &per_request)?;
+        let achieved = loaded.metrics.request_throughput;
+        let records_path = out.join(&dir).join("records.jsonl");
+        let records = read_records(&records_path)?;
+        let backlog = backlog_trend(&records);
+        let level_rates = level_rates(&records);
+        let slow = match level_rates {
+            Some(r) => r.completed < SATURATION_FRACTION * r.scheduled,
+            None => achieved < SATURATION_FRACTION * rate,
+        };
+        let growing = backlog.is_some_and(|b| b.growing);
+        let saturated = slow || growing;
+        let check = slo.as_ref().map(|s| s.check(&loaded.samples));
+        file.levels.push(LevelEntry {
+            dir,
+            offered_rate: rate,
+            achieved_rate: achieved,
+            output_tokens_per_s: loaded.metrics.output_throughput,
+            saturated,
+            rates: level_rates,
+            backlog,
+            slo_met: check.as_ref().map(|c| c.met),
+        });
+        let last = i + 1 == rates.len();
+        if saturated && !last {
+            file.stop_reason = Some(match backlog.filter(|_| !slow) {
+                Some(b) => format!(
+                    "saturated at {rate} req/s: requests in flight kept growing ({:.1} → {:.1} \
+                     from the first to the last third of the window)",
+                    b.first_third, b.last_third
+                ),
+                None => match level_rates {
+                    Some(r) => format!(
+                        "saturated at {rate} req/s: completed {:.3} req/s < {:.0}% of the \
+                         {:.3} req/s scheduled over the same requests",
+                        r.completed,
+                        SATURATION_FRACTION * 100.0,
+                        r.scheduled
+                    ),
+                    None => format!(
+                        "saturated at {rate} req/s: achieved {achieved:.3} req/s < {:.0}% of \
+                         offered",
+                        SATURATION_FRACTION * 100.0
+                    ),
+                },
+            });
+        } else if let Some(c) = check.as_ref().filter(|c| c.worst_ratio() > BAD_SLO_FACTOR) {
+            if !last {
+                file.stop_reason = Some(format!(
+                    "SLO broken badly at {rate} req/s (a percentile at {:.1}× its limit)",
+                    c.worst_ratio()
+                ));
+            }
+        }
+        if *stop.borrow() {
+            file.stop_reason = Some(format!("interrupted during the level at {rate} req/s"));
+        }
+        file.write(&out.join(SWEEP_FILE))?;
+        if let Some(reason) = &file.stop_reason {
+            eprintln!("loadgen sweep: stopping: {reason}");
+            break;
+        }
+    }
+    for level in &file.levels {
+        println!(
+            "{:>10.3} req/s offered  {:>10.3} achieved  {:>10.1} tok/s  saturated: {:<3}  SLO met: {}",
+            level.offered_rate,
+            level.achieved_rate,
+            level.output_tokens_per_s,
+            if level.saturated { "yes" } else { "no" },
+            level.slo_met.map_or("–", |m| if m { "yes" } else { "no" })
+        );
+    }
+    let (_, html) = write_report(&out, &sweep_report(&out)?)?;
+    println!(
+        "sweep: {}  report: {}",
+        out.join(SWEEP_FILE).display(),
+        html.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_sorted_and_deduplicated() {
+        assert_eq!(parse_rates("auto").unwrap(), None);
+        assert_eq!(parse_rates("4, 1,2,2").unwrap(), Some(vec![1.0, 2.0, 4.0]));
+        assert!(parse_rates("1,x").is_err());
+        assert!(parse_rates("0").is_err());
+    }
+}

@@ -1,0 +1,284 @@
+//! The folder formats every command reads and writes: a run folder (`records.jsonl`,
+//! `meta.json`, `schedule.jsonl`), a sweep folder (`sweep.json`, `plan.json` and one run folder
+//! per level) and a comparison folder (`compare.json` and `round-KK-a` / `round-KK-b` runs).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use reports::ab::AbReport;
+use reports::metrics::{compute, Metrics, MetricsOptions, Slo};
+use reports::plan::{CapacityPlan, SweepLevel};
+use reports::records::{read_meta, read_records, RunMeta};
+use reports::render::Conditions;
+use reports::samples::LatencySamples;
+use reports::slo::SloSpec;
+use reports::stats::Bootstrap;
+use serde::{Deserialize, Serialize};
+
+use crate::probe::Probe;
+use crate::saturation::{Backlog, LevelRates};
+
+pub const SWEEP_FILE: &str = "sweep.json";
+/// The capacity plan of a sweep, beside `sweep.json`.
+pub const PLAN_FILE: &str = "plan.json";
+pub const COMPARE_FILE: &str = "compare.json";
+
+/// One run folder, loaded.
+pub struct LoadedRun {
+    pub meta: RunMeta,
+    pub metrics: Metrics,
+    pub samples: LatencySamples,
+}
+
+/// Loads `records.jsonl` and `meta.json` from `dir` and computes its metrics.
+pub fn load_run(dir: &Path, slos: &[Slo]) -> Result<LoadedRun> {
+    let meta = read_meta(&dir.join("meta.json"))?;
+    let records = read_records(&dir.join("records.jsonl"))?;
+    let metrics = compute(
+        &records,
+        &MetricsOptions {
+            slos: slos.to_vec(),
+            open_loop: true,
+        },
+    );
+    Ok(LoadedRun {
+        meta,
+        metrics,
+        samples: LatencySamples::from_records(&records),
+    })
+}
+
+/// One level in `sweep.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelEntry {
+    /// Run folder, relative to the sweep folder.
+    pub dir: String,
+    pub offered_rate: f64,
+    /// Completed requests/s over the measurement window.
+    pub achieved_rate: f64,
+    pub output_tokens_per_s: f64,
+    /// Achieved < 95% of offered, or the backlog kept growing.
+    pub saturated: bool,
+    /// Offered and completed rates over the same requests (see [`level_rates`]).
+    #[serde(default)]
+    pub rates: Option<LevelRates>,
+    /// Requests in flight over the level (see [`backlog_trend`]).
+    #[serde(default)]
+    pub backlog: Option<Backlog>,
+    /// `None` without an SLO.
+    pub slo_met: Option<bool>,
+}
+
+/// `sweep.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepFile {
+    pub schema_version: u32,
+    /// The SLO as given (`--slo`).
+    pub slo: Option<String>,
+    pub rates: Vec<f64>,
+    /// The saturation probe, with `--rates auto`.
+    #[serde(default)]
+    pub probe: Option<Probe>,
+    pub levels: Vec<LevelEntry>,
+    /// Why the sweep stopped before the last rate, if it did.
+    pub stop_reason: Option<String>,
+}
+
+impl SweepFile {
+    pub fn read(path: &Path) -> Result<SweepFile> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: invalid sweep file", path.display()))
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// A sweep folder, loaded.
+pub struct LoadedSweep {
+    pub file: SweepFile,
+    pub slo: Option<SloSpec>,
+    pub levels: Vec<SweepLevel>,
+    pub conditions: Conditions,
+}
+
+/// Reads `sweep.json` and every level's records.
+pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
+    let file = SweepFile::read(&dir.join(SWEEP_FILE))?;
+    let slo = file.slo.as_deref().map(SloSpec::parse).transpose()?;
+    let per_request = slo.as_ref().map(SloSpec::per_request).unwrap_or_default();
+    let mut levels = Vec::new();
+    let mut conditions = None;
+    for entry in &file.levels {
+        let run = load_run(&dir.join(&entry.dir), &per_request)
+            .with_context(|| format!("sweep level {}", entry.dir))?;
+        if conditions.is_none() {
+            let mut c = Conditions::from_meta(&run.meta);
+            c.schedule = format!(
+                "sweep over offered rates {:?} req/s; each level: {}",
+                file.rates, c.schedule
+            );
+            conditions = Some(c);
+        }
+        levels.push(SweepLevel {
+            offered_rate: entry.offered_rate,
+            achieved_rate: entry.achieved_rate,
+            output_tokens_per_s: entry.output_tokens_per_s,
+            saturated: entry.saturated,
+            samples: run.samples,
+        });
+    }
+    let conditions = conditions
+        .with_context(|| format!("{}: the sweep has no completed level", dir.display()))?;
+    Ok(LoadedSweep {
+        file,
+        slo,
+        levels,
+        conditions,
+    })
+}
+
+/// The capacity plan written by `loadgen plan` into a sweep folder, if there is one.
+pub fn read_plan(dir: &Path) -> Result<Option<CapacityPlan>> {
+    let path = dir.join(PLAN_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let plan = serde_json::from_str(&text)
+        .with_context(|| format!("{}: invalid capacity plan", path.display()))?;
+    Ok(Some(plan))
+}
+
+/// `compare.json`: the inputs (so the report can be rebuilt) and the verdicts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareFile {
+    pub schema_version: u32,
+    /// Run folders of each side, one per round, in round order.
+    pub a_rounds: Vec<PathBuf>,
+    pub b_rounds: Vec<PathBuf>,
+    pub pair_by_id: bool,
+    pub alpha: f64,
+    pub bootstrap: Bootstrap,
+    pub analysis: AbReport,
+}
+
+impl CompareFile {
+    pub fn read(path: &Path) -> Result<CompareFile> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: invalid comparison file", path.display()))
+    }
+}
+
+/// Which side of a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    A,
+    B,
+}
+
+impl Side {
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Side::A => "a",
+            Side::B => "b",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Side::A => "A",
+            Side::B => "B",
+        }
+    }
+}
+
+/// The folder of one online round.
+pub fn round_dir(out: &Path, round: usize, side: Side) -> PathBuf {
+    out.join(format!("round-{round:02}-{}", side.suffix()))
+}
+
+fn round_folders(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("round-"))
+                && p.join("records.jsonl").is_file()
+        })
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+fn is_side_round(path: &Path, side: Side) -> bool {
+    path.file_name().is_some_and(|n| {
+        n.to_string_lossy()
+            .ends_with(&format!("-{}", side.suffix()))
+    })
+}
+
+/// The run folders of one side: `dir` itself, or its `round-*` subfolders in name order.
+pub fn side_rounds(dir: &Path) -> Result<Vec<PathBuf>> {
+    if dir.join("records.jsonl").is_file() {
+        return Ok(vec![dir.canonicalize()?]);
+    }
+    let found = round_folders(dir)?;
+    if found.is_empty() {
+        bail!(
+            "{}: neither a run folder (records.jsonl) nor a folder of round-* runs",
+            dir.display()
+        );
+    }
+    if found.iter().any(|p| is_side_round(p, Side::A))
+        && found.iter().any(|p| is_side_round(p, Side::B))
+    {
+        bail!(
+            "{}: an online comparison's folder (round-KK-a and round-KK-b): give it alone, \
+             `loadgen compare {}`",
+            dir.display(),
+            dir.display()
+        );
+    }
+    found.iter().map(|p| Ok(p.canonicalize()?)).collect()
+}
+
+/// Both sides' run folders of an online comparison's folder.
+pub fn online_rounds(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let found = round_folders(dir)?;
+    let side = |s: Side| -> Result<Vec<PathBuf>> {
+        found
+            .iter()
+            .filter(|p| is_side_round(p, s))
+            .map(|p| Ok(p.canonicalize()?))
+            .collect()
+    };
+    let (a, b) = (side(Side::A)?, side(Side::B)?);
+    if a.is_empty() || b.is_empty() {
+        bail!(
+            "{}: expected round-KK-a and round-KK-b run folders (an online comparison), or give \
+             two folders A_DIR B_DIR",
+            dir.display()
+        );
+    }
+    Ok((a, b))
+}
+
+/// Whether two run folders hold byte-identical `schedule.jsonl` files.
+pub fn same_schedule(a: &Path, b: &Path) -> bool {
+    match (
+        std::fs::read(a.join("schedule.jsonl")),
+        std::fs::read(b.join("schedule.jsonl")),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}

@@ -1,0 +1,546 @@
+//! Run preparation, shared by `run`, `sweep` and `compare`: the `loadgen run` options, the
+//! request plan they describe (workload, schedule, warm-up), and one execution of that plan
+//! against a server with its `meta.json`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use reports::records::{RunMeta, SCHEMA_VERSION};
+use reports::slo::SloSpec;
+use serde_json::json;
+
+use crate::calibrate::{calibrate, CalibrateConfig};
+use crate::client::{self, Backend, Target};
+use crate::host::host_info;
+use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
+use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
+use crate::units::duration_arg;
+use crate::workload::prompt::PromptBuilder;
+use crate::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
+use crate::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
+use crate::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadKind {
+    /// Seeded log-normal lengths (`--profile`), parameters in traces/sharegpt-like.json.
+    SharegptLike,
+    /// vLLM `random`: uniform lengths around --random-input-len / --random-output-len.
+    Random,
+    /// Lengths (and timestamps) from `--trace`.
+    Trace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ArrivalKind {
+    Poisson,
+    Gamma,
+    Constant,
+    /// The trace's own timestamps (after --trace-window, --time-scale / --target-rate).
+    Trace,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Base URL of the server (without /v1).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    #[arg(long, value_enum, default_value = "completions")]
+    pub backend: Backend,
+    /// Model name; default: the first of GET /v1/models.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Extra header `Name: value` (repeatable).
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    #[arg(long)]
+    pub api_key: Option<String>,
+    #[arg(long, value_enum, default_value = "sharegpt-like")]
+    pub workload: WorkloadKind,
+    /// ShareGPT-like profile: chat, code, summarization, long-context.
+    #[arg(long, default_value = "chat")]
+    pub profile: String,
+    /// ShareGPT-like: lower the profile's upper clip on prompt lengths (tokens).
+    #[arg(long)]
+    pub max_input_len: Option<u32>,
+    /// ShareGPT-like: lower the profile's upper clip on output lengths (tokens).
+    #[arg(long)]
+    pub max_output_len: Option<u32>,
+    #[arg(long, default_value_t = 1024)]
+    pub random_input_len: u32,
+    #[arg(long, default_value_t = 128)]
+    pub random_output_len: u32,
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+    /// Shared prefix tokens per group (synthetic workloads), added to the drawn input length.
+    #[arg(long, default_value_t = 0)]
+    pub prefix_len: u32,
+    #[arg(long, default_value_t = 1)]
+    pub prefix_groups: u64,
+    /// Trace file (project JSONL, Mooncake JSONL, Azure CSV, BurstGPT CSV, ShareGPT JSON / length table).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Trace format; guessed from the file when omitted.
+    #[arg(long, value_enum)]
+    pub trace_format: Option<TraceFormat>,
+    /// Replay the trace this many times faster (2 = twice as fast).
+    #[arg(long)]
+    pub time_scale: Option<f64>,
+    /// Rescale trace times so the mean rate is this (req/s).
+    #[arg(long)]
+    pub target_rate: Option<f64>,
+    /// Slice of the trace `START:END` in seconds from its first row.
+    #[arg(long)]
+    pub trace_window: Option<String>,
+    #[arg(long, value_enum, default_value = "poisson")]
+    pub arrival: ArrivalKind,
+    /// Requests per second (open loop).
+    #[arg(long, default_value_t = 1.0)]
+    pub rate: f64,
+    /// Gamma shape (vLLM meaning: 1 = Poisson, < 1 burstier).
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// Closed loop at this many concurrent requests instead of a schedule.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Cap on requests in flight (open loop); queued requests record their wait.
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Linear ramp of the rate from --ramp-start-rate to --rate over this time.
+    #[arg(long, value_parser = duration_arg)]
+    pub ramp_up: Option<Duration>,
+    #[arg(long, default_value_t = 0.0)]
+    pub ramp_start_rate: f64,
+    /// Measured span (after warm-up). Without it, --num-prompts requests are sent.
+    #[arg(long, value_parser = duration_arg)]
+    pub duration: Option<Duration>,
+    #[arg(long, default_value_t = 1000)]
+    pub num_prompts: usize,
+    #[arg(long, value_parser = duration_arg, default_value = "0s")]
+    pub warmup: Duration,
+    #[arg(long, value_parser = duration_arg, default_value = "0s")]
+    pub cooldown: Duration,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Run folder for schedule.jsonl, records.jsonl, meta.json, summary.json.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// tokenizer.json of the target model, for prompts of exact token length.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Send prompts as token ids (completions backend).
+    #[arg(long)]
+    pub prompt_ids: bool,
+    /// Do not send `ignore_eos: true`.
+    #[arg(long)]
+    pub no_ignore_eos: bool,
+    /// Also send `min_tokens` equal to `max_tokens`.
+    #[arg(long)]
+    pub min_tokens: bool,
+    /// Do not ask for `continuous_usage_stats`.
+    #[arg(long)]
+    pub no_continuous_usage: bool,
+    #[arg(long, value_parser = duration_arg, default_value = "600s")]
+    pub timeout: Duration,
+    /// SLOs for goodput, e.g. `ttft:500ms,tpot:50ms`.
+    #[arg(long)]
+    pub slo: Option<String>,
+    /// Calibrate against the built-in mock at this run's rate first; recorded in meta.json.
+    #[arg(long)]
+    pub calibrate: bool,
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+fn parse_window(text: &str) -> Result<(f64, f64)> {
+    let (a, b) = text
+        .split_once(':')
+        .with_context(|| format!("--trace-window `{text}`: expected START:END in seconds"))?;
+    let start: f64 = a
+        .trim()
+        .parse()
+        .with_context(|| format!("--trace-window start `{a}`"))?;
+    let end: f64 = b
+        .trim()
+        .parse()
+        .with_context(|| format!("--trace-window end `{b}`"))?;
+    if end <= start {
+        bail!("--trace-window: END must be after START");
+    }
+    Ok((start, end))
+}
+
+fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
+    let prompt = match (&row.prompt, row.hash_ids.is_empty()) {
+        (Some(text), _) => PromptSource::Text(text.clone()),
+        (None, false) => PromptSource::Blocks(hash_id_blocks(
+            seed,
+            &row.hash_ids,
+            row.input_len,
+            MOONCAKE_BLOCK,
+        )),
+        (None, true) => {
+            PromptSource::Blocks(prefixed_blocks(seed, index, row.input_len, row.prefix))
+        }
+    };
+    RequestSpec {
+        input_len: row.input_len,
+        output_len: row.output_len,
+        prefix_group: row.prefix.map(|(g, _)| g),
+        prompt,
+    }
+}
+
+/// Builds the plan (request list + schedule) for `args`; also returns workload / schedule
+/// descriptions for `meta.json`.
+pub fn build_plan(
+    args: &RunArgs,
+    prompts: &PromptBuilder,
+) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    let warmup = args.warmup.as_secs_f64();
+    let duration = args.duration.map(|d| d.as_secs_f64());
+    let cooldown = args.cooldown.as_secs_f64();
+    let schedule_seed = mix(args.seed, 0x5C4E_D01E);
+    let mut workload_meta = json!({"kind": format!("{:?}", args.workload), "seed": args.seed});
+
+    // Trace rows (lengths, maybe timestamps) when the workload is a trace.
+    let trace_rows = if args.workload == WorkloadKind::Trace {
+        let path = args
+            .trace
+            .as_ref()
+            .context("--workload trace needs --trace PATH")?;
+        let format = match args.trace_format {
+            Some(f) => f,
+            None => traces::detect_format(path)?,
+        };
+        let count = |t: &str| prompts.count_tokens(t);
+        let rows = traces::load(path, format, &count)?;
+        let usable: Vec<TraceRow> = rows
+            .iter()
+            .filter(|r| r.input_len > 0 && r.output_len > 0)
+            .cloned()
+            .collect();
+        workload_meta["trace"] = json!({"path": path, "format": format, "rows": rows.len(),
+            "skipped_zero_length_rows": rows.len() - usable.len()});
+        if usable.is_empty() {
+            bail!(
+                "{}: no row with positive input and output lengths",
+                path.display()
+            );
+        }
+        Some(usable)
+    } else {
+        None
+    };
+
+    // Send times (open loop) and the number of requests.
+    let (times, schedule_meta): (Option<Vec<f64>>, serde_json::Value) =
+        match (args.concurrency, args.arrival) {
+            (Some(c), _) => (None, json!({"mode": "closed", "concurrency": c})),
+            (None, ArrivalKind::Trace) => {
+                let rows = trace_rows
+                    .as_ref()
+                    .context("--arrival trace needs --workload trace")?;
+                let ts: Vec<f64> = rows
+                    .iter()
+                    .map(|r| r.timestamp_ms)
+                    .collect::<Option<Vec<f64>>>()
+                    .context("--arrival trace: this trace has no timestamps")?;
+                let scaling = TraceScaling {
+                    window: args.trace_window.as_deref().map(parse_window).transpose()?,
+                    time_scale: args.time_scale,
+                    target_rate: args.target_rate,
+                };
+                let (kept, times) = scale_trace(&ts, &scaling)?;
+                let rows: Vec<TraceRow> = kept.iter().map(|&i| rows[i].clone()).collect();
+                let meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
+                "bursts": "rows with equal timestamps are sent at the same instant"});
+                let mut times = times;
+                if let Some(d) = duration {
+                    times.retain(|&t| t < warmup + d + cooldown);
+                }
+                let n = times.len();
+                return finish_plan(
+                    args,
+                    Some(times),
+                    Some(rows[..n].to_vec()),
+                    n,
+                    workload_meta,
+                    meta,
+                );
+            }
+            (None, arrival) => {
+                let arrival = match arrival {
+                    ArrivalKind::Poisson => Arrival::Poisson,
+                    ArrivalKind::Gamma => Arrival::Gamma {
+                        burstiness: args.burstiness,
+                    },
+                    ArrivalKind::Constant | ArrivalKind::Trace => Arrival::Constant,
+                };
+                let spec = ScheduleSpec {
+                    arrival,
+                    rate: args.rate,
+                    ramp_up: args.ramp_up.map(|r| RampUp {
+                        from_rate: args.ramp_start_rate,
+                        secs: r.as_secs_f64(),
+                    }),
+                };
+                let extent = match duration {
+                    Some(d) => Extent::Until(warmup + d + cooldown),
+                    None => Extent::Count(args.num_prompts),
+                };
+                let times = spec.generate(extent, schedule_seed)?;
+                (
+                    Some(times),
+                    json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed}),
+                )
+            }
+        };
+    let n = times.as_ref().map_or(args.num_prompts, Vec::len);
+    finish_plan(args, times, trace_rows, n, workload_meta, schedule_meta)
+}
+
+fn finish_plan(
+    args: &RunArgs,
+    times: Option<Vec<f64>>,
+    trace_rows: Option<Vec<TraceRow>>,
+    n: usize,
+    mut workload_meta: serde_json::Value,
+    mut schedule_meta: serde_json::Value,
+) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if n == 0 {
+        bail!("the schedule has no requests (rate too low for the duration?)");
+    }
+    let specs: Vec<RequestSpec> = match &trace_rows {
+        Some(rows) => (0..n)
+            .map(|i| row_spec(args.seed, i as u64, &rows[i % rows.len()]))
+            .collect(),
+        None => {
+            let model = match args.workload {
+                WorkloadKind::Random => LengthModel::Random {
+                    input_len: args.random_input_len,
+                    output_len: args.random_output_len,
+                    range_ratio: args.random_range_ratio,
+                },
+                _ => LengthModel::ShareGptLike {
+                    profile: args.profile.clone(),
+                    max_input_len: args.max_input_len,
+                    max_output_len: args.max_output_len,
+                },
+            };
+            let prefix = (args.prefix_len > 0).then_some(PrefixGroups {
+                len: args.prefix_len,
+                groups: args.prefix_groups,
+            });
+            workload_meta["lengths"] = serde_json::to_value(&model)?;
+            workload_meta["prefix"] = serde_json::to_value(prefix)?;
+            SyntheticWorkload::new(model, prefix)?.generate(n, args.seed)?
+        }
+    };
+    let requests = specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, spec)| PlannedRequest {
+            id: i as u64,
+            at_s: times.as_ref().map(|t| t[i]),
+            spec,
+        })
+        .collect();
+    let mode = match args.concurrency {
+        Some(c) => LoadMode::Closed { concurrency: c },
+        None => LoadMode::Open,
+    };
+    let plan = Plan {
+        requests,
+        mode,
+        warmup_s: args.warmup.as_secs_f64(),
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+        cooldown_s: args.cooldown.as_secs_f64(),
+        max_concurrency: args.max_concurrency,
+    };
+    schedule_meta["warmup_s"] = json!(plan.warmup_s);
+    schedule_meta["duration_s"] = json!(plan.duration_s);
+    schedule_meta["cooldown_s"] = json!(plan.cooldown_s);
+    schedule_meta["max_concurrency"] = json!(plan.max_concurrency);
+    Ok((plan, workload_meta, schedule_meta))
+}
+
+fn parse_headers(raw: &[String]) -> Result<Vec<(String, String)>> {
+    raw.iter()
+        .map(|h| {
+            h.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .with_context(|| format!("--header `{h}`: expected `Name: value`"))
+        })
+        .collect()
+}
+
+/// Everything a run decides before sending: prompts, SLOs, headers and the request plan.
+/// Built once and executed any number of times (sweep probes, A/B rounds) with identical
+/// requests and schedule.
+pub struct PreparedRun {
+    pub prompts: Arc<PromptBuilder>,
+    pub slos: Vec<reports::metrics::Slo>,
+    pub headers: Vec<(String, String)>,
+    pub plan: Arc<Plan>,
+    pub workload_meta: serde_json::Value,
+    pub schedule_meta: serde_json::Value,
+    /// Recorded in `meta.json` when the run calibrated against the mock first.
+    pub calibration: Option<reports::records::Calibration>,
+}
+
+/// Builds the prompts, SLOs, headers and plan of `args` (no network).
+pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
+    let prompts = Arc::new(match &args.tokenizer {
+        Some(p) => PromptBuilder::from_tokenizer(p)?,
+        None => PromptBuilder::approximate(),
+    });
+    let slos = args
+        .slo
+        .as_deref()
+        .map(SloSpec::parse)
+        .transpose()?
+        .map(|spec| spec.per_request())
+        .unwrap_or_default();
+    let headers = parse_headers(&args.headers)?;
+    let (plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
+    Ok(PreparedRun {
+        prompts,
+        slos,
+        headers,
+        plan: Arc::new(plan),
+        workload_meta,
+        schedule_meta,
+        calibration: None,
+    })
+}
+
+/// Where one execution of a prepared run goes.
+pub struct Execution {
+    /// Base URL of the server (without /v1).
+    pub url: String,
+    /// Run folder (`meta.json` is written there too); `None` keeps everything in memory.
+    pub out: Option<PathBuf>,
+    /// Server version, when known (e.g. from its `/version`).
+    pub server_version: Option<String>,
+    /// Extra facts for `meta.json` (A/B side and round, server command line, …).
+    pub extra: std::collections::BTreeMap<String, serde_json::Value>,
+    pub progress: bool,
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Runs `prepared` against `exec.url` with the target options of `args` (backend, model,
+/// headers, timeouts); writes `meta.json` beside the records when `exec.out` is set.
+pub async fn execute_prepared(
+    args: &RunArgs,
+    prepared: &PreparedRun,
+    exec: Execution,
+) -> Result<run::RunOutcome> {
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => {
+            client::first_model(
+                &client::http_client(1)?,
+                &exec.url,
+                &prepared.headers,
+                args.api_key.as_deref(),
+            )
+            .await?
+        }
+    };
+    let target = Target {
+        base_url: exec.url.clone(),
+        backend: args.backend,
+        model: model.clone(),
+        headers: prepared.headers.clone(),
+        api_key: args.api_key.clone(),
+        timeout: args.timeout,
+        ignore_eos: !args.no_ignore_eos,
+        min_tokens: args.min_tokens,
+        prompt_ids: args.prompt_ids,
+        continuous_usage: !args.no_continuous_usage,
+    };
+    let mut meta = RunMeta {
+        schema_version: SCHEMA_VERSION,
+        loadgen_version: env!("CARGO_PKG_VERSION").to_string(),
+        command_line: std::env::args().collect(),
+        seed: args.seed,
+        workload: prepared.workload_meta.clone(),
+        schedule: prepared.schedule_meta.clone(),
+        url: exec.url.clone(),
+        backend: args.backend.name().to_string(),
+        model,
+        server_version: exec.server_version,
+        host: host_info(),
+        start_time: chrono::Utc::now().to_rfc3339(),
+        approximate_lengths: prepared.prompts.is_approximate(),
+        planned_requests: prepared.plan.requests.len() as u64,
+        calibration: prepared.calibration.clone(),
+        extra: exec.extra,
+        complete: false,
+    };
+    // Written first as it stands, so that a run killed hard still says what it was.
+    if let Some(dir) = &exec.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_meta(dir, &meta)?;
+    }
+    let outcome = run::execute(
+        prepared.plan.clone(),
+        target,
+        prepared.prompts.clone(),
+        RunOptions {
+            out_dir: exec.out.clone(),
+            slos: prepared.slos.clone(),
+            progress: exec.progress,
+            stop: exec.stop,
+        },
+    )
+    .await?;
+    if let Some(dir) = &exec.out {
+        meta.start_time = outcome.start_time.to_rfc3339();
+        meta.complete = true;
+        write_meta(dir, &meta)?;
+    }
+    Ok(outcome)
+}
+
+fn write_meta(dir: &std::path::Path, meta: &RunMeta) -> Result<()> {
+    let path = dir.join("meta.json");
+    std::fs::write(&path, serde_json::to_string_pretty(meta)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Prepares `args`, calibrates against the built-in mock first when `--calibrate` asks, and
+/// executes the plan against `--url` into `--out` (`loadgen run`, and each sweep level).
+pub async fn run_once(
+    args: &RunArgs,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<run::RunOutcome> {
+    let mut prepared = prepare_run(args)?;
+    if args.calibrate {
+        eprintln!("loadgen: calibrating against the built-in mock…");
+        prepared.calibration = Some(
+            calibrate(&CalibrateConfig {
+                rate: args.rate,
+                concurrency: args.concurrency,
+                ..CalibrateConfig::default()
+            })
+            .await?,
+        );
+    }
+    execute_prepared(
+        args,
+        &prepared,
+        Execution {
+            url: args.url.clone(),
+            out: args.out.clone(),
+            server_version: None,
+            extra: Default::default(),
+            progress: !args.no_progress,
+            stop,
+        },
+    )
+    .await
+}

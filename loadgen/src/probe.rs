@@ -1,0 +1,180 @@
+//! The saturation probe of `sweep --rates auto`: closed-loop probes at concurrency 1, 2, 4, …
+//! (each `--probe-duration` long) until the Little's-law rate, concurrency / mean E2E latency,
+//! grows by less than 10% on a doubling; the highest such rate is the saturation estimate and
+//! the levels are `--auto-fractions` of it (20%, 40%, 60%, 80%, 90%, 100% by default).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::prepare::{execute_prepared, prepare_run, Execution, RunArgs};
+use crate::run::never_stop;
+
+/// The probe stops doubling the concurrency when the Little's-law rate grows by less than this.
+pub const PROBE_MIN_GAIN: f64 = 1.10;
+
+/// One closed-loop probe step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeStep {
+    pub concurrency: usize,
+    pub completed: u64,
+    pub failed: u64,
+    /// Completed requests/s over the measurement window.
+    pub throughput: f64,
+    pub mean_e2el_ms: f64,
+    /// Little's law: concurrency / mean E2E latency, requests/s.
+    pub little_rate: f64,
+}
+
+/// The saturation probe of `--rates auto`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Probe {
+    pub steps: Vec<ProbeStep>,
+    /// The highest Little's-law rate of the steps (at the knee).
+    pub saturation_rate: f64,
+    pub knee_concurrency: usize,
+    pub fractions: Vec<f64>,
+    /// Why the probe stopped.
+    pub stop_reason: String,
+}
+
+/// Closed-loop probes at concurrency 1, 2, 4, … until the Little's-law rate stops growing
+/// (gain < [`PROBE_MIN_GAIN`]), a step fails requests, or `max_concurrency` is reached.
+pub async fn probe_saturation(
+    run: &RunArgs,
+    step_duration: Duration,
+    max_concurrency: usize,
+) -> Result<(Vec<ProbeStep>, String)> {
+    let mut steps: Vec<ProbeStep> = Vec::new();
+    let mut concurrency = 1;
+    loop {
+        let mut args = run.clone();
+        args.concurrency = Some(concurrency);
+        args.max_concurrency = None;
+        args.ramp_up = None;
+        args.warmup = step_duration / 4;
+        args.duration = Some(step_duration);
+        args.cooldown = Duration::ZERO;
+        args.slo = None;
+        let prepared = prepare_run(&args)?;
+        let outcome = execute_prepared(
+            &args,
+            &prepared,
+            Execution {
+                url: args.url.clone(),
+                out: None,
+                server_version: None,
+                extra: Default::default(),
+                progress: false,
+                stop: never_stop(),
+            },
+        )
+        .await
+        .with_context(|| format!("probe at concurrency {concurrency}"))?;
+        let m = &outcome.metrics;
+        let mean_s = m.e2el.mean / 1000.0;
+        let step = ProbeStep {
+            concurrency,
+            completed: m.completed,
+            failed: m.failed,
+            throughput: m.request_throughput,
+            mean_e2el_ms: m.e2el.mean,
+            little_rate: if mean_s > 0.0 {
+                concurrency as f64 / mean_s
+            } else {
+                0.0
+            },
+        };
+        eprintln!(
+            "loadgen sweep: probe at concurrency {concurrency}: {:.3} req/s (Little: {:.3}), mean E2E {:.1} ms",
+            step.throughput, step.little_rate, step.mean_e2el_ms
+        );
+        let best = steps.iter().map(|s| s.little_rate).fold(0.0, f64::max);
+        let (failed, completed, rate) = (step.failed, step.completed, step.little_rate);
+        steps.push(step);
+        if completed == 0 {
+            bail!("probe at concurrency {concurrency}: no request completed");
+        }
+        if failed > 0 {
+            return Ok((
+                steps,
+                format!("{failed} requests failed at concurrency {concurrency}"),
+            ));
+        }
+        if best > 0.0 && rate < PROBE_MIN_GAIN * best {
+            return Ok((
+                steps,
+                format!(
+                    "doubling to concurrency {concurrency} raised the rate by less than {:.0}%",
+                    (PROBE_MIN_GAIN - 1.0) * 100.0
+                ),
+            ));
+        }
+        if concurrency >= max_concurrency {
+            return Ok((
+                steps,
+                format!("reached --probe-max-concurrency {max_concurrency}"),
+            ));
+        }
+        concurrency = (concurrency * 2).min(max_concurrency);
+    }
+}
+
+/// The probe's saturation estimate and the levels below it.
+pub fn auto_levels(
+    steps: Vec<ProbeStep>,
+    stop_reason: String,
+    fractions: &[f64],
+) -> Result<(Probe, Vec<f64>)> {
+    let knee = steps
+        .iter()
+        .max_by(|a, b| a.little_rate.total_cmp(&b.little_rate))
+        .context("the probe has no step")?;
+    let saturation_rate = knee.little_rate;
+    if !(saturation_rate.is_finite() && saturation_rate > 0.0) {
+        bail!("the probe found no positive saturation rate");
+    }
+    if let Some(bad) = fractions.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        bail!("--auto-fractions: {bad} is not a positive number");
+    }
+    let mut rates: Vec<f64> = fractions
+        .iter()
+        .map(|f| (f * saturation_rate * 1000.0).round() / 1000.0)
+        .filter(|r| *r > 0.0)
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    let probe = Probe {
+        knee_concurrency: knee.concurrency,
+        saturation_rate,
+        fractions: fractions.to_vec(),
+        stop_reason,
+        steps,
+    };
+    Ok((probe, rates))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_levels_spread_below_saturation() {
+        let step = |concurrency: usize, little_rate: f64| ProbeStep {
+            concurrency,
+            completed: 10,
+            failed: 0,
+            throughput: little_rate,
+            mean_e2el_ms: concurrency as f64 / little_rate * 1000.0,
+            little_rate,
+        };
+        let steps = vec![step(1, 10.0), step(2, 19.0), step(4, 30.0), step(8, 31.0)];
+        let (probe, rates) =
+            auto_levels(steps, "knee".into(), &[0.2, 0.4, 0.6, 0.8, 0.9, 1.0]).unwrap();
+        assert_eq!(probe.knee_concurrency, 8);
+        assert_eq!(probe.saturation_rate, 31.0);
+        assert_eq!(rates, vec![6.2, 12.4, 18.6, 24.8, 27.9, 31.0]);
+        assert!(auto_levels(Vec::new(), String::new(), &[1.0]).is_err());
+    }
+}

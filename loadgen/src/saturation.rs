@@ -1,0 +1,189 @@
+//! Whether a sweep level kept up with its offered rate.
+//!
+//! A level saturates when it completes fewer than 95% of the offered requests/s, or when its
+//! waiting requests keep growing. Offered and completed rates are compared over the same
+//! requests, so short levels are not misjudged by the Poisson noise of their request count:
+//! offered = (n − 1) / span of the measured requests' scheduled send times, completed =
+//! (k − 1) / span of the k successful measured requests' end times (a server that keeps up
+//! ends them as fast as they were sent; one that does not spreads the ends out). Growing
+//! waiting requests: the number of requests in flight (sent, not yet ended),
+//! sampled evenly over the measured sends, is higher in the last third than in the first by
+//! more than the noise of a stable queue (see [`backlog_trend`]).
+
+use reports::records::{Phase, RequestRecord};
+use serde::{Deserialize, Serialize};
+
+/// A level saturates when it completes fewer than this fraction of the offered requests/s.
+pub const SATURATION_FRACTION: f64 = 0.95;
+
+/// Offered and completed request rates of a level's measured requests (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LevelRates {
+    /// (n − 1) / span of the scheduled send times, requests/s.
+    pub scheduled: f64,
+    /// (k − 1) / span of the successful requests' end times, requests/s.
+    pub completed: f64,
+}
+
+/// The rates of [`LevelRates`]; `None` with fewer than two measured or successful requests.
+pub fn level_rates(records: &[RequestRecord]) -> Option<LevelRates> {
+    let rate = |times: Vec<f64>| -> Option<f64> {
+        let first = times.iter().copied().reduce(f64::min)?;
+        let last = times.iter().copied().reduce(f64::max)?;
+        (times.len() >= 2 && last > first)
+            .then(|| (times.len() - 1) as f64 / ((last - first) / 1000.0))
+    };
+    let measured = || records.iter().filter(|r| r.phase == Phase::Measured);
+    Some(LevelRates {
+        scheduled: rate(measured().map(|r| r.scheduled_ms).collect())?,
+        completed: rate(
+            measured()
+                .filter(|r| r.is_success())
+                .map(|r| r.end_ms)
+                .collect(),
+        )?,
+    })
+}
+
+/// Requests in flight over a level's measured sends.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Backlog {
+    /// Mean number of requests in flight over the first and the last third of the window.
+    pub first_third: f64,
+    pub last_third: f64,
+    /// The last third exceeds the first by more than a stable queue's noise.
+    pub growing: bool,
+}
+
+/// Samples taken over the measured sends.
+const BACKLOG_SAMPLES: usize = 30;
+
+/// The in-flight trend of a level: the number of requests sent and not yet ended (any phase),
+/// sampled at evenly spaced instants from the first to the last measured send. It keeps
+/// growing when the means of the three thirds rise (first < middle < last), the count at the
+/// end (mean of the last 3 samples) is still at least the last third's mean, and the rise
+/// from the first third to the last exceeds max(3·√(first + 1), first / 2): a stable queue's
+/// count fluctuates by about its square root, and a burst near the end of the window has
+/// drained (or is draining) by the end, while an overloaded queue is still climbing.
+pub fn backlog_trend(records: &[RequestRecord]) -> Option<Backlog> {
+    let sends: Vec<f64> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured)
+        .map(|r| r.sent_ms)
+        .collect();
+    let start = sends.iter().copied().reduce(f64::min)?;
+    let end = sends.iter().copied().reduce(f64::max)?;
+    if end <= start {
+        return None;
+    }
+    let in_flight = |t: f64| {
+        records
+            .iter()
+            .filter(|r| r.sent_ms <= t && r.end_ms > t)
+            .count() as f64
+    };
+    let samples: Vec<f64> = (0..BACKLOG_SAMPLES)
+        .map(|i| in_flight(start + (end - start) * i as f64 / (BACKLOG_SAMPLES - 1) as f64))
+        .collect();
+    let third = BACKLOG_SAMPLES / 3;
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    let first_third = mean(&samples[..third]);
+    let middle_third = mean(&samples[third..BACKLOG_SAMPLES - third]);
+    let last_third = mean(&samples[BACKLOG_SAMPLES - third..]);
+    let at_end = mean(&samples[BACKLOG_SAMPLES - 3..]);
+    let noise = (3.0 * (first_third + 1.0).sqrt()).max(first_third / 2.0);
+    let rising = first_third < middle_third && middle_third < last_third && at_end >= last_third;
+    Some(Backlog {
+        first_third,
+        last_third,
+        growing: rising && last_third - first_third > noise,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use reports::records::{ChunkTokensSource, CountSource};
+
+    use super::*;
+
+    /// A measured request scheduled and sent at `sent_ms`, ending at `end_ms`.
+    fn record(id: u64, sent_ms: f64, end_ms: f64) -> RequestRecord {
+        RequestRecord {
+            id,
+            phase: Phase::Measured,
+            scheduled_ms: sent_ms,
+            queue_ms: 0.0,
+            sent_ms,
+            first_token_ms: Some(sent_ms + 1.0),
+            end_ms,
+            chunk_ms: vec![sent_ms + 1.0, end_ms],
+            chunk_tokens: vec![1, 1],
+            chunk_tokens_source: ChunkTokensSource::ContinuousUsage,
+            prompt_tokens: 4,
+            prompt_tokens_source: CountSource::Usage,
+            output_tokens: 2,
+            output_tokens_source: CountSource::Usage,
+            requested_output_tokens: 2,
+            short_output: false,
+            prefix_group: None,
+            http_status: Some(200),
+            error: None,
+        }
+    }
+
+    /// 40 req/s for 5 s to a server that serves `capacity` req/s FIFO with 100 ms service.
+    fn level(capacity: f64) -> Vec<RequestRecord> {
+        let mut free_at: f64 = 0.0;
+        (0..200)
+            .map(|i| {
+                let sent = i as f64 * 25.0;
+                let start = free_at.max(sent);
+                free_at = start + 1000.0 / capacity;
+                record(i, sent, start + 100.0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn backlog_grows_only_past_capacity() {
+        let stable = backlog_trend(&level(50.0)).unwrap();
+        assert!(!stable.growing, "{stable:?}");
+        assert!((stable.first_third - 4.0).abs() <= 1.0, "{stable:?}");
+        // 40 req/s offered, 30 served: 10 more waiting every second, about 33 over 5 s.
+        let overloaded = backlog_trend(&level(30.0)).unwrap();
+        assert!(overloaded.growing, "{overloaded:?}");
+        assert!(
+            overloaded.last_third - overloaded.first_third > 20.0,
+            "{overloaded:?}"
+        );
+        assert_eq!(backlog_trend(&[]), None);
+        // A stable level with a slow spell near the end (requests sent from 3.25 s to 4.4 s
+        // take 500 ms) that has drained by the end of the window.
+        let mut burst = level(50.0);
+        for r in burst.iter_mut().filter(|r| (130..176).contains(&r.id)) {
+            r.end_ms = r.sent_ms + 500.0;
+        }
+        let burst = backlog_trend(&burst).unwrap();
+        let noise = 3.0 * (burst.first_third + 1.0).sqrt();
+        assert!(burst.last_third - burst.first_third > noise, "{burst:?}");
+        assert!(!burst.growing, "{burst:?}");
+    }
+
+    #[test]
+    fn level_rates_compare_the_same_requests() {
+        let rates = level_rates(&level(50.0)).unwrap();
+        assert!((rates.scheduled - 40.0).abs() < 1e-9);
+        assert!((rates.completed - 40.0).abs() < 1e-9);
+        let rates = level_rates(&level(30.0)).unwrap();
+        assert!((rates.completed - 30.0).abs() < 1e-9, "{rates:?}");
+        let mut failed = level(50.0);
+        for r in failed.iter_mut().skip(1).step_by(2) {
+            r.error = Some(reports::records::RequestError {
+                kind: reports::records::ErrorKind::Http5xx,
+                message: "500".into(),
+            });
+        }
+        let rates = level_rates(&failed).unwrap();
+        assert!((rates.completed - 20.0).abs() < 0.2, "{rates:?}");
+    }
+}
