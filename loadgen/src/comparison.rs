@@ -122,7 +122,7 @@ fn pooled(rounds: &[LatencySamples]) -> LatencySamples {
 pub fn compare_view(file: &CompareFile) -> Result<Report> {
     let sides = load_sides(&file.a_rounds, &file.b_rounds)?;
     let input = AbInput::from_rounds(&sides.a, &sides.b, file.pair_by_id);
-    let analysis = compare(&input, file.alpha, file.bootstrap);
+    let analysis = compare(&input, file.alpha, file.min_effect, file.bootstrap);
     Ok(Report {
         title: "A/B comparison".into(),
         conditions: sides.conditions,
@@ -141,6 +141,8 @@ pub fn compare_view(file: &CompareFile) -> Result<Report> {
 pub struct AnalysisOptions {
     pub pair: PairMode,
     pub alpha: f64,
+    /// The smallest effect that matters, as a fraction of A's median.
+    pub min_effect: f64,
     pub bootstrap_seed: u64,
     /// Print the verdicts and the file / report paths.
     pub print: bool,
@@ -174,6 +176,7 @@ pub fn analyse_rounds(
     let analysis = compare(
         &AbInput::from_rounds(&sides.a, &sides.b, pair_by_id),
         options.alpha,
+        options.min_effect,
         bootstrap,
     );
     if options.print {
@@ -186,6 +189,7 @@ pub fn analyse_rounds(
         b_rounds,
         pair_by_id,
         alpha: options.alpha,
+        min_effect: options.min_effect,
         bootstrap,
         analysis,
     };
@@ -211,7 +215,7 @@ pub fn verdict_text(analysis: &AbReport) -> String {
             "{:<5} median B/A {ratio}  p (Holm) {}  → {}\n",
             reports::samples::metric_label(v.metric),
             v.p_adjusted.map_or("–".into(), |p| format!("{p:.4}")),
-            v.verdict
+            v.verdict_text()
         ));
     }
     for note in &analysis.notes {

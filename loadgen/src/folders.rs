@@ -164,8 +164,15 @@ pub struct CompareFile {
     pub b_rounds: Vec<PathBuf>,
     pub pair_by_id: bool,
     pub alpha: f64,
+    /// The smallest effect that matters, as a fraction of A's median.
+    #[serde(default = "default_min_effect")]
+    pub min_effect: f64,
     pub bootstrap: Bootstrap,
     pub analysis: AbReport,
+}
+
+fn default_min_effect() -> f64 {
+    reports::ab::DEFAULT_MIN_EFFECT
 }
 
 impl CompareFile {

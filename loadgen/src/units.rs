@@ -1,4 +1,5 @@
-//! Parsing of human-friendly durations (`50ms`, `10s`, `2m`, `1.5` = seconds).
+//! Parsing of human-friendly durations (`50ms`, `10s`, `2m`, `1.5` = seconds) and fractions
+//! (`2%`, `0.02`).
 
 use std::time::Duration;
 
@@ -33,6 +34,20 @@ pub fn duration_arg(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| format!("{e:#}"))
 }
 
+/// `clap` value parser for a fraction in [0, 1): `2%` or `0.02`.
+pub fn parse_fraction(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let value = match t.strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().map(|p| p / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("`{text}`: expected a fraction such as 2% or 0.02"))?;
+    if !(0.0..1.0).contains(&value) {
+        return Err(format!("`{text}`: must be at least 0 and below 100%"));
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +60,13 @@ mod tests {
         assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn fractions() {
+        assert_eq!(parse_fraction("2%"), Ok(0.02));
+        assert_eq!(parse_fraction("0.05"), Ok(0.05));
+        assert!(parse_fraction("150%").is_err());
+        assert!(parse_fraction("two").is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! A/B with a known difference (fixed seeds, 5 repetitions of 2 rounds per side, A B B A):
-//! - B's TTFT 15% longer → "A faster" on TTFT in every repetition;
-//! - B's ITL 15% longer, TTFT identical → "A faster" on TPOT in every repetition, and TTFT
-//!   not different (false positives bounded, see the test).
+//! - B's TTFT 15% longer → "B slower" on TTFT in every repetition;
+//! - B's ITL 15% longer, TTFT identical → "B slower" on TPOT in every repetition, and TTFT
+//!   never called slower or faster (equivalent or inconclusive).
 //!
 //! Five repetitions (not 20) keep the suite fast; each is a full A B B A comparison.
 
@@ -26,7 +26,7 @@ async fn longer_ttft_on_b_is_detected() {
         let file = compare_mocks(base_mock(), slower, 2, 200 + rep, &out).await;
         eprintln!("TTFT ×1.15 {rep}: {}", summary(&file));
         let ttft = metric(&file, SloMetric::Ttft);
-        assert_eq!(ttft.verdict, Verdict::AFaster, "{}", summary(&file));
+        assert_eq!(ttft.verdict, Verdict::BSlower, "{}", summary(&file));
         let ratio = ttft.median_ratio.unwrap();
         assert!(
             ratio.lower > 1.0 && ratio.lower <= 1.15 && ratio.upper >= 1.1,
@@ -37,16 +37,13 @@ async fn longer_ttft_on_b_is_detected() {
     }
 }
 
-/// TTFT is identical on both sides, so a TTFT verdict is a false positive. With TPOT and E2E
-/// strongly significant, Holm tests TTFT at the full α, so it is flagged in about 5% of
-/// repetitions or a little more (seen: 2 of 10, with p_holm 0.035 and 0.047); "never in 5"
-/// would fail about a quarter of the time by design. The test bounds the count (at most 2 of
-/// 5: fails with probability < 1% at a 10% per-repetition rate) and checks that the ITL change
-/// does not leak into TTFT: every TTFT median-ratio estimate within 2% of 1.
+/// TTFT is identical on both sides: a significant p-value alone happens in about 5% of
+/// repetitions (Holm tests TTFT at the full α once TPOT and E2E are strongly significant),
+/// but a verdict also needs the ratio's CI beyond the margin (2% of A's median, at least
+/// 1 ms), which identical servers do not give.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn longer_itl_on_b_shows_in_tpot_not_ttft() {
     let temp = tempfile::tempdir().unwrap();
-    let mut ttft_flagged = 0;
     for rep in 0..5u64 {
         let slower = MockConfig {
             itl: Duration::from_micros(5750),
@@ -56,7 +53,7 @@ async fn longer_itl_on_b_shows_in_tpot_not_ttft() {
         let file = compare_mocks(base_mock(), slower, 2, 300 + rep, &out).await;
         eprintln!("ITL ×1.15 {rep}: {}", summary(&file));
         let tpot = metric(&file, SloMetric::Tpot);
-        assert_eq!(tpot.verdict, Verdict::AFaster, "{}", summary(&file));
+        assert_eq!(tpot.verdict, Verdict::BSlower, "{}", summary(&file));
         let ratio = tpot.median_ratio.unwrap();
         assert!(
             ratio.lower > 1.1 && ratio.upper < 1.2,
@@ -65,7 +62,10 @@ async fn longer_itl_on_b_shows_in_tpot_not_ttft() {
         let ttft = metric(&file, SloMetric::Ttft);
         let estimate = ttft.median_ratio.unwrap().estimate;
         assert!((0.98..=1.02).contains(&estimate), "TTFT ratio {estimate}");
-        ttft_flagged += usize::from(ttft.verdict != Verdict::NoSignificantDifference);
+        assert!(
+            matches!(ttft.verdict, Verdict::Equivalent | Verdict::Inconclusive),
+            "{}",
+            summary(&file)
+        );
     }
-    assert!(ttft_flagged <= 2, "TTFT flagged in {ttft_flagged} of 5");
 }

@@ -67,7 +67,7 @@ async fn compare_starts_and_stops_each_server_per_round() {
         .iter()
         .find(|m| m.metric == SloMetric::Ttft)
         .unwrap();
-    assert_eq!(ttft.verdict, Verdict::AFaster);
+    assert_eq!(ttft.verdict, Verdict::BSlower, "{}", ttft.verdict_text());
     for (round, side) in [(0, Side::A), (0, Side::B), (1, Side::B), (1, Side::A)] {
         let dir = round_dir(&out, round, side);
         let meta = read_meta(&dir.join("meta.json")).unwrap();
@@ -111,4 +111,57 @@ async fn compare_starts_and_stops_each_server_per_round() {
     compare_command(args).await.unwrap();
     let offline = CompareFile::read(&again.join(COMPARE_FILE)).unwrap();
     assert_eq!(offline.analysis, file.analysis);
+}
+
+/// A/A between two `loadgen mock-server` processes with the same timing: no metric is
+/// called slower or faster, and the terminal words are the four verdict words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_server_processes_are_never_slower_or_faster() {
+    let bin = env!("CARGO_BIN_EXE_loadgen");
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("aa");
+    let cmd = format!("{bin} mock-server --ttft 20ms --itl 2ms");
+    let args = Compare::try_parse_from([
+        "compare",
+        "--a-cmd",
+        &cmd,
+        "--b-cmd",
+        &cmd,
+        "--rounds",
+        "2",
+        "--server-timeout",
+        "20s",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "8",
+        "--rate",
+        "50",
+        "--warmup",
+        "100ms",
+        "--duration",
+        "600ms",
+        "--seed",
+        "9",
+        "--no-progress",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap()
+    .args;
+    compare_command(args).await.unwrap();
+    let file = CompareFile::read(&out.join(COMPARE_FILE)).unwrap();
+    for m in &file.analysis.metrics {
+        assert!(
+            matches!(m.verdict, Verdict::Equivalent | Verdict::Inconclusive),
+            "{:?}: {}",
+            m.metric,
+            m.verdict_text()
+        );
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(!html.contains("no significant difference"));
+    assert!(html.contains("margin ±"));
 }

@@ -132,7 +132,7 @@ async fn sweep_plan_compare_and_report_on_the_mock() {
         .analysis
         .metrics
         .iter()
-        .all(|m| m.verdict == Verdict::NoSignificantDifference));
+        .all(|m| m.verdict == Verdict::Equivalent));
     check_report(&compare_dir);
 
     // `loadgen report` on a single run folder.

@@ -5,8 +5,15 @@
 //! — Wilcoxon signed-rank on paired differences B − A when requests are paired by id, else
 //! Mann–Whitney U — whose p-values are Holm-corrected across the metrics tested; and Welch's
 //! t-test on the per-round p99s (also Holm-corrected, reported beside the verdict).
-//! The verdict follows the corrected rank-test p-value at α, its direction the test's: B's
-//! values tend to be larger → "A faster". All metrics are latencies (lower is better).
+//!
+//! The verdict adds practical significance: a smallest effect that matters, the margin m
+//! (`--min-effect`, by default 2% of A's median, at least 1 ms for TTFT and E2E and 0.1 ms for
+//! TPOT), as a band [1 − m, 1 + m] on the median ratio B/A. **B slower** (or **B faster**) when
+//! the Holm-corrected rank test is significant at α in that direction *and* the ratio's CI lies
+//! wholly beyond the band; **equivalent** when the CI lies wholly inside it (two one-sided
+//! tests, each at (1 − confidence) / 2 ≤ α); **inconclusive** otherwise, with the number of
+//! requests per side that would likely decide it (the CI's half-width shrinks like 1/√n). All
+//! metrics are latencies (lower is better).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,6 +29,17 @@ use crate::stats::{
 
 /// Significance level of the verdicts.
 pub const DEFAULT_ALPHA: f64 = 0.05;
+/// The smallest effect that matters, as a fraction of A's median.
+pub const DEFAULT_MIN_EFFECT: f64 = 0.02;
+
+/// The smallest absolute difference that matters for `metric`, in ms: below this no latency
+/// difference is worth acting on, whatever its share of A's value.
+pub fn min_effect_floor_ms(metric: SloMetric) -> f64 {
+    match metric {
+        SloMetric::Ttft | SloMetric::E2el => 1.0,
+        SloMetric::Tpot => 0.1,
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -35,17 +53,23 @@ pub enum Pairing {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    AFaster,
+    /// B's values are larger beyond the margin, significantly.
+    BSlower,
+    /// B's values are smaller beyond the margin, significantly.
     BFaster,
-    NoSignificantDifference,
+    /// The median ratio's CI lies inside the margin.
+    Equivalent,
+    /// Neither: more data would be needed.
+    Inconclusive,
 }
 
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Verdict::AFaster => "A faster",
+            Verdict::BSlower => "B slower",
             Verdict::BFaster => "B faster",
-            Verdict::NoSignificantDifference => "no significant difference",
+            Verdict::Equivalent => "equivalent",
+            Verdict::Inconclusive => "inconclusive",
         })
     }
 }
@@ -148,6 +172,9 @@ pub struct MetricVerdict {
     pub metric: SloMetric,
     pub n_a: usize,
     pub n_b: usize,
+    /// Rounds of side A that hold this metric.
+    #[serde(default)]
+    pub rounds_a: usize,
     pub median_a: Option<f64>,
     pub median_b: Option<f64>,
     pub p99_a: Option<f64>,
@@ -163,7 +190,13 @@ pub struct MetricVerdict {
     /// Welch's t-test on per-round p99s (A against B); needs ≥ 2 rounds per side.
     pub welch: Option<WelchTest>,
     pub welch_p_adjusted: Option<f64>,
+    /// The margin m on the median ratio: max(min effect, floor / median A).
+    pub margin: Option<f64>,
     pub verdict: Verdict,
+    /// When inconclusive: about how many requests per side would likely decide.
+    pub requests_to_decide: Option<u64>,
+    /// The same in rounds of this comparison's size.
+    pub rounds_to_decide: Option<u64>,
     /// Paired differences B − A (ms), for the histogram; empty when unpaired.
     #[serde(skip)]
     pub differences: Vec<f64>,
@@ -173,13 +206,35 @@ pub struct MetricVerdict {
 pub struct AbReport {
     pub pairing: Pairing,
     pub alpha: f64,
+    /// The smallest effect that matters, as a fraction of A's median.
+    pub min_effect: f64,
     pub bootstrap: Bootstrap,
     pub metrics: Vec<MetricVerdict>,
     pub notes: Vec<String>,
 }
 
-/// Runs the analysis of every metric in `input`.
-pub fn compare(input: &AbInput, alpha: f64, bootstrap: Bootstrap) -> AbReport {
+impl MetricVerdict {
+    /// The verdict with its margin and, when inconclusive, what would likely decide it:
+    /// "inconclusive (margin ±2.0%; about 970 requests per side, 3 rounds, would likely decide)".
+    pub fn verdict_text(&self) -> String {
+        let Some(margin) = self.margin else {
+            return format!("{} (too few values)", self.verdict);
+        };
+        let margin = format!("margin ±{:.1}%", margin * 100.0);
+        match (self.requests_to_decide, self.rounds_to_decide) {
+            (Some(n), Some(r)) => format!(
+                "{} ({margin}; about {n} requests per side, {r} round{}, would likely decide)",
+                self.verdict,
+                if r == 1 { "" } else { "s" }
+            ),
+            _ => format!("{} ({margin})", self.verdict),
+        }
+    }
+}
+
+/// Runs the analysis of every metric in `input`; `min_effect` is the smallest effect that
+/// matters as a fraction of A's median (see the module doc).
+pub fn compare(input: &AbInput, alpha: f64, min_effect: f64, bootstrap: Bootstrap) -> AbReport {
     let paired = input.pairing == Pairing::Paired;
     let mut verdicts: Vec<MetricVerdict> = input
         .metrics
@@ -200,26 +255,25 @@ pub fn compare(input: &AbInput, alpha: f64, bootstrap: Bootstrap) -> AbReport {
     {
         verdict.p_adjusted = p_adj;
         verdict.welch_p_adjusted = welch_adj;
-        verdict.verdict = match (verdict.rank_test, p_adj) {
-            (Some(test), Some(p)) if p <= alpha && test.direction > 0 => Verdict::AFaster,
-            (Some(test), Some(p)) if p <= alpha && test.direction < 0 => Verdict::BFaster,
-            _ => Verdict::NoSignificantDifference,
-        };
+        decide(verdict, alpha, min_effect);
     }
     let mut notes = input.notes.clone();
     notes.push(format!(
         "{} tests on per-request values; p-values Holm-corrected across the {} metrics tested; \
-         α = {alpha}.",
+         α = {alpha}. Smallest effect that matters: {:.1}% of A's median (at least 1 ms for \
+         TTFT and E2E, 0.1 ms for TPOT).",
         if paired {
             "Paired (Wilcoxon signed-rank on B − A by request id)"
         } else {
             "Unpaired (Mann–Whitney U)"
         },
-        rank_p.iter().flatten().count()
+        rank_p.iter().flatten().count(),
+        min_effect * 100.0
     ));
     AbReport {
         pairing: input.pairing,
         alpha,
+        min_effect,
         bootstrap,
         metrics: verdicts,
         notes,
@@ -247,6 +301,7 @@ fn analyse(
         metric,
         n_a: s.a.len(),
         n_b: s.b.len(),
+        rounds_a: s.a_round_p99.len(),
         median_a: percentile_nearest_rank(&s.a, 50.0),
         median_b: percentile_nearest_rank(&s.b, 50.0),
         p99_a: percentile_nearest_rank(&s.a, 99.0),
@@ -257,8 +312,51 @@ fn analyse(
         p_adjusted: None,
         welch: welch_t_test(&s.a_round_p99, &s.b_round_p99),
         welch_p_adjusted: None,
-        verdict: Verdict::NoSignificantDifference,
+        margin: None,
+        verdict: Verdict::Inconclusive,
+        requests_to_decide: None,
+        rounds_to_decide: None,
         differences,
+    }
+}
+
+/// Sets the margin, the verdict and, when inconclusive, the sample size that would likely
+/// decide (see the module doc).
+fn decide(v: &mut MetricVerdict, alpha: f64, min_effect: f64) {
+    let (Some(ci), Some(median_a)) = (v.median_ratio, v.median_a) else {
+        v.verdict = Verdict::Inconclusive;
+        return;
+    };
+    let margin = if median_a > 0.0 {
+        min_effect.max(min_effect_floor_ms(v.metric) / median_a)
+    } else {
+        min_effect
+    };
+    v.margin = Some(margin);
+    let significant = |direction: i8| matches!((v.rank_test, v.p_adjusted), (Some(t), Some(p)) if p <= alpha && t.direction == direction);
+    v.verdict = if significant(1) && ci.lower > 1.0 + margin {
+        Verdict::BSlower
+    } else if significant(-1) && ci.upper < 1.0 - margin {
+        Verdict::BFaster
+    } else if ci.lower >= 1.0 - margin && ci.upper <= 1.0 + margin {
+        Verdict::Equivalent
+    } else {
+        Verdict::Inconclusive
+    };
+    if v.verdict == Verdict::Inconclusive {
+        // The CI must shrink until it fits inside the band or clears it.
+        let half_width = (ci.upper - ci.lower) / 2.0;
+        let distance = (ci.estimate - 1.0).abs();
+        let room = (margin - distance).abs();
+        let n = v.n_a.min(v.n_b) as f64;
+        if room > 1e-9 && half_width > 0.0 && n > 0.0 {
+            let needed = (n * (half_width / room).powi(2)).ceil().min(1e12) as u64;
+            let rounds = v.rounds_a.max(1);
+            v.requests_to_decide = Some(needed.max(v.n_a.min(v.n_b) as u64 + 1));
+            v.rounds_to_decide = v
+                .requests_to_decide
+                .map(|r| r.div_ceil((n / rounds as f64).ceil().max(1.0) as u64));
+        }
     }
 }
 

@@ -90,6 +90,7 @@ fn compare_report(rng: &mut StdRng) -> Report {
     let analysis = compare(
         &AbInput::from_rounds(&a, &b, true),
         0.05,
+        0.02,
         Bootstrap::default(),
     );
     let pool = |rounds: &[LatencySamples]| LatencySamples {
@@ -211,7 +212,7 @@ fn sweep_compare_and_run_reports_are_self_contained() {
     // 3 paired-difference histograms and 3 CDFs.
     check_files(&md, &html, 6);
     let text = std::fs::read_to_string(&html).unwrap();
-    assert!(text.contains("A faster") && text.contains("Wilcoxon p"));
+    assert!(text.contains("B slower (margin ±") && text.contains("Wilcoxon p"));
 
     let run = run_report(&mut rng);
     let (md, html) = write_report(&output_dir("run", temp.path()), &run).unwrap();

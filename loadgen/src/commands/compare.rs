@@ -20,6 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::units::parse_fraction;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use reports::ab::DEFAULT_ALPHA;
@@ -64,6 +65,11 @@ pub struct CompareArgs {
     pub pair: PairMode,
     #[arg(long, default_value_t = DEFAULT_ALPHA)]
     pub alpha: f64,
+    /// The smallest effect that matters, as a share of A's median: `2%` or `0.02` (floors of
+    /// 1 ms for TTFT and E2E, 0.1 ms for TPOT). B is called slower or faster only beyond it,
+    /// equivalent when the CI lies within it, inconclusive otherwise.
+    #[arg(long, value_parser = parse_fraction, default_value = "2%")]
+    pub min_effect: f64,
     /// Seed of the bootstrap CIs.
     #[arg(long, default_value_t = 0x5eed)]
     pub bootstrap_seed: u64,
@@ -113,6 +119,7 @@ pub async fn compare_command(args: CompareArgs) -> Result<()> {
     let options = AnalysisOptions {
         pair: args.pair,
         alpha: args.alpha,
+        min_effect: args.min_effect,
         bootstrap_seed: args.bootstrap_seed,
         print: true,
     };

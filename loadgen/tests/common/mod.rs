@@ -8,7 +8,7 @@ use loadgen::commands::compare::{run_rounds, CompareArgs, ServerSpec};
 use loadgen::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use loadgen::folders::CompareFile;
 use loadgen::mock::{self, MockConfig};
-use reports::ab::{MetricVerdict, DEFAULT_ALPHA};
+use reports::ab::{MetricVerdict, DEFAULT_ALPHA, DEFAULT_MIN_EFFECT};
 use reports::metrics::SloMetric;
 
 #[derive(Parser)]
@@ -81,6 +81,7 @@ pub async fn compare_mocks(
     let options = AnalysisOptions {
         pair: PairMode::Auto,
         alpha: DEFAULT_ALPHA,
+        min_effect: DEFAULT_MIN_EFFECT,
         bootstrap_seed: 7,
         print: false,
     };

@@ -88,7 +88,7 @@ fn verdict_row(v: &MetricVerdict) -> Vec<String> {
             Some(w) => format!("{} ({})", fmt_p(Some(w.p_value)), fmt_p(v.welch_p_adjusted)),
             None => "– (needs ≥ 2 rounds per side)".into(),
         },
-        v.verdict.to_string(),
+        v.verdict_text(),
     ]
 }
 
