@@ -13,6 +13,7 @@ use reports::render::Conditions;
 use reports::samples::LatencySamples;
 use reports::slo::SloSpec;
 use reports::stats::Bootstrap;
+use reports::summary::Summary;
 use serde::{Deserialize, Serialize};
 
 use crate::probe::Probe;
@@ -34,11 +35,19 @@ pub struct LoadedRun {
 pub fn load_run(dir: &Path, slos: &[Slo]) -> Result<LoadedRun> {
     let meta = read_meta(&dir.join("meta.json"))?;
     let records = read_records(&dir.join("records.jsonl"))?;
+    // The client's CPU share is measured during the run only; a run cut short has no summary.
+    let summary_path = dir.join("summary.json");
+    let client_cpu = if summary_path.is_file() {
+        Summary::read(&summary_path)?.client_cpu
+    } else {
+        None
+    };
     let metrics = compute(
         &records,
         &MetricsOptions {
             slos: slos.to_vec(),
-            open_loop: true,
+            open_loop: meta.schedule["mode"] != "closed",
+            client_cpu,
         },
     );
     Ok(LoadedRun {

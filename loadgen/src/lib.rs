@@ -4,6 +4,7 @@
 pub mod calibrate;
 pub mod cli;
 pub mod client;
+pub mod client_cpu;
 pub mod commands;
 pub mod comparison;
 pub mod folders;

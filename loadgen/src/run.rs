@@ -20,6 +20,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::client::{self, RequestStub, Target};
+use crate::client_cpu::CpuClock;
 use crate::progress::Progress;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::RequestSpec;
@@ -305,6 +306,7 @@ pub async fn execute(
         LoadMode::Closed { concurrency } => concurrency,
         LoadMode::Open => plan.max_concurrency.unwrap_or(1024),
     };
+    let cpu = CpuClock::start();
     let (tx, rx) = mpsc::unbounded_channel();
     let progress = Arc::new(Progress::new(plan.requests.len() as u64));
     let stop_flag = Arc::new(AtomicBool::new(false));
@@ -385,6 +387,7 @@ pub async fn execute(
     let metrics_opts = MetricsOptions {
         slos: opts.slos.clone(),
         open_loop: plan.mode == LoadMode::Open,
+        client_cpu: cpu.share(),
     };
     let metrics = metrics::compute(&records, &metrics_opts);
     let summary = Summary::new(&metrics, &opts.slos, incomplete, unfinished);

@@ -12,10 +12,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::records::{ErrorKind, Phase, RequestRecord};
 
-/// Lag p99 above this marks the run client-bound.
-pub const CLIENT_BOUND_LAG_P99_MS: f64 = 1.0;
-/// Achieved send rate off the offered rate by more than this fraction marks the run client-bound.
-pub const CLIENT_BOUND_RATE_TOLERANCE: f64 = 0.02;
+/// The client-bound rules compare the client's own error with what it measured: send lag p99
+/// above max(this floor, [`CLIENT_BOUND_LAG_SHARE`] × TTFT p99) marks the run client-bound
+/// (the lag is added to TTFT from the scheduled send, so it is judged against TTFT).
+pub const CLIENT_BOUND_LAG_FLOOR_MS: f64 = 1.0;
+/// See [`CLIENT_BOUND_LAG_FLOOR_MS`].
+pub const CLIENT_BOUND_LAG_SHARE: f64 = 0.01;
+/// Sent fewer requests/s than this share of the scheduled rate: client-bound.
+pub const CLIENT_BOUND_MIN_SENT_SHARE: f64 = 0.98;
+/// The client process used at least this share of the cores it may run on: client-bound.
+pub const CLIENT_BOUND_CPU_SHARE: f64 = 0.9;
 
 /// Summary statistics of one latency distribution, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -93,6 +99,8 @@ pub struct MetricsOptions {
     pub slos: Vec<Slo>,
     /// Open-loop run: compare the achieved send rate with the scheduled one.
     pub open_loop: bool,
+    /// CPU time of the client process over the run, as a share of the cores it may use.
+    pub client_cpu: Option<f64>,
 }
 
 /// Per-request latencies of a successful request (ms).
@@ -181,6 +189,8 @@ pub struct Metrics {
     pub offered_rate: Option<f64>,
     /// Requests/s actually sent over the same span.
     pub achieved_rate: Option<f64>,
+    /// CPU time of the client process over the run, as a share of the cores it may use.
+    pub client_cpu: Option<f64>,
     /// The client, not the server, may have limited the numbers.
     pub client_bound: bool,
     pub client_bound_reasons: Vec<String>,
@@ -275,25 +285,13 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     m.schedule_lag = DistStats::from_values(&lag);
     m.queue_time = DistStats::from_values(&queue);
 
-    if m.schedule_lag.count > 0 && m.schedule_lag.p99 > CLIENT_BOUND_LAG_P99_MS {
-        m.client_bound_reasons.push(format!(
-            "schedule lag p99 {:.3} ms > {CLIENT_BOUND_LAG_P99_MS} ms",
-            m.schedule_lag.p99
-        ));
-    }
     if opts.open_loop {
         let (offered, achieved) = send_rates(&measured);
         m.offered_rate = offered;
         m.achieved_rate = achieved;
-        if let (Some(o), Some(a)) = (offered, achieved) {
-            if (a / o - 1.0).abs() > CLIENT_BOUND_RATE_TOLERANCE {
-                m.client_bound_reasons.push(format!(
-                    "achieved send rate {a:.3}/s differs from offered {o:.3}/s by more than {}%",
-                    CLIENT_BOUND_RATE_TOLERANCE * 100.0
-                ));
-            }
-        }
     }
+    m.client_cpu = opts.client_cpu;
+    m.client_bound_reasons = client_bound_reasons(&m);
     m.client_bound = !m.client_bound_reasons.is_empty();
     m
 }
@@ -301,6 +299,41 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
 /// (scheduled, achieved) send rates over the measured requests: (n − 1) / span.
 /// The achieved send instant excludes queueing for a concurrency slot, which is the
 /// server's doing, not the client's.
+/// The client-bound rules that fire (see [`CLIENT_BOUND_LAG_FLOOR_MS`]), each with the size of
+/// the client's error beside the metric it affects.
+fn client_bound_reasons(m: &Metrics) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if m.schedule_lag.count > 0 {
+        let ttft_p99 = if m.ttft.count > 0 { m.ttft.p99 } else { 0.0 };
+        let limit = CLIENT_BOUND_LAG_FLOOR_MS.max(CLIENT_BOUND_LAG_SHARE * ttft_p99);
+        if m.schedule_lag.p99 > limit {
+            reasons.push(format!(
+                "send lag p99 {:.3} ms > max({CLIENT_BOUND_LAG_FLOOR_MS} ms, {}% of TTFT p99 \
+                 {ttft_p99:.1} ms): TTFT from the scheduled send carries up to that much of the \
+                 client's own delay",
+                m.schedule_lag.p99,
+                CLIENT_BOUND_LAG_SHARE * 100.0
+            ));
+        }
+    }
+    if let (Some(offered), Some(sent)) = (m.offered_rate, m.achieved_rate) {
+        if sent < CLIENT_BOUND_MIN_SENT_SHARE * offered {
+            reasons.push(format!(
+                "sent {sent:.3} req/s < {}% of the {offered:.3} req/s scheduled",
+                CLIENT_BOUND_MIN_SENT_SHARE * 100.0
+            ));
+        }
+    }
+    if let Some(cpu) = m.client_cpu.filter(|&c| c >= CLIENT_BOUND_CPU_SHARE) {
+        reasons.push(format!(
+            "the client used {:.0}% of the CPU it may use (≥ {}%): its timestamps may be late",
+            cpu * 100.0,
+            CLIENT_BOUND_CPU_SHARE * 100.0
+        ));
+    }
+    reasons
+}
+
 fn send_rates(measured: &[&RequestRecord]) -> (Option<f64>, Option<f64>) {
     if measured.len() < 2 {
         return (None, None);
@@ -364,6 +397,7 @@ mod tests {
             &MetricsOptions {
                 slos,
                 open_loop: true,
+                client_cpu: None,
             },
         );
         assert_eq!(
@@ -396,10 +430,58 @@ mod tests {
     }
 
     #[test]
-    fn client_bound_on_lag() {
+    fn client_bound_on_lag_in_proportion_to_ttft() {
+        // 3 ms of lag against a 47 ms TTFT: beyond the 1 ms floor.
         let mut r = record(0, 0.0, &[50.0], &[1]);
         r.sent_ms = 3.0;
         let m = compute(&[r], &MetricsOptions::default());
         assert!(m.client_bound);
+        assert!(m.client_bound_reasons[0].contains("send lag p99 3.0"));
+        // 4.5 ms of lag against a 2,290 ms TTFT p99 is 0.2%: not client-bound.
+        let mut r = record(0, 0.0, &[2294.5], &[1]);
+        r.sent_ms = 4.5;
+        let m = compute(&[r], &MetricsOptions::default());
+        assert!(!m.client_bound, "{:?}", m.client_bound_reasons);
+        // 30 ms against the same TTFT is 1.3%: client-bound.
+        let mut r = record(0, 0.0, &[2320.0], &[1]);
+        r.sent_ms = 30.0;
+        assert!(compute(&[r], &MetricsOptions::default()).client_bound);
+    }
+
+    #[test]
+    fn client_bound_on_sent_rate_and_cpu() {
+        // Scheduled every 10 ms, sent every 11 ms: 91% of the scheduled rate.
+        let records: Vec<RequestRecord> = (0..50)
+            .map(|i| {
+                let mut r = record(i, i as f64 * 10.0, &[i as f64 * 11.0 + 500.0], &[1]);
+                r.sent_ms = i as f64 * 11.0;
+                r
+            })
+            .collect();
+        let open = MetricsOptions {
+            open_loop: true,
+            ..MetricsOptions::default()
+        };
+        let m = compute(&records, &open);
+        assert!(
+            m.client_bound_reasons
+                .iter()
+                .any(|r| r.starts_with("sent ")),
+            "{:?}",
+            m.client_bound_reasons
+        );
+        let one = [record(0, 0.0, &[50.0], &[1])];
+        let busy = MetricsOptions {
+            client_cpu: Some(0.95),
+            ..MetricsOptions::default()
+        };
+        let m = compute(&one, &busy);
+        assert_eq!(m.client_bound_reasons.len(), 1);
+        assert!(m.client_bound_reasons[0].contains("95% of the CPU"));
+        let idle = MetricsOptions {
+            client_cpu: Some(0.3),
+            ..MetricsOptions::default()
+        };
+        assert!(!compute(&one, &idle).client_bound);
     }
 }

@@ -64,6 +64,9 @@ pub struct Summary {
     pub counted_output_tokens: u64,
     pub offered_rate: Option<f64>,
     pub achieved_rate: Option<f64>,
+    /// CPU time of the client process over the run, as a share of the cores it may use.
+    #[serde(default)]
+    pub client_cpu: Option<f64>,
     pub client_bound: bool,
     pub client_bound_reasons: Vec<String>,
     pub slos: Vec<Slo>,
@@ -123,6 +126,7 @@ impl Summary {
             counted_output_tokens: m.counted_output_tokens,
             offered_rate: m.offered_rate,
             achieved_rate: m.achieved_rate,
+            client_cpu: m.client_cpu,
             client_bound: m.client_bound,
             client_bound_reasons: m.client_bound_reasons.clone(),
             slos: slos.to_vec(),

@@ -115,7 +115,20 @@ pub fn render(summary: &Summary) -> String {
     title(&mut out, "Schedule Lag", '-');
     let lag = get("schedule_lag");
     row(&mut out, "Median lag (ms):", format!("{:.3}", lag.p50));
-    row(&mut out, "P99 lag (ms):", format!("{:.3}", lag.p99));
+    let ttft_p99 = get("ttft").p99;
+    row(
+        &mut out,
+        "P99 lag (ms):",
+        if ttft_p99 > 0.0 {
+            format!(
+                "{:.3} ({:.2}% of TTFT p99)",
+                lag.p99,
+                lag.p99 / ttft_p99 * 100.0
+            )
+        } else {
+            format!("{:.3}", lag.p99)
+        },
+    );
     row(&mut out, "Max lag (ms):", format!("{:.3}", lag.max));
     let queue = get("queue_time");
     if queue.max > 0.0 {
@@ -135,6 +148,13 @@ pub fn render(summary: &Summary) -> String {
             &mut out,
             "Offered / achieved rate (req/s):",
             format!("{o:.2} / {a:.2}"),
+        );
+    }
+    if let Some(cpu) = summary.client_cpu {
+        row(
+            &mut out,
+            "Client CPU:",
+            format!("{:.0}% of its cores", cpu * 100.0),
         );
     }
     if summary.client_bound {
