@@ -52,9 +52,6 @@ mod tests {
         let share = clock.share().unwrap();
         // One thread spinning: about 1 / cores, less when the machine is shared, more when
         // other tests of this process run at the same time; never beyond all the cores.
-        assert!(
-            share > 0.3 / cores && share <= 1.05,
-            "{share}, {x}"
-        );
+        assert!(share > 0.3 / cores && share <= 1.05, "{share}, {x}");
     }
 }

@@ -11,6 +11,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use crate::records::{ErrorKind, Phase, RequestRecord};
+use crate::stats::{min_sample_for_quantile, quantile_ci, QuantileCi};
 
 /// The client-bound rules compare the client's own error with what it measured: send lag p99
 /// above max(this floor, [`CLIENT_BOUND_LAG_SHARE`] × TTFT p99) marks the run client-bound
@@ -36,9 +37,60 @@ pub struct DistStats {
     pub p95: f64,
     pub p99: f64,
     pub p99_9: f64,
+    /// 95% distribution-free confidence intervals of the percentiles (order statistics).
+    #[serde(default)]
+    pub ci: PercentileCis,
+}
+
+/// Confidence level of [`PercentileCis`].
+pub const PERCENTILE_CI_LEVEL: f64 = 0.95;
+
+/// The [`PERCENTILE_CI_LEVEL`] intervals of a distribution's reported percentiles.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PercentileCis {
+    pub p50: QuantileCi,
+    pub p90: QuantileCi,
+    pub p95: QuantileCi,
+    pub p99: QuantileCi,
+    pub p99_9: QuantileCi,
 }
 
 impl DistStats {
+    /// A reported percentile `q` for people: "123.45 [95% CI 118.20–130.90]", or, when the
+    /// sample cannot bound it from above, "too few (11 < 368); ≥ 95.30": never a number that
+    /// is really the maximum.
+    pub fn percentile_text(&self, q: f64, digits: usize) -> String {
+        let Some((value, ci)) = self.percentile(q).filter(|_| self.count > 0) else {
+            return "–".into();
+        };
+        let needed = min_sample_for_quantile(q, PERCENTILE_CI_LEVEL);
+        if self.count < needed {
+            let lower = ci
+                .lower
+                .map_or("min".to_string(), |v| format!("{v:.digits$}"));
+            return format!("too few ({} < {needed}); ≥ {lower}", self.count);
+        }
+        match (ci.lower, ci.upper) {
+            // Statistics saved before the intervals existed.
+            (None, None) => format!("{value:.digits$}"),
+            _ => format!("{value:.digits$} [95% CI {}]", ci.text(digits)),
+        }
+    }
+
+    /// The percentile `q` (0–1) of those reported, with its interval.
+    pub fn percentile(&self, q: f64) -> Option<(f64, QuantileCi)> {
+        [
+            (0.5, self.p50, self.ci.p50),
+            (0.9, self.p90, self.ci.p90),
+            (0.95, self.p95, self.ci.p95),
+            (0.99, self.p99, self.ci.p99),
+            (0.999, self.p99_9, self.ci.p99_9),
+        ]
+        .into_iter()
+        .find(|(level, _, _)| (level - q).abs() < 1e-9)
+        .map(|(_, value, ci)| (value, ci))
+    }
+
     /// Statistics of `values_ms`; all zero when empty.
     pub fn from_values(values_ms: &[f64]) -> DistStats {
         if values_ms.is_empty() {
@@ -52,6 +104,9 @@ impl DistStats {
             hist.saturating_record(to_micros(v));
         }
         let q = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+        let mut sorted = values_ms.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let ci = |q: f64| quantile_ci(&sorted, q, PERCENTILE_CI_LEVEL);
         DistStats {
             count: values_ms.len() as u64,
             mean,
@@ -63,6 +118,13 @@ impl DistStats {
             p95: q(0.95),
             p99: q(0.99),
             p99_9: q(0.999),
+            ci: PercentileCis {
+                p50: ci(0.5),
+                p90: ci(0.9),
+                p95: ci(0.95),
+                p99: ci(0.99),
+                p99_9: ci(0.999),
+            },
         }
     }
 }
@@ -427,6 +489,28 @@ mod tests {
         assert!((s.p99_9 - 999.0).abs() <= 1.0, "{}", s.p99_9);
         assert_eq!((s.min, s.max), (1.0, 1000.0));
         assert!((s.mean - 500.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn percentiles_carry_their_intervals_and_small_samples_say_so() {
+        let values: Vec<f64> = (1..=1000).map(f64::from).collect();
+        let d = DistStats::from_values(&values);
+        let ci = d.ci.p99;
+        assert!(
+            ci.lower.unwrap() < 990.0 && 990.0 < ci.upper.unwrap(),
+            "{ci:?}"
+        );
+        let text = d.percentile_text(0.99, 1);
+        assert!(
+            text.starts_with(&format!("{:.1} [95% CI ", d.p99)),
+            "{text}"
+        );
+        let few = DistStats::from_values(&values[..11]);
+        assert_eq!(few.ci.p99.upper, None);
+        assert_eq!(few.percentile_text(0.99, 1), "too few (11 < 368); ≥ 10.0");
+        assert!(few
+            .percentile_text(0.5, 1)
+            .starts_with("6.0 [95% CI 2.0–10.0]"));
     }
 
     #[test]

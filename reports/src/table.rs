@@ -22,15 +22,23 @@ fn row(out: &mut String, label: &str, value: impl std::fmt::Display) {
 
 fn dist(out: &mut String, heading: &str, short: &str, d: &DistStats) {
     title(out, heading, '-');
-    for (name, v) in [
-        ("Mean", d.mean),
-        ("Median", d.p50),
-        ("P90", d.p90),
-        ("P95", d.p95),
-        ("P99", d.p99),
-        ("P99.9", d.p99_9),
+    row(
+        out,
+        &format!("Mean {short} (ms):"),
+        format!("{:.2}", d.mean),
+    );
+    for (name, q) in [
+        ("Median", 0.5),
+        ("P90", 0.9),
+        ("P95", 0.95),
+        ("P99", 0.99),
+        ("P99.9", 0.999),
     ] {
-        row(out, &format!("{name} {short} (ms):"), format!("{v:.2}"));
+        row(
+            out,
+            &format!("{name} {short} (ms):"),
+            d.percentile_text(q, 2),
+        );
     }
 }
 
@@ -180,6 +188,7 @@ mod tests {
             ..Metrics::default()
         };
         m.ttft.p50 = 50.25;
+        m.ttft.count = 7;
         let text = render(&Summary::new(&m, &[], false, 0));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(

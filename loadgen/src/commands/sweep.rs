@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use reports::metrics::PERCENTILE_CI_LEVEL;
 use reports::records::read_records;
 use reports::render::write_report;
 use reports::slo::SloSpec;
+use reports::stats::min_sample_for_quantile;
 
 use crate::folders::{load_run, LevelEntry, SweepFile, SWEEP_FILE};
 use crate::prepare::{run_once, RunArgs};
@@ -42,6 +44,11 @@ pub struct SweepArgs {
     /// With --rates auto: the largest probe concurrency.
     #[arg(long, default_value_t = 256)]
     pub probe_max_concurrency: usize,
+    /// Lengthen each level to hold at least this many measured requests (rate × --duration,
+    /// or --num-prompts without --duration); `auto`: as many as the SLO's highest percentile
+    /// needs for a 95% interval with an upper bound (p90: 36, p99: 368, p99.9: 3,688).
+    #[arg(long)]
+    pub min_requests: Option<String>,
     /// Every `loadgen run` option applies to each level (`--rate` is replaced by each rate;
     /// `--slo` takes percentiles: ttft:p99:500ms,tpot:p99:50ms; `--out` is required).
     #[command(flatten)]
@@ -69,6 +76,40 @@ pub fn parse_rates(text: &str) -> Result<Option<Vec<f64>>> {
     rates.sort_by(f64::total_cmp);
     rates.dedup();
     Ok(Some(rates))
+}
+
+/// The requests each level must hold, from `--min-requests` (a count or `auto`).
+fn min_requests(text: Option<&str>, slo: Option<&SloSpec>) -> Result<Option<u64>> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    if text.trim().eq_ignore_ascii_case("auto") {
+        let slo = slo.context("--min-requests auto needs an --slo with percentiles")?;
+        let highest = slo.targets.iter().map(|t| t.percentile).fold(0.0, f64::max);
+        return Ok(Some(min_sample_for_quantile(
+            highest / 100.0,
+            PERCENTILE_CI_LEVEL,
+        )));
+    }
+    let n: u64 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("--min-requests `{text}`: expected a count or `auto`"))?;
+    Ok(Some(n))
+}
+
+/// `run` at `rate`, lengthened to hold at least `min` measured requests.
+fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
+    let Some(min) = min else {
+        return;
+    };
+    match run.duration {
+        Some(d) if rate * d.as_secs_f64() < min as f64 => {
+            run.duration = Some(Duration::from_secs_f64(min as f64 / rate));
+        }
+        Some(_) => {}
+        None => run.num_prompts = run.num_prompts.max(min as usize),
+    }
 }
 
 /// `loadgen sweep`.
@@ -110,6 +151,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         stop_reason: None,
     };
     let per_request = slo.as_ref().map(SloSpec::per_request).unwrap_or_default();
+    let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
     let stop = stop_on_signals()?;
     for (i, &rate) in rates.iter().enumerate() {
         let dir = format!("level-{i:02}");
@@ -122,6 +164,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         let mut run = args.run.clone();
         run.rate = rate;
         run.out = Some(out.join(&dir));
+        sized_level(&mut run, rate, min_requests);
         let outcome = run_once(&run, stop.clone()).await?;
         print!("{}", reports::table::render(&outcome.summary));
         let loaded = load_run(&out.join(&dir), &per_request)?;
@@ -216,5 +259,30 @@ mod tests {
         assert_eq!(parse_rates("4, 1,2,2").unwrap(), Some(vec![1.0, 2.0, 4.0]));
         assert!(parse_rates("1,x").is_err());
         assert!(parse_rates("0").is_err());
+    }
+
+    #[test]
+    fn levels_lengthen_to_the_requests_the_slo_percentile_needs() {
+        let slo = SloSpec::parse("ttft:p99:500ms,tpot:p90:50ms").unwrap();
+        assert_eq!(min_requests(Some("auto"), Some(&slo)).unwrap(), Some(368));
+        assert_eq!(min_requests(Some("100"), None).unwrap(), Some(100));
+        assert!(min_requests(Some("auto"), None).is_err());
+        assert!(min_requests(Some("many"), None).is_err());
+        let mut run = <crate::cli::Cli as clap::Parser>::try_parse_from([
+            "loadgen",
+            "run",
+            "--duration",
+            "40s",
+        ])
+        .map(|c| match c.command {
+            crate::cli::Command::Run(r) => *r,
+            _ => unreachable!(),
+        })
+        .unwrap();
+        // 0.4 req/s × 40 s = 16 requests < 368: the level lasts 920 s.
+        sized_level(&mut run, 0.4, Some(368));
+        assert_eq!(run.duration, Some(Duration::from_secs(920)));
+        sized_level(&mut run, 10.0, Some(368));
+        assert_eq!(run.duration, Some(Duration::from_secs(920)));
     }
 }

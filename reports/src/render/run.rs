@@ -54,10 +54,10 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
             "metric (ms)",
             "n",
             "mean",
-            "p50",
-            "p90",
-            "p99",
-            "p99.9",
+            "p50 [95% CI]",
+            "p90 [95% CI]",
+            "p99 [95% CI]",
+            "p99.9 [95% CI]",
             "max",
         ]
         .map(String::from)
@@ -85,8 +85,9 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
 }
 
 fn dist_row(name: &str, d: &DistStats) -> Vec<String> {
-    let mut row = vec![name.to_string(), d.count.to_string()];
-    row.extend([d.mean, d.p50, d.p90, d.p99, d.p99_9, d.max].map(|v| fmt_ms(Some(v))));
+    let mut row = vec![name.to_string(), d.count.to_string(), fmt_ms(Some(d.mean))];
+    row.extend([0.5, 0.9, 0.99, 0.999].map(|q| d.percentile_text(q, 2)));
+    row.push(fmt_ms(Some(d.max)));
     row
 }
 
@@ -103,6 +104,7 @@ pub(super) fn cdf_plot(
             name: name.clone(),
             points: svg::cdf_points(&samples.values(metric), 400),
             style: Style::Line,
+            error_bars: Vec::new(),
         })
         .collect();
     Plot {

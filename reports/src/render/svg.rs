@@ -27,6 +27,9 @@ pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
     pub style: Style,
+    /// Vertical error bars (x, low, high) in the series' colour; a bound beyond the data is
+    /// drawn to the plot's edge with an open end.
+    pub error_bars: Vec<(f64, Option<f64>, Option<f64>)>,
 }
 
 /// A labelled reference line (an SLO limit, the knee).
@@ -227,7 +230,13 @@ pub fn chart(c: &Chart) -> String {
     let ys = c
         .series
         .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .flat_map(|s| {
+            s.points.iter().map(|p| p.1).chain(
+                s.error_bars
+                    .iter()
+                    .flat_map(|&(_, low, high)| low.into_iter().chain(high)),
+            )
+        })
         .chain(c.h_markers.iter().map(|m| m.value));
     let x = Axis::new(xs, LEFT, WIDTH - RIGHT, false);
     let y = Axis::new(ys, HEIGHT - BOTTOM, TOP, true);
@@ -261,6 +270,28 @@ pub fn chart(c: &Chart) -> String {
                 r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
                 path.join(" ")
             );
+        }
+        for &(bx, low, high) in &s.error_bars {
+            if !bx.is_finite() {
+                continue;
+            }
+            let px = x.map(bx);
+            let y_low = low.map_or(HEIGHT - BOTTOM, |v| y.map(v));
+            let y_high = high.map_or(TOP, |v| y.map(v));
+            let _ = write!(
+                out,
+                r#"<line x1="{px:.1}" y1="{y_low:.1}" x2="{px:.1}" y2="{y_high:.1}" stroke="{color}" stroke-width="1.2"/>"#
+            );
+            for (end, bound) in [(y_low, low), (y_high, high)] {
+                if bound.is_some() {
+                    let _ = write!(
+                        out,
+                        r#"<line x1="{:.1}" y1="{end:.1}" x2="{:.1}" y2="{end:.1}" stroke="{color}" stroke-width="1.2"/>"#,
+                        px - 4.0,
+                        px + 4.0
+                    );
+                }
+            }
         }
         if matches!(s.style, Style::Points | Style::LinePoints) {
             for (px, py) in &points {

@@ -4,9 +4,10 @@ use super::run::{cdf_plot, lag_histogram};
 use super::svg::{self, Chart, Marker, Series, Style};
 use super::{fmt_ms, Plot, Section, SweepView, Table};
 use crate::metrics::SloMetric;
+use crate::metrics::PERCENTILE_CI_LEVEL;
 use crate::plan::{CapacityPlan, SweepLevel};
 use crate::samples::{metric_label, LATENCY_METRICS};
-use crate::stats::percentile_nearest_rank;
+use crate::stats::{min_sample_for_quantile, percentile_nearest_rank, quantile_ci};
 
 pub(super) fn sections(view: &SweepView) -> Vec<Section> {
     let mut levels: Vec<&SweepLevel> = view.levels.iter().collect();
@@ -77,8 +78,8 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
             ];
             for metric in LATENCY_METRICS {
                 let values = level.samples.values(metric);
-                row.push(fmt_ms(percentile_nearest_rank(&values, 50.0)));
-                row.push(fmt_ms(percentile_nearest_rank(&values, 99.0)));
+                row.push(percentile_cell(&values, 50.0));
+                row.push(percentile_cell(&values, 99.0));
             }
             row.push(if level.saturated { "yes" } else { "no" }.into());
             if let Some(slo) = &view.slo {
@@ -184,6 +185,24 @@ fn knee_marker(knee: Option<f64>) -> Vec<Marker> {
     .collect()
 }
 
+/// A level's percentile for the table: the value, or "too few (n < needed)" when the level's
+/// requests cannot bound it from above (the value would be the maximum, not the percentile).
+fn percentile_cell(values: &[f64], p: f64) -> String {
+    let needed = min_sample_for_quantile(p / 100.0, PERCENTILE_CI_LEVEL);
+    if !values.is_empty() && (values.len() as u64) < needed {
+        return format!("too few ({} < {needed})", values.len());
+    }
+    fmt_ms(percentile_nearest_rank(values, p))
+}
+
+/// The 95% order-statistic interval of a level's p-th percentile, as an error bar.
+fn percentile_bar(values: &[f64], p: f64) -> (Option<f64>, Option<f64>) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let ci = quantile_ci(&sorted, p / 100.0, PERCENTILE_CI_LEVEL);
+    (ci.lower, ci.upper)
+}
+
 fn percentile_vs_rate(
     view: &SweepView,
     levels: &[&SweepLevel],
@@ -205,6 +224,14 @@ fn percentile_vs_rate(
                 })
                 .collect(),
             style: Style::LinePoints,
+            error_bars: levels
+                .iter()
+                .filter(|l| !l.samples.requests.is_empty())
+                .map(|l| {
+                    let (low, high) = percentile_bar(&l.samples.values(metric), p);
+                    (l.offered_rate, low, high)
+                })
+                .collect(),
         })
         .collect();
     let h_markers = view
@@ -220,7 +247,7 @@ fn percentile_vs_rate(
     Plot {
         name: format!("sweep-{}-vs-rate", label.to_lowercase()),
         svg: svg::chart(&Chart {
-            title: format!("{label} p50 and p99 vs offered rate"),
+            title: format!("{label} p50 and p99 vs offered rate (95% CI bars)"),
             x_label: "offered rate (req/s)".into(),
             y_label: format!("{label} (ms)"),
             series,
@@ -249,11 +276,13 @@ fn achieved_vs_offered(levels: &[&SweepLevel], knee: Option<f64>) -> Plot {
                         .map(|l| (l.offered_rate, l.achieved_rate))
                         .collect(),
                     style: Style::LinePoints,
+                    error_bars: Vec::new(),
                 },
                 Series {
                     name: "achieved = offered".into(),
                     points: offered,
                     style: Style::DashedLine,
+                    error_bars: Vec::new(),
                 },
             ],
             v_markers: knee_marker(knee),
@@ -275,6 +304,7 @@ fn throughput_vs_latency(levels: &[&SweepLevel]) -> Plot {
                 })
                 .collect(),
             style: Style::LinePoints,
+            error_bars: Vec::new(),
         })
         .collect();
     Plot {

@@ -7,6 +7,7 @@ mod bootstrap;
 mod holm;
 mod mann_whitney;
 mod percentile;
+mod quantile_ci;
 mod rank;
 mod welch;
 mod wilcoxon;
@@ -15,6 +16,7 @@ pub use bootstrap::{bootstrap_ci, bootstrap_ratio_ci, Bootstrap, ConfidenceInter
 pub use holm::holm_adjust;
 pub use mann_whitney::mann_whitney_u;
 pub use percentile::{median, percentile_linear, percentile_nearest_rank};
+pub use quantile_ci::{min_sample_for_quantile, quantile_ci, QuantileCi};
 pub use welch::{welch_t_test, WelchTest};
 pub use wilcoxon::wilcoxon_signed_rank;
 
