@@ -65,6 +65,41 @@ pub struct Target {
     pub continuous_usage: bool,
 }
 
+/// Header carrying the request's id in the plan, so that a server's log (the mock's
+/// calibration log, for one) can be matched with the records.
+pub const REQUEST_ID_HEADER: &str = "x-loadgen-request-id";
+
+/// Opens up to `connections` pooled connections to `target` before a run, so that measured
+/// requests do not pay connection set-up (or a listen backlog's overflow) inside their TTFT:
+/// all requests are held open together (each on its own connection), then their bodies are
+/// read so the connections return to the pool. Answers do not matter; failures are ignored
+/// and the run reports its own errors. Returns the connections that answered.
+pub async fn warm_pool(client: &reqwest::Client, target: &Target, connections: usize) -> usize {
+    let url = format!("{}/v1/models", target.base_url.trim_end_matches('/'));
+    let responses = futures::future::join_all((0..connections).map(|_| {
+        with_auth(client.get(&url), &target.headers, target.api_key.as_deref())
+            .timeout(Duration::from_secs(30))
+            .send()
+    }))
+    .await;
+    let answered: Vec<reqwest::Response> = responses.into_iter().flatten().collect();
+    let count = answered.len();
+    futures::future::join_all(answered.into_iter().map(|r| r.bytes())).await;
+    count
+}
+
+/// The JSON body of `spec`, serialised: built before the request's send instant.
+pub fn encoded_body(
+    target: &Target,
+    spec: &RequestSpec,
+    prompts: &PromptBuilder,
+) -> Result<bytes::Bytes> {
+    let body = request_body(target, spec, prompts)?;
+    Ok(serde_json::to_vec(&body)
+        .context("serialising the request body")?
+        .into())
+}
+
 /// An HTTP/1.1 keep-alive client with `TCP_NODELAY` and a pool for `pool` connections.
 pub fn http_client(pool: usize) -> Result<reqwest::Client> {
     reqwest::Client::builder()
@@ -186,33 +221,76 @@ struct StreamState {
     error: Option<String>,
 }
 
+/// The fields of a streamed event that the client reads, borrowed from the event's text
+/// where no escape forces a copy: a typed parse, not a JSON tree, per event.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    usage: Option<EventUsage>,
+    #[serde(default, borrow)]
+    choices: Vec<EventChoice<'a>>,
+}
+
+#[derive(Deserialize)]
+struct EventUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct EventChoice<'a> {
+    #[serde(default, borrow)]
+    text: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    delta: Option<EventDelta<'a>>,
+    #[serde(default)]
+    finish_reason: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct EventDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<std::borrow::Cow<'a, str>>,
+}
+
 impl StreamState {
     fn on_event(&mut self, data: &str, at_ms: f64, chat: bool) {
         if data.trim() == "[DONE]" {
             self.done = true;
             return;
         }
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
+        let Ok(event) = serde_json::from_str::<Event>(data) else {
             self.error = Some(format!("unparsable SSE data: {}", truncate(data)));
             return;
         };
-        if let Some(err) = v.get("error") {
-            self.error = Some(format!("error event: {}", truncate(&err.to_string())));
+        if event.error.is_some() {
+            let detail = serde_json::from_str::<Value>(data)
+                .map(|v| v["error"].to_string())
+                .unwrap_or_default();
+            self.error = Some(format!("error event: {}", truncate(&detail)));
             return;
         }
-        let usage_completion = v["usage"]["completion_tokens"].as_u64();
-        if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
+        let usage_completion = event.usage.as_ref().and_then(|u| u.completion_tokens);
+        if let Some(p) = event.usage.as_ref().and_then(|u| u.prompt_tokens) {
             self.usage_prompt = Some(p);
         }
-        let choice = &v["choices"][0];
-        let text = if chat {
-            choice["delta"]["content"]
-                .as_str()
-                .or_else(|| choice["delta"]["reasoning_content"].as_str())
-        } else {
-            choice["text"].as_str()
-        };
-        if !choice["finish_reason"].is_null() && choice.get("finish_reason").is_some() {
+        let choice = event.choices.first();
+        let text = choice.and_then(|c| {
+            if chat {
+                c.delta
+                    .as_ref()
+                    .and_then(|d| d.content.as_deref().or(d.reasoning_content.as_deref()))
+            } else {
+                c.text.as_deref()
+            }
+        });
+        if choice.is_some_and(|c| c.finish_reason.is_some()) {
             self.finished = true;
         }
         let delta = match (usage_completion, self.last_usage_completion) {
@@ -225,7 +303,7 @@ impl StreamState {
         // A content chunk carries text, or tokens whose text is still held back (vLLM sends
         // `text: ""` for a partial UTF-8 character, with its usage delta); a usage-only chunk
         // has no choice and never counts.
-        let carries_tokens = choice.is_object() && delta.is_some_and(|d| d > 0);
+        let carries_tokens = choice.is_some() && delta.is_some_and(|d| d > 0);
         if text.is_some_and(|t| !t.is_empty()) || carries_tokens {
             if self.chunk_ms.is_empty() {
                 self.continuous = true;
@@ -278,7 +356,7 @@ pub async fn execute(
     client: &reqwest::Client,
     target: &Target,
     mut stub: RequestStub,
-    body: &Value,
+    body: bytes::Bytes,
     origin: Instant,
     stop: watch::Receiver<bool>,
 ) -> RequestRecord {
@@ -294,7 +372,9 @@ pub async fn execute(
         target.api_key.as_deref(),
     )
     .timeout(target.timeout)
-    .json(body);
+    .header(REQUEST_ID_HEADER, stub.id)
+    .header(reqwest::header::CONTENT_TYPE, "application/json")
+    .body(body);
     let sent = Instant::now();
     let mut st = StreamState::default();
     let mut status = None;

@@ -7,6 +7,7 @@
 //! injection: a seeded fraction of requests answered with an error status, and streams cut
 //! (connection aborted) after a number of tokens.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,6 +46,37 @@ pub struct MockConfig {
     pub cut_after: Option<u32>,
     /// Seed of the error-injection draws.
     pub seed: u64,
+    /// Where to log each streamed request's timing (see [`MockEvent`]), if anywhere.
+    pub log: Option<MockLog>,
+}
+
+/// The mock's own account of one streamed request, so that its lateness can be told apart
+/// from the client's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MockEvent {
+    /// The client's request id (`x-loadgen-request-id`), when sent.
+    pub id: Option<u64>,
+    /// When the handler received the request.
+    pub arrival: Instant,
+    /// How late the first content chunk left the mock against its configured TTFT, in ms.
+    pub first_chunk_lateness_ms: f64,
+}
+
+/// A shared log of [`MockEvent`]s.
+#[derive(Debug, Clone, Default)]
+pub struct MockLog(Arc<Mutex<Vec<MockEvent>>>);
+
+impl MockLog {
+    /// The events so far.
+    pub fn events(&self) -> Vec<MockEvent> {
+        self.0.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    fn push(&self, event: MockEvent) {
+        if let Ok(mut events) = self.0.lock() {
+            events.push(event);
+        }
+    }
 }
 
 impl Default for MockConfig {
@@ -61,6 +93,7 @@ impl Default for MockConfig {
             error_status: 500,
             cut_after: None,
             seed: 0,
+            log: None,
         }
     }
 }
@@ -86,17 +119,92 @@ impl MockHandle {
     }
 }
 
+/// A mock on its own OS thread and single-threaded runtime, apart from the client's runtime:
+/// a calibration then measures the client, not the two sharing one scheduler; the mock's own
+/// lateness it logs.
+pub struct ThreadedMock {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ThreadedMock {
+    /// Starts the mock; returns once it listens.
+    pub fn start(cfg: MockConfig) -> Result<(SocketAddr, ThreadedMock)> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<SocketAddr>>();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("loadgen-mock".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    match spawn(cfg).await {
+                        Ok((addr, handle)) => {
+                            let _ = ready_tx.send(Ok(addr));
+                            let _ = stop_rx.await;
+                            handle.shutdown().await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .context("starting the mock's thread")?;
+        let addr = ready_rx
+            .recv()
+            .context("the mock's thread ended before listening")??;
+        Ok((
+            addr,
+            ThreadedMock {
+                stop: Some(stop_tx),
+                thread: Some(thread),
+            },
+        ))
+    }
+
+    /// Stops the mock and waits for its thread.
+    pub fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 struct MockState {
     cfg: MockConfig,
     slots: Option<Arc<Semaphore>>,
     rng: Mutex<StdRng>,
 }
 
+/// Pending connections the listener queues: room for a thousand streams opening at once.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Starts the mock on the current tokio runtime; returns its bound address.
 pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
-    let listener = tokio::net::TcpListener::bind(cfg.addr)
-        .await
-        .with_context(|| format!("binding mock server to {}", cfg.addr))?;
+    let listener =
+        listen(cfg.addr).with_context(|| format!("binding mock server to {}", cfg.addr))?;
     let addr = listener.local_addr()?;
     let state = Arc::new(MockState {
         slots: (cfg.slots > 0).then(|| Arc::new(Semaphore::new(cfg.slots))),
@@ -195,15 +303,33 @@ fn parse_ask(body: &Value, chat: bool) -> Ask {
     }
 }
 
-async fn completions(State(s): State<Arc<MockState>>, body: Bytes) -> Response {
-    serve(s, body, false).await
+async fn completions(
+    State(s): State<Arc<MockState>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(s, request_id(&headers), body, false).await
 }
 
-async fn chat_completions(State(s): State<Arc<MockState>>, body: Bytes) -> Response {
-    serve(s, body, true).await
+async fn chat_completions(
+    State(s): State<Arc<MockState>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(s, request_id(&headers), body, true).await
 }
 
-async fn serve(s: Arc<MockState>, body: Bytes, chat: bool) -> Response {
+fn request_id(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(crate::client::REQUEST_ID_HEADER)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+async fn serve(s: Arc<MockState>, id: Option<u64>, body: Bytes, chat: bool) -> Response {
+    let arrival = Instant::now();
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         return error_response(StatusCode::BAD_REQUEST, "request body is not JSON");
     };
@@ -235,7 +361,8 @@ async fn serve(s: Arc<MockState>, body: Bytes, chat: bool) -> Response {
         cut_after: s.cfg.cut_after,
     };
     if ask.stream {
-        stream_response(s.cfg.model.clone(), ask, plan, permit)
+        let log = s.cfg.log.clone().map(|log| (log, id, arrival));
+        stream_response(s.cfg.model.clone(), ask, plan, permit, log)
     } else {
         let chunks = plan.total.div_ceil(plan.per_chunk);
         tokio::time::sleep_until(plan.deadline(chunks - 1).into()).await;
@@ -288,6 +415,10 @@ struct StreamState {
     prelude_sent: bool,
     finished: bool,
     _permit: Option<OwnedSemaphorePermit>,
+    /// A content event's text up to its choice's fields.
+    chunk_prefix: String,
+    /// Where to log the first chunk's lateness: the log, the request id, its arrival.
+    log: Option<(MockLog, Option<u64>, Instant)>,
 }
 
 fn stream_response(
@@ -295,8 +426,20 @@ fn stream_response(
     ask: Ask,
     timing: Timing,
     permit: Option<OwnedSemaphorePermit>,
+    log: Option<(MockLog, Option<u64>, Instant)>,
 ) -> Response {
+    let object = if ask.chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    let chunk_prefix = format!(
+        r#"data: {{"id":"mock","object":"{object}","model":{},"choices":[{{"index":0,"#,
+        Value::from(model.as_str())
+    );
     let state = StreamState {
+        chunk_prefix,
+        log,
         prelude_sent: !ask.chat,
         model,
         ask,
@@ -339,21 +482,53 @@ fn stream_response(
             return Some((Err(std::io::Error::other("mock: stream cut")), st));
         }
         tokio::time::sleep_until(st.timing.deadline(st.chunk).into()).await;
+        if st.chunk == 0 {
+            if let Some((log, id, arrival)) = st.log.take() {
+                let late = Instant::now().saturating_duration_since(st.timing.deadline(0));
+                log.push(MockEvent {
+                    id,
+                    arrival,
+                    first_chunk_lateness_ms: late.as_secs_f64() * 1000.0,
+                });
+            }
+        }
         let k = st.timing.per_chunk.min(st.timing.total - st.sent_tokens);
         st.sent_tokens += k;
         st.chunk += 1;
-        let text = "tok ".repeat(k as usize);
-        let finish = (st.sent_tokens == st.timing.total).then_some("length");
-        let choice = if st.ask.chat {
-            json!({"index": 0, "delta": {"content": text}, "finish_reason": finish})
+        // Written from a template rather than a JSON tree: at thousands of events per second
+        // the mock's own CPU time is what a calibration must keep small.
+        let finish = if st.sent_tokens == st.timing.total {
+            r#""length""#
         } else {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+            "null"
         };
-        let mut v = json!({"id": "mock", "object": object, "model": st.model, "choices": [choice]});
-        if st.ask.include_usage && st.ask.continuous_usage {
-            v["usage"] = usage(st.ask.prompt_tokens, u64::from(st.sent_tokens));
+        let mut event = String::with_capacity(st.chunk_prefix.len() + 160);
+        event.push_str(&st.chunk_prefix);
+        event.push_str(if st.ask.chat {
+            r#""delta":{"content":""#
+        } else {
+            r#""text":""#
+        });
+        for _ in 0..k {
+            event.push_str("tok ");
         }
-        Some((Ok::<Bytes, std::io::Error>(sse(&v)), st))
+        event.push('"');
+        if st.ask.chat {
+            event.push('}');
+        } else {
+            event.push_str(r#","logprobs":null"#);
+        }
+        let _ = write!(event, r#","finish_reason":{finish}}}]"#);
+        if st.ask.include_usage && st.ask.continuous_usage {
+            let (p, c) = (st.ask.prompt_tokens, u64::from(st.sent_tokens));
+            let _ = write!(
+                event,
+                r#","usage":{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":{}}}"#,
+                p + c
+            );
+        }
+        event.push_str("}\n\n");
+        Some((Ok::<Bytes, std::io::Error>(Bytes::from(event)), st))
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")

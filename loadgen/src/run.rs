@@ -1,9 +1,12 @@
-//! The run loop. Open loop: a dedicated sender thread fires each request at its scheduled
-//! instant (sleep, then spin for the last stretch) and never waits for responses; each
-//! request runs as its own tokio task. Closed loop: N workers, each sending its next request
-//! when the previous one ends. Records are appended to `records.jsonl` (one line, flushed)
-//! as each request ends. A stop signal ends the run early: finished records are kept and
-//! the summary is marked incomplete.
+//! The run loop. Before the window, the connection pool is opened (one connection per
+//! expected concurrent request, see [`Plan::warm_connections`]) so that no measured request
+//! pays connection set-up. Open loop: a dedicated sender thread serialises each request's
+//! body, then waits for its scheduled instant (sleep, then spin for the last stretch) and
+//! fires it without waiting for responses; each request runs as its own tokio task. Closed
+//! loop: N workers, each sending its next request when the previous one ends. Records are
+//! appended to `records.jsonl` (one line, flushed) as each request ends, by a writer thread
+//! off the runtime that timestamps chunks. A stop signal ends the run early: finished
+//! records are kept and the summary is marked incomplete.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -67,6 +70,28 @@ impl Plan {
         } else {
             Phase::Measured
         }
+    }
+
+    /// Connections to open before the window: the closed-loop concurrency, or in open loop
+    /// the most requests scheduled within any one second (the requests in flight together
+    /// when each takes up to a second), capped by `pool`.
+    pub fn warm_connections(&self, pool: usize) -> usize {
+        let wanted = match self.mode {
+            LoadMode::Closed { concurrency } => concurrency,
+            LoadMode::Open => {
+                let times: Vec<f64> = self.requests.iter().filter_map(|r| r.at_s).collect();
+                let mut start = 0;
+                let mut most = 0;
+                for (end, &t) in times.iter().enumerate() {
+                    while t - times[start] >= 1.0 {
+                        start += 1;
+                    }
+                    most = most.max(end - start + 1);
+                }
+                most
+            }
+        };
+        wanted.min(pool).max(1)
     }
 
     /// Writes `schedule.jsonl`: one line per planned request (id, send time, lengths).
@@ -165,6 +190,7 @@ async fn one_request(
     index: usize,
     scheduled: Instant,
     phase: Phase,
+    body: Result<bytes::Bytes>,
 ) {
     let task_start = Instant::now();
     ctx.started.fetch_add(1, Ordering::Relaxed);
@@ -196,19 +222,16 @@ async fn one_request(
                 output_len: spec.output_len,
                 prefix_group: spec.prefix_group,
             };
-            Some(
-                match client::request_body(&ctx.target, spec, &ctx.prompts) {
-                    Ok(body) => {
-                        let stop = ctx.stop.clone();
-                        client::execute(&ctx.client, &ctx.target, stub, &body, ctx.origin, stop)
-                            .await
-                    }
-                    Err(e) => {
-                        eprintln!("loadgen: request {id}: {e:#}");
-                        client::unsent_record(stub, &ctx.target, ctx.origin, format!("{e:#}"))
-                    }
-                },
-            )
+            Some(match body {
+                Ok(body) => {
+                    let stop = ctx.stop.clone();
+                    client::execute(&ctx.client, &ctx.target, stub, body, ctx.origin, stop).await
+                }
+                Err(e) => {
+                    eprintln!("loadgen: request {id}: {e:#}");
+                    client::unsent_record(stub, &ctx.target, ctx.origin, format!("{e:#}"))
+                }
+            })
         }
     };
     if let Some(record) = record {
@@ -216,10 +239,18 @@ async fn one_request(
     }
 }
 
-/// The open-loop sender: sleeps to ~200 µs before each send time, then spins.
+/// The open-loop sender: serialises each body ahead of its send time, sleeps to ~200 µs
+/// before it, then spins.
 fn sender_thread(ctx: Arc<RunContext>, handle: tokio::runtime::Handle) {
     const SPIN: Duration = Duration::from_micros(200);
+    #[cfg(target_os = "linux")]
+    // SAFETY: sets this thread's timer slack (1 ns instead of 50 µs) so that its sleeps end
+    // on time; no memory is involved.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+    }
     for (index, req) in ctx.plan.requests.iter().enumerate() {
+        let body = client::encoded_body(&ctx.target, &req.spec, &ctx.prompts);
         let at = req.at_s.unwrap_or(0.0);
         let deadline = ctx.origin + Duration::from_secs_f64(at);
         loop {
@@ -236,7 +267,14 @@ fn sender_thread(ctx: Arc<RunContext>, handle: tokio::runtime::Handle) {
             std::hint::spin_loop();
         }
         let phase = ctx.plan.phase_at(at);
-        handle.spawn(one_request(ctx.clone(), req.id, index, deadline, phase));
+        handle.spawn(one_request(
+            ctx.clone(),
+            req.id,
+            index,
+            deadline,
+            phase,
+            body,
+        ));
     }
 }
 
@@ -250,14 +288,17 @@ async fn closed_worker(ctx: Arc<RunContext>, next: Arc<AtomicU64>, end: Option<I
         if end.is_none() && id >= n {
             return;
         }
+        let index = (id % n) as usize;
+        let body = client::encoded_body(&ctx.target, &ctx.plan.requests[index].spec, &ctx.prompts);
         let now = Instant::now();
         let phase = ctx.plan.phase_at((now - ctx.origin).as_secs_f64());
-        one_request(ctx.clone(), id, (id % n) as usize, now, phase).await;
+        one_request(ctx.clone(), id, index, now, phase, body).await;
     }
 }
 
-/// Appends each record to `records.jsonl` (flushed per line) and collects them.
-async fn record_writer(
+/// Appends each record to `records.jsonl` (flushed per line) and collects them; runs on its
+/// own thread so that serialisation and disk writes never delay a chunk's timestamp.
+fn record_writer(
     mut rx: mpsc::UnboundedReceiver<RequestRecord>,
     path: Option<PathBuf>,
     progress: Arc<Progress>,
@@ -273,7 +314,7 @@ async fn record_writer(
         None => None,
     };
     let mut records = Vec::new();
-    while let Some(record) = rx.recv().await {
+    while let Some(record) = rx.blocking_recv() {
         progress.on_done(&record);
         if let (Some(f), Some(p)) = (file.as_mut(), &path) {
             let line = serde_json::to_string(&record).context("serialising a record")?;
@@ -306,6 +347,8 @@ pub async fn execute(
         LoadMode::Closed { concurrency } => concurrency,
         LoadMode::Open => plan.max_concurrency.unwrap_or(1024),
     };
+    let client = client::http_client(pool)?;
+    client::warm_pool(&client, &target, plan.warm_connections(pool)).await;
     let cpu = CpuClock::start();
     let (tx, rx) = mpsc::unbounded_channel();
     let progress = Arc::new(Progress::new(plan.requests.len() as u64));
@@ -314,7 +357,7 @@ pub async fn execute(
     let origin = Instant::now() + Duration::from_millis(20);
     let start_time = chrono::Utc::now() + chrono::Duration::milliseconds(20);
     let ctx = Arc::new(RunContext {
-        client: client::http_client(pool)?,
+        client,
         target,
         prompts,
         plan: plan.clone(),
@@ -329,7 +372,13 @@ pub async fn execute(
         started: AtomicU64::new(0),
     });
     let records_path = opts.out_dir.as_ref().map(|d| d.join("records.jsonl"));
-    let writer = tokio::spawn(record_writer(rx, records_path, progress.clone()));
+    let writer = {
+        let progress = progress.clone();
+        std::thread::Builder::new()
+            .name("loadgen-records".into())
+            .spawn(move || record_writer(rx, records_path, progress))
+            .context("starting the record writer")?
+    };
     let flag_watch = {
         let stop = opts.stop.clone();
         let flag = stop_flag.clone();
@@ -370,7 +419,10 @@ pub async fn execute(
     }
     let started = ctx.started.load(Ordering::Relaxed);
     drop(ctx);
-    let mut records = writer.await.context("record writer failed")??;
+    let mut records = tokio::task::spawn_blocking(move || writer.join())
+        .await
+        .context("joining the record writer")?
+        .map_err(|_| anyhow::anyhow!("the record writer panicked"))??;
     flag_watch.abort();
     if let Some(p) = printer {
         p.abort();

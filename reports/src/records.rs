@@ -165,10 +165,20 @@ pub struct Calibration {
     pub concurrency: Option<usize>,
     pub mock_ttft_ms: f64,
     pub mock_itl_ms: f64,
+    /// The load, in words: streams or rate, tokens, ITL, SSE events per second.
+    #[serde(default)]
+    pub load: String,
     pub requests: u64,
-    /// Measured TTFT p50 / p99 minus the mock's TTFT.
+    /// The client's own TTFT error, p50 / p99: measured TTFT minus the mock's TTFT minus the
+    /// mock's own lateness on that request (which the mock logs).
     pub added_ttft_p50_ms: f64,
     pub added_ttft_p99_ms: f64,
+    /// Measured TTFT minus the mock's TTFT, the mock's lateness included, p99.
+    #[serde(default)]
+    pub raw_added_ttft_p99_ms: f64,
+    /// How late the mock itself sent first chunks against its configured TTFT, p99.
+    #[serde(default)]
+    pub mock_lateness_p99_ms: f64,
     /// Measured chunk-ITL p50 / p99 minus the mock's ITL.
     pub added_itl_p50_ms: f64,
     pub added_itl_p99_ms: f64,

@@ -54,6 +54,7 @@ pub async fn mock_command(a: MockArgs) -> Result<()> {
         error_status: a.error_status,
         cut_after: a.cut_after,
         seed: a.seed,
+        log: None,
     })
     .await?;
     eprintln!("loadgen mock server listening on http://{addr}");
