@@ -38,6 +38,15 @@ pub async fn calibrate_command(args: CalibrateArgs) -> Result<()> {
         seed: 1,
     })
     .await?;
+    eprintln!(
+        "loadgen calibrate: {}\n  client's TTFT error: p50 {:.3} ms, p99 {:.3} ms (the mock's own \
+         lateness, p99 {:.3} ms, subtracted per request); send lag p99 {:.3} ms",
+        cal.load,
+        cal.added_ttft_p50_ms,
+        cal.added_ttft_p99_ms,
+        cal.mock_lateness_p99_ms,
+        cal.schedule_lag_p99_ms
+    );
     println!("{}", serde_json::to_string_pretty(&cal)?);
     Ok(())
 }
