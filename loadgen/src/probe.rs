@@ -1,7 +1,7 @@
 //! The saturation probe of `sweep --rates auto`: closed-loop probes at concurrency 1, 2, 4, …
 //! (each `--probe-duration` long) until the Little's-law rate, concurrency / mean E2E latency,
 //! grows by less than 10% on a doubling; the highest such rate is the saturation estimate and
-//! the levels are `--auto-fractions` of it (20%, 40%, 60%, 80%, 90%, 100% by default).
+//! the levels are `--auto-fractions` of it (25%, 50%, 70%, 85%, 100% and 115% by default).
 
 use std::time::Duration;
 

@@ -81,4 +81,18 @@ async fn auto_rates_find_the_saturation_rate() {
         (0.8 * saturation..=saturation).contains(&max),
         "max {max} vs {saturation}"
     );
+    // The interpolated crossing lies within 15% of the capacity, with an interval of
+    // non-zero width inside ±30% of it.
+    let crossing = plan
+        .crossing
+        .expect("a level above the knee bounds the crossing");
+    assert!(
+        (crossing.estimate / saturation - 1.0).abs() <= 0.15,
+        "{crossing:?} vs {saturation}"
+    );
+    assert!(crossing.upper > crossing.lower, "{crossing:?}");
+    assert!(
+        crossing.lower >= 0.7 * saturation && crossing.upper <= 1.3 * saturation,
+        "{crossing:?} vs {saturation}"
+    );
 }

@@ -8,7 +8,10 @@
 //!   (r2; its achieved rate instead when it saturated): for each target that the higher level
 //!   breaks, the rate where the straight line through the two levels' percentile values meets
 //!   the limit, clamped to [r1, r2]; the crossing is the smallest over targets. Its CI comes from
-//!   resampling both boundary levels' requests (seeded percentile bootstrap);
+//!   resampling both boundary levels' requests (seeded percentile bootstrap); when the higher
+//!   level saturated, its achieved rate r2 is itself uncertain (k completions: a Poisson count,
+//!   relative error 1/√k), so each replicate also redraws r2. An interval that still has no
+//!   width is reported as none (a note says so), never as a point;
 //! - instances = ⌈target QPS × headroom / max QPS⌉: the headroom inflates the load before
 //!   rounding, so every instance runs at most at max QPS / headroom (applying it to the
 //!   rounded GPU count instead could give fractional GPUs); GPUs = instances × GPUs per
@@ -177,7 +180,16 @@ pub fn capacity_plan(
             level.offered_rate
         )),
         Some(next) => {
-            plan.crossing = Some(crossing(level, next, slo, options.bootstrap));
+            let c = crossing(level, next, slo, options.bootstrap);
+            if c.upper > c.lower {
+                plan.crossing = Some(c);
+            } else {
+                plan.notes.push(format!(
+                    "The crossing is at {:.3} req/s, but no interval can be given: every \
+                     resample of the two boundary levels puts it there.",
+                    c.estimate
+                ));
+            }
             if !plan.levels[best + 1].check.met {
                 plan.notes.push(format!(
                     "The SLO breaks between {:.3} and {:.3} req/s.",
@@ -282,7 +294,7 @@ fn crossing(
         .iter()
         .map(|t| (low.samples.values(t.metric), high.samples.values(t.metric)))
         .collect();
-    let estimate_at = |percentiles: &[(Option<f64>, Option<f64>)]| -> f64 {
+    let estimate_at = |percentiles: &[(Option<f64>, Option<f64>)], r2: f64| -> f64 {
         slo.targets
             .iter()
             .zip(percentiles)
@@ -302,10 +314,17 @@ fn crossing(
             (p.compute(&mut a.clone()), p.compute(&mut b.clone()))
         })
         .collect();
-    let estimate = estimate_at(&point);
+    let estimate = estimate_at(&point, r2);
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let mut replicates = Vec::with_capacity(settings.resamples);
+    // A saturated level's achieved rate counts k completions: redraw it as a Poisson count.
+    let completions = high.samples.requests.len().max(1) as f64;
     for _ in 0..settings.resamples {
+        let r2_replicate = if high.saturated {
+            (r2 * (1.0 + standard_normal(&mut rng) / completions.sqrt())).max(r1)
+        } else {
+            r2
+        };
         let resampled: Vec<(Option<f64>, Option<f64>)> = slo
             .targets
             .iter()
@@ -318,7 +337,7 @@ fn crossing(
                 )
             })
             .collect();
-        replicates.push(estimate_at(&resampled));
+        replicates.push(estimate_at(&resampled, r2_replicate));
     }
     let tail = (1.0 - settings.confidence) / 2.0 * 100.0;
     ConfidenceInterval {
@@ -338,6 +357,12 @@ fn interpolate(r1: f64, v1: f64, r2: f64, v2: f64, limit: f64) -> f64 {
     } else {
         r1 + (limit - v1) / (v2 - v1) * (r2 - r1)
     }
+}
+
+fn standard_normal(rng: &mut StdRng) -> f64 {
+    let u1: f64 = 1.0 - rng.random::<f64>();
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
 fn resample(values: &[f64], rng: &mut StdRng) -> Vec<f64> {

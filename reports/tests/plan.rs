@@ -113,8 +113,14 @@ fn saturated_level_fails_and_bounds_the_crossing() {
     let plan = capacity_plan(&levels, &slo, &options(TargetLoad::Qps(10.0))).unwrap();
     assert_eq!(plan.max_sustainable.unwrap().offered_rate, 4.0);
     // Latency is within the limit at 8 req/s, but only 6.4 req/s were achieved.
+    // The achieved rate is a count of completions, so the interval around it has a width
+    // (about ±1.96/√k), never zero.
     let crossing = plan.crossing.unwrap();
-    assert_eq!((crossing.estimate, crossing.upper), (6.4, 6.4));
+    assert_eq!(crossing.estimate, 6.4);
+    assert!(
+        crossing.lower < 6.4 && 6.4 < crossing.upper && crossing.upper < 1.5 * 6.4,
+        "{crossing:?}"
+    );
     assert!(plan.notes[0].contains("saturated"));
 }
 

@@ -1,6 +1,6 @@
 //! `loadgen sweep`: the same seeded workload at a list of offered rates, one level after
 //! another, stopping after the first level that saturates (see `saturation`) or breaks the
-//! SLO badly. `--rates auto` first finds the saturation rate (see `probe`).
+//! SLO. `--rates auto` first finds the saturation rate (see `probe`).
 //!
 //! Layout of the output folder: `sweep.json` (levels and why the sweep stopped, rewritten after
 //! every level so a cut-short sweep stays readable) and one run folder per level
@@ -25,17 +25,19 @@ use crate::saturation::{backlog_trend, level_rates, SATURATION_FRACTION};
 use crate::units::duration_arg;
 use crate::views::sweep_report;
 
-/// A level breaks the SLO badly when an observed percentile exceeds its limit by this factor.
-pub const BAD_SLO_FACTOR: f64 = 2.0;
-
 #[derive(Args, Debug, Clone)]
 pub struct SweepArgs {
     /// Offered rates in requests/s, comma-separated (e.g. 1,2,4,8,16), run in ascending order;
     /// or `auto`: find the saturation rate with a closed-loop probe, then spread levels below it.
     #[arg(long, required = true)]
     pub rates: String,
-    /// With --rates auto: the levels as fractions of the saturation rate.
-    #[arg(long, value_delimiter = ',', default_value = "0.2,0.4,0.6,0.8,0.9,1.0")]
+    /// With --rates auto: the levels as fractions of the saturation rate, some just above it
+    /// so that the sweep reaches the knee.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.25,0.5,0.7,0.85,1.0,1.15"
+    )]
     pub auto_fractions: Vec<f64>,
     /// With --rates auto: the measured length of each closed-loop probe step (plus a quarter
     /// of it as warm-up).
@@ -213,10 +215,11 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
                     ),
                 },
             });
-        } else if let Some(c) = check.as_ref().filter(|c| c.worst_ratio() > BAD_SLO_FACTOR) {
+        } else if let Some(c) = check.as_ref().filter(|c| !c.met) {
+            // Higher rates only break it further: the knee lies below this level.
             if !last {
                 file.stop_reason = Some(format!(
-                    "SLO broken badly at {rate} req/s (a percentile at {:.1}× its limit)",
+                    "SLO broken at {rate} req/s (a percentile at {:.2}× its limit)",
                     c.worst_ratio()
                 ));
             }
