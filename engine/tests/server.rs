@@ -883,3 +883,92 @@ async fn smollm2_answers_a_chat_question() {
     assert!(answer.contains("Paris"), "{answer}");
     assert_eq!(body["model"], "smollm2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_says_who_is_serving() {
+    let server = tiny_server(&["--max-num-seqs", "7"]).await;
+    let info: Value = reqwest::get(server.url("/version"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        info["version"],
+        format!("engine {}", env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(info["backend"], "cpu");
+    assert!(
+        info["device"].as_str().unwrap().contains("cores)"),
+        "{info}"
+    );
+    assert_eq!(info["max_num_seqs"], 7);
+    assert!(info["kv_capacity_tokens"].as_u64().unwrap() > 0, "{info}");
+    assert!(info["dtype"].as_str().unwrap().contains("f32"), "{info}");
+}
+
+/// `loadgen run` against `engine serve`: the run folder records who was measured (the
+/// engine's `/version`: version and device) and the server's own view (its `/metrics`
+/// scraped during the run), and the report shows both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loadgen_report_shows_the_engines_version_device_and_metrics() {
+    use clap::Parser;
+    let server = tiny_server(&[]).await;
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("run");
+    let cli = loadgen::cli::Cli::try_parse_from([
+        "loadgen",
+        "run",
+        "--url",
+        &server.base,
+        "--workload",
+        "random",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "4",
+        "--prompt-ids",
+        "--rate",
+        "20",
+        "--num-prompts",
+        "30",
+        "--scrape-interval",
+        "200ms",
+        "--no-progress",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    loadgen::cli::main(cli).await.unwrap();
+
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    let version = format!("engine {}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(meta["server_version"], version.as_str());
+    assert_eq!(meta["extra"]["server_info"]["backend"], "cpu");
+    let device = meta["extra"]["server_hardware"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(device.ends_with("cores)"), "{device}");
+    let scrapes = std::fs::read_to_string(out.join("server_metrics.jsonl")).unwrap();
+    assert!(scrapes.lines().count() >= 2, "{scrapes}");
+    assert!(scrapes.contains("vllm:num_requests_running"));
+
+    let cli =
+        loadgen::cli::Cli::try_parse_from(["loadgen", "report", out.to_str().unwrap()]).unwrap();
+    loadgen::cli::main(cli).await.unwrap();
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    for expected in [
+        "Server&#39;s view",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        version.as_str(),
+    ] {
+        assert!(
+            html.contains(expected) || html.contains(&expected.replace("&#39;", "'")),
+            "report lacks {expected}"
+        );
+    }
+    assert!(html.contains(&device), "report lacks the device {device}");
+}

@@ -11,6 +11,7 @@ use reports::plan::{CapacityPlan, SweepLevel};
 use reports::records::{read_meta, read_records, RunMeta};
 use reports::render::Conditions;
 use reports::samples::LatencySamples;
+use reports::server_metrics::{read_scrapes, ServerView};
 use reports::slo::SloSpec;
 use reports::stats::Bootstrap;
 use reports::summary::Summary;
@@ -27,6 +28,8 @@ pub const COMPARE_FILE: &str = "compare.json";
 /// One run folder, loaded.
 pub struct LoadedRun {
     pub meta: RunMeta,
+    /// The server's own view, from `server_metrics.jsonl` when the run scraped one.
+    pub server: Option<ServerView>,
     pub metrics: Metrics,
     pub samples: LatencySamples,
 }
@@ -51,6 +54,7 @@ pub fn load_run(dir: &Path, slos: &[Slo]) -> Result<LoadedRun> {
         },
     );
     Ok(LoadedRun {
+        server: ServerView::from_scrapes(&read_scrapes(dir)?),
         meta,
         metrics,
         samples: LatencySamples::from_records(&records),
@@ -139,6 +143,7 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
             output_tokens_per_s: entry.output_tokens_per_s,
             saturated: entry.saturated,
             samples: run.samples,
+            server: run.server,
         });
     }
     let conditions = conditions

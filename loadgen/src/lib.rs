@@ -16,6 +16,7 @@ pub mod progress;
 pub mod run;
 pub mod saturation;
 pub mod schedule;
+pub mod scrape;
 pub mod server_proc;
 pub mod sse;
 pub mod units;

@@ -17,6 +17,7 @@ use crate::client::{self, Backend, Target};
 use crate::host::host_info;
 use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
 use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
+use crate::scrape::{ScrapeTarget, Scraper};
 use crate::units::duration_arg;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
@@ -147,6 +148,10 @@ pub struct RunArgs {
     /// SLOs for goodput, e.g. `ttft:500ms,tpot:50ms`.
     #[arg(long)]
     pub slo: Option<String>,
+    /// Scrape the server's Prometheus /metrics this often during the run (running and
+    /// waiting requests, KV-cache usage, preemptions, prefix-cache hits); 0s turns it off.
+    #[arg(long, value_parser = duration_arg, default_value = "2s")]
+    pub scrape_interval: Duration,
     /// Calibrate against the built-in mock at this run's rate first; recorded in meta.json.
     #[arg(long)]
     pub calibrate: bool,
@@ -450,6 +455,25 @@ pub async fn execute_prepared(
             .await?
         }
     };
+    // Who is measured, in meta.json: asked once per execution unless the caller knows.
+    let mut extra = exec.extra;
+    let server_version = match exec.server_version {
+        Some(v) => Some(v),
+        None => {
+            let identity =
+                crate::server_proc::identify(&exec.url, &prepared.headers, args.api_key.as_deref())
+                    .await;
+            if let Some(info) = identity.info {
+                extra.entry("server_info".into()).or_insert(info);
+            }
+            if let Some(hardware) = identity.hardware {
+                extra
+                    .entry("server_hardware".into())
+                    .or_insert(serde_json::Value::String(hardware));
+            }
+            identity.version
+        }
+    };
     let target = Target {
         base_url: exec.url.clone(),
         backend: args.backend,
@@ -472,13 +496,13 @@ pub async fn execute_prepared(
         url: exec.url.clone(),
         backend: args.backend.name().to_string(),
         model,
-        server_version: exec.server_version,
+        server_version,
         host: host_info(),
         start_time: chrono::Utc::now().to_rfc3339(),
         approximate_lengths: prepared.prompts.is_approximate(),
         planned_requests: prepared.plan.requests.len() as u64,
         calibration: prepared.calibration.clone(),
-        extra: exec.extra,
+        extra,
         complete: false,
     };
     // Written first as it stands, so that a run killed hard still says what it was.
@@ -486,6 +510,16 @@ pub async fn execute_prepared(
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         write_meta(dir, &meta)?;
     }
+    let scraper = match &exec.out {
+        Some(dir) if !args.scrape_interval.is_zero() => Some(Scraper::start(ScrapeTarget {
+            base_url: exec.url.clone(),
+            headers: prepared.headers.clone(),
+            api_key: args.api_key.clone(),
+            interval: args.scrape_interval,
+            out_dir: dir.clone(),
+        })),
+        _ => None,
+    };
     let outcome = run::execute(
         prepared.plan.clone(),
         target,
@@ -497,7 +531,11 @@ pub async fn execute_prepared(
             stop: exec.stop,
         },
     )
-    .await?;
+    .await;
+    if let Some(scraper) = scraper {
+        scraper.finish().await;
+    }
+    let outcome = outcome?;
     if let Some(dir) = &exec.out {
         meta.start_time = outcome.start_time.to_rfc3339();
         meta.complete = true;

@@ -152,9 +152,15 @@ impl ServerProcess {
 pub struct ServerIdentity {
     pub models: Option<Value>,
     pub version: Option<String>,
+    /// What the server says about itself, as it says it: `/version` (our engine, vLLM),
+    /// `/props` (llama.cpp) or `/info` (TGI), the first that answers with JSON.
+    pub info: Option<Value>,
+    /// The device it runs on, when `info` names one (our engine's `device`).
+    pub hardware: Option<String>,
 }
 
-/// Asks `url` for `/v1/models` and `/version`; a missing route leaves the field empty.
+/// Asks `url` for `/v1/models`, `/version`, `/props` and `/info`; a missing route leaves
+/// its field empty.
 pub async fn identify(
     url: &str,
     headers: &[(String, String)],
@@ -185,16 +191,50 @@ pub async fn identify(
     let models = get("/v1/models")
         .await
         .and_then(|t| serde_json::from_str(&t).ok());
-    let version = get("/version")
-        .await
-        .map(|text| match serde_json::from_str::<Value>(&text) {
-            Ok(Value::Object(map)) => match map.get("version") {
-                Some(Value::String(v)) => v.clone(),
-                _ => Value::Object(map).to_string(),
-            },
-            _ => text.trim().chars().take(200).collect(),
-        });
-    ServerIdentity { models, version }
+    let mut info: Option<Value> = None;
+    let mut version = None;
+    for path in ["/version", "/props", "/info"] {
+        let Some(text) = get(path).await else {
+            continue;
+        };
+        match serde_json::from_str::<Value>(&text) {
+            Ok(value @ Value::Object(_)) => {
+                version = Some(version_text(path, &value));
+                info = Some(value);
+                break;
+            }
+            _ if path == "/version" => version = Some(text.trim().chars().take(200).collect()),
+            _ => {}
+        }
+    }
+    let hardware = info
+        .as_ref()
+        .and_then(|i| i["device"].as_str())
+        .map(str::to_string);
+    ServerIdentity {
+        models,
+        version,
+        info,
+        hardware,
+    }
+}
+
+/// A one-line version from a server's self-description at `path`.
+fn version_text(path: &str, info: &Value) -> String {
+    let field = |key: &str| info[key].as_str().map(str::to_string);
+    match path {
+        // llama.cpp: `build_info` ("b1234-abcdef"), else the model it serves.
+        "/props" => field("build_info")
+            .map(|b| format!("llama.cpp {b}"))
+            .unwrap_or_else(|| "llama.cpp (build unknown)".to_string()),
+        // TGI: `version` and `sha`.
+        "/info" => match (field("version"), field("sha")) {
+            (Some(v), Some(sha)) => format!("TGI {v} ({sha})"),
+            (Some(v), None) => format!("TGI {v}"),
+            _ => info.to_string().chars().take(200).collect(),
+        },
+        _ => field("version").unwrap_or_else(|| info.to_string().chars().take(200).collect()),
+    }
 }
 
 #[cfg(test)]

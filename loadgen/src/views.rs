@@ -16,6 +16,7 @@ pub fn run_report(dir: &Path) -> Result<Report> {
         body: ReportBody::Run(Box::new(RunView {
             metrics: run.metrics,
             samples: run.samples,
+            server: run.server,
         })),
     })
 }

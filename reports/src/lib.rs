@@ -5,6 +5,7 @@ pub mod plan;
 pub mod records;
 pub mod render;
 pub mod samples;
+pub mod server_metrics;
 pub mod slo;
 pub mod stats;
 pub mod summary;

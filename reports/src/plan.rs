@@ -24,6 +24,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::samples::LatencySamples;
+use crate::server_metrics::ServerView;
 use crate::slo::{SloCheck, SloSpec};
 use crate::stats::{percentile_linear, Bootstrap, ConfidenceInterval, Statistic};
 
@@ -42,6 +43,9 @@ pub struct SweepLevel {
     /// Achieved < 95% of offered, or the waiting queue kept growing (decided by the sweep).
     pub saturated: bool,
     pub samples: LatencySamples,
+    /// The server's own view of the level (its `/metrics`), when it exposes one.
+    #[serde(default)]
+    pub server: Option<ServerView>,
 }
 
 /// The load to plan for.

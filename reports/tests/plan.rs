@@ -24,6 +24,7 @@ fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
             requests,
             schedule_lag_ms: vec![],
         },
+        server: None,
     }
 }
 

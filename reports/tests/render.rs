@@ -61,6 +61,7 @@ fn sweep_report(rng: &mut StdRng) -> Report {
                 output_tokens_per_s: achieved * 180.0,
                 saturated: achieved < 0.95 * rate,
                 samples: samples(rng, 300, load, 1.0),
+                server: None,
             }
         })
         .collect();
@@ -127,7 +128,11 @@ fn run_report(rng: &mut StdRng) -> Report {
     Report {
         title: "Run".into(),
         conditions: conditions(),
-        body: ReportBody::Run(Box::new(RunView { metrics, samples })),
+        body: ReportBody::Run(Box::new(RunView {
+            metrics,
+            samples,
+            server: None,
+        })),
     }
 }
 

@@ -28,7 +28,9 @@ use cudarc::driver::{
 };
 use half::bf16;
 
-pub use device::{cuda_available, driver_present, gpu_count, resolve_device, Device, NO_DRIVER};
+pub use device::{
+    cuda_available, device_name, driver_present, gpu_count, resolve_device, Device, NO_DRIVER,
+};
 pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
     all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_kernel_name,

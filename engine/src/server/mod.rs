@@ -80,6 +80,46 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
     })
 }
 
+/// The facts `GET /version` reports.
+fn server_info(args: &ServeArgs, loaded: &Loaded) -> serde_json::Value {
+    let (device_name, dtype) = match loaded.device {
+        crate::backend::cuda::Device::Cuda => (
+            crate::backend::cuda::device_name(0).unwrap_or_else(|e| format!("CUDA device 0 ({e})")),
+            "bf16 weights and activations, f32 accumulation",
+        ),
+        crate::backend::cuda::Device::Cpu => (
+            cpu_name(),
+            "weights in their file dtype (quantised GGUF tensors as f16), f32 activations",
+        ),
+    };
+    serde_json::json!({
+        "version": format!("engine {}", env!("CARGO_PKG_VERSION")),
+        "backend": loaded.device.to_string(),
+        "device": device_name,
+        "model": args.engine.model.display().to_string(),
+        "served_model_names": loaded.info.served_names,
+        "dtype": dtype,
+        "max_model_len": loaded.info.max_model_len,
+        "kv_capacity_tokens": loaded.kv_capacity_tokens,
+        "max_num_seqs": args.engine.max_num_seqs,
+    })
+}
+
+/// "AMD EPYC (2 cores)", from `/proc/cpuinfo` where there is one.
+fn cpu_name() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{model} ({cores} cores)")
+}
+
 fn check_args(args: &ServeArgs) -> anyhow::Result<()> {
     args.engine.check()?;
     if !(args.shutdown_grace >= 0.0 && args.shutdown_grace.is_finite()) {
@@ -154,9 +194,11 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
                 loaded.kv_capacity_tokens,
                 loaded.info.max_model_len,
             );
+            let server_info = server_info(&engine_args, &loaded);
             let _ = engine_state.ready.set(Ready {
                 tokenizer: loaded.tokenizer,
                 info: loaded.info.clone(),
+                server_info,
                 commands: commands_tx,
             });
             let _ = loaded_tx.send(Ok(()));

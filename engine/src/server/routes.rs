@@ -31,6 +31,8 @@ use crate::tokenizer::Tokenizer;
 pub struct Ready {
     pub tokenizer: Arc<Tokenizer>,
     pub info: ModelInfo,
+    /// What `GET /version` answers: the engine, its device and the KV cache it holds.
+    pub server_info: serde_json::Value,
     pub commands: std::sync::mpsc::Sender<Command>,
 }
 
@@ -57,6 +59,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
+        .route("/version", get(version))
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -94,6 +97,12 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         Ok(_) => StatusCode::OK.into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// `GET /version`: version, backend, device, model, dtypes and KV capacity, so that a load
+/// generator can record who it measured.
+async fn version(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
+    Ok(Json(state.ready()?.server_info.clone()))
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {

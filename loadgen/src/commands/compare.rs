@@ -201,6 +201,12 @@ pub async fn run_rounds(
         if let Some(models) = identity.models {
             extra.insert("server_models".to_string(), models);
         }
+        if let Some(info) = identity.info {
+            extra.insert("server_info".to_string(), info);
+        }
+        if let Some(hardware) = identity.hardware {
+            extra.insert("server_hardware".to_string(), json!(hardware));
+        }
         eprintln!(
             "loadgen compare: run {}/{}: round {round} side {} ({url}) → {}",
             step + 1,

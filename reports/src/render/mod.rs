@@ -23,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::plan::{CapacityPlan, SweepLevel};
 use crate::records::RunMeta;
 use crate::samples::LatencySamples;
+use crate::server_metrics::ServerView;
 use crate::slo::SloSpec;
 
 pub use html::render_html;
@@ -84,6 +85,8 @@ fn json_text(value: &serde_json::Value) -> String {
 pub struct RunView {
     pub metrics: Metrics,
     pub samples: LatencySamples,
+    /// The server's own view (its `/metrics`), when it exposes one.
+    pub server: Option<ServerView>,
 }
 
 /// A sweep, with its SLO and capacity plan when given.

@@ -4,6 +4,7 @@ use super::svg::{self, Chart, Series, Style};
 use super::{fmt_ms, Plot, RunView, Section, Table};
 use crate::metrics::{DistStats, SloMetric};
 use crate::samples::{metric_label, LatencySamples, LATENCY_METRICS};
+use crate::server_metrics::{Kind, ServerView};
 
 pub(super) fn sections(view: &RunView) -> Vec<Section> {
     let m = &view.metrics;
@@ -76,12 +77,76 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
         "run-schedule-lag",
         &view.samples.schedule_lag_ms,
     ));
-    vec![Section {
+    let mut sections = vec![Section {
         heading: "Run summary".into(),
         tables: vec![summary, latencies],
         plots,
         ..Section::default()
-    }]
+    }];
+    sections.extend(view.server.as_ref().map(server_section));
+    sections
+}
+
+/// The server's own view of the run, from its `/metrics`.
+pub(super) fn server_section(server: &ServerView) -> Section {
+    let mut paragraphs = vec![format!(
+        "What the server reported on its /metrics: {} scrapes over {:.1} s (warm-up included). \
+         Gauges: first, mean, max and last value; counters: their increase over the run.",
+        server.scrapes, server.span_s
+    )];
+    if !server.other_names.is_empty() {
+        paragraphs.push(format!(
+            "No metric under a known name; found: {}.",
+            server.other_names.join(", ")
+        ));
+    }
+    let number = |v: f64| {
+        if v.fract() == 0.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.3}")
+        }
+    };
+    let rows = server
+        .quantities
+        .iter()
+        .map(|q| match q.kind {
+            Kind::Gauge => vec![
+                q.label.clone(),
+                q.name.clone(),
+                number(q.first),
+                number(q.mean),
+                number(q.max),
+                number(q.last),
+            ],
+            Kind::Counter => vec![
+                q.label.clone(),
+                q.name.clone(),
+                format!("+{}", number(q.last - q.first)),
+                "–".into(),
+                "–".into(),
+                number(q.last),
+            ],
+        })
+        .collect();
+    Section {
+        heading: "Server's view".into(),
+        paragraphs,
+        tables: vec![Table {
+            header: [
+                "quantity",
+                "server metric",
+                "first (counter: increase)",
+                "mean",
+                "max",
+                "last",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows,
+        }],
+        ..Section::default()
+    }
 }
 
 fn dist_row(name: &str, d: &DistStats) -> Vec<String> {

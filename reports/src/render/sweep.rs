@@ -7,6 +7,7 @@ use crate::metrics::SloMetric;
 use crate::metrics::PERCENTILE_CI_LEVEL;
 use crate::plan::{CapacityPlan, SweepLevel};
 use crate::samples::{metric_label, LATENCY_METRICS};
+use crate::server_metrics::QuantityView;
 use crate::stats::{min_sample_for_quantile, percentile_nearest_rank, quantile_ci};
 
 pub(super) fn sections(view: &SweepView) -> Vec<Section> {
@@ -63,6 +64,16 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
         header.push(format!("{label} p50 (ms)"));
         header.push(format!("{label} p99 (ms)"));
     }
+    let scraped = levels.iter().any(|l| l.server.is_some());
+    if scraped {
+        for h in [
+            "server running (mean)",
+            "server waiting (max)",
+            "server KV usage (max)",
+        ] {
+            header.push(h.into());
+        }
+    }
     header.push("saturated".into());
     if view.slo.is_some() {
         header.push("meets SLO".into());
@@ -80,6 +91,17 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
                 let values = level.samples.values(metric);
                 row.push(percentile_cell(&values, 50.0));
                 row.push(percentile_cell(&values, 99.0));
+            }
+            if scraped {
+                let server = level.server.as_ref();
+                let get = |label: &str, f: fn(&QuantityView) -> f64| {
+                    server
+                        .and_then(|v| v.get(label))
+                        .map_or("–".to_string(), |q| format!("{:.2}", f(q)))
+                };
+                row.push(get("requests running", |q| q.mean));
+                row.push(get("requests waiting", |q| q.max));
+                row.push(get("KV-cache usage (fraction)", |q| q.max));
             }
             row.push(if level.saturated { "yes" } else { "no" }.into());
             if let Some(slo) = &view.slo {

@@ -42,6 +42,16 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// The name of CUDA device `ordinal` ("NVIDIA H100 80GB HBM3"), or why it cannot be read.
+pub fn device_name(ordinal: usize) -> Result<String, String> {
+    if !driver_present() {
+        return Err(NO_DRIVER.to_string());
+    }
+    cudarc::driver::CudaContext::new(ordinal)
+        .and_then(|ctx| ctx.name())
+        .map_err(|e| format!("{e:?}"))
+}
+
 /// Number of CUDA devices, or why there are none usable.
 pub fn gpu_count() -> Result<usize, String> {
     if !driver_present() {

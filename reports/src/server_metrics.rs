@@ -1,0 +1,270 @@
+//! The server's own view of a run: Prometheus `/metrics` scraped by the load generator at the
+//! start, every few seconds and at the end (`server_metrics.jsonl` in the run folder, one line
+//! per scrape), and the quantities a report shows beside the latencies: requests running and
+//! waiting, KV-cache usage, preemptions and prefix-cache hits. Our engine and vLLM share
+//! names; SGLang's, llama.cpp's and TGI's are mapped where they mean the same; any other
+//! server's metrics are kept as found.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The file of scrapes in a run folder.
+pub const SERVER_METRICS_FILE: &str = "server_metrics.jsonl";
+
+/// One scrape: when (Unix ms) and every sample summed over its label sets, by metric name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scrape {
+    pub unix_ms: f64,
+    pub values: BTreeMap<String, f64>,
+}
+
+/// Parses the Prometheus text format: the samples of each metric name summed over their
+/// label sets (histogram buckets, sums and counts left out). Lines that do not parse are
+/// skipped: a scrape is a best-effort view, never a reason to stop a run.
+pub fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
+    let mut values = BTreeMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, rest) = match line.find(['{', ' ']) {
+            Some(i) => line.split_at(i),
+            None => continue,
+        };
+        let rest = match rest.strip_prefix('{') {
+            Some(labelled) => match labelled.rfind('}') {
+                Some(end) => &labelled[end + 1..],
+                None => continue,
+            },
+            None => rest,
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if ["_bucket", "_sum", "_count", "_created"]
+            .iter()
+            .any(|suffix| name.ends_with(suffix))
+            || !value.is_finite()
+        {
+            continue;
+        }
+        *values.entry(name.to_string()).or_insert(0.0) += value;
+    }
+    values
+}
+
+/// Whether a quantity is a level (gauge) or a running total (counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Gauge,
+    Counter,
+}
+
+/// A quantity a report shows, and the names servers give it (first found wins).
+pub struct Quantity {
+    pub label: &'static str,
+    pub names: &'static [&'static str],
+    pub kind: Kind,
+}
+
+/// What the report shows, under our engine's / vLLM's names and their equivalents.
+pub const QUANTITIES: &[Quantity] = &[
+    Quantity {
+        label: "requests running",
+        names: &[
+            "vllm:num_requests_running",
+            "sglang:num_running_reqs",
+            "llamacpp:requests_processing",
+            "tgi_batch_current_size",
+        ],
+        kind: Kind::Gauge,
+    },
+    Quantity {
+        label: "requests waiting",
+        names: &[
+            "vllm:num_requests_waiting",
+            "sglang:num_queue_reqs",
+            "llamacpp:requests_deferred",
+            "tgi_queue_size",
+        ],
+        kind: Kind::Gauge,
+    },
+    Quantity {
+        label: "KV-cache usage (fraction)",
+        names: &[
+            "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc",
+            "sglang:token_usage",
+            "llamacpp:kv_cache_usage_ratio",
+        ],
+        kind: Kind::Gauge,
+    },
+    Quantity {
+        label: "preemptions",
+        names: &["vllm:num_preemptions_total", "vllm:num_preemptions"],
+        kind: Kind::Counter,
+    },
+    Quantity {
+        label: "prefix-cache hits (tokens)",
+        names: &["vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"],
+        kind: Kind::Counter,
+    },
+    Quantity {
+        label: "prefix-cache queries (tokens)",
+        names: &[
+            "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_queries",
+        ],
+        kind: Kind::Counter,
+    },
+];
+
+/// One quantity over a run: a gauge's first, mean, max and last value; a counter's increase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantityView {
+    pub label: String,
+    /// The server's metric name.
+    pub name: String,
+    pub kind: Kind,
+    pub first: f64,
+    pub mean: f64,
+    pub max: f64,
+    pub last: f64,
+}
+
+/// The server's view of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerView {
+    pub scrapes: usize,
+    /// Seconds from the first scrape to the last.
+    pub span_s: f64,
+    pub quantities: Vec<QuantityView>,
+    /// Metric names found that no known quantity maps (an unknown server's, shown as found).
+    pub other_names: Vec<String>,
+}
+
+impl ServerView {
+    /// The view of `scrapes` (in time order); `None` without any.
+    pub fn from_scrapes(scrapes: &[Scrape]) -> Option<ServerView> {
+        let (first, last) = (scrapes.first()?, scrapes.last()?);
+        let mut known_names = Vec::new();
+        let quantities: Vec<QuantityView> = QUANTITIES
+            .iter()
+            .filter_map(|q| {
+                let name = q.names.iter().find(|n| first.values.contains_key(**n))?;
+                known_names.extend(q.names.iter().copied());
+                let series: Vec<f64> = scrapes
+                    .iter()
+                    .filter_map(|s| s.values.get(*name).copied())
+                    .collect();
+                let n = series.len() as f64;
+                Some(QuantityView {
+                    label: q.label.to_string(),
+                    name: name.to_string(),
+                    kind: q.kind,
+                    first: series[0],
+                    mean: series.iter().sum::<f64>() / n,
+                    max: series.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    last: series[series.len() - 1],
+                })
+            })
+            .collect();
+        let other_names = if quantities.is_empty() {
+            first.values.keys().take(40).cloned().collect()
+        } else {
+            Vec::new()
+        };
+        Some(ServerView {
+            scrapes: scrapes.len(),
+            span_s: (last.unix_ms - first.unix_ms) / 1000.0,
+            quantities,
+            other_names,
+        })
+    }
+
+    /// A quantity by its label.
+    pub fn get(&self, label: &str) -> Option<&QuantityView> {
+        self.quantities.iter().find(|q| q.label == label)
+    }
+}
+
+/// Reads a run folder's scrapes, if it has any (a line that does not parse is an error that
+/// names the file and line).
+pub fn read_scrapes(dir: &Path) -> Result<Vec<Scrape>> {
+    let path = dir.join(SERVER_METRICS_FILE);
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .with_context(|| format!("{}: line {}: not a scrape", path.display(), i + 1))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENGINE: &str = "# HELP vllm:num_requests_running Running.\n\
+        # TYPE vllm:num_requests_running gauge\n\
+        vllm:num_requests_running{model_name=\"m\"} 3.0\n\
+        vllm:num_requests_waiting{model_name=\"m\"} 5\n\
+        vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n\
+        vllm:num_preemptions_total{model_name=\"m\"} 2\n\
+        vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 9\n\
+        vllm:request_success_total{model_name=\"m\",finished_reason=\"stop\"} 4\n\
+        vllm:request_success_total{model_name=\"m\",finished_reason=\"length\"} 6\n\
+        garbage line\n";
+
+    #[test]
+    fn samples_are_summed_over_labels_and_buckets_skipped() {
+        let v = parse_prometheus(ENGINE);
+        assert_eq!(v["vllm:num_requests_running"], 3.0);
+        assert_eq!(v["vllm:request_success_total"], 10.0);
+        assert!(!v.contains_key("vllm:time_to_first_token_seconds_bucket"));
+        assert!(!v.contains_key("garbage"));
+    }
+
+    #[test]
+    fn the_view_maps_known_names_and_keeps_others_as_found() {
+        let scrape = |t: f64, running: f64, preempt: f64| Scrape {
+            unix_ms: t,
+            values: BTreeMap::from([
+                ("vllm:num_requests_running".to_string(), running),
+                ("vllm:num_preemptions_total".to_string(), preempt),
+            ]),
+        };
+        let view =
+            ServerView::from_scrapes(&[scrape(0.0, 1.0, 2.0), scrape(2000.0, 5.0, 7.0)]).unwrap();
+        assert_eq!(view.scrapes, 2);
+        assert_eq!(view.span_s, 2.0);
+        let running = view.get("requests running").unwrap();
+        assert_eq!((running.first, running.mean, running.max), (1.0, 3.0, 5.0));
+        let preempt = view.get("preemptions").unwrap();
+        assert_eq!(preempt.last - preempt.first, 5.0);
+        assert!(view.other_names.is_empty());
+        let other = Scrape {
+            unix_ms: 0.0,
+            values: BTreeMap::from([("tgi_other".to_string(), 1.0)]),
+        };
+        let view = ServerView::from_scrapes(&[other]).unwrap();
+        assert!(view.quantities.is_empty());
+        assert_eq!(view.other_names, ["tgi_other"]);
+        assert_eq!(ServerView::from_scrapes(&[]), None);
+    }
+}
