@@ -18,7 +18,7 @@ use reports::summary::Summary;
 use serde::{Deserialize, Serialize};
 
 use crate::probe::Probe;
-use crate::saturation::{Backlog, LevelRates};
+use crate::saturation::{Backlog, LevelRates, Saturation};
 
 pub const SWEEP_FILE: &str = "sweep.json";
 /// The capacity plan of a sweep, beside `sweep.json`.
@@ -80,6 +80,9 @@ pub struct LevelEntry {
     pub backlog: Option<Backlog>,
     /// `None` without an SLO.
     pub slo_met: Option<bool>,
+    /// The saturation verdict and the rule that decided it.
+    #[serde(default)]
+    pub saturation: Option<Saturation>,
 }
 
 /// `sweep.json`.
@@ -144,6 +147,8 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
             saturated: entry.saturated,
             samples: run.samples,
             server: run.server,
+            scheduled_rate: entry.rates.map(|r| r.scheduled),
+            saturation_rule: entry.saturation.as_ref().map(|s| s.rule.clone()),
         });
     }
     let conditions = conditions

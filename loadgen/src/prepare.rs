@@ -24,6 +24,9 @@ use crate::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
 use crate::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
 use crate::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
 
+/// Requests a run sends without --duration or a trace to size it.
+pub const DEFAULT_NUM_PROMPTS: usize = 1000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WorkloadKind {
     /// Seeded log-normal lengths (`--profile`), parameters in traces/sharegpt-like.json.
@@ -95,8 +98,10 @@ pub struct RunArgs {
     /// Slice of the trace `START:END` in seconds from its first row.
     #[arg(long)]
     pub trace_window: Option<String>,
-    #[arg(long, value_enum, default_value = "poisson")]
-    pub arrival: ArrivalKind,
+    /// Arrival process. Default: the trace's own timestamps when `--workload trace` has them
+    /// (each row sent once), else Poisson at --rate.
+    #[arg(long, value_enum)]
+    pub arrival: Option<ArrivalKind>,
     /// Requests per second (open loop).
     #[arg(long, default_value_t = 1.0)]
     pub rate: f64,
@@ -117,8 +122,9 @@ pub struct RunArgs {
     /// Measured span (after warm-up). Without it, --num-prompts requests are sent.
     #[arg(long, value_parser = duration_arg)]
     pub duration: Option<Duration>,
-    #[arg(long, default_value_t = 1000)]
-    pub num_prompts: usize,
+    /// Requests to send without --duration. Default: 1000, or each trace row once.
+    #[arg(long)]
+    pub num_prompts: Option<usize>,
     #[arg(long, value_parser = duration_arg, default_value = "0s")]
     pub warmup: Duration,
     #[arg(long, value_parser = duration_arg, default_value = "0s")]
@@ -240,9 +246,27 @@ pub fn build_plan(
         None
     };
 
+    // A timestamped trace replays its timestamps unless another arrival process is asked for.
+    let timestamped = trace_rows
+        .as_ref()
+        .is_some_and(|rows| rows.iter().all(|r| r.timestamp_ms.is_some()));
+    let arrival = match args.arrival {
+        Some(a) => a,
+        None if timestamped && args.concurrency.is_none() => {
+            eprintln!(
+                "loadgen: replaying the trace's timestamps, each row once (--arrival poisson \
+                 --rate R for a Poisson schedule instead)"
+            );
+            ArrivalKind::Trace
+        }
+        None => ArrivalKind::Poisson,
+    };
+    let num_prompts = args
+        .num_prompts
+        .unwrap_or(trace_rows.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len));
     // Send times (open loop) and the number of requests.
     let (times, schedule_meta): (Option<Vec<f64>>, serde_json::Value) =
-        match (args.concurrency, args.arrival) {
+        match (args.concurrency, arrival) {
             (Some(c), _) => (None, json!({"mode": "closed", "concurrency": c})),
             (None, ArrivalKind::Trace) => {
                 let rows = trace_rows
@@ -294,7 +318,7 @@ pub fn build_plan(
                 };
                 let extent = match duration {
                     Some(d) => Extent::Until(warmup + d + cooldown),
-                    None => Extent::Count(args.num_prompts),
+                    None => Extent::Count(num_prompts),
                 };
                 let times = spec.generate(extent, schedule_seed)?;
                 (
@@ -303,7 +327,7 @@ pub fn build_plan(
                 )
             }
         };
-    let n = times.as_ref().map_or(args.num_prompts, Vec::len);
+    let n = times.as_ref().map_or(num_prompts, Vec::len);
     finish_plan(args, times, trace_rows, n, workload_meta, schedule_meta)
 }
 
@@ -581,4 +605,60 @@ pub async fn run_once(
         },
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn run_args(argv: &[&str]) -> RunArgs {
+        let mut full = vec!["loadgen", "run"];
+        full.extend_from_slice(argv);
+        match crate::cli::Cli::try_parse_from(full).unwrap().command {
+            crate::cli::Command::Run(args) => *args,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_timestamped_trace_replays_its_timestamps_once_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("mooncake.jsonl");
+        let lines: Vec<String> = [1000, 1500, 1500, 4000]
+            .iter()
+            .map(|t| {
+                format!(r#"{{"timestamp": {t}, "input_length": 64, "output_length": 8, "hash_ids": [1]}}"#)
+            })
+            .collect();
+        std::fs::write(&trace, lines.join("\n")).unwrap();
+        let path = trace.to_str().unwrap();
+        let prompts = PromptBuilder::approximate();
+        let (plan, _, schedule) = build_plan(
+            &run_args(&["--workload", "trace", "--trace", path]),
+            &prompts,
+        )
+        .unwrap();
+        let times: Vec<f64> = plan.requests.iter().map(|r| r.at_s.unwrap()).collect();
+        assert_eq!(times, [0.0, 0.5, 0.5, 3.0]);
+        assert_eq!(schedule["arrival"], "trace");
+        // Asked otherwise: Poisson at --rate, the rows cycled for --num-prompts.
+        let args = run_args(&[
+            "--workload",
+            "trace",
+            "--trace",
+            path,
+            "--arrival",
+            "poisson",
+            "--num-prompts",
+            "10",
+        ]);
+        let (plan, _, schedule) = build_plan(&args, &prompts).unwrap();
+        assert_eq!(plan.requests.len(), 10);
+        assert_eq!(schedule["schedule"]["arrival"]["kind"], "poisson");
+        // A synthetic workload keeps the default of 1,000 Poisson requests.
+        let (plan, _, _) = build_plan(&run_args(&[]), &prompts).unwrap();
+        assert_eq!(plan.requests.len(), DEFAULT_NUM_PROMPTS);
+    }
 }

@@ -8,13 +8,119 @@
 //! ends them as fast as they were sent; one that does not spreads the ends out). Growing
 //! waiting requests: the number of requests in flight (sent, not yet ended),
 //! sampled evenly over the measured sends, is higher in the last third than in the first by
-//! more than the noise of a stable queue (see [`backlog_trend`]).
+//! more than the noise of a stable queue (see [`backlog_trend`]). At exactly the capacity a
+//! queue grows only like √t, which the backlog test can miss; the TTFT trend catches it: the
+//! median TTFT of the requests sent in the last third of the window is more than twice that
+//! of the first third (and at least 100 ms above it). [`judge`] combines the three into
+//! saturated, unsaturated or unclear (too few requests to tell), and says which rule decided.
 
 use reports::records::{Phase, RequestRecord};
+use reports::stats::median;
 use serde::{Deserialize, Serialize};
 
 /// A level saturates when it completes fewer than this fraction of the offered requests/s.
 pub const SATURATION_FRACTION: f64 = 0.95;
+
+/// Fewer successful measured requests than this: too few to call a level either way.
+pub const MIN_REQUESTS_TO_JUDGE: usize = 10;
+
+/// Whether a level kept up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SaturationState {
+    Saturated,
+    Unsaturated,
+    Unclear,
+}
+
+/// The saturation verdict of a level and the rule that decided it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Saturation {
+    pub state: SaturationState,
+    pub rule: String,
+    pub rates: Option<LevelRates>,
+    pub backlog: Option<Backlog>,
+    /// Median TTFT (ms) of the requests sent in the first and the last third of the window.
+    pub ttft_thirds: Option<(f64, f64)>,
+}
+
+/// Median TTFT of the measured successful requests sent in the first and last third.
+fn ttft_thirds(records: &[RequestRecord]) -> Option<(f64, f64)> {
+    let ok: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured && r.is_success())
+        .collect();
+    let start = ok.iter().map(|r| r.sent_ms).reduce(f64::min)?;
+    let end = ok.iter().map(|r| r.sent_ms).reduce(f64::max)?;
+    let third = (end - start) / 3.0;
+    let ttft_in = |lo: f64, hi: f64| {
+        let values: Vec<f64> = ok
+            .iter()
+            .filter(|r| r.sent_ms >= lo && r.sent_ms <= hi)
+            .filter_map(|r| Some(r.first_token_ms? - r.sent_ms))
+            .collect();
+        median(&values)
+    };
+    Some((ttft_in(start, start + third)?, ttft_in(end - third, end)?))
+}
+
+/// The saturation verdict of a level's records (see the module doc).
+pub fn judge(records: &[RequestRecord]) -> Saturation {
+    let rates = level_rates(records);
+    let backlog = backlog_trend(records);
+    let thirds = ttft_thirds(records);
+    let successes = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured && r.is_success())
+        .count();
+    let verdict = |state, rule: String| Saturation {
+        state,
+        rule,
+        rates,
+        backlog,
+        ttft_thirds: thirds,
+    };
+    if let Some(r) = rates.filter(|r| r.completed < SATURATION_FRACTION * r.scheduled) {
+        return verdict(
+            SaturationState::Saturated,
+            format!(
+                "completed {:.3} req/s < {:.0}% of the {:.3} req/s scheduled over the same requests",
+                r.completed,
+                SATURATION_FRACTION * 100.0,
+                r.scheduled
+            ),
+        );
+    }
+    if let Some(b) = backlog.filter(|b| b.growing) {
+        return verdict(
+            SaturationState::Saturated,
+            format!(
+                "requests in flight kept growing ({:.1} → {:.1} from the first to the last third)",
+                b.first_third, b.last_third
+            ),
+        );
+    }
+    if let Some((first, last)) = thirds.filter(|(f, l)| *l > 2.0 * f && l - f >= 100.0) {
+        return verdict(
+            SaturationState::Saturated,
+            format!("TTFT kept rising (median {first:.0} → {last:.0} ms from the first to the last third)"),
+        );
+    }
+    if successes < MIN_REQUESTS_TO_JUDGE || rates.is_none() {
+        return verdict(
+            SaturationState::Unclear,
+            format!("{successes} successful requests: too few to tell"),
+        );
+    }
+    let completed = rates.map_or(0.0, |r| r.completed / r.scheduled * 100.0);
+    verdict(
+        SaturationState::Unsaturated,
+        format!(
+            "completed {completed:.0}% of the scheduled rate over the same requests; requests \
+             in flight and TTFT steady"
+        ),
+    )
+}
 
 /// Offered and completed request rates of a level's measured requests (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -167,6 +273,29 @@ mod tests {
         let noise = 3.0 * (burst.first_third + 1.0).sqrt();
         assert!(burst.last_third - burst.first_third > noise, "{burst:?}");
         assert!(!burst.growing, "{burst:?}");
+    }
+
+    #[test]
+    fn judge_names_the_rule_that_decided() {
+        let fine = judge(&level(50.0));
+        assert_eq!(fine.state, SaturationState::Unsaturated, "{fine:?}");
+        let over = judge(&level(30.0));
+        assert_eq!(over.state, SaturationState::Saturated);
+        assert!(over.rule.starts_with("completed "), "{}", over.rule);
+        assert_eq!(judge(&level(50.0)[..5]).state, SaturationState::Unclear);
+        // At capacity: every request completes (no rate deficit) but TTFT climbs.
+        let mut creeping = level(50.0);
+        for r in &mut creeping {
+            let delay = r.sent_ms / 10.0;
+            r.first_token_ms = Some(r.sent_ms + 1.0 + delay);
+        }
+        let creeping = judge(&creeping);
+        assert_eq!(creeping.state, SaturationState::Saturated, "{creeping:?}");
+        assert!(
+            creeping.rule.starts_with("TTFT kept rising"),
+            "{}",
+            creeping.rule
+        );
     }
 
     #[test]

@@ -36,8 +36,14 @@ pub const DEFAULT_HEADROOM: f64 = 1.2;
 pub struct SweepLevel {
     /// Requests/s the schedule offered.
     pub offered_rate: f64,
-    /// Requests/s completed over the measurement window.
+    /// Requests/s completed (over the same requests as `scheduled_rate` when known).
     pub achieved_rate: f64,
+    /// Requests/s the seeded schedule actually held over the level's measured requests.
+    #[serde(default)]
+    pub scheduled_rate: Option<f64>,
+    /// Why the level was called saturated or not (decided by the sweep).
+    #[serde(default)]
+    pub saturation_rule: Option<String>,
     /// Output tokens/s over the measurement window.
     pub output_tokens_per_s: f64,
     /// Achieved < 95% of offered, or the waiting queue kept growing (decided by the sweep).

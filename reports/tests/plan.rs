@@ -25,6 +25,8 @@ fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
             schedule_lag_ms: vec![],
         },
         server: None,
+        scheduled_rate: None,
+        saturation_rule: None,
     }
 }
 

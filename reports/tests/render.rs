@@ -62,6 +62,8 @@ fn sweep_report(rng: &mut StdRng) -> Report {
                 saturated: achieved < 0.95 * rate,
                 samples: samples(rng, 300, load, 1.0),
                 server: None,
+                scheduled_rate: None,
+                saturation_rule: None,
             }
         })
         .collect();

@@ -18,10 +18,10 @@ use reports::slo::SloSpec;
 use reports::stats::min_sample_for_quantile;
 
 use crate::folders::{load_run, LevelEntry, SweepFile, SWEEP_FILE};
-use crate::prepare::{run_once, RunArgs};
+use crate::prepare::{run_once, ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
 use crate::probe::{auto_levels, probe_saturation};
 use crate::run::stop_on_signals;
-use crate::saturation::{backlog_trend, level_rates, SATURATION_FRACTION};
+use crate::saturation::{judge, SaturationState};
 use crate::units::duration_arg;
 use crate::views::sweep_report;
 
@@ -80,6 +80,13 @@ pub fn parse_rates(text: &str) -> Result<Option<Vec<f64>>> {
     Ok(Some(rates))
 }
 
+/// What each rate of a level means, printed under the sweep and in its report.
+pub const RATE_DEFINITIONS: &str = "Rates (req/s): offered = the nominal rate asked for; \
+scheduled = (n − 1) / span of the n measured requests' scheduled sends (what the seeded schedule \
+actually holds); completed = (k − 1) / span of the k successful ones' ends, over the same requests. \
+A level is saturated when completed < 95% of scheduled, requests in flight keep growing, or TTFT \
+keeps rising; unclear with fewer than 10 requests.";
+
 /// The requests each level must hold, from `--min-requests` (a count or `auto`).
 fn min_requests(text: Option<&str>, slo: Option<&SloSpec>) -> Result<Option<u64>> {
     let Some(text) = text else {
@@ -110,7 +117,10 @@ fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
             run.duration = Some(Duration::from_secs_f64(min as f64 / rate));
         }
         Some(_) => {}
-        None => run.num_prompts = run.num_prompts.max(min as usize),
+        None => {
+            let n = run.num_prompts.unwrap_or(DEFAULT_NUM_PROMPTS);
+            run.num_prompts = Some(n.max(min as usize));
+        }
     }
 }
 
@@ -165,56 +175,37 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         );
         let mut run = args.run.clone();
         run.rate = rate;
+        // A replayed trace is rescaled to each level's rate; otherwise levels are Poisson.
+        match run.arrival {
+            Some(ArrivalKind::Trace) => run.target_rate = Some(rate),
+            None => run.arrival = Some(ArrivalKind::Poisson),
+            Some(_) => {}
+        }
         run.out = Some(out.join(&dir));
         sized_level(&mut run, rate, min_requests);
         let outcome = run_once(&run, stop.clone()).await?;
         print!("{}", reports::table::render(&outcome.summary));
         let loaded = load_run(&out.join(&dir), &per_request)?;
-        let achieved = loaded.metrics.request_throughput;
-        let records_path = out.join(&dir).join("records.jsonl");
-        let records = read_records(&records_path)?;
-        let backlog = backlog_trend(&records);
-        let level_rates = level_rates(&records);
-        let slow = match level_rates {
-            Some(r) => r.completed < SATURATION_FRACTION * r.scheduled,
-            None => achieved < SATURATION_FRACTION * rate,
-        };
-        let growing = backlog.is_some_and(|b| b.growing);
-        let saturated = slow || growing;
+        let records = read_records(&out.join(&dir).join("records.jsonl"))?;
+        let saturation = judge(&records);
+        let saturated = saturation.state == SaturationState::Saturated;
         let check = slo.as_ref().map(|s| s.check(&loaded.samples));
         file.levels.push(LevelEntry {
             dir,
             offered_rate: rate,
-            achieved_rate: achieved,
+            achieved_rate: saturation
+                .rates
+                .map_or(loaded.metrics.request_throughput, |r| r.completed),
             output_tokens_per_s: loaded.metrics.output_throughput,
             saturated,
-            rates: level_rates,
-            backlog,
+            rates: saturation.rates,
+            backlog: saturation.backlog,
             slo_met: check.as_ref().map(|c| c.met),
+            saturation: Some(saturation.clone()),
         });
         let last = i + 1 == rates.len();
         if saturated && !last {
-            file.stop_reason = Some(match backlog.filter(|_| !slow) {
-                Some(b) => format!(
-                    "saturated at {rate} req/s: requests in flight kept growing ({:.1} → {:.1} \
-                     from the first to the last third of the window)",
-                    b.first_third, b.last_third
-                ),
-                None => match level_rates {
-                    Some(r) => format!(
-                        "saturated at {rate} req/s: completed {:.3} req/s < {:.0}% of the \
-                         {:.3} req/s scheduled over the same requests",
-                        r.completed,
-                        SATURATION_FRACTION * 100.0,
-                        r.scheduled
-                    ),
-                    None => format!(
-                        "saturated at {rate} req/s: achieved {achieved:.3} req/s < {:.0}% of \
-                         offered",
-                        SATURATION_FRACTION * 100.0
-                    ),
-                },
-            });
+            file.stop_reason = Some(format!("saturated at {rate} req/s: {}", saturation.rule));
         } else if let Some(c) = check.as_ref().filter(|c| !c.met) {
             // Higher rates only break it further: the knee lies below this level.
             if !last {
@@ -233,14 +224,20 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
             break;
         }
     }
+    println!("{RATE_DEFINITIONS}");
     for level in &file.levels {
+        let (scheduled, completed) = level.rates.map_or(("–".into(), "–".into()), |r| {
+            (format!("{:.3}", r.scheduled), format!("{:.3}", r.completed))
+        });
+        let saturation = level.saturation.as_ref().map_or(
+            if level.saturated { "yes" } else { "no" }.to_string(),
+            |s| format!("{:?} ({})", s.state, s.rule).to_lowercase(),
+        );
         println!(
-            "{:>10.3} req/s offered  {:>10.3} achieved  {:>10.1} tok/s  saturated: {:<3}  SLO met: {}",
+            "{:>8.3} offered  {scheduled:>8} scheduled  {completed:>8} completed/s  {:>8.1} tok/s  SLO met: {:<3}  saturation: {saturation}",
             level.offered_rate,
-            level.achieved_rate,
             level.output_tokens_per_s,
-            if level.saturated { "yes" } else { "no" },
-            level.slo_met.map_or("–", |m| if m { "yes" } else { "no" })
+            level.slo_met.map_or("–", |m| if m { "yes" } else { "no" }),
         );
     }
     let (_, html) = write_report(&out, &sweep_report(&out)?)?;

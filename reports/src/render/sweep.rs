@@ -56,9 +56,15 @@ fn rate(r: f64) -> String {
 }
 
 fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
-    let mut header: Vec<String> = ["offered (req/s)", "achieved (req/s)", "output (tok/s)", "n"]
-        .map(String::from)
-        .to_vec();
+    let mut header: Vec<String> = [
+        "offered (req/s)",
+        "scheduled (req/s)",
+        "completed (req/s)",
+        "output (tok/s)",
+        "n",
+    ]
+    .map(String::from)
+    .to_vec();
     for metric in LATENCY_METRICS {
         let label = metric_label(metric);
         header.push(format!("{label} p50 (ms)"));
@@ -83,6 +89,9 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
         .map(|level| {
             let mut row = vec![
                 rate(level.offered_rate),
+                level
+                    .scheduled_rate
+                    .map_or("–".into(), |r| format!("{r:.3}")),
                 format!("{:.3}", level.achieved_rate),
                 format!("{:.1}", level.output_tokens_per_s),
                 level.samples.requests.len().to_string(),
@@ -103,7 +112,11 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
                 row.push(get("requests waiting", |q| q.max));
                 row.push(get("KV-cache usage (fraction)", |q| q.max));
             }
-            row.push(if level.saturated { "yes" } else { "no" }.into());
+            let saturated = if level.saturated { "yes" } else { "no" };
+            row.push(match &level.saturation_rule {
+                Some(rule) => format!("{saturated}: {rule}"),
+                None => saturated.into(),
+            });
             if let Some(slo) = &view.slo {
                 let met = slo.check(&level.samples).met && !level.saturated;
                 row.push(if met { "yes" } else { "no" }.into());
@@ -111,7 +124,13 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
             row
         })
         .collect();
-    let mut paragraphs = vec![format!("{} levels, sorted by offered rate.", levels.len())];
+    let mut paragraphs = vec![
+        format!("{} levels, sorted by offered rate.", levels.len()),
+        "Rates: offered = the nominal rate asked for; scheduled = (n − 1) / span of the n \
+         measured requests' scheduled sends (what the seeded schedule actually held); completed \
+         = (k − 1) / span of the k successful ones' ends, over the same requests."
+            .to_string(),
+    ];
     if let Some(slo) = &view.slo {
         paragraphs.push(format!(
             "SLO: {slo}. A level meets it when every target holds and it did not saturate \
