@@ -2,7 +2,8 @@
 # The project's test command (the README's second command): formatting, lints, every test.
 # The kernel tests (engine/tests/nvrtc.rs) compile kernels/*.cu with NVRTC and fail without
 # it: nvrtc-env.sh installs it from PyPI on the first run (cached after) and sets
-# LD_LIBRARY_PATH for the tests.
+# LD_LIBRARY_PATH for the tests. The HTML report check needs Debian's `chromium` (.ci/run
+# installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh
@@ -11,5 +12,7 @@ source ./scripts/nvrtc-env.sh
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace
+# The rendered run, sweep and comparison reports open in headless Chromium without console errors.
+./scripts/check-report-html.sh
 # The short form of the fuzz and soak run against `engine serve` (scripts/soak.sh).
 ./scripts/soak.sh --requests 1000 --warmup-fraction 0.3

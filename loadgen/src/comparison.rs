@@ -180,6 +180,7 @@ pub fn analyse_rounds(
         bootstrap,
     );
     if options.print {
+        println!("{}", analysis.headline(&sides.b_label));
         print!("{}", verdict_text(&analysis));
     }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;

@@ -1,7 +1,11 @@
 //! The saturation probe of `sweep --rates auto`: closed-loop probes at concurrency 1, 2, 4, …
 //! (each `--probe-duration` long) until the Little's-law rate, concurrency / mean E2E latency,
 //! grows by less than 10% on a doubling; the highest such rate is the saturation estimate and
-//! the levels are `--auto-fractions` of it (25%, 50%, 70%, 85%, 100% and 115% by default).
+//! the levels are `--auto-fractions` of it. Little's law needs whole requests: when a step
+//! completes fewer requests than its concurrency, the requests that finished are the short
+//! ones and their mean understates E2E, so a step's rate is never taken above its measured
+//! completions per second, and such a censored step ends the probe. The levels are
+//! (25%, 50%, 70%, 85%, 100% and 115% by default).
 
 use std::time::Duration;
 
@@ -23,7 +27,7 @@ pub struct ProbeStep {
     /// Completed requests/s over the measurement window.
     pub throughput: f64,
     pub mean_e2el_ms: f64,
-    /// Little's law: concurrency / mean E2E latency, requests/s.
+    /// Little's law, concurrency / mean E2E latency, capped by the completions per second.
     pub little_rate: f64,
 }
 
@@ -81,7 +85,7 @@ pub async fn probe_saturation(
             throughput: m.request_throughput,
             mean_e2el_ms: m.e2el.mean,
             little_rate: if mean_s > 0.0 {
-                concurrency as f64 / mean_s
+                (concurrency as f64 / mean_s).min(m.request_throughput)
             } else {
                 0.0
             },
@@ -100,6 +104,15 @@ pub async fn probe_saturation(
             return Ok((
                 steps,
                 format!("{failed} requests failed at concurrency {concurrency}"),
+            ));
+        }
+        if (completed as usize) < concurrency {
+            return Ok((
+                steps,
+                format!(
+                    "at concurrency {concurrency} only {completed} requests completed within the \
+                     step: requests outlast it, so the earlier steps' rate stands"
+                ),
             ));
         }
         if best > 0.0 && rate < PROBE_MIN_GAIN * best {

@@ -232,6 +232,51 @@ impl MetricVerdict {
     }
 }
 
+impl AbReport {
+    /// One sentence for the top of a report, in the four verdict words: "B (llama-server) is
+    /// faster on TTFT: median 28% lower (95% CI 16–36%, p < 0.001); TPOT: inconclusive;
+    /// E2E: equivalent (within ±2.0%)".
+    pub fn headline(&self, b_label: &str) -> String {
+        let parts: Vec<String> = self
+            .metrics
+            .iter()
+            .map(|v| {
+                let label = crate::samples::metric_label(v.metric);
+                match (v.verdict, v.median_ratio) {
+                    (Verdict::BSlower | Verdict::BFaster, Some(ci)) => {
+                        let (word, change, lo, hi) = if v.verdict == Verdict::BFaster {
+                            ("faster", "lower", 1.0 - ci.upper, 1.0 - ci.lower)
+                        } else {
+                            ("slower", "higher", ci.lower - 1.0, ci.upper - 1.0)
+                        };
+                        format!(
+                            "{word} on {label}: median {:.0}% {change} (95% CI {:.0}–{:.0}%, {})",
+                            (ci.estimate - 1.0).abs() * 100.0,
+                            lo * 100.0,
+                            hi * 100.0,
+                            p_text(v.p_adjusted)
+                        )
+                    }
+                    (Verdict::Equivalent, _) => format!(
+                        "{label}: equivalent (within ±{:.1}%)",
+                        v.margin.unwrap_or(0.0) * 100.0
+                    ),
+                    _ => format!("{label}: inconclusive"),
+                }
+            })
+            .collect();
+        format!("B ({b_label}): {}.", parts.join("; "))
+    }
+}
+
+fn p_text(p: Option<f64>) -> String {
+    match p {
+        Some(p) if p < 0.001 => "p < 0.001".into(),
+        Some(p) => format!("p = {p:.3}"),
+        None => "p unknown".into(),
+    }
+}
+
 /// Runs the analysis of every metric in `input`; `min_effect` is the smallest effect that
 /// matters as a fraction of A's median (see the module doc).
 pub fn compare(input: &AbInput, alpha: f64, min_effect: f64, bootstrap: Bootstrap) -> AbReport {

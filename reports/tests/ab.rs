@@ -291,3 +291,29 @@ fn pairing_without_common_ids_falls_back_to_unpaired() {
     assert_eq!(input.pairing, Pairing::Unpaired);
     assert_eq!(input.notes.len(), 1);
 }
+
+#[test]
+fn the_headline_says_the_verdicts_in_words() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let workload = Workload::new(&mut rng, 4000);
+    let a = vec![workload.round(&mut rng, [1.0; 3])];
+    let b = vec![workload.round(&mut rng, [1.15, 1.0, 1.0])];
+    let report = compare(
+        &AbInput::from_rounds(&a, &b, true),
+        0.05,
+        0.02,
+        settings(31),
+    );
+    let headline = report.headline("llama-server");
+    assert!(
+        headline.starts_with("B (llama-server): slower on TTFT: median 1"),
+        "{headline}"
+    );
+    assert!(headline.contains("% higher (95% CI "), "{headline}");
+    assert!(headline.contains("p < 0.001"), "{headline}");
+    assert!(
+        headline.contains("TPOT: equivalent (within ±2.0%)")
+            || headline.contains("TPOT: inconclusive"),
+        "{headline}"
+    );
+}

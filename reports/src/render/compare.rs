@@ -10,7 +10,10 @@ use crate::stats::{ConfidenceInterval, PMethod};
 pub(super) fn sections(view: &CompareView) -> Vec<Section> {
     let analysis = &view.analysis;
     let paired = analysis.pairing == Pairing::Paired;
-    let mut paragraphs = vec![format!("A = {}; B = {}.", view.a_label, view.b_label)];
+    let mut paragraphs = vec![
+        analysis.headline(&view.b_label),
+        format!("A = {}; B = {}.", view.a_label, view.b_label),
+    ];
     paragraphs.extend(analysis.notes.iter().cloned());
     let header = [
         "metric",
