@@ -9,7 +9,7 @@
 #   ./scripts/demo.sh --url http://HOST:PORT [--model NAME]   # against any OpenAI-compatible server
 #
 # Environment knobs: RATES (default auto; or a list such as 0.4,0.8,1.6), PROBE_DURATION (8s),
-# AUTO_FRACTIONS (levels as fractions of the probed saturation rate, 0.4,0.6,0.8,1.0,1.15),
+# AUTO_FRACTIONS (levels as fractions of the probed saturation rate, 0.5,0.8,1.0,1.2,1.5),
 # DURATION (default 25s per level, lengthened to hold the 36 requests a p90 needs), WARMUP (5s),
 # SLO (default ttft:p90:2s,tpot:p90:100ms: p90, because a 2-core demo's levels hold tens of
 # requests, not the 368 a p99 needs),
@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
 done
 rates=${RATES:-auto}
 probe_duration=${PROBE_DURATION:-8s}
-auto_fractions=${AUTO_FRACTIONS:-0.4,0.6,0.8,1.0,1.15}
+auto_fractions=${AUTO_FRACTIONS:-0.5,0.8,1.0,1.2,1.5}
 duration=${DURATION:-25s}
 warmup=${WARMUP:-5s}
 slo=${SLO:-ttft:p90:2s,tpot:p90:100ms}

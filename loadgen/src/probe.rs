@@ -6,7 +6,7 @@
 //! ones and their mean understates E2E (at concurrency 32 a CPU engine once completed 2
 //! requests in 8 s, whose mean gave 5.9 req/s against a real 1.8), so such a censored step ends
 //! the probe and does not count. The levels are
-//! (25%, 50%, 70%, 85%, 100% and 115% by default).
+//! (25%, 50%, 70%, 85%, 100%, 115%, 130% and 150% by default; the sweep stops after the first level that fails).
 
 use std::time::Duration;
 

@@ -36,7 +36,7 @@ pub struct SweepArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "0.25,0.5,0.7,0.85,1.0,1.15"
+        default_value = "0.25,0.5,0.7,0.85,1.0,1.15,1.3,1.5"
     )]
     pub auto_fractions: Vec<f64>,
     /// With --rates auto: the measured length of each closed-loop probe step (plus a quarter

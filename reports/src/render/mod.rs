@@ -73,10 +73,39 @@ impl Conditions {
     }
 }
 
+/// A JSON description for people: its leaves as "key value" pairs ("mode open, arrival
+/// poisson, rate 0.5, warmup s 5"), nulls left out; a bare string as itself.
 fn json_text(value: &serde_json::Value) -> String {
+    fn leaves(path: &str, value: &serde_json::Value, out: &mut Vec<String>) {
+        let key = path.replace('_', " ");
+        match value {
+            serde_json::Value::Null => {}
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    // Enum tags ("kind") and wrappers read better without their own key.
+                    let child = if k == "kind" || k == "schedule" {
+                        path.to_string()
+                    } else {
+                        k.clone()
+                    };
+                    leaves(&child, v, out);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                let text: Vec<String> = items.iter().map(json_text).collect();
+                out.push(format!("{key} [{}]", text.join(", ")).trim().to_string());
+            }
+            serde_json::Value::String(s) => out.push(format!("{key} {s}").trim().to_string()),
+            other => out.push(format!("{key} {other}").trim().to_string()),
+        }
+    }
     match value {
         serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
+        other => {
+            let mut out = Vec::new();
+            leaves("", other, &mut out);
+            out.join(", ")
+        }
     }
 }
 
@@ -227,5 +256,24 @@ pub(crate) fn fmt_p(value: Option<f64>) -> String {
         None => "–".into(),
         Some(p) if p < 1e-4 => format!("{p:.1e}"),
         Some(p) => format!("{p:.4}"),
+    }
+}
+
+#[cfg(test)]
+mod conditions_tests {
+    use super::json_text;
+
+    #[test]
+    fn conditions_read_as_words_not_json() {
+        let schedule = serde_json::json!({
+            "mode": "open",
+            "schedule": {"arrival": {"kind": "poisson"}, "rate": 0.5, "ramp_up": null},
+            "warmup_s": 5.0,
+        });
+        assert_eq!(
+            json_text(&schedule),
+            "mode open, arrival poisson, rate 0.5, warmup s 5.0"
+        );
+        assert_eq!(json_text(&serde_json::json!("as is")), "as is");
     }
 }
