@@ -91,7 +91,7 @@ pub fn plan_text(plan: &CapacityPlan) -> String {
     for level in &plan.levels {
         let _ = writeln!(
             out,
-            "  {:>9.3} req/s offered, {:>9.3} achieved: {}{}",
+            "  {:>9.3} req/s offered, {:>9.3} completed: {}{}",
             level.offered_rate,
             level.achieved_rate,
             if level.passed { "meets SLO" } else { "fails" },

@@ -65,10 +65,17 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
     ]
     .map(String::from)
     .to_vec();
+    // The tail shown is the SLO's percentile (p99 without an SLO).
+    let tail = view
+        .slo
+        .as_ref()
+        .map(|s| s.targets.iter().map(|t| t.percentile).fold(0.0, f64::max))
+        .filter(|p| *p > 0.0)
+        .unwrap_or(99.0);
     for metric in LATENCY_METRICS {
         let label = metric_label(metric);
         header.push(format!("{label} p50 (ms)"));
-        header.push(format!("{label} p99 (ms)"));
+        header.push(format!("{label} p{tail} (ms)"));
     }
     let scraped = levels.iter().any(|l| l.server.is_some());
     if scraped {
@@ -99,7 +106,7 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
             for metric in LATENCY_METRICS {
                 let values = level.samples.values(metric);
                 row.push(percentile_cell(&values, 50.0));
-                row.push(percentile_cell(&values, 99.0));
+                row.push(percentile_cell(&values, tail));
             }
             if scraped {
                 let server = level.server.as_ref();
@@ -134,7 +141,7 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
     if let Some(slo) = &view.slo {
         paragraphs.push(format!(
             "SLO: {slo}. A level meets it when every target holds and it did not saturate \
-             (achieved < 95% of offered, or a growing queue)."
+             (the saturated column gives the rule that decided)."
         ));
     }
     Section {
