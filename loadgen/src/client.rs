@@ -8,40 +8,16 @@ use futures::StreamExt;
 use reports::records::{
     ChunkTokensSource, CountSource, ErrorKind, Phase, RequestError, RequestRecord,
 };
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::api::Api;
 use crate::run::stopped;
 use crate::sse::SseParser;
 use crate::workload::prompt::PromptBuilder;
-use crate::workload::{PromptSource, RequestSpec};
+use crate::workload::RequestSpec;
 
-/// The OpenAI API flavour.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    /// `POST /v1/completions`.
-    Completions,
-    /// `POST /v1/chat/completions`.
-    Chat,
-}
-
-impl Backend {
-    pub fn path(self) -> &'static str {
-        match self {
-            Backend::Completions => "/v1/completions",
-            Backend::Chat => "/v1/chat/completions",
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Completions => "completions",
-            Backend::Chat => "chat",
-        }
-    }
-}
+pub use crate::api::Backend;
 
 /// The server under test and how requests are phrased.
 #[derive(Debug, Clone)]
@@ -152,43 +128,9 @@ pub async fn first_model(
         .with_context(|| format!("GET {url}: no model listed; pass --model"))
 }
 
-/// The JSON body of one request.
+/// The JSON body of one request, in the format of `target.backend`.
 pub fn request_body(target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Value> {
-    let mut body = json!({
-        "model": target.model,
-        "max_tokens": spec.output_len,
-        "stream": true,
-        "stream_options": {"include_usage": true},
-    });
-    if target.continuous_usage {
-        body["stream_options"]["continuous_usage_stats"] = json!(true);
-    }
-    if target.ignore_eos {
-        body["ignore_eos"] = json!(true);
-    }
-    if target.min_tokens {
-        body["min_tokens"] = json!(spec.output_len);
-    }
-    match (target.backend, &spec.prompt) {
-        (Backend::Chat, _) if target.prompt_ids => {
-            bail!("--prompt-ids needs the completions backend")
-        }
-        (Backend::Completions, PromptSource::Blocks(blocks)) if target.prompt_ids => {
-            body["prompt"] = json!(prompts.ids(blocks));
-        }
-        (Backend::Completions, source) => body["prompt"] = json!(prompt_text(source, prompts)),
-        (Backend::Chat, source) => {
-            body["messages"] = json!([{"role": "user", "content": prompt_text(source, prompts)}]);
-        }
-    }
-    Ok(body)
-}
-
-fn prompt_text(source: &PromptSource, prompts: &PromptBuilder) -> String {
-    match source {
-        PromptSource::Blocks(blocks) => prompts.text(blocks),
-        PromptSource::Text(text) => text.clone(),
-    }
+    target.backend.api().body(target, spec, prompts)
 }
 
 /// What the run loop knows about a request before it is sent.
@@ -221,76 +163,29 @@ struct StreamState {
     error: Option<String>,
 }
 
-/// The fields of a streamed event that the client reads, borrowed from the event's text
-/// where no escape forces a copy: a typed parse, not a JSON tree, per event.
-#[derive(Deserialize)]
-struct Event<'a> {
-    #[serde(default)]
-    error: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    usage: Option<EventUsage>,
-    #[serde(default, borrow)]
-    choices: Vec<EventChoice<'a>>,
-}
-
-#[derive(Deserialize)]
-struct EventUsage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct EventChoice<'a> {
-    #[serde(default, borrow)]
-    text: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    delta: Option<EventDelta<'a>>,
-    #[serde(default)]
-    finish_reason: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-struct EventDelta<'a> {
-    #[serde(default, borrow)]
-    content: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    reasoning_content: Option<std::borrow::Cow<'a, str>>,
-}
-
 impl StreamState {
-    fn on_event(&mut self, data: &str, at_ms: f64, chat: bool) {
-        if data.trim() == "[DONE]" {
+    fn on_event(&mut self, data: &str, at_ms: f64, api: &dyn Api) {
+        let event = match api.event(data) {
+            Ok(event) => event,
+            Err(e) => {
+                self.error = Some(format!("unparsable SSE data ({e}): {}", truncate(data)));
+                return;
+            }
+        };
+        if event.done {
             self.done = true;
             return;
         }
-        let Ok(event) = serde_json::from_str::<Event>(data) else {
-            self.error = Some(format!("unparsable SSE data: {}", truncate(data)));
-            return;
-        };
-        if event.error.is_some() {
-            let detail = serde_json::from_str::<Value>(data)
-                .map(|v| v["error"].to_string())
-                .unwrap_or_default();
+        if let Some(detail) = event.error {
             self.error = Some(format!("error event: {}", truncate(&detail)));
             return;
         }
-        let usage_completion = event.usage.as_ref().and_then(|u| u.completion_tokens);
-        if let Some(p) = event.usage.as_ref().and_then(|u| u.prompt_tokens) {
+        let usage_completion = event.completion_tokens;
+        if let Some(p) = event.prompt_tokens {
             self.usage_prompt = Some(p);
         }
-        let choice = event.choices.first();
-        let text = choice.and_then(|c| {
-            if chat {
-                c.delta
-                    .as_ref()
-                    .and_then(|d| d.content.as_deref().or(d.reasoning_content.as_deref()))
-            } else {
-                c.text.as_deref()
-            }
-        });
-        if choice.is_some_and(|c| c.finish_reason.is_some()) {
+        let text = event.text.as_deref();
+        if event.finished {
             self.finished = true;
         }
         let delta = match (usage_completion, self.last_usage_completion) {
@@ -303,7 +198,7 @@ impl StreamState {
         // A content chunk carries text, or tokens whose text is still held back (vLLM sends
         // `text: ""` for a partial UTF-8 character, with its usage delta); a usage-only chunk
         // has no choice and never counts.
-        let carries_tokens = choice.is_some() && delta.is_some_and(|d| d > 0);
+        let carries_tokens = event.has_choice && delta.is_some_and(|d| d > 0);
         if text.is_some_and(|t| !t.is_empty()) || carries_tokens {
             if self.chunk_ms.is_empty() {
                 self.continuous = true;
@@ -365,7 +260,7 @@ pub async fn execute(
         target.base_url.trim_end_matches('/'),
         target.backend.path()
     );
-    let chat = target.backend == Backend::Chat;
+    let api = target.backend.api();
     let request = with_auth(
         client.post(&url),
         &target.headers,
@@ -401,7 +296,7 @@ pub async fn execute(
                         match item {
                             Ok(bytes) => {
                                 for data in parser.push(&bytes) {
-                                    st.on_event(&data, at_ms, chat);
+                                    st.on_event(&data, at_ms, api);
                                 }
                             }
                             Err(e) => {
@@ -540,16 +435,16 @@ mod tests {
         st.on_event(
             r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
             1.0,
-            true,
+            Backend::Chat.api(),
         );
-        st.on_event(r#"{"choices":[{"delta":{"content":"a b"},"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#, 2.0, true);
-        st.on_event(r#"{"choices":[{"delta":{"content":"c"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#, 3.0, true);
+        st.on_event(r#"{"choices":[{"delta":{"content":"a b"},"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#, 2.0, Backend::Chat.api());
+        st.on_event(r#"{"choices":[{"delta":{"content":"c"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#, 3.0, Backend::Chat.api());
         st.on_event(
             r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#,
             3.5,
-            true,
+            Backend::Chat.api(),
         );
-        st.on_event("[DONE]", 3.5, true);
+        st.on_event("[DONE]", 3.5, Backend::Chat.api());
         assert_eq!(st.chunk_ms, vec![2.0, 3.0], "role prelude is not content");
         assert_eq!(st.chunk_tokens, vec![2, 1]);
         assert!(st.continuous && st.done && st.finished);
@@ -565,14 +460,10 @@ mod tests {
         let mut st = StreamState::default();
         st.on_event(
             r#"{"choices":[{"text":"","finish_reason":null}],"usage":{"prompt_tokens":4,"completion_tokens":1}}"#,
-            1.0,
-            false,
-        );
+            1.0, Backend::Completions.api());
         st.on_event(
             r#"{"choices":[{"text":"é","finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":2}}"#,
-            2.0,
-            false,
-        );
+            2.0, Backend::Completions.api());
         assert_eq!(
             st.chunk_ms,
             vec![1.0, 2.0],
@@ -581,11 +472,15 @@ mod tests {
         assert_eq!(st.chunk_tokens, vec![1, 1]);
         // Usage only at the end (include_usage without continuous stats): not a content chunk.
         let mut st = StreamState::default();
-        st.on_event(r#"{"choices":[{"text":"ab"}]}"#, 1.0, false);
+        st.on_event(
+            r#"{"choices":[{"text":"ab"}]}"#,
+            1.0,
+            Backend::Completions.api(),
+        );
         st.on_event(
             r#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}"#,
             5.0,
-            false,
+            Backend::Completions.api(),
         );
         assert_eq!(st.chunk_ms, vec![1.0], "E2E ends at the last content chunk");
     }

@@ -1,6 +1,7 @@
 //! `loadgen`: an open-loop load generator for OpenAI-compatible LLM servers, with a
 //! built-in mock server for self-calibration. See ARCHITECTURE.md ("Load generator").
 
+pub mod api;
 pub mod calibrate;
 pub mod cli;
 pub mod client;

@@ -218,6 +218,7 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/generate_stream", post(generate_stream))
         .with_state(state);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let listener = listener.tap_io(|tcp| {
@@ -267,6 +268,8 @@ fn words(v: &Value) -> u64 {
 /// The parts of a request the mock honours.
 struct Ask {
     chat: bool,
+    /// TGI's native stream: one event per chunk with `token`, no `[DONE]`.
+    tgi: bool,
     prompt_tokens: u64,
     max_tokens: u32,
     stream: bool,
@@ -274,7 +277,28 @@ struct Ask {
     continuous_usage: bool,
 }
 
-fn parse_ask(body: &Value, chat: bool) -> Ask {
+/// The API a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Completions,
+    Chat,
+    Tgi,
+}
+
+fn parse_ask(body: &Value, format: Format) -> Ask {
+    if format == Format::Tgi {
+        let max_tokens = body["parameters"]["max_new_tokens"].as_u64().unwrap_or(20) as u32;
+        return Ask {
+            chat: false,
+            tgi: true,
+            prompt_tokens: words(&body["inputs"]),
+            max_tokens: max_tokens.max(1),
+            stream: true,
+            include_usage: false,
+            continuous_usage: false,
+        };
+    }
+    let chat = format == Format::Chat;
     let prompt_tokens = if chat {
         body["messages"]
             .as_array()
@@ -292,6 +316,7 @@ fn parse_ask(body: &Value, chat: bool) -> Ask {
         .unwrap_or(16) as u32;
     Ask {
         chat,
+        tgi: false,
         prompt_tokens,
         max_tokens: max_tokens.max(1),
         stream: body["stream"].as_bool().unwrap_or(false),
@@ -309,7 +334,7 @@ async fn completions(
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
-    serve(s, request_id(&headers), body, false).await
+    serve(s, request_id(&headers), body, Format::Completions).await
 }
 
 async fn chat_completions(
@@ -317,7 +342,15 @@ async fn chat_completions(
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
-    serve(s, request_id(&headers), body, true).await
+    serve(s, request_id(&headers), body, Format::Chat).await
+}
+
+async fn generate_stream(
+    State(s): State<Arc<MockState>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(s, request_id(&headers), body, Format::Tgi).await
 }
 
 fn request_id(headers: &axum::http::HeaderMap) -> Option<u64> {
@@ -329,12 +362,12 @@ fn request_id(headers: &axum::http::HeaderMap) -> Option<u64> {
         .ok()
 }
 
-async fn serve(s: Arc<MockState>, id: Option<u64>, body: Bytes, chat: bool) -> Response {
+async fn serve(s: Arc<MockState>, id: Option<u64>, body: Bytes, format: Format) -> Response {
     let arrival = Instant::now();
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         return error_response(StatusCode::BAD_REQUEST, "request body is not JSON");
     };
-    let ask = parse_ask(&body, chat);
+    let ask = parse_ask(&body, format);
     let fail = s.cfg.error_rate > 0.0
         && s.rng
             .lock()
@@ -467,6 +500,10 @@ fn stream_response(
         }
         if st.sent_tokens >= st.timing.total {
             st.finished = true;
+            if st.ask.tgi {
+                // TGI ends the stream after the event that carries `details`.
+                return None;
+            }
             let mut out = String::new();
             if st.ask.include_usage {
                 let v = json!({"id": "mock", "object": object, "model": st.model, "choices": [],
@@ -496,6 +533,22 @@ fn stream_response(
         let k = st.timing.per_chunk.min(st.timing.total - st.sent_tokens);
         st.sent_tokens += k;
         st.chunk += 1;
+        if st.ask.tgi {
+            let last = st.sent_tokens == st.timing.total;
+            let text = "tok ".repeat(k as usize);
+            let (generated, details) = if last {
+                (
+                    Value::from("tok ".repeat(st.sent_tokens as usize)),
+                    json!({"finish_reason": "length", "generated_tokens": st.sent_tokens, "seed": null}),
+                )
+            } else {
+                (Value::Null, Value::Null)
+            };
+            let v = json!({"index": st.sent_tokens,
+                "token": {"id": 1, "text": text, "logprob": 0.0, "special": false},
+                "generated_text": generated, "details": details});
+            return Some((Ok(sse(&v)), st));
+        }
         // Written from a template rather than a JSON tree: at thousands of events per second
         // the mock's own CPU time is what a calibration must keep small.
         let finish = if st.sent_tokens == st.timing.total {

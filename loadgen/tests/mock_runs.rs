@@ -143,6 +143,39 @@ async fn token_itl_and_chunk_itl_with_four_tokens_per_chunk() {
     assert!((m.ttft.p50 - 50.0).abs() < 5.0, "TTFT p50 {}", m.ttft.p50);
 }
 
+/// TGI's native `generate_stream` (one event per token, no usage, no `[DONE]`): the same
+/// timing, tokens counted from the token events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tgi_native_stream_is_timed_and_counted() {
+    let _guard = SERIAL.lock().await;
+    let out = against_mock(
+        MockConfig::default(),
+        poisson_plan(20.0, 1.5, 12),
+        Backend::Tgi,
+    )
+    .await;
+    let m = &out.metrics;
+    assert_eq!(
+        m.failed,
+        0,
+        "{:?}",
+        out.records.first().and_then(|r| r.error.clone())
+    );
+    assert!(m.completed > 10);
+    for r in &out.records {
+        assert_eq!(r.chunk_ms.len(), 12);
+        assert_eq!(r.output_tokens, 12);
+        assert_eq!(r.output_tokens_source, CountSource::Counted);
+        assert!(!r.short_output);
+    }
+    assert!((m.ttft.p50 - 50.0).abs() < 5.0, "TTFT p50 {}", m.ttft.p50);
+    assert!(
+        (m.chunk_itl.p50 - 10.0).abs() < 1.5,
+        "ITL {}",
+        m.chunk_itl.p50
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_keeps_schedule_while_server_queues() {
     let _guard = SERIAL.lock().await;
