@@ -124,6 +124,7 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
             slos: Vec::new(),
             progress: false,
             stop: run::never_stop(),
+            start_at: None,
         },
     )
     .await;

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::commands::{calibrate, compare, mock_server, plan, report, run, sweep};
+use crate::commands::{calibrate, compare, merge, mock_server, plan, report, run, sweep};
 use crate::prepare::RunArgs;
 
 #[derive(Parser, Debug)]
@@ -34,6 +34,8 @@ pub enum Command {
     Compare(Box<compare::CompareArgs>),
     /// Render a run, sweep or comparison folder to report.md and report.html.
     Report(report::ReportArgs),
+    /// Join the folders of the K shards of one schedule (--shard I/K) into one folder.
+    Merge(merge::MergeArgs),
 }
 
 /// Runs the parsed command line.
@@ -46,5 +48,6 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::Plan(args) => plan::plan_command(args),
         Command::Compare(args) => compare::compare_command(*args).await,
         Command::Report(args) => report::report_command(args),
+        Command::Merge(args) => merge::merge_command(args),
     }
 }

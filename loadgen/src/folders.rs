@@ -12,13 +12,13 @@ use reports::records::{read_meta, read_records, RunMeta};
 use reports::render::Conditions;
 use reports::samples::LatencySamples;
 use reports::server_metrics::{read_scrapes, ServerView};
-use reports::slo::SloSpec;
+use reports::slo::{SloCheck, SloSpec};
 use reports::stats::Bootstrap;
 use reports::summary::Summary;
 use serde::{Deserialize, Serialize};
 
 use crate::probe::Probe;
-use crate::saturation::{Backlog, LevelRates, Saturation};
+use crate::saturation::{judge, Backlog, LevelRates, Saturation, SaturationState};
 
 pub const SWEEP_FILE: &str = "sweep.json";
 /// The capacity plan of a sweep, beside `sweep.json`.
@@ -83,6 +83,37 @@ pub struct LevelEntry {
     /// The saturation verdict and the rule that decided it.
     #[serde(default)]
     pub saturation: Option<Saturation>,
+}
+
+impl LevelEntry {
+    /// The entry of the level at `rate` whose run folder is `sweep_dir/dir`: its rates,
+    /// saturation verdict and (with `slo`) SLO check, also returned.
+    pub fn measure(
+        sweep_dir: &Path,
+        dir: String,
+        rate: f64,
+        slo: Option<&SloSpec>,
+    ) -> Result<(LevelEntry, Option<SloCheck>)> {
+        let per_request = slo.map(SloSpec::per_request).unwrap_or_default();
+        let loaded = load_run(&sweep_dir.join(&dir), &per_request)?;
+        let records = read_records(&sweep_dir.join(&dir).join("records.jsonl"))?;
+        let saturation = judge(&records);
+        let check = slo.map(|s| s.check(&loaded.samples));
+        let entry = LevelEntry {
+            dir,
+            offered_rate: rate,
+            achieved_rate: saturation
+                .rates
+                .map_or(loaded.metrics.request_throughput, |r| r.completed),
+            output_tokens_per_s: loaded.metrics.output_throughput,
+            saturated: saturation.state == SaturationState::Saturated,
+            rates: saturation.rates,
+            backlog: saturation.backlog,
+            slo_met: check.as_ref().map(|c| c.met),
+            saturation: Some(saturation),
+        };
+        Ok((entry, check))
+    }
 }
 
 /// `sweep.json`.

@@ -8,9 +8,10 @@
 //! (connection aborted) after a number of tokens.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
@@ -58,22 +59,51 @@ pub struct MockEvent {
     pub id: Option<u64>,
     /// When the handler received the request.
     pub arrival: Instant,
+    /// The same instant on the wall clock (comparable across processes).
+    pub arrival_wall: SystemTime,
     /// How late the first content chunk left the mock against its configured TTFT, in ms.
     pub first_chunk_lateness_ms: f64,
 }
 
-/// A shared log of [`MockEvent`]s.
+/// A shared log of [`MockEvent`]s, kept in memory and, when made with [`MockLog::to_file`],
+/// also appended to a JSON-lines file as they happen (`id`, `arrival_unix_us`,
+/// `first_chunk_lateness_ms`), for a mock in another process.
 #[derive(Debug, Clone, Default)]
-pub struct MockLog(Arc<Mutex<Vec<MockEvent>>>);
+pub struct MockLog {
+    events: Arc<Mutex<Vec<MockEvent>>>,
+    file: Option<Arc<Mutex<std::io::LineWriter<std::fs::File>>>>,
+}
 
 impl MockLog {
+    /// A log that also writes each event to `path` (created or truncated).
+    pub fn to_file(path: &std::path::Path) -> Result<MockLog> {
+        let file =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(MockLog {
+            events: Arc::default(),
+            file: Some(Arc::new(Mutex::new(std::io::LineWriter::new(file)))),
+        })
+    }
+
     /// The events so far.
     pub fn events(&self) -> Vec<MockEvent> {
-        self.0.lock().map(|e| e.clone()).unwrap_or_default()
+        self.events.lock().map(|e| e.clone()).unwrap_or_default()
     }
 
     fn push(&self, event: MockEvent) {
-        if let Ok(mut events) = self.0.lock() {
+        if let Some(file) = &self.file {
+            let arrival_us = event
+                .arrival_wall
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros());
+            let line = json!({"id": event.id, "arrival_unix_us": arrival_us,
+                "first_chunk_lateness_ms": event.first_chunk_lateness_ms});
+            if let Ok(mut f) = file.lock() {
+                // The log is a test aid: a full disk loses lines, never the response.
+                let _ = writeln!(f, "{line}");
+            }
+        }
+        if let Ok(mut events) = self.events.lock() {
             events.push(event);
         }
     }
@@ -363,7 +393,7 @@ fn request_id(headers: &axum::http::HeaderMap) -> Option<u64> {
 }
 
 async fn serve(s: Arc<MockState>, id: Option<u64>, body: Bytes, format: Format) -> Response {
-    let arrival = Instant::now();
+    let arrival = (Instant::now(), SystemTime::now());
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         return error_response(StatusCode::BAD_REQUEST, "request body is not JSON");
     };
@@ -452,7 +482,7 @@ struct StreamState {
     /// A content event's text up to its choice's fields.
     chunk_prefix: String,
     /// Where to log the first chunk's lateness: the log, the request id, its arrival.
-    log: Option<(MockLog, Option<u64>, Instant)>,
+    log: Option<(MockLog, Option<u64>, (Instant, SystemTime))>,
 }
 
 fn stream_response(
@@ -460,7 +490,7 @@ fn stream_response(
     ask: Ask,
     timing: Timing,
     permit: Option<OwnedSemaphorePermit>,
-    log: Option<(MockLog, Option<u64>, Instant)>,
+    log: Option<(MockLog, Option<u64>, (Instant, SystemTime))>,
 ) -> Response {
     let object = if ask.chat {
         "chat.completion.chunk"
@@ -525,7 +555,8 @@ fn stream_response(
                 let late = Instant::now().saturating_duration_since(st.timing.deadline(0));
                 log.push(MockEvent {
                     id,
-                    arrival,
+                    arrival: arrival.0,
+                    arrival_wall: arrival.1,
                     first_chunk_lateness_ms: late.as_secs_f64() * 1000.0,
                 });
             }

@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use reports::records::{RunMeta, SCHEMA_VERSION};
+use reports::records::{RunMeta, ShardInfo, SCHEMA_VERSION};
 use reports::slo::SloSpec;
 use serde_json::json;
 
@@ -18,6 +18,7 @@ use crate::host::host_info;
 use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
 use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
 use crate::scrape::{ScrapeTarget, Scraper};
+use crate::shard::Shard;
 use crate::units::duration_arg;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
@@ -158,6 +159,15 @@ pub struct RunArgs {
     /// waiting requests, KV-cache usage, preemptions, prefix-cache hits); 0s turns it off.
     #[arg(long, value_parser = duration_arg, default_value = "2s")]
     pub scrape_interval: Duration,
+    /// Send only this worker's share of the schedule, `I/K`: the requests whose id ≡ I
+    /// (mod K), each at --start-at + its scheduled offset. K workers with the same options
+    /// and --start-at send the whole schedule once; `loadgen merge` joins their folders.
+    #[arg(long, value_parser = Shard::parse)]
+    pub shard: Option<Shard>,
+    /// The schedule's start instant, t = 0 (RFC 3339 or Unix seconds, in the future). A
+    /// worker not ready to send by then fails instead of sending late.
+    #[arg(long, value_parser = crate::clock::parse_instant)]
+    pub start_at: Option<SystemTime>,
     /// Calibrate against the built-in mock at this run's rate first; recorded in meta.json.
     #[arg(long)]
     pub calibrate: bool,
@@ -418,6 +428,8 @@ pub struct PreparedRun {
     pub schedule_meta: serde_json::Value,
     /// Recorded in `meta.json` when the run calibrated against the mock first.
     pub calibration: Option<reports::records::Calibration>,
+    /// Requests in the whole schedule (`plan` holds only a shard's with `--shard`).
+    pub schedule_requests: u64,
 }
 
 /// Builds the prompts, SLOs, headers and plan of `args` (no network).
@@ -434,7 +446,20 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
         .map(|spec| spec.per_request())
         .unwrap_or_default();
     let headers = parse_headers(&args.headers)?;
-    let (plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
+    let (mut plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
+    let schedule_requests = plan.requests.len() as u64;
+    if let Some(shard) = args.shard {
+        if args.concurrency.is_some() {
+            bail!("--shard splits an open-loop schedule; a closed loop (--concurrency) has none: give each worker its own --concurrency instead");
+        }
+        if args.start_at.is_none() {
+            bail!("--shard {shard}: every worker needs the same --start-at (RFC 3339 or Unix seconds)");
+        }
+        if args.calibrate {
+            bail!("--shard: calibrate each worker with `loadgen calibrate` before the run, not with --calibrate");
+        }
+        shard.restrict(&mut plan)?;
+    }
     Ok(PreparedRun {
         prompts,
         slos,
@@ -443,6 +468,7 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
         workload_meta,
         schedule_meta,
         calibration: None,
+        schedule_requests,
     })
 }
 
@@ -528,6 +554,15 @@ pub async fn execute_prepared(
         calibration: prepared.calibration.clone(),
         extra,
         complete: false,
+        shard: args.shard.zip(args.start_at).map(|(shard, at)| ShardInfo {
+            index: shard.index,
+            count: shard.count,
+            schedule_requests: prepared.schedule_requests,
+            start_at: crate::clock::rfc3339(at),
+            ready_before_start_ms: None,
+            clock: crate::clock::clock_sync(),
+        }),
+        merged_from: Vec::new(),
     };
     // Written first as it stands, so that a run killed hard still says what it was.
     if let Some(dir) = &exec.out {
@@ -553,6 +588,7 @@ pub async fn execute_prepared(
             slos: prepared.slos.clone(),
             progress: exec.progress,
             stop: exec.stop,
+            start_at: args.start_at,
         },
     )
     .await;
@@ -563,6 +599,9 @@ pub async fn execute_prepared(
     if let Some(dir) = &exec.out {
         meta.start_time = outcome.start_time.to_rfc3339();
         meta.complete = true;
+        if let Some(shard) = meta.shard.as_mut() {
+            shard.ready_before_start_ms = outcome.ready_before_start_ms;
+        }
         write_meta(dir, &meta)?;
     }
     Ok(outcome)

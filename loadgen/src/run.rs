@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use reports::metrics::{self, Metrics, MetricsOptions, Slo};
@@ -123,6 +123,9 @@ pub struct RunOptions {
     pub progress: bool,
     /// Becomes `true` to stop the run early.
     pub stop: watch::Receiver<bool>,
+    /// Wall-clock instant of the run origin (t = 0), shared by the workers of a sharded
+    /// schedule; `None` starts as soon as the connections are warm.
+    pub start_at: Option<SystemTime>,
 }
 
 /// The result of a run.
@@ -133,6 +136,8 @@ pub struct RunOutcome {
     pub summary: Summary,
     /// Wall-clock time of the run origin (t = 0 in the records).
     pub start_time: chrono::DateTime<chrono::Utc>,
+    /// With a start instant: how long before it the run was ready to send (ms).
+    pub ready_before_start_ms: Option<f64>,
 }
 
 /// A stop receiver that never fires (library users without signals).
@@ -348,14 +353,18 @@ pub async fn execute(
         LoadMode::Open => plan.max_concurrency.unwrap_or(1024),
     };
     let client = client::http_client(pool)?;
+    if let Some(at) = opts.start_at {
+        // Idle connections may be closed by the server: warm them shortly before the start.
+        if let Ok(ahead) = at.duration_since(SystemTime::now()) {
+            tokio::time::sleep(ahead.saturating_sub(WARM_AHEAD_OF_START)).await;
+        }
+    }
     client::warm_pool(&client, &target, plan.warm_connections(pool)).await;
+    let (origin, start_time, ready_before_start_ms) = run_origin(opts.start_at)?;
     let cpu = CpuClock::start();
     let (tx, rx) = mpsc::unbounded_channel();
     let progress = Arc::new(Progress::new(plan.requests.len() as u64));
     let stop_flag = Arc::new(AtomicBool::new(false));
-    // Leave a little time for the runtime to settle before the first send.
-    let origin = Instant::now() + Duration::from_millis(20);
-    let start_time = chrono::Utc::now() + chrono::Duration::milliseconds(20);
     let ctx = Arc::new(RunContext {
         client,
         target,
@@ -445,11 +454,52 @@ pub async fn execute(
     let summary = Summary::new(&metrics, &opts.slos, incomplete, unfinished);
     if let Some(dir) = &opts.out_dir {
         summary.write(&dir.join("summary.json"))?;
+        reports::histograms::write_for_records(
+            dir,
+            &records,
+            start_time.into(),
+            Duration::from_secs_f64(metrics.duration_s),
+        )?;
     }
     Ok(RunOutcome {
         records,
         metrics,
         summary,
         start_time,
+        ready_before_start_ms,
     })
+}
+
+/// How long before a shared start instant the connection pool is opened.
+const WARM_AHEAD_OF_START: Duration = Duration::from_secs(3);
+/// Without a start instant, the time left for the runtime to settle before the first send.
+const SETTLE: Duration = Duration::from_millis(20);
+
+/// The run origin as a monotonic instant and in wall-clock time, and (with `start_at`) how
+/// long before it the run was ready. A start instant already past (or within [`SETTLE`]) is
+/// an error: a worker that would send its share late says so instead.
+fn run_origin(
+    start_at: Option<SystemTime>,
+) -> Result<(Instant, chrono::DateTime<chrono::Utc>, Option<f64>)> {
+    let (now, wall) = (Instant::now(), SystemTime::now());
+    let Some(at) = start_at else {
+        return Ok((now + SETTLE, (wall + SETTLE).into(), None));
+    };
+    match at.duration_since(wall) {
+        Ok(ahead) if ahead >= SETTLE => {
+            Ok((now + ahead, at.into(), Some(ahead.as_secs_f64() * 1000.0)))
+        }
+        Ok(ahead) => anyhow::bail!(
+            "not ready to send before --start-at {}: only {:.1} ms were left (the first \
+             requests would go late); give a later --start-at",
+            crate::clock::rfc3339(at),
+            ahead.as_secs_f64() * 1000.0
+        ),
+        Err(past) => anyhow::bail!(
+            "--start-at {} was {:.3} s ago when this worker was ready to send: it would send its \
+             share late, so it sends nothing; give a later --start-at",
+            crate::clock::rfc3339(at),
+            past.duration().as_secs_f64()
+        ),
+    }
 }

@@ -72,6 +72,7 @@ async fn run_plan(plan: Plan, target: Target) -> RunOutcome {
             slos: Vec::new(),
             progress: false,
             stop: run::never_stop(),
+            start_at: None,
         },
     )
     .await

@@ -1,5 +1,6 @@
 //! Statistics, SLO checks, capacity plans, A/B tests and renderers for loadgen runs.
 pub mod ab;
+pub mod histograms;
 pub mod metrics;
 pub mod plan;
 pub mod records;

@@ -99,10 +99,7 @@ impl DistStats {
         let n = values_ms.len() as f64;
         let mean = values_ms.iter().sum::<f64>() / n;
         let var = values_ms.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
-        let mut hist = new_histogram();
-        for &v in values_ms {
-            hist.saturating_record(to_micros(v));
-        }
+        let hist = histogram_of(values_ms);
         let q = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
         let mut sorted = values_ms.to_vec();
         sorted.sort_by(f64::total_cmp);
@@ -132,6 +129,15 @@ impl DistStats {
 /// An HDR histogram over 1 µs … 1 hour with 3 significant digits.
 pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("static histogram bounds are valid")
+}
+
+/// The histogram of `values_ms` (recorded as whole microseconds).
+pub fn histogram_of(values_ms: &[f64]) -> Histogram<u64> {
+    let mut hist = new_histogram();
+    for &v in values_ms {
+        hist.saturating_record(to_micros(v));
+    }
+    hist
 }
 
 /// Milliseconds → whole microseconds for the histogram (negative values clamp to 0).
@@ -258,6 +264,81 @@ pub struct Metrics {
     pub client_bound_reasons: Vec<String>,
 }
 
+/// The latency samples of a run's measurement window, in milliseconds: what [`compute`]
+/// summarises and [`window_histograms`] records.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowSamples {
+    pub ttft: Vec<f64>,
+    pub tpot: Vec<f64>,
+    pub e2el: Vec<f64>,
+    pub token_itl: Vec<f64>,
+    pub chunk_itl: Vec<f64>,
+    pub ttft_from_scheduled: Vec<f64>,
+    pub e2el_from_scheduled: Vec<f64>,
+    /// All measured requests, failed ones included.
+    pub schedule_lag: Vec<f64>,
+    /// All measured requests, failed ones included.
+    pub queue_time: Vec<f64>,
+}
+
+impl WindowSamples {
+    /// The samples of `measured` (records of the measurement window).
+    pub fn of(measured: &[&RequestRecord]) -> WindowSamples {
+        let mut s = WindowSamples::default();
+        for r in measured {
+            s.schedule_lag.push(r.schedule_lag_ms());
+            s.queue_time.push(r.queue_ms);
+            let Some(latency) = request_latency(r) else {
+                continue;
+            };
+            s.ttft.push(latency.ttft);
+            s.e2el.push(latency.e2el);
+            s.tpot.extend(latency.tpot);
+            let wait = r.sent_ms - r.scheduled_ms;
+            s.ttft_from_scheduled.push(latency.ttft + wait);
+            s.e2el_from_scheduled.push(latency.e2el + wait);
+            for i in 1..r.chunk_ms.len() {
+                let gap = r.chunk_ms[i] - r.chunk_ms[i - 1];
+                s.chunk_itl.push(gap);
+                let k = r.chunk_tokens.get(i).copied().unwrap_or(1).max(1);
+                s.token_itl
+                    .extend(std::iter::repeat_n(gap / f64::from(k), k as usize));
+            }
+        }
+        s
+    }
+
+    /// Each distribution with its name (the tag it carries in `histograms.hlog`).
+    pub fn named(&self) -> [(&'static str, &[f64]); 9] {
+        [
+            ("ttft", &self.ttft),
+            ("tpot", &self.tpot),
+            ("e2el", &self.e2el),
+            ("token_itl", &self.token_itl),
+            ("chunk_itl", &self.chunk_itl),
+            ("ttft_from_scheduled", &self.ttft_from_scheduled),
+            ("e2el_from_scheduled", &self.e2el_from_scheduled),
+            ("schedule_lag", &self.schedule_lag),
+            ("queue_time", &self.queue_time),
+        ]
+    }
+}
+
+/// The HDR histogram (µs) of each measured-window distribution of `records`, by name: the
+/// same values, in the same units, that [`DistStats`] takes its percentiles from.
+pub fn window_histograms(records: &[RequestRecord]) -> BTreeMap<String, Histogram<u64>> {
+    let measured: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured)
+        .collect();
+    let samples = WindowSamples::of(&measured);
+    samples
+        .named()
+        .into_iter()
+        .map(|(name, values)| (name.to_string(), histogram_of(values)))
+        .collect()
+}
+
 /// Computes all metrics from `records`.
 pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     let measured: Vec<&RequestRecord> = records
@@ -274,48 +355,26 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
         ..Metrics::default()
     };
 
-    let mut ttft = Vec::new();
-    let mut tpot = Vec::new();
-    let mut e2el = Vec::new();
-    let mut token_itl = Vec::new();
-    let mut chunk_itl = Vec::new();
-    let mut ttft_sched = Vec::new();
-    let mut e2el_sched = Vec::new();
-    let mut lag = Vec::new();
-    let mut queue = Vec::new();
-    let mut good = 0u64;
-
+    let samples = WindowSamples::of(&measured);
     for r in &measured {
-        lag.push(r.schedule_lag_ms());
-        queue.push(r.queue_ms);
-        let Some(latency) = request_latency(r) else {
+        if request_latency(r).is_none() {
             m.failed += 1;
             let kind = r.error.as_ref().map_or(ErrorKind::Protocol, |e| e.kind);
             *m.errors.entry(kind.as_str().to_string()).or_default() += 1;
             continue;
-        };
+        }
         m.completed += 1;
         m.total_input_tokens += r.prompt_tokens;
         m.total_output_tokens += r.output_tokens;
         m.short_outputs += u64::from(r.short_output);
         m.counted_output_tokens +=
             u64::from(r.output_tokens_source == crate::records::CountSource::Counted);
-        ttft.push(latency.ttft);
-        e2el.push(latency.e2el);
-        tpot.extend(latency.tpot);
-        let wait = r.sent_ms - r.scheduled_ms;
-        ttft_sched.push(latency.ttft + wait);
-        e2el_sched.push(latency.e2el + wait);
-        for i in 1..r.chunk_ms.len() {
-            let gap = r.chunk_ms[i] - r.chunk_ms[i - 1];
-            chunk_itl.push(gap);
-            let k = r.chunk_tokens.get(i).copied().unwrap_or(1).max(1);
-            token_itl.extend(std::iter::repeat_n(gap / f64::from(k), k as usize));
-        }
-        if meets_slos(&latency, &opts.slos) {
-            good += 1;
-        }
     }
+    let good = measured
+        .iter()
+        .filter_map(|r| request_latency(r))
+        .filter(|latency| meets_slos(latency, &opts.slos))
+        .count() as u64;
 
     let first_send = measured
         .iter()
@@ -337,15 +396,15 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
         }
     }
 
-    m.ttft = DistStats::from_values(&ttft);
-    m.tpot = DistStats::from_values(&tpot);
-    m.e2el = DistStats::from_values(&e2el);
-    m.token_itl = DistStats::from_values(&token_itl);
-    m.chunk_itl = DistStats::from_values(&chunk_itl);
-    m.ttft_from_scheduled = DistStats::from_values(&ttft_sched);
-    m.e2el_from_scheduled = DistStats::from_values(&e2el_sched);
-    m.schedule_lag = DistStats::from_values(&lag);
-    m.queue_time = DistStats::from_values(&queue);
+    m.ttft = DistStats::from_values(&samples.ttft);
+    m.tpot = DistStats::from_values(&samples.tpot);
+    m.e2el = DistStats::from_values(&samples.e2el);
+    m.token_itl = DistStats::from_values(&samples.token_itl);
+    m.chunk_itl = DistStats::from_values(&samples.chunk_itl);
+    m.ttft_from_scheduled = DistStats::from_values(&samples.ttft_from_scheduled);
+    m.e2el_from_scheduled = DistStats::from_values(&samples.e2el_from_scheduled);
+    m.schedule_lag = DistStats::from_values(&samples.schedule_lag);
+    m.queue_time = DistStats::from_values(&samples.queue_time);
 
     if opts.open_loop {
         let (offered, achieved) = send_rates(&measured);

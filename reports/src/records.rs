@@ -221,6 +221,53 @@ pub struct RunMeta {
     /// killed hard leaves the start copy, so its folder still says what it was).
     #[serde(default = "ended_by_default")]
     pub complete: bool,
+    /// This run is one worker's share of a schedule sent by several (`--shard I/K`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardInfo>,
+    /// This run was merged (`loadgen merge`) from these shards, in shard order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<MergedShard>,
+}
+
+/// One worker's share of a seeded schedule: the requests whose id ≡ `index` (mod `count`),
+/// each sent at `start_at` + its scheduled offset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    pub index: u64,
+    pub count: u64,
+    /// Requests in the whole schedule, every shard's.
+    pub schedule_requests: u64,
+    /// The common start instant of every shard (RFC 3339): t = 0 ms of the records.
+    pub start_at: String,
+    /// How long before `start_at` this worker was ready to send (ms); `None` until it was.
+    pub ready_before_start_ms: Option<f64>,
+    /// The system clock's synchronisation as the kernel reports it, where it does.
+    pub clock: Option<ClockSync>,
+}
+
+/// The kernel's account of the system clock's synchronisation (Linux `adjtimex`), which
+/// bounds how far apart the workers' common start instant really was.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ClockSync {
+    /// An NTP/PTP daemon disciplines the clock (the kernel's STA_UNSYNC is clear).
+    pub synchronized: bool,
+    /// Offset still being corrected, µs.
+    pub offset_us: f64,
+    /// Estimated error, µs.
+    pub est_error_us: f64,
+    /// Maximum error, µs.
+    pub max_error_us: f64,
+}
+
+/// One shard of a merged run, as its worker saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergedShard {
+    pub folder: String,
+    pub shard: ShardInfo,
+    pub host: HostInfo,
+    pub records: u64,
+    /// The worker's CPU share (its client-bound rule).
+    pub client_cpu: Option<f64>,
 }
 
 /// Run folders written before `complete` existed were written at the end of their run.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
-use crate::mock::{self, MockConfig};
+use crate::mock::{self, MockConfig, MockLog};
 use crate::units::duration_arg;
 
 #[derive(Args, Debug, Clone)]
@@ -38,6 +38,11 @@ pub struct MockArgs {
     pub cut_after: Option<u32>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Append each streamed request's arrival (wall clock, µs since the Unix epoch), its
+    /// `x-loadgen-request-id` and the mock's own lateness on its first chunk to this
+    /// JSON-lines file.
+    #[arg(long)]
+    pub arrival_log: Option<std::path::PathBuf>,
 }
 
 /// `loadgen mock-server`: serves until killed.
@@ -54,7 +59,7 @@ pub async fn mock_command(a: MockArgs) -> Result<()> {
         error_status: a.error_status,
         cut_after: a.cut_after,
         seed: a.seed,
-        log: None,
+        log: a.arrival_log.as_deref().map(MockLog::to_file).transpose()?,
     })
     .await?;
     eprintln!("loadgen mock server listening on http://{addr}");

@@ -12,16 +12,14 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use reports::metrics::PERCENTILE_CI_LEVEL;
-use reports::records::read_records;
 use reports::render::write_report;
 use reports::slo::SloSpec;
 use reports::stats::min_sample_for_quantile;
 
-use crate::folders::{load_run, LevelEntry, SweepFile, SWEEP_FILE};
+use crate::folders::{LevelEntry, SweepFile, SWEEP_FILE};
 use crate::prepare::{run_once, ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
 use crate::probe::{auto_levels, probe_saturation};
 use crate::run::stop_on_signals;
-use crate::saturation::{judge, SaturationState};
 use crate::units::duration_arg;
 use crate::views::sweep_report;
 
@@ -51,6 +49,11 @@ pub struct SweepArgs {
     /// needs for a 95% interval with an upper bound (p90: 36, p99: 368, p99.9: 3,688).
     #[arg(long)]
     pub min_requests: Option<String>,
+    /// With --shard: the time from one level's start to the next (each level starts at
+    /// --start-at + i × this on every worker). Default: 1.5 × (warm-up + duration +
+    /// cool-down) + 10 s, leaving the level's last requests time to finish.
+    #[arg(long, value_parser = duration_arg)]
+    pub level_period: Option<Duration>,
     /// Every `loadgen run` option applies to each level (`--rate` is replaced by each rate;
     /// `--slo` takes percentiles: ttft:p99:500ms,tpot:p99:50ms; `--out` is required).
     #[command(flatten)]
@@ -124,6 +127,35 @@ fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
     }
 }
 
+/// With `--shard`: the first level's start instant and the period between level starts.
+/// A sharded sweep runs fixed rates on a fixed timetable: no probe, no early stop, since
+/// no worker can decide those alone.
+fn sharded_timetable(args: &SweepArgs) -> Result<Option<(std::time::SystemTime, Duration)>> {
+    let Some(shard) = args.run.shard else {
+        return Ok(None);
+    };
+    if parse_rates(&args.rates)?.is_none() {
+        bail!("loadgen sweep --shard {shard}: give the rates (--rates 1,2,4): a shard cannot probe the saturation rate alone");
+    }
+    let start = args.run.start_at.with_context(|| {
+        format!("loadgen sweep --shard {shard}: every worker needs the same --start-at")
+    })?;
+    let duration = args.run.duration.with_context(|| {
+        format!("loadgen sweep --shard {shard}: levels on a timetable need --duration")
+    })?;
+    let span = args.run.warmup + duration + args.run.cooldown;
+    let period = args
+        .level_period
+        .unwrap_or(span.mul_f64(1.5) + Duration::from_secs(10));
+    if period <= span {
+        bail!(
+            "--level-period {:?} must exceed a level's warm-up + duration + cool-down ({span:?})",
+            period
+        );
+    }
+    Ok(Some((start, period)))
+}
+
 /// `loadgen sweep`.
 pub async fn sweep_command(args: SweepArgs) -> Result<()> {
     let out: PathBuf = args
@@ -136,6 +168,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
     }
     let slo = args.run.slo.as_deref().map(SloSpec::parse).transpose()?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let timetable = sharded_timetable(&args)?;
     let (rates, probe) = match parse_rates(&args.rates)? {
         Some(rates) => (rates, None),
         None => {
@@ -162,7 +195,6 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         levels: Vec::new(),
         stop_reason: None,
     };
-    let per_request = slo.as_ref().map(SloSpec::per_request).unwrap_or_default();
     let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
     let stop = stop_on_signals()?;
     for (i, &rate) in rates.iter().enumerate() {
@@ -183,29 +215,27 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         }
         run.out = Some(out.join(&dir));
         sized_level(&mut run, rate, min_requests);
+        if let Some((start, period)) = timetable {
+            let span = run.warmup + run.duration.unwrap_or_default() + run.cooldown;
+            if span >= period {
+                bail!("the level at {rate} req/s lasts {span:?} (--min-requests lengthened it), longer than --level-period {period:?}");
+            }
+            run.start_at = Some(start + period * i as u32);
+        }
         let outcome = run_once(&run, stop.clone()).await?;
         print!("{}", reports::table::render(&outcome.summary));
-        let loaded = load_run(&out.join(&dir), &per_request)?;
-        let records = read_records(&out.join(&dir).join("records.jsonl"))?;
-        let saturation = judge(&records);
-        let saturated = saturation.state == SaturationState::Saturated;
-        let check = slo.as_ref().map(|s| s.check(&loaded.samples));
-        file.levels.push(LevelEntry {
-            dir,
-            offered_rate: rate,
-            achieved_rate: saturation
-                .rates
-                .map_or(loaded.metrics.request_throughput, |r| r.completed),
-            output_tokens_per_s: loaded.metrics.output_throughput,
-            saturated,
-            rates: saturation.rates,
-            backlog: saturation.backlog,
-            slo_met: check.as_ref().map(|c| c.met),
-            saturation: Some(saturation.clone()),
-        });
-        let last = i + 1 == rates.len();
+        let (entry, check) = LevelEntry::measure(&out, dir, rate, slo.as_ref())?;
+        let saturated = entry.saturated;
+        let rule = entry
+            .saturation
+            .as_ref()
+            .map(|s| s.rule.clone())
+            .unwrap_or_default();
+        file.levels.push(entry);
+        // A shard cannot stop early alone: every worker runs every level of the timetable.
+        let last = i + 1 == rates.len() || timetable.is_some();
         if saturated && !last {
-            file.stop_reason = Some(format!("saturated at {rate} req/s: {}", saturation.rule));
+            file.stop_reason = Some(format!("saturated at {rate} req/s: {rule}"));
         } else if let Some(c) = check.as_ref().filter(|c| !c.met) {
             // Higher rates only break it further: the knee lies below this level.
             if !last {
