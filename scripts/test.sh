@@ -3,7 +3,8 @@
 # The kernel tests (engine/tests/nvrtc.rs) compile kernels/*.cu with NVRTC and fail without
 # it: nvrtc-env.sh installs it from PyPI on the first run (cached after) and sets
 # LD_LIBRARY_PATH for the tests. The HTML report check needs Debian's `chromium` (.ci/run
-# installs it).
+# installs it). The Kubernetes manifest check needs `envsubst` (gettext-base) and installs
+# PyPI's kubernetes-validate on its first run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh
@@ -14,5 +15,7 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace
 # The rendered run, sweep and comparison reports open in headless Chromium without console errors.
 ./scripts/check-report-html.sh
+# The Kubernetes manifests (deploy/k8s) validate against the API schema, offline.
+./scripts/check-k8s.sh
 # The short form of the fuzz and soak run against `engine serve` (scripts/soak.sh).
 ./scripts/soak.sh --requests 1000 --warmup-fraction 0.3
