@@ -49,6 +49,44 @@ impl Conditions {
             .get("server_hardware")
             .map(json_text)
             .unwrap_or_else(|| "not recorded".to_string());
+        let mut extra = vec![
+            ("seed".into(), meta.seed.to_string()),
+            ("started".into(), meta.start_time.clone()),
+            ("loadgen".into(), meta.loadgen_version.clone()),
+            ("command".into(), meta.command_line.join(" ")),
+        ];
+        if let Some(shard) = &meta.shard {
+            extra.push((
+                "shard".into(),
+                format!(
+                    "{}/{} of a {}-request schedule starting {}",
+                    shard.index, shard.count, shard.schedule_requests, shard.start_at
+                ),
+            ));
+        }
+        if !meta.merged_from.is_empty() {
+            let shards: Vec<String> = meta
+                .merged_from
+                .iter()
+                .map(|m| {
+                    let clock = m
+                        .shard
+                        .clock
+                        .map_or("clock state unknown".to_string(), |c| {
+                            if c.synchronized {
+                                format!("clock synchronised, est. error {:.0} µs", c.est_error_us)
+                            } else {
+                                "clock not synchronised".to_string()
+                            }
+                        });
+                    format!(
+                        "{}/{} on {} ({} records, {clock})",
+                        m.shard.index, m.shard.count, m.host.hostname, m.records
+                    )
+                })
+                .collect();
+            extra.push(("merged from".into(), shards.join("; ")));
+        }
         Conditions {
             workload: json_text(&meta.workload),
             schedule: json_text(&meta.schedule),
@@ -63,12 +101,7 @@ impl Conditions {
                 "server: {server_hardware}; client: {} ({} cores, {}) on {}",
                 meta.host.cpu_model, meta.host.cores, meta.host.os, meta.host.hostname
             ),
-            extra: vec![
-                ("seed".into(), meta.seed.to_string()),
-                ("started".into(), meta.start_time.clone()),
-                ("loadgen".into(), meta.loadgen_version.clone()),
-                ("command".into(), meta.command_line.join(" ")),
-            ],
+            extra,
         }
     }
 }
