@@ -158,6 +158,9 @@ pub async fn run_rounds(
     if args.rounds == 0 {
         bail!("loadgen compare: --rounds must be at least 1");
     }
+    if args.run.shard.is_some() || args.run.start_at.is_some() {
+        bail!("loadgen compare: --shard / --start-at are for run and sweep; an online comparison alternates its rounds from one client");
+    }
     let stop = stop_on_signals()?;
     // Built once: both sides and every round get the identical requests and schedule.
     let prepared = prepare_run(&args.run)?;
