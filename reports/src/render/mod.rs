@@ -55,6 +55,14 @@ impl Conditions {
             ("loadgen".into(), meta.loadgen_version.clone()),
             ("command".into(), meta.command_line.join(" ")),
         ];
+        if !meta.complete {
+            extra.push((
+                "ended".into(),
+                "no: meta.json is the copy written at the start, so the run was killed before its \
+                 end; the records kept cover only part of the schedule"
+                    .into(),
+            ));
+        }
         if let Some(shard) = &meta.shard {
             extra.push((
                 "shard".into(),
@@ -308,5 +316,37 @@ mod conditions_tests {
             "mode open, arrival poisson, rate 0.5, warmup s 5.0"
         );
         assert_eq!(json_text(&serde_json::json!("as is")), "as is");
+    }
+
+    #[test]
+    fn conditions_say_when_a_run_was_cut_short_or_merged_from_shards() {
+        let mut meta: crate::records::RunMeta = serde_json::from_value(serde_json::json!({
+            "schema_version": 1, "loadgen_version": "0.1.0", "command_line": ["loadgen"],
+            "seed": 1, "workload": {}, "schedule": {}, "url": "http://x", "backend": "completions",
+            "model": "m", "host": {"hostname": "h", "cpu_model": "c", "cores": 2, "os": "linux"},
+            "start_time": "2026-11-23T12:00:00Z", "approximate_lengths": true,
+            "planned_requests": 9, "complete": false,
+            "merged_from": [{"folder": "s0", "records": 5, "client_cpu": 0.1,
+                "host": {"hostname": "w0", "cpu_model": "c", "cores": 2, "os": "linux"},
+                "shard": {"index": 0, "count": 2, "schedule_requests": 9,
+                    "start_at": "2026-11-23T12:00:00Z", "ready_before_start_ms": 2900.0,
+                    "clock": {"synchronized": true, "offset_us": 3.0, "est_error_us": 120.0,
+                              "max_error_us": 400.0}}}]
+        }))
+        .unwrap();
+        let find = |c: &super::Conditions, key: &str| {
+            c.extra
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let c = super::Conditions::from_meta(&meta);
+        assert!(find(&c, "ended").unwrap().contains("killed"));
+        assert_eq!(
+            find(&c, "merged from").unwrap(),
+            "0/2 on w0 (5 records, clock synchronised, est. error 120 µs)"
+        );
+        meta.complete = true;
+        assert_eq!(find(&super::Conditions::from_meta(&meta), "ended"), None);
     }
 }
