@@ -107,7 +107,8 @@ fn ok(out: Output, what: &str) -> Output {
     out
 }
 
-/// Starts K workers on shards of one schedule at `start`, waits for them.
+/// Starts K workers (`loadgen ARGS --shard i/K --start-at start --out dir/shard-i`) and
+/// waits for them.
 fn run_shards(args: &[String], k: u64, start: f64, dir: &Path) -> Vec<PathBuf> {
     let workers: Vec<(PathBuf, Child)> = (0..k)
         .map(|i| {
@@ -129,7 +130,10 @@ fn run_shards(args: &[String], k: u64, start: f64, dir: &Path) -> Vec<PathBuf> {
         .into_iter()
         .enumerate()
         .map(|(i, (out, child))| {
-            ok(child.wait_with_output().unwrap(), &format!("shard {i}"));
+            ok(
+                child.wait_with_output().unwrap(),
+                &format!("{} shard {i}", args[0]),
+            );
             out
         })
         .collect()
@@ -341,33 +345,34 @@ fn sharded_sweep_levels_follow_one_timetable_and_merge_level_by_level() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockProcess::start(&dir.path().join("arrivals.jsonl"));
     let start = unix_s(SystemTime::now()) + 4.0;
-    let workers: Vec<(PathBuf, Child)> = (0..2)
-        .map(|i| {
-            let out = dir.path().join(format!("sweep-{i}"));
-            let child = loadgen()
-                .args(["sweep", "--rates", "20,40", "--level-period", "4s"])
-                .args(["--url", &mock.url, "--duration", "2s", "--seed", "5"])
-                .args(["--workload", "random", "--random-input-len", "16"])
-                .args(["--random-output-len", "4", "--no-progress"])
-                .args(["--scrape-interval", "0s", "--slo", "ttft:p90:1s"])
-                .args(["--shard", &format!("{i}/2"), "--start-at"])
-                .arg(format!("{start:.6}"))
-                .arg("--out")
-                .arg(&out)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            (out, child)
-        })
-        .collect();
-    let dirs: Vec<PathBuf> = workers
-        .into_iter()
-        .map(|(out, child)| {
-            ok(child.wait_with_output().unwrap(), "sharded sweep");
-            out
-        })
-        .collect();
+    let sweep: Vec<String> = [
+        "sweep",
+        "--rates",
+        "20,40",
+        "--level-period",
+        "4s",
+        "--url",
+        &mock.url,
+        "--duration",
+        "2s",
+        "--seed",
+        "5",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "4",
+        "--no-progress",
+        "--scrape-interval",
+        "0s",
+        "--slo",
+        "ttft:p90:1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let dirs = run_shards(&sweep, 2, start, &dir.path().join("sweeps"));
     let merged = dir.path().join("merged");
     ok(merge(&dirs, &merged), "loadgen merge (sweeps)");
     let file: serde_json::Value =
