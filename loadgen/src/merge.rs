@@ -168,16 +168,37 @@ fn check_one_schedule(shards: &[ShardRun]) -> Result<u64> {
     Ok(info.schedule_requests)
 }
 
+/// The shards of one schedule, checked, with their merged records; nothing written yet.
+struct CheckedMerge {
+    /// In shard order.
+    shards: Vec<ShardRun>,
+    /// Requests in the schedule.
+    n: u64,
+    /// The merged `schedule.jsonl` lines, by id.
+    schedule: Vec<String>,
+    records: Vec<RequestRecord>,
+    histograms: Histograms,
+}
+
 /// Merges the shard run folders `dirs` into `out` (a new or empty folder).
 pub fn merge_runs(dirs: &[PathBuf], out: &Path) -> Result<MergedRun> {
+    let checked = check_shards(dirs)?;
+    prepare_out(out)?;
+    write_merge(&checked, out)
+}
+
+/// Loads the shard folders `dirs` and checks that they are one schedule, every request
+/// scheduled and recorded once.
+fn check_shards(dirs: &[PathBuf]) -> Result<CheckedMerge> {
     if dirs.is_empty() {
         bail!("loadgen merge: no shard folder given");
     }
-    let shards = dirs
+    let mut shards = dirs
         .iter()
         .map(|d| load_shard(d))
         .collect::<Result<Vec<_>>>()?;
     let n = check_one_schedule(&shards)?;
+    shards.sort_by_key(|s| s.meta.shard.as_ref().map(|i| i.index));
     // Every id of the schedule scheduled by its shard once, and recorded once.
     let mut schedule: BTreeMap<u64, &str> = BTreeMap::new();
     let mut records: Vec<RequestRecord> = Vec::new();
@@ -223,14 +244,26 @@ pub fn merge_runs(dirs: &[PathBuf], out: &Path) -> Result<MergedRun> {
         histograms::add(&mut merged, &s.histograms)
             .with_context(|| format!("{}", s.dir.display()))?;
     }
-    prepare_out(out)?;
+    let schedule = schedule.values().map(|l| l.to_string()).collect();
+    Ok(CheckedMerge {
+        shards,
+        n,
+        schedule,
+        records,
+        histograms: merged,
+    })
+}
+
+/// Writes the merged run folder of `checked` into `out` (already created, empty).
+fn write_merge(checked: &CheckedMerge, out: &Path) -> Result<MergedRun> {
+    let (shards, n, records) = (&checked.shards, checked.n, &checked.records);
     let mut file = std::io::BufWriter::new(create(&out.join("schedule.jsonl"))?);
-    for line in schedule.values() {
+    for line in &checked.schedule {
         writeln!(file, "{line}")?;
     }
     file.flush()?;
     let mut file = std::io::BufWriter::new(create(&out.join("records.jsonl"))?);
-    for r in &records {
+    for r in records {
         writeln!(file, "{}", serde_json::to_string(r)?)?;
     }
     file.flush()?;
@@ -246,7 +279,7 @@ pub fn merge_runs(dirs: &[PathBuf], out: &Path) -> Result<MergedRun> {
         .filter_map(|s| s.summary.as_ref().and_then(|m| m.client_cpu))
         .reduce(f64::max);
     let metrics = compute(
-        &records,
+        records,
         &MetricsOptions {
             slos: slos.clone(),
             open_loop: true,
@@ -258,7 +291,7 @@ pub fn merge_runs(dirs: &[PathBuf], out: &Path) -> Result<MergedRun> {
         .with_context(|| format!("{}/meta.json: start_time", shards[0].dir.display()))?;
     histograms::write(
         &out.join(HISTOGRAMS_FILE),
-        &merged,
+        &checked.histograms,
         start.into(),
         Duration::from_secs_f64(metrics.duration_s),
     )?;
@@ -268,7 +301,7 @@ pub fn merge_runs(dirs: &[PathBuf], out: &Path) -> Result<MergedRun> {
         std::fs::copy(&scrapes, out.join(SERVER_METRICS_FILE))
             .with_context(|| format!("copying {}", scrapes.display()))?;
     }
-    let meta = merged_meta(&shards, n);
+    let meta = merged_meta(shards, n);
     std::fs::write(
         out.join("meta.json"),
         serde_json::to_string_pretty(&meta)? + "\n",
@@ -280,10 +313,10 @@ pub fn merge_runs(dirs: &[PathBuf], out: &Path) -> Result<MergedRun> {
     })
 }
 
-/// The first shard's conditions, for the whole schedule, with every shard's own account.
+/// Shard 0's conditions, for the whole schedule, with every shard's own account (`shards`
+/// in shard order).
 fn merged_meta(shards: &[ShardRun], n: u64) -> RunMeta {
-    let mut sorted: Vec<&ShardRun> = shards.iter().collect();
-    sorted.sort_by_key(|s| s.meta.shard.as_ref().map(|i| i.index));
+    let sorted = shards;
     let mut meta = sorted[0].meta.clone();
     meta.command_line = std::env::args().collect();
     meta.planned_requests = n;
@@ -310,6 +343,7 @@ fn merged_meta(shards: &[ShardRun], n: u64) -> RunMeta {
         .iter()
         .map(|s| MergedShard {
             folder: s.dir.display().to_string(),
+            command_line: s.meta.command_line.clone(),
             shard: s.meta.shard.clone().expect("checked in load_shard"),
             host: s.meta.host.clone(),
             records: s.records.len() as u64,
@@ -346,17 +380,35 @@ pub fn merge_sweeps(dirs: &[PathBuf], out: &Path) -> Result<Vec<MergedRun>> {
         .iter()
         .map(|d| SweepFile::read(&d.join(SWEEP_FILE)))
         .collect::<Result<Vec<_>>>()?;
-    let first = &files[0];
+    let Some(first) = files.first() else {
+        bail!("loadgen merge: no sweep folder given");
+    };
     for (d, f) in dirs.iter().zip(&files).skip(1) {
         let levels = |f: &SweepFile| f.levels.iter().map(|l| l.dir.clone()).collect::<Vec<_>>();
-        if f.rates != first.rates || f.slo != first.slo || levels(f) != levels(first) {
-            bail!(
-                "{} and {}: their rates, SLO or levels differ, so they are not shards of one sweep",
-                dirs[0].display(),
-                d.display()
-            );
-        }
+        let differ = if f.rates != first.rates {
+            "rates"
+        } else if f.slo != first.slo {
+            "SLOs"
+        } else if levels(f) != levels(first) {
+            "completed levels"
+        } else {
+            continue;
+        };
+        bail!(
+            "{} and {}: their {differ} differ, so they are not shards of one sweep",
+            dirs[0].display(),
+            d.display()
+        );
     }
+    // Every level checked before anything is written.
+    let checked = first
+        .levels
+        .iter()
+        .map(|level| {
+            let level_dirs: Vec<PathBuf> = dirs.iter().map(|d| d.join(&level.dir)).collect();
+            check_shards(&level_dirs).with_context(|| format!("sweep level {}", level.dir))
+        })
+        .collect::<Result<Vec<_>>>()?;
     prepare_out(out)?;
     let slo = first
         .slo
@@ -372,12 +424,11 @@ pub fn merge_sweeps(dirs: &[PathBuf], out: &Path) -> Result<Vec<MergedRun>> {
         stop_reason: None,
     };
     let mut runs = Vec::new();
-    for level in &first.levels {
-        let level_dirs: Vec<PathBuf> = dirs.iter().map(|d| d.join(&level.dir)).collect();
-        runs.push(
-            merge_runs(&level_dirs, &out.join(&level.dir))
-                .with_context(|| format!("sweep level {}", level.dir))?,
-        );
+    for (level, checked) in first.levels.iter().zip(&checked) {
+        let level_out = out.join(&level.dir);
+        std::fs::create_dir_all(&level_out)
+            .with_context(|| format!("creating {}", level_out.display()))?;
+        runs.push(write_merge(checked, &level_out)?);
         let (entry, _) =
             LevelEntry::measure(out, level.dir.clone(), level.offered_rate, slo.as_ref())?;
         merged.levels.push(entry);

@@ -65,45 +65,53 @@ pub struct MockEvent {
     pub first_chunk_lateness_ms: f64,
 }
 
-/// A shared log of [`MockEvent`]s, kept in memory and, when made with [`MockLog::to_file`],
-/// also appended to a JSON-lines file as they happen (`id`, `arrival_unix_us`,
-/// `first_chunk_lateness_ms`), for a mock in another process.
+/// A shared log of [`MockEvent`]s: kept in memory ([`MockLog::default`], read back with
+/// [`MockLog::events`]), or written as JSON lines (`id`, `arrival_unix_us`,
+/// `first_chunk_lateness_ms`) to a file by a thread of its own ([`MockLog::to_file`]), for a
+/// mock in another process; the handler only hands the event over, never waits on the disk.
 #[derive(Debug, Clone, Default)]
 pub struct MockLog {
     events: Arc<Mutex<Vec<MockEvent>>>,
-    file: Option<Arc<Mutex<std::io::LineWriter<std::fs::File>>>>,
+    file: Option<std::sync::mpsc::Sender<MockEvent>>,
 }
 
 impl MockLog {
-    /// A log that also writes each event to `path` (created or truncated).
+    /// A log written to `path` (created, or truncated) as events happen.
     pub fn to_file(path: &std::path::Path) -> Result<MockLog> {
         let file =
             std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let (tx, rx) = std::sync::mpsc::channel::<MockEvent>();
+        std::thread::Builder::new()
+            .name("mock-arrival-log".into())
+            .spawn(move || {
+                let mut out = std::io::LineWriter::new(file);
+                for event in rx {
+                    let arrival_us = event
+                        .arrival_wall
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_micros());
+                    let line = json!({"id": event.id, "arrival_unix_us": arrival_us,
+                        "first_chunk_lateness_ms": event.first_chunk_lateness_ms});
+                    // The log is a test aid: a full disk loses lines, never a response.
+                    let _ = writeln!(out, "{line}");
+                }
+            })
+            .context("starting the arrival-log writer")?;
         Ok(MockLog {
             events: Arc::default(),
-            file: Some(Arc::new(Mutex::new(std::io::LineWriter::new(file)))),
+            file: Some(tx),
         })
     }
 
-    /// The events so far.
+    /// The events so far (of a log kept in memory).
     pub fn events(&self) -> Vec<MockEvent> {
         self.events.lock().map(|e| e.clone()).unwrap_or_default()
     }
 
     fn push(&self, event: MockEvent) {
         if let Some(file) = &self.file {
-            let arrival_us = event
-                .arrival_wall
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros());
-            let line = json!({"id": event.id, "arrival_unix_us": arrival_us,
-                "first_chunk_lateness_ms": event.first_chunk_lateness_ms});
-            if let Ok(mut f) = file.lock() {
-                // The log is a test aid: a full disk loses lines, never the response.
-                let _ = writeln!(f, "{line}");
-            }
-        }
-        if let Ok(mut events) = self.events.lock() {
+            let _ = file.send(event);
+        } else if let Ok(mut events) = self.events.lock() {
             events.push(event);
         }
     }

@@ -430,6 +430,8 @@ pub struct PreparedRun {
     pub calibration: Option<reports::records::Calibration>,
     /// Requests in the whole schedule (`plan` holds only a shard's with `--shard`).
     pub schedule_requests: u64,
+    /// See [`reports::records::ShardInfo::schedule_digest`].
+    pub schedule_digest: String,
 }
 
 /// Builds the prompts, SLOs, headers and plan of `args` (no network).
@@ -448,12 +450,16 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
     let headers = parse_headers(&args.headers)?;
     let (mut plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
     let schedule_requests = plan.requests.len() as u64;
+    let schedule_digest = schedule_digest(args, &plan, &prompts)?;
     if let Some(shard) = args.shard {
         if args.concurrency.is_some() {
             bail!("--shard splits an open-loop schedule; a closed loop (--concurrency) has none: give each worker its own --concurrency instead");
         }
         if args.start_at.is_none() {
             bail!("--shard {shard}: every worker needs the same --start-at (RFC 3339 or Unix seconds)");
+        }
+        if args.max_concurrency.is_some() {
+            bail!("--shard with --max-concurrency: each worker would cap its own requests in flight, so K workers would allow K times the cap; leave the cap out");
         }
         if args.calibrate {
             bail!("--shard: calibrate each worker with `loadgen calibrate` before the run, not with --calibrate");
@@ -469,7 +475,30 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
         schedule_meta,
         calibration: None,
         schedule_requests,
+        schedule_digest,
     })
+}
+
+/// The digest that tells the shards of one schedule apart from those of another: the whole
+/// request list and every option that shapes a request on the wire (FNV-1a, 64 bits, hex).
+fn schedule_digest(args: &RunArgs, plan: &Plan, prompts: &PromptBuilder) -> Result<String> {
+    let shape = json!({
+        "requests": plan.requests,
+        "phases": [plan.warmup_s, plan.duration_s, plan.cooldown_s],
+        "backend": args.backend.name(),
+        "prompt_ids": args.prompt_ids,
+        "ignore_eos": !args.no_ignore_eos,
+        "min_tokens": args.min_tokens,
+        "continuous_usage": !args.no_continuous_usage,
+        "timeout_s": args.timeout.as_secs_f64(),
+        "slo": args.slo,
+        "approximate_lengths": prompts.is_approximate(),
+    });
+    let bytes = serde_json::to_vec(&shape)?;
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    Ok(format!("{hash:016x}"))
 }
 
 /// Where one execution of a prepared run goes.
@@ -558,6 +587,7 @@ pub async fn execute_prepared(
             index: shard.index,
             count: shard.count,
             schedule_requests: prepared.schedule_requests,
+            schedule_digest: prepared.schedule_digest.clone(),
             start_at: crate::clock::rfc3339(at),
             ready_before_start_ms: None,
             clock: crate::clock::clock_sync(),
@@ -576,6 +606,7 @@ pub async fn execute_prepared(
             api_key: args.api_key.clone(),
             interval: args.scrape_interval,
             out_dir: dir.clone(),
+            start_at: args.start_at,
         })),
         _ => None,
     };
@@ -601,6 +632,7 @@ pub async fn execute_prepared(
         meta.complete = true;
         if let Some(shard) = meta.shard.as_mut() {
             shard.ready_before_start_ms = outcome.ready_before_start_ms;
+            shard.clock = crate::clock::clock_sync();
         }
         write_meta(dir, &meta)?;
     }
@@ -659,6 +691,26 @@ mod tests {
             crate::cli::Command::Run(args) => *args,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn shards_of_one_schedule_share_its_digest_and_other_options_change_it() {
+        let base = ["--num-prompts", "20", "--start-at", "2099-01-01T00:00:00Z"];
+        let digest = |extra: &[&str]| {
+            let mut argv = base.to_vec();
+            argv.extend_from_slice(extra);
+            let prepared = prepare_run(&run_args(&argv)).unwrap();
+            (prepared.schedule_digest, prepared.plan.requests.len())
+        };
+        let (d0, n0) = digest(&["--shard", "0/2"]);
+        let (d1, n1) = digest(&["--shard", "1/2"]);
+        assert_eq!(d0, d1);
+        assert_eq!((n0, n1), (10, 10));
+        assert_eq!(digest(&[]).0, d0);
+        assert_ne!(digest(&["--min-tokens"]).0, d0);
+        assert_ne!(digest(&["--seed", "1"]).0, d0);
+        assert_ne!(digest(&["--rate", "2"]).0, d0);
+        assert_eq!(d0.len(), 16);
     }
 
     #[test]

@@ -354,13 +354,12 @@ pub async fn execute(
     };
     let client = client::http_client(pool)?;
     if let Some(at) = opts.start_at {
-        // Idle connections may be closed by the server: warm them shortly before the start.
-        if let Ok(ahead) = at.duration_since(SystemTime::now()) {
-            tokio::time::sleep(ahead.saturating_sub(WARM_AHEAD_OF_START)).await;
-        }
+        wait_to_warm(at, opts.stop.clone()).await?;
     }
     client::warm_pool(&client, &target, plan.warm_connections(pool)).await;
     let (origin, start_time, ready_before_start_ms) = run_origin(opts.start_at)?;
+    // The client's CPU share is over the run, not over the wait for its start.
+    tokio::time::sleep_until(origin.checked_sub(SETTLE).unwrap_or(origin).into()).await;
     let cpu = CpuClock::start();
     let (tx, rx) = mpsc::unbounded_channel();
     let progress = Arc::new(Progress::new(plan.requests.len() as u64));
@@ -475,6 +474,46 @@ const WARM_AHEAD_OF_START: Duration = Duration::from_secs(3);
 /// Without a start instant, the time left for the runtime to settle before the first send.
 const SETTLE: Duration = Duration::from_millis(20);
 
+/// Waits until [`WARM_AHEAD_OF_START`] before `at` (idle connections may be closed by the
+/// server, so they are warmed shortly before the start), re-reading the wall clock every
+/// second so that a clock step during a long wait moves the wake-up with it. Fails when
+/// `at` has already passed or the run is stopped meanwhile.
+async fn wait_to_warm(at: SystemTime, stop: watch::Receiver<bool>) -> Result<()> {
+    let wait = async {
+        loop {
+            let Ok(ahead) = at.duration_since(SystemTime::now()) else {
+                return;
+            };
+            let Some(left) = ahead
+                .checked_sub(WARM_AHEAD_OF_START)
+                .filter(|l| !l.is_zero())
+            else {
+                return;
+            };
+            tokio::time::sleep(left.min(Duration::from_secs(1))).await;
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = stopped(stop) => anyhow::bail!("stopped before the start instant {}; nothing was sent", crate::clock::rfc3339(at)),
+        () = wait => {}
+    }
+    if let Err(past) = at.duration_since(SystemTime::now()) {
+        return Err(sent_late(at, past.duration()));
+    }
+    Ok(())
+}
+
+/// The error of a worker that is ready only `past` after its start instant `at`.
+fn sent_late(at: SystemTime, past: Duration) -> anyhow::Error {
+    anyhow::anyhow!(
+        "--start-at {} was {:.3} s ago when this worker was ready to send: it would send its \
+         share late, so it sends nothing; give a later --start-at",
+        crate::clock::rfc3339(at),
+        past.as_secs_f64()
+    )
+}
+
 /// The run origin as a monotonic instant and in wall-clock time, and (with `start_at`) how
 /// long before it the run was ready. A start instant already past (or within [`SETTLE`]) is
 /// an error: a worker that would send its share late says so instead.
@@ -495,11 +534,6 @@ fn run_origin(
             crate::clock::rfc3339(at),
             ahead.as_secs_f64() * 1000.0
         ),
-        Err(past) => anyhow::bail!(
-            "--start-at {} was {:.3} s ago when this worker was ready to send: it would send its \
-             share late, so it sends nothing; give a later --start-at",
-            crate::clock::rfc3339(at),
-            past.duration().as_secs_f64()
-        ),
+        Err(past) => Err(sent_late(at, past.duration())),
     }
 }

@@ -24,6 +24,9 @@ pub struct ScrapeTarget {
     pub api_key: Option<String>,
     pub interval: Duration,
     pub out_dir: PathBuf,
+    /// The first scrape waits for this instant (a shared start of sharded workers), so that
+    /// the scrapes cover the run, not the wait before it.
+    pub start_at: Option<std::time::SystemTime>,
 }
 
 async fn scrape_once(client: &reqwest::Client, target: &ScrapeTarget) -> Option<Scrape> {
@@ -47,10 +50,19 @@ async fn scrape_once(client: &reqwest::Client, target: &ScrapeTarget) -> Option<
 }
 
 impl Scraper {
-    /// Starts scraping `target` (first scrape now).
+    /// Starts scraping `target` (first scrape now, or at its start instant).
     pub fn start(target: ScrapeTarget) -> Scraper {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
+            if let Some(ahead) = target
+                .start_at
+                .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
+            {
+                tokio::select! {
+                    () = tokio::time::sleep(ahead) => {}
+                    _ = stopped.changed() => return 0,
+                }
+            }
             let Ok(client) = reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .build()

@@ -237,6 +237,10 @@ pub struct ShardInfo {
     pub count: u64,
     /// Requests in the whole schedule, every shard's.
     pub schedule_requests: u64,
+    /// FNV-1a digest of the whole request list (ids, send times, lengths, prompts) and the
+    /// options that shape each request: equal on every shard of one schedule.
+    #[serde(default)]
+    pub schedule_digest: String,
     /// The common start instant of every shard (RFC 3339): t = 0 ms of the records.
     pub start_at: String,
     /// How long before `start_at` this worker was ready to send (ms); `None` until it was.
@@ -263,6 +267,9 @@ pub struct ClockSync {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MergedShard {
     pub folder: String,
+    /// The worker's own command line.
+    #[serde(default)]
+    pub command_line: Vec<String>,
     pub shard: ShardInfo,
     pub host: HostInfo,
     pub records: u64,

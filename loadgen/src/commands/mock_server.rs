@@ -38,9 +38,9 @@ pub struct MockArgs {
     pub cut_after: Option<u32>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Append each streamed request's arrival (wall clock, µs since the Unix epoch), its
+    /// Write each streamed request's arrival (wall clock, µs since the Unix epoch), its
     /// `x-loadgen-request-id` and the mock's own lateness on its first chunk to this
-    /// JSON-lines file.
+    /// JSON-lines file (created, or truncated).
     #[arg(long)]
     pub arrival_log: Option<std::path::PathBuf>,
 }

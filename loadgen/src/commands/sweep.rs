@@ -51,7 +51,8 @@ pub struct SweepArgs {
     pub min_requests: Option<String>,
     /// With --shard: the time from one level's start to the next (each level starts at
     /// --start-at + i × this on every worker). Default: 1.5 × (warm-up + duration +
-    /// cool-down) + 10 s, leaving the level's last requests time to finish.
+    /// cool-down) + 10 s, leaving the level's last requests time to finish; a worker whose
+    /// level has not drained by the next start fails rather than start that level late.
     #[arg(long, value_parser = duration_arg)]
     pub level_period: Option<Duration>,
     /// Every `loadgen run` option applies to each level (`--rate` is replaced by each rate;
@@ -132,6 +133,9 @@ fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
 /// no worker can decide those alone.
 fn sharded_timetable(args: &SweepArgs) -> Result<Option<(std::time::SystemTime, Duration)>> {
     let Some(shard) = args.run.shard else {
+        if args.run.start_at.is_some() {
+            bail!("loadgen sweep: --start-at is for the shards of a sweep (--shard I/K): every level of an unsharded sweep starts when the previous one ends");
+        }
         return Ok(None);
     };
     if parse_rates(&args.rates)?.is_none() {
@@ -196,6 +200,17 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         stop_reason: None,
     };
     let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
+    if let Some((_, period)) = timetable {
+        // Every level must fit its period, checked before the first one is sent.
+        for &rate in &rates {
+            let mut run = args.run.clone();
+            sized_level(&mut run, rate, min_requests);
+            let span = run.warmup + run.duration.unwrap_or_default() + run.cooldown;
+            if span >= period {
+                bail!("the level at {rate} req/s lasts {span:?} (--min-requests lengthens it), not less than --level-period {period:?}");
+            }
+        }
+    }
     let stop = stop_on_signals()?;
     for (i, &rate) in rates.iter().enumerate() {
         let dir = format!("level-{i:02}");
@@ -216,10 +231,6 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         run.out = Some(out.join(&dir));
         sized_level(&mut run, rate, min_requests);
         if let Some((start, period)) = timetable {
-            let span = run.warmup + run.duration.unwrap_or_default() + run.cooldown;
-            if span >= period {
-                bail!("the level at {rate} req/s lasts {span:?} (--min-requests lengthened it), longer than --level-period {period:?}");
-            }
             run.start_at = Some(start + period * i as u32);
         }
         let outcome = run_once(&run, stop.clone()).await?;
