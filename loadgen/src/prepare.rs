@@ -448,6 +448,11 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
         .map(|spec| spec.per_request())
         .unwrap_or_default();
     let headers = parse_headers(&args.headers)?;
+    if args.prompt_ids && args.backend != Backend::Completions {
+        bail!(
+            "--prompt-ids needs --backend completions: only a completions prompt may be token ids"
+        );
+    }
     let (mut plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
     let schedule_requests = plan.requests.len() as u64;
     let schedule_digest = schedule_digest(args, &plan, &prompts)?;
@@ -711,6 +716,17 @@ mod tests {
         assert_ne!(digest(&["--seed", "1"]).0, d0);
         assert_ne!(digest(&["--rate", "2"]).0, d0);
         assert_eq!(d0.len(), 16);
+    }
+
+    #[test]
+    fn prompt_ids_are_refused_before_the_run_for_apis_that_take_text() {
+        for backend in ["chat", "tgi"] {
+            let err = prepare_run(&run_args(&["--prompt-ids", "--backend", backend]))
+                .err()
+                .unwrap();
+            assert!(format!("{err}").contains("--prompt-ids needs --backend completions"));
+        }
+        assert!(prepare_run(&run_args(&["--prompt-ids", "--num-prompts", "3"])).is_ok());
     }
 
     #[test]

@@ -362,25 +362,22 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     };
 
     let samples = WindowSamples::of(&measured);
+    let mut good = 0u64;
     for r in &measured {
-        if request_latency(r).is_none() {
+        let Some(latency) = request_latency(r) else {
             m.failed += 1;
             let kind = r.error.as_ref().map_or(ErrorKind::Protocol, |e| e.kind);
             *m.errors.entry(kind.as_str().to_string()).or_default() += 1;
             continue;
-        }
+        };
         m.completed += 1;
         m.total_input_tokens += r.prompt_tokens;
         m.total_output_tokens += r.output_tokens;
         m.short_outputs += u64::from(r.short_output);
         m.counted_output_tokens +=
             u64::from(r.output_tokens_source == crate::records::CountSource::Counted);
+        good += u64::from(meets_slos(&latency, &opts.slos));
     }
-    let good = measured
-        .iter()
-        .filter_map(|r| request_latency(r))
-        .filter(|latency| meets_slos(latency, &opts.slos))
-        .count() as u64;
 
     let first_send = measured
         .iter()
