@@ -448,6 +448,8 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
         .map(|spec| spec.per_request())
         .unwrap_or_default();
     let headers = parse_headers(&args.headers)?;
+    // Each API also refuses such a body per request (a `Target` built without these options);
+    // here a command-line run fails before it sends anything.
     if args.prompt_ids && args.backend != Backend::Completions {
         bail!(
             "--prompt-ids needs --backend completions: only a completions prompt may be token ids"

@@ -1,6 +1,6 @@
 //! OpenAI `POST /v1/chat/completions`: the prompt as one user message.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use super::{openai, prompt_text, Api, StreamEvent};
@@ -16,6 +16,9 @@ impl Api for Chat {
     }
 
     fn body(&self, target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Value> {
+        if target.prompt_ids {
+            bail!("--prompt-ids needs the completions backend");
+        }
         let mut body = openai::common_body(target, spec);
         body["messages"] = json!([{"role": "user", "content": prompt_text(&spec.prompt, prompts)}]);
         Ok(body)

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -45,7 +45,10 @@ impl Api for Tgi {
         "/generate_stream"
     }
 
-    fn body(&self, _target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Value> {
+    fn body(&self, target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Value> {
+        if target.prompt_ids {
+            bail!("--prompt-ids needs the completions backend");
+        }
         Ok(json!({
             "inputs": prompt_text(&spec.prompt, prompts),
             "parameters": {"max_new_tokens": spec.output_len, "details": true},
