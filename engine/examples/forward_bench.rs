@@ -152,6 +152,7 @@ fn main() -> anyhow::Result<()> {
     let cpu = CpuOptions {
         threads,
         f32_weights_as_f16: true,
+        keep_quantized: true,
     };
     let n_threads = match threads {
         0 => std::thread::available_parallelism()?.get(),
@@ -284,6 +285,7 @@ fn op_bench() -> anyhow::Result<()> {
     let b = CpuBackend::new(&CpuOptions {
         threads,
         f32_weights_as_f16: true,
+        keep_quantized: true,
     })?;
     for &(m, n, k) in &[
         (1usize, 3072usize, 576usize),

@@ -220,13 +220,15 @@ pub fn load_model(
                 block_size: sizing.block_size,
                 kv_cache_bytes: sizing.kv_cache_bytes,
             };
-            // GGUF's quantised weights arrive dequantised to f32; f16 halves the bytes every
-            // decode step reads, at a logit error far below the greedy margins (engine/tests/forward.rs).
+            // GGUF's quantised weights stay quantised (integer kernels); its f32 tensors
+            // other than norms become f16, which halves the bytes every decode step reads
+            // at a logit error far below the greedy margins (engine/tests/forward.rs).
             let cpu = CpuOptions {
                 threads: device.threads,
                 f32_weights_as_f16: path
                     .extension()
                     .is_some_and(|e| e.eq_ignore_ascii_case("gguf")),
+                keep_quantized: true,
             };
             load_cpu_runner_with(&config, weights.as_mut(), &options, &cpu)?
         }
@@ -257,7 +259,7 @@ pub fn load_model(
     })
 }
 
-/// Loads a model onto the CPU with weights kept in their file dtype.
+/// Loads a model onto the CPU with weights kept in their file dtype (quantised ones too).
 pub fn load_cpu_runner(
     config: &ModelConfig,
     weights: &mut dyn WeightSource,
@@ -267,12 +269,13 @@ pub fn load_cpu_runner(
     let cpu = CpuOptions {
         threads,
         f32_weights_as_f16: false,
+        keep_quantized: true,
     };
     load_cpu_runner_with(config, weights, opts, &cpu)
 }
 
 /// Loads a model onto the CPU with explicit backend options (use
-/// `f32_weights_as_f16: true` for GGUF files with quantised tensors).
+/// `keep_quantized: false` to run a GGUF file's quantised weights dequantised).
 pub fn load_cpu_runner_with(
     config: &ModelConfig,
     weights: &mut dyn WeightSource,

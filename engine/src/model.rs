@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::backend::{check_block_table, AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
 use crate::config::{Arch, Llama3RopeScaling, ModelConfig};
 use crate::sampler::SampleSpec;
-use crate::weights::{HostTensor, TensorData, WeightSource};
+use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
 
 /// One sequence's slice of work in a forward step.
 #[derive(Debug, Clone, Copy)]
@@ -200,6 +200,7 @@ fn read(weights: &mut dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::
 }
 
 /// Stacks 2-D tensors (or 1-D vectors) along the first dimension; mixed dtypes become f32.
+/// Quantised parts of one type stay quantised: their rows are whole blocks.
 fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
     let rows: usize = parts.iter().map(|p| p.shape[0]).sum();
     let len: usize = parts.iter().map(|p| p.data.len()).sum();
@@ -222,6 +223,14 @@ fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
             }
         }
         TensorData::BF16(out)
+    } else if let Some(q) = common_quant_type(&parts) {
+        let mut out = Vec::new();
+        for p in &parts {
+            if let TensorData::Quant(_, b) = &p.data {
+                out.extend_from_slice(b);
+            }
+        }
+        TensorData::Quant(q, out)
     } else {
         let mut out = Vec::with_capacity(len);
         for p in parts {
@@ -230,6 +239,16 @@ fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
         TensorData::F32(out)
     };
     HostTensor { shape, data }
+}
+
+/// The quantised type every part shares, if they all are quantised with one type.
+fn common_quant_type(parts: &[HostTensor]) -> Option<QuantType> {
+    let mut types = parts.iter().map(|p| match p.data {
+        TensorData::Quant(q, _) => Some(q),
+        _ => None,
+    });
+    let first = types.next()??;
+    types.all(|q| q == Some(first)).then_some(first)
 }
 
 impl<B: Backend> Layer<B> {

@@ -22,6 +22,7 @@ fn cpu_backend_keeps_the_sampling_contract() {
     let b = CpuBackend::new(&CpuOptions {
         threads: 1,
         f32_weights_as_f16: false,
+        keep_quantized: true,
     })
     .expect("backend");
     common::check_sampling_contract(&b, |rows, cols, data| {

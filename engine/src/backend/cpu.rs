@@ -1,16 +1,18 @@
-//! The CPU backend: f32 activations, weights in f32 / f16 / bf16, a dedicated rayon pool.
+//! The CPU backend: f32 activations, weights in f32 / f16 / bf16 or GGUF's quantised
+//! blocks, a dedicated rayon pool.
 //!
-//! Linear weights that arrive as f32 can be stored as f16 ([`CpuOptions::f32_weights_as_f16`]):
-//! GGUF quantised tensors are dequantised to f32 by the loader, and keeping them in f16
-//! halves the memory traffic of decode, which is bandwidth-bound. f16's relative rounding
-//! error (2^-11) is far below the quantisation error of Q4/Q8 blocks: on SmolLM2-135M
-//! Q4_1 the top-10 logits move by at most 0.015 against transformers' f32 run (0.00005
-//! with f32 weights) and greedy tokens match (`tests/forward.rs`). Unquantised f32
-//! checkpoints keep full precision by default.
+//! GGUF's Q8_0 / Q4_0 / Q4_1 weights stay quantised ([`CpuOptions::keep_quantized`]) and
+//! are multiplied with integer dot products on activations quantised per block
+//! (`quant`), so decode, which is bandwidth-bound, reads 0.625 bytes per Q4 weight.
+//! Linear weights that arrive as f32 can be stored as f16
+//! ([`CpuOptions::f32_weights_as_f16`]); unquantised f32 checkpoints keep full precision
+//! by default.
 
 mod attention;
 mod matmul;
 mod ops;
+mod quant;
+mod quant_simd;
 mod simd;
 
 use anyhow::{ensure, Context};
@@ -18,6 +20,7 @@ use half::{f16, slice::HalfFloatSliceExt};
 
 pub use attention::CpuKvCache;
 pub use matmul::{CpuWeight, WeightData};
+pub use quant::QuantMatrix;
 
 use super::{AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
 use crate::sampler::{sample_row, SampleSpec};
@@ -30,12 +33,17 @@ pub struct CpuOptions {
     pub threads: usize,
     /// Store f32 linear weights (and the embedding table) as f16.
     pub f32_weights_as_f16: bool,
+    /// Keep GGUF's Q8_0 / Q4_0 / Q4_1 weights quantised and multiply them with integer
+    /// dot products (`quant`); otherwise dequantise them to f32 at load (then f16 when
+    /// `f32_weights_as_f16`).
+    pub keep_quantized: bool,
 }
 
 /// The CPU implementation of [`Backend`].
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     f32_weights_as_f16: bool,
+    keep_quantized: bool,
 }
 
 impl CpuBackend {
@@ -52,15 +60,31 @@ impl CpuBackend {
             .thread_name(|i| format!("cpu-backend-{i}"))
             .build()
             .context("creating the CPU backend's thread pool")?;
+        tracing::info!(
+            "CPU backend: {threads} threads; quantised weights multiplied with {} integer kernels",
+            quant_simd::Isa::detect().name()
+        );
         Ok(Self {
             pool,
             f32_weights_as_f16: opts.f32_weights_as_f16,
+            keep_quantized: opts.keep_quantized,
         })
     }
 
     /// Number of worker threads.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// An f32 weight as stored: f16 when asked, else f32.
+    fn unquantized(&self, v: Vec<f32>) -> WeightData {
+        if self.f32_weights_as_f16 {
+            let mut h = vec![f16::ZERO; v.len()];
+            h.convert_from_f32_slice(&v);
+            WeightData::F16(h)
+        } else {
+            WeightData::F32(v)
+        }
     }
 }
 
@@ -157,12 +181,11 @@ impl Backend for CpuBackend {
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<CpuWeight> {
         let (rows, cols) = tensor.matrix_dims(name)?;
         let data = match tensor.data {
-            TensorData::F32(v) if self.f32_weights_as_f16 => {
-                let mut h = vec![f16::ZERO; v.len()];
-                h.convert_from_f32_slice(&v);
-                WeightData::F16(h)
+            TensorData::Quant(kind, blocks) if self.keep_quantized => {
+                WeightData::Quant(QuantMatrix::from_gguf(name, kind, rows, cols, &blocks)?)
             }
-            TensorData::F32(v) => WeightData::F32(v),
+            quant @ TensorData::Quant(..) => self.unquantized(quant.to_f32()),
+            TensorData::F32(v) => self.unquantized(v),
             TensorData::F16(v) => WeightData::F16(v),
             TensorData::BF16(v) => WeightData::BF16(v),
         };
@@ -444,6 +467,7 @@ mod tests {
         let b = CpuBackend::new(&CpuOptions {
             threads: 1,
             f32_weights_as_f16: true,
+            keep_quantized: true,
         })
         .unwrap();
         let w = b.upload_weight("w", t.clone()).unwrap();
@@ -451,6 +475,7 @@ mod tests {
         let b = CpuBackend::new(&CpuOptions {
             threads: 1,
             f32_weights_as_f16: false,
+            keep_quantized: true,
         })
         .unwrap();
         assert!(matches!(

@@ -436,7 +436,7 @@ impl GgufFile {
     }
 
     /// Reads a tensor by GGUF name in its GGUF layout (HF shape order, no
-    /// un-permutation); quantised types are dequantised to f32.
+    /// un-permutation); quantised types keep their blocks.
     pub fn read_tensor(&self, gguf_name: &str) -> anyhow::Result<HostTensor> {
         let info = self
             .tensors
@@ -447,7 +447,7 @@ impl GgufFile {
             GgmlType::F32 => decode_le_bytes(bytes, ElementType::F32),
             GgmlType::F16 => decode_le_bytes(bytes, ElementType::F16),
             GgmlType::BF16 => decode_le_bytes(bytes, ElementType::BF16),
-            GgmlType::Quant(quant) => TensorData::F32(dequantize(quant, bytes)),
+            GgmlType::Quant(quant) => TensorData::Quant(quant, bytes.to_vec()),
         };
         Ok(HostTensor {
             shape: info.shape.clone(),

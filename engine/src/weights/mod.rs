@@ -16,13 +16,17 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::config::ModelConfig;
+pub use gguf::QuantType;
 
-/// Element storage of a host tensor; quantised GGUF types arrive dequantised.
+/// Element storage of a host tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TensorData {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    /// GGUF blocks as stored in the file: each row is `cols / 32` whole blocks. A backend
+    /// keeps them quantised or dequantises them ([`TensorData::to_f32`]).
+    Quant(QuantType, Vec<u8>),
 }
 
 /// A tensor in host memory, row-major, HF shape.
@@ -65,6 +69,7 @@ impl TensorData {
             TensorData::F32(v) => v.len(),
             TensorData::F16(v) => v.len(),
             TensorData::BF16(v) => v.len(),
+            TensorData::Quant(q, b) => b.len() / q.block_bytes() * QuantType::BLOCK_ELEMS,
         }
     }
 
@@ -72,12 +77,13 @@ impl TensorData {
         self.len() == 0
     }
 
-    /// The elements widened to f32 (exact for every variant).
+    /// The elements widened (or dequantised) to f32, exact for every variant.
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
             TensorData::F32(v) => v.clone(),
             TensorData::F16(v) => v.to_f32_vec(),
             TensorData::BF16(v) => v.to_f32_vec(),
+            TensorData::Quant(q, b) => gguf::dequantize(*q, b),
         }
     }
 

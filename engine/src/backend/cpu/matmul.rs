@@ -1,4 +1,5 @@
-//! `out = x · wᵀ` on the CPU for weights stored as f32, f16 or bf16 rows `[N, K]`.
+//! `out = x · wᵀ` on the CPU for weights stored as f32, f16 or bf16 rows `[N, K]`, or as
+//! quantised blocks (handed to [`super::quant`]).
 //!
 //! Few rows (decode): a hand-written AVX2/FMA/F16C kernel streams each weight row once
 //! per pair of activation rows, parallel over N. Many rows (prefill): the `gemm` crate on
@@ -10,6 +11,7 @@ use std::cell::RefCell;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
+use super::quant::{self, QuantMatrix};
 use super::simd::{cpu_has_avx2, cpu_has_avx512, SendPtr};
 
 /// Activation row counts below this use the small-M kernel, at or above it `gemm`
@@ -25,6 +27,8 @@ pub enum WeightData {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    /// GGUF blocks repacked for the integer kernels.
+    Quant(QuantMatrix),
 }
 
 /// A row-major `[rows, cols]` weight matrix.
@@ -43,6 +47,7 @@ impl CpuWeight {
             WeightData::F32(v) => dst.copy_from_slice(&v[range]),
             WeightData::F16(v) => v[range].convert_to_f32_slice(dst),
             WeightData::BF16(v) => v[range].convert_to_f32_slice(dst),
+            WeightData::Quant(q) => q.row_to_f32(r, dst),
         }
     }
 }
@@ -167,6 +172,7 @@ pub fn matmul(
         WeightData::F32(d) => matmul_typed(x, m, d, n, k, out, threads),
         WeightData::F16(d) => matmul_typed(x, m, d, n, k, out, threads),
         WeightData::BF16(d) => matmul_typed(x, m, d, n, k, out, threads),
+        WeightData::Quant(q) => quant::matmul(x, m, q, out, threads),
     }
     if let Some(b) = bias {
         for row in out.chunks_exact_mut(n) {
