@@ -4,10 +4,12 @@
 # it: nvrtc-env.sh installs it from PyPI on the first run (cached after) and sets
 # LD_LIBRARY_PATH for the tests. The HTML report check needs Debian's `chromium` (.ci/run
 # installs it). The Kubernetes manifest check needs `envsubst` (gettext-base) and installs
-# PyPI's kubernetes-validate on its first run.
+# PyPI's kubernetes-validate on its first run, the quantised fixtures PyPI's gguf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh
+# GGUF fixtures in every quantised format, written by PyPI's gguf (engine/tests/quant_formats.rs).
+./scripts/make-quant-fixtures.sh >/dev/null
 # shellcheck source=scripts/nvrtc-env.sh
 source ./scripts/nvrtc-env.sh
 cargo fmt --all -- --check

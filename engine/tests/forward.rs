@@ -59,7 +59,11 @@ fn load(path: &Path, weights_as: Weights) -> Box<dyn ModelRunner> {
 
 fn log_softmax(v: &[f32]) -> Vec<f32> {
     let max = v.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let lse = max + v.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let lse = max
+        + v.iter()
+            .map(|&x| ((x - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
     v.iter().map(|&x| x - lse).collect()
 }
 
@@ -480,9 +484,18 @@ fn smollm2_gguf_integer_kernels_stay_within_activation_rounding() {
     println!(
         "smollm2 integer kernels vs dequantised over {positions} positions: mean KL {mean_kl:.5} (max {max_kl:.5}), top-10 logprobs within {max_logprob:.3}, logits within {max_logit:.3}; greedy compared at {compared}"
     );
-    assert!(mean_kl < 0.01 && max_kl < 0.05, "KL divergence: mean {mean_kl}, max {max_kl}");
-    assert!(max_logprob < 1.1, "top-10 log-probabilities moved by {max_logprob}");
-    assert!(max_logit < LOGIT_BOUND, "top-10 logits moved by {max_logit}");
+    assert!(
+        mean_kl < 0.01 && max_kl < 0.05,
+        "KL divergence: mean {mean_kl}, max {max_kl}"
+    );
+    assert!(
+        max_logprob < 1.1,
+        "top-10 log-probabilities moved by {max_logprob}"
+    );
+    assert!(
+        max_logit < LOGIT_BOUND,
+        "top-10 logits moved by {max_logit}"
+    );
     assert!(compared >= 40, "too few confident positions: {compared}");
 }
 

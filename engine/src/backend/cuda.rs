@@ -360,7 +360,9 @@ fn to_bf16(data: TensorData) -> Vec<bf16> {
         TensorData::BF16(v) => v,
         TensorData::F16(v) => v.iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
         TensorData::F32(v) => v.iter().map(|&x| bf16::from_f32(x)).collect(),
-        quant @ TensorData::Quant(..) => quant.to_f32().iter().map(|&x| bf16::from_f32(x)).collect(),
+        quant @ TensorData::Quant(..) => {
+            quant.to_f32().iter().map(|&x| bf16::from_f32(x)).collect()
+        }
     }
 }
 

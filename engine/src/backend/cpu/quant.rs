@@ -128,7 +128,8 @@ impl QuantMatrix {
                 for r in 0..PANEL.min(rows - p * PANEL) {
                     let row = p * PANEL + r;
                     for b in 0..nb {
-                        let src = &blocks[(row * nb + b) * kind.block_bytes()..][..kind.block_bytes()];
+                        let src =
+                            &blocks[(row * nb + b) * kind.block_bytes()..][..kind.block_bytes()];
                         let dst = &mut panel[b * stride..(b + 1) * stride];
                         let (u, d, m) = decode_block(kind, src);
                         for (c, &v) in u.iter().enumerate() {
@@ -180,7 +181,11 @@ impl QuantMatrix {
     /// Row `r` dequantised into `dst` (`dst.len() == cols`): an embedding lookup.
     pub fn row_to_f32(&self, r: usize, dst: &mut [f32]) {
         let panel = self.panel(r / PANEL);
-        let (rr, stride, wb) = (r % PANEL, self.bits.block_stride(), self.bits.weight_bytes());
+        let (rr, stride, wb) = (
+            r % PANEL,
+            self.bits.block_stride(),
+            self.bits.weight_bytes(),
+        );
         for (b, out) in dst.chunks_exact_mut(BLOCK).enumerate() {
             let blk = &panel[b * stride..(b + 1) * stride];
             let d = f16::from_le_bytes([blk[wb + 2 * rr], blk[wb + 2 * rr + 1]]).to_f32();
@@ -250,8 +255,18 @@ impl QuantRows {
 }
 
 /// Quantises one row: per block `d = max|x| / 127`, `q = round(x / d)`.
-pub fn quantize_row_scalar(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], qsum: &mut [i32]) {
-    for (b, (xb, qb)) in x.chunks_exact(BLOCK).zip(q.chunks_exact_mut(BLOCK)).enumerate() {
+pub fn quantize_row_scalar(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    qsum: &mut [i32],
+) {
+    for (b, (xb, qb)) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .enumerate()
+    {
         let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         let scale = amax / 127.0;
         let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
@@ -404,7 +419,10 @@ mod tests {
             for r in 0..rows {
                 w.row_to_f32(r, &mut row);
                 for (c, (&a, &b)) in row.iter().zip(&want[r * cols..]).enumerate() {
-                    assert!((a - b).abs() <= 1e-6 * b.abs().max(1e-3), "{kind:?} [{r},{c}]: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
+                        "{kind:?} [{r},{c}]: {a} vs {b}"
+                    );
                 }
             }
         }
@@ -426,7 +444,8 @@ mod tests {
         x[64..96].fill(0.0);
         x[100] = 2.5;
         let nb = 256 / BLOCK;
-        let (mut q1, mut d1, mut s1, mut n1) = (vec![0i8; 256], vec![0.0; nb], vec![0.0; nb], vec![0; nb]);
+        let (mut q1, mut d1, mut s1, mut n1) =
+            (vec![0i8; 256], vec![0.0; nb], vec![0.0; nb], vec![0; nb]);
         let (mut q2, mut d2, mut s2, mut n2) = (q1.clone(), d1.clone(), s1.clone(), n1.clone());
         quantize_row_scalar(&x, &mut q1, &mut d1, &mut s1, &mut n1);
         quant_simd::quantize_row(&x, &mut q2, &mut d2, &mut s2, &mut n2);
@@ -441,16 +460,26 @@ mod tests {
         rows.quantize(&x, 3, 64);
         for (i, &v) in x.iter().enumerate() {
             let (q, d) = (rows.q[i] as f32, rows.d[i / BLOCK]);
-            assert!((q * d - v).abs() <= 0.5 * d * 1.0001, "{i}: {v} vs {}", q * d);
+            assert!(
+                (q * d - v).abs() <= 0.5 * d * 1.0001,
+                "{i}: {v} vs {}",
+                q * d
+            );
         }
         for b in 0..6 {
-            let sum: i32 = rows.q[b * BLOCK..(b + 1) * BLOCK].iter().map(|&q| q as i32).sum();
+            let sum: i32 = rows.q[b * BLOCK..(b + 1) * BLOCK]
+                .iter()
+                .map(|&q| q as i32)
+                .sum();
             assert_eq!(rows.qsum[b], sum);
             assert!((rows.s[b] - rows.d[b] * sum as f32).abs() < 1e-6);
         }
         let mut zero = QuantRows::default();
         zero.quantize(&[0.0; 32], 1, 32);
-        assert_eq!((zero.q.iter().map(|&q| q as i32).sum::<i32>(), zero.d[0]), (0, 0.0));
+        assert_eq!(
+            (zero.q.iter().map(|&q| q as i32).sum::<i32>(), zero.d[0]),
+            (0, 0.0)
+        );
     }
 
     /// Every kernel set this CPU has, against the scalar reference on the same quantised
@@ -459,7 +488,13 @@ mod tests {
     fn kernels_match_the_scalar_reference() {
         let mut seed = 11;
         for kind in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
-            for &(m, n, k) in &[(1, 16, 32), (3, 21, 64), (8, 48, 96), (13, 35, 128), (40, 70, 64)] {
+            for &(m, n, k) in &[
+                (1, 16, 32),
+                (3, 21, 64),
+                (8, 48, 96),
+                (13, 35, 128),
+                (40, 70, 64),
+            ] {
                 let blocks = random_blocks(kind, n * k / BLOCK, &mut seed);
                 let w = QuantMatrix::from_gguf("w", kind, n, k, &blocks).unwrap();
                 let x = random_x(m, k, &mut seed);
@@ -502,7 +537,9 @@ mod tests {
                     let (mut exact, mut bound) = (0.0f64, 0.0f64);
                     for t in 0..k {
                         exact += x[i * k + t] as f64 * wf[j * k + t] as f64;
-                        bound += 0.5 * rows.d[i * (k / BLOCK) + t / BLOCK] as f64 * (wf[j * k + t] as f64).abs();
+                        bound += 0.5
+                            * rows.d[i * (k / BLOCK) + t / BLOCK] as f64
+                            * (wf[j * k + t] as f64).abs();
                     }
                     let got = out[i * n + j] as f64;
                     assert!(

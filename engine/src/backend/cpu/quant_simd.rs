@@ -61,16 +61,29 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], qsum:
 /// [`quantize_row_scalar`] with AVX2: the same rounding (ties to even), so the same bytes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], qsum: &mut [i32]) {
+unsafe fn quantize_row_avx2(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    qsum: &mut [i32],
+) {
     use std::arch::x86_64::*;
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    for (b, (xb, qb)) in x.chunks_exact(BLOCK).zip(q.chunks_exact_mut(BLOCK)).enumerate() {
+    for (b, (xb, qb)) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .enumerate()
+    {
         let v: [__m256; 4] = std::array::from_fn(|j| _mm256_loadu_ps(xb.as_ptr().add(8 * j)));
         let mut amax = _mm256_and_ps(v[0], abs_mask);
         for vj in &v[1..] {
             amax = _mm256_max_ps(amax, _mm256_and_ps(*vj, abs_mask));
         }
-        let m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps::<1>(amax));
+        let m4 = _mm_max_ps(
+            _mm256_castps256_ps128(amax),
+            _mm256_extractf128_ps::<1>(amax),
+        );
         let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
         let inv = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
@@ -80,8 +93,14 @@ unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32
             );
             _mm256_cvtps_epi32(r)
         });
-        let sum = _mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]), _mm256_add_epi32(ints[2], ints[3]));
-        let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+        let sum = _mm256_add_epi32(
+            _mm256_add_epi32(ints[0], ints[1]),
+            _mm256_add_epi32(ints[2], ints[3]),
+        );
+        let s4 = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256::<1>(sum),
+        );
         let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
         let total = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<0b10_11_00_01>(s2)));
         // packs interleave the 128-bit lanes; the permute restores element order.
