@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use engine::backend::cpu::CpuOptions;
 use engine::loader::load_cpu_runner_with;
@@ -36,7 +36,7 @@ fn fixture(name: &str) -> PathBuf {
     path
 }
 
-fn load(path: &PathBuf, keep_quantized: bool) -> Box<dyn ModelRunner> {
+fn load(path: &Path, keep_quantized: bool) -> Box<dyn ModelRunner> {
     let (config, mut weights) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,

@@ -1,18 +1,55 @@
 //! Paged causal attention on the CPU, f32 throughout.
 //!
-//! The cache of one layer stores K and V as `[block][kv_head][offset][head_dim]`, so the
-//! keys of one head inside one block are contiguous. Work is split into items of
+//! The cache of one layer stores V as `[block][kv_head][offset][head_dim]` and K transposed,
+//! `[block][kv_head][head_dim][offset]`, so that 16 consecutive keys' values of one dimension
+//! are one vector: a score tile is `Σ_d q[d]·Kᵀ[d][16 keys]`, a register-tiled product with
+//! no horizontal sums, and `P·V` adds whole value rows. Work is split into items of
 //! (sequence, KV head, block of query rows); an item handles every query head of the
-//! KV head's group, so each key and value is read once per query row for the group.
+//! KV head's group together, so each key and value is read once per item.
 
 use anyhow::{anyhow, ensure};
 use rayon::prelude::*;
 
-use super::simd::{axpy, cpu_has_avx2, dot_fast, fast_exp, sum, SendPtr};
+use super::simd::{cpu_has_avx2, cpu_has_avx512, fast_exp, sum, SendPtr};
 use crate::backend::{check_block_table, AttnSeq, QkvLayout};
 
 /// Query rows per work item.
 const QUERY_BLOCK: usize = 16;
+/// Keys per score vector (and dimensions per output vector).
+const KEYS: usize = 16;
+
+/// The vector width the kernels are compiled for.
+#[derive(Debug, Clone, Copy)]
+enum Isa {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    fn detect() -> Isa {
+        if cpu_has_avx512() {
+            Isa::Avx512
+        } else if cpu_has_avx2() {
+            Isa::Avx2
+        } else {
+            Isa::Portable
+        }
+    }
+
+    /// Every set this CPU runs.
+    #[cfg(test)]
+    fn available() -> Vec<Isa> {
+        let mut sets = vec![Isa::Portable];
+        if cpu_has_avx2() {
+            sets.push(Isa::Avx2);
+        }
+        if cpu_has_avx512() {
+            sets.push(Isa::Avx512);
+        }
+        sets
+    }
+}
 
 /// One layer's paged K/V storage.
 #[derive(Debug)]
@@ -33,6 +70,10 @@ impl CpuKvCache {
         num_kv_heads: usize,
         head_dim: usize,
     ) -> anyhow::Result<Self> {
+        ensure!(
+            block_size.is_multiple_of(KEYS) && head_dim.is_multiple_of(KEYS),
+            "the CPU backend needs a KV block size and a head dimension that are multiples of {KEYS} (got --block-size {block_size}, head_dim {head_dim})"
+        );
         let len = num_blocks
             .checked_mul(block_size)
             .and_then(|v| v.checked_mul(num_kv_heads * head_dim))
@@ -51,7 +92,7 @@ impl CpuKvCache {
         })
     }
 
-    /// Offset of (block, head, offset-in-block).
+    /// Offset of (block, head, offset-in-block) in `v`, and of (block, head) in `k`.
     fn index(&self, block: usize, head: usize, off: usize) -> usize {
         ((block * self.num_kv_heads + head) * self.block_size + off) * self.head_dim
     }
@@ -70,8 +111,11 @@ impl CpuKvCache {
             let row = &qkv[t * width..(t + 1) * width];
             for h in 0..self.num_kv_heads {
                 let dst = self.index(block, h, off);
-                self.k[dst..dst + hd].copy_from_slice(&row[k_off + h * hd..k_off + (h + 1) * hd]);
                 self.v[dst..dst + hd].copy_from_slice(&row[v_off + h * hd..v_off + (h + 1) * hd]);
+                let kt = self.index(block, h, 0);
+                for (d, &x) in row[k_off + h * hd..k_off + (h + 1) * hd].iter().enumerate() {
+                    self.k[kt + d * self.block_size + off] = x;
+                }
             }
         }
         Ok(())
@@ -101,6 +145,20 @@ pub fn attention(
         out.len() == rows * layout.q_width(),
         "attention: output shape"
     );
+    attention_with(qkv, layout, cache, seqs, slots, out, Isa::detect())
+}
+
+/// [`attention`] with the kernel set `isa`.
+fn attention_with(
+    qkv: &[f32],
+    layout: QkvLayout,
+    cache: &mut CpuKvCache,
+    seqs: &[AttnSeq<'_>],
+    slots: &[usize],
+    out: &mut [f32],
+    isa: Isa,
+) -> anyhow::Result<()> {
+    let rows = slots.len();
     cache.write(qkv, layout, slots)?;
     let bs = cache.block_size;
     let mut items = Vec::new();
@@ -124,7 +182,6 @@ pub fn attention(
     }
     let out_ptr = SendPtr(out.as_mut_ptr());
     let cache = &*cache;
-    let avx2 = cpu_has_avx2();
     items.into_par_iter().for_each(|(si, h, q0, q1)| {
         let job = Item {
             qkv,
@@ -137,8 +194,8 @@ pub fn attention(
             out: out_ptr,
         };
         // SAFETY: an item writes only the output columns of the query heads of KV head
-        // `h` in rows of its own query block: disjoint across items. `avx2` was detected.
-        unsafe { job.run(avx2) };
+        // `h` in rows of its own query block: disjoint across items. `isa` was detected.
+        unsafe { job.run(isa) };
     });
     Ok(())
 }
@@ -157,25 +214,33 @@ struct Item<'a> {
 
 impl Item<'_> {
     /// # Safety
-    /// No other thread writes this item's output region; `avx2` only if the CPU has AVX2+FMA.
-    unsafe fn run(&self, avx2: bool) {
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            self.run_avx2();
-            return;
+    /// No other thread writes this item's output region; `isa` is one this CPU runs.
+    unsafe fn run(&self, isa: Isa) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => self.run_avx512(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => self.run_avx2(),
+            _ => self.compute::<Portable, false, 4>(),
         }
-        let _ = avx2;
-        self.compute::<false>();
     }
 
+    /// Eight work rows per tile: 8 × 16 accumulators fill 8 of the 32 vector registers.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn run_avx512(&self) {
+        self.compute::<Avx512, true, 8>();
+    }
+
+    /// Four work rows per tile: 4 × 16 accumulators are 8 of the 16 AVX2 registers.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run_avx2(&self) {
-        self.compute::<true>();
+        self.compute::<Avx2, true, 4>();
     }
 
     #[inline(always)]
-    unsafe fn compute<const FMA: bool>(&self) {
+    unsafe fn compute<T: Tiles, const FMA: bool, const R: usize>(&self) {
         let QkvLayout {
             num_heads,
             head_dim: hd,
@@ -186,59 +251,405 @@ impl Item<'_> {
         let bs = self.cache.block_size;
         let scale = 1.0 / (hd as f32).sqrt();
         let max_ctx = self.seq.start_pos + self.q1;
-        let mut scores = vec![0.0f32; group * max_ctx];
-        let mut acc = vec![0.0f32; group * hd];
-        let mut inv_sums = vec![0.0f32; group];
-        for qi in self.q0..self.q1 {
-            let t = self.seq.row_start + qi;
-            let ctx = self.seq.start_pos + qi + 1;
-            let q_row = &self.qkv[t * width..t * width + num_heads * hd];
-            let q_head = |g: usize| {
-                let qh = self.kv_head * group + g;
-                &q_row[qh * hd..(qh + 1) * hd]
-            };
-            // scores[g * ctx + j] = q_g · k_j * scale
-            for (bi, &block) in self.seq.block_table[..ctx.div_ceil(bs)].iter().enumerate() {
-                let n = bs.min(ctx - bi * bs);
-                let base = self.cache.index(block as usize, self.kv_head, 0);
-                for o in 0..n {
-                    let key = &self.cache.k[base + o * hd..base + (o + 1) * hd];
-                    for g in 0..group {
-                        scores[g * ctx + bi * bs + o] = dot_fast::<FMA>(q_head(g), key) * scale;
+        // Work rows: (query row, head of the group), row-major; their q and output rows.
+        let rows = (self.q1 - self.q0) * group;
+        let mut q_rows = Vec::with_capacity(rows);
+        let mut out_rows = Vec::with_capacity(rows);
+        for w in 0..rows {
+            let t = self.seq.row_start + self.q0 + w / group;
+            let qh = self.kv_head * group + w % group;
+            q_rows.push(self.qkv.as_ptr().add(t * width + qh * hd));
+            out_rows.push(self.out.get().add(t * num_heads * hd + qh * hd));
+        }
+        let pages: Vec<Page> = self.seq.block_table[..max_ctx.div_ceil(bs)]
+            .iter()
+            .enumerate()
+            .map(|(bi, &block)| Page {
+                k: self
+                    .cache
+                    .k
+                    .as_ptr()
+                    .add(self.cache.index(block as usize, self.kv_head, 0)),
+                v: self
+                    .cache
+                    .v
+                    .as_ptr()
+                    .add(self.cache.index(block as usize, self.kv_head, 0)),
+                first: bi * bs,
+                n: bs.min(max_ctx - bi * bs),
+            })
+            .collect();
+
+        // scores[w][j] = q_w · k_j / √d for every key of the item (16 keys per vector).
+        let mut scores = vec![0.0f32; rows * max_ctx];
+        for page in &pages {
+            for c in (0..page.n).step_by(KEYS) {
+                let n = KEYS.min(page.n - c);
+                let keys = page.k.add(c);
+                let mut w = 0;
+                while w < rows {
+                    let tile = if rows - w >= R {
+                        T::scores::<R>(&std::array::from_fn(|i| q_rows[w + i]), keys, bs, hd)
+                    } else {
+                        let one = T::scores::<1>(&[q_rows[w]], keys, bs, hd);
+                        let mut t = [[0.0f32; KEYS]; R];
+                        t[0] = one[0];
+                        t
+                    };
+                    let r = if rows - w >= R { R } else { 1 };
+                    for (i, acc) in tile[..r].iter().enumerate() {
+                        let dst = &mut scores[(w + i) * max_ctx + page.first + c..][..n];
+                        for (s, &v) in dst.iter_mut().zip(acc) {
+                            *s = v * scale;
+                        }
+                    }
+                    w += r;
+                }
+            }
+        }
+        // Softmax over each row's own causal context; later keys get probability 0.
+        for w in 0..rows {
+            let ctx = self.seq.start_pos + self.q0 + w / group + 1;
+            let s = &mut scores[w * max_ctx..(w + 1) * max_ctx];
+            let max = s[..ctx].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            for v in s[..ctx].iter_mut() {
+                *v = fast_exp(*v - max);
+            }
+            let inv = 1.0 / sum::<FMA>(&s[..ctx]);
+            for v in s[..ctx].iter_mut() {
+                *v *= inv;
+            }
+            s[ctx..].fill(0.0);
+        }
+        // out = P·V, 16 dimensions of R work rows per tile.
+        let mut w = 0;
+        while w < rows {
+            let r = if rows - w >= R { R } else { 1 };
+            let p = |i: usize| scores.as_ptr().add((w + i) * max_ctx);
+            for d0 in (0..hd).step_by(KEYS) {
+                let tile = if r == R {
+                    T::weighted_values::<R>(&std::array::from_fn(p), &pages, hd, d0)
+                } else {
+                    let one = T::weighted_values::<1>(&[p(0)], &pages, hd, d0);
+                    let mut t = [[0.0f32; KEYS]; R];
+                    t[0] = one[0];
+                    t
+                };
+                for (i, acc) in tile[..r].iter().enumerate() {
+                    std::ptr::copy_nonoverlapping(acc.as_ptr(), out_rows[w + i].add(d0), KEYS);
+                }
+            }
+            w += r;
+        }
+    }
+}
+
+/// One cache page of the item: `kᵀ` (`[head_dim][block_size]`) and `v` of one KV head.
+struct Page {
+    k: *const f32,
+    v: *const f32,
+    /// Position of the page's first key.
+    first: usize,
+    /// Keys of the page inside the item's context.
+    n: usize,
+}
+
+/// The two inner products of the attention, for `R` work rows and 16 lanes at a time.
+trait Tiles {
+    /// Scores of `R` work rows against 16 keys whose `kᵀ` rows are `stride` apart.
+    ///
+    /// # Safety
+    /// Each `q` has `hd` values; `keys + d·stride .. + 16` is readable for every `d < hd`;
+    /// the CPU runs the implementation's instructions.
+    unsafe fn scores<const R: usize>(
+        q: &[*const f32; R],
+        keys: *const f32,
+        stride: usize,
+        hd: usize,
+    ) -> [[f32; KEYS]; R];
+
+    /// `Σ_j p[j]·v_j[d0..d0 + 16]` for `R` rows of probabilities over the item's pages.
+    ///
+    /// # Safety
+    /// Each `p` row covers every key of `pages`; `d0 + 16 <= hd`; the CPU runs the
+    /// implementation's instructions.
+    unsafe fn weighted_values<const R: usize>(
+        p: &[*const f32; R],
+        pages: &[Page],
+        hd: usize,
+        d0: usize,
+    ) -> [[f32; KEYS]; R];
+}
+
+/// Plain loops (any CPU).
+struct Portable;
+
+impl Tiles for Portable {
+    #[inline(always)]
+    unsafe fn scores<const R: usize>(
+        q: &[*const f32; R],
+        keys: *const f32,
+        stride: usize,
+        hd: usize,
+    ) -> [[f32; KEYS]; R] {
+        let mut acc = [[0.0f32; KEYS]; R];
+        for d in 0..hd {
+            let k = &*(keys.add(d * stride) as *const [f32; KEYS]);
+            for (a, qr) in acc.iter_mut().zip(q) {
+                let qd = *qr.add(d);
+                for l in 0..KEYS {
+                    a[l] += qd * k[l];
+                }
+            }
+        }
+        acc
+    }
+
+    #[inline(always)]
+    unsafe fn weighted_values<const R: usize>(
+        p: &[*const f32; R],
+        pages: &[Page],
+        hd: usize,
+        d0: usize,
+    ) -> [[f32; KEYS]; R] {
+        let mut acc = [[0.0f32; KEYS]; R];
+        for page in pages {
+            for o in 0..page.n {
+                let v = &*(page.v.add(o * hd + d0) as *const [f32; KEYS]);
+                for (a, pr) in acc.iter_mut().zip(p) {
+                    let pj = *pr.add(page.first + o);
+                    for l in 0..KEYS {
+                        a[l] += pj * v[l];
                     }
                 }
             }
-            for g in 0..group {
-                let s = &mut scores[g * ctx..(g + 1) * ctx];
-                let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                for v in s.iter_mut() {
-                    *v = fast_exp(*v - max);
-                }
-                inv_sums[g] = 1.0 / sum::<FMA>(s);
+        }
+        acc
+    }
+}
+
+/// One 512-bit register per row.
+#[cfg(target_arch = "x86_64")]
+struct Avx512;
+
+#[cfg(target_arch = "x86_64")]
+impl Tiles for Avx512 {
+    #[inline(always)]
+    unsafe fn scores<const R: usize>(
+        q: &[*const f32; R],
+        keys: *const f32,
+        stride: usize,
+        hd: usize,
+    ) -> [[f32; KEYS]; R] {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm512_setzero_ps(); R];
+        for d in 0..hd {
+            let k = _mm512_loadu_ps(keys.add(d * stride));
+            for (a, qr) in acc.iter_mut().zip(q) {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(d)), k, *a);
             }
-            acc.fill(0.0);
-            for (bi, &block) in self.seq.block_table[..ctx.div_ceil(bs)].iter().enumerate() {
-                let n = bs.min(ctx - bi * bs);
-                let base = self.cache.index(block as usize, self.kv_head, 0);
-                for o in 0..n {
-                    let val = &self.cache.v[base + o * hd..base + (o + 1) * hd];
-                    for g in 0..group {
-                        axpy::<FMA>(
-                            &mut acc[g * hd..(g + 1) * hd],
-                            scores[g * ctx + bi * bs + o],
-                            val,
+        }
+        let mut out = [[0.0f32; KEYS]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+        out
+    }
+
+    #[inline(always)]
+    unsafe fn weighted_values<const R: usize>(
+        p: &[*const f32; R],
+        pages: &[Page],
+        hd: usize,
+        d0: usize,
+    ) -> [[f32; KEYS]; R] {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm512_setzero_ps(); R];
+        for page in pages {
+            for o in 0..page.n {
+                let v = _mm512_loadu_ps(page.v.add(o * hd + d0));
+                for (a, pr) in acc.iter_mut().zip(p) {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*pr.add(page.first + o)), v, *a);
+                }
+            }
+        }
+        let mut out = [[0.0f32; KEYS]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+        out
+    }
+}
+
+/// Two 256-bit registers per row.
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Tiles for Avx2 {
+    #[inline(always)]
+    unsafe fn scores<const R: usize>(
+        q: &[*const f32; R],
+        keys: *const f32,
+        stride: usize,
+        hd: usize,
+    ) -> [[f32; KEYS]; R] {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for d in 0..hd {
+            let kp = keys.add(d * stride);
+            let (k0, k1) = (_mm256_loadu_ps(kp), _mm256_loadu_ps(kp.add(8)));
+            for (a, qr) in acc.iter_mut().zip(q) {
+                let qd = _mm256_set1_ps(*qr.add(d));
+                a[0] = _mm256_fmadd_ps(qd, k0, a[0]);
+                a[1] = _mm256_fmadd_ps(qd, k1, a[1]);
+            }
+        }
+        let mut out = [[0.0f32; KEYS]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+        out
+    }
+
+    #[inline(always)]
+    unsafe fn weighted_values<const R: usize>(
+        p: &[*const f32; R],
+        pages: &[Page],
+        hd: usize,
+        d0: usize,
+    ) -> [[f32; KEYS]; R] {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for page in pages {
+            for o in 0..page.n {
+                let vp = page.v.add(o * hd + d0);
+                let (v0, v1) = (_mm256_loadu_ps(vp), _mm256_loadu_ps(vp.add(8)));
+                for (a, pr) in acc.iter_mut().zip(p) {
+                    let pj = _mm256_set1_ps(*pr.add(page.first + o));
+                    a[0] = _mm256_fmadd_ps(pj, v0, a[0]);
+                    a[1] = _mm256_fmadd_ps(pj, v1, a[1]);
+                }
+            }
+        }
+        let mut out = [[0.0f32; KEYS]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel set against plain f64 attention: a prefix of 20 tokens, then one
+    /// decode row of that sequence beside a 37-token prefill of another (pages split
+    /// mid-way, a partial last page, GQA groups of two).
+    #[test]
+    fn every_kernel_set_matches_plain_attention() {
+        let layout = QkvLayout {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 32,
+        };
+        let (width, hd, group) = (layout.qkv_width(), 32, 2);
+        let mut seed = 1u64;
+        let mut rand = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let first: Vec<f32> = (0..20 * width).map(|_| rand()).collect();
+        let second: Vec<f32> = (0..38 * width).map(|_| rand()).collect();
+        let (table_a, table_b) = ([0u32, 1], [4u32, 2, 3]);
+        for isa in Isa::available() {
+            let mut cache = CpuKvCache::new(8, 16, 2, hd).unwrap();
+            let seq_a = AttnSeq {
+                row_start: 0,
+                n_tokens: 20,
+                start_pos: 0,
+                block_table: &table_a,
+            };
+            let slots: Vec<usize> = (0..20).collect();
+            let mut out = vec![0.0; 20 * layout.q_width()];
+            attention_with(&first, layout, &mut cache, &[seq_a], &slots, &mut out, isa).unwrap();
+            let seqs = [
+                AttnSeq {
+                    row_start: 0,
+                    n_tokens: 1,
+                    start_pos: 20,
+                    block_table: &table_a,
+                },
+                AttnSeq {
+                    row_start: 1,
+                    n_tokens: 37,
+                    start_pos: 0,
+                    block_table: &table_b,
+                },
+            ];
+            let mut slots = vec![20];
+            slots.extend((0..37).map(|p| table_b[p / 16] as usize * 16 + p % 16));
+            let mut out2 = vec![0.0; 38 * layout.q_width()];
+            attention_with(&second, layout, &mut cache, &seqs, &slots, &mut out2, isa).unwrap();
+            // (rows of qkv holding the sequence's history, row to check, its output)
+            let history_a: Vec<&[f32]> = first
+                .chunks(width)
+                .chain(second.chunks(width).take(1))
+                .collect();
+            let history_b: Vec<&[f32]> = second.chunks(width).skip(1).collect();
+            let mut checks = vec![];
+            for t in 0..20 {
+                checks.push((&history_a[..=t], &out[t * 128..(t + 1) * 128]));
+            }
+            checks.push((&history_a[..], &out2[..128]));
+            for t in 0..37 {
+                checks.push((&history_b[..=t], &out2[(t + 1) * 128..(t + 2) * 128]));
+            }
+            for (ci, (hist, got)) in checks.iter().enumerate() {
+                let q_row = hist[hist.len() - 1];
+                for h in 0..4 {
+                    let kvh = h / group;
+                    let q = &q_row[h * hd..(h + 1) * hd];
+                    let scores: Vec<f64> = hist
+                        .iter()
+                        .map(|r| {
+                            let k = &r[128 + kvh * hd..128 + (kvh + 1) * hd];
+                            q.iter()
+                                .zip(k)
+                                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                                .sum::<f64>()
+                                / (hd as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        let want: f64 = hist
+                            .iter()
+                            .zip(&e)
+                            .map(|(r, p)| p / total * f64::from(r[192 + kvh * hd + d]))
+                            .sum();
+                        let g = got[h * hd + d];
+                        assert!(
+                            (f64::from(g) - want).abs() < 1e-5,
+                            "{isa:?} check {ci} head {h} dim {d}: {g} vs {want}"
                         );
                     }
                 }
             }
-            for g in 0..group {
-                let qh = self.kv_head * group + g;
-                let dst = self.out.get().add(t * num_heads * hd + qh * hd);
-                let inv = inv_sums[g];
-                for (d, &a) in acc[g * hd..(g + 1) * hd].iter().enumerate() {
-                    *dst.add(d) = a * inv;
-                }
-            }
         }
+    }
+
+    #[test]
+    fn block_sizes_the_kernels_cannot_tile_are_refused() {
+        let err = CpuKvCache::new(4, 8, 2, 64).unwrap_err().to_string();
+        assert!(err.contains("--block-size 8"), "{err}");
+        assert!(CpuKvCache::new(4, 16, 2, 40).is_err());
     }
 }

@@ -74,51 +74,6 @@ pub fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// [`dot`] with AVX2 + FMA intrinsics (LLVM's own vectorisation of `dot` is poor).
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let n16 = n / 16 * 16;
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i < n16 {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
-        s1 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(pa.add(i + 8)),
-            _mm256_loadu_ps(pb.add(i + 8)),
-            s1,
-        );
-        i += 16;
-    }
-    let v = _mm256_add_ps(s0, s1);
-    let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    let mut s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-    for j in n16..n {
-        s = a[j].mul_add(b[j], s);
-    }
-    s
-}
-
-/// Dot product on the fastest path the caller may use: `FMA` is true only inside
-/// functions compiled with AVX2 + FMA enabled.
-#[inline(always)]
-pub fn dot_fast<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if FMA {
-        // SAFETY: FMA = true is only instantiated behind AVX2 + FMA detection.
-        return unsafe { dot_avx2(a, b) };
-    }
-    dot::<FMA>(a, b)
-}
-
 /// Sum with eight partial sums.
 #[inline(always)]
 pub fn sum<const FMA: bool>(a: &[f32]) -> f32 {
@@ -140,14 +95,6 @@ pub fn sum<const FMA: bool>(a: &[f32]) -> f32 {
 #[inline(always)]
 pub fn sum_sq<const FMA: bool>(a: &[f32]) -> f32 {
     dot::<FMA>(a, a)
-}
-
-/// `y += alpha * x`.
-#[inline(always)]
-pub fn axpy<const FMA: bool>(y: &mut [f32], alpha: f32, x: &[f32]) {
-    for (yv, xv) in y.iter_mut().zip(x) {
-        *yv = madd::<FMA>(alpha, *xv, *yv);
-    }
 }
 
 /// `e^x` to about 2 ulp (Cephes' `expf`), in plain arithmetic so it vectorises.
@@ -184,20 +131,12 @@ mod tests {
     }
 
     #[test]
-    fn dot_and_axpy_match_plain_loops() {
+    fn dot_and_sum_match_plain_loops() {
         let a: Vec<f32> = (0..21).map(|i| i as f32 * 0.5 - 3.0).collect();
         let b: Vec<f32> = (0..21).map(|i| (i as f32).sin()).collect();
         let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!((dot::<true>(&a, &b) - want).abs() < 1e-4);
         assert!((dot::<false>(&a, &b) - want).abs() < 1e-4);
-        if cpu_has_avx2() {
-            assert!((unsafe { dot_avx2(&a, &b) } - want).abs() < 1e-4);
-        }
         assert!((sum::<false>(&a) - a.iter().sum::<f32>()).abs() < 1e-4);
-        let mut y = b.clone();
-        axpy::<true>(&mut y, 2.0, &a);
-        for i in 0..21 {
-            assert!((y[i] - (b[i] + 2.0 * a[i])).abs() < 1e-5);
-        }
     }
 }
