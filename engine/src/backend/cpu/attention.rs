@@ -17,6 +17,8 @@ use crate::backend::{check_block_table, AttnSeq, QkvLayout};
 const QUERY_BLOCK: usize = 16;
 /// Keys per score vector (and dimensions per output vector).
 const KEYS: usize = 16;
+/// Most work rows (query row × head) of one register tile.
+const TILE_MAX: usize = 8;
 
 /// The vector width the kernels are compiled for.
 #[derive(Debug, Clone, Copy)]
@@ -288,15 +290,9 @@ impl Item<'_> {
                 let keys = page.k.add(c);
                 let mut w = 0;
                 while w < rows {
-                    let tile = if rows - w >= R {
-                        T::scores::<R>(&std::array::from_fn(|i| q_rows[w + i]), keys, bs, hd)
-                    } else {
-                        let one = T::scores::<1>(&[q_rows[w]], keys, bs, hd);
-                        let mut t = [[0.0f32; KEYS]; R];
-                        t[0] = one[0];
-                        t
-                    };
-                    let r = if rows - w >= R { R } else { 1 };
+                    let r = R.min(rows - w);
+                    let mut tile = [[0.0f32; KEYS]; TILE_MAX];
+                    scores_rows::<T>(&q_rows[w..w + r], keys, bs, hd, &mut tile[..r]);
                     for (i, acc) in tile[..r].iter().enumerate() {
                         let dst = &mut scores[(w + i) * max_ctx + page.first + c..][..n];
                         for (s, &v) in dst.iter_mut().zip(acc) {
@@ -324,23 +320,87 @@ impl Item<'_> {
         // out = P·V, 16 dimensions of R work rows per tile.
         let mut w = 0;
         while w < rows {
-            let r = if rows - w >= R { R } else { 1 };
-            let p = |i: usize| scores.as_ptr().add((w + i) * max_ctx);
+            let r = R.min(rows - w);
+            let p: Vec<*const f32> = (w..w + r)
+                .map(|i| scores.as_ptr().add(i * max_ctx))
+                .collect();
             for d0 in (0..hd).step_by(KEYS) {
-                let tile = if r == R {
-                    T::weighted_values::<R>(&std::array::from_fn(p), &pages, hd, d0)
-                } else {
-                    let one = T::weighted_values::<1>(&[p(0)], &pages, hd, d0);
-                    let mut t = [[0.0f32; KEYS]; R];
-                    t[0] = one[0];
-                    t
-                };
+                let mut tile = [[0.0f32; KEYS]; TILE_MAX];
+                weighted_values_rows::<T>(&p, &pages, hd, d0, &mut tile[..r]);
                 for (i, acc) in tile[..r].iter().enumerate() {
                     std::ptr::copy_nonoverlapping(acc.as_ptr(), out_rows[w + i].add(d0), KEYS);
                 }
             }
             w += r;
         }
+    }
+}
+
+/// [`Tiles::scores`] for 1 to [`TILE_MAX`] rows (`q.len()`), into `out`.
+///
+/// # Safety
+/// As [`Tiles::scores`]; `out.len() == q.len() <= TILE_MAX`.
+#[inline(always)]
+unsafe fn scores_rows<T: Tiles>(
+    q: &[*const f32],
+    keys: *const f32,
+    stride: usize,
+    hd: usize,
+    out: &mut [[f32; KEYS]],
+) {
+    macro_rules! rows {
+        ($n:literal) => {
+            out.copy_from_slice(&T::scores::<$n>(
+                &std::array::from_fn(|i| q[i]),
+                keys,
+                stride,
+                hd,
+            ))
+        };
+    }
+    match q.len() {
+        1 => rows!(1),
+        2 => rows!(2),
+        3 => rows!(3),
+        4 => rows!(4),
+        5 => rows!(5),
+        6 => rows!(6),
+        7 => rows!(7),
+        _ => rows!(8),
+    }
+}
+
+/// [`Tiles::weighted_values`] for 1 to [`TILE_MAX`] rows (`p.len()`), into `out`.
+///
+/// # Safety
+/// As [`Tiles::weighted_values`]; `out.len() == p.len() <= TILE_MAX`.
+#[inline(always)]
+unsafe fn weighted_values_rows<T: Tiles>(
+    p: &[*const f32],
+    pages: &[Page],
+    hd: usize,
+    d0: usize,
+    out: &mut [[f32; KEYS]],
+) {
+    macro_rules! rows {
+        ($n:literal) => {
+            out.copy_from_slice(&T::weighted_values::<$n>(
+                &std::array::from_fn(|i| p[i]),
+                pages,
+                hd,
+                d0,
+            ))
+        };
+    }
+    match p.len() {
+        1 => rows!(1),
+        2 => rows!(2),
+        3 => rows!(3),
+        4 => rows!(4),
+        5 => rows!(5),
+        6 => rows!(6),
+        7 => rows!(7),
+        _ => rows!(8),
     }
 }
 
