@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use engine::backend::cpu::CpuOptions;
+use engine::backend::cpu::{CpuOptions, QuantizedWeights};
 use engine::config::{Arch, ModelConfig};
 use engine::loader::load_cpu_runner_with;
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
@@ -152,7 +152,7 @@ fn main() -> anyhow::Result<()> {
     let cpu = CpuOptions {
         threads,
         f32_weights_as_f16: true,
-        keep_quantized: true,
+        quantized: QuantizedWeights::Fastest,
     };
     let n_threads = match threads {
         0 => std::thread::available_parallelism()?.get(),
@@ -285,7 +285,7 @@ fn op_bench() -> anyhow::Result<()> {
     let b = CpuBackend::new(&CpuOptions {
         threads,
         f32_weights_as_f16: true,
-        keep_quantized: true,
+        quantized: QuantizedWeights::Fastest,
     })?;
     for &(m, n, k) in &[
         (1usize, 3072usize, 576usize),

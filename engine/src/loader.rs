@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use crate::backend::cpu::{CpuBackend, CpuOptions};
+use crate::backend::cpu::{CpuBackend, CpuOptions, QuantizedWeights};
 use crate::backend::cuda::{open_cuda_backend, resolve_device, CudaOptions, Device};
 use crate::config::ModelConfig;
 use crate::engine::{EngineConfig, LlmEngine};
@@ -30,6 +30,13 @@ pub struct DeviceArgs {
     /// CUDA: run every decode step eagerly, without CUDA graphs.
     #[arg(long)]
     pub enforce_eager: bool,
+    /// CPU: how GGUF's Q8_0/Q4_0/Q4_1 weights are multiplied. `fastest` measures, per weight
+    /// shape at load, integer kernels on the blocks (activations rounded to 8 bits per
+    /// block, llama.cpp's arithmetic) against f16 kernels on a dequantised copy; `integer`
+    /// and `dequantize` force one (`dequantize` reproduces transformers' f32 logits on the
+    /// dequantised weights, at a third of the decode speed).
+    #[arg(long, value_enum, default_value_t = QuantizedWeights::Fastest)]
+    pub quantized_weights: QuantizedWeights,
 }
 
 /// Model, KV-cache and scheduler flags shared by `generate`, `bench` and `serve`: one set
@@ -228,7 +235,7 @@ pub fn load_model(
                 f32_weights_as_f16: path
                     .extension()
                     .is_some_and(|e| e.eq_ignore_ascii_case("gguf")),
-                keep_quantized: true,
+                quantized: device.quantized_weights,
             };
             load_cpu_runner_with(&config, weights.as_mut(), &options, &cpu)?
         }
@@ -259,7 +266,8 @@ pub fn load_model(
     })
 }
 
-/// Loads a model onto the CPU with weights kept in their file dtype (quantised ones too).
+/// Loads a model onto the CPU with weights kept in their file dtype (quantised ones on the
+/// integer kernels).
 pub fn load_cpu_runner(
     config: &ModelConfig,
     weights: &mut dyn WeightSource,
@@ -269,13 +277,13 @@ pub fn load_cpu_runner(
     let cpu = CpuOptions {
         threads,
         f32_weights_as_f16: false,
-        keep_quantized: true,
+        quantized: QuantizedWeights::Integer,
     };
     load_cpu_runner_with(config, weights, opts, &cpu)
 }
 
 /// Loads a model onto the CPU with explicit backend options (use
-/// `keep_quantized: false` to run a GGUF file's quantised weights dequantised).
+/// `quantized: QuantizedWeights::Dequantize` to run a GGUF file's quantised weights dequantised).
 pub fn load_cpu_runner_with(
     config: &ModelConfig,
     weights: &mut dyn WeightSource,

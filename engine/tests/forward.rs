@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use engine::backend::cpu::CpuOptions;
+use engine::backend::cpu::{CpuOptions, QuantizedWeights};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
 use engine::sampler::SampleSpec;
@@ -45,7 +45,7 @@ fn load(path: &Path, weights_as: Weights) -> Box<dyn ModelRunner> {
             let cpu = CpuOptions {
                 threads: 2,
                 f32_weights_as_f16: true,
-                keep_quantized: false,
+                quantized: QuantizedWeights::Dequantize,
             };
             load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu)
         }

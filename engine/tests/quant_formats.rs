@@ -12,7 +12,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use engine::backend::cpu::CpuOptions;
+use engine::backend::cpu::{CpuOptions, QuantizedWeights};
 use engine::loader::load_cpu_runner_with;
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions};
 use engine::weights::open_model;
@@ -36,7 +36,7 @@ fn fixture(name: &str) -> PathBuf {
     path
 }
 
-fn load(path: &Path, keep_quantized: bool) -> Box<dyn ModelRunner> {
+fn load(path: &Path, quantized: QuantizedWeights) -> Box<dyn ModelRunner> {
     let (config, mut weights) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
@@ -45,7 +45,7 @@ fn load(path: &Path, keep_quantized: bool) -> Box<dyn ModelRunner> {
     let cpu = CpuOptions {
         threads: 2,
         f32_weights_as_f16: false,
-        keep_quantized,
+        quantized,
     };
     load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu).unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -65,7 +65,10 @@ fn measure(golden: &str, fixture_name: &str) -> (f32, f32) {
     let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
     let path = fixture(fixture_name);
-    let (mut int, mut deq) = (load(&path, true), load(&path, false));
+    let (mut int, mut deq) = (
+        load(&path, QuantizedWeights::Integer),
+        load(&path, QuantizedWeights::Dequantize),
+    );
     let (mut vs_golden, mut int_vs_deq) = (0.0f32, 0.0f32);
     for case in reference["runs"]["float32"]["cases"].as_array().unwrap() {
         let input = ids(&case["input_ids"]);

@@ -5,14 +5,13 @@
 
 mod common;
 
-use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions};
+use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions, QuantizedWeights};
 use engine::backend::cuda::Device;
 use engine::engine::{EngineConfig, LlmEngine};
-use engine::loader::{
-    load_cpu_runner, load_engine, load_model, DeviceArgs, EngineArgs, RunnerSizing,
-};
+use engine::loader::{load_cpu_runner, load_cpu_runner_with, load_engine, DeviceArgs, EngineArgs};
 use engine::model::{kv_bytes_per_token, RunnerOptions};
 use engine::sampler::SamplingParams;
+use engine::tokenizer::Tokenizer;
 use engine::weights::open_model;
 
 use common::{golden_dir_with, smollm2_gguf};
@@ -22,7 +21,7 @@ fn cpu_backend_keeps_the_sampling_contract() {
     let b = CpuBackend::new(&CpuOptions {
         threads: 1,
         f32_weights_as_f16: false,
-        keep_quantized: true,
+        quantized: QuantizedWeights::Integer,
     })
     .expect("backend");
     common::check_sampling_contract(&b, |rows, cols, data| {
@@ -44,30 +43,31 @@ fn cpu_runner_samples_its_own_logits() {
 
 /// Seeded sampling on the CPU draws what it drew before sampling moved into the runner:
 /// these token ids came from the engine as of commit ce3914a (the sampler read full logits
-/// rows on the host), with top-k/top-p, min-p and all three penalties.
+/// rows on the host), with top-k/top-p, min-p and all three penalties. The weights run as
+/// they did then, dequantised to f16 (the integer kernels compute other logits, checked in
+/// `tests/forward.rs`).
 #[test]
 fn seeded_cpu_sampling_draws_the_same_tokens_as_before() {
-    let device = DeviceArgs {
-        device: Some(Device::Cpu),
-        threads: 2,
-        gpu_memory_utilization: 0.9,
-        enforce_eager: false,
-    };
-    let sizing = RunnerSizing {
+    let path = smollm2_gguf();
+    let (config, mut weights) = open_model(&path).expect("open SmolLM2");
+    let opts = RunnerOptions {
         block_size: 16,
         kv_cache_bytes: 64 << 20,
-        max_num_seqs: 8,
-        max_num_batched_tokens: 512,
     };
-    let loaded = load_model(&smollm2_gguf(), &device, &sizing).expect("load SmolLM2");
-    let tokenizer = loaded.tokenizer.clone();
+    let cpu = CpuOptions {
+        threads: 2,
+        f32_weights_as_f16: true,
+        quantized: QuantizedWeights::Dequantize,
+    };
+    let runner = load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu).expect("load");
+    let tokenizer = std::sync::Arc::new(Tokenizer::from_model_path(&path).expect("tokenizer"));
     let config = EngineConfig {
         max_num_seqs: 8,
         max_num_batched_tokens: 512,
         max_model_len: 2048,
         enable_prefix_caching: true,
     };
-    let mut engine = LlmEngine::new(loaded.runner, tokenizer.clone(), config);
+    let mut engine = LlmEngine::new(runner, tokenizer.clone(), config);
     let prompts: Vec<Vec<u32>> = ["Once upon a time", "The best way to learn Rust is"]
         .iter()
         .map(|p| tokenizer.encode(p, true).expect("encode"))
@@ -139,6 +139,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
             threads: 1,
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
+            quantized_weights: QuantizedWeights::Fastest,
         },
     };
     let err = load_engine(&args).err().expect("refused").to_string();

@@ -836,11 +836,18 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     );
 }
 
+/// The chat template and the serving path, on the arithmetic that reproduces transformers
+/// (`--quantized-weights dequantize`). With llama.cpp's arithmetic (the default integer
+/// kernels: activations rounded to 8 bits per block) this 135M model answers "L'Étoile,
+/// la Marseillaise, …" to the same question, exactly as llama.cpp's own `llama-server`
+/// does on the same file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_answers_a_chat_question() {
     let mut server = Server::start(
         &smollm2_gguf(),
         &[
+            "--quantized-weights",
+            "dequantize",
             "--served-model-name",
             "smollm2",
             "--max-model-len",

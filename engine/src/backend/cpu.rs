@@ -1,9 +1,10 @@
 //! The CPU backend: f32 activations, weights in f32 / f16 / bf16 or GGUF's quantised
 //! blocks, a dedicated rayon pool.
 //!
-//! GGUF's Q8_0 / Q4_0 / Q4_1 weights stay quantised ([`CpuOptions::keep_quantized`]) and
-//! are multiplied with integer dot products on activations quantised per block
-//! (`quant`), so decode, which is bandwidth-bound, reads 0.625 bytes per Q4 weight.
+//! GGUF's Q8_0 / Q4_0 / Q4_1 weights stay quantised and are multiplied with integer dot
+//! products on activations quantised per block (`quant`), so decode, which is
+//! bandwidth-bound, reads 0.625 bytes per Q4 weight; by default each weight shape takes
+//! whichever of that and an f16 copy measures faster at load ([`QuantizedWeights`]).
 //! Linear weights that arrive as f32 can be stored as f16
 //! ([`CpuOptions::f32_weights_as_f16`]); unquantised f32 checkpoints keep full precision
 //! by default.
@@ -11,9 +12,13 @@
 mod attention;
 mod matmul;
 mod ops;
+mod path_choice;
 mod quant;
 mod quant_simd;
 mod simd;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use anyhow::{ensure, Context};
 use half::{f16, slice::HalfFloatSliceExt};
@@ -24,7 +29,8 @@ pub use quant::QuantMatrix;
 
 use super::{AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
 use crate::sampler::{sample_row, SampleSpec};
-use crate::weights::{HostTensor, TensorData};
+use crate::weights::gguf::dequantize;
+use crate::weights::{HostTensor, QuantType, TensorData};
 
 /// How the CPU backend runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,17 +39,29 @@ pub struct CpuOptions {
     pub threads: usize,
     /// Store f32 linear weights (and the embedding table) as f16.
     pub f32_weights_as_f16: bool,
-    /// Keep GGUF's Q8_0 / Q4_0 / Q4_1 weights quantised and multiply them with integer
-    /// dot products (`quant`); otherwise dequantise them to f32 at load (then f16 when
-    /// `f32_weights_as_f16`).
-    pub keep_quantized: bool,
+    /// What to do with GGUF's Q8_0 / Q4_0 / Q4_1 weights.
+    pub quantized: QuantizedWeights,
+}
+
+/// What the CPU backend does with quantised weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuantizedWeights {
+    /// Per weight shape, the faster of the integer kernels and f16 kernels on a
+    /// dequantised copy, measured at load (`path_choice`) and logged.
+    Fastest,
+    /// Always the integer kernels on the blocks (`quant`).
+    Integer,
+    /// Dequantised at load to f32 (then f16 when `f32_weights_as_f16`).
+    Dequantize,
 }
 
 /// The CPU implementation of [`Backend`].
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     f32_weights_as_f16: bool,
-    keep_quantized: bool,
+    quantized: QuantizedWeights,
+    /// Per (type, rows, cols): whether the integer path won the measurement.
+    path_choices: Mutex<HashMap<(QuantType, usize, usize), bool>>,
 }
 
 impl CpuBackend {
@@ -67,13 +85,63 @@ impl CpuBackend {
         Ok(Self {
             pool,
             f32_weights_as_f16: opts.f32_weights_as_f16,
-            keep_quantized: opts.keep_quantized,
+            quantized: opts.quantized,
+            path_choices: Mutex::new(HashMap::new()),
         })
     }
 
     /// Number of worker threads.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// A quantised weight on the path that measured faster for its shape (measured once
+    /// per shape).
+    fn fastest(
+        &self,
+        name: &str,
+        kind: QuantType,
+        rows: usize,
+        cols: usize,
+        blocks: &[u8],
+    ) -> anyhow::Result<WeightData> {
+        let q = QuantMatrix::from_gguf(name, kind, rows, cols, blocks)?;
+        let key = (kind, rows, cols);
+        let known = self
+            .path_choices
+            .lock()
+            .expect("path choices")
+            .get(&key)
+            .copied();
+        let integer = match known {
+            Some(integer) => integer,
+            None => {
+                let f16 = path_choice::dequantised_f16(rows, cols, &dequantize(kind, blocks));
+                let t = self
+                    .pool
+                    .install(|| path_choice::measure(&q, &f16, self.threads()));
+                let integer = t.integer_wins();
+                tracing::info!(
+                    "{kind:?} weights of shape {rows}x{cols} (first: `{name}`): integer kernels {:.1} µs per token, f16 {:.1} µs: {} path",
+                    t.integer * 1e6,
+                    t.f16 * 1e6,
+                    if integer { "integer" } else { "f16" }
+                );
+                self.path_choices
+                    .lock()
+                    .expect("path choices")
+                    .insert(key, integer);
+                if !integer {
+                    return Ok(f16.data);
+                }
+                integer
+            }
+        };
+        Ok(if integer {
+            WeightData::Quant(q)
+        } else {
+            path_choice::dequantised_f16(rows, cols, &dequantize(kind, blocks)).data
+        })
     }
 
     /// An f32 weight as stored: f16 when asked, else f32.
@@ -181,10 +249,13 @@ impl Backend for CpuBackend {
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<CpuWeight> {
         let (rows, cols) = tensor.matrix_dims(name)?;
         let data = match tensor.data {
-            TensorData::Quant(kind, blocks) if self.keep_quantized => {
-                WeightData::Quant(QuantMatrix::from_gguf(name, kind, rows, cols, &blocks)?)
-            }
-            quant @ TensorData::Quant(..) => self.unquantized(quant.to_f32()),
+            TensorData::Quant(kind, blocks) => match self.quantized {
+                QuantizedWeights::Integer => {
+                    WeightData::Quant(QuantMatrix::from_gguf(name, kind, rows, cols, &blocks)?)
+                }
+                QuantizedWeights::Fastest => self.fastest(name, kind, rows, cols, &blocks)?,
+                QuantizedWeights::Dequantize => self.unquantized(dequantize(kind, &blocks)),
+            },
             TensorData::F32(v) => self.unquantized(v),
             TensorData::F16(v) => WeightData::F16(v),
             TensorData::BF16(v) => WeightData::BF16(v),
@@ -458,6 +529,73 @@ mod tests {
     use super::*;
     use half::bf16;
 
+    /// A Q4_1 weight as GGUF blocks: d = 0.01, m = -0.08, nibbles from `seed`.
+    fn q4_1_tensor(rows: usize, cols: usize, seed: u8) -> HostTensor {
+        let mut blocks = Vec::new();
+        for b in 0..rows * cols / 32 {
+            blocks.extend(f16::from_f32(0.01).to_le_bytes());
+            blocks.extend(f16::from_f32(-0.08).to_le_bytes());
+            blocks.extend((0..16).map(|i| (b as u8).wrapping_mul(31).wrapping_add(i * 7 + seed)));
+        }
+        HostTensor {
+            shape: vec![rows, cols],
+            data: TensorData::Quant(QuantType::Q4_1, blocks),
+        }
+    }
+
+    #[test]
+    fn quantised_weights_follow_the_chosen_path() {
+        let backend = |quantized| {
+            CpuBackend::new(&CpuOptions {
+                threads: 2,
+                f32_weights_as_f16: true,
+                quantized,
+            })
+            .unwrap()
+        };
+        let integer = backend(QuantizedWeights::Integer);
+        let w = integer.upload_weight("w", q4_1_tensor(48, 64, 1)).unwrap();
+        assert!(matches!(w.data, WeightData::Quant(_)));
+        let dequantised = backend(QuantizedWeights::Dequantize);
+        let w = dequantised
+            .upload_weight("w", q4_1_tensor(48, 64, 1))
+            .unwrap();
+        assert!(matches!(w.data, WeightData::F16(_)));
+
+        // Fastest measures a shape once and keeps one of the two for every weight of it.
+        let fastest = backend(QuantizedWeights::Fastest);
+        let a = fastest.upload_weight("a", q4_1_tensor(48, 64, 2)).unwrap();
+        let b = fastest.upload_weight("b", q4_1_tensor(48, 64, 3)).unwrap();
+        let c = fastest.upload_weight("c", q4_1_tensor(16, 64, 4)).unwrap();
+        let choices = fastest.path_choices.lock().unwrap().clone();
+        assert_eq!(choices.len(), 2, "{choices:?}");
+        let integer_48 = choices[&(QuantType::Q4_1, 48, 64)];
+        for w in [&a, &b] {
+            assert_eq!(matches!(w.data, WeightData::Quant(_)), integer_48);
+            assert_eq!(matches!(w.data, WeightData::F16(_)), !integer_48);
+        }
+        assert_eq!(
+            matches!(c.data, WeightData::Quant(_)),
+            choices[&(QuantType::Q4_1, 16, 64)]
+        );
+        // Either way the product is the dequantised one, within the activations' rounding.
+        let want = q4_1_tensor(48, 64, 2).data.to_f32();
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut out = CpuAct::default();
+        fastest
+            .matmul(
+                &CpuAct::from_rows(1, 64, x.clone()).unwrap(),
+                &a,
+                None,
+                &mut out,
+            )
+            .unwrap();
+        for (j, got) in out.data().iter().enumerate() {
+            let exact: f32 = x.iter().zip(&want[j * 64..]).map(|(p, q)| p * q).sum();
+            assert!((got - exact).abs() < 0.01, "row {j}: {got} vs {exact}");
+        }
+    }
+
     #[test]
     fn f32_weights_become_f16_when_asked() {
         let t = HostTensor {
@@ -467,7 +605,7 @@ mod tests {
         let b = CpuBackend::new(&CpuOptions {
             threads: 1,
             f32_weights_as_f16: true,
-            keep_quantized: true,
+            quantized: QuantizedWeights::Fastest,
         })
         .unwrap();
         let w = b.upload_weight("w", t.clone()).unwrap();
@@ -475,7 +613,7 @@ mod tests {
         let b = CpuBackend::new(&CpuOptions {
             threads: 1,
             f32_weights_as_f16: false,
-            keep_quantized: true,
+            quantized: QuantizedWeights::Fastest,
         })
         .unwrap();
         assert!(matches!(

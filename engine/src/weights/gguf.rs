@@ -72,7 +72,7 @@ pub enum GgmlType {
 }
 
 /// Block-quantised ggml types (32 weights per block).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantType {
     Q8_0,
     Q4_0,
