@@ -12,6 +12,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::api::Api;
+use crate::connections::ConnectLog;
 use crate::run::stopped;
 use crate::sse::SseParser;
 use crate::workload::prompt::PromptBuilder;
@@ -76,9 +77,11 @@ pub fn encoded_body(
         .into())
 }
 
-/// An HTTP/1.1 keep-alive client with `TCP_NODELAY` and a pool for `pool` connections.
-pub fn http_client(pool: usize) -> Result<reqwest::Client> {
+/// An HTTP/1.1 keep-alive client with `TCP_NODELAY` and a pool for `pool` connections,
+/// noting each connection's connect time in `connects`.
+pub fn http_client(pool: usize, connects: &ConnectLog) -> Result<reqwest::Client> {
     reqwest::Client::builder()
+        .connector_layer(connects.layer())
         .http1_only()
         .tcp_nodelay(true)
         .pool_max_idle_per_host(pool.max(1))
@@ -249,6 +252,7 @@ fn error_chain(e: &reqwest::Error) -> String {
 /// record keeps what arrived so far and says `Phase::Interrupted`.
 pub async fn execute(
     client: &reqwest::Client,
+    connects: &ConnectLog,
     target: &Target,
     mut stub: RequestStub,
     body: bytes::Bytes,
@@ -273,12 +277,14 @@ pub async fn execute(
     let sent = Instant::now();
     let mut st = StreamState::default();
     let mut status = None;
+    let mut connect_ms = None;
     let mut failure: Option<(ErrorKind, String)> = None;
     let exchange = async {
         match request.send().await {
             Err(e) => failure = Some((classify(&e), error_chain(&e))),
             Ok(resp) => {
                 status = Some(resp.status().as_u16());
+                connect_ms = connects.claim(&resp);
                 let code = resp.status();
                 if !code.is_success() {
                     let kind = match code.as_u16() {
@@ -335,7 +341,9 @@ pub async fn execute(
         ));
     }
     let end = Instant::now();
-    finish_record(stub, target, sent, end, origin, st, status, failure)
+    let mut record = finish_record(stub, target, sent, end, origin, st, status, failure);
+    record.connect_ms = connect_ms;
+    record
 }
 
 /// The record of a request that was never sent because its body could not be built.
@@ -408,6 +416,7 @@ fn finish_record(
         scheduled_ms: stub.scheduled_ms,
         queue_ms: stub.queue_ms,
         sent_ms: ms_since(origin, sent),
+        connect_ms: None,
         first_token_ms: st.chunk_ms.first().copied(),
         end_ms,
         chunk_ms: st.chunk_ms,

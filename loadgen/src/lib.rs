@@ -9,6 +9,7 @@ pub mod client_cpu;
 pub mod clock;
 pub mod commands;
 pub mod comparison;
+pub mod connections;
 pub mod folders;
 pub mod host;
 pub mod merge;

@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::calibrate::{calibrate, CalibrateConfig};
 use crate::client::{self, Backend, Target};
+use crate::connections::ConnectLog;
 use crate::host::host_info;
 use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
 use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
@@ -533,7 +534,7 @@ pub async fn execute_prepared(
         Some(m) => m.clone(),
         None => {
             client::first_model(
-                &client::http_client(1)?,
+                &client::http_client(1, &ConnectLog::default())?,
                 &exec.url,
                 &prepared.headers,
                 args.api_key.as_deref(),

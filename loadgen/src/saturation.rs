@@ -232,6 +232,7 @@ mod tests {
             requested_output_tokens: 2,
             short_output: false,
             prefix_group: None,
+            connect_ms: None,
             http_status: Some(200),
             error: None,
         }

@@ -340,3 +340,61 @@ async fn an_unbuildable_body_is_a_record_with_its_error() {
         assert_eq!(r.http_status, None);
     }
 }
+
+/// A request that opens a connection carries the time that took; one over a pooled
+/// connection carries none; of two sent together over one idle connection, one opens a
+/// second connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_open_a_connection_carry_its_connect_time() {
+    use loadgen::client::{self, RequestStub};
+    use loadgen::connections::ConnectLog;
+    use reports::records::Phase;
+
+    let _guard = SERIAL.lock().await;
+    let cfg = MockConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        ..MockConfig::default()
+    };
+    let (addr, handle) = mock::spawn(cfg).await.unwrap();
+    let t = target(format!("http://{addr}"), Backend::Completions);
+    let connects = ConnectLog::default();
+    let http = client::http_client(8, &connects).unwrap();
+    let prompts = PromptBuilder::approximate();
+    let origin = std::time::Instant::now();
+    let send = |id: u64| {
+        let spec = RequestSpec {
+            input_len: 16,
+            output_len: 4,
+            prefix_group: None,
+            prompt: PromptSource::Blocks(prefixed_blocks(1, id, 16, None)),
+        };
+        let stub = RequestStub {
+            id,
+            phase: Phase::Measured,
+            scheduled_ms: 0.0,
+            queue_ms: 0.0,
+            input_len: 16,
+            output_len: 4,
+            prefix_group: None,
+        };
+        let body = client::encoded_body(&t, &spec, &prompts).unwrap();
+        client::execute(&http, &connects, &t, stub, body, origin, run::never_stop())
+    };
+    let first = send(0).await;
+    assert!(first.is_success(), "{:?}", first.error);
+    let ms = first
+        .connect_ms
+        .expect("the first request opened the connection");
+    assert!(ms > 0.0 && ms < 1000.0, "connect {ms} ms");
+    let second = send(1).await;
+    assert_eq!(
+        second.connect_ms, None,
+        "the second reused the pooled connection"
+    );
+    let (a, b) = futures::join!(send(2), send(3));
+    assert!(a.is_success() && b.is_success());
+    let opened = [&a, &b].iter().filter(|r| r.connect_ms.is_some()).count();
+    assert_eq!(opened, 1, "{:?} {:?}", a.connect_ms, b.connect_ms);
+    handle.shutdown().await;
+}

@@ -259,6 +259,8 @@ pub struct Metrics {
     pub schedule_lag: DistStats,
     /// Wait for a `--max-concurrency` slot (all measured requests).
     pub queue_time: DistStats,
+    /// Connect time of the measured requests that opened a connection (`count` of them).
+    pub connect: DistStats,
     /// Requests/s of the schedule over the measured sends (open loop).
     pub offered_rate: Option<f64>,
     /// Requests/s actually sent over the same span.
@@ -285,6 +287,9 @@ pub struct WindowSamples {
     pub schedule_lag: Vec<f64>,
     /// All measured requests, failed ones included.
     pub queue_time: Vec<f64>,
+    /// Connect time of the measured requests that went over a connection opened for them
+    /// (failed ones included): inside their TTFT, reported apart.
+    pub connect: Vec<f64>,
 }
 
 impl WindowSamples {
@@ -294,6 +299,7 @@ impl WindowSamples {
         for r in measured {
             s.schedule_lag.push(r.schedule_lag_ms());
             s.queue_time.push(r.queue_ms);
+            s.connect.extend(r.connect_ms);
             let Some(latency) = request_latency(r) else {
                 continue;
             };
@@ -315,7 +321,7 @@ impl WindowSamples {
     }
 
     /// Each distribution with its name (the tag it carries in `histograms.hlog`).
-    pub fn named(&self) -> [(&'static str, &[f64]); 9] {
+    pub fn named(&self) -> [(&'static str, &[f64]); 10] {
         [
             ("ttft", &self.ttft),
             ("tpot", &self.tpot),
@@ -326,6 +332,7 @@ impl WindowSamples {
             ("e2el_from_scheduled", &self.e2el_from_scheduled),
             ("schedule_lag", &self.schedule_lag),
             ("queue_time", &self.queue_time),
+            ("connect", &self.connect),
         ]
     }
 }
@@ -408,6 +415,7 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     m.e2el_from_scheduled = DistStats::from_values(&samples.e2el_from_scheduled);
     m.schedule_lag = DistStats::from_values(&samples.schedule_lag);
     m.queue_time = DistStats::from_values(&samples.queue_time);
+    m.connect = DistStats::from_values(&samples.connect);
 
     if opts.open_loop {
         let (offered, achieved) = send_rates(&measured);
@@ -512,6 +520,7 @@ mod tests {
             requested_output_tokens: 9,
             short_output: false,
             prefix_group: None,
+            connect_ms: None,
             http_status: Some(200),
             error: None,
         }

@@ -111,6 +111,10 @@ pub struct RequestRecord {
     /// When the HTTP request actually started (after any queueing).
     /// Schedule lag = `sent_ms - queue_ms - scheduled_ms`.
     pub sent_ms: f64,
+    /// Time to open the connection the request went over, when it was the first request
+    /// on a connection opened during the run (inside its TTFT); `None` on a pooled one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_ms: Option<f64>,
     /// Arrival of the first chunk carrying content (text or tokens); `None` if none arrived.
     pub first_token_ms: Option<f64>,
     /// Arrival of the last content chunk for a success; time of the failure otherwise.
@@ -329,6 +333,7 @@ mod tests {
             requested_output_tokens: 3,
             short_output: false,
             prefix_group: None,
+            connect_ms: None,
             http_status: Some(200),
             error: None,
         };

@@ -71,7 +71,8 @@ pub struct Summary {
     pub client_bound_reasons: Vec<String>,
     pub slos: Vec<Slo>,
     /// Every distribution, in ms, keyed `ttft`, `tpot`, `itl` (chunk), `token_itl`, `e2el`,
-    /// `ttft_from_scheduled`, `e2el_from_scheduled`, `schedule_lag`, `queue_time`.
+    /// `ttft_from_scheduled`, `e2el_from_scheduled`, `schedule_lag`, `queue_time`, `connect`
+    /// (requests that opened a connection during the window; its `count` is how many).
     pub metrics: BTreeMap<String, DistStats>,
 }
 
@@ -88,6 +89,7 @@ impl Summary {
             ("e2el_from_scheduled".to_string(), m.e2el_from_scheduled),
             ("schedule_lag".to_string(), m.schedule_lag),
             ("queue_time".to_string(), m.queue_time),
+            ("connect".to_string(), m.connect),
         ]);
         Summary {
             schema_version: SCHEMA_VERSION,

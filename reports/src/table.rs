@@ -151,6 +151,17 @@ pub fn render(summary: &Summary) -> String {
             format!("{:.2}", get("ttft_from_scheduled").p99),
         );
     }
+    let connect = get("connect");
+    if connect.count > 0 {
+        row(
+            &mut out,
+            "Connections opened (in TTFT):",
+            format!(
+                "{} (connect median {:.3} ms, max {:.3} ms)",
+                connect.count, connect.p50, connect.max
+            ),
+        );
+    }
     if let (Some(o), Some(a)) = (summary.offered_rate, summary.achieved_rate) {
         row(
             &mut out,
