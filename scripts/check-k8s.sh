@@ -8,15 +8,7 @@
 # Installs kubernetes-validate into a per-user cache on the first run (needs python3 + pip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-version=1.34.0
-dir="${XDG_CACHE_HOME:-$HOME/.cache}/kubernetes-validate/$version"
-if [ ! -e "$dir/.installed" ]; then
-    echo "check-k8s.sh: installing kubernetes-validate==$version into $dir" >&2
-    rm -rf "$dir.tmp.$$"
-    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-        --target "$dir.tmp.$$" "kubernetes-validate==$version"
-    rm -rf "$dir" && mv "$dir.tmp.$$" "$dir" && touch "$dir/.installed"
-fi
+dir=$(./scripts/pip-target.sh kubernetes-validate 1.34.0)
 LOADGEN=${LOADGEN:-target/release/loadgen}
 test -x "$LOADGEN" || { echo "check-k8s.sh: build $LOADGEN first (cargo build --release)"; exit 1; }
 tmp=$(mktemp -d)

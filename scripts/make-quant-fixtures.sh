@@ -8,16 +8,8 @@
 # on the first run. Idempotent; prints the fixture folder (default target/quant-fixtures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-version=0.19.0
 out=${1:-target/quant-fixtures}
-dir="${XDG_CACHE_HOME:-$HOME/.cache}/gguf-py/$version"
-if [ ! -e "$dir/.installed" ]; then
-    echo "make-quant-fixtures.sh: installing gguf==$version into $dir" >&2
-    rm -rf "$dir.tmp.$$"
-    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-        --target "$dir.tmp.$$" "gguf==$version"
-    rm -rf "$dir" && mv "$dir.tmp.$$" "$dir" && touch "$dir/.installed"
-fi
+dir=$(./scripts/pip-target.sh gguf 0.19.0)
 mkdir -p "$out"
 PYTHONPATH="$dir" python3 - ../shared/golden "$out" <<'PY'
 import json, os, struct, sys

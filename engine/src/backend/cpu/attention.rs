@@ -10,7 +10,7 @@
 use anyhow::{anyhow, ensure};
 use rayon::prelude::*;
 
-use super::simd::{cpu_has_avx2, cpu_has_avx512, fast_exp, sum, SendPtr};
+use super::simd::{fast_exp, sum, Isa, SendPtr};
 use crate::backend::{check_block_table, AttnSeq, QkvLayout};
 
 /// Query rows per work item.
@@ -20,37 +20,25 @@ const KEYS: usize = 16;
 /// Most work rows (query row × head) of one register tile.
 const TILE_MAX: usize = 8;
 
-/// The vector width the kernels are compiled for.
-#[derive(Debug, Clone, Copy)]
-enum Isa {
-    Portable,
-    Avx2,
-    Avx512,
-}
-
-impl Isa {
-    fn detect() -> Isa {
-        if cpu_has_avx512() {
-            Isa::Avx512
-        } else if cpu_has_avx2() {
-            Isa::Avx2
-        } else {
-            Isa::Portable
+/// `$body` with the const `$n` equal to `$rows` (1 to [`TILE_MAX`]): a tile of any
+/// height runs the kernel instantiated for it.
+macro_rules! with_rows {
+    ($rows:expr, $n:ident => $body:expr) => {
+        match $rows {
+            1 => with_rows!(@ 1, $n => $body),
+            2 => with_rows!(@ 2, $n => $body),
+            3 => with_rows!(@ 3, $n => $body),
+            4 => with_rows!(@ 4, $n => $body),
+            5 => with_rows!(@ 5, $n => $body),
+            6 => with_rows!(@ 6, $n => $body),
+            7 => with_rows!(@ 7, $n => $body),
+            _ => with_rows!(@ 8, $n => $body),
         }
-    }
-
-    /// Every set this CPU runs.
-    #[cfg(test)]
-    fn available() -> Vec<Isa> {
-        let mut sets = vec![Isa::Portable];
-        if cpu_has_avx2() {
-            sets.push(Isa::Avx2);
-        }
-        if cpu_has_avx512() {
-            sets.push(Isa::Avx512);
-        }
-        sets
-    }
+    };
+    (@ $v:literal, $n:ident => $body:expr) => {{
+        const $n: usize = $v;
+        $body
+    }};
 }
 
 /// One layer's paged K/V storage.
@@ -303,7 +291,12 @@ impl Item<'_> {
                 while w < rows {
                     let r = R.min(rows - w);
                     let mut tile = [[0.0f32; KEYS]; TILE_MAX];
-                    scores_rows::<T>(&q_rows[w..w + r], keys, stride, hd, &mut tile[..r]);
+                    with_rows!(r, N => tile[..N].copy_from_slice(&T::scores::<N>(
+                        &std::array::from_fn(|i| q_rows[w + i]),
+                        keys,
+                        stride,
+                        hd
+                    )));
                     for (i, acc) in tile[..r].iter().enumerate() {
                         let dst = &mut scores[(w + i) * max_ctx + page.first + c..][..n];
                         for (s, &v) in dst.iter_mut().zip(acc) {
@@ -337,81 +330,18 @@ impl Item<'_> {
                 .collect();
             for d0 in (0..hd).step_by(KEYS) {
                 let mut tile = [[0.0f32; KEYS]; TILE_MAX];
-                weighted_values_rows::<T>(&p, &pages, hd, d0, &mut tile[..r]);
+                with_rows!(r, N => tile[..N].copy_from_slice(&T::weighted_values::<N>(
+                    &std::array::from_fn(|i| p[i]),
+                    &pages,
+                    hd,
+                    d0
+                )));
                 for (i, acc) in tile[..r].iter().enumerate() {
                     std::ptr::copy_nonoverlapping(acc.as_ptr(), out_rows[w + i].add(d0), KEYS);
                 }
             }
             w += r;
         }
-    }
-}
-
-/// [`Tiles::scores`] for 1 to [`TILE_MAX`] rows (`q.len()`), into `out`.
-///
-/// # Safety
-/// As [`Tiles::scores`]; `out.len() == q.len() <= TILE_MAX`.
-#[inline(always)]
-unsafe fn scores_rows<T: Tiles>(
-    q: &[*const f32],
-    keys: *const f32,
-    stride: usize,
-    hd: usize,
-    out: &mut [[f32; KEYS]],
-) {
-    macro_rules! rows {
-        ($n:literal) => {
-            out.copy_from_slice(&T::scores::<$n>(
-                &std::array::from_fn(|i| q[i]),
-                keys,
-                stride,
-                hd,
-            ))
-        };
-    }
-    match q.len() {
-        1 => rows!(1),
-        2 => rows!(2),
-        3 => rows!(3),
-        4 => rows!(4),
-        5 => rows!(5),
-        6 => rows!(6),
-        7 => rows!(7),
-        _ => rows!(8),
-    }
-}
-
-/// [`Tiles::weighted_values`] for 1 to [`TILE_MAX`] rows (`p.len()`), into `out`.
-///
-/// # Safety
-/// As [`Tiles::weighted_values`]; `out.len() == p.len() <= TILE_MAX`.
-#[inline(always)]
-unsafe fn weighted_values_rows<T: Tiles>(
-    p: &[*const f32],
-    pages: &[Page],
-    hd: usize,
-    d0: usize,
-    out: &mut [[f32; KEYS]],
-) {
-    macro_rules! rows {
-        ($n:literal) => {
-            out.copy_from_slice(&T::weighted_values::<$n>(
-                &std::array::from_fn(|i| p[i]),
-                pages,
-                hd,
-                d0,
-            ))
-        };
-    }
-    match p.len() {
-        1 => rows!(1),
-        2 => rows!(2),
-        3 => rows!(3),
-        4 => rows!(4),
-        5 => rows!(5),
-        6 => rows!(6),
-        7 => rows!(7),
-        _ => rows!(8),
     }
 }
 

@@ -12,7 +12,7 @@ use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use super::quant::{self, QuantMatrix};
-use super::simd::{cpu_has_avx2, cpu_has_avx512, SendPtr};
+use super::simd::{Isa, SendPtr};
 
 /// Activation row counts below this use the small-M kernel, at or above it `gemm`
 /// (measured on 2 Zen 4 cores: the AVX-512 small-M kernel matches `gemm` up to ~64 rows).
@@ -307,26 +307,6 @@ unsafe fn small_m<T: Elem>(
     }
 }
 
-/// The widest kernel set the CPU supports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    Scalar,
-    Avx2,
-    Avx512,
-}
-
-impl Isa {
-    fn detect() -> Isa {
-        if cpu_has_avx512() {
-            Isa::Avx512
-        } else if cpu_has_avx2() {
-            Isa::Avx2
-        } else {
-            Isa::Scalar
-        }
-    }
-}
-
 /// Portable fallback: eight partial sums per dot product so the loop pipelines.
 #[allow(clippy::too_many_arguments)]
 unsafe fn small_m_scalar<T: Elem>(
@@ -587,6 +567,7 @@ unsafe fn convert_avx2<T: Elem>(src: &[T], dst: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::simd::cpu_has_avx2;
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {

@@ -28,6 +28,39 @@ pub fn cpu_has_avx512() -> bool {
     }
 }
 
+/// The widest float kernel set the CPU supports (f32 / f16 matmuls, attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    pub fn detect() -> Isa {
+        if cpu_has_avx512() {
+            Isa::Avx512
+        } else if cpu_has_avx2() {
+            Isa::Avx2
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    /// Every set this CPU runs, scalar first.
+    #[cfg(test)]
+    pub fn available() -> Vec<Isa> {
+        let mut sets = vec![Isa::Scalar];
+        if cpu_has_avx2() {
+            sets.push(Isa::Avx2);
+        }
+        if cpu_has_avx512() {
+            sets.push(Isa::Avx512);
+        }
+        sets
+    }
+}
+
 /// A raw pointer that parallel tasks use to write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 pub struct SendPtr<T>(pub *mut T);
