@@ -71,8 +71,6 @@ pub struct QuantMatrix {
     pub rows: usize,
     pub cols: usize,
     pub bits: Bits,
-    /// The GGUF type it came from (for messages).
-    pub source: QuantType,
     data: Vec<u8>,
 }
 
@@ -157,7 +155,6 @@ impl QuantMatrix {
             rows,
             cols,
             bits,
-            source: kind,
             data,
         })
     }
@@ -165,11 +162,6 @@ impl QuantMatrix {
     /// Blocks per row.
     pub fn blocks(&self) -> usize {
         self.cols / BLOCK
-    }
-
-    /// Bytes held (for start-up messages).
-    pub fn bytes(&self) -> usize {
-        self.data.len()
     }
 
     /// Panel `p`'s bytes.
