@@ -105,7 +105,10 @@ impl CpuBackend {
         cols: usize,
         blocks: &[u8],
     ) -> anyhow::Result<WeightData> {
-        let q = QuantMatrix::from_gguf(name, kind, rows, cols, blocks)?;
+        let weight = |data| CpuWeight { rows, cols, data };
+        let quant = weight(WeightData::Quant(QuantMatrix::from_gguf(
+            name, kind, rows, cols, blocks,
+        )?));
         let key = (kind, rows, cols);
         let known = self
             .path_choices
@@ -116,10 +119,10 @@ impl CpuBackend {
         let integer = match known {
             Some(integer) => integer,
             None => {
-                let f16 = path_choice::dequantised_f16(rows, cols, &dequantize(kind, blocks));
+                let f16 = weight(f16_data(&dequantize(kind, blocks)));
                 let t = self
                     .pool
-                    .install(|| path_choice::measure(&q, &f16, self.threads()));
+                    .install(|| path_choice::measure(&quant, &f16, self.threads()));
                 let integer = t.integer_wins();
                 tracing::info!(
                     "{kind:?} weights of shape {rows}x{cols} (first: `{name}`): integer kernels {:.1} µs per token, f16 {:.1} µs: {} path",
@@ -138,22 +141,27 @@ impl CpuBackend {
             }
         };
         Ok(if integer {
-            WeightData::Quant(q)
+            quant.data
         } else {
-            path_choice::dequantised_f16(rows, cols, &dequantize(kind, blocks)).data
+            f16_data(&dequantize(kind, blocks))
         })
     }
 
     /// An f32 weight as stored: f16 when asked, else f32.
     fn unquantized(&self, v: Vec<f32>) -> WeightData {
         if self.f32_weights_as_f16 {
-            let mut h = vec![f16::ZERO; v.len()];
-            h.convert_from_f32_slice(&v);
-            WeightData::F16(h)
+            f16_data(&v)
         } else {
             WeightData::F32(v)
         }
     }
+}
+
+/// Weight values stored as f16.
+fn f16_data(values: &[f32]) -> WeightData {
+    let mut h = vec![f16::ZERO; values.len()];
+    h.convert_from_f32_slice(values);
+    WeightData::F16(h)
 }
 
 /// A row-major f32 activation matrix.

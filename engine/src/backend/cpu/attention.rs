@@ -325,13 +325,11 @@ impl Item<'_> {
         let mut w = 0;
         while w < rows {
             let r = R.min(rows - w);
-            let p: Vec<*const f32> = (w..w + r)
-                .map(|i| scores.as_ptr().add(i * max_ctx))
-                .collect();
+            let p = |i: usize| scores.as_ptr().add((w + i) * max_ctx);
             for d0 in (0..hd).step_by(KEYS) {
                 let mut tile = [[0.0f32; KEYS]; TILE_MAX];
                 with_rows!(r, N => tile[..N].copy_from_slice(&T::weighted_values::<N>(
-                    &std::array::from_fn(|i| p[i]),
+                    &std::array::from_fn(p),
                     &pages,
                     hd,
                     d0

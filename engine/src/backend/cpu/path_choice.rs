@@ -5,10 +5,7 @@
 
 use std::time::Instant;
 
-use half::{f16, slice::HalfFloatSliceExt};
-
-use super::matmul::{self, CpuWeight, WeightData};
-use super::quant::QuantMatrix;
+use super::matmul::{self, CpuWeight};
 
 /// Rows of the prefill-shaped product.
 const PREFILL_ROWS: usize = 32;
@@ -28,27 +25,11 @@ impl Timing {
     }
 }
 
-/// Times both paths for `q`'s shape; `dequantised` is the same weight as f16.
-pub fn measure(q: &QuantMatrix, dequantised: &CpuWeight, threads: usize) -> Timing {
-    let quant = CpuWeight {
-        rows: q.rows,
-        cols: q.cols,
-        data: WeightData::Quant(q.clone()),
-    };
+/// Times both paths for one weight: `quant` on its blocks, `f16` dequantised.
+pub fn measure(quant: &CpuWeight, f16: &CpuWeight, threads: usize) -> Timing {
     Timing {
-        integer: per_token_secs(&quant, threads),
-        f16: per_token_secs(dequantised, threads),
-    }
-}
-
-/// The f16 copy of a quantised weight.
-pub fn dequantised_f16(q_rows: usize, q_cols: usize, values: &[f32]) -> CpuWeight {
-    let mut h = vec![f16::ZERO; values.len()];
-    h.convert_from_f32_slice(values);
-    CpuWeight {
-        rows: q_rows,
-        cols: q_cols,
-        data: WeightData::F16(h),
+        integer: per_token_secs(quant, threads),
+        f16: per_token_secs(f16, threads),
     }
 }
 
