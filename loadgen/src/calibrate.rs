@@ -1,9 +1,10 @@
 //! Self-calibration: run the client against the built-in mock (known TTFT and ITL) and
-//! report what the client adds. The mock runs on its own thread and runtime and logs, per
-//! request, how late it sent the first chunk against its configured TTFT; the client's error
-//! on a request is its measured TTFT minus the configured TTFT minus that lateness. What
-//! neither side can see (the kernel's loopback, the mock's accept and parse) stays in the
-//! client's share, so the figures are an upper bound on it.
+//! report what the client adds. The mock runs on its own thread and runtime, times each
+//! answer from its request's arrival (the kernel's receive stamp) and logs, per request, how
+//! late it sent the first chunk against its configured TTFT; the client's error on a request
+//! is its measured TTFT minus the configured TTFT minus that lateness. What neither side can
+//! see (the kernel's loopback) stays in the client's share, so the figures are an upper
+//! bound on it.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use futures::StreamExt;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use reports::records::{
     ChunkTokensSource, CountSource, ErrorKind, Phase, RequestError, RequestRecord,
 };
@@ -12,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::api::Api;
-use crate::connections::ConnectLog;
+use crate::connections::{HttpClient, OpenedConnection};
 use crate::run::stopped;
 use crate::sse::SseParser;
 use crate::workload::prompt::PromptBuilder;
@@ -49,45 +50,54 @@ pub const REQUEST_ID_HEADER: &str = "x-loadgen-request-id";
 /// Opens up to `connections` pooled connections to `target` before a run, so that measured
 /// requests do not pay connection set-up (or a listen backlog's overflow) inside their TTFT:
 /// all requests are held open together (each on its own connection), then their bodies are
-/// read so the connections return to the pool. Answers do not matter; failures are ignored
-/// and the run reports its own errors. Returns the connections that answered.
-pub async fn warm_pool(client: &reqwest::Client, target: &Target, connections: usize) -> usize {
+/// read so the connections return to the pool, their connect times claimed. Answers do not
+/// matter; failures are ignored and the run reports its own errors. Returns the connections
+/// that answered.
+pub async fn warm_pool(client: &HttpClient, target: &Target, connections: usize) -> usize {
     let url = format!("{}/v1/models", target.base_url.trim_end_matches('/'));
-    let responses = futures::future::join_all((0..connections).map(|_| {
-        with_auth(client.get(&url), &target.headers, target.api_key.as_deref())
-            .timeout(Duration::from_secs(30))
-            .send()
+    let responses = futures::future::join_all((0..connections).map(|_| async {
+        let request = http_request(http::Method::GET, &url, target, Bytes::new()).ok()?;
+        tokio::time::timeout(Duration::from_secs(30), client.request(request))
+            .await
+            .ok()?
+            .ok()
     }))
     .await;
-    let answered: Vec<reqwest::Response> = responses.into_iter().flatten().collect();
+    let answered: Vec<_> = responses.into_iter().flatten().collect();
     let count = answered.len();
-    futures::future::join_all(answered.into_iter().map(|r| r.bytes())).await;
+    futures::future::join_all(answered.into_iter().map(|response| {
+        if let Some(conn) = response.extensions().get::<OpenedConnection>() {
+            conn.claim_connect_ms(Instant::now());
+        }
+        response.into_body().collect()
+    }))
+    .await;
     count
 }
 
 /// The JSON body of `spec`, serialised: built before the request's send instant.
-pub fn encoded_body(
-    target: &Target,
-    spec: &RequestSpec,
-    prompts: &PromptBuilder,
-) -> Result<bytes::Bytes> {
+pub fn encoded_body(target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Bytes> {
     let body = request_body(target, spec, prompts)?;
     Ok(serde_json::to_vec(&body)
         .context("serialising the request body")?
         .into())
 }
 
-/// An HTTP/1.1 keep-alive client with `TCP_NODELAY` and a pool for `pool` connections,
-/// noting each connection's connect time in `connects`.
-pub fn http_client(pool: usize, connects: &ConnectLog) -> Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .connector_layer(connects.layer())
-        .http1_only()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(pool.max(1))
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build()
-        .context("building the HTTP client")
+/// A request to `url` with `target`'s headers and credentials.
+fn http_request(
+    method: http::Method,
+    url: &str,
+    target: &Target,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, http::Error> {
+    let mut request = http::Request::builder().method(method).uri(url);
+    for (k, v) in &target.headers {
+        request = request.header(k, v);
+    }
+    if let Some(key) = &target.api_key {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    request.body(Full::new(body))
 }
 
 fn with_auth(
@@ -223,21 +233,19 @@ fn truncate(s: &str) -> String {
     s.chars().take(300).collect()
 }
 
-fn classify(e: &reqwest::Error) -> ErrorKind {
-    if e.is_timeout() {
-        ErrorKind::Timeout
-    } else if e.is_connect() {
+/// What kind of failure sending a request (before any answer) is.
+fn classify_send(e: &hyper_util::client::legacy::Error) -> ErrorKind {
+    if e.is_connect() {
         ErrorKind::Connect
-    } else if e.is_body() || e.is_decode() {
-        ErrorKind::StreamCut
     } else {
         ErrorKind::Protocol
     }
 }
 
-fn error_chain(e: &reqwest::Error) -> String {
+/// `e` and its sources, joined.
+fn error_chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();
-    let mut source = std::error::Error::source(e);
+    let mut source = e.source();
     while let Some(s) = source {
         msg.push_str(": ");
         msg.push_str(&s.to_string());
@@ -246,16 +254,15 @@ fn error_chain(e: &reqwest::Error) -> String {
     msg
 }
 
-/// Sends one streaming request and measures it. `sent` is the instant the request is
-/// handed to the HTTP client; never fails: errors become the record's `error`.
-/// Sends one request and measures it. When `stop` fires while the request is in flight, the
-/// record keeps what arrived so far and says `Phase::Interrupted`.
+/// Sends one request and measures it: `sent` is the instant the request is handed to the
+/// HTTP client, each chunk's time its arrival at this host ([`OpenedConnection::latest_arrival`]).
+/// Never fails: errors become the record's `error`. When `stop` fires while the request is in
+/// flight, the record keeps what arrived so far and says `Phase::Interrupted`.
 pub async fn execute(
-    client: &reqwest::Client,
-    connects: &ConnectLog,
+    client: &HttpClient,
     target: &Target,
     mut stub: RequestStub,
-    body: bytes::Bytes,
+    body: Bytes,
     origin: Instant,
     stop: watch::Receiver<bool>,
 ) -> RequestRecord {
@@ -265,80 +272,109 @@ pub async fn execute(
         target.backend.path()
     );
     let api = target.backend.api();
-    let request = with_auth(
-        client.post(&url),
-        &target.headers,
-        target.api_key.as_deref(),
-    )
-    .timeout(target.timeout)
-    .header(REQUEST_ID_HEADER, stub.id)
-    .header(reqwest::header::CONTENT_TYPE, "application/json")
-    .body(body);
+    let request = http_request(http::Method::POST, &url, target, body).map(|mut request| {
+        let headers = request.headers_mut();
+        headers.insert(REQUEST_ID_HEADER, stub.id.into());
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        request
+    });
+    let request = match request {
+        Ok(request) => request,
+        Err(e) => return unsent_record(stub, target, origin, format!("building the request: {e}")),
+    };
     let sent = Instant::now();
     let mut st = StreamState::default();
     let mut status = None;
     let mut connect_ms = None;
     let mut failure: Option<(ErrorKind, String)> = None;
     let exchange = async {
-        match request.send().await {
-            Err(e) => failure = Some((classify(&e), error_chain(&e))),
-            Ok(resp) => {
-                status = Some(resp.status().as_u16());
-                connect_ms = connects.claim(&resp);
-                let code = resp.status();
-                if !code.is_success() {
-                    let kind = match code.as_u16() {
-                        429 => ErrorKind::Http429,
-                        500..=599 => ErrorKind::Http5xx,
-                        _ => ErrorKind::HttpOther,
-                    };
-                    let text = resp.text().await.unwrap_or_default();
-                    failure = Some((kind, format!("HTTP {code}: {}", truncate(&text))));
-                } else {
-                    let mut parser = SseParser::new();
-                    let mut body = resp.bytes_stream();
-                    while let Some(item) = body.next().await {
-                        let at_ms = ms_since(origin, Instant::now());
-                        match item {
-                            Ok(bytes) => {
-                                for data in parser.push(&bytes) {
-                                    st.on_event(&data, at_ms, api);
-                                }
-                            }
-                            Err(e) => {
-                                failure = Some((classify(&e), error_chain(&e)));
-                                break;
-                            }
-                        }
-                        if st.error.is_some() {
-                            break;
-                        }
-                    }
-                    if failure.is_none() {
-                        if let Some(msg) = st.error.take() {
-                            failure = Some((ErrorKind::Protocol, msg));
-                        } else if !st.done && !st.finished {
-                            failure =
-                                Some((ErrorKind::StreamCut, "stream ended before [DONE]".into()));
-                        } else if st.chunk_ms.is_empty() {
-                            failure =
-                                Some((ErrorKind::Protocol, "no content in the response".into()));
+        let response = match client.request(request).await {
+            Ok(response) => response,
+            Err(e) => {
+                failure = Some((classify_send(&e), error_chain(&e)));
+                return;
+            }
+        };
+        let code = response.status();
+        status = Some(code.as_u16());
+        let conn = response.extensions().get::<OpenedConnection>().cloned();
+        connect_ms = conn.as_ref().and_then(|c| c.claim_connect_ms(sent));
+        let mut body = response.into_body();
+        if !code.is_success() {
+            let kind = match code.as_u16() {
+                429 => ErrorKind::Http429,
+                500..=599 => ErrorKind::Http5xx,
+                _ => ErrorKind::HttpOther,
+            };
+            let text = body
+                .collect()
+                .await
+                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                .unwrap_or_default();
+            failure = Some((kind, format!("HTTP {code}: {}", truncate(&text))));
+            return;
+        }
+        let mut parser = SseParser::new();
+        while let Some(frame) = body.frame().await {
+            let now = Instant::now();
+            let arrived = conn
+                .as_ref()
+                .and_then(OpenedConnection::latest_arrival)
+                .map_or(now, |at| at.min(now));
+            let at_ms = ms_since(origin, arrived);
+            match frame {
+                Ok(frame) => {
+                    if let Some(bytes) = frame.data_ref() {
+                        for data in parser.push(bytes) {
+                            st.on_event(&data, at_ms, api);
                         }
                     }
                 }
+                Err(e) => {
+                    failure = Some((ErrorKind::StreamCut, error_chain(&e)));
+                    break;
+                }
+            }
+            if st.error.is_some() {
+                break;
+            }
+        }
+        if failure.is_none() {
+            if let Some(msg) = st.error.take() {
+                failure = Some((ErrorKind::Protocol, msg));
+            } else if !st.done && !st.finished {
+                failure = Some((ErrorKind::StreamCut, "stream ended before [DONE]".into()));
+            } else if st.chunk_ms.is_empty() {
+                failure = Some((ErrorKind::Protocol, "no content in the response".into()));
             }
         }
     };
-    let interrupted = tokio::select! {
-        () = exchange => false,
-        () = stopped(stop) => true,
+    let cut_short = tokio::select! {
+        () = exchange => None,
+        () = stopped(stop) => Some(ErrorKind::Interrupted),
+        () = tokio::time::sleep(target.timeout) => Some(ErrorKind::Timeout),
     };
-    if interrupted {
-        stub.phase = Phase::Interrupted;
-        failure = Some((
-            ErrorKind::Interrupted,
-            "the run was stopped while the request was in flight".into(),
-        ));
+    match cut_short {
+        Some(ErrorKind::Interrupted) => {
+            stub.phase = Phase::Interrupted;
+            failure = Some((
+                ErrorKind::Interrupted,
+                "the run was stopped while the request was in flight".into(),
+            ));
+        }
+        Some(kind) => {
+            failure = Some((
+                kind,
+                format!(
+                    "no complete answer within the timeout ({:?})",
+                    target.timeout
+                ),
+            ));
+        }
+        None => {}
     }
     let end = Instant::now();
     let mut record = finish_record(stub, target, sent, end, origin, st, status, failure);

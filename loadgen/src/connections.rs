@@ -1,97 +1,170 @@
-//! Which requests went over a connection opened for them, and how long opening it took.
+//! The measured requests' HTTP client: hyper's pooled HTTP/1.1 client over connections
+//! that stamp arrivals ([`StampedTcp`]) and say how long they took to open.
 //!
-//! reqwest pools connections and says nothing of them per request. A connector layer times
-//! every connection it opens and notes it by the connection's local address; a response
-//! carries that address (hyper's `HttpInfo`), and the first response seen on a connection
-//! claims its connect time. Later responses on it (reused from the pool) claim nothing.
+//! Every response carries its connection's [`OpenedConnection`] (hyper's connection
+//! extras): the stream's arrivals, read beside each body chunk, and the connect time, which
+//! the first response seen on the connection claims. Later responses on it (reused from
+//! the pool) claim nothing, and neither does a first response whose request was sent after
+//! the connection was open (hyper opens a connection for a waiting request but hands that
+//! request an idle one when one frees first; the new connection then waits in the pool).
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use hyper_util::client::legacy::connect::{Connection, HttpInfo};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 
-/// Connect times of the connections not yet claimed by a response, by local address.
-#[derive(Debug, Clone, Default)]
-pub struct ConnectLog(Arc<Mutex<HashMap<SocketAddr, f64>>>);
+use crate::stamped_tcp::{Arrivals, StampedTcp};
 
-impl ConnectLog {
-    /// The connector layer that fills this log.
-    pub fn layer(&self) -> TimedConnectLayer {
-        TimedConnectLayer(self.clone())
+/// The measured requests' client.
+pub type HttpClient = Client<StampedConnector, Full<Bytes>>;
+
+/// An HTTP/1.1 keep-alive client with `TCP_NODELAY` and a pool for `pool` idle connections.
+pub fn http_client(pool: usize) -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(pool.max(1))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .build(StampedConnector)
+}
+
+/// What a response knows of the connection it came over.
+#[derive(Debug, Clone)]
+pub struct OpenedConnection(Arc<ConnectionFacts>);
+
+#[derive(Debug)]
+struct ConnectionFacts {
+    arrivals: Arc<Arrivals>,
+    connect_ms: f64,
+    /// When it was open.
+    opened: Instant,
+    claimed: AtomicBool,
+}
+
+impl OpenedConnection {
+    /// The connection's connect time (ms), for the first response on it whose request was
+    /// sent at `sent`, while the connection was still opening; `None` for every other.
+    pub fn claim_connect_ms(&self, sent: Instant) -> Option<f64> {
+        let first = !self.0.claimed.swap(true, Ordering::AcqRel);
+        (first && sent < self.0.opened).then_some(self.0.connect_ms)
     }
 
-    /// The connect time (ms) of the connection `resp` came over when `resp` is its first
-    /// response, else `None` (a pooled connection, or one whose address is unknown).
-    pub fn claim(&self, resp: &reqwest::Response) -> Option<f64> {
-        let local = resp.extensions().get::<HttpInfo>()?.local_addr();
-        self.0.lock().expect("connect log").remove(&local)
-    }
-
-    /// Forgets every unclaimed connection (those opened before the run).
-    pub fn clear(&self) {
-        self.0.lock().expect("connect log").clear();
-    }
-
-    fn note(&self, local: SocketAddr, ms: f64) {
-        self.0.lock().expect("connect log").insert(local, ms);
+    /// When the newest bytes read from the connection arrived.
+    pub fn latest_arrival(&self) -> Option<Instant> {
+        self.0.arrivals.latest()
     }
 }
 
-/// Wraps reqwest's connector service in [`TimedConnect`].
-#[derive(Debug, Clone)]
-pub struct TimedConnectLayer(ConnectLog);
+/// A stamped stream in hyper's IO traits, with its facts for every response.
+pub struct StampedConnection {
+    io: TokioIo<StampedTcp>,
+    facts: OpenedConnection,
+}
 
-impl<S> tower_layer::Layer<S> for TimedConnectLayer {
-    type Service = TimedConnect<S>;
+impl Connection for StampedConnection {
+    fn connected(&self) -> Connected {
+        Connected::new().extra(self.facts.clone())
+    }
+}
 
-    fn layer(&self, inner: S) -> TimedConnect<S> {
-        TimedConnect {
-            inner,
-            log: self.0.clone(),
+impl hyper::rt::Read for StampedConnection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for StampedConnection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// Opens plain-TCP connections (`http://` only) and times each.
+#[derive(Debug, Clone, Copy)]
+pub struct StampedConnector;
+
+impl tower_service::Service<http::Uri> for StampedConnector {
+    type Response = StampedConnection;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<StampedConnection>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        Box::pin(connect(uri))
+    }
+}
+
+async fn connect(uri: http::Uri) -> std::io::Result<StampedConnection> {
+    use std::io::{Error, ErrorKind};
+    if uri.scheme_str() != Some("http") {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("{uri}: only http:// targets are supported"),
+        ));
+    }
+    let host = uri
+        .host()
+        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, format!("{uri}: no host")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = uri.port_u16().unwrap_or(80);
+    let started = Instant::now();
+    let mut last = Error::new(ErrorKind::NotFound, format!("{host}: no address"));
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(tcp) => {
+                tcp.set_nodelay(true)?;
+                let io = StampedTcp::new(tcp);
+                let facts = OpenedConnection(Arc::new(ConnectionFacts {
+                    arrivals: io.arrivals(),
+                    connect_ms: started.elapsed().as_secs_f64() * 1000.0,
+                    opened: Instant::now(),
+                    claimed: AtomicBool::new(false),
+                }));
+                return Ok(StampedConnection {
+                    io: TokioIo::new(io),
+                    facts,
+                });
+            }
+            Err(e) => last = Error::new(e.kind(), format!("connecting to {addr}: {e}")),
         }
     }
-}
-
-/// A connector that notes how long each connection took to open.
-#[derive(Debug, Clone)]
-pub struct TimedConnect<S> {
-    inner: S,
-    log: ConnectLog,
-}
-
-impl<S, R> tower_service::Service<R> for TimedConnect<S>
-where
-    S: tower_service::Service<R>,
-    S::Response: Connection + Send + 'static,
-    S::Error: Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: R) -> Self::Future {
-        let started = Instant::now();
-        let connecting = self.inner.call(req);
-        let log = self.log.clone();
-        Box::pin(async move {
-            let conn = connecting.await?;
-            let ms = started.elapsed().as_secs_f64() * 1000.0;
-            let mut extras = http::Extensions::new();
-            conn.connected().get_extras(&mut extras);
-            if let Some(info) = extras.get::<HttpInfo>() {
-                log.note(info.local_addr(), ms);
-            }
-            Ok(conn)
-        })
-    }
+    Err(last)
 }

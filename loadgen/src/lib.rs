@@ -24,6 +24,7 @@ pub mod scrape;
 pub mod server_proc;
 pub mod shard;
 pub mod sse;
+pub mod stamped_tcp;
 pub mod units;
 pub mod views;
 pub mod workload;

@@ -2,8 +2,9 @@
 //!
 //! Each request (after waiting for a slot when `slots > 0`, FIFO) streams
 //! `ceil(max_tokens / tokens_per_chunk)` content chunks: chunk j is sent at
-//! `ttft · ttft_factor + j · itl` after the slot was taken, on absolute deadlines so timing
-//! does not drift. Chat streams start with a role-only prelude chunk, as vLLM does. Fault
+//! `ttft · ttft_factor + j · itl` after the request arrived (its bytes' kernel receive stamp)
+//! or, when it waited for a slot, after it got one, on absolute deadlines so timing does not
+//! drift. Chat streams start with a role-only prelude chunk, as vLLM does. Fault
 //! injection: a seeded fraction of requests answered with an error status, and streams cut
 //! (connection aborted) after a number of tokens.
 
@@ -15,17 +16,20 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
+use axum::extract::connect_info::{ConnectInfo, Connected};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
+use axum::serve::IncomingStream;
 use axum::{Json, Router};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+
+use crate::stamped_tcp::{Arrivals, StampedTcp};
 
 /// Behaviour of the mock server.
 #[derive(Debug, Clone)]
@@ -175,6 +179,7 @@ impl ThreadedMock {
             .spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
+                    .thread_name("loadgen-mock")
                     .enable_all()
                     .build()
                 {
@@ -240,6 +245,43 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
+/// Accepts connections as [`StampedTcp`] streams (with `TCP_NODELAY`), so that a request's
+/// timing starts when its bytes arrived, not when a busy mock got round to reading them.
+struct StampedListener(tokio::net::TcpListener);
+
+impl axum::serve::Listener for StampedListener {
+    type Io = StampedTcp;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (StampedTcp, SocketAddr) {
+        loop {
+            match self.0.accept().await {
+                Ok((tcp, addr)) => {
+                    let _ = tcp.set_nodelay(true);
+                    return (StampedTcp::new(tcp), addr);
+                }
+                // Out of descriptors, or a connection reset before it was accepted: the
+                // listener itself is fine; wait a moment rather than spin.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.0.local_addr()
+    }
+}
+
+/// The arrivals of the connection a request came over (axum's connect info).
+#[derive(Debug, Clone)]
+struct ConnectionArrivals(Arc<Arrivals>);
+
+impl Connected<IncomingStream<'_, StampedListener>> for ConnectionArrivals {
+    fn connect_info(stream: IncomingStream<'_, StampedListener>) -> Self {
+        ConnectionArrivals(stream.io().arrivals())
+    }
+}
+
 /// Starts the mock on the current tokio runtime; returns its bound address.
 pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
     let listener =
@@ -259,15 +301,16 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
         .route("/generate_stream", post(generate_stream))
         .with_state(state);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let listener = StampedListener(listener);
     let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .await;
+        let _ = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<ConnectionArrivals>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = stop_rx.await;
+        })
+        .await;
     });
     Ok((
         addr,
@@ -369,26 +412,29 @@ fn parse_ask(body: &Value, format: Format) -> Ask {
 
 async fn completions(
     State(s): State<Arc<MockState>>,
+    ConnectInfo(conn): ConnectInfo<ConnectionArrivals>,
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
-    serve(s, request_id(&headers), body, Format::Completions).await
+    serve(s, &conn, request_id(&headers), body, Format::Completions).await
 }
 
 async fn chat_completions(
     State(s): State<Arc<MockState>>,
+    ConnectInfo(conn): ConnectInfo<ConnectionArrivals>,
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
-    serve(s, request_id(&headers), body, Format::Chat).await
+    serve(s, &conn, request_id(&headers), body, Format::Chat).await
 }
 
 async fn generate_stream(
     State(s): State<Arc<MockState>>,
+    ConnectInfo(conn): ConnectInfo<ConnectionArrivals>,
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
-    serve(s, request_id(&headers), body, Format::Tgi).await
+    serve(s, &conn, request_id(&headers), body, Format::Tgi).await
 }
 
 fn request_id(headers: &axum::http::HeaderMap) -> Option<u64> {
@@ -400,8 +446,17 @@ fn request_id(headers: &axum::http::HeaderMap) -> Option<u64> {
         .ok()
 }
 
-async fn serve(s: Arc<MockState>, id: Option<u64>, body: Bytes, format: Format) -> Response {
-    let arrival = (Instant::now(), SystemTime::now());
+async fn serve(
+    s: Arc<MockState>,
+    conn: &ConnectionArrivals,
+    id: Option<u64>,
+    body: Bytes,
+    format: Format,
+) -> Response {
+    // The request's last bytes were the newest its connection had when the handler ran.
+    let now = (Instant::now(), SystemTime::now());
+    let arrived = conn.0.latest().map_or(now.0, |at| at.min(now.0));
+    let arrival = (arrived, now.1 - (now.0 - arrived));
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         return error_response(StatusCode::BAD_REQUEST, "request body is not JSON");
     };
@@ -416,14 +471,17 @@ async fn serve(s: Arc<MockState>, id: Option<u64>, body: Bytes, format: Format) 
             StatusCode::from_u16(s.cfg.error_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return error_response(status, "injected failure");
     }
-    let permit = match &s.slots {
-        Some(sem) => match sem.clone().acquire_owned().await {
-            Ok(p) => Some(p),
-            Err(_) => return error_response(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
+    // Timing starts at the request's arrival, or when it got a slot after waiting for one.
+    let (permit, start) = match &s.slots {
+        Some(sem) => match sem.clone().try_acquire_owned() {
+            Ok(p) => (Some(p), arrival.0),
+            Err(_) => match sem.clone().acquire_owned().await {
+                Ok(p) => (Some(p), Instant::now()),
+                Err(_) => return error_response(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
+            },
         },
-        None => None,
+        None => (None, arrival.0),
     };
-    let start = Instant::now();
     let plan = Timing {
         start,
         ttft: s.cfg.ttft.mul_f64(s.cfg.ttft_factor.max(0.0)),

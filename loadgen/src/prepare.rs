@@ -14,7 +14,6 @@ use serde_json::json;
 
 use crate::calibrate::{calibrate, CalibrateConfig};
 use crate::client::{self, Backend, Target};
-use crate::connections::ConnectLog;
 use crate::host::host_info;
 use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
 use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
@@ -534,7 +533,7 @@ pub async fn execute_prepared(
         Some(m) => m.clone(),
         None => {
             client::first_model(
-                &client::http_client(1, &ConnectLog::default())?,
+                &reqwest::Client::new(),
                 &exec.url,
                 &prepared.headers,
                 args.api_key.as_deref(),

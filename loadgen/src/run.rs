@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::client::{self, RequestStub, Target};
 use crate::client_cpu::CpuClock;
-use crate::connections::ConnectLog;
+use crate::connections::{self, HttpClient};
 use crate::progress::Progress;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::RequestSpec;
@@ -172,8 +172,7 @@ pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
 }
 
 struct RunContext {
-    client: reqwest::Client,
-    connects: ConnectLog,
+    client: HttpClient,
     target: Target,
     prompts: Arc<PromptBuilder>,
     plan: Arc<Plan>,
@@ -232,16 +231,7 @@ async fn one_request(
             Some(match body {
                 Ok(body) => {
                     let stop = ctx.stop.clone();
-                    client::execute(
-                        &ctx.client,
-                        &ctx.connects,
-                        &ctx.target,
-                        stub,
-                        body,
-                        ctx.origin,
-                        stop,
-                    )
-                    .await
+                    client::execute(&ctx.client, &ctx.target, stub, body, ctx.origin, stop).await
                 }
                 Err(e) => {
                     eprintln!("loadgen: request {id}: {e:#}");
@@ -363,14 +353,11 @@ pub async fn execute(
         LoadMode::Closed { concurrency } => concurrency,
         LoadMode::Open => plan.max_concurrency.unwrap_or(1024),
     };
-    let connects = ConnectLog::default();
-    let client = client::http_client(pool, &connects)?;
+    let client = connections::http_client(pool);
     if let Some(at) = opts.start_at {
         wait_to_warm(at, opts.stop.clone()).await?;
     }
     client::warm_pool(&client, &target, plan.warm_connections(pool)).await;
-    // Connections opened so far were opened before the run: no request pays for them.
-    connects.clear();
     let (origin, start_time, ready_before_start_ms) = run_origin(opts.start_at)?;
     // The client's CPU share is over the run, not over the wait for its start.
     tokio::time::sleep_until(origin.checked_sub(SETTLE).unwrap_or(origin).into()).await;
@@ -380,7 +367,6 @@ pub async fn execute(
     let stop_flag = Arc::new(AtomicBool::new(false));
     let ctx = Arc::new(RunContext {
         client,
-        connects,
         target,
         prompts,
         plan: plan.clone(),

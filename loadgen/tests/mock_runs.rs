@@ -347,7 +347,7 @@ async fn an_unbuildable_body_is_a_record_with_its_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_open_a_connection_carry_its_connect_time() {
     use loadgen::client::{self, RequestStub};
-    use loadgen::connections::ConnectLog;
+    use loadgen::connections;
     use reports::records::Phase;
 
     let _guard = SERIAL.lock().await;
@@ -358,8 +358,7 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
     };
     let (addr, handle) = mock::spawn(cfg).await.unwrap();
     let t = target(format!("http://{addr}"), Backend::Completions);
-    let connects = ConnectLog::default();
-    let http = client::http_client(8, &connects).unwrap();
+    let http = connections::http_client(8);
     let prompts = PromptBuilder::approximate();
     let origin = std::time::Instant::now();
     let send = |id: u64| {
@@ -379,7 +378,7 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
             prefix_group: None,
         };
         let body = client::encoded_body(&t, &spec, &prompts).unwrap();
-        client::execute(&http, &connects, &t, stub, body, origin, run::never_stop())
+        client::execute(&http, &t, stub, body, origin, run::never_stop())
     };
     let first = send(0).await;
     assert!(first.is_success(), "{:?}", first.error);
@@ -397,4 +396,68 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
     let opened = [&a, &b].iter().filter(|r| r.connect_ms.is_some()).count();
     assert_eq!(opened, 1, "{:?} {:?}", a.connect_ms, b.connect_ms);
     handle.shutdown().await;
+}
+
+/// A chunk that waits in the socket while the client is busy is timed at its arrival (the
+/// kernel's receive stamp), not when the client got round to reading it: the client's only
+/// thread is blocked from 20 to 170 ms, across the first chunk's arrival at 50 ms, and the
+/// TTFT still reads the mock's 50 ms where timing the read would give 170.
+#[test]
+fn a_chunk_read_late_is_timed_at_its_arrival() {
+    use loadgen::client::{self, RequestStub};
+    use loadgen::connections;
+    use reports::records::Phase;
+
+    let _guard = SERIAL.blocking_lock();
+    let (addr, mock) = mock::ThreadedMock::start(MockConfig {
+        ttft: Duration::from_millis(50),
+        itl: Duration::from_millis(300),
+        ..MockConfig::default()
+    })
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let record = runtime.block_on(async {
+        let t = target(format!("http://{addr}"), Backend::Completions);
+        let http = connections::http_client(1);
+        assert_eq!(client::warm_pool(&http, &t, 1).await, 1);
+        let spec = RequestSpec {
+            input_len: 16,
+            output_len: 2,
+            prefix_group: None,
+            prompt: PromptSource::Blocks(prefixed_blocks(1, 0, 16, None)),
+        };
+        let stub = RequestStub {
+            id: 0,
+            phase: Phase::Measured,
+            scheduled_ms: 0.0,
+            queue_ms: 0.0,
+            input_len: 16,
+            output_len: 2,
+            prefix_group: None,
+        };
+        let body = client::encoded_body(&t, &spec, &PromptBuilder::approximate()).unwrap();
+        let blocker = tokio::spawn(async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            std::thread::sleep(Duration::from_millis(150));
+        });
+        let origin = std::time::Instant::now();
+        let record = client::execute(&http, &t, stub, body, origin, run::never_stop()).await;
+        blocker.await.unwrap();
+        record
+    });
+    mock.shutdown();
+    assert!(record.is_success(), "{:?}", record.error);
+    let ttft = record.first_token_ms.unwrap() - record.sent_ms;
+    assert!(
+        (49.0..100.0).contains(&ttft),
+        "TTFT {ttft:.1} ms: the mock's is 50 ms, the client read the chunk at about 170 ms"
+    );
+    let gap = record.chunk_ms[1] - record.chunk_ms[0];
+    assert!(
+        (290.0..400.0).contains(&gap),
+        "ITL {gap:.1} ms (the mock's is 300 ms)"
+    );
 }
