@@ -343,6 +343,18 @@ pub async fn execute(
     if plan.requests.is_empty() {
         anyhow::bail!("the plan has no requests");
     }
+    target
+        .base_url
+        .parse::<http::Uri>()
+        .ok()
+        .filter(|uri| uri.scheme_str() == Some("http") && uri.host().is_some())
+        .with_context(|| {
+            format!(
+                "--url {}: not an http:// URL with a host (loadgen speaks plain HTTP; \
+                 for an https:// server, measure through a local TLS-terminating proxy)",
+                target.base_url
+            )
+        })?;
     if let Some(dir) = &opts.out_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         plan.write_schedule(&dir.join("schedule.jsonl"))?;
