@@ -343,7 +343,7 @@ async fn an_unbuildable_body_is_a_record_with_its_error() {
 
 /// A request that opens a connection carries the time that took; one over a pooled
 /// connection carries none; of two sent together over one idle connection, one opens a
-/// second connection.
+/// second connection; two sent together over two idle connections open none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_open_a_connection_carry_its_connect_time() {
     use loadgen::client::{self, RequestStub};
@@ -386,15 +386,29 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
         .connect_ms
         .expect("the first request opened the connection");
     assert!(ms > 0.0 && ms < 1000.0, "connect {ms} ms");
+    // A connection goes back to the pool a moment after its response ends; a request sent
+    // before that would open a second one (and not be told it paid for it if the first came
+    // back first: see `claim_connect_ms`). The pauses keep the count of open connections known.
+    let settle = || tokio::time::sleep(Duration::from_millis(50));
+    settle().await;
     let second = send(1).await;
     assert_eq!(
         second.connect_ms, None,
         "the second reused the pooled connection"
     );
+    settle().await;
     let (a, b) = futures::join!(send(2), send(3));
     assert!(a.is_success() && b.is_success());
     let opened = [&a, &b].iter().filter(|r| r.connect_ms.is_some()).count();
     assert_eq!(opened, 1, "{:?} {:?}", a.connect_ms, b.connect_ms);
+    settle().await;
+    let (c, d) = futures::join!(send(4), send(5));
+    assert!(c.is_success() && d.is_success());
+    assert_eq!(
+        (c.connect_ms, d.connect_ms),
+        (None, None),
+        "two idle connections served both"
+    );
     handle.shutdown().await;
 }
 
