@@ -47,6 +47,9 @@ pub struct Target {
 /// calibration log, for one) can be matched with the records.
 pub const REQUEST_ID_HEADER: &str = "x-loadgen-request-id";
 
+/// How long the warm-up waits for each answer's headers, then for its body.
+const WARM_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Opens up to `connections` pooled connections to `target` before a run, so that measured
 /// requests do not pay connection set-up (or a listen backlog's overflow) inside their TTFT:
 /// all requests are held open together (each on its own connection), then their bodies are
@@ -56,8 +59,15 @@ pub const REQUEST_ID_HEADER: &str = "x-loadgen-request-id";
 pub async fn warm_pool(client: &HttpClient, target: &Target, connections: usize) -> usize {
     let url = format!("{}/v1/models", target.base_url.trim_end_matches('/'));
     let responses = futures::future::join_all((0..connections).map(|_| async {
-        let request = http_request(http::Method::GET, &url, target, Bytes::new()).ok()?;
-        tokio::time::timeout(Duration::from_secs(30), client.request(request))
+        let request = http_request(
+            http::Method::GET,
+            &url,
+            &target.headers,
+            target.api_key.as_deref(),
+            Bytes::new(),
+        )
+        .ok()?;
+        tokio::time::timeout(WARM_TIMEOUT, client.request(request))
             .await
             .ok()?
             .ok()
@@ -69,7 +79,7 @@ pub async fn warm_pool(client: &HttpClient, target: &Target, connections: usize)
         if let Some(conn) = response.extensions().get::<OpenedConnection>() {
             conn.claim_connect_ms(Instant::now());
         }
-        response.into_body().collect()
+        tokio::time::timeout(WARM_TIMEOUT, response.into_body().collect())
     }))
     .await;
     count
@@ -83,54 +93,54 @@ pub fn encoded_body(target: &Target, spec: &RequestSpec, prompts: &PromptBuilder
         .into())
 }
 
-/// A request to `url` with `target`'s headers and credentials.
+/// A request to `url` with the target's extra headers and credentials.
 fn http_request(
     method: http::Method,
     url: &str,
-    target: &Target,
+    headers: &[(String, String)],
+    api_key: Option<&str>,
     body: Bytes,
 ) -> Result<http::Request<Full<Bytes>>, http::Error> {
     let mut request = http::Request::builder().method(method).uri(url);
-    for (k, v) in &target.headers {
+    for (k, v) in headers {
         request = request.header(k, v);
     }
-    if let Some(key) = &target.api_key {
+    if let Some(key) = api_key {
         request = request.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
     }
     request.body(Full::new(body))
 }
 
-fn with_auth(
-    mut req: reqwest::RequestBuilder,
-    target_headers: &[(String, String)],
-    api_key: Option<&str>,
-) -> reqwest::RequestBuilder {
-    for (k, v) in target_headers {
-        req = req.header(k, v);
-    }
-    if let Some(key) = api_key {
-        req = req.bearer_auth(key);
-    }
-    req
-}
-
 /// The first model id listed by `GET /v1/models`.
 pub async fn first_model(
-    client: &reqwest::Client,
+    client: &HttpClient,
     base_url: &str,
     headers: &[(String, String)],
     api_key: Option<&str>,
 ) -> Result<String> {
     let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
-    let resp = with_auth(client.get(&url), headers, api_key)
-        .timeout(Duration::from_secs(30))
-        .send()
+    let request = http_request(http::Method::GET, &url, headers, api_key, Bytes::new())
+        .with_context(|| format!("GET {url}: building the request"))?;
+    let exchange = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!(error_chain(&e)))?
+            .to_bytes();
+        anyhow::Ok((status, body))
+    };
+    let (status, body) = tokio::time::timeout(Duration::from_secs(30), exchange)
         .await
+        .map_err(|_| anyhow::anyhow!("no answer within 30 s"))
+        .and_then(|answer| answer)
         .with_context(|| format!("GET {url}"))?;
-    let status = resp.status();
-    let body: Value = resp
-        .json()
-        .await
+    let body: Value = serde_json::from_slice(&body)
         .with_context(|| format!("GET {url}: response is not JSON"))?;
     if !status.is_success() {
         bail!("GET {url}: HTTP {status}: {body}");
@@ -272,7 +282,14 @@ pub async fn execute(
         target.backend.path()
     );
     let api = target.backend.api();
-    let request = http_request(http::Method::POST, &url, target, body).map(|mut request| {
+    let request = http_request(
+        http::Method::POST,
+        &url,
+        &target.headers,
+        target.api_key.as_deref(),
+        body,
+    )
+    .map(|mut request| {
         let headers = request.headers_mut();
         headers.insert(REQUEST_ID_HEADER, stub.id.into());
         headers.insert(

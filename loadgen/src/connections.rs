@@ -2,11 +2,12 @@
 //! that stamp arrivals ([`StampedTcp`]) and say how long they took to open.
 //!
 //! Every response carries its connection's [`OpenedConnection`] (hyper's connection
-//! extras): the stream's arrivals, read beside each body chunk, and the connect time, which
-//! the first response seen on the connection claims. Later responses on it (reused from
-//! the pool) claim nothing, and neither does a first response whose request was sent after
-//! the connection was open (hyper opens a connection for a waiting request but hands that
-//! request an idle one when one frees first; the new connection then waits in the pool).
+//! extras): the stream's arrivals, read beside each body chunk, and its opening, which the
+//! first response seen on the connection claims. Later responses on it (reused from the
+//! pool) claim nothing, and neither does a first response whose request was sent after the
+//! connection was open: hyper opens a connection for a waiting request but hands that
+//! request an idle one when one frees first, and the new connection then goes to whichever
+//! request waits next, or to the pool.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -42,18 +43,21 @@ pub struct OpenedConnection(Arc<ConnectionFacts>);
 #[derive(Debug)]
 struct ConnectionFacts {
     arrivals: Arc<Arrivals>,
-    connect_ms: f64,
-    /// When it was open.
+    /// When the connector started opening it, and when it was open.
+    started: Instant,
     opened: Instant,
     claimed: AtomicBool,
 }
 
 impl OpenedConnection {
-    /// The connection's connect time (ms), for the first response on it whose request was
-    /// sent at `sent`, while the connection was still opening; `None` for every other.
+    /// For the first response on the connection, whose request was sent at `sent` while the
+    /// connection was still opening: how long (ms) that request waited for it to open (from
+    /// `sent` or from the start of the opening, whichever is later). `None` for every other.
     pub fn claim_connect_ms(&self, sent: Instant) -> Option<f64> {
-        let first = !self.0.claimed.swap(true, Ordering::AcqRel);
-        (first && sent < self.0.opened).then_some(self.0.connect_ms)
+        let facts = &self.0;
+        let first = !facts.claimed.swap(true, Ordering::AcqRel);
+        (first && sent < facts.opened)
+            .then(|| (facts.opened - sent.max(facts.started)).as_secs_f64() * 1000.0)
     }
 
     /// When the newest bytes read from the connection arrived.
@@ -154,7 +158,7 @@ async fn connect(uri: http::Uri) -> std::io::Result<StampedConnection> {
                 let io = StampedTcp::new(tcp);
                 let facts = OpenedConnection(Arc::new(ConnectionFacts {
                     arrivals: io.arrivals(),
-                    connect_ms: started.elapsed().as_secs_f64() * 1000.0,
+                    started,
                     opened: Instant::now(),
                     claimed: AtomicBool::new(false),
                 }));

@@ -533,7 +533,7 @@ pub async fn execute_prepared(
         Some(m) => m.clone(),
         None => {
             client::first_model(
-                &reqwest::Client::new(),
+                &crate::connections::http_client(1),
                 &exec.url,
                 &prepared.headers,
                 args.api_key.as_deref(),

@@ -347,11 +347,16 @@ pub async fn execute(
         .base_url
         .parse::<http::Uri>()
         .ok()
-        .filter(|uri| uri.scheme_str() == Some("http") && uri.host().is_some())
+        .filter(|uri| {
+            uri.scheme_str() == Some("http")
+                && uri.host().is_some()
+                && !uri.authority().is_some_and(|a| a.as_str().contains('@'))
+        })
         .with_context(|| {
             format!(
-                "--url {}: not an http:// URL with a host (loadgen speaks plain HTTP; \
-                 for an https:// server, measure through a local TLS-terminating proxy)",
+                "--url {}: not an http:// URL with a host and no credentials (loadgen speaks \
+                 plain HTTP, straight to the server; for an https:// server, measure through \
+                 a local TLS-terminating proxy; pass credentials with --api-key or --header)",
                 target.base_url
             )
         })?;

@@ -3,11 +3,18 @@
 //! A reader that is busy elsewhere reads a chunk later than it arrived: on two cores, a wave
 //! of a thousand streamed chunks takes the client milliseconds to work through, and timing
 //! each chunk when it is read would charge that queue to the server. The kernel stamps every
-//! segment as it is received (`SO_TIMESTAMPNS`, software receive time); each read here takes
-//! the stamp of the newest segment it consumed and keeps it as the stream's latest arrival,
-//! on the monotonic clock. A chunk's arrival read after the chunk itself is therefore never
-//! later than the read and never earlier than its last byte's arrival. Where the kernel gives
-//! no stamp (another OS, or the option refused), the read's own instant stands in.
+//! segment as it is received (`SO_TIMESTAMPNS`, software receive time) and each `recvmsg`
+//! returns the stamp of the last buffer it consumed; each read here maps that stamp onto the
+//! monotonic clock and keeps the latest such instant as the stream's latest arrival (never
+//! moving back, whatever the wall clock or a retransmission does). Where the kernel gives no
+//! stamp (another OS, the option refused, the kernel's deferred switch-on for the first
+//! socket of the host), the read's own instant stands in.
+//!
+//! Whoever reads what the stream carried takes the latest arrival after each piece, clamped
+//! to the present: never later than its own read. When the reader is more than one piece
+//! behind, one `recvmsg` may consume two pieces (both then get the later stamp), or the
+//! stream's next read may land between a piece and its lookup; either way the piece is
+//! timed at a later arrival, by at most the gap between the two.
 
 use std::io;
 use std::pin::Pin;
@@ -48,7 +55,7 @@ impl Arrivals {
     fn note(&self, at: Instant) {
         let ns = at.saturating_duration_since(clock_base()).as_nanos();
         let ns = u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1;
-        self.latest.store(ns, Ordering::Release);
+        self.latest.fetch_max(ns, Ordering::AcqRel);
     }
 }
 
@@ -168,7 +175,7 @@ mod os {
     }
 
     /// One non-blocking `recvmsg` into `buf`'s unfilled part: the bytes read and the kernel's
-    /// receive stamp of the newest segment among them, when it gave one.
+    /// receive stamp of the last buffer it consumed, when it gave one.
     pub fn read_stamped(
         io: &TcpStream,
         buf: &mut ReadBuf<'_>,
