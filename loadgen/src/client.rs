@@ -47,6 +47,11 @@ pub struct Target {
 /// calibration log, for one) can be matched with the records.
 pub const REQUEST_ID_HEADER: &str = "x-loadgen-request-id";
 
+/// `GET /v1/models` of the server at `base_url`.
+fn models_url(base_url: &str) -> String {
+    format!("{}/v1/models", base_url.trim_end_matches('/'))
+}
+
 /// How long the warm-up waits for each answer's headers, then for its body.
 const WARM_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -57,7 +62,7 @@ const WARM_TIMEOUT: Duration = Duration::from_secs(30);
 /// matter; failures are ignored and the run reports its own errors. Returns the connections
 /// that answered.
 pub async fn warm_pool(client: &HttpClient, target: &Target, connections: usize) -> usize {
-    let url = format!("{}/v1/models", target.base_url.trim_end_matches('/'));
+    let url = models_url(&target.base_url);
     let responses = futures::future::join_all((0..connections).map(|_| async {
         let request = http_request(
             http::Method::GET,
@@ -118,21 +123,13 @@ pub async fn first_model(
     headers: &[(String, String)],
     api_key: Option<&str>,
 ) -> Result<String> {
-    let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
+    let url = models_url(base_url);
     let request = http_request(http::Method::GET, &url, headers, api_key, Bytes::new())
         .with_context(|| format!("GET {url}: building the request"))?;
     let exchange = async {
-        let response = client
-            .request(request)
-            .await
-            .map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
+        let response = client.request(request).await?;
         let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| anyhow::anyhow!(error_chain(&e)))?
-            .to_bytes();
+        let body = response.into_body().collect().await?.to_bytes();
         anyhow::Ok((status, body))
     };
     let (status, body) = tokio::time::timeout(Duration::from_secs(30), exchange)

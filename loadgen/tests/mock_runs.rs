@@ -13,6 +13,32 @@ use loadgen::workload::prompt::PromptBuilder;
 use loadgen::workload::{prefixed_blocks, PromptSource, RequestSpec};
 use reports::records::{ChunkTokensSource, CountSource};
 
+/// Request `id` of 16 prompt and `output_len` output tokens as `client::execute` takes it:
+/// its stub and its encoded body for `t`.
+fn one_request(
+    t: &Target,
+    id: u64,
+    output_len: u32,
+) -> (loadgen::client::RequestStub, bytes::Bytes) {
+    let spec = RequestSpec {
+        input_len: 16,
+        output_len,
+        prefix_group: None,
+        prompt: PromptSource::Blocks(prefixed_blocks(1, id, 16, None)),
+    };
+    let stub = loadgen::client::RequestStub {
+        id,
+        phase: reports::records::Phase::Measured,
+        scheduled_ms: 0.0,
+        queue_ms: 0.0,
+        input_len: 16,
+        output_len,
+        prefix_group: None,
+    };
+    let body = loadgen::client::encoded_body(t, &spec, &PromptBuilder::approximate()).unwrap();
+    (stub, body)
+}
+
 /// Timing-sensitive tests run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -346,9 +372,8 @@ async fn an_unbuildable_body_is_a_record_with_its_error() {
 /// second connection; two sent together over two idle connections open none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_open_a_connection_carry_its_connect_time() {
-    use loadgen::client::{self, RequestStub};
+    use loadgen::client;
     use loadgen::connections;
-    use reports::records::Phase;
 
     let _guard = SERIAL.lock().await;
     let cfg = MockConfig {
@@ -359,25 +384,9 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
     let (addr, handle) = mock::spawn(cfg).await.unwrap();
     let t = target(format!("http://{addr}"), Backend::Completions);
     let http = connections::http_client(8);
-    let prompts = PromptBuilder::approximate();
     let origin = std::time::Instant::now();
     let send = |id: u64| {
-        let spec = RequestSpec {
-            input_len: 16,
-            output_len: 4,
-            prefix_group: None,
-            prompt: PromptSource::Blocks(prefixed_blocks(1, id, 16, None)),
-        };
-        let stub = RequestStub {
-            id,
-            phase: Phase::Measured,
-            scheduled_ms: 0.0,
-            queue_ms: 0.0,
-            input_len: 16,
-            output_len: 4,
-            prefix_group: None,
-        };
-        let body = client::encoded_body(&t, &spec, &prompts).unwrap();
+        let (stub, body) = one_request(&t, id, 4);
         client::execute(&http, &t, stub, body, origin, run::never_stop())
     };
     let first = send(0).await;
@@ -420,9 +429,8 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_chunk_read_late_is_timed_at_its_arrival() {
-    use loadgen::client::{self, RequestStub};
+    use loadgen::client;
     use loadgen::connections;
-    use reports::records::Phase;
 
     let _guard = SERIAL.blocking_lock();
     let (addr, mock) = mock::ThreadedMock::start(MockConfig {
@@ -439,22 +447,7 @@ fn a_chunk_read_late_is_timed_at_its_arrival() {
         let t = target(format!("http://{addr}"), Backend::Completions);
         let http = connections::http_client(1);
         assert_eq!(client::warm_pool(&http, &t, 1).await, 1);
-        let spec = RequestSpec {
-            input_len: 16,
-            output_len: 2,
-            prefix_group: None,
-            prompt: PromptSource::Blocks(prefixed_blocks(1, 0, 16, None)),
-        };
-        let stub = RequestStub {
-            id: 0,
-            phase: Phase::Measured,
-            scheduled_ms: 0.0,
-            queue_ms: 0.0,
-            input_len: 16,
-            output_len: 2,
-            prefix_group: None,
-        };
-        let body = client::encoded_body(&t, &spec, &PromptBuilder::approximate()).unwrap();
+        let (stub, body) = one_request(&t, 0, 2);
         let blocker = tokio::spawn(async {
             tokio::time::sleep(Duration::from_millis(20)).await;
             std::thread::sleep(Duration::from_millis(150));
