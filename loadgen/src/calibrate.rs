@@ -15,10 +15,11 @@ use anyhow::{Context, Result};
 use reports::records::{Calibration, Phase};
 use reports::stats::percentile_nearest_rank;
 
-use crate::client::{Backend, Target};
+use crate::backend::Backend;
 use crate::mock::{MockConfig, MockLog, ThreadedMock};
 use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
 use crate::schedule::{Arrival, Extent, ScheduleSpec};
+use crate::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::{prefixed_blocks, PromptSource, RequestSpec};
 
@@ -115,6 +116,7 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         min_tokens: false,
         prompt_ids: false,
         continuous_usage: true,
+        extra_body: None,
     };
     let outcome = run::execute(
         Arc::new(plan),
@@ -124,7 +126,7 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
             out_dir: None,
             slos: Vec::new(),
             progress: false,
-            stop: run::never_stop(),
+            stop: crate::stop::never_stop(),
             start_at: None,
         },
     )

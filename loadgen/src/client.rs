@@ -12,36 +12,13 @@ use reports::records::{
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::api::Api;
+use crate::api::{self, Api};
 use crate::connections::{HttpClient, OpenedConnection};
-use crate::run::stopped;
 use crate::sse::SseParser;
+use crate::stop::stopped;
+use crate::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::RequestSpec;
-
-pub use crate::api::Backend;
-
-/// The server under test and how requests are phrased.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// Base URL, e.g. `http://127.0.0.1:8000` (no trailing `/v1`).
-    pub base_url: String,
-    pub backend: Backend,
-    pub model: String,
-    /// Extra HTTP headers (`--header`).
-    pub headers: Vec<(String, String)>,
-    pub api_key: Option<String>,
-    /// Whole-request timeout.
-    pub timeout: Duration,
-    /// Send `ignore_eos: true` (vLLM extension) so the output length is enforced.
-    pub ignore_eos: bool,
-    /// Also send `min_tokens` = `max_tokens`.
-    pub min_tokens: bool,
-    /// Send prompts as token ids (completions only).
-    pub prompt_ids: bool,
-    /// Ask for usage on every chunk (`stream_options.continuous_usage_stats`).
-    pub continuous_usage: bool,
-}
 
 /// Header carrying the request's id in the plan, so that a server's log (the mock's
 /// calibration log, for one) can be matched with the records.
@@ -148,9 +125,15 @@ pub async fn first_model(
         .with_context(|| format!("GET {url}: no model listed; pass --model"))
 }
 
-/// The JSON body of one request, in the format of `target.backend`.
+/// The JSON body of one request, in the format of `target.backend`, with `--extra-body`
+/// merged in.
 pub fn request_body(target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Value> {
-    target.backend.api().body(target, spec, prompts)
+    let api = api::of(target.backend);
+    let mut body = api.body(target, spec, prompts)?;
+    if let Some(extra) = &target.extra_body {
+        extra.merge_into(api.fields_of(&mut body));
+    }
+    Ok(body)
 }
 
 /// What the run loop knows about a request before it is sent.
@@ -174,9 +157,13 @@ fn ms_since(origin: Instant, t: Instant) -> f64 {
 struct StreamState {
     chunk_ms: Vec<f64>,
     chunk_tokens: Vec<u32>,
+    /// Whether each content chunk carried reasoning only (no answer output).
+    chunk_reasoning: Vec<bool>,
+    first_answer_ms: Option<f64>,
     /// Every content chunk carried a usage object.
     continuous: bool,
     last_usage_completion: Option<u64>,
+    last_usage_reasoning: Option<u64>,
     usage_prompt: Option<u64>,
     done: bool,
     finished: bool,
@@ -204,7 +191,9 @@ impl StreamState {
         if let Some(p) = event.prompt_tokens {
             self.usage_prompt = Some(p);
         }
-        let text = event.text.as_deref();
+        if let Some(r) = event.reasoning_tokens {
+            self.last_usage_reasoning = Some(r);
+        }
         if event.finished {
             self.finished = true;
         }
@@ -215,16 +204,31 @@ impl StreamState {
         if let Some(now) = usage_completion {
             self.last_usage_completion = Some(now);
         }
-        // A content chunk carries text, or tokens whose text is still held back (vLLM sends
-        // `text: ""` for a partial UTF-8 character, with its usage delta); a usage-only chunk
-        // has no choice and never counts.
+        let answer = event.text.as_deref().is_some_and(|t| !t.is_empty()) || event.tool_call;
+        let reasoning = event.reasoning.as_deref().is_some_and(|t| !t.is_empty());
+        // A content chunk carries output, or tokens whose text is still held back (vLLM sends
+        // an empty text for a partial UTF-8 character, with its usage delta); a usage-only
+        // chunk has no choice and never counts.
         let carries_tokens = event.has_choice && delta.is_some_and(|d| d > 0);
-        if text.is_some_and(|t| !t.is_empty()) || carries_tokens {
+        if answer || reasoning || carries_tokens {
+            // Held-back tokens belong to the one field their chunk has, else to the output
+            // before them.
+            let reasoning_only = if answer || reasoning {
+                !answer
+            } else if event.text.is_some() != event.reasoning.is_some() {
+                event.reasoning.is_some()
+            } else {
+                self.chunk_reasoning.last().copied().unwrap_or(false)
+            };
             if self.chunk_ms.is_empty() {
                 self.continuous = true;
             }
+            if !reasoning_only && self.first_answer_ms.is_none() {
+                self.first_answer_ms = Some(at_ms);
+            }
             self.continuous &= delta.is_some();
             self.chunk_ms.push(at_ms);
+            self.chunk_reasoning.push(reasoning_only);
             self.chunk_tokens
                 .push(delta.map_or(1, |d| u32::try_from(d).unwrap_or(u32::MAX)));
         } else if let (Some(d), Some(last)) = (delta, self.chunk_tokens.last_mut()) {
@@ -276,9 +280,9 @@ pub async fn execute(
     let url = format!(
         "{}{}",
         target.base_url.trim_end_matches('/'),
-        target.backend.path()
+        api::of(target.backend).path()
     );
-    let api = target.backend.api();
+    let api = api::of(target.backend);
     let request = http_request(
         http::Method::POST,
         &url,
@@ -446,6 +450,18 @@ fn finish_record(
     } else {
         (vec![1; st.chunk_ms.len()], ChunkTokensSource::OnePerChunk)
     };
+    let (reasoning_tokens, reasoning_source) = match st.last_usage_reasoning {
+        Some(n) => (n, CountSource::Usage),
+        None => (
+            chunk_tokens
+                .iter()
+                .zip(&st.chunk_reasoning)
+                .filter(|(_, &reasoning)| reasoning)
+                .map(|(&k, _)| u64::from(k))
+                .sum(),
+            CountSource::Counted,
+        ),
+    };
     let (prompt_tokens, prompt_source) = match st.usage_prompt {
         Some(p) => (p, CountSource::Usage),
         None => (u64::from(stub.input_len), CountSource::Requested),
@@ -468,6 +484,7 @@ fn finish_record(
         sent_ms: ms_since(origin, sent),
         connect_ms: None,
         first_token_ms: st.chunk_ms.first().copied(),
+        first_answer_ms: st.first_answer_ms,
         end_ms,
         chunk_ms: st.chunk_ms,
         chunk_tokens,
@@ -476,6 +493,8 @@ fn finish_record(
         prompt_tokens_source: prompt_source,
         output_tokens,
         output_tokens_source: output_source,
+        reasoning_tokens,
+        reasoning_tokens_source: reasoning_source,
         requested_output_tokens: requested,
         short_output: success && target.ignore_eos && output_tokens < requested,
         prefix_group: stub.prefix_group,
@@ -487,6 +506,7 @@ fn finish_record(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
 
     #[test]
     fn stream_state_counts_tokens_per_chunk() {
@@ -494,16 +514,16 @@ mod tests {
         st.on_event(
             r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
             1.0,
-            Backend::Chat.api(),
+            api::of(Backend::Chat),
         );
-        st.on_event(r#"{"choices":[{"delta":{"content":"a b"},"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#, 2.0, Backend::Chat.api());
-        st.on_event(r#"{"choices":[{"delta":{"content":"c"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#, 3.0, Backend::Chat.api());
+        st.on_event(r#"{"choices":[{"delta":{"content":"a b"},"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#, 2.0, api::of(Backend::Chat));
+        st.on_event(r#"{"choices":[{"delta":{"content":"c"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#, 3.0, api::of(Backend::Chat));
         st.on_event(
             r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#,
             3.5,
-            Backend::Chat.api(),
+            api::of(Backend::Chat),
         );
-        st.on_event("[DONE]", 3.5, Backend::Chat.api());
+        st.on_event("[DONE]", 3.5, api::of(Backend::Chat));
         assert_eq!(st.chunk_ms, vec![2.0, 3.0], "role prelude is not content");
         assert_eq!(st.chunk_tokens, vec![2, 1]);
         assert!(st.continuous && st.done && st.finished);
@@ -514,15 +534,93 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_chunks_are_told_from_answer_chunks() {
+        let chat = api::of(Backend::Chat);
+        let mut st = StreamState::default();
+        let usage = |n: u32| format!(r#","usage":{{"prompt_tokens":3,"completion_tokens":{n}}}"#);
+        st.on_event(
+            &format!(
+                r#"{{"choices":[{{"delta":{{"reasoning":"a"}}}}]{}}}"#,
+                usage(1)
+            ),
+            1.0,
+            chat,
+        );
+        // Tokens held back (half a UTF-8 character) in the reasoning field are reasoning.
+        st.on_event(
+            &format!(
+                r#"{{"choices":[{{"delta":{{"reasoning":""}}}}]{}}}"#,
+                usage(2)
+            ),
+            2.0,
+            chat,
+        );
+        // Reasoning ends and the answer starts inside one chunk: an answer chunk.
+        st.on_event(
+            &format!(
+                r#"{{"choices":[{{"delta":{{"reasoning":"b","content":"c"}}}}]{}}}"#,
+                usage(4)
+            ),
+            3.0,
+            chat,
+        );
+        st.on_event(
+            &format!(
+                r#"{{"choices":[{{"delta":{{"content":"d"}},"finish_reason":"stop"}}]{}}}"#,
+                usage(5)
+            ),
+            4.0,
+            chat,
+        );
+        st.on_event("[DONE]", 4.0, chat);
+        assert_eq!(st.chunk_reasoning, [true, true, false, false]);
+        assert_eq!(st.first_answer_ms, Some(3.0));
+        let stub = RequestStub {
+            id: 0,
+            phase: Phase::Measured,
+            scheduled_ms: 0.0,
+            queue_ms: 0.0,
+            input_len: 3,
+            output_len: 5,
+            prefix_group: None,
+        };
+        let target = Target {
+            base_url: String::new(),
+            backend: Backend::Chat,
+            model: String::new(),
+            headers: Vec::new(),
+            api_key: None,
+            timeout: Duration::from_secs(1),
+            ignore_eos: true,
+            min_tokens: false,
+            prompt_ids: false,
+            continuous_usage: true,
+            extra_body: None,
+        };
+        let origin = Instant::now();
+        let r = finish_record(stub, &target, origin, origin, origin, st, Some(200), None);
+        assert_eq!(r.chunk_tokens, [1, 1, 2, 1]);
+        assert_eq!(
+            (r.output_tokens, r.reasoning_tokens, r.answer_tokens()),
+            (5, 2, 3)
+        );
+        assert_eq!(r.reasoning_tokens_source, CountSource::Counted);
+        assert_eq!(
+            (r.first_token_ms, r.first_answer_ms),
+            (Some(1.0), Some(3.0))
+        );
+    }
+
+    #[test]
     fn token_without_text_is_content_but_usage_only_chunk_is_not() {
         // Continuous usage: the first token is half a UTF-8 character (empty text).
         let mut st = StreamState::default();
         st.on_event(
             r#"{"choices":[{"text":"","finish_reason":null}],"usage":{"prompt_tokens":4,"completion_tokens":1}}"#,
-            1.0, Backend::Completions.api());
+            1.0, api::of(Backend::Completions));
         st.on_event(
             r#"{"choices":[{"text":"é","finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":2}}"#,
-            2.0, Backend::Completions.api());
+            2.0, api::of(Backend::Completions));
         assert_eq!(
             st.chunk_ms,
             vec![1.0, 2.0],
@@ -534,12 +632,12 @@ mod tests {
         st.on_event(
             r#"{"choices":[{"text":"ab"}]}"#,
             1.0,
-            Backend::Completions.api(),
+            api::of(Backend::Completions),
         );
         st.on_event(
             r#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}"#,
             5.0,
-            Backend::Completions.api(),
+            api::of(Backend::Completions),
         );
         assert_eq!(st.chunk_ms, vec![1.0], "E2E ends at the last content chunk");
     }

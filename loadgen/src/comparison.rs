@@ -14,12 +14,12 @@ use reports::samples::LatencySamples;
 use reports::stats::Bootstrap;
 use serde::{Deserialize, Serialize};
 
-use crate::folders::{load_run, same_schedule, CompareFile, COMPARE_FILE};
+use crate::folders::{load_run, same_requests, CompareFile, COMPARE_FILE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PairMode {
-    /// Paired when both sides' schedule.jsonl are identical.
+    /// Paired when both sides sent the same requests: identical schedule.jsonl and --extra-body.
     Auto,
     Yes,
     No,
@@ -159,14 +159,17 @@ pub fn analyse_rounds(
         && a_rounds
             .iter()
             .zip(&b_rounds)
-            .all(|(a, b)| same_schedule(a, b));
+            .all(|(a, b)| same_requests(a, b));
     let pair_by_id = match options.pair {
         PairMode::Auto => identical,
         PairMode::Yes => true,
         PairMode::No => false,
     };
     if options.pair == PairMode::Auto && !identical {
-        eprintln!("loadgen compare: the sides' schedule.jsonl differ: unpaired tests");
+        eprintln!(
+            "loadgen compare: the sides' requests differ (schedule.jsonl, or --extra-body in \
+             meta.json): unpaired tests"
+        );
     }
     let bootstrap = Bootstrap {
         seed: options.bootstrap_seed,

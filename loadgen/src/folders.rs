@@ -329,13 +329,15 @@ pub fn online_rounds(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     Ok((a, b))
 }
 
-/// Whether two run folders hold byte-identical `schedule.jsonl` files.
-pub fn same_schedule(a: &Path, b: &Path) -> bool {
+/// Whether two run folders sent the same requests: byte-identical `schedule.jsonl` files
+/// and the same `--extra-body` in their `meta.json`.
+pub fn same_requests(a: &Path, b: &Path) -> bool {
+    let extra_body = |dir: &Path| read_meta(&dir.join("meta.json")).map(|m| m.extra_body);
     match (
         std::fs::read(a.join("schedule.jsonl")),
         std::fs::read(b.join("schedule.jsonl")),
     ) {
-        (Ok(x), Ok(y)) => x == y,
+        (Ok(x), Ok(y)) => x == y && extra_body(a).ok() == extra_body(b).ok(),
         _ => false,
     }
 }

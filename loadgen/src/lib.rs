@@ -2,6 +2,7 @@
 //! built-in mock server for self-calibration. See ARCHITECTURE.md ("Load generator").
 
 pub mod api;
+pub mod backend;
 pub mod calibrate;
 pub mod cli;
 pub mod client;
@@ -10,6 +11,7 @@ pub mod clock;
 pub mod commands;
 pub mod comparison;
 pub mod connections;
+pub mod extra_body;
 pub mod folders;
 pub mod host;
 pub mod merge;
@@ -25,6 +27,8 @@ pub mod server_proc;
 pub mod shard;
 pub mod sse;
 pub mod stamped_tcp;
+pub mod stop;
+pub mod target;
 pub mod units;
 pub mod views;
 pub mod workload;

@@ -134,6 +134,15 @@ fn check_one_schedule(shards: &[ShardRun]) -> Result<u64> {
                 sa.schedule_requests == sb.schedule_requests,
             ),
             ("start instant (--start-at)", sa.start_at == sb.start_at),
+            (
+                "extra request body (--extra-body)",
+                a.extra_body == b.extra_body,
+            ),
+            (
+                "request options (digest of the request list and of every option that shapes \
+                 a request)",
+                sa.schedule_digest == sb.schedule_digest,
+            ),
             ("server URL", a.url == b.url),
             ("backend", a.backend == b.backend),
             ("model", a.model == b.model),

@@ -4,7 +4,9 @@
 //! `ceil(max_tokens / tokens_per_chunk)` content chunks: chunk j is sent at
 //! `ttft · ttft_factor + j · itl` after the request arrived (its bytes' kernel receive stamp)
 //! or, when it waited for a slot, after it got one, on absolute deadlines so timing does not
-//! drift. Chat streams start with a role-only prelude chunk, as vLLM does. Fault
+//! drift. Chat streams start with a role-only prelude chunk, as vLLM does; a chat answer's
+//! first `reasoning_tokens` tokens stream as reasoning, in the field current vLLM uses
+//! (`delta.reasoning`) or the one SGLang, llama.cpp and DeepSeek use (`reasoning_content`). Fault
 //! injection: a seeded fraction of requests answered with an error status, and streams cut
 //! (connection aborted) after a number of tokens.
 
@@ -53,6 +55,35 @@ pub struct MockConfig {
     pub seed: u64,
     /// Where to log each streamed request's timing (see [`MockEvent`]), if anywhere.
     pub log: Option<MockLog>,
+    /// A chat answer's first this many tokens are reasoning (at most the whole answer).
+    pub reasoning_tokens: u32,
+    /// The delta field reasoning streams in.
+    pub reasoning_field: ReasoningField,
+    /// Report `usage.completion_tokens_details.reasoning_tokens` in usage objects.
+    pub reasoning_usage: bool,
+    /// Where to keep every request body received, when anywhere (tests).
+    pub bodies: Option<Arc<Mutex<Vec<Value>>>>,
+}
+
+/// The chat delta field a server streams reasoning in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ReasoningField {
+    /// `delta.reasoning`: current vLLM.
+    #[default]
+    #[value(name = "reasoning")]
+    Reasoning,
+    /// `delta.reasoning_content`: SGLang, llama.cpp, DeepSeek's API, older vLLM.
+    #[value(name = "reasoning_content")]
+    ReasoningContent,
+}
+
+impl ReasoningField {
+    fn name(self) -> &'static str {
+        match self {
+            ReasoningField::Reasoning => "reasoning",
+            ReasoningField::ReasoningContent => "reasoning_content",
+        }
+    }
 }
 
 /// The mock's own account of one streamed request, so that its lateness can be told apart
@@ -136,6 +167,10 @@ impl Default for MockConfig {
             cut_after: None,
             seed: 0,
             log: None,
+            reasoning_tokens: 0,
+            reasoning_field: ReasoningField::default(),
+            reasoning_usage: false,
+            bodies: None,
         }
     }
 }
@@ -460,6 +495,11 @@ async fn serve(
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         return error_response(StatusCode::BAD_REQUEST, "request body is not JSON");
     };
+    if let Some(bodies) = &s.cfg.bodies {
+        if let Ok(mut bodies) = bodies.lock() {
+            bodies.push(body.clone());
+        }
+    }
     let ask = parse_ask(&body, format);
     let fail = s.cfg.error_rate > 0.0
         && s.rng
@@ -492,7 +532,12 @@ async fn serve(
     };
     if ask.stream {
         let log = s.cfg.log.clone().map(|log| (log, id, arrival));
-        stream_response(s.cfg.model.clone(), ask, plan, permit, log)
+        let reasoning = Reasoning {
+            tokens: if ask.chat { s.cfg.reasoning_tokens } else { 0 },
+            field: s.cfg.reasoning_field,
+            usage: s.cfg.reasoning_usage,
+        };
+        stream_response(s.cfg.model.clone(), ask, plan, reasoning, permit, log)
     } else {
         let chunks = plan.total.div_ceil(plan.per_chunk);
         tokio::time::sleep_until(plan.deadline(chunks - 1).into()).await;
@@ -531,6 +576,34 @@ fn usage(prompt: u64, completion: u64) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
+/// How a chat stream's answer starts with reasoning.
+struct Reasoning {
+    /// The answer's first this many tokens.
+    tokens: u32,
+    field: ReasoningField,
+    /// Usage objects carry `completion_tokens_details.reasoning_tokens`.
+    usage: bool,
+}
+
+impl Reasoning {
+    /// The usage object after `sent` tokens.
+    fn usage(&self, prompt: u64, sent: u32) -> String {
+        let c = u64::from(sent);
+        let details = if self.usage {
+            format!(
+                r#","completion_tokens_details":{{"reasoning_tokens":{}}}"#,
+                sent.min(self.tokens)
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            r#"{{"prompt_tokens":{prompt},"completion_tokens":{c},"total_tokens":{}{details}}}"#,
+            prompt + c
+        )
+    }
+}
+
 fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
@@ -540,6 +613,7 @@ struct StreamState {
     model: String,
     ask: Ask,
     timing: Timing,
+    reasoning: Reasoning,
     chunk: u32,
     sent_tokens: u32,
     prelude_sent: bool,
@@ -555,6 +629,7 @@ fn stream_response(
     model: String,
     ask: Ask,
     timing: Timing,
+    reasoning: Reasoning,
     permit: Option<OwnedSemaphorePermit>,
     log: Option<(MockLog, Option<u64>, (Instant, SystemTime))>,
 ) -> Response {
@@ -574,6 +649,7 @@ fn stream_response(
         model,
         ask,
         timing,
+        reasoning,
         chunk: 0,
         sent_tokens: 0,
         finished: false,
@@ -602,9 +678,13 @@ fn stream_response(
             }
             let mut out = String::new();
             if st.ask.include_usage {
-                let v = json!({"id": "mock", "object": object, "model": st.model, "choices": [],
-                    "usage": usage(st.ask.prompt_tokens, u64::from(st.sent_tokens))});
-                out.push_str(&format!("data: {v}\n\n"));
+                let _ = write!(
+                    out,
+                    r#"data: {{"id":"mock","object":"{object}","model":{},"choices":[],"usage":{}}}"#,
+                    Value::from(st.model.as_str()),
+                    st.reasoning.usage(st.ask.prompt_tokens, st.sent_tokens)
+                );
+                out.push_str("\n\n");
             }
             out.push_str("data: [DONE]\n\n");
             return Some((Ok(Bytes::from(out)), st));
@@ -628,6 +708,8 @@ fn stream_response(
             }
         }
         let k = st.timing.per_chunk.min(st.timing.total - st.sent_tokens);
+        // Of this chunk's tokens, those before the reasoning ends are reasoning.
+        let thinking = st.reasoning.tokens.saturating_sub(st.sent_tokens).min(k);
         st.sent_tokens += k;
         st.chunk += 1;
         if st.ask.tgi {
@@ -655,27 +737,39 @@ fn stream_response(
         };
         let mut event = String::with_capacity(st.chunk_prefix.len() + 160);
         event.push_str(&st.chunk_prefix);
-        event.push_str(if st.ask.chat {
-            r#""delta":{"content":""#
-        } else {
-            r#""text":""#
-        });
-        for _ in 0..k {
-            event.push_str("tok ");
-        }
-        event.push('"');
         if st.ask.chat {
+            event.push_str(r#""delta":{"#);
+            if thinking > 0 {
+                let _ = write!(event, r#""{}":""#, st.reasoning.field.name());
+                for _ in 0..thinking {
+                    event.push_str("think ");
+                }
+                event.push('"');
+            }
+            if k > thinking {
+                if thinking > 0 {
+                    event.push(',');
+                }
+                event.push_str(r#""content":""#);
+                for _ in thinking..k {
+                    event.push_str("tok ");
+                }
+                event.push('"');
+            }
             event.push('}');
         } else {
-            event.push_str(r#","logprobs":null"#);
+            event.push_str(r#""text":""#);
+            for _ in 0..k {
+                event.push_str("tok ");
+            }
+            event.push_str(r#"","logprobs":null"#);
         }
         let _ = write!(event, r#","finish_reason":{finish}}}]"#);
         if st.ask.include_usage && st.ask.continuous_usage {
-            let (p, c) = (st.ask.prompt_tokens, u64::from(st.sent_tokens));
             let _ = write!(
                 event,
-                r#","usage":{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":{}}}"#,
-                p + c
+                r#","usage":{}"#,
+                st.reasoning.usage(st.ask.prompt_tokens, st.sent_tokens)
             );
         }
         event.push_str("}\n\n");

@@ -12,13 +12,16 @@ use reports::records::{RunMeta, ShardInfo, SCHEMA_VERSION};
 use reports::slo::SloSpec;
 use serde_json::json;
 
+use crate::backend::Backend;
 use crate::calibrate::{calibrate, CalibrateConfig};
-use crate::client::{self, Backend, Target};
+use crate::client;
+use crate::extra_body::ExtraBody;
 use crate::host::host_info;
 use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
 use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
 use crate::scrape::{ScrapeTarget, Scraper};
 use crate::shard::Shard;
+use crate::target::Target;
 use crate::units::duration_arg;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
@@ -62,6 +65,11 @@ pub struct RunArgs {
     pub headers: Vec<String>,
     #[arg(long)]
     pub api_key: Option<String>,
+    /// JSON object (or `@FILE` holding one) merged into every request body, e.g.
+    /// '{"chat_template_kwargs": {"enable_thinking": false}}'; with --backend tgi, into
+    /// `parameters`. Fields loadgen sets itself (stream, max_tokens, model, …) are refused.
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub extra_body: Option<String>,
     #[arg(long, value_enum, default_value = "sharegpt-like")]
     pub workload: WorkloadKind,
     /// ShareGPT-like profile: chat, code, summarization, long-context.
@@ -432,6 +440,8 @@ pub struct PreparedRun {
     pub schedule_requests: u64,
     /// See [`reports::records::ShardInfo::schedule_digest`].
     pub schedule_digest: String,
+    /// `--extra-body`, checked.
+    pub extra_body: Option<ExtraBody>,
 }
 
 /// Builds the prompts, SLOs, headers and plan of `args` (no network).
@@ -455,9 +465,14 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
             "--prompt-ids needs --backend completions: only a completions prompt may be token ids"
         );
     }
+    let extra_body = args
+        .extra_body
+        .as_deref()
+        .map(|arg| ExtraBody::parse(arg, args.backend))
+        .transpose()?;
     let (mut plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
     let schedule_requests = plan.requests.len() as u64;
-    let schedule_digest = schedule_digest(args, &plan, &prompts)?;
+    let schedule_digest = schedule_digest(args, &plan, &prompts, extra_body.as_ref())?;
     if let Some(shard) = args.shard {
         if args.concurrency.is_some() {
             bail!("--shard splits an open-loop schedule; a closed loop (--concurrency) has none: give each worker its own --concurrency instead");
@@ -483,12 +498,18 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
         calibration: None,
         schedule_requests,
         schedule_digest,
+        extra_body,
     })
 }
 
 /// The digest that tells the shards of one schedule apart from those of another: the whole
 /// request list and every option that shapes a request on the wire (FNV-1a, 64 bits, hex).
-fn schedule_digest(args: &RunArgs, plan: &Plan, prompts: &PromptBuilder) -> Result<String> {
+fn schedule_digest(
+    args: &RunArgs,
+    plan: &Plan,
+    prompts: &PromptBuilder,
+    extra_body: Option<&ExtraBody>,
+) -> Result<String> {
     let shape = json!({
         "requests": plan.requests,
         "phases": [plan.warmup_s, plan.duration_s, plan.cooldown_s],
@@ -500,6 +521,7 @@ fn schedule_digest(args: &RunArgs, plan: &Plan, prompts: &PromptBuilder) -> Resu
         "timeout_s": args.timeout.as_secs_f64(),
         "slo": args.slo,
         "approximate_lengths": prompts.is_approximate(),
+        "extra_body": extra_body.map(ExtraBody::to_value),
     });
     let bytes = serde_json::to_vec(&shape)?;
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -571,6 +593,7 @@ pub async fn execute_prepared(
         min_tokens: args.min_tokens,
         prompt_ids: args.prompt_ids,
         continuous_usage: !args.no_continuous_usage,
+        extra_body: prepared.extra_body.clone(),
     };
     let mut meta = RunMeta {
         schema_version: SCHEMA_VERSION,
@@ -600,6 +623,7 @@ pub async fn execute_prepared(
             clock: crate::clock::clock_sync(),
         }),
         merged_from: Vec::new(),
+        extra_body: prepared.extra_body.as_ref().map(ExtraBody::to_value),
     };
     // Written first as it stands, so that a run killed hard still says what it was.
     if let Some(dir) = &exec.out {
@@ -717,6 +741,7 @@ mod tests {
         assert_ne!(digest(&["--min-tokens"]).0, d0);
         assert_ne!(digest(&["--seed", "1"]).0, d0);
         assert_ne!(digest(&["--rate", "2"]).0, d0);
+        assert_ne!(digest(&["--extra-body", r#"{"temperature": 0}"#]).0, d0);
         assert_eq!(d0.len(), 16);
     }
 

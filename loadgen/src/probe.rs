@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::prepare::{execute_prepared, prepare_run, Execution, RunArgs};
-use crate::run::never_stop;
+use crate::stop::never_stop;
 
 /// The probe stops doubling the concurrency when the Little's-law rate grows by less than this.
 pub const PROBE_MIN_GAIN: f64 = 1.10;

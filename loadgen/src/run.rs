@@ -22,10 +22,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::client::{self, RequestStub, Target};
+use crate::client::{self, RequestStub};
 use crate::client_cpu::CpuClock;
 use crate::connections::{self, HttpClient};
 use crate::progress::Progress;
+use crate::stop::stopped;
+use crate::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::RequestSpec;
 
@@ -139,36 +141,6 @@ pub struct RunOutcome {
     pub start_time: chrono::DateTime<chrono::Utc>,
     /// With a start instant: how long before it the run was ready to send (ms).
     pub ready_before_start_ms: Option<f64>,
-}
-
-/// A stop receiver that never fires (library users without signals).
-pub fn never_stop() -> watch::Receiver<bool> {
-    watch::channel(false).1
-}
-
-/// A stop receiver that fires on Ctrl-C or SIGTERM.
-pub fn stop_on_signals() -> Result<watch::Receiver<bool>> {
-    let (tx, rx) = watch::channel(false);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        eprintln!("\nloadgen: stopping; keeping finished requests");
-        let _ = tx.send(true);
-    });
-    Ok(rx)
-}
-
-/// Resolves once `stop` says so (never, if its sender is gone without saying so).
-pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
-    while !*stop.borrow() {
-        if stop.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 struct RunContext {

@@ -163,3 +163,88 @@ async fn sigterm_keeps_finished_records_and_marks_summary_incomplete() {
         "partial timings kept"
     );
 }
+
+/// `--extra-body` is sent with every request and recorded in `meta.json`; a field loadgen
+/// sets itself is refused with its reason before anything is sent or written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_body_is_sent_and_recorded_and_a_refused_field_sends_nothing() {
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        reasoning_tokens: 2,
+        bodies: Some(bodies.clone()),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &str, out: &Path| {
+        loadgen()
+            .args([
+                "run",
+                "--url",
+                &format!("http://{addr}"),
+                "--backend",
+                "chat",
+            ])
+            .args([
+                "--workload",
+                "random",
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "4",
+            ])
+            .args([
+                "--num-prompts",
+                "3",
+                "--rate",
+                "50",
+                "--no-progress",
+                "--extra-body",
+                extra,
+            ])
+            .arg("--out")
+            .arg(out)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = dir.path().join("run");
+    let thinking_off = r#"{"chat_template_kwargs": {"enable_thinking": false}}"#;
+    let done = run(thinking_off, &out);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    {
+        let bodies = bodies.lock().unwrap();
+        assert_eq!(bodies.len(), 3);
+        assert!(bodies
+            .iter()
+            .all(|b| b["chat_template_kwargs"]["enable_thinking"] == false));
+    }
+    let meta = read_meta(&out.join("meta.json")).unwrap();
+    assert_eq!(
+        meta.extra_body,
+        Some(serde_json::from_str(thinking_off).unwrap())
+    );
+    // The mock reasons for 2 of the 4 tokens, 1 ms apart: the answer starts 2 ms after TTFT.
+    let summary = Summary::read(&out.join("summary.json")).unwrap();
+    assert_eq!(summary.total_reasoning_tokens, 6);
+    assert!(summary.median_time_to_first_answer_ms > summary.median_ttft_ms);
+
+    let refused = dir.path().join("refused");
+    let failed = run(r#"{"max_tokens": 7}"#, &refused);
+    handle.shutdown().await;
+    assert!(!failed.status.success());
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(
+        stderr.contains("field `max_tokens` is refused") && stderr.contains("--max-output-len"),
+        "{stderr}"
+    );
+    assert_eq!(bodies.lock().unwrap().len(), 3, "nothing more was sent");
+    assert!(!refused.exists(), "nothing was written");
+}

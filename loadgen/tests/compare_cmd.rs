@@ -111,6 +111,29 @@ async fn compare_starts_and_stops_each_server_per_round() {
     compare_command(args).await.unwrap();
     let offline = CompareFile::read(&again.join(COMPARE_FILE)).unwrap();
     assert_eq!(offline.analysis, file.analysis);
+
+    // A side whose requests carried another --extra-body did not send the same requests:
+    // its rounds are not paired with A's by id.
+    let b1 = round_dir(&out, 1, Side::B).join("meta.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&b1).unwrap()).unwrap();
+    meta["extra_body"] = serde_json::json!({"chat_template_kwargs": {"enable_thinking": false}});
+    std::fs::write(&b1, meta.to_string()).unwrap();
+    let unpaired = temp.path().join("unpaired");
+    let args = Compare::try_parse_from([
+        "compare",
+        out.to_str().unwrap(),
+        "--out",
+        unpaired.to_str().unwrap(),
+    ])
+    .unwrap()
+    .args;
+    compare_command(args).await.unwrap();
+    assert!(
+        !CompareFile::read(&unpaired.join(COMPARE_FILE))
+            .unwrap()
+            .pair_by_id
+    );
 }
 
 /// A/A between two `loadgen mock-server` processes with the same timing: no metric is

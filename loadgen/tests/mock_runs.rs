@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use loadgen::client::{Backend, Target};
+use loadgen::backend::Backend;
 use loadgen::mock::{self, MockConfig};
 use loadgen::run::{self, LoadMode, Plan, PlannedRequest, RunOptions, RunOutcome};
 use loadgen::schedule::{Arrival, Extent, ScheduleSpec};
+use loadgen::target::Target;
 use loadgen::workload::prompt::PromptBuilder;
 use loadgen::workload::{prefixed_blocks, PromptSource, RequestSpec};
 use reports::records::{ChunkTokensSource, CountSource};
@@ -85,6 +86,7 @@ fn target(base_url: String, backend: Backend) -> Target {
         min_tokens: false,
         prompt_ids: false,
         continuous_usage: true,
+        extra_body: None,
     }
 }
 
@@ -97,7 +99,7 @@ async fn run_plan(plan: Plan, target: Target) -> RunOutcome {
             out_dir: None,
             slos: Vec::new(),
             progress: false,
-            stop: run::never_stop(),
+            stop: loadgen::stop::never_stop(),
             start_at: None,
         },
     )
@@ -387,7 +389,7 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
     let origin = std::time::Instant::now();
     let send = |id: u64| {
         let (stub, body) = one_request(&t, id, 4);
-        client::execute(&http, &t, stub, body, origin, run::never_stop())
+        client::execute(&http, &t, stub, body, origin, loadgen::stop::never_stop())
     };
     let first = send(0).await;
     assert!(first.is_success(), "{:?}", first.error);
@@ -453,7 +455,8 @@ fn a_chunk_read_late_is_timed_at_its_arrival() {
             std::thread::sleep(Duration::from_millis(150));
         });
         let origin = std::time::Instant::now();
-        let record = client::execute(&http, &t, stub, body, origin, run::never_stop()).await;
+        let record =
+            client::execute(&http, &t, stub, body, origin, loadgen::stop::never_stop()).await;
         blocker.await.unwrap();
         record
     });
@@ -469,4 +472,149 @@ fn a_chunk_read_late_is_timed_at_its_arrival() {
         (290.0..400.0).contains(&gap),
         "ITL {gap:.1} ms (the mock's is 300 ms)"
     );
+}
+
+/// A reasoning model's stream (50 ms to the first token, then 20 reasoning and 20 answer
+/// tokens 10 ms apart) in either field vLLM, SGLang or llama.cpp use, with usage on every
+/// chunk or only at the end: TTFT is the first reasoning token, the time to first answer
+/// token the 21st token, TPOT covers all 40.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_streams_are_timed_in_either_field() {
+    use loadgen::mock::ReasoningField;
+
+    let _guard = SERIAL.lock().await;
+    for field in [ReasoningField::Reasoning, ReasoningField::ReasoningContent] {
+        for (continuous, reasoning_usage) in [(true, false), (false, false), (true, true)] {
+            let cfg = MockConfig {
+                reasoning_tokens: 20,
+                reasoning_field: field,
+                reasoning_usage,
+                ..MockConfig::default()
+            };
+            let (addr, handle) = mock::spawn(cfg).await.unwrap();
+            let mut t = target(format!("http://{addr}"), Backend::Chat);
+            t.continuous_usage = continuous;
+            let out = run_plan(poisson_plan(20.0, 1.0, 40), t).await;
+            handle.shutdown().await;
+            let case = format!(
+                "{field:?}, continuous usage {continuous}, reasoning usage {reasoning_usage}"
+            );
+            let m = &out.metrics;
+            assert!(m.completed > 5 && m.failed == 0, "{case}: {m:?}");
+            for r in &out.records {
+                assert_eq!(r.chunk_ms.len(), 40, "{case}: every token is a chunk");
+                assert_eq!(
+                    (r.output_tokens, r.reasoning_tokens, r.answer_tokens()),
+                    (40, 20, 20),
+                    "{case}"
+                );
+                let source = if reasoning_usage {
+                    CountSource::Usage
+                } else {
+                    CountSource::Counted
+                };
+                assert_eq!(r.reasoning_tokens_source, source, "{case}");
+                assert_eq!(r.first_answer_ms, Some(r.chunk_ms[20]), "{case}");
+            }
+            assert!(
+                (m.ttft.p50 - 50.0).abs() < 5.0,
+                "{case}: TTFT p50 {}",
+                m.ttft.p50
+            );
+            let ttfa = m.time_to_first_answer.p50;
+            assert!(
+                (ttfa - 250.0).abs() < 5.0,
+                "{case}: time to first answer p50 {ttfa}"
+            );
+            assert!(
+                (m.tpot.p50 - 10.0).abs() < 1.0,
+                "{case}: TPOT p50 {}",
+                m.tpot.p50
+            );
+            assert_eq!(m.total_reasoning_tokens, 20 * m.completed, "{case}");
+            assert_eq!(m.no_answer, 0, "{case}");
+            let s = &out.summary;
+            assert_eq!(s.median_time_to_first_answer_ms, m.time_to_first_answer.p50);
+            assert_eq!(s.metrics["time_to_first_answer"].count, m.completed);
+        }
+    }
+}
+
+/// Without reasoning the first answer token is the first token; an answer cut inside its
+/// reasoning (`max_tokens` below the reasoning) has none, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_reasoning_answers_at_ttft_and_reasoning_only_has_no_answer() {
+    let _guard = SERIAL.lock().await;
+    let out = against_mock(
+        MockConfig::default(),
+        poisson_plan(20.0, 1.0, 8),
+        Backend::Chat,
+    )
+    .await;
+    let m = &out.metrics;
+    assert!(m.completed > 5 && m.failed == 0);
+    assert_eq!(m.time_to_first_answer, m.ttft);
+    assert_eq!((m.total_reasoning_tokens, m.no_answer), (0, 0));
+    let cfg = MockConfig {
+        reasoning_tokens: 20,
+        ..MockConfig::default()
+    };
+    let out = against_mock(cfg, poisson_plan(20.0, 1.0, 8), Backend::Chat).await;
+    let m = &out.metrics;
+    assert!(
+        m.completed > 5 && m.failed == 0,
+        "reasoning only is a success"
+    );
+    assert_eq!(m.no_answer, m.completed);
+    assert_eq!(m.time_to_first_answer.count, 0);
+    assert!(out
+        .records
+        .iter()
+        .all(|r| r.first_answer_ms.is_none() && r.reasoning_tokens == 8));
+}
+
+/// `--extra-body` reaches every request body of every backend: at the top of the OpenAI
+/// bodies, inside TGI's `parameters`, beside loadgen's own fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_body_reaches_every_request_of_each_backend() {
+    use loadgen::extra_body::ExtraBody;
+
+    let _guard = SERIAL.lock().await;
+    let extra = r#"{"chat_template_kwargs": {"enable_thinking": false}, "temperature": 0.5}"#;
+    for backend in [Backend::Completions, Backend::Chat, Backend::Tgi] {
+        let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let cfg = MockConfig {
+            ttft: Duration::from_millis(5),
+            itl: Duration::from_millis(1),
+            bodies: Some(bodies.clone()),
+            ..MockConfig::default()
+        };
+        let (addr, handle) = mock::spawn(cfg).await.unwrap();
+        let mut t = target(format!("http://{addr}"), backend);
+        t.extra_body = Some(ExtraBody::parse(extra, backend).unwrap());
+        let plan = poisson_plan(50.0, 0.5, 4);
+        let n = plan.requests.len();
+        let out = run_plan(plan, t).await;
+        handle.shutdown().await;
+        assert_eq!(out.metrics.completed as usize, n, "{backend:?}");
+        let bodies = bodies.lock().unwrap();
+        assert_eq!(bodies.len(), n, "{backend:?}");
+        for body in bodies.iter() {
+            let fields = if backend == Backend::Tgi {
+                &body["parameters"]
+            } else {
+                body
+            };
+            assert_eq!(
+                fields["chat_template_kwargs"]["enable_thinking"], false,
+                "{backend:?}: {body}"
+            );
+            assert_eq!(fields["temperature"], 0.5, "{backend:?}: {body}");
+            let own = match backend {
+                Backend::Tgi => &body["parameters"]["max_new_tokens"],
+                _ => &body["max_tokens"],
+            };
+            assert_eq!(own, 4, "{backend:?}: loadgen's own fields stay");
+        }
+    }
 }

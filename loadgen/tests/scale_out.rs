@@ -306,6 +306,24 @@ fn merge_refuses_what_is_not_one_schedule_and_late_workers_refuse_to_send() {
     ];
     let e = err(merge(&mixed, &dir.path().join("m3")));
     assert!(e.contains("not shards of one schedule"), "{e}");
+    // A shard sent with another --extra-body, or with other request options, is not one
+    // of them either.
+    let meta_path = shards[2].join("meta.json");
+    let original = std::fs::read_to_string(&meta_path).unwrap();
+    let mut meta: serde_json::Value = serde_json::from_str(&original).unwrap();
+    meta["extra_body"] = serde_json::json!({"temperature": 0});
+    std::fs::write(&meta_path, meta.to_string()).unwrap();
+    let e = err(merge(&shards, &dir.path().join("m3")));
+    assert!(
+        e.contains("their extra request body (--extra-body) differ"),
+        "{e}"
+    );
+    meta.as_object_mut().unwrap().remove("extra_body");
+    meta["shard"]["schedule_digest"] = "0123456789abcdef".into();
+    std::fs::write(&meta_path, meta.to_string()).unwrap();
+    let e = err(merge(&shards, &dir.path().join("m3")));
+    assert!(e.contains("their request options"), "{e}");
+    std::fs::write(&meta_path, original).unwrap();
     // A warm-up record removed from a shard: the merge names the request without a record.
     let lines = std::fs::read_to_string(shards[1].join("records.jsonl")).unwrap();
     let all: Vec<&str> = lines.lines().collect();

@@ -36,7 +36,7 @@ pub const DEFAULT_MIN_EFFECT: f64 = 0.02;
 /// difference is worth acting on, whatever its share of A's value.
 pub fn min_effect_floor_ms(metric: SloMetric) -> f64 {
     match metric {
-        SloMetric::Ttft | SloMetric::E2el => 1.0,
+        SloMetric::Ttft | SloMetric::TimeToFirstAnswer | SloMetric::E2el => 1.0,
         SloMetric::Tpot => 0.1,
     }
 }

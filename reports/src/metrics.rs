@@ -156,6 +156,8 @@ pub fn to_micros(ms: f64) -> u64 {
 #[serde(rename_all = "snake_case")]
 pub enum SloMetric {
     Ttft,
+    /// Time to first answer token: TTFT of the answer, after any reasoning.
+    TimeToFirstAnswer,
     Tpot,
     E2el,
 }
@@ -181,12 +183,15 @@ pub struct MetricsOptions {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RequestLatency {
     pub ttft: f64,
+    /// Time to first answer token; `None` when only reasoning arrived.
+    pub ttfa: Option<f64>,
     pub e2el: f64,
     /// `None` for a single-token output.
     pub tpot: Option<f64>,
 }
 
-/// TTFT, E2E and TPOT of one successful request, measured from the actual send.
+/// TTFT, time to first answer token, E2E and TPOT of one successful request, measured from
+/// the actual send.
 pub fn request_latency(r: &RequestRecord) -> Option<RequestLatency> {
     if !r.is_success() {
         return None;
@@ -196,6 +201,7 @@ pub fn request_latency(r: &RequestRecord) -> Option<RequestLatency> {
     let tpot = (r.output_tokens > 1).then(|| (last - first) / (r.output_tokens - 1) as f64);
     Some(RequestLatency {
         ttft: first - r.sent_ms,
+        ttfa: r.first_answer().map(|answer| answer - r.sent_ms),
         e2el: last - r.sent_ms,
         tpot,
     })
@@ -206,6 +212,7 @@ pub fn meets_slos(latency: &RequestLatency, slos: &[Slo]) -> bool {
     slos.iter().all(|slo| {
         let value = match slo.metric {
             SloMetric::Ttft => Some(latency.ttft),
+            SloMetric::TimeToFirstAnswer => latency.ttfa,
             SloMetric::Tpot => latency.tpot,
             SloMetric::E2el => Some(latency.e2el),
         };
@@ -241,8 +248,17 @@ pub struct Metrics {
     pub short_outputs: u64,
     /// Successes whose output count was counted by the client (no `usage`).
     pub counted_output_tokens: u64,
+    /// Output tokens spent reasoning (in `total_output_tokens` too).
+    pub total_reasoning_tokens: u64,
+    /// Successes whose reasoning count was counted from the chunks (no
+    /// `usage.completion_tokens_details.reasoning_tokens`) and is not zero.
+    pub counted_reasoning_tokens: u64,
+    /// Successes that streamed reasoning only, no answer (no time to first answer).
+    pub no_answer: u64,
     /// Time to first token, from the actual send.
     pub ttft: DistStats,
+    /// Time to first answer token (not reasoning), from the actual send.
+    pub time_to_first_answer: DistStats,
     /// Time per output token after the first.
     pub tpot: DistStats,
     /// Token-true inter-token latency (a k-token chunk after gap g gives k gaps of g/k).
@@ -277,6 +293,7 @@ pub struct Metrics {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WindowSamples {
     pub ttft: Vec<f64>,
+    pub time_to_first_answer: Vec<f64>,
     pub tpot: Vec<f64>,
     pub e2el: Vec<f64>,
     pub token_itl: Vec<f64>,
@@ -304,6 +321,7 @@ impl WindowSamples {
                 continue;
             };
             s.ttft.push(latency.ttft);
+            s.time_to_first_answer.extend(latency.ttfa);
             s.e2el.push(latency.e2el);
             s.tpot.extend(latency.tpot);
             let wait = r.sent_ms - r.scheduled_ms;
@@ -321,9 +339,10 @@ impl WindowSamples {
     }
 
     /// Each distribution with its name (the tag it carries in `histograms.hlog`).
-    pub fn named(&self) -> [(&'static str, &[f64]); 10] {
+    pub fn named(&self) -> [(&'static str, &[f64]); 11] {
         [
             ("ttft", &self.ttft),
+            ("time_to_first_answer", &self.time_to_first_answer),
             ("tpot", &self.tpot),
             ("e2el", &self.e2el),
             ("token_itl", &self.token_itl),
@@ -380,6 +399,12 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
         m.completed += 1;
         m.total_input_tokens += r.prompt_tokens;
         m.total_output_tokens += r.output_tokens;
+        m.total_reasoning_tokens += r.reasoning_tokens;
+        m.counted_reasoning_tokens += u64::from(
+            r.reasoning_tokens > 0
+                && r.reasoning_tokens_source == crate::records::CountSource::Counted,
+        );
+        m.no_answer += u64::from(latency.ttfa.is_none());
         m.short_outputs += u64::from(r.short_output);
         m.counted_output_tokens +=
             u64::from(r.output_tokens_source == crate::records::CountSource::Counted);
@@ -407,6 +432,7 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     }
 
     m.ttft = DistStats::from_values(&samples.ttft);
+    m.time_to_first_answer = DistStats::from_values(&samples.time_to_first_answer);
     m.tpot = DistStats::from_values(&samples.tpot);
     m.e2el = DistStats::from_values(&samples.e2el);
     m.token_itl = DistStats::from_values(&samples.token_itl);
@@ -509,6 +535,7 @@ mod tests {
             queue_ms: 0.0,
             sent_ms: sent,
             first_token_ms: chunks.first().copied(),
+            first_answer_ms: chunks.first().copied(),
             end_ms: chunks.last().copied().unwrap_or(sent),
             chunk_ms: chunks.to_vec(),
             chunk_tokens: tokens.to_vec(),
@@ -517,6 +544,8 @@ mod tests {
             prompt_tokens_source: CountSource::Usage,
             output_tokens: tokens.iter().map(|&k| u64::from(k)).sum(),
             output_tokens_source: CountSource::Usage,
+            reasoning_tokens: 0,
+            reasoning_tokens_source: CountSource::Counted,
             requested_output_tokens: 9,
             short_output: false,
             prefix_group: None,

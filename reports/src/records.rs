@@ -115,8 +115,14 @@ pub struct RequestRecord {
     /// on a connection opened during the run (inside its TTFT); `None` on a pooled one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_ms: Option<f64>,
-    /// Arrival of the first chunk carrying content (text or tokens); `None` if none arrived.
+    /// Arrival of the first chunk carrying output of any kind (answer text, reasoning text,
+    /// a tool call or tokens); `None` if none arrived.
     pub first_token_ms: Option<f64>,
+    /// Arrival of the first chunk carrying answer output (text or a tool call, not
+    /// reasoning); `None` if none arrived. Records written before loadgen told reasoning
+    /// apart lack it, and carried no reasoning (see [`RequestRecord::first_answer`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_answer_ms: Option<f64>,
     /// Arrival of the last content chunk for a success; time of the failure otherwise.
     pub end_ms: f64,
     /// Arrival time of every content chunk, in order.
@@ -128,6 +134,14 @@ pub struct RequestRecord {
     pub prompt_tokens_source: CountSource,
     pub output_tokens: u64,
     pub output_tokens_source: CountSource,
+    /// Output tokens spent reasoning (`delta.reasoning` / `reasoning_content`): the server's
+    /// `usage.completion_tokens_details.reasoning_tokens` when given, else the tokens of the
+    /// chunks that carried reasoning only. The answer's tokens are the rest
+    /// ([`RequestRecord::answer_tokens`]).
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+    #[serde(default = "counted")]
+    pub reasoning_tokens_source: CountSource,
     /// `max_tokens` sent with the request.
     pub requested_output_tokens: u64,
     /// The server returned fewer tokens than requested (with `ignore_eos` set).
@@ -143,6 +157,18 @@ impl RequestRecord {
     /// True when the request completed without error.
     pub fn is_success(&self) -> bool {
         self.error.is_none()
+    }
+
+    /// Output tokens of the answer: all but the reasoning ones.
+    pub fn answer_tokens(&self) -> u64 {
+        self.output_tokens.saturating_sub(self.reasoning_tokens)
+    }
+
+    /// Arrival of the first answer chunk. A record without one but with no reasoning either
+    /// (written before loadgen told reasoning apart) answered from its first token.
+    pub fn first_answer(&self) -> Option<f64> {
+        self.first_answer_ms
+            .or_else(|| self.first_token_ms.filter(|_| self.reasoning_tokens == 0))
     }
 
     /// Actual send − scheduled send, excluding time queued for a concurrency slot.
@@ -231,6 +257,9 @@ pub struct RunMeta {
     /// This run was merged (`loadgen merge`) from these shards, in shard order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged_from: Vec<MergedShard>,
+    /// The fields merged into every request body (`--extra-body`), when any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_body: Option<serde_json::Value>,
 }
 
 /// One worker's share of a seeded schedule: the requests whose id ≡ `index` (mod `count`),
@@ -281,6 +310,10 @@ pub struct MergedShard {
     pub client_cpu: Option<f64>,
 }
 
+fn counted() -> CountSource {
+    CountSource::Counted
+}
+
 /// Run folders written before `complete` existed were written at the end of their run.
 fn ended_by_default() -> bool {
     true
@@ -322,6 +355,7 @@ mod tests {
             queue_ms: 1.0,
             sent_ms: 11.5,
             first_token_ms: Some(61.5),
+            first_answer_ms: Some(71.5),
             end_ms: 81.5,
             chunk_ms: vec![61.5, 71.5, 81.5],
             chunk_tokens: vec![1, 1, 1],
@@ -330,6 +364,8 @@ mod tests {
             prompt_tokens_source: CountSource::Usage,
             output_tokens: 3,
             output_tokens_source: CountSource::Usage,
+            reasoning_tokens: 1,
+            reasoning_tokens_source: CountSource::Counted,
             requested_output_tokens: 3,
             short_output: false,
             prefix_group: None,
@@ -338,6 +374,7 @@ mod tests {
             error: None,
         };
         assert!((record.schedule_lag_ms() - 0.5).abs() < 1e-12);
+        assert_eq!(record.answer_tokens(), 2);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("records.jsonl");
         let line = serde_json::to_string(&record).unwrap();

@@ -11,6 +11,9 @@ use crate::records::{Phase, RequestRecord};
 pub struct RequestSample {
     pub id: u64,
     pub ttft_ms: f64,
+    /// Time to first answer token; `None` when only reasoning arrived.
+    #[serde(default)]
+    pub ttfa_ms: Option<f64>,
     /// `None` for a single-token output.
     pub tpot_ms: Option<f64>,
     pub e2el_ms: f64,
@@ -20,6 +23,7 @@ impl RequestSample {
     pub fn value(&self, metric: SloMetric) -> Option<f64> {
         match metric {
             SloMetric::Ttft => Some(self.ttft_ms),
+            SloMetric::TimeToFirstAnswer => self.ttfa_ms,
             SloMetric::Tpot => self.tpot_ms,
             SloMetric::E2el => Some(self.e2el_ms),
         }
@@ -46,6 +50,7 @@ impl LatencySamples {
                 samples.requests.push(RequestSample {
                     id: record.id,
                     ttft_ms: latency.ttft,
+                    ttfa_ms: latency.ttfa,
                     tpot_ms: latency.tpot,
                     e2el_ms: latency.e2el,
                 });
@@ -67,10 +72,16 @@ impl LatencySamples {
 pub fn metric_label(metric: SloMetric) -> &'static str {
     match metric {
         SloMetric::Ttft => "TTFT",
+        SloMetric::TimeToFirstAnswer => "TTFA",
         SloMetric::Tpot => "TPOT",
         SloMetric::E2el => "E2E",
     }
 }
 
 /// The latency metrics compared and plotted, in display order.
-pub const LATENCY_METRICS: [SloMetric; 3] = [SloMetric::Ttft, SloMetric::Tpot, SloMetric::E2el];
+pub const LATENCY_METRICS: [SloMetric; 4] = [
+    SloMetric::Ttft,
+    SloMetric::TimeToFirstAnswer,
+    SloMetric::Tpot,
+    SloMetric::E2el,
+];

@@ -1,7 +1,8 @@
 //! Percentile SLOs on a run or sweep level: `ttft:p99:500ms,tpot:p99:50ms`.
 //!
 //! Each target is `metric[:pNN]:limit`; without a percentile the target is on p99 (so
-//! `ttft:500ms` means `ttft:p99:500ms`). Metrics: `ttft`, `tpot`, `e2el` (alias `e2e`).
+//! `ttft:500ms` means `ttft:p99:500ms`). Metrics: `ttft`, `ttfa` (time to first answer token,
+//! alias `time_to_first_answer`), `tpot`, `e2el` (alias `e2e`).
 //! Limits take `ms` or `s`; a bare number is milliseconds (as in `metrics::parse_slos`).
 //! Percentiles are nearest-rank, consistent with the HDR histograms of the summaries.
 
@@ -117,9 +118,10 @@ fn parse_target(part: &str) -> Result<SloTarget> {
     };
     let metric = match name {
         "ttft" => SloMetric::Ttft,
+        "ttfa" | "time_to_first_answer" => SloMetric::TimeToFirstAnswer,
         "tpot" => SloMetric::Tpot,
         "e2el" | "e2e" => SloMetric::E2el,
-        other => bail!("unknown metric `{other}` (ttft, tpot, e2el)"),
+        other => bail!("unknown metric `{other}` (ttft, ttfa, tpot, e2el)"),
     };
     Ok(SloTarget {
         metric,
@@ -226,6 +228,7 @@ mod tests {
             .map(|i| RequestSample {
                 id: i,
                 ttft_ms: i as f64,
+                ttfa_ms: (i > 10).then_some(2.0 * i as f64),
                 tpot_ms: None,
                 e2el_ms: 10.0 * i as f64,
             })
@@ -239,6 +242,10 @@ mod tests {
         assert!(check.met);
         assert_eq!(check.targets[0].observed_ms, Some(99.0));
         assert_eq!(check.targets[1].observed_ms, Some(500.0));
+        // TTFA of the 90 requests that answered: p90 is the 81st of 22, 24, …, 200.
+        let ttfa = SloSpec::parse("ttfa:p90:184ms").unwrap().check(&samples);
+        assert_eq!(ttfa.targets[0].observed_ms, Some(182.0));
+        assert!(ttfa.met);
         let strict = SloSpec::parse("ttft:p99:98.5ms").unwrap().check(&samples);
         assert!(!strict.met);
         // No TPOT values at all: not met, and the worst ratio says so.

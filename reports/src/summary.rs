@@ -5,7 +5,9 @@
 //! `total_token_throughput`, `{mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms`). As in vLLM,
 //! `itl` there is the raw per-chunk gap; the token-true ITL is `metrics.token_itl`.
 //! Everything else of ours (all distributions, schedule lag, errors by kind, client-bound
-//! flag) sits beside them.
+//! flag) sits beside them, among them the time to first answer token
+//! (`{mean,median,std,p90,p99}_time_to_first_answer_ms`, the first answer chunk after any
+//! reasoning) and the reasoning token count.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,6 +40,17 @@ pub struct Summary {
     pub median_ttft_ms: f64,
     pub std_ttft_ms: f64,
     pub p99_ttft_ms: f64,
+    /// Time to first answer token: equal to TTFT when no reasoning streamed.
+    #[serde(default)]
+    pub mean_time_to_first_answer_ms: f64,
+    #[serde(default)]
+    pub median_time_to_first_answer_ms: f64,
+    #[serde(default)]
+    pub std_time_to_first_answer_ms: f64,
+    #[serde(default)]
+    pub p90_time_to_first_answer_ms: f64,
+    #[serde(default)]
+    pub p99_time_to_first_answer_ms: f64,
     pub mean_tpot_ms: f64,
     pub median_tpot_ms: f64,
     pub std_tpot_ms: f64,
@@ -62,6 +75,15 @@ pub struct Summary {
     pub excluded_outside_window: u64,
     pub short_outputs: u64,
     pub counted_output_tokens: u64,
+    /// Output tokens spent reasoning (part of `total_output_tokens`).
+    #[serde(default)]
+    pub total_reasoning_tokens: u64,
+    /// Successes whose reasoning tokens were counted from the chunks, not read from usage.
+    #[serde(default)]
+    pub counted_reasoning_tokens: u64,
+    /// Successes that streamed reasoning but no answer (no time to first answer).
+    #[serde(default)]
+    pub no_answer: u64,
     pub offered_rate: Option<f64>,
     pub achieved_rate: Option<f64>,
     /// CPU time of the client process over the run, as a share of the cores it may use.
@@ -70,7 +92,7 @@ pub struct Summary {
     pub client_bound: bool,
     pub client_bound_reasons: Vec<String>,
     pub slos: Vec<Slo>,
-    /// Every distribution, in ms, keyed `ttft`, `tpot`, `itl` (chunk), `token_itl`, `e2el`,
+    /// Every distribution, in ms, keyed `ttft`, `time_to_first_answer`, `tpot`, `itl` (chunk), `token_itl`, `e2el`,
     /// `ttft_from_scheduled`, `e2el_from_scheduled`, `schedule_lag`, `queue_time`, `connect`
     /// (requests that opened a connection during the window; its `count` is how many).
     pub metrics: BTreeMap<String, DistStats>,
@@ -81,6 +103,7 @@ impl Summary {
     pub fn new(m: &Metrics, slos: &[Slo], incomplete: bool, unfinished: u64) -> Summary {
         let metrics = BTreeMap::from([
             ("ttft".to_string(), m.ttft),
+            ("time_to_first_answer".to_string(), m.time_to_first_answer),
             ("tpot".to_string(), m.tpot),
             ("itl".to_string(), m.chunk_itl),
             ("token_itl".to_string(), m.token_itl),
@@ -108,6 +131,11 @@ impl Summary {
             median_ttft_ms: m.ttft.p50,
             std_ttft_ms: m.ttft.std,
             p99_ttft_ms: m.ttft.p99,
+            mean_time_to_first_answer_ms: m.time_to_first_answer.mean,
+            median_time_to_first_answer_ms: m.time_to_first_answer.p50,
+            std_time_to_first_answer_ms: m.time_to_first_answer.std,
+            p90_time_to_first_answer_ms: m.time_to_first_answer.p90,
+            p99_time_to_first_answer_ms: m.time_to_first_answer.p99,
             mean_tpot_ms: m.tpot.mean,
             median_tpot_ms: m.tpot.p50,
             std_tpot_ms: m.tpot.std,
@@ -126,6 +154,9 @@ impl Summary {
             excluded_outside_window: m.excluded_outside_window,
             short_outputs: m.short_outputs,
             counted_output_tokens: m.counted_output_tokens,
+            total_reasoning_tokens: m.total_reasoning_tokens,
+            counted_reasoning_tokens: m.counted_reasoning_tokens,
+            no_answer: m.no_answer,
             offered_rate: m.offered_rate,
             achieved_rate: m.achieved_rate,
             client_cpu: m.client_cpu,
@@ -174,6 +205,8 @@ mod tests {
             "median_ttft_ms",
             "std_ttft_ms",
             "p99_ttft_ms",
+            "median_time_to_first_answer_ms",
+            "p90_time_to_first_answer_ms",
             "p99_tpot_ms",
             "median_itl_ms",
             "std_e2el_ms",

@@ -77,6 +77,21 @@ pub fn render(summary: &Summary) -> String {
         "Total generated tokens:",
         summary.total_output_tokens,
     );
+    if summary.total_reasoning_tokens > 0 {
+        let counted = if summary.counted_reasoning_tokens > 0 {
+            " (counted from chunks)"
+        } else {
+            ""
+        };
+        row(
+            &mut out,
+            "  of which reasoning:",
+            format!("{}{counted}", summary.total_reasoning_tokens),
+        );
+    }
+    if summary.no_answer > 0 {
+        row(&mut out, "Reasoning only, no answer:", summary.no_answer);
+    }
     row(
         &mut out,
         "Request throughput (req/s):",
@@ -101,6 +116,12 @@ pub fn render(summary: &Summary) -> String {
     );
     let get = |key: &str| summary.metrics.get(key).copied().unwrap_or_default();
     dist(&mut out, "Time to First Token", "TTFT", &get("ttft"));
+    dist(
+        &mut out,
+        "Time to First Answer Token (after reasoning)",
+        "TTFA",
+        &get("time_to_first_answer"),
+    );
     dist(
         &mut out,
         "Time per Output Token (excl. 1st token)",
@@ -211,6 +232,11 @@ mod tests {
             format!("{:<40} {:<10}", "Successful requests:", 7)
         );
         assert!(text.contains("Median TTFT (ms):                        50.25"));
+        assert!(text.contains("Median TTFA (ms):"));
+        assert!(
+            !text.contains("reasoning:"),
+            "no reasoning, no reasoning row"
+        );
         assert_eq!(lines.last().unwrap().len(), WIDTH);
     }
 }

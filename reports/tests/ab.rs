@@ -46,6 +46,8 @@ impl Workload {
             .map(|(id, b)| RequestSample {
                 id: id as u64,
                 ttft_ms: noisy(b[0], factors[0]),
+                // The answer starts after some reasoning: TTFT's factor moves it too.
+                ttfa_ms: Some(noisy(1.5 * b[0], factors[0])),
                 tpot_ms: Some(noisy(b[1], factors[1])),
                 e2el_ms: noisy(b[2], factors[2]),
             })
@@ -169,10 +171,12 @@ fn slower_tpot_only_is_attributed_to_tpot() {
     let verdicts = paired_verdicts(7, [1.0, 1.15, 1.0]);
     assert_eq!(verdicts[0].0, SloMetric::Ttft);
     assert!(undecided(&verdicts[0].1), "{verdicts:?}");
-    assert_eq!(verdicts[1], (SloMetric::Tpot, Verdict::BSlower));
+    assert_eq!(verdicts[1].0, SloMetric::TimeToFirstAnswer);
+    assert!(undecided(&verdicts[1].1), "{verdicts:?}");
+    assert_eq!(verdicts[2], (SloMetric::Tpot, Verdict::BSlower));
     // B faster is the mirror image.
     let verdicts = paired_verdicts(7, [1.0, 1.0 / 1.15, 1.0]);
-    assert_eq!(verdicts[1], (SloMetric::Tpot, Verdict::BFaster));
+    assert_eq!(verdicts[2], (SloMetric::Tpot, Verdict::BFaster));
 }
 
 #[test]
@@ -211,6 +215,7 @@ fn the_absolute_floor_widens_the_margin_of_fast_metrics() {
             .into_iter()
             .map(|r| RequestSample {
                 ttft_ms: r.ttft_ms / 10.0 * f,
+                ttfa_ms: r.ttfa_ms.map(|v| v / 10.0 * f),
                 ..r
             })
             .collect(),

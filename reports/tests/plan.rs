@@ -11,6 +11,7 @@ fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
         .map(|i| RequestSample {
             id: i,
             ttft_ms: ttft_scale * i as f64 / 100.0,
+            ttfa_ms: Some(ttft_scale * i as f64 / 100.0),
             tpot_ms: Some(10.0),
             e2el_ms: 1000.0,
         })

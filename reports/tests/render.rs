@@ -37,6 +37,7 @@ fn samples(rng: &mut StdRng, n: u64, load: f64, scale: f64) -> LatencySamples {
             RequestSample {
                 id,
                 ttft_ms: scale * 40.0 * queueing * noise(rng),
+                ttfa_ms: Some(scale * 40.0 * queueing * noise(rng)),
                 tpot_ms: Some(scale * (8.0 + 4.0 * load + noise(rng))),
                 e2el_ms: scale * (40.0 * queueing + 200.0 * (1.0 + noise(rng))),
             }
@@ -207,8 +208,9 @@ fn sweep_compare_and_run_reports_are_self_contained() {
 
     let sweep = sweep_report(&mut rng);
     let (md, html) = write_report(&output_dir("sweep", temp.path()), &sweep).unwrap();
-    // TTFT and TPOT vs rate, achieved vs offered, throughput vs latency, 3 CDFs, lag histogram.
-    check_files(&md, &html, 8);
+    // TTFT and TPOT vs rate, achieved vs offered, throughput vs latency, 4 CDFs (TTFT, TTFA,
+    // TPOT, E2E), lag histogram.
+    check_files(&md, &html, 9);
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(text.contains("Capacity plan") && text.contains("max sustainable QPS"));
     assert!(text.contains("SLO p99 500 ms") && text.contains("knee"));
@@ -216,12 +218,12 @@ fn sweep_compare_and_run_reports_are_self_contained() {
 
     let ab = compare_report(&mut rng);
     let (md, html) = write_report(&output_dir("compare", temp.path()), &ab).unwrap();
-    // 3 paired-difference histograms and 3 CDFs.
-    check_files(&md, &html, 6);
+    // 4 paired-difference histograms and 4 CDFs.
+    check_files(&md, &html, 8);
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(text.contains("B slower (margin ±") && text.contains("Wilcoxon p"));
 
     let run = run_report(&mut rng);
     let (md, html) = write_report(&output_dir("run", temp.path()), &run).unwrap();
-    check_files(&md, &html, 4);
+    check_files(&md, &html, 5);
 }

@@ -4,7 +4,7 @@ use anyhow::Result;
 use serde_json::{json, Value};
 
 use super::{openai, prompt_text, Api, StreamEvent};
-use crate::client::Target;
+use crate::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::{PromptSource, RequestSpec};
 

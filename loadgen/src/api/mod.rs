@@ -11,10 +11,10 @@ mod tgi;
 use std::borrow::Cow;
 
 use anyhow::Result;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::client::Target;
+use crate::backend::Backend;
+use crate::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::{PromptSource, RequestSpec};
 
@@ -25,8 +25,13 @@ pub struct StreamEvent<'a> {
     pub done: bool,
     /// An error event's message.
     pub error: Option<String>,
-    /// The generated text it carries.
+    /// The answer text it carries (`content`, `text`, a TGI token's text); `Some("")` when
+    /// the field is there but empty.
     pub text: Option<Cow<'a, str>>,
+    /// The reasoning text it carries (`delta.reasoning`, or `delta.reasoning_content`).
+    pub reasoning: Option<Cow<'a, str>>,
+    /// It carries part of a tool call (`delta.tool_calls`): answer output without text.
+    pub tool_call: bool,
     /// It carries a choice or a token (a usage-only event does not).
     pub has_choice: bool,
     /// It says the generation has finished.
@@ -34,49 +39,31 @@ pub struct StreamEvent<'a> {
     pub prompt_tokens: Option<u64>,
     /// Output tokens so far, when the server reports them on the stream.
     pub completion_tokens: Option<u64>,
+    /// Reasoning tokens so far (`usage.completion_tokens_details.reasoning_tokens`).
+    pub reasoning_tokens: Option<u64>,
 }
 
 /// One serving API's wire format.
 pub trait Api: Sync {
     /// The path a streamed request is posted to.
     fn path(&self) -> &'static str;
-    /// The JSON body of one streamed request.
+    /// The JSON body of one streamed request, `--extra-body` not yet merged.
     fn body(&self, target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Value>;
+    /// Where a body's generation fields live, which `--extra-body` is merged into: the body
+    /// itself, or TGI's `parameters`.
+    fn fields_of<'b>(&self, body: &'b mut Value) -> &'b mut Value {
+        body
+    }
     /// Reads one event's `data`; `Err` names what is wrong with it.
     fn event<'a>(&self, data: &'a str) -> Result<StreamEvent<'a>, String>;
 }
 
-/// The API a run speaks (`--backend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    /// OpenAI `POST /v1/completions`.
-    Completions,
-    /// OpenAI `POST /v1/chat/completions`.
-    Chat,
-    /// Hugging Face TGI's native `POST /generate_stream`.
-    Tgi,
-}
-
-impl Backend {
-    pub fn api(self) -> &'static dyn Api {
-        match self {
-            Backend::Completions => &completions::Completions,
-            Backend::Chat => &chat::Chat,
-            Backend::Tgi => &tgi::Tgi,
-        }
-    }
-
-    pub fn path(self) -> &'static str {
-        self.api().path()
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Completions => "completions",
-            Backend::Chat => "chat",
-            Backend::Tgi => "tgi",
-        }
+/// The wire format of `backend`.
+pub fn of(backend: Backend) -> &'static dyn Api {
+    match backend {
+        Backend::Completions => &completions::Completions,
+        Backend::Chat => &chat::Chat,
+        Backend::Tgi => &tgi::Tgi,
     }
 }
 

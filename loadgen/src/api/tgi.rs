@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{prompt_text, Api, StreamEvent};
-use crate::client::Target;
+use crate::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::RequestSpec;
 
@@ -53,6 +53,10 @@ impl Api for Tgi {
             "inputs": prompt_text(&spec.prompt, prompts),
             "parameters": {"max_new_tokens": spec.output_len, "details": true},
         }))
+    }
+
+    fn fields_of<'b>(&self, body: &'b mut Value) -> &'b mut Value {
+        &mut body["parameters"]
     }
 
     fn event<'a>(&self, data: &'a str) -> Result<StreamEvent<'a>, String> {

@@ -29,8 +29,8 @@ use serde_json::json;
 use crate::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use crate::folders::{online_rounds, round_dir, side_rounds, Side};
 use crate::prepare::{execute_prepared, prepare_run, Execution, RunArgs};
-use crate::run::stop_on_signals;
 use crate::server_proc::{self, ServerProcess};
+use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
 
 #[derive(Args, Debug, Clone)]

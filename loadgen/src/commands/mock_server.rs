@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
-use crate::mock::{self, MockConfig, MockLog};
+use crate::mock::{self, MockConfig, MockLog, ReasoningField};
 use crate::units::duration_arg;
 
 #[derive(Args, Debug, Clone)]
@@ -43,6 +43,16 @@ pub struct MockArgs {
     /// JSON-lines file (created, or truncated).
     #[arg(long)]
     pub arrival_log: Option<std::path::PathBuf>,
+    /// Stream a chat answer's first N tokens as reasoning, as a reasoning model does.
+    #[arg(long, default_value_t = 0)]
+    pub reasoning_tokens: u32,
+    /// The delta field reasoning streams in: `reasoning` (current vLLM) or
+    /// `reasoning_content` (SGLang, llama.cpp, DeepSeek).
+    #[arg(long, value_enum, default_value = "reasoning")]
+    pub reasoning_field: ReasoningField,
+    /// Report `usage.completion_tokens_details.reasoning_tokens`.
+    #[arg(long)]
+    pub reasoning_usage: bool,
 }
 
 /// `loadgen mock-server`: serves until killed.
@@ -60,6 +70,10 @@ pub async fn mock_command(a: MockArgs) -> Result<()> {
         cut_after: a.cut_after,
         seed: a.seed,
         log: a.arrival_log.as_deref().map(MockLog::to_file).transpose()?,
+        reasoning_tokens: a.reasoning_tokens,
+        reasoning_field: a.reasoning_field,
+        reasoning_usage: a.reasoning_usage,
+        bodies: None,
     })
     .await?;
     eprintln!("loadgen mock server listening on http://{addr}");

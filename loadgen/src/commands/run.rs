@@ -6,7 +6,7 @@ use crate::prepare::{run_once, RunArgs};
 
 /// `loadgen run`.
 pub async fn run_command(args: RunArgs) -> Result<()> {
-    let stop = crate::run::stop_on_signals()?;
+    let stop = crate::stop::stop_on_signals()?;
     let outcome = run_once(&args, stop).await?;
     print!("{}", reports::table::render(&outcome.summary));
     Ok(())

@@ -19,7 +19,7 @@ use reports::stats::min_sample_for_quantile;
 use crate::folders::{LevelEntry, SweepFile, SWEEP_FILE};
 use crate::prepare::{run_once, ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
 use crate::probe::{auto_levels, probe_saturation};
-use crate::run::stop_on_signals;
+use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
 use crate::views::sweep_report;
 

@@ -215,11 +215,12 @@ pub(crate) struct Plot {
 }
 
 /// How the metrics are defined (ARCHITECTURE.md, "Metrics").
-const METRIC_DEFINITIONS: [&str; 7] = [
+const METRIC_DEFINITIONS: [&str; 8] = [
     "All times come from a monotonic clock on the client; latencies are measured from the actual send time s.",
-    "TTFT = f − s, where f is the first chunk carrying content (not a role-only prelude or empty chunk).",
+    "TTFT = f − s, where f is the first chunk carrying output of any kind: answer text, reasoning text (delta.reasoning or delta.reasoning_content), a tool call or tokens; not a role-only prelude or an empty chunk.",
+    "TTFA (time to first answer token) = a − s, where a is the first chunk carrying answer output (text or a tool call, not reasoning); equal to TTFT when the server streams no reasoning. Requests that streamed reasoning only have none and are counted apart.",
     "E2E = e − s, where e is the last content chunk (not the usage chunk or [DONE]).",
-    "TPOT = (e − f) / (n − 1) for n > 1 output tokens; n is the server's usage.completion_tokens when given, else counted (and flagged).",
+    "TPOT = (e − f) / (n − 1) for n > 1 output tokens, reasoning and answer alike; n is the server's usage.completion_tokens when given, else counted (and flagged).",
     "Schedule lag = actual send − scheduled send. Throughput is over the measurement window (sends after warm-up and before cool-down; from the first such send to the last such completion).",
     "Percentiles are nearest-rank (as HDR histograms with 3 significant digits report them); failed requests are counted and excluded from latency percentiles.",
     "A/B: ratios are B / A (above 1: B slower) with 95% percentile-bootstrap CIs from resampling requests; p-values are two-sided and Holm-corrected across the metrics tested.",

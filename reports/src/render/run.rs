@@ -36,6 +36,26 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
             .rows
             .push(vec!["goodput (req/s)".into(), format!("{goodput:.3}")]);
     }
+    if m.total_reasoning_tokens > 0 {
+        let source = if m.counted_reasoning_tokens > 0 {
+            " (counted from the chunks)"
+        } else {
+            " (from usage)"
+        };
+        summary.rows.push(vec![
+            "reasoning output tokens".into(),
+            format!(
+                "{} of {}{source}",
+                m.total_reasoning_tokens, m.total_output_tokens
+            ),
+        ]);
+    }
+    if m.no_answer > 0 {
+        summary.rows.push(vec![
+            "reasoning only, no answer (no TTFA)".into(),
+            m.no_answer.to_string(),
+        ]);
+    }
     if m.client_bound {
         summary.rows.push(vec![
             "client-bound".into(),
@@ -44,6 +64,7 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
     }
     let distributions = [
         ("TTFT", &m.ttft),
+        ("TTFA (first answer token)", &m.time_to_first_answer),
         ("TPOT", &m.tpot),
         ("E2E", &m.e2el),
         ("ITL (token-true)", &m.token_itl),
