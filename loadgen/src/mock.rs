@@ -6,7 +6,8 @@
 //! or, when it waited for a slot, after it got one, on absolute deadlines so timing does not
 //! drift. Chat streams start with a role-only prelude chunk, as vLLM does; a chat answer's
 //! first `reasoning_tokens` tokens stream as reasoning, in the field current vLLM uses
-//! (`delta.reasoning`) or the one SGLang, llama.cpp and DeepSeek use (`reasoning_content`). Fault
+//! (`delta.reasoning`) or the one SGLang, llama.cpp and DeepSeek use (`reasoning_content`),
+//! unless the request turns thinking off (`chat_template_kwargs.enable_thinking: false`). Fault
 //! injection: a seeded fraction of requests answered with an error status, and streams cut
 //! (connection aborted) after a number of tokens.
 
@@ -391,6 +392,8 @@ struct Ask {
     stream: bool,
     include_usage: bool,
     continuous_usage: bool,
+    /// `chat_template_kwargs.enable_thinking` is not `false` (Qwen3's thinking switch).
+    thinking: bool,
 }
 
 /// The API a request came in on.
@@ -412,6 +415,7 @@ fn parse_ask(body: &Value, format: Format) -> Ask {
             stream: true,
             include_usage: false,
             continuous_usage: false,
+            thinking: false,
         };
     }
     let chat = format == Format::Chat;
@@ -442,6 +446,7 @@ fn parse_ask(body: &Value, format: Format) -> Ask {
         continuous_usage: body["stream_options"]["continuous_usage_stats"]
             .as_bool()
             .unwrap_or(false),
+        thinking: body["chat_template_kwargs"]["enable_thinking"] != false,
     }
 }
 
@@ -533,7 +538,11 @@ async fn serve(
     if ask.stream {
         let log = s.cfg.log.clone().map(|log| (log, id, arrival));
         let reasoning = Reasoning {
-            tokens: if ask.chat { s.cfg.reasoning_tokens } else { 0 },
+            tokens: if ask.chat && ask.thinking {
+                s.cfg.reasoning_tokens
+            } else {
+                0
+            },
             field: s.cfg.reasoning_field,
             usage: s.cfg.reasoning_usage,
         };

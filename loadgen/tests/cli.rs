@@ -231,8 +231,25 @@ async fn extra_body_is_sent_and_recorded_and_a_refused_field_sends_nothing() {
         meta.extra_body,
         Some(serde_json::from_str(thinking_off).unwrap())
     );
-    // The mock reasons for 2 of the 4 tokens, 1 ms apart: the answer starts 2 ms after TTFT.
+    // The mock, a reasoning model, honours the thinking switch: no reasoning, and the answer
+    // starts at the first token. With thinking on it reasons for 2 of the 4 tokens.
     let summary = Summary::read(&out.join("summary.json")).unwrap();
+    assert_eq!(summary.total_reasoning_tokens, 0);
+    assert_eq!(
+        summary.metrics["time_to_first_answer"],
+        summary.metrics["ttft"]
+    );
+    let thinking = dir.path().join("thinking");
+    let done = run(
+        r#"{"chat_template_kwargs": {"enable_thinking": true}}"#,
+        &thinking,
+    );
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let summary = Summary::read(&thinking.join("summary.json")).unwrap();
     assert_eq!(summary.total_reasoning_tokens, 6);
     assert!(summary.median_time_to_first_answer_ms > summary.median_ttft_ms);
 
@@ -245,6 +262,6 @@ async fn extra_body_is_sent_and_recorded_and_a_refused_field_sends_nothing() {
         stderr.contains("field `max_tokens` is refused") && stderr.contains("--max-output-len"),
         "{stderr}"
     );
-    assert_eq!(bodies.lock().unwrap().len(), 3, "nothing more was sent");
+    assert_eq!(bodies.lock().unwrap().len(), 6, "nothing more was sent");
     assert!(!refused.exists(), "nothing was written");
 }

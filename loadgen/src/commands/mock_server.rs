@@ -43,7 +43,8 @@ pub struct MockArgs {
     /// JSON-lines file (created, or truncated).
     #[arg(long)]
     pub arrival_log: Option<std::path::PathBuf>,
-    /// Stream a chat answer's first N tokens as reasoning, as a reasoning model does.
+    /// Stream a chat answer's first N tokens as reasoning, as a reasoning model does (not
+    /// when the request says `"chat_template_kwargs": {"enable_thinking": false}`).
     #[arg(long, default_value_t = 0)]
     pub reasoning_tokens: u32,
     /// The delta field reasoning streams in: `reasoning` (current vLLM) or
