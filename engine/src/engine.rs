@@ -10,6 +10,7 @@ use anyhow::{bail, ensure, Context};
 use crate::backend::RowSample;
 use crate::kv_cache::BlockManager;
 use crate::model::{ModelRunner, SeqInput};
+use crate::reasoning::{ReasoningState, ThinkMarkers, TokenRole};
 use crate::sampler::{min_tokens_mask, SampleSpec, Sampled, Sampler, SamplingParams, TokenCounts};
 use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig};
 pub use crate::sequence::SeqId;
@@ -61,8 +62,10 @@ pub struct SeqUpdate {
     pub id: SeqId,
     /// The sampled token (None for a prefill chunk that sampled nothing).
     pub token: Option<u32>,
-    /// New detokenised text that is final (stop strings already cut); may be empty.
+    /// New detokenised answer text that is final (stop strings already cut); may be empty.
     pub text: String,
+    /// New reasoning text (with `split_reasoning`); may be empty.
+    pub reasoning_text: String,
     pub logprob: Option<TokenLogprob>,
     /// Some(..) on the last update of the sequence.
     pub finish: Option<FinishReason>,
@@ -71,6 +74,8 @@ pub struct SeqUpdate {
     pub num_output_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub num_cached_prompt_tokens: usize,
+    /// Of the output tokens, those spent reasoning (markers included).
+    pub num_reasoning_tokens: usize,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -142,6 +147,8 @@ struct Request {
     decoder: IncrementalDecoder,
     /// Decoded text not emitted yet because it could be the start of a stop string.
     held: String,
+    /// Where the output is relative to the think markers (with `split_reasoning`).
+    reasoning: Option<ReasoningState>,
 }
 
 pub struct LlmEngine {
@@ -150,6 +157,8 @@ pub struct LlmEngine {
     config: EngineConfig,
     scheduler: Scheduler,
     requests: HashMap<SeqId, Request>,
+    /// The model's think markers, when the server splits reasoning (`--reasoning-parser`).
+    think_markers: Option<ThinkMarkers>,
     next_id: SeqId,
     prompt_tokens_total: u64,
     generation_tokens_total: u64,
@@ -180,11 +189,17 @@ impl LlmEngine {
             config,
             scheduler,
             requests: HashMap::new(),
+            think_markers: None,
             next_id: 0,
             prompt_tokens_total: 0,
             generation_tokens_total: 0,
             timings: StepTimings::default(),
         }
+    }
+
+    /// Splits the output of requests with `split_reasoning` at these markers.
+    pub fn set_think_markers(&mut self, markers: ThinkMarkers) {
+        self.think_markers = Some(markers);
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -239,6 +254,10 @@ impl LlmEngine {
                 .has_penalties()
                 .then(|| TokenCounts::new(&prompt_ids)),
             decoder: IncrementalDecoder::new(self.tokenizer.clone(), params.skip_special_tokens),
+            reasoning: self
+                .think_markers
+                .filter(|_| params.split_reasoning)
+                .map(|markers| ReasoningState::new(markers, &prompt_ids)),
             params,
             held: String::new(),
         };
@@ -317,11 +336,17 @@ impl LlmEngine {
                     id: chunk.id,
                     token: None,
                     text: String::new(),
+                    reasoning_text: String::new(),
                     logprob: None,
                     finish: None,
                     num_prompt_tokens: seq.num_prompt_tokens,
                     num_output_tokens: seq.num_output_tokens(),
                     num_cached_prompt_tokens: seq.num_cached_prompt_tokens,
+                    num_reasoning_tokens: self
+                        .requests
+                        .get(&chunk.id)
+                        .and_then(|r| r.reasoning.as_ref())
+                        .map_or(0, ReasoningState::reasoning_tokens),
                 });
                 continue;
             }
@@ -351,7 +376,11 @@ impl LlmEngine {
     /// update says `FinishReason::Error`.
     fn fail_sequence(&mut self, id: SeqId, error: &anyhow::Error) -> SeqUpdate {
         tracing::warn!("sequence {id} failed and was finished with an error: {error:#}");
-        self.requests.remove(&id);
+        let reasoning = self
+            .requests
+            .remove(&id)
+            .and_then(|r| r.reasoning)
+            .map_or(0, |r| r.reasoning_tokens());
         let seq = self.scheduler.remove(id);
         let (prompt, output, cached) = seq.map_or((0, 0, 0), |s| {
             (
@@ -364,11 +393,13 @@ impl LlmEngine {
             id,
             token: None,
             text: String::new(),
+            reasoning_text: String::new(),
             logprob: None,
             finish: Some(FinishReason::Error),
             num_prompt_tokens: prompt,
             num_output_tokens: output,
             num_cached_prompt_tokens: cached,
+            num_reasoning_tokens: reasoning,
         }
     }
 
@@ -471,6 +502,15 @@ impl LlmEngine {
         if let Some(counts) = request.counts.as_mut() {
             counts.push_output(token);
         }
+        // Text released by this token belongs to the side of the markers it was decoded on.
+        let in_reasoning = request
+            .reasoning
+            .as_ref()
+            .is_some_and(ReasoningState::inside);
+        let marker = request
+            .reasoning
+            .as_mut()
+            .is_some_and(|r| r.on_token(token) == TokenRole::Marker);
         let params = &request.params;
         let may_stop = num_output >= params.min_tokens;
         let stop_token = (!params.ignore_eos && eos_ids.contains(&token))
@@ -480,6 +520,14 @@ impl LlmEngine {
             let tail = request.decoder.flush().context("detokenising the end")?;
             request.held.push_str(&tail);
             (std::mem::take(&mut request.held), Some(FinishReason::Stop))
+        } else if marker {
+            // A marker has no text; whatever came before it is released on its own side.
+            let tail = request
+                .decoder
+                .flush()
+                .context("detokenising before a marker")?;
+            request.held.push_str(&tail);
+            (std::mem::take(&mut request.held), None)
         } else {
             let new_text = request
                 .decoder
@@ -513,6 +561,15 @@ impl LlmEngine {
             logprob: l.logprob,
             top: l.top,
         });
+        let num_reasoning = request
+            .reasoning
+            .as_ref()
+            .map_or(0, ReasoningState::reasoning_tokens);
+        let (text, reasoning_text) = if in_reasoning {
+            (String::new(), text)
+        } else {
+            (text, String::new())
+        };
         if finish.is_some() {
             self.requests.remove(&id);
             self.scheduler.remove(id);
@@ -521,11 +578,13 @@ impl LlmEngine {
             id,
             token: Some(token),
             text,
+            reasoning_text,
             logprob,
             finish,
             num_prompt_tokens: num_prompt,
             num_output_tokens: num_output,
             num_cached_prompt_tokens: num_cached,
+            num_reasoning_tokens: num_reasoning,
         })
     }
 

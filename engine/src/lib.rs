@@ -8,6 +8,7 @@ pub mod engine;
 pub mod kv_cache;
 pub mod loader;
 pub mod model;
+pub mod reasoning;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;

@@ -67,6 +67,9 @@ pub struct EngineArgs {
     /// Turn prefix caching off.
     #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
+    /// A Jinja chat template file that replaces the model's own (vLLM's `--chat-template`).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -107,7 +110,14 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
     };
-    let loaded = load_model(&args.model, &args.device, &sizing)?;
+    let mut loaded = load_model(&args.model, &args.device, &sizing)?;
+    if let Some(path) = &args.chat_template {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("--chat-template: reading {}", path.display()))?;
+        Arc::get_mut(&mut loaded.tokenizer)
+            .context("the tokenizer is already shared; set the chat template before sharing it")?
+            .set_chat_template(source, path)?;
+    }
     let kv_capacity_tokens = loaded.kv_capacity_tokens();
     let positions = crate::model::max_positions(&loaded.config);
     let max_model_len = match args.max_model_len {

@@ -156,8 +156,9 @@ fn encode_prompt(tokenizer: &Tokenizer, text: &str, chat: bool) -> anyhow::Resul
         let message = ChatMessage {
             role: "user".into(),
             content: text.into(),
+            reasoning_content: None,
         };
-        let rendered = tokenizer.apply_chat_template(&[message], true)?;
+        let rendered = tokenizer.apply_chat_template(&[message], true, &Default::default())?;
         tokenizer.encode(&rendered, false)
     } else {
         tokenizer.encode(text, true)

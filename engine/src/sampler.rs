@@ -38,6 +38,9 @@ pub struct SamplingParams {
     /// Top logprobs of the sampled position (0..=20).
     pub logprobs: Option<usize>,
     pub skip_special_tokens: bool,
+    /// Split the output at the engine's think markers into reasoning and answer text (chat
+    /// requests of a server started with `--reasoning-parser`).
+    pub split_reasoning: bool,
 }
 
 impl Default for SamplingParams {
@@ -58,6 +61,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             skip_special_tokens: true,
+            split_reasoning: false,
         }
     }
 }

@@ -10,8 +10,8 @@ use std::collections::{HashMap, VecDeque};
 
 use anyhow::{ensure, Context};
 
-use crate::engine::SeqId;
 use crate::kv_cache::BlockManager;
+use crate::sequence::SeqId;
 use crate::sequence::{SeqStatus, Sequence};
 
 #[derive(Debug, Clone, Copy)]

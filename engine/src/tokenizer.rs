@@ -20,6 +20,9 @@ use crate::weights::gguf::GgufFile;
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An earlier assistant turn's reasoning, for templates that render it (Qwen3's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 /// Special-token strings that end a turn in common chat formats; each one that
@@ -407,11 +410,20 @@ impl Tokenizer {
         self.chat_template.as_ref().map(|t| t.source.as_str())
     }
 
-    /// Renders the model's own chat template.
+    /// Replaces the model's chat template (`--chat-template FILE`).
+    pub fn set_chat_template(&mut self, source: String, origin: &Path) -> anyhow::Result<()> {
+        self.chat_template = Some(ChatTemplate::new(source, origin)?);
+        Ok(())
+    }
+
+    /// Renders the chat template; `kwargs` are further template variables
+    /// (`chat_template_kwargs`, e.g. Qwen3's `enable_thinking`), which never replace
+    /// `messages`, `add_generation_prompt` or the BOS / EOS strings.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> anyhow::Result<String> {
         let template = self
             .chat_template
@@ -422,6 +434,7 @@ impl Tokenizer {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
+            ..minijinja::Value::from_serialize(kwargs)
         };
         template
             .env

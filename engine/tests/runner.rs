@@ -134,6 +134,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
         block_size: 16,
         enable_prefix_caching: false,
         no_enable_prefix_caching: false,
+        chat_template: None,
         device: DeviceArgs {
             device: Some(Device::Cpu),
             threads: 1,

@@ -205,7 +205,8 @@ async fn completions_usage_prompts_and_n() {
     assert_eq!(body["object"], "text_completion");
     assert_eq!(
         body["usage"],
-        json!({"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12})
+        json!({"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
     assert_eq!(body["choices"][0]["finish_reason"], "length");
 
@@ -219,7 +220,8 @@ async fn completions_usage_prompts_and_n() {
     assert_eq!(body["choices"].as_array().unwrap().len(), 2);
     assert_eq!(
         body["usage"],
-        json!({"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13})
+        json!({"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
 
     let (status, body) = post(
@@ -322,7 +324,17 @@ async fn chat_streams_role_first_and_matches_non_streaming() {
     assert_eq!(chunks[0]["object"], "chat.completion.chunk");
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let (last, content) = chunks.split_last().unwrap();
-    assert_eq!(last["usage"], full["usage"]);
+    // The same prompt again: its full 16-token blocks come from the prefix cache.
+    let prompt_tokens = full["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(full["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let mut usage = last["usage"].clone();
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "{usage}");
+    assert!(cached > 0, "{usage}");
+    usage["prompt_tokens_details"]["cached_tokens"] = json!(0);
+    assert_eq!(usage, full["usage"]);
     assert!(content[1..]
         .iter()
         .all(|c| c["choices"][0]["delta"].get("role").is_none()));
@@ -562,6 +574,200 @@ async fn bad_inputs_get_openai_errors_naming_the_field() {
     let (status, body) = post(&client, &completions, &greedy(json!([1, 2, 3]), 4)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 4);
+}
+
+/// No field is silently dropped: one the engine does not honour is a 400 naming it, at the
+/// top level, inside a message and inside `stream_options`; tool calls and structured output
+/// say they are not supported yet; the fields that change nothing here are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_are_refused_by_name_and_harmless_ones_accepted() {
+    let server = tiny_server(&[]).await;
+    let client = reqwest::Client::new();
+    let completions = server.url("/v1/completions");
+    let chat = server.url("/v1/chat/completions");
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    let refused: Vec<(&str, Value, &str, &str)> = vec![
+        (
+            &chat,
+            json!({"messages": hi, "frobnicate": 3}),
+            "frobnicate",
+            "Unrecognized request argument supplied: frobnicate",
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "frobnicate": 3}),
+            "frobnicate",
+            "Unrecognized",
+        ),
+        (
+            &chat,
+            json!({"messages": [{"role": "user", "content": "hi", "mood": "happy"}]}),
+            "messages[0].mood",
+            "Unrecognized request argument supplied: messages[0].mood",
+        ),
+        (
+            &chat,
+            json!({"messages": hi, "stream": true, "stream_options": {"include_usage": true, "verbose": true}}),
+            "stream_options.verbose",
+            "Unrecognized",
+        ),
+        (
+            &chat,
+            json!({"messages": hi, "response_format": {"type": "json_object"}}),
+            "response_format",
+            "not supported yet",
+        ),
+        (
+            &chat,
+            json!({"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}),
+            "tool_choice",
+            "not supported yet",
+        ),
+        (
+            &chat,
+            json!({"messages": [{"role": "assistant", "content": "", "tool_calls": []}, {"role": "user", "content": "hi"}]}),
+            "messages[0].tool_calls",
+            "not supported yet",
+        ),
+        (
+            &completions,
+            json!({"prompt": "hi", "best_of": 3}),
+            "best_of",
+            "not supported",
+        ),
+        (
+            &chat,
+            json!({"messages": hi, "logit_bias": {"5": 100}}),
+            "logit_bias",
+            "not supported",
+        ),
+        (
+            &chat,
+            json!({"messages": hi, "chat_template_kwargs": {"messages": []}}),
+            "chat_template_kwargs.messages",
+            "set by the server",
+        ),
+        (
+            &chat,
+            json!({"messages": [{"role": "user", "content": "hi", "reasoning_content": "x"}]}),
+            "messages[0].reasoning_content",
+            "assistant",
+        ),
+    ];
+    for (url, body, param, message) in refused {
+        let (status, error) = post(&client, url, &body).await;
+        assert_eq!(status, 400, "{body} -> {error}");
+        assert_eq!(error["error"]["param"], param, "{body} -> {error}");
+        let text = error["error"]["message"].as_str().unwrap();
+        assert!(text.contains(message), "{body} -> {text}");
+    }
+    // `tools` is refused as well when it comes first.
+    let (_, error) = post(&client, &chat, &json!({"messages": hi, "tools": []})).await;
+    assert_eq!(error["error"]["param"], "tools");
+    // Fields that change nothing, nulls, `best_of: 1` and an empty `logit_bias` pass.
+    let harmless = json!({"messages": [{"role": "user", "content": "hi", "name": "ann"}],
+        "user": "u1", "metadata": {"k": "v"}, "store": false, "service_tier": "auto",
+        "parallel_tool_calls": true, "safety_identifier": "s", "prompt_cache_key": "c",
+        "tools": null, "response_format": null, "best_of": 1, "logit_bias": {},
+        "max_tokens": 3, "temperature": 0, "ignore_eos": true,
+        "stream": true, "stream_options": {"include_usage": true, "include_obfuscation": false}});
+    let chunks = chunks(&post_stream(&client, &chat, &harmless).await);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 3);
+}
+
+/// `/tokenize` and `/detokenize` in vLLM's shapes round-trip a prompt and chat messages;
+/// `--chat-template` replaces the model's template and `chat_template_kwargs` (over
+/// `--default-chat-template-kwargs`) reach it as variables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_detokenize_and_template_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("template.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n{% if mode is defined %}[{{ mode }}]{% endif %}{% endif %}",
+    )
+    .unwrap();
+    let server = tiny_server(&[
+        "--chat-template",
+        template.to_str().unwrap(),
+        "--default-chat-template-kwargs",
+        r#"{"mode": "terse"}"#,
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let (tokenize, detokenize) = (server.url("/tokenize"), server.url("/detokenize"));
+    let text = "The quick brown fox";
+    let (status, t) = post(
+        &client,
+        &tokenize,
+        &json!({"prompt": text, "return_token_strs": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{t}");
+    let count = t["count"].as_u64().unwrap();
+    assert_eq!(t["tokens"].as_array().unwrap().len() as u64, count);
+    assert_eq!(t["token_strs"].as_array().unwrap().len() as u64, count);
+    assert_eq!(t["max_model_len"], 2048);
+    let (_, d) = post(&client, &detokenize, &json!({"tokens": t["tokens"]})).await;
+    assert_eq!(d["prompt"], text);
+    // Chat messages render with the replacing template and the default variable…
+    let messages = json!([{"role": "user", "content": "Hello there"}]);
+    let (_, t) = post(&client, &tokenize, &json!({"messages": messages})).await;
+    let (_, d) = post(&client, &detokenize, &json!({"tokens": t["tokens"]})).await;
+    assert_eq!(
+        d["prompt"],
+        "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n[terse]"
+    );
+    // …which a request overrides; the chat endpoint renders the same prompt.
+    let kwargs = json!({"mode": "chatty"});
+    let (_, t) = post(
+        &client,
+        &tokenize,
+        &json!({"messages": messages, "chat_template_kwargs": kwargs}),
+    )
+    .await;
+    let (_, d) = post(&client, &detokenize, &json!({"tokens": t["tokens"]})).await;
+    assert_eq!(
+        d["prompt"],
+        "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n[chatty]"
+    );
+    let (status, c) = post(
+        &client,
+        &server.url("/v1/chat/completions"),
+        &json!({"messages": messages,
+        "chat_template_kwargs": kwargs, "max_tokens": 1, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["usage"]["prompt_tokens"], t["count"]);
+    let (_, t) = post(
+        &client,
+        &tokenize,
+        &json!({"messages": messages, "add_generation_prompt": false}),
+    )
+    .await;
+    let (_, d) = post(&client, &detokenize, &json!({"tokens": t["tokens"]})).await;
+    assert_eq!(d["prompt"], "<|im_start|>user\nHello there<|im_end|>\n");
+    // Bad input names its field.
+    for (url, body, param) in [
+        (&tokenize, json!({}), "prompt"),
+        (
+            &tokenize,
+            json!({"prompt": "a", "messages": messages}),
+            "messages",
+        ),
+        (&tokenize, json!({"prompt": "a", "bogus": 1}), "bogus"),
+        (&detokenize, json!({"tokens": [1, 99999999]}), "tokens"),
+        (&detokenize, json!({"tokens": "abc"}), "tokens"),
+    ] {
+        let (status, e) = post(&client, url, &body).await;
+        assert_eq!(
+            (status, e["error"]["param"].clone()),
+            (400, json!(param)),
+            "{body} -> {e}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

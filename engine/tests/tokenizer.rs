@@ -84,7 +84,9 @@ fn check_chat_template(tokenizer: &Tokenizer) {
     for conversation in ["two_message", "user_only"] {
         let c = &chat[conversation];
         let messages: Vec<ChatMessage> = serde_json::from_value(c["messages"].clone()).unwrap();
-        let rendered = tokenizer.apply_chat_template(&messages, true).unwrap();
+        let rendered = tokenizer
+            .apply_chat_template(&messages, true, &Default::default())
+            .unwrap();
         assert_eq!(rendered, c["rendered"].as_str().unwrap(), "{conversation}");
         assert_eq!(
             tokenizer.encode(&rendered, true).unwrap(),
@@ -212,9 +214,10 @@ fn chat_template_raise_exception_is_an_error() {
     let msg = |role: &str, content: &str| ChatMessage {
         role: role.to_string(),
         content: content.to_string(),
+        reasoning_content: None,
     };
     let err = tokenizer
-        .apply_chat_template(&[msg("system", "x")], false)
+        .apply_chat_template(&[msg("system", "x")], false, &Default::default())
         .unwrap_err();
     assert!(
         format!("{err:#}").contains("first message must be user"),
@@ -222,7 +225,7 @@ fn chat_template_raise_exception_is_an_error() {
     );
     // pycompat gives Python's str.strip().
     let text = tokenizer
-        .apply_chat_template(&[msg("user", "  hi  ")], false)
+        .apply_chat_template(&[msg("user", "  hi  ")], false, &Default::default())
         .unwrap();
     assert_eq!(text, "[USER] hi\n");
 }

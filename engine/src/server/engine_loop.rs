@@ -44,18 +44,26 @@ pub struct AddRequest {
 #[derive(Debug, Clone, Default)]
 pub struct SeqOutput {
     pub index: usize,
+    /// Answer text.
     pub text: String,
+    /// Reasoning text (a server with `--reasoning-parser`, chat requests).
+    pub reasoning: String,
     pub logprobs: Vec<TokenLogprob>,
     /// Tokens sampled since the previous output of this choice.
     pub new_tokens: usize,
     pub finish: Option<FinishReason>,
     pub num_prompt_tokens: usize,
     pub num_output_tokens: usize,
+    pub num_cached_prompt_tokens: usize,
+    pub num_reasoning_tokens: usize,
 }
 
 impl SeqOutput {
     fn merge(&mut self, update: &SeqUpdate) {
         self.text.push_str(&update.text);
+        self.reasoning.push_str(&update.reasoning_text);
+        self.num_cached_prompt_tokens = update.num_cached_prompt_tokens;
+        self.num_reasoning_tokens = update.num_reasoning_tokens;
         self.logprobs.extend(update.logprob.clone());
         self.new_tokens += usize::from(update.token.is_some());
         self.finish = update.finish;
@@ -324,7 +332,11 @@ impl EngineLoop {
                 let Some(output) = slot.pending.take() else {
                     continue;
                 };
-                if output.new_tokens == 0 && output.text.is_empty() && output.finish.is_none() {
+                if output.new_tokens == 0
+                    && output.text.is_empty()
+                    && output.reasoning.is_empty()
+                    && output.finish.is_none()
+                {
                     continue;
                 }
                 match request.events.try_send(output) {
@@ -383,6 +395,7 @@ mod tests {
             id: 1,
             token,
             text: text.to_string(),
+            reasoning_text: String::new(),
             logprob: token.map(|t| TokenLogprob {
                 token: t,
                 logprob: -0.5,
@@ -392,6 +405,7 @@ mod tests {
             num_prompt_tokens: 3,
             num_output_tokens: outputs,
             num_cached_prompt_tokens: 0,
+            num_reasoning_tokens: 0,
         }
     }
 

@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::engine::LlmEngine;
 use crate::loader::{load_engine, EngineArgs};
+use crate::reasoning::{ReasoningParser, ThinkMarkers};
 use crate::tokenizer::Tokenizer;
 use engine_loop::{Command, EngineLoop};
 use metrics::Metrics;
@@ -52,6 +53,23 @@ pub struct ServeArgs {
     /// Seconds that in-flight requests may take to finish after SIGTERM before the server exits.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace: f64,
+    /// Chat-template variables of every chat request, as a JSON object (e.g.
+    /// '{"enable_thinking": false}'); a request's `chat_template_kwargs` override them key by key.
+    #[arg(long, value_name = "JSON", value_parser = parse_kwargs, default_value = "{}")]
+    pub default_chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Split chat answers into reasoning (`reasoning` and `reasoning_content`) and answer
+    /// (`content`) at the model's think markers, found by token id.
+    #[arg(long, value_enum)]
+    pub reasoning_parser: Option<ReasoningParser>,
+}
+
+/// `--default-chat-template-kwargs`: a JSON object.
+fn parse_kwargs(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(other) => Err(format!("expected a JSON object, got {other}")),
+        Err(e) => Err(format!("not valid JSON: {e}")),
+    }
 }
 
 /// The loaded model, ready for the engine loop.
@@ -64,7 +82,11 @@ struct Loaded {
 }
 
 fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
-    let loaded = load_engine(&args.engine)?;
+    let mut loaded = load_engine(&args.engine)?;
+    if let Some(parser) = args.reasoning_parser {
+        let markers = ThinkMarkers::resolve(parser, &loaded.tokenizer)?;
+        loaded.engine.set_think_markers(markers);
+    }
     // Ids must index both the embedding table and the tokenizer.
     let vocab_size = loaded.config.vocab_size.min(loaded.tokenizer.vocab_size());
     Ok(Loaded {
@@ -74,6 +96,8 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             served_names,
             vocab_size,
             max_model_len: loaded.max_model_len,
+            default_chat_template_kwargs: args.default_chat_template_kwargs.clone(),
+            split_reasoning: args.reasoning_parser.is_some(),
         },
         kv_capacity_tokens: loaded.kv_capacity_tokens,
         device: loaded.device,

@@ -13,15 +13,49 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// Absent only on a chat stream's role chunk, before the prefix cache was looked up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// Only when the server splits reasoning (`--reasoning-parser`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CompletionTokensDetails {
+    pub reasoning_tokens: usize,
 }
 
 impl Usage {
-    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Usage {
         Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens }),
+            completion_tokens_details: None,
         }
+    }
+
+    /// Prompt tokens only, before the prefix cache was looked up.
+    pub fn queued(prompt_tokens: usize) -> Usage {
+        Usage {
+            prompt_tokens_details: None,
+            ..Usage::new(prompt_tokens, 0, 0)
+        }
+    }
+
+    /// With the reasoning tokens among the completion tokens.
+    pub fn with_reasoning(mut self, reasoning_tokens: Option<usize>) -> Usage {
+        self.completion_tokens_details =
+            reasoning_tokens.map(|reasoning_tokens| CompletionTokensDetails { reasoning_tokens });
+        self
     }
 }
 
@@ -80,6 +114,12 @@ pub struct ChatLogprobs {
 pub struct ChatMessageOut {
     pub role: &'static str,
     pub content: String,
+    /// The reasoning, under vLLM's current name and under SGLang's, llama.cpp's and
+    /// DeepSeek's (`--reasoning-parser`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -107,6 +147,11 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text, under both names (see [`ChatMessageOut`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -136,6 +181,22 @@ pub struct ModelCard {
     pub owned_by: &'static str,
     pub root: String,
     pub max_model_len: usize,
+}
+
+/// `POST /tokenize` (vLLM's shape).
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+    /// Each token's string, with `return_token_strs: true`.
+    pub token_strs: Option<Vec<String>>,
+}
+
+/// `POST /detokenize` (vLLM's shape).
+#[derive(Debug, Clone, Serialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
 }
 
 #[derive(Debug, Clone, Serialize)]

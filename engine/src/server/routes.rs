@@ -21,7 +21,8 @@ use super::metrics::Metrics;
 use super::protocol::{
     unix_now, ApiError, ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs,
     ChatMessageOut, ChatResponse, ChatTokenLogprob, ChatTopLogprob, CompletionChoice,
-    CompletionLogprobs, CompletionResponse, ModelCard, ModelList, Usage,
+    CompletionLogprobs, CompletionResponse, DetokenizeResponse, ModelCard, ModelList,
+    TokenizeResponse, Usage,
 };
 use super::validate::{self, GenerateRequest, ModelInfo};
 use crate::engine::{FinishReason, TokenLogprob};
@@ -63,6 +64,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .fallback(unknown_route)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
@@ -136,6 +139,60 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The request body, or the error its rejection deserves.
+fn body_bytes(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(state.max_body_bytes)
+        } else {
+            ApiError::malformed(rejection.body_text())
+        }
+    })
+}
+
+/// `POST /tokenize`: a prompt, or chat messages rendered with the template, as token ids.
+async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<TokenizeResponse>, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let ready = state.ready()?;
+    let (tokenizer, info) = (ready.tokenizer.clone(), ready.info.clone());
+    tokio::task::spawn_blocking(move || {
+        let request = validate::tokenize_request(&body, &info, &tokenizer)?;
+        let token_strs = request.token_strs.then(|| {
+            request
+                .tokens
+                .iter()
+                .map(|&id| tokenizer.id_to_token(id).unwrap_or_default())
+                .collect()
+        });
+        Ok(Json(TokenizeResponse {
+            count: request.tokens.len(),
+            max_model_len: info.max_model_len,
+            tokens: request.tokens,
+            token_strs,
+        }))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
+}
+
+/// `POST /detokenize`: token ids back to text (special tokens kept).
+async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let ready = state.ready()?;
+    let tokens = validate::detokenize_request(&body, &ready.info)?;
+    let prompt = ready
+        .tokenizer
+        .decode(&tokens, false)
+        .map_err(|e| ApiError::invalid("tokens", format!("cannot detokenize: {e:#}")))?;
+    Ok(Json(DetokenizeResponse { prompt }))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
     Completions,
@@ -186,13 +243,7 @@ async fn start(
     endpoint: Endpoint,
     arrival: Instant,
 ) -> Result<(GenerateRequest, mpsc::Receiver<SeqOutput>), ApiError> {
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(state.max_body_bytes)
-        } else {
-            ApiError::malformed(rejection.body_text())
-        }
-    })?;
+    let body = body_bytes(state, body)?;
     let ready = state.ready()?;
     let tokenizer = ready.tokenizer.clone();
     let info = ready.info.clone();
@@ -237,6 +288,8 @@ struct ChunkWriter {
     tokenizer: Option<Arc<Tokenizer>>,
     want_logprobs: bool,
     continuous_usage: bool,
+    /// Chat answers are split into reasoning and answer (`--reasoning-parser`).
+    split_reasoning: bool,
 }
 
 impl ChunkWriter {
@@ -257,6 +310,7 @@ impl ChunkWriter {
             tokenizer: tokenizer.ok(),
             want_logprobs: request.params.logprobs.is_some(),
             continuous_usage: request.continuous_usage,
+            split_reasoning: request.params.split_reasoning,
         }
     }
 
@@ -331,11 +385,12 @@ impl ChunkWriter {
                     delta: ChatDelta {
                         role: Some("assistant"),
                         content: Some(String::new()),
+                        ..ChatDelta::default()
                     },
                     logprobs: None,
                     finish_reason: None,
                 };
-                let usage = self.continuous_usage.then(|| Usage::new(prompt, 0));
+                let usage = self.continuous_usage.then(|| Usage::queued(prompt));
                 to_json(&self.chat_chunk(vec![role], usage))
             })
             .collect()
@@ -343,9 +398,14 @@ impl ChunkWriter {
 
     /// One stream chunk for one choice's new output; `offset` is the choice's text length so far.
     fn output_chunk(&self, out: &SeqOutput, offset: usize) -> String {
-        let usage = self
-            .continuous_usage
-            .then(|| Usage::new(out.num_prompt_tokens, out.num_output_tokens));
+        let usage = self.continuous_usage.then(|| {
+            Usage::new(
+                out.num_prompt_tokens,
+                out.num_output_tokens,
+                out.num_cached_prompt_tokens,
+            )
+            .with_reasoning(self.split_reasoning.then_some(out.num_reasoning_tokens))
+        });
         match self.endpoint {
             Endpoint::Completions => {
                 to_json(&self.completion(vec![self.completion_choice(out, offset)], usage))
@@ -356,6 +416,9 @@ impl ChunkWriter {
                     delta: ChatDelta {
                         role: None,
                         content: (!out.text.is_empty()).then(|| out.text.clone()),
+                        reasoning: (!out.reasoning.is_empty()).then(|| out.reasoning.clone()),
+                        reasoning_content: (!out.reasoning.is_empty())
+                            .then(|| out.reasoning.clone()),
                     },
                     logprobs: self
                         .want_logprobs
@@ -437,6 +500,9 @@ impl ChunkWriter {
                         message: ChatMessageOut {
                             role: "assistant",
                             content: c.text.clone(),
+                            reasoning: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()),
+                            reasoning_content: (!c.reasoning.is_empty())
+                                .then(|| c.reasoning.clone()),
                         },
                         logprobs: self.want_logprobs.then(|| self.chat_logprobs(&c.logprobs)),
                         finish_reason: finish_reason(c.finish),
@@ -457,12 +523,22 @@ fn to_json<T: serde::Serialize>(value: &T) -> String {
     })
 }
 
-/// Prompt tokens are counted once per prompt, completion tokens over every choice.
-fn request_usage(request: &GenerateRequest, completion_tokens: usize) -> Usage {
+/// Prompt tokens (and those of them served from the prefix cache, as the first choice of
+/// each prompt found them) are counted once per prompt; completion and reasoning tokens
+/// over every choice, whose latest outputs `choices` are, in choice-index order.
+fn request_usage(request: &GenerateRequest, choices: &[SeqOutput]) -> Usage {
+    let cached = choices
+        .iter()
+        .step_by(request.n.max(1))
+        .map(|c| c.num_cached_prompt_tokens)
+        .sum();
+    let reasoning = choices.iter().map(|c| c.num_reasoning_tokens).sum();
     Usage::new(
         request.prompts.iter().map(Vec::len).sum(),
-        completion_tokens,
+        choices.iter().map(|c| c.num_output_tokens).sum(),
+        cached,
     )
+    .with_reasoning(request.params.split_reasoning.then_some(reasoning))
 }
 
 fn engine_failed() -> ApiError {
@@ -490,15 +566,18 @@ async fn collect_response(
         };
         let choice = &mut choices[out.index];
         choice.text.push_str(&out.text);
+        choice.reasoning.push_str(&out.reasoning);
         choice.logprobs.extend(out.logprobs);
         choice.num_output_tokens = out.num_output_tokens;
+        choice.num_cached_prompt_tokens = out.num_cached_prompt_tokens;
+        choice.num_reasoning_tokens = out.num_reasoning_tokens;
         if out.finish.is_some() {
             choice.finish = out.finish;
             finished += 1;
         }
     }
-    let completion_tokens = choices.iter().map(|c| c.num_output_tokens).sum();
-    writer.full_response(choices, request_usage(&request, completion_tokens))
+    let usage = request_usage(&request, &choices);
+    writer.full_response(choices, usage)
 }
 
 /// Where a stream is: role chunks sent, choices still open, tokens so far.
@@ -507,7 +586,8 @@ struct StreamState {
     request: GenerateRequest,
     events: mpsc::Receiver<SeqOutput>,
     text_lens: Vec<usize>,
-    output_tokens: Vec<usize>,
+    /// Each choice's latest counts (its text is not kept).
+    counts: Vec<SeqOutput>,
     open: usize,
     started: bool,
     done: bool,
@@ -536,10 +616,9 @@ impl StreamState {
             self.done = true;
             let mut tail = Vec::new();
             if self.request.include_usage {
-                let completion = self.output_tokens.iter().sum();
                 tail.push(
                     self.writer
-                        .usage_chunk(request_usage(&self.request, completion)),
+                        .usage_chunk(request_usage(&self.request, &self.counts)),
                 );
             }
             tail.push("[DONE]".to_string());
@@ -549,7 +628,10 @@ impl StreamState {
             Some(out) => {
                 let chunk = self.writer.output_chunk(&out, self.text_lens[out.index]);
                 self.text_lens[out.index] += out.text.len();
-                self.output_tokens[out.index] = out.num_output_tokens;
+                let counts = &mut self.counts[out.index];
+                counts.num_output_tokens = out.num_output_tokens;
+                counts.num_cached_prompt_tokens = out.num_cached_prompt_tokens;
+                counts.num_reasoning_tokens = out.num_reasoning_tokens;
                 if out.finish.is_some() {
                     self.open -= 1;
                 }
@@ -584,7 +666,7 @@ fn stream_response(
         request,
         events,
         text_lens: vec![0; total],
-        output_tokens: vec![0; total],
+        counts: vec![SeqOutput::default(); total],
         open: total,
         started: false,
         done: false,

@@ -16,6 +16,127 @@ const MAX_STOP_LEN: usize = 256;
 /// Most top logprobs per position (OpenAI's limit).
 const MAX_LOGPROBS: i64 = 20;
 
+/// Request fields accepted at the top level of either endpoint that change nothing in the
+/// answer here (listed in the README). Any field neither honoured nor listed is a 400 that
+/// names it, as OpenAI's API answers an unrecognised argument.
+pub const NO_EFFECT_FIELDS: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "safety_identifier",
+    "prompt_cache_key",
+];
+
+/// Fields honoured by both endpoints.
+const SHARED_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "stream",
+    "stream_options",
+    "n",
+    "best_of",
+    "logit_bias",
+];
+/// Fields honoured by `/v1/completions` besides [`SHARED_FIELDS`].
+const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "suffix"];
+/// Fields honoured by `/v1/chat/completions` besides [`SHARED_FIELDS`].
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "chat_template_kwargs",
+];
+/// Structured output and tool calls: not honoured yet (issue 27), so refused, never ignored.
+const NOT_YET_FIELDS: &[&str] = &[
+    "tools",
+    "tool_choice",
+    "response_format",
+    "functions",
+    "function_call",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+];
+/// Fields of a message: `name` changes nothing here; `reasoning_content` (or `reasoning`) of
+/// an earlier assistant turn reaches the template, as Qwen3's reads it.
+const MESSAGE_FIELDS: &[&str] = &["role", "content", "name", "reasoning_content", "reasoning"];
+/// A message's tool-call fields: not honoured yet (issue 27).
+const NOT_YET_MESSAGE_FIELDS: &[&str] = &["tool_calls", "tool_call_id", "function_call"];
+/// Fields of `stream_options`; `include_obfuscation` (OpenAI's padding) changes nothing.
+const STREAM_OPTION_FIELDS: &[&str] = &[
+    "include_usage",
+    "continuous_usage_stats",
+    "include_obfuscation",
+];
+
+/// Fails on the first field of `obj` (`path` is where it sits, e.g. `messages[2].`) that is
+/// neither honoured (`known`) nor without effect (`no_effect`); fields of `not_yet` say they
+/// are not supported yet. A field set to `null` counts as absent.
+fn check_fields(
+    obj: &Map<String, Value>,
+    path: &str,
+    known: &[&[&str]],
+    not_yet: &[&str],
+    no_effect: &[&str],
+) -> Result<(), ApiError> {
+    for (key, value) in obj {
+        if value.is_null() || known.iter().any(|k| k.contains(&key.as_str())) {
+            continue;
+        }
+        let param = format!("{path}{key}");
+        if not_yet.contains(&key.as_str()) {
+            return Err(ApiError::invalid(
+                &param,
+                format!("`{param}` is not supported yet: structured output and tool calls are not implemented"),
+            ));
+        }
+        if !no_effect.contains(&key.as_str()) {
+            return Err(ApiError::invalid(
+                &param,
+                format!("Unrecognized request argument supplied: {param}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `best_of` other than 1 and a non-empty `logit_bias` would change the answer: refused.
+fn check_unsupported_values(fields: &Fields) -> Result<(), ApiError> {
+    if fields.int("best_of", 1, i64::MAX)?.is_some_and(|b| b != 1) {
+        return Err(ApiError::invalid(
+            "best_of",
+            "`best_of` other than 1 is not supported",
+        ));
+    }
+    match fields.get("logit_bias") {
+        None => Ok(()),
+        Some(Value::Object(bias)) if bias.is_empty() => Ok(()),
+        Some(Value::Object(_)) => Err(ApiError::invalid(
+            "logit_bias",
+            "`logit_bias` is not supported",
+        )),
+        Some(_) => Err(ApiError::wrong_type("logit_bias", "an object")),
+    }
+}
+
 /// What validation needs to know about the served model.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
@@ -23,6 +144,11 @@ pub struct ModelInfo {
     pub served_names: Vec<String>,
     pub vocab_size: usize,
     pub max_model_len: usize,
+    /// `--default-chat-template-kwargs`: template variables of every chat request, which a
+    /// request's own `chat_template_kwargs` override key by key.
+    pub default_chat_template_kwargs: Map<String, Value>,
+    /// The server splits chat answers into reasoning and answer (`--reasoning-parser`).
+    pub split_reasoning: bool,
 }
 
 /// A checked request: its prompts as token ids and how to sample them.
@@ -279,8 +405,8 @@ fn completion_prompts(
     Ok(prompts)
 }
 
-/// `messages` rendered with the model's chat template.
-fn chat_prompt(fields: &Fields, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+/// `messages`, checked field by field.
+fn chat_messages(fields: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match fields.get("messages") {
         None => return Err(ApiError::invalid("messages", "`messages` is required")),
         Some(Value::Array(items)) if items.is_empty() => {
@@ -302,6 +428,13 @@ fn chat_prompt(fields: &Fields, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiEr
         let Value::Object(obj) = item else {
             return Err(ApiError::wrong_type(&format!("messages[{i}]"), "an object"));
         };
+        check_fields(
+            obj,
+            &format!("messages[{i}]."),
+            &[MESSAGE_FIELDS],
+            NOT_YET_MESSAGE_FIELDS,
+            &[],
+        )?;
         let msg = Fields(obj);
         let role_param = format!("messages[{i}].role");
         let role = match msg.get("role") {
@@ -332,14 +465,73 @@ fn chat_prompt(fields: &Fields, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiEr
                 ))
             }
         };
-        messages.push(ChatMessage { role, content });
+        let reasoning_content = match (msg.str("reasoning_content"), msg.str("reasoning")) {
+            (Err(e), _) | (_, Err(e)) => return Err(prefixed(e, &format!("messages[{i}]."))),
+            (Ok(a), Ok(b)) => a.or(b).map(str::to_string),
+        };
+        if reasoning_content.is_some() && role != "assistant" {
+            return Err(ApiError::invalid(
+                &format!("messages[{i}].reasoning_content"),
+                "only an assistant message carries reasoning",
+            ));
+        }
+        messages.push(ChatMessage {
+            role,
+            content,
+            reasoning_content,
+        });
     }
+    Ok(messages)
+}
+
+/// `e` with its parameter placed under `path` (e.g. `messages[2].`).
+fn prefixed(mut e: ApiError, path: &str) -> ApiError {
+    if let Some(param) = e.param.take() {
+        e.message = e
+            .message
+            .replace(&format!("`{param}`"), &format!("`{path}{param}`"));
+        e.param = Some(format!("{path}{param}"));
+    }
+    e
+}
+
+/// The template variables of a chat request: the server's defaults, overridden key by key
+/// by the request's `chat_template_kwargs`.
+fn template_kwargs(fields: &Fields, info: &ModelInfo) -> Result<Map<String, Value>, ApiError> {
+    let mut kwargs = info.default_chat_template_kwargs.clone();
+    match fields.get("chat_template_kwargs") {
+        None => {}
+        Some(Value::Object(own)) => {
+            if let Some(key) = ["messages", "add_generation_prompt"]
+                .iter()
+                .find(|k| own.contains_key(**k))
+            {
+                return Err(ApiError::invalid(
+                    &format!("chat_template_kwargs.{key}"),
+                    format!("`{key}` is set by the server, not by chat_template_kwargs"),
+                ));
+            }
+            kwargs.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        Some(_) => return Err(ApiError::wrong_type("chat_template_kwargs", "an object")),
+    }
+    Ok(kwargs)
+}
+
+/// `messages` rendered with the chat template and tokenized.
+fn render_chat(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    kwargs: &Map<String, Value>,
+    add_special: bool,
+) -> Result<Vec<u32>, ApiError> {
     let text = tokenizer
-        .apply_chat_template(&messages, true)
+        .apply_chat_template(messages, add_generation_prompt, kwargs)
         .map_err(|e| {
             ApiError::invalid("messages", format!("cannot apply the chat template: {e:#}"))
         })?;
-    encode(tokenizer, &text, "messages", false)
+    encode(tokenizer, &text, "messages", add_special)
 }
 
 /// Concatenates `[{"type": "text", "text": ...}, ...]`.
@@ -429,6 +621,7 @@ fn stream_options(fields: &Fields) -> Result<(bool, bool, bool), ApiError> {
             "`stream_options` is only allowed with `stream: true`",
         ));
     }
+    check_fields(obj, "stream_options.", &[STREAM_OPTION_FIELDS], &[], &[])?;
     let opts = Fields(obj);
     let include_usage = opts
         .bool("include_usage")
@@ -486,7 +679,15 @@ pub fn completion_request(
     tokenizer: &Tokenizer,
 ) -> Result<GenerateRequest, ApiError> {
     let map = parse_object(body)?;
+    check_fields(
+        &map,
+        "",
+        &[SHARED_FIELDS, COMPLETION_FIELDS],
+        NOT_YET_FIELDS,
+        NO_EFFECT_FIELDS,
+    )?;
     let fields = Fields(&map);
+    check_unsupported_values(&fields)?;
     let model = check_model(&fields, info)?;
     if fields.bool("echo")?.unwrap_or(false) {
         return Err(ApiError::invalid("echo", "`echo: true` is not supported"));
@@ -519,7 +720,15 @@ pub fn chat_request(
     tokenizer: &Tokenizer,
 ) -> Result<GenerateRequest, ApiError> {
     let map = parse_object(body)?;
+    check_fields(
+        &map,
+        "",
+        &[SHARED_FIELDS, CHAT_FIELDS],
+        NOT_YET_FIELDS,
+        NO_EFFECT_FIELDS,
+    )?;
     let fields = Fields(&map);
+    check_unsupported_values(&fields)?;
     let model = check_model(&fields, info)?;
     let mut params = sampling_params(&fields, info.vocab_size)?;
     let want_logprobs = fields.bool("logprobs")?.unwrap_or(false);
@@ -533,7 +742,10 @@ pub fn chat_request(
     params.logprobs = want_logprobs.then(|| top.unwrap_or(0) as usize);
     let (stream, include_usage, continuous_usage) = stream_options(&fields)?;
     let n = fields.int("n", 1, MAX_N)?.unwrap_or(1) as usize;
-    let prompts = vec![chat_prompt(&fields, tokenizer)?];
+    let messages = chat_messages(&fields)?;
+    let kwargs = template_kwargs(&fields, info)?;
+    let prompts = vec![render_chat(tokenizer, &messages, true, &kwargs, false)?];
+    params.split_reasoning = info.split_reasoning;
     params.max_tokens = max_tokens(
         &fields,
         &["max_completion_tokens", "max_tokens"],
@@ -552,6 +764,102 @@ pub fn chat_request(
         include_usage,
         continuous_usage,
     })
+}
+
+/// Fields of a `/tokenize` body (vLLM's shapes: a `prompt`, or chat `messages`).
+const TOKENIZE_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "add_special_tokens",
+    "add_generation_prompt",
+    "chat_template_kwargs",
+    "return_token_strs",
+];
+
+/// A checked `/tokenize` body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenizeRequest {
+    pub tokens: Vec<u32>,
+    /// `return_token_strs`: answer each token's string too.
+    pub token_strs: bool,
+}
+
+/// Validates a `/tokenize` body: `prompt` (special tokens added unless
+/// `add_special_tokens: false`) or `messages` rendered with the chat template (with the
+/// generation prompt unless `add_generation_prompt: false`; special tokens only with
+/// `add_special_tokens: true`), as vLLM's.
+pub fn tokenize_request(
+    body: &[u8],
+    info: &ModelInfo,
+    tokenizer: &Tokenizer,
+) -> Result<TokenizeRequest, ApiError> {
+    let map = parse_object(body)?;
+    check_fields(&map, "", &[TOKENIZE_FIELDS], &[], &[])?;
+    let fields = Fields(&map);
+    check_model(&fields, info)?;
+    let token_strs = fields.bool("return_token_strs")?.unwrap_or(false);
+    let tokens = match (fields.get("prompt"), fields.get("messages")) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "messages",
+                "give `prompt` or `messages`, not both",
+            ))
+        }
+        (Some(_), None) => {
+            if fields.get("add_generation_prompt").is_some()
+                || fields.get("chat_template_kwargs").is_some()
+            {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`add_generation_prompt` and `chat_template_kwargs` go with `messages`",
+                ));
+            }
+            let text = fields
+                .str("prompt")?
+                .ok_or_else(|| ApiError::wrong_type("prompt", "a string"))?;
+            let add_special = fields.bool("add_special_tokens")?.unwrap_or(true);
+            tokenizer.encode(text, add_special).map_err(|e| {
+                ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}"))
+            })?
+        }
+        (None, Some(_)) => {
+            let messages = chat_messages(&fields)?;
+            let kwargs = template_kwargs(&fields, info)?;
+            let add_generation_prompt = fields.bool("add_generation_prompt")?.unwrap_or(true);
+            let add_special = fields.bool("add_special_tokens")?.unwrap_or(false);
+            render_chat(
+                tokenizer,
+                &messages,
+                add_generation_prompt,
+                &kwargs,
+                add_special,
+            )?
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "`prompt` or `messages` is required",
+            ))
+        }
+    };
+    Ok(TokenizeRequest { tokens, token_strs })
+}
+
+/// Validates a `/detokenize` body (`tokens`, a list of ids of the vocabulary).
+pub fn detokenize_request(body: &[u8], info: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+    let map = parse_object(body)?;
+    check_fields(&map, "", &[&["model", "tokens"]], &[], &[])?;
+    let fields = Fields(&map);
+    check_model(&fields, info)?;
+    match fields.get("tokens") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| token_id(v, info.vocab_size, "tokens"))
+            .collect(),
+        Some(_) => Err(ApiError::wrong_type("tokens", "a list of token ids")),
+        None => Err(ApiError::invalid("tokens", "`tokens` is required")),
+    }
 }
 
 fn min_tokens(fields: &Fields, max_tokens: usize) -> Result<usize, ApiError> {
@@ -598,6 +906,8 @@ mod tests {
             served_names: vec!["m".into()],
             vocab_size: 100,
             max_model_len: 10,
+            default_chat_template_kwargs: Map::new(),
+            split_reasoning: false,
         };
         let prompts = vec![vec![1; 6]];
         let v = serde_json::json!({"max_tokens": 5});
