@@ -12,6 +12,9 @@ cd "$(dirname "$0")/.."
 ./scripts/make-quant-fixtures.sh >/dev/null
 # shellcheck source=scripts/nvrtc-env.sh
 source ./scripts/nvrtc-env.sh
+# The official `openai` Python client, which an engine test drives (engine/tests/server.rs).
+OPENAI_PYTHONPATH="$(./scripts/pip-target.sh openai 3.57.0)"
+export OPENAI_PYTHONPATH
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace

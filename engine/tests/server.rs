@@ -1185,3 +1185,367 @@ async fn loadgen_report_shows_the_engines_version_device_and_metrics() {
     }
     assert!(html.contains(&device), "report lacks the device {device}");
 }
+
+/// A reasoning model made from llama-tiny. Ids 3 and 4 are renamed `<think>` and `</think>`
+/// (plain added tokens, as in Qwen3), the template is Qwen3's in miniature (`enable_thinking:
+/// false` closes an empty think block in the prompt; the fixture's own `open_think` ends the
+/// prompt inside one, as DeepSeek-R1's template does), and, so that greedy decoding passes
+/// through `</think>`, the embedding and LM-head rows of a token the model greedily emits
+/// once are swapped with id 4's: the model then emits `</think>` where it emitted that
+/// token, and everything else stays as it was.
+struct ReasoningFixture {
+    dir: tempfile::TempDir,
+    /// The chat messages of the forced answer.
+    messages: Value,
+    /// Greedy output of `messages` with `open_think`: reasoning, then `</think>`, then answer.
+    reasoning: String,
+    answer: String,
+    /// The reasoning's tokens, the closing marker included.
+    reasoning_tokens: usize,
+}
+
+const MAX_TOKENS: usize = 12;
+const THINK: u32 = 3;
+const END_THINK: u32 = 4;
+
+impl ReasoningFixture {
+    fn template(&self) -> PathBuf {
+        self.dir.path().join("qwen3-style.jinja")
+    }
+
+    fn new() -> ReasoningFixture {
+        use engine::backend::cpu::QuantizedWeights;
+        use engine::backend::cuda::Device;
+        use engine::loader::{load_engine, DeviceArgs, EngineArgs};
+
+        let golden = tiny_model();
+        let dir = tempfile::tempdir().unwrap();
+        for file in [
+            "config.json",
+            "generation_config.json",
+            "tokenizer_config.json",
+            "model.safetensors",
+        ] {
+            std::fs::copy(golden.join(file), dir.path().join(file)).unwrap();
+        }
+        let mut tokenizer: Value =
+            serde_json::from_str(&std::fs::read_to_string(golden.join("tokenizer.json")).unwrap())
+                .unwrap();
+        for (id, marker) in [(THINK, "<think>"), (END_THINK, "</think>")] {
+            let added = tokenizer["added_tokens"]
+                .as_array_mut()
+                .unwrap()
+                .iter_mut()
+                .find(|t| t["id"] == id)
+                .unwrap();
+            let old = added["content"].as_str().unwrap().to_string();
+            added["content"] = json!(marker);
+            added["special"] = json!(false);
+            let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+            vocab.remove(&old).unwrap();
+            vocab.insert(marker.to_string(), json!(id));
+        }
+        std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let template = dir.path().join("qwen3-style.jinja");
+        std::fs::write(
+            &template,
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+             {% if m.reasoning_content is defined and m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}\
+             {{ m.content }}<|im_end|>\n{% endfor %}\
+             {% if add_generation_prompt %}<|im_start|>assistant\n\
+             {% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n\
+             {% elif open_think is defined and open_think %}<think>\n{% endif %}{% endif %}",
+        )
+        .unwrap();
+        let messages = json!([{"role": "user", "content": "Why is the sky blue?"}]);
+
+        // The greedy answer of the unswapped model, from a prompt that ends inside a block.
+        let args = EngineArgs {
+            model: dir.path().to_path_buf(),
+            max_num_seqs: 4,
+            max_num_batched_tokens: 256,
+            max_model_len: Some(256),
+            kv_cache_memory: "16MiB".into(),
+            block_size: 16,
+            enable_prefix_caching: false,
+            no_enable_prefix_caching: false,
+            chat_template: Some(template.clone()),
+            device: DeviceArgs {
+                device: Some(Device::Cpu),
+                threads: 1,
+                gpu_memory_utilization: 0.9,
+                enforce_eager: false,
+                quantized_weights: QuantizedWeights::Fastest,
+            },
+        };
+        let mut loaded = load_engine(&args).unwrap();
+        let tokenizer = loaded.tokenizer.clone();
+        let chat: Vec<engine::tokenizer::ChatMessage> =
+            serde_json::from_value(messages.clone()).unwrap();
+        let open = serde_json::Map::from_iter([("open_think".to_string(), json!(true))]);
+        let text = tokenizer.apply_chat_template(&chat, true, &open).unwrap();
+        assert!(text.ends_with("<think>\n"), "{text}");
+        let prompt = tokenizer.encode(&text, false).unwrap();
+        assert!(
+            prompt.contains(&THINK),
+            "`<think>` is one token of the prompt"
+        );
+        let params = engine::sampler::SamplingParams {
+            max_tokens: MAX_TOKENS,
+            temperature: 0.0,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let ids = loaded
+            .engine
+            .generate(vec![prompt.clone()], &params)
+            .unwrap()[0]
+            .token_ids
+            .clone();
+        assert!(
+            !ids.contains(&THINK) && !ids.contains(&END_THINK),
+            "{ids:?}"
+        );
+        let k = (2..8)
+            .find(|&i| {
+                let x = ids[i];
+                ids.iter().filter(|&&t| t == x).count() == 1 && !prompt.contains(&x)
+            })
+            .expect("a token emitted once, not in the prompt");
+        swap_rows(&dir.path().join("model.safetensors"), ids[k], END_THINK);
+        let decode = |ids: &[u32]| tokenizer.decode(ids, true).unwrap();
+        ReasoningFixture {
+            messages,
+            reasoning: decode(&ids[..k]),
+            answer: decode(&ids[k + 1..]),
+            reasoning_tokens: k + 1,
+            dir,
+        }
+    }
+}
+
+/// Swaps the embedding and LM-head rows of tokens `a` and `b` in a safetensors file.
+fn swap_rows(path: &std::path::Path, a: u32, b: u32) {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| (name, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    for (name, _, shape, data) in &mut tensors {
+        if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
+            let row = data.len() / shape[0];
+            let (a, b) = (a as usize * row, b as usize * row);
+            for i in 0..row {
+                data.swap(a + i, b + i);
+            }
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            (
+                name.clone(),
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// `--reasoning-parser qwen3` splits an answer at the think markers (found by token id):
+/// the reasoning under both `reasoning` and `reasoning_content`, the answer under `content`,
+/// streamed and not, the reasoning tokens counted; with thinking switched off the prompt
+/// closes the block, as Qwen3's template does, and there is no reasoning; without the
+/// parser nothing is split.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_is_split_at_the_think_markers() {
+    let fixture = ReasoningFixture::new();
+    assert!(!fixture.reasoning.is_empty() && !fixture.answer.is_empty());
+    let model = fixture.dir.path().to_path_buf();
+    let template = fixture.template();
+    let mut server = Server::start(
+        &model,
+        &[
+            "--chat-template",
+            template.to_str().unwrap(),
+            "--reasoning-parser",
+            "qwen3",
+        ],
+    );
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    let chat = server.url("/v1/chat/completions");
+    let request = json!({"messages": fixture.messages, "chat_template_kwargs": {"open_think": true},
+        "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": true});
+    let (status, full) = post(&client, &chat, &request).await;
+    assert_eq!(status, 200, "{full}");
+    let message = &full["choices"][0]["message"];
+    assert_eq!(message["reasoning"], fixture.reasoning.as_str(), "{full}");
+    assert_eq!(message["reasoning_content"], fixture.reasoning.as_str());
+    assert_eq!(message["content"], fixture.answer.as_str());
+    assert_eq!(full["usage"]["completion_tokens"], MAX_TOKENS);
+    assert_eq!(
+        full["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        fixture.reasoning_tokens
+    );
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+    let chunks = chunks(&post_stream(&client, &chat, &streamed).await);
+    let field = |name: &str| -> String {
+        chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
+            .collect()
+    };
+    assert_eq!(field("reasoning"), fixture.reasoning);
+    assert_eq!(field("reasoning_content"), fixture.reasoning);
+    assert_eq!(field("content"), fixture.answer);
+    for c in &chunks {
+        let delta = &c["choices"][0]["delta"];
+        assert_eq!(delta["reasoning"], delta["reasoning_content"], "{c}");
+    }
+    // No chunk carries reasoning after the first answer text.
+    let first_answer = chunks
+        .iter()
+        .position(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .unwrap();
+    assert!(chunks[first_answer + 1..]
+        .iter()
+        .all(|c| c["choices"][0]["delta"].get("reasoning").is_none()));
+    let last = chunks.last().unwrap();
+    assert_eq!(
+        last["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        fixture.reasoning_tokens
+    );
+
+    // Thinking switched off: the template closes an empty block in the prompt.
+    let off =
+        json!({"messages": fixture.messages, "chat_template_kwargs": {"enable_thinking": false}});
+    let (_, t) = post(&client, &server.url("/tokenize"), &off).await;
+    let tokens: Vec<u64> = serde_json::from_value(t["tokens"].clone()).unwrap();
+    assert_eq!(tokens.iter().filter(|&&t| t == u64::from(THINK)).count(), 1);
+    assert_eq!(
+        tokens
+            .iter()
+            .filter(|&&t| t == u64::from(END_THINK))
+            .count(),
+        1
+    );
+    let (_, d) = post(
+        &client,
+        &server.url("/detokenize"),
+        &json!({"tokens": tokens}),
+    )
+    .await;
+    assert!(
+        d["prompt"]
+            .as_str()
+            .unwrap()
+            .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        "{d}"
+    );
+    let mut request_off = off.clone();
+    request_off["max_tokens"] = json!(MAX_TOKENS);
+    request_off["temperature"] = json!(0);
+    let (status, full) = post(&client, &chat, &request_off).await;
+    assert_eq!(status, 200, "{full}");
+    assert!(
+        full["choices"][0]["message"].get("reasoning").is_none(),
+        "{full}"
+    );
+    assert_eq!(
+        full["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        0
+    );
+
+    // The official `openai` client (PyPI; scripts/test.sh installs it and sets
+    // OPENAI_PYTHONPATH) reads both reasoning fields, streamed and not.
+    let read = openai_client_reads(&server.url("/v1"), &fixture.messages);
+    assert_eq!(read["reasoning"], fixture.reasoning.as_str(), "{read}");
+    assert_eq!(
+        read["reasoning_content"],
+        fixture.reasoning.as_str(),
+        "{read}"
+    );
+    assert_eq!(read["content"], fixture.answer.as_str(), "{read}");
+    assert_eq!(read["reasoning_tokens"], fixture.reasoning_tokens, "{read}");
+    assert_eq!(
+        read["stream_reasoning"],
+        fixture.reasoning.as_str(),
+        "{read}"
+    );
+    assert_eq!(
+        read["stream_reasoning_content"],
+        fixture.reasoning.as_str(),
+        "{read}"
+    );
+    assert_eq!(read["stream_content"], fixture.answer.as_str(), "{read}");
+    drop(server);
+
+    // Without --reasoning-parser the markers' text stays in the answer, unsplit.
+    let mut plain = Server::start(&model, &["--chat-template", template.to_str().unwrap()]);
+    plain.wait_ready().await;
+    let (status, full) = post(&client, &plain.url("/v1/chat/completions"), &request).await;
+    assert_eq!(status, 200, "{full}");
+    assert_eq!(
+        full["choices"][0]["message"]["content"],
+        format!("{}</think>{}", fixture.reasoning, fixture.answer)
+    );
+    assert!(full["usage"].get("completion_tokens_details").is_none());
+}
+
+/// What the `openai` Python client reads of the forced reasoning answer to `messages`
+/// (`open_think`), as JSON: the non-streamed message's fields and the streamed deltas joined.
+fn openai_client_reads(base_url: &str, messages: &Value) -> Value {
+    const SCRIPT: &str = r#"
+import json, sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="none")
+ask = dict(model=client.models.list().data[0].id, messages=json.loads(sys.argv[2]),
+           max_tokens=int(sys.argv[3]), temperature=0,
+           extra_body={"chat_template_kwargs": {"open_think": True}, "ignore_eos": True})
+full = client.chat.completions.create(**ask)
+message = full.choices[0].message
+out = {"reasoning": getattr(message, "reasoning", None),
+       "reasoning_content": getattr(message, "reasoning_content", None),
+       "content": message.content,
+       "reasoning_tokens": full.usage.completion_tokens_details.reasoning_tokens}
+joined = {"stream_reasoning": "", "stream_reasoning_content": "", "stream_content": ""}
+for chunk in client.chat.completions.create(stream=True, **ask):
+    for choice in chunk.choices:
+        delta = choice.delta
+        joined["stream_reasoning"] += getattr(delta, "reasoning", None) or ""
+        joined["stream_reasoning_content"] += getattr(delta, "reasoning_content", None) or ""
+        joined["stream_content"] += delta.content or ""
+out.update(joined)
+print(json.dumps(out))
+"#;
+    let path = std::env::var("OPENAI_PYTHONPATH").expect(
+        "OPENAI_PYTHONPATH: run the tests through scripts/test.sh, which installs PyPI's openai",
+    );
+    let output = Command::new("python3")
+        .env("PYTHONPATH", path)
+        .args([
+            "-c",
+            SCRIPT,
+            base_url,
+            &messages.to_string(),
+            &MAX_TOKENS.to_string(),
+        ])
+        .output()
+        .expect("running python3");
+    assert!(
+        output.status.success(),
+        "the openai client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the script prints JSON")
+}
