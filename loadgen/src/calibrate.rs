@@ -74,6 +74,7 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
                 .map(|i| PlannedRequest {
                     id: i,
                     at_s: None,
+                    session: None,
                     spec: spec(i),
                 })
                 .collect(),
@@ -91,6 +92,7 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
                 .map(|(i, t)| PlannedRequest {
                     id: i as u64,
                     at_s: Some(t),
+                    session: None,
                     spec: spec(i as u64),
                 })
                 .collect();
@@ -104,6 +106,7 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         duration_s: Some(secs),
         cooldown_s: 0.0,
         max_concurrency: None,
+        sessions: None,
     };
     let target = Target {
         base_url: format!("http://{addr}"),

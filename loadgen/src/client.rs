@@ -75,6 +75,28 @@ pub fn encoded_body(target: &Target, spec: &RequestSpec, prompts: &PromptBuilder
         .into())
 }
 
+/// The chat body of one turn of a session: `history` (the earlier user turns and the
+/// server's answers, as chat messages) before this turn's user message, which is returned
+/// too, for the next turn's history.
+pub fn session_body(
+    target: &Target,
+    spec: &RequestSpec,
+    prompts: &PromptBuilder,
+    history: &[Value],
+) -> Result<(Bytes, Value)> {
+    let mut body = request_body(target, spec, prompts)?;
+    let Some(Value::Array(messages)) = body.get_mut("messages") else {
+        bail!("sessions need the chat backend: its requests carry a message history");
+    };
+    let user = messages
+        .pop()
+        .context("a chat body without its user message")?;
+    *messages = history.to_vec();
+    messages.push(user.clone());
+    let bytes = serde_json::to_vec(&body).context("serialising the request body")?;
+    Ok((bytes.into(), user))
+}
+
 /// A request to `url` with the target's extra headers and credentials.
 fn http_request(
     method: http::Method,
@@ -165,6 +187,9 @@ struct StreamState {
     last_usage_completion: Option<u64>,
     last_usage_reasoning: Option<u64>,
     usage_prompt: Option<u64>,
+    usage_cached: Option<u64>,
+    /// The answer's text, when kept (a session sends it back in the next turn's history).
+    answer: Option<String>,
     done: bool,
     finished: bool,
     error: Option<String>,
@@ -193,6 +218,12 @@ impl StreamState {
         }
         if let Some(r) = event.reasoning_tokens {
             self.last_usage_reasoning = Some(r);
+        }
+        if let Some(c) = event.cached_tokens {
+            self.usage_cached = Some(c);
+        }
+        if let (Some(answer), Some(text)) = (self.answer.as_mut(), event.text.as_deref()) {
+            answer.push_str(text);
         }
         if event.finished {
             self.finished = true;
@@ -272,11 +303,39 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 pub async fn execute(
     client: &HttpClient,
     target: &Target,
-    mut stub: RequestStub,
+    stub: RequestStub,
     body: Bytes,
     origin: Instant,
     stop: watch::Receiver<bool>,
 ) -> RequestRecord {
+    exchange(client, target, stub, body, origin, stop, false)
+        .await
+        .0
+}
+
+/// [`execute`], also returning the answer's text (its content, not its reasoning), which a
+/// session's next turn sends back as history.
+pub async fn execute_keeping_answer(
+    client: &HttpClient,
+    target: &Target,
+    stub: RequestStub,
+    body: Bytes,
+    origin: Instant,
+    stop: watch::Receiver<bool>,
+) -> (RequestRecord, String) {
+    let (record, answer) = exchange(client, target, stub, body, origin, stop, true).await;
+    (record, answer.unwrap_or_default())
+}
+
+async fn exchange(
+    client: &HttpClient,
+    target: &Target,
+    mut stub: RequestStub,
+    body: Bytes,
+    origin: Instant,
+    stop: watch::Receiver<bool>,
+    keep_answer: bool,
+) -> (RequestRecord, Option<String>) {
     let url = format!(
         "{}{}",
         target.base_url.trim_end_matches('/'),
@@ -301,10 +360,16 @@ pub async fn execute(
     });
     let request = match request {
         Ok(request) => request,
-        Err(e) => return unsent_record(stub, target, origin, format!("building the request: {e}")),
+        Err(e) => {
+            let record = unsent_record(stub, target, origin, format!("building the request: {e}"));
+            return (record, None);
+        }
     };
     let sent = Instant::now();
-    let mut st = StreamState::default();
+    let mut st = StreamState {
+        answer: keep_answer.then(String::new),
+        ..StreamState::default()
+    };
     let mut status = None;
     let mut connect_ms = None;
     let mut failure: Option<(ErrorKind, String)> = None;
@@ -395,9 +460,10 @@ pub async fn execute(
         None => {}
     }
     let end = Instant::now();
+    let answer = st.answer.take();
     let mut record = finish_record(stub, target, sent, end, origin, st, status, failure);
     record.connect_ms = connect_ms;
-    record
+    (record, answer)
 }
 
 /// The record of a request that was never sent because its body could not be built.
@@ -498,6 +564,8 @@ fn finish_record(
         requested_output_tokens: requested,
         short_output: success && target.ignore_eos && output_tokens < requested,
         prefix_group: stub.prefix_group,
+        session: None,
+        cached_tokens: st.usage_cached,
         http_status: status,
         error: failure.map(|(kind, message)| RequestError { kind, message }),
     }

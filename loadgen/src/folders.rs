@@ -329,15 +329,23 @@ pub fn online_rounds(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     Ok((a, b))
 }
 
-/// Whether two run folders sent the same requests: byte-identical `schedule.jsonl` files
-/// and the same `--extra-body` in their `meta.json`.
+/// Whether two run folders sent the same requests: byte-identical `schedule.jsonl` files,
+/// the same `--extra-body` in their `meta.json`, and no sessions (whose later turns carry
+/// each server's own answers).
 pub fn same_requests(a: &Path, b: &Path) -> bool {
-    let extra_body = |dir: &Path| read_meta(&dir.join("meta.json")).map(|m| m.extra_body);
+    let shape = |dir: &Path| {
+        read_meta(&dir.join("meta.json"))
+            .map(|m| (m.extra_body, m.schedule["unit"] == "sessions"))
+            .ok()
+    };
     match (
         std::fs::read(a.join("schedule.jsonl")),
         std::fs::read(b.join("schedule.jsonl")),
     ) {
-        (Ok(x), Ok(y)) => x == y && extra_body(a).ok() == extra_body(b).ok(),
+        (Ok(x), Ok(y)) => {
+            let (sa, sb) = (shape(a), shape(b));
+            x == y && sa == sb && sa.is_some_and(|(_, sessions)| !sessions)
+        }
         _ => false,
     }
 }

@@ -37,6 +37,8 @@ struct ShardRun {
     meta: RunMeta,
     /// `schedule.jsonl` lines by request id.
     schedule: BTreeMap<u64, String>,
+    /// The (session, turn) of each scheduled request of a session run.
+    turns: BTreeMap<u64, (u64, u32)>,
     records: Vec<RequestRecord>,
     histograms: Histograms,
     summary: Option<Summary>,
@@ -63,25 +65,44 @@ fn load_shard(dir: &Path) -> Result<ShardRun> {
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let mut schedule = BTreeMap::new();
+    let mut turns = BTreeMap::new();
     for (i, line) in text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let id = serde_json::from_str::<serde_json::Value>(line)
-            .ok()
+        let value = serde_json::from_str::<serde_json::Value>(line).ok();
+        let id = value
+            .as_ref()
             .and_then(|v| v["id"].as_u64())
             .with_context(|| format!("{}:{}: no request `id`", path.display(), i + 1))?;
-        if id % shard.count != shard.index {
+        // Sessions are dealt whole: a session's turns belong to the shard of its id.
+        let session = value.as_ref().and_then(|v| {
+            let s = &v["session"];
+            Some((
+                s["session"].as_u64()?,
+                u32::try_from(s["turn"].as_u64()?).ok()?,
+            ))
+        });
+        let owner = session.map_or(id, |(s, _)| s);
+        if owner % shard.count != shard.index {
             bail!(
-                "{}:{}: request {id} is not shard {}/{}'s (id mod {} = {})",
+                "{}:{}: request {id} is not shard {}/{}'s ({} mod {} = {})",
                 path.display(),
                 i + 1,
                 shard.index,
                 shard.count,
+                if session.is_some() {
+                    "its session"
+                } else {
+                    "its id"
+                },
                 shard.count,
-                id % shard.count
+                owner % shard.count
             );
+        }
+        if let Some(turn) = session {
+            turns.insert(id, turn);
         }
         if schedule.insert(id, line.to_string()).is_some() {
             bail!(
@@ -110,6 +131,7 @@ fn load_shard(dir: &Path) -> Result<ShardRun> {
         dir: dir.to_path_buf(),
         meta,
         schedule,
+        turns,
         records,
         histograms,
         summary,
@@ -238,7 +260,24 @@ fn check_shards(dirs: &[PathBuf]) -> Result<CheckedMerge> {
                 );
             }
         }
-        if let Some(id) = s.schedule.keys().find(|id| !recorded.contains(id)) {
+        // A session's later turns have no record once it ended before them (its last
+        // record says how).
+        let mut ended: BTreeMap<u64, u32> = BTreeMap::new();
+        for r in &s.records {
+            if let Some(t) = r.session.filter(|t| t.end.is_some()) {
+                ended.insert(t.session, t.turn);
+            }
+        }
+        let never_sent = |id: &u64| {
+            s.turns
+                .get(id)
+                .is_some_and(|(session, turn)| ended.get(session).is_some_and(|last| turn > last))
+        };
+        if let Some(id) = s
+            .schedule
+            .keys()
+            .find(|id| !recorded.contains(id) && !never_sent(id))
+        {
             bail!("{}: scheduled request {id} has no record", s.dir.display());
         }
         records.extend(s.records.iter().cloned());

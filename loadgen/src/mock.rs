@@ -63,8 +63,11 @@ pub struct MockConfig {
     /// Report `usage.completion_tokens_details.reasoning_tokens` in usage objects.
     pub reasoning_usage: bool,
     /// Where to keep every request body received, when anywhere (tests).
-    pub bodies: Option<Arc<Mutex<Vec<Value>>>>,
+    pub bodies: Option<BodyLog>,
 }
+
+/// Request bodies received, each with its `x-loadgen-request-id`.
+pub type BodyLog = Arc<Mutex<Vec<(Option<u64>, Value)>>>;
 
 /// The chat delta field a server streams reasoning in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -502,7 +505,7 @@ async fn serve(
     };
     if let Some(bodies) = &s.cfg.bodies {
         if let Ok(mut bodies) = bodies.lock() {
-            bodies.push(body.clone());
+            bodies.push((id, body.clone()));
         }
     }
     let ask = parse_ask(&body, format);
@@ -545,6 +548,7 @@ async fn serve(
             },
             field: s.cfg.reasoning_field,
             usage: s.cfg.reasoning_usage,
+            answer_tag: format!("r{} ", id.unwrap_or(0)),
         };
         stream_response(s.cfg.model.clone(), ask, plan, reasoning, permit, log)
     } else {
@@ -592,6 +596,9 @@ struct Reasoning {
     field: ReasoningField,
     /// Usage objects carry `completion_tokens_details.reasoning_tokens`.
     usage: bool,
+    /// A chat answer's first word, `r<request id> `, so that a client sending the answer
+    /// back (a session's history) can be checked to send this answer.
+    answer_tag: String,
 }
 
 impl Reasoning {
@@ -719,6 +726,7 @@ fn stream_response(
         let k = st.timing.per_chunk.min(st.timing.total - st.sent_tokens);
         // Of this chunk's tokens, those before the reasoning ends are reasoning.
         let thinking = st.reasoning.tokens.saturating_sub(st.sent_tokens).min(k);
+        let first_answer_token = st.reasoning.tokens.checked_sub(st.sent_tokens);
         st.sent_tokens += k;
         st.chunk += 1;
         if st.ask.tgi {
@@ -760,8 +768,12 @@ fn stream_response(
                     event.push(',');
                 }
                 event.push_str(r#""content":""#);
-                for _ in thinking..k {
-                    event.push_str("tok ");
+                for i in thinking..k {
+                    if first_answer_token == Some(i) {
+                        event.push_str(&st.reasoning.answer_tag);
+                    } else {
+                        event.push_str("tok ");
+                    }
                 }
                 event.push('"');
             }

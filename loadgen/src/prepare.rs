@@ -17,13 +17,14 @@ use crate::calibrate::{calibrate, CalibrateConfig};
 use crate::client;
 use crate::extra_body::ExtraBody;
 use crate::host::host_info;
-use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
+use crate::run::{self, LoadMode, Plan, PlannedRequest, PlannedTurn, RunOptions, SessionLimits};
 use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
 use crate::scrape::{ScrapeTarget, Scraper};
 use crate::shard::Shard;
 use crate::target::Target;
 use crate::units::duration_arg;
 use crate::workload::prompt::PromptBuilder;
+use crate::workload::sessions::{SessionSpec, ThinkTime, TurnCount};
 use crate::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
 use crate::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
 use crate::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
@@ -176,6 +177,26 @@ pub struct RunArgs {
     /// worker not ready to send by then fails instead of sending late.
     #[arg(long, value_parser = crate::clock::parse_instant)]
     pub start_at: Option<SystemTime>,
+    /// Multi-turn sessions (chat backend): turns per session, geometric with mean N,
+    /// `constant:N`, or `all` (a ShareGPT file's own turns). `--rate` then counts new
+    /// sessions per second; each later turn re-sends the whole history.
+    #[arg(long, value_name = "N|constant:N|all")]
+    pub turns: Option<String>,
+    /// With --turns: the user's think time between an answer and the next turn,
+    /// exponential with mean D, or `constant:D`.
+    #[arg(long, value_name = "D|constant:D")]
+    pub think_time: Option<String>,
+    /// With --turns: a session drawn longer ends, capped, after this many turns.
+    #[arg(long)]
+    pub max_session_turns: Option<u32>,
+    /// With --turns: a session ends, capped, when its next prompt (history and the next
+    /// user turn) would pass this many tokens.
+    #[arg(long)]
+    pub max_history_tokens: Option<u64>,
+    /// With --turns and --duration: how long sessions may go on after the schedule's end
+    /// before the rest are cut.
+    #[arg(long, value_parser = duration_arg, default_value = "60s")]
+    pub session_drain: Duration,
     /// Calibrate against the built-in mock at this run's rate first; recorded in meta.json.
     #[arg(long)]
     pub calibrate: bool,
@@ -222,12 +243,43 @@ fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
     }
 }
 
+/// The session options of `args`; the options that only sessions take are refused without
+/// `--turns`, never ignored.
+fn session_spec(args: &RunArgs) -> Result<Option<SessionSpec>> {
+    let Some(turns) = args.turns.as_deref() else {
+        let stray = [
+            ("--think-time", args.think_time.is_some()),
+            ("--max-session-turns", args.max_session_turns.is_some()),
+            ("--max-history-tokens", args.max_history_tokens.is_some()),
+        ];
+        if let Some((flag, _)) = stray.iter().find(|(_, given)| *given) {
+            bail!("{flag} shapes multi-turn sessions: give --turns too");
+        }
+        return Ok(None);
+    };
+    let think = match args.think_time.as_deref() {
+        Some(t) => ThinkTime::parse(t)?,
+        None => ThinkTime::Constant { secs: 0.0 },
+    };
+    if args.max_session_turns == Some(0) {
+        bail!("--max-session-turns must be at least 1");
+    }
+    Ok(Some(SessionSpec {
+        turns: TurnCount::parse(turns)?,
+        think,
+        max_turns: args.max_session_turns,
+    }))
+}
+
 /// Builds the plan (request list + schedule) for `args`; also returns workload / schedule
 /// descriptions for `meta.json`.
 pub fn build_plan(
     args: &RunArgs,
     prompts: &PromptBuilder,
 ) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if let Some(spec) = session_spec(args)? {
+        return build_session_plan(args, prompts, spec);
+    }
     let warmup = args.warmup.as_secs_f64();
     let duration = args.duration.map(|d| d.as_secs_f64());
     let cooldown = args.cooldown.as_secs_f64();
@@ -364,27 +416,7 @@ fn finish_plan(
         Some(rows) => (0..n)
             .map(|i| row_spec(args.seed, i as u64, &rows[i % rows.len()]))
             .collect(),
-        None => {
-            let model = match args.workload {
-                WorkloadKind::Random => LengthModel::Random {
-                    input_len: args.random_input_len,
-                    output_len: args.random_output_len,
-                    range_ratio: args.random_range_ratio,
-                },
-                _ => LengthModel::ShareGptLike {
-                    profile: args.profile.clone(),
-                    max_input_len: args.max_input_len,
-                    max_output_len: args.max_output_len,
-                },
-            };
-            let prefix = (args.prefix_len > 0).then_some(PrefixGroups {
-                len: args.prefix_len,
-                groups: args.prefix_groups,
-            });
-            workload_meta["lengths"] = serde_json::to_value(&model)?;
-            workload_meta["prefix"] = serde_json::to_value(prefix)?;
-            SyntheticWorkload::new(model, prefix)?.generate(n, args.seed)?
-        }
+        None => synthetic_specs(args, n, &mut workload_meta)?,
     };
     let requests = specs
         .into_iter()
@@ -392,6 +424,7 @@ fn finish_plan(
         .map(|(i, spec)| PlannedRequest {
             id: i as u64,
             at_s: times.as_ref().map(|t| t[i]),
+            session: None,
             spec,
         })
         .collect();
@@ -406,6 +439,7 @@ fn finish_plan(
         duration_s: args.duration.map(|d| d.as_secs_f64()),
         cooldown_s: args.cooldown.as_secs_f64(),
         max_concurrency: args.max_concurrency,
+        sessions: None,
     };
     schedule_meta["warmup_s"] = json!(plan.warmup_s);
     schedule_meta["duration_s"] = json!(plan.duration_s);
@@ -413,6 +447,173 @@ fn finish_plan(
     schedule_meta["max_concurrency"] = json!(plan.max_concurrency);
     Ok((plan, workload_meta, schedule_meta))
 }
+
+/// `n` requests of the synthetic workload `args` asks for; their length model in
+/// `workload_meta`.
+fn synthetic_specs(
+    args: &RunArgs,
+    n: usize,
+    workload_meta: &mut serde_json::Value,
+) -> Result<Vec<RequestSpec>> {
+    let model = match args.workload {
+        WorkloadKind::Random => LengthModel::Random {
+            input_len: args.random_input_len,
+            output_len: args.random_output_len,
+            range_ratio: args.random_range_ratio,
+        },
+        _ => LengthModel::ShareGptLike {
+            profile: args.profile.clone(),
+            max_input_len: args.max_input_len,
+            max_output_len: args.max_output_len,
+        },
+    };
+    let prefix = (args.prefix_len > 0).then_some(PrefixGroups {
+        len: args.prefix_len,
+        groups: args.prefix_groups,
+    });
+    workload_meta["lengths"] = serde_json::to_value(&model)?;
+    workload_meta["prefix"] = serde_json::to_value(prefix)?;
+    SyntheticWorkload::new(model, prefix)?.generate(n, args.seed)
+}
+
+/// The plan of a session run (`--turns`): session start times on the arrival process at
+/// `--rate` sessions/s, each session's turns (synthetic user turns and answer lengths, or a
+/// ShareGPT file's conversations with `--turns all`) and think times, all from the seed.
+fn build_session_plan(
+    args: &RunArgs,
+    prompts: &PromptBuilder,
+    spec: SessionSpec,
+) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if args.backend != Backend::Chat {
+        bail!("--turns needs --backend chat: a session re-sends its history as chat messages, which the {} API has no place for", args.backend.name());
+    }
+    if args.concurrency.is_some() {
+        bail!("--turns with --concurrency: sessions arrive open-loop at --rate sessions/s; a closed loop of sessions is not supported");
+    }
+    let mut workload_meta = json!({"kind": format!("{:?}", args.workload), "seed": args.seed,
+        "sessions": spec});
+    let conversations = match (args.workload, spec.turns) {
+        (WorkloadKind::Trace, TurnCount::All) => {
+            let path = args
+                .trace
+                .as_ref()
+                .context("--workload trace needs --trace PATH")?;
+            let format = match args.trace_format {
+                Some(f) => f,
+                None => traces::detect_format(path)?,
+            };
+            if format != TraceFormat::Sharegpt {
+                bail!("--turns all replays the turns of a ShareGPT conversation file; {} is {format:?}, which has none", path.display());
+            }
+            let count = |t: &str| prompts.count_tokens(t);
+            let conversations = traces::load_sharegpt_conversations(path, &count)?;
+            if conversations.is_empty() {
+                bail!("{}: no conversation with a human turn and its answer", path.display());
+            }
+            workload_meta["trace"] = json!({"path": path, "format": format,
+                "conversations": conversations.len()});
+            Some(conversations)
+        }
+        (WorkloadKind::Trace, _) => bail!("--workload trace with sessions: give --turns all to replay a ShareGPT file's conversations with all their turns"),
+        (_, TurnCount::All) => bail!("--turns all replays a ShareGPT file (--workload trace --trace FILE.json); a synthetic workload takes --turns N or constant:N"),
+        _ => None,
+    };
+    let arrival = match args.arrival {
+        None | Some(ArrivalKind::Poisson) => Arrival::Poisson,
+        Some(ArrivalKind::Gamma) => Arrival::Gamma {
+            burstiness: args.burstiness,
+        },
+        Some(ArrivalKind::Constant) => Arrival::Constant,
+        Some(ArrivalKind::Trace) => bail!(
+            "--turns: sessions arrive on --arrival poisson, gamma or constant at --rate sessions/s"
+        ),
+    };
+    let schedule = ScheduleSpec {
+        arrival,
+        rate: args.rate,
+        ramp_up: args.ramp_up.map(|r| RampUp {
+            from_rate: args.ramp_start_rate,
+            secs: r.as_secs_f64(),
+        }),
+    };
+    let warmup = args.warmup.as_secs_f64();
+    let extent = match args.duration {
+        Some(d) => Extent::Until(warmup + d.as_secs_f64() + args.cooldown.as_secs_f64()),
+        None => Extent::Count(
+            args.num_prompts
+                .unwrap_or(conversations.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len)),
+        ),
+    };
+    let schedule_seed = mix(args.seed, 0x5C4E_D01E);
+    let starts = schedule.generate(extent, schedule_seed)?;
+    if starts.is_empty() {
+        bail!("the schedule has no sessions (rate too low for the duration?)");
+    }
+    let recorded = |s: usize| {
+        conversations
+            .as_ref()
+            .map_or(1, |c| c[s % c.len()].len() as u32)
+    };
+    let draws = spec.draw(starts.len(), mix(args.seed, SESSION_SEED_TAG), recorded)?;
+    let total: usize = draws.iter().map(|d| d.think_s.len()).sum();
+    let mut turn_specs = match &conversations {
+        Some(c) => draws
+            .iter()
+            .enumerate()
+            .flat_map(|(s, d)| {
+                let rows = &c[s % c.len()];
+                (0..d.think_s.len()).map(move |k| RequestSpec {
+                    input_len: rows[k].input_len,
+                    output_len: rows[k].output_len,
+                    prefix_group: None,
+                    prompt: PromptSource::Text(rows[k].prompt.clone().unwrap_or_default()),
+                })
+            })
+            .collect::<Vec<_>>(),
+        None => synthetic_specs(args, total, &mut workload_meta)?,
+    }
+    .into_iter();
+    let mut requests = Vec::with_capacity(total);
+    for (s, (draw, &start)) in draws.iter().zip(&starts).enumerate() {
+        let turns = draw.think_s.len();
+        for (k, &think_s) in draw.think_s.iter().enumerate() {
+            let last = k + 1 == turns;
+            requests.push(PlannedRequest {
+                id: requests.len() as u64,
+                at_s: (k == 0).then_some(start),
+                spec: turn_specs.next().context("a turn without its request")?,
+                session: Some(PlannedTurn {
+                    session: s as u64,
+                    turn: k as u32 + 1,
+                    think_s,
+                    last,
+                    capped: last && draw.capped,
+                }),
+            });
+        }
+    }
+    let plan = Plan {
+        requests,
+        mode: LoadMode::Open,
+        warmup_s: warmup,
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+        cooldown_s: args.cooldown.as_secs_f64(),
+        max_concurrency: args.max_concurrency,
+        sessions: Some(SessionLimits {
+            max_history_tokens: args.max_history_tokens,
+            drain_s: Some(args.session_drain.as_secs_f64()),
+        }),
+    };
+    let schedule_meta = json!({"mode": "open", "unit": "sessions", "schedule": schedule,
+        "schedule_seed": schedule_seed, "sessions": starts.len(), "turns": total,
+        "warmup_s": plan.warmup_s, "duration_s": plan.duration_s, "cooldown_s": plan.cooldown_s,
+        "max_concurrency": plan.max_concurrency, "max_history_tokens": args.max_history_tokens,
+        "session_drain_s": args.session_drain.as_secs_f64()});
+    Ok((plan, workload_meta, schedule_meta))
+}
+
+/// Seeds the session draws apart from the schedule's and the workload's.
+const SESSION_SEED_TAG: u64 = 0x5E55_1015;
 
 fn parse_headers(raw: &[String]) -> Result<Vec<(String, String)>> {
     raw.iter()

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use reports::metrics::{self, Metrics, MetricsOptions, Slo};
-use reports::records::{Phase, RequestRecord};
+use reports::records::{Phase, RequestRecord, SessionEnd, SessionTurn};
 use reports::summary::Summary;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -35,9 +35,38 @@ use crate::workload::RequestSpec;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlannedRequest {
     pub id: u64,
-    /// Send time in seconds from the run origin (open loop); `None` in closed loop.
+    /// Send time in seconds from the run origin (open loop); `None` in closed loop and for
+    /// a session's later turns, which follow the previous answer.
     pub at_s: Option<f64>,
     pub spec: RequestSpec,
+    /// Its place in a multi-turn session; a session's turns are consecutive in the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<PlannedTurn>,
+}
+
+/// A planned request's place in its session.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PlannedTurn {
+    pub session: u64,
+    /// 1 for the first turn.
+    pub turn: u32,
+    /// The user's think time after the previous answer ended (0 for the first turn).
+    pub think_s: f64,
+    /// The session's last planned turn.
+    pub last: bool,
+    /// The session was drawn longer than `--max-session-turns` allows (on its last turn).
+    pub capped: bool,
+}
+
+/// What ends a session besides its turns (session mode only).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SessionLimits {
+    /// `--max-history-tokens`: a session ends, capped, when its next turn's prompt would pass
+    /// this (the previous prompt, its answer and the next user turn).
+    pub max_history_tokens: Option<u64>,
+    /// How long after the schedule's end (warm-up + duration + cool-down) sessions may go
+    /// on; `None` without `--duration`: every session runs to its end.
+    pub drain_s: Option<f64>,
 }
 
 /// Open or closed loop.
@@ -61,6 +90,9 @@ pub struct Plan {
     pub cooldown_s: f64,
     /// Cap on requests in flight; queued requests record their wait.
     pub max_concurrency: Option<usize>,
+    /// Multi-turn sessions: `Some` when the requests are sessions' turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionLimits>,
 }
 
 impl Plan {
@@ -109,6 +141,7 @@ impl Plan {
                 "input_len": r.spec.input_len,
                 "output_len": r.spec.output_len,
                 "prefix_group": r.spec.prefix_group,
+                "session": r.session,
             });
             writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
         }
@@ -150,6 +183,8 @@ struct RunContext {
     plan: Arc<Plan>,
     origin: Instant,
     stop: watch::Receiver<bool>,
+    /// Fires with `stop`, or when a session run's drain limit passes.
+    drain: watch::Receiver<bool>,
     stop_flag: Arc<AtomicBool>,
     slots: Option<Arc<Semaphore>>,
     progress: Arc<Progress>,
@@ -170,6 +205,26 @@ async fn one_request(
     phase: Phase,
     body: Result<bytes::Bytes>,
 ) {
+    let stop = ctx.stop.clone();
+    if let Some((record, _)) = send(&ctx, id, index, scheduled, phase, body, false, stop).await {
+        let _ = ctx.records.send(record);
+    }
+}
+
+/// Sends request `index` of the plan as record `id` (after a concurrency slot, if capped)
+/// and returns its record, with its answer's text when `keep_answer`; `None` when the run
+/// stopped before it was sent.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    ctx: &RunContext,
+    id: u64,
+    index: usize,
+    scheduled: Instant,
+    phase: Phase,
+    body: Result<bytes::Bytes>,
+    keep_answer: bool,
+    stop: watch::Receiver<bool>,
+) -> Option<(RequestRecord, String)> {
     let task_start = Instant::now();
     ctx.started.fetch_add(1, Ordering::Relaxed);
     ctx.progress.on_sent();
@@ -184,10 +239,10 @@ async fn one_request(
     };
     let permit = tokio::select! {
         biased;
-        _ = stopped(ctx.stop.clone()) => None,
+        _ = stopped(stop.clone()) => None,
         p = permit => p,
     };
-    let record = match permit {
+    match permit {
         None => None,
         Some(_permit) => {
             let queue_ms = task_start.elapsed().as_secs_f64() * 1000.0;
@@ -202,18 +257,123 @@ async fn one_request(
             };
             Some(match body {
                 Ok(body) => {
-                    let stop = ctx.stop.clone();
-                    client::execute(&ctx.client, &ctx.target, stub, body, ctx.origin, stop).await
+                    client::execute_keeping_answer(
+                        &ctx.client,
+                        &ctx.target,
+                        stub,
+                        body,
+                        ctx.origin,
+                        stop,
+                    )
+                    .await
                 }
                 Err(e) => {
                     eprintln!("loadgen: request {id}: {e:#}");
-                    client::unsent_record(stub, &ctx.target, ctx.origin, format!("{e:#}"))
+                    let record =
+                        client::unsent_record(stub, &ctx.target, ctx.origin, format!("{e:#}"));
+                    (record, String::new())
                 }
             })
         }
-    };
-    if let Some(record) = record {
+    }
+    .map(|(record, answer)| (record, if keep_answer { answer } else { String::new() }))
+}
+
+/// Runs the session whose first turn is request `first` of the plan: each later turn is
+/// sent its think time after the previous answer ended, with the whole history (every
+/// earlier user turn and the server's answers, their content). The session ends after its
+/// last planned turn (capped when more were drawn), when its next prompt would pass
+/// `--max-history-tokens` (capped), when a turn fails, or when the drain limit passes or
+/// the run stops before its next turn (cut); its last record says which. A turn in flight
+/// at the drain limit is recorded as interrupted.
+async fn run_session(
+    ctx: Arc<RunContext>,
+    first: usize,
+    start: Instant,
+    drain: watch::Receiver<bool>,
+) {
+    let limits = ctx.plan.sessions.unwrap_or(SessionLimits {
+        max_history_tokens: None,
+        drain_s: None,
+    });
+    let phase = ctx.plan.phase_at((start - ctx.origin).as_secs_f64());
+    let mut history: Vec<serde_json::Value> = Vec::new();
+    let mut index = first;
+    let mut due = start;
+    loop {
+        let req = &ctx.plan.requests[index];
+        let Some(turn) = req.session else { return };
+        let (body, user) =
+            match client::session_body(&ctx.target, &req.spec, &ctx.prompts, &history) {
+                Ok((body, user)) => (Ok(body), Some(user)),
+                Err(e) => (Err(e), None),
+            };
+        let Some((mut record, answer)) =
+            send(&ctx, req.id, index, due, phase, body, true, drain.clone()).await
+        else {
+            return;
+        };
+        let next = ctx.plan.requests.get(index + 1).filter(|r| {
+            r.session
+                .is_some_and(|t| t.session == turn.session && t.turn == turn.turn + 1)
+        });
+        let next_prompt = record.prompt_tokens
+            + record.output_tokens
+            + next.map_or(0, |n| u64::from(n.spec.input_len));
+        let end = if !record.is_success() {
+            Some(if record.phase == Phase::Interrupted {
+                SessionEnd::Cut
+            } else {
+                SessionEnd::Failed
+            })
+        } else if turn.last || next.is_none() {
+            Some(if turn.capped {
+                SessionEnd::Capped
+            } else {
+                SessionEnd::Completed
+            })
+        } else if limits
+            .max_history_tokens
+            .is_some_and(|cap| next_prompt > cap)
+        {
+            Some(SessionEnd::Capped)
+        } else if *drain.borrow() {
+            Some(SessionEnd::Cut)
+        } else {
+            None
+        };
+        record.session = Some(SessionTurn {
+            session: turn.session,
+            turn: turn.turn,
+            history_messages: history.len() as u32,
+            end,
+        });
+        let (Some(next), None) = (next, end) else {
+            let _ = ctx.records.send(record);
+            return;
+        };
+        history.extend(user);
+        history.push(serde_json::json!({"role": "assistant", "content": answer}));
+        let think = Duration::from_secs_f64(next.session.map_or(0.0, |t| t.think_s));
+        due = Instant::now() + think;
+        let mut stop = drain.clone();
+        let cut = tokio::select! {
+            biased;
+            _ = stopped(stop.clone()) => true,
+            () = tokio::time::sleep_until(due.into()) => *stop.borrow_and_update(),
+        };
+        // The record waits for the think time: a session cut before its next turn says so
+        // on its last record.
+        if cut {
+            if let Some(session) = record.session.as_mut() {
+                session.end = Some(SessionEnd::Cut);
+            }
+        }
         let _ = ctx.records.send(record);
+        if cut {
+            return;
+        }
+        index += 1;
     }
 }
 
@@ -228,7 +388,14 @@ fn sender_thread(ctx: Arc<RunContext>, handle: tokio::runtime::Handle) {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
     }
     for (index, req) in ctx.plan.requests.iter().enumerate() {
-        let body = client::encoded_body(&ctx.target, &req.spec, &ctx.prompts);
+        // A session's later turns follow its earlier answers, not the clock.
+        if req.session.is_some_and(|t| t.turn > 1) {
+            continue;
+        }
+        let body = req
+            .session
+            .is_none()
+            .then(|| client::encoded_body(&ctx.target, &req.spec, &ctx.prompts));
         let at = req.at_s.unwrap_or(0.0);
         let deadline = ctx.origin + Duration::from_secs_f64(at);
         loop {
@@ -244,15 +411,22 @@ fn sender_thread(ctx: Arc<RunContext>, handle: tokio::runtime::Handle) {
         while Instant::now() < deadline {
             std::hint::spin_loop();
         }
-        let phase = ctx.plan.phase_at(at);
-        handle.spawn(one_request(
-            ctx.clone(),
-            req.id,
-            index,
-            deadline,
-            phase,
-            body,
-        ));
+        match body {
+            Some(body) => {
+                let phase = ctx.plan.phase_at(at);
+                handle.spawn(one_request(
+                    ctx.clone(),
+                    req.id,
+                    index,
+                    deadline,
+                    phase,
+                    body,
+                ));
+            }
+            None => {
+                handle.spawn(run_session(ctx.clone(), index, deadline, ctx.drain.clone()));
+            }
+        }
     }
 }
 
@@ -354,6 +528,7 @@ pub async fn execute(
     let (tx, rx) = mpsc::unbounded_channel();
     let progress = Arc::new(Progress::new(plan.requests.len() as u64));
     let stop_flag = Arc::new(AtomicBool::new(false));
+    let drain = drain_signal(&plan, origin, opts.stop.clone());
     let ctx = Arc::new(RunContext {
         client,
         target,
@@ -361,6 +536,7 @@ pub async fn execute(
         plan: plan.clone(),
         origin,
         stop: opts.stop.clone(),
+        drain,
         stop_flag: stop_flag.clone(),
         slots: plan
             .max_concurrency
@@ -429,11 +605,23 @@ pub async fn execute(
     }
     records.sort_by_key(|r| r.id);
     let incomplete = *opts.stop.borrow();
-    let expected = match plan.mode {
-        LoadMode::Open => plan.requests.len() as u64,
-        LoadMode::Closed { .. } => started,
+    let unfinished = match (plan.mode, plan.sessions) {
+        // Sessions never started; a started one ends with a record that says how.
+        (LoadMode::Open, Some(_)) => {
+            let firsts = plan
+                .requests
+                .iter()
+                .filter(|r| r.session.is_some_and(|t| t.turn == 1))
+                .count();
+            let started = records
+                .iter()
+                .filter(|r| r.session.is_some_and(|t| t.turn == 1))
+                .count();
+            firsts.saturating_sub(started) as u64
+        }
+        (LoadMode::Open, None) => (plan.requests.len() as u64).saturating_sub(records.len() as u64),
+        (LoadMode::Closed { .. }, _) => started.saturating_sub(records.len() as u64),
     };
-    let unfinished = expected.saturating_sub(records.len() as u64);
     let metrics_opts = MetricsOptions {
         slos: opts.slos.clone(),
         open_loop: plan.mode == LoadMode::Open,
@@ -457,6 +645,30 @@ pub async fn execute(
         start_time,
         ready_before_start_ms,
     })
+}
+
+/// The stop signal of a session run's turns: `stop`, or the drain limit (the schedule's end
+/// plus `drain_s`) passing, whichever comes first.
+fn drain_signal(
+    plan: &Plan,
+    origin: Instant,
+    stop: watch::Receiver<bool>,
+) -> watch::Receiver<bool> {
+    let Some(limit) = plan.sessions.and_then(|s| s.drain_s).zip(plan.duration_s) else {
+        return stop;
+    };
+    let (drain_s, duration_s) = limit;
+    let end =
+        origin + Duration::from_secs_f64(plan.warmup_s + duration_s + plan.cooldown_s + drain_s);
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stopped(stop) => {}
+            () = tokio::time::sleep_until(end.into()) => {}
+        }
+        let _ = tx.send(true);
+    });
+    rx
 }
 
 /// How long before a shared start instant the connection pool is opened.

@@ -235,6 +235,8 @@ mod tests {
             requested_output_tokens: 2,
             short_output: false,
             prefix_group: None,
+            cached_tokens: None,
+            session: None,
             connect_ms: None,
             http_status: Some(200),
             error: None,

@@ -40,10 +40,12 @@ impl Shard {
         id % self.count == self.index
     }
 
-    /// Keeps this shard's requests of `plan`; fails when none is left.
+    /// Keeps this shard's requests of `plan` (a session's turns go with its session, whole);
+    /// fails when none is left.
     pub fn restrict(&self, plan: &mut Plan) -> Result<()> {
         let total = plan.requests.len();
-        plan.requests.retain(|r| self.owns(r.id));
+        plan.requests
+            .retain(|r| self.owns(r.session.map_or(r.id, |t| t.session)));
         if plan.requests.is_empty() {
             bail!("--shard {self}: the schedule's {total} requests leave none to this shard");
         }
@@ -73,6 +75,7 @@ mod tests {
             requests: (0..10)
                 .map(|id| PlannedRequest {
                     id,
+                    session: None,
                     at_s: Some(id as f64 * 0.1),
                     spec: RequestSpec {
                         input_len: 8,
@@ -87,6 +90,7 @@ mod tests {
             duration_s: None,
             cooldown_s: 0.0,
             max_concurrency: None,
+            sessions: None,
         };
         let mut seen = Vec::new();
         for index in 0..3 {

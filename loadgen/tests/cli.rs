@@ -224,7 +224,7 @@ async fn extra_body_is_sent_and_recorded_and_a_refused_field_sends_nothing() {
         assert_eq!(bodies.len(), 3);
         assert!(bodies
             .iter()
-            .all(|b| b["chat_template_kwargs"]["enable_thinking"] == false));
+            .all(|(_, b)| b["chat_template_kwargs"]["enable_thinking"] == false));
     }
     let meta = read_meta(&out.join("meta.json")).unwrap();
     assert_eq!(

@@ -58,6 +58,7 @@ fn poisson_plan(rate: f64, secs: f64, output_len: u32) -> Plan {
             .map(|(i, t)| PlannedRequest {
                 id: i as u64,
                 at_s: Some(t),
+                session: None,
                 spec: RequestSpec {
                     input_len: 16,
                     output_len,
@@ -71,6 +72,7 @@ fn poisson_plan(rate: f64, secs: f64, output_len: u32) -> Plan {
         duration_s: None,
         cooldown_s: 0.0,
         max_concurrency: None,
+        sessions: None,
     }
 }
 
@@ -599,7 +601,7 @@ async fn extra_body_reaches_every_request_of_each_backend() {
         assert_eq!(out.metrics.completed as usize, n, "{backend:?}");
         let bodies = bodies.lock().unwrap();
         assert_eq!(bodies.len(), n, "{backend:?}");
-        for body in bodies.iter() {
+        for (_, body) in bodies.iter() {
             let fields = if backend == Backend::Tgi {
                 &body["parameters"]
             } else {
@@ -617,4 +619,316 @@ async fn extra_body_reaches_every_request_of_each_backend() {
             assert_eq!(own, 4, "{backend:?}: loadgen's own fields stay");
         }
     }
+}
+
+/// The plan of `loadgen run ARGS` (parsed as the command line would be).
+fn planned(argv: &[&str]) -> Plan {
+    let mut full = vec!["loadgen", "run"];
+    full.extend_from_slice(argv);
+    let cli = <loadgen::cli::Cli as clap::Parser>::try_parse_from(full).unwrap();
+    let loadgen::cli::Command::Run(args) = cli.command else {
+        unreachable!()
+    };
+    loadgen::prepare::build_plan(&args, &PromptBuilder::approximate())
+        .unwrap()
+        .0
+}
+
+/// Kolmogorov–Smirnov distance between `sample` and the CDF `cdf`.
+fn ks_distance(sample: &mut [f64], cdf: impl Fn(f64) -> f64) -> f64 {
+    sample.sort_by(f64::total_cmp);
+    let m = sample.len() as f64;
+    sample
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let f = cdf(x);
+            (f - i as f64 / m).abs().max((f - (i + 1) as f64 / m).abs())
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Sessions arrive as a Poisson process at --rate sessions/s and their think times are
+/// exponential with the --think-time mean (KS at α = 0.01, seeded); turns are geometric.
+#[test]
+fn session_arrivals_and_think_times_have_their_distributions() {
+    let plan = planned(&[
+        "--backend",
+        "chat",
+        "--turns",
+        "3",
+        "--think-time",
+        "2s",
+        "--rate",
+        "5",
+        "--num-prompts",
+        "2000",
+        "--seed",
+        "4",
+    ]);
+    let firsts: Vec<f64> = plan
+        .requests
+        .iter()
+        .filter(|r| r.session.is_some_and(|t| t.turn == 1))
+        .map(|r| r.at_s.unwrap())
+        .collect();
+    assert_eq!(firsts.len(), 2000);
+    let mut gaps: Vec<f64> = firsts.windows(2).map(|w| w[1] - w[0]).collect();
+    let d = ks_distance(&mut gaps, |g| 1.0 - (-5.0 * g).exp());
+    assert!(d < 1.628 / (gaps.len() as f64).sqrt(), "arrival KS D = {d}");
+    let mut thinks: Vec<f64> = plan
+        .requests
+        .iter()
+        .filter_map(|r| r.session.filter(|t| t.turn > 1).map(|t| t.think_s))
+        .collect();
+    let d = ks_distance(&mut thinks, |t| 1.0 - (-t / 2.0).exp());
+    assert!(d < 1.628 / (thinks.len() as f64).sqrt(), "think KS D = {d}");
+    // Later turns have no send time of their own; every turn knows its session.
+    assert!(plan
+        .requests
+        .iter()
+        .all(|r| r.at_s.is_some() == r.session.is_some_and(|t| t.turn == 1)));
+    let turns = plan.requests.len() as f64 / 2000.0;
+    assert!((turns - 3.0).abs() < 0.2, "mean turns {turns}");
+    // Sessions are refused where they cannot work, with a reason.
+    for (argv, reason) in [
+        (&["--turns", "2"][..], "--backend chat"),
+        (
+            &["--backend", "chat", "--turns", "2", "--concurrency", "4"][..],
+            "--concurrency",
+        ),
+        (&["--think-time", "1s"][..], "give --turns too"),
+        (&["--backend", "chat", "--turns", "all"][..], "ShareGPT"),
+    ] {
+        let mut full = vec!["loadgen", "run"];
+        full.extend_from_slice(argv);
+        let cli = <loadgen::cli::Cli as clap::Parser>::try_parse_from(full).unwrap();
+        let loadgen::cli::Command::Run(args) = cli.command else {
+            unreachable!()
+        };
+        let e = format!(
+            "{:#}",
+            loadgen::prepare::build_plan(&args, &PromptBuilder::approximate()).unwrap_err()
+        );
+        assert!(e.contains(reason), "{argv:?}: {e}");
+    }
+}
+
+/// Every later turn carries exactly the earlier user turns and the mock's own answers
+/// (each starts with `r<its request id>`), is sent its think time after the previous answer
+/// ended, and every session ends with a record that says how.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_resend_their_history_with_the_servers_answers() {
+    let _guard = SERIAL.lock().await;
+    let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let cfg = MockConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        bodies: Some(bodies.clone()),
+        ..MockConfig::default()
+    };
+    let plan = planned(&[
+        "--backend",
+        "chat",
+        "--turns",
+        "constant:4",
+        "--think-time",
+        "30ms",
+        "--rate",
+        "20",
+        "--num-prompts",
+        "12",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "12",
+        "--random-output-len",
+        "6",
+        "--random-range-ratio",
+        "0.5",
+        "--seed",
+        "9",
+    ]);
+    let planned_think: std::collections::HashMap<u64, f64> = plan
+        .requests
+        .iter()
+        .filter_map(|r| r.session.map(|t| (r.id, t.think_s)))
+        .collect();
+    let out = against_mock(cfg, plan, Backend::Chat).await;
+    assert_eq!(out.records.len(), 48, "12 sessions of 4 turns");
+    assert!(out.records.iter().all(|r| r.is_success()));
+    let bodies: std::collections::HashMap<u64, serde_json::Value> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, body)| (id.unwrap(), body.clone()))
+        .collect();
+    let by_id: std::collections::HashMap<u64, &reports::records::RequestRecord> =
+        out.records.iter().map(|r| (r.id, r)).collect();
+    let mut excesses = Vec::new();
+    for r in &out.records {
+        let s = r.session.unwrap();
+        let messages = bodies[&r.id]["messages"].as_array().unwrap();
+        assert_eq!(messages.len() as u32, 2 * s.turn - 1, "turn {}", s.turn);
+        assert_eq!(s.history_messages, 2 * (s.turn - 1));
+        assert_eq!(
+            s.end.is_some(),
+            s.turn == 4,
+            "only the last turn ends the session"
+        );
+        if s.turn == 4 {
+            assert_eq!(s.end, Some(reports::records::SessionEnd::Completed));
+        }
+        if s.turn == 1 {
+            continue;
+        }
+        // The turn before: same session, one turn earlier, consecutive ids.
+        let prev = by_id[&(r.id - 1)];
+        assert_eq!(prev.session.unwrap().session, s.session);
+        let prev_messages = bodies[&prev.id]["messages"].as_array().unwrap();
+        let answer = format!(
+            "r{} {}",
+            prev.id,
+            "tok ".repeat(prev.output_tokens as usize - 1)
+        );
+        let mut expected = prev_messages.clone();
+        expected.push(serde_json::json!({"role": "assistant", "content": answer}));
+        assert_eq!(
+            &messages[..messages.len() - 1],
+            &expected[..],
+            "request {}",
+            r.id
+        );
+        assert_eq!(messages.last().unwrap()["role"], "user");
+        // Sent one think time after the previous answer's last chunk (plus the client's own
+        // delay, which a busy machine stretches now and then).
+        let excess = r.sent_ms - prev.end_ms - planned_think[&r.id] * 1000.0;
+        assert!(
+            (-0.5..25.0).contains(&excess),
+            "request {}: {excess:.2} ms late",
+            r.id
+        );
+        excesses.push(excess);
+    }
+    excesses.sort_by(f64::total_cmp);
+    let median = excesses[excesses.len() / 2];
+    assert!(
+        median < 3.0,
+        "median lateness {median:.2} ms after the think time"
+    );
+    let sessions = out.summary.sessions.as_ref().unwrap();
+    assert_eq!(sessions.sessions, 12);
+    assert_eq!(sessions.ended.get("completed"), Some(&12));
+    assert_eq!(sessions.by_turn.len(), 4);
+    // Later turns carry the history: their prompts grow.
+    let prompt = |k: usize| sessions.by_turn[k].prompt_tokens_mean;
+    assert!(prompt(0) < prompt(1) && prompt(1) < prompt(2) && prompt(2) < prompt(3));
+}
+
+/// Caps end sessions, recorded as capped; a failed turn ends its session, recorded as
+/// failed; past the drain limit the rest are cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_failures_and_the_drain_limit_end_sessions() {
+    use reports::records::SessionEnd;
+
+    let _guard = SERIAL.lock().await;
+    let fast = MockConfig {
+        ttft: Duration::from_millis(2),
+        itl: Duration::from_millis(1),
+        ..MockConfig::default()
+    };
+    let base = [
+        "--backend",
+        "chat",
+        "--rate",
+        "50",
+        "--num-prompts",
+        "10",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "10",
+        "--random-output-len",
+        "5",
+        "--seed",
+        "2",
+    ];
+    let run = |extra: &[&str], cfg: MockConfig| {
+        let mut argv = base.to_vec();
+        argv.extend_from_slice(extra);
+        let plan = planned(&argv);
+        async move { against_mock(cfg, plan, Backend::Chat).await }
+    };
+    let last = |out: &RunOutcome| -> Vec<(u32, Option<SessionEnd>)> {
+        let mut ends: std::collections::BTreeMap<u64, (u32, Option<SessionEnd>)> =
+            Default::default();
+        for r in &out.records {
+            let s = r.session.unwrap();
+            let e = ends.entry(s.session).or_insert((0, None));
+            if s.turn > e.0 {
+                *e = (s.turn, s.end);
+            }
+        }
+        ends.into_values().collect()
+    };
+    // --max-session-turns 2 over constant:5.
+    let out = run(
+        &["--turns", "constant:5", "--max-session-turns", "2"],
+        fast.clone(),
+    )
+    .await;
+    assert!(
+        last(&out)
+            .iter()
+            .all(|&l| l == (2, Some(SessionEnd::Capped))),
+        "{:?}",
+        last(&out)
+    );
+    // --max-history-tokens: the mock counts words; turn 1 sends 10, answers 5, so turn 2's
+    // prompt is 25 and turn 3's 40: a cap of 30 ends every session after turn 2.
+    let out = run(
+        &["--turns", "constant:5", "--max-history-tokens", "30"],
+        fast.clone(),
+    )
+    .await;
+    assert!(
+        last(&out)
+            .iter()
+            .all(|&l| l == (2, Some(SessionEnd::Capped))),
+        "{:?}",
+        last(&out)
+    );
+    // Failures: a failed turn is its session's last record.
+    let flaky = MockConfig {
+        error_rate: 0.3,
+        ..fast.clone()
+    };
+    let out = run(&["--turns", "constant:4"], flaky).await;
+    for r in &out.records {
+        let s = r.session.unwrap();
+        assert_eq!(!r.is_success(), s.end == Some(SessionEnd::Failed), "{r:?}");
+    }
+    assert!(out.records.iter().any(|r| !r.is_success()));
+    // A 1 s think time against a 200 ms window and a 100 ms drain: every session is cut
+    // after its first turn.
+    let out = run(
+        &[
+            "--turns",
+            "constant:3",
+            "--think-time",
+            "constant:1s",
+            "--duration",
+            "200ms",
+            "--session-drain",
+            "100ms",
+        ],
+        fast,
+    )
+    .await;
+    assert!(!out.records.is_empty());
+    assert!(
+        last(&out).iter().all(|&l| l == (1, Some(SessionEnd::Cut))),
+        "{:?}",
+        last(&out)
+    );
 }

@@ -7,6 +7,7 @@ pub mod records;
 pub mod render;
 pub mod samples;
 pub mod server_metrics;
+pub mod sessions;
 pub mod slo;
 pub mod stats;
 pub mod summary;

@@ -286,6 +286,11 @@ pub struct Metrics {
     /// The client, not the server, may have limited the numbers.
     pub client_bound: bool,
     pub client_bound_reasons: Vec<String>,
+    /// Prompt tokens the server served from its prefix cache over all prompt tokens, of the
+    /// successes whose server said (`usage.prompt_tokens_details.cached_tokens`).
+    pub cached_prompt_share: Option<f64>,
+    /// Multi-turn sessions (`--turns`), by turn index.
+    pub sessions: Option<crate::sessions::SessionStats>,
 }
 
 /// The latency samples of a run's measurement window, in milliseconds: what [`compute`]
@@ -448,6 +453,13 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
         m.offered_rate = offered;
         m.achieved_rate = achieved;
     }
+    let (cached, cached_of) = measured
+        .iter()
+        .filter(|r| r.is_success())
+        .filter_map(|r| r.cached_tokens.map(|c| (c, r.prompt_tokens)))
+        .fold((0u64, 0u64), |(c, p), (rc, rp)| (c + rc, p + rp));
+    m.cached_prompt_share = (cached_of > 0).then(|| cached as f64 / cached_of as f64);
+    m.sessions = crate::sessions::SessionStats::of(records, m.duration_s);
     m.client_cpu = opts.client_cpu;
     m.client_bound_reasons = client_bound_reasons(&m);
     m.client_bound = !m.client_bound_reasons.is_empty();
@@ -549,6 +561,8 @@ mod tests {
             requested_output_tokens: 9,
             short_output: false,
             prefix_group: None,
+            cached_tokens: None,
+            session: None,
             connect_ms: None,
             http_status: Some(200),
             error: None,

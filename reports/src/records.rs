@@ -91,6 +91,34 @@ impl ErrorKind {
     }
 }
 
+/// A request's place in a multi-turn session. Its send instant (turns after the first) and
+/// its history depend on the server's earlier answers, so they are not in the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SessionTurn {
+    pub session: u64,
+    /// 1 for the session's first turn.
+    pub turn: u32,
+    /// Messages sent before this turn's user message: the earlier user turns and answers.
+    pub history_messages: u32,
+    /// How the session ended, on its last record only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<SessionEnd>,
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionEnd {
+    /// Every drawn turn was answered.
+    Completed,
+    /// Its next turn would have passed `--max-session-turns` or `--max-history-tokens`.
+    Capped,
+    /// A turn failed; the session stopped there.
+    Failed,
+    /// The run's drain limit passed, or the run was stopped, before its next turn.
+    Cut,
+}
+
 /// A failed request's reason.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestError {
@@ -132,6 +160,10 @@ pub struct RequestRecord {
     pub chunk_tokens_source: ChunkTokensSource,
     pub prompt_tokens: u64,
     pub prompt_tokens_source: CountSource,
+    /// Prompt tokens the server served from its prefix cache
+    /// (`usage.prompt_tokens_details.cached_tokens`), when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
     pub output_tokens: u64,
     pub output_tokens_source: CountSource,
     /// Output tokens spent reasoning (`delta.reasoning` / `reasoning_content`): the server's
@@ -148,6 +180,9 @@ pub struct RequestRecord {
     pub short_output: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_group: Option<u64>,
+    /// The request's place in a multi-turn session (`--turns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionTurn>,
     pub http_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RequestError>,
@@ -369,6 +404,8 @@ mod tests {
             requested_output_tokens: 3,
             short_output: false,
             prefix_group: None,
+            cached_tokens: None,
+            session: None,
             connect_ms: None,
             http_status: Some(200),
             error: None,

@@ -92,6 +92,14 @@ pub struct Summary {
     pub client_bound: bool,
     pub client_bound_reasons: Vec<String>,
     pub slos: Vec<Slo>,
+    /// Prompt tokens served from the server's prefix cache over all prompt tokens, of the
+    /// requests whose server reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_prompt_share: Option<f64>,
+    /// Multi-turn sessions: sessions and their rate, how they ended, and each turn index's
+    /// latencies, prompt sizes and prefix-cache hits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<crate::sessions::SessionStats>,
     /// Every distribution, in ms, keyed `ttft`, `time_to_first_answer`, `tpot`, `itl` (chunk), `token_itl`, `e2el`,
     /// `ttft_from_scheduled`, `e2el_from_scheduled`, `schedule_lag`, `queue_time`, `connect`
     /// (requests that opened a connection during the window; its `count` is how many).
@@ -163,6 +171,8 @@ impl Summary {
             client_bound: m.client_bound,
             client_bound_reasons: m.client_bound_reasons.clone(),
             slos: slos.to_vec(),
+            cached_prompt_share: m.cached_prompt_share,
+            sessions: m.sessions.clone(),
             metrics,
         }
     }

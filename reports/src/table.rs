@@ -104,6 +104,28 @@ pub fn render(summary: &Summary) -> String {
             format!("{goodput:.2}"),
         );
     }
+    if let Some(s) = &summary.sessions {
+        row(&mut out, "Sessions (measured):", s.sessions);
+        row(
+            &mut out,
+            "Session rate (sessions/s):",
+            format!("{:.2}", s.session_rate),
+        );
+        row(
+            &mut out,
+            "Requests per session:",
+            format!("{:.2}", s.requests_per_session),
+        );
+        let ended: Vec<String> = s.ended.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        row(&mut out, "Sessions ended:", ended.join(", "));
+    }
+    if let Some(share) = summary.cached_prompt_share {
+        row(
+            &mut out,
+            "Prompt tokens from prefix cache:",
+            format!("{:.1}%", share * 100.0),
+        );
+    }
     row(
         &mut out,
         "Output token throughput (tok/s):",
@@ -141,6 +163,22 @@ pub fn render(summary: &Summary) -> String {
         &get("token_itl"),
     );
     dist(&mut out, "End-to-end Latency", "E2EL", &get("e2el"));
+    if let Some(s) = &summary.sessions {
+        title(&mut out, "By Turn (sessions)", '-');
+        for t in &s.by_turn {
+            let cached = t
+                .cached_share
+                .map_or(String::new(), |c| format!(", cached {:.0}%", c * 100.0));
+            row(
+                &mut out,
+                &format!("Turn {} ({} ok, {} failed):", t.turn, t.completed, t.failed),
+                format!(
+                    "TTFT p50 {:.1} ms, prompt {:.0} tok{cached}",
+                    t.ttft.p50, t.prompt_tokens_mean
+                ),
+            );
+        }
+    }
     title(&mut out, "Schedule Lag", '-');
     let lag = get("schedule_lag");
     row(&mut out, "Median lag (ms):", format!("{:.3}", lag.p50));

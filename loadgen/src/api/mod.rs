@@ -41,6 +41,8 @@ pub struct StreamEvent<'a> {
     pub completion_tokens: Option<u64>,
     /// Reasoning tokens so far (`usage.completion_tokens_details.reasoning_tokens`).
     pub reasoning_tokens: Option<u64>,
+    /// Prompt tokens served from the prefix cache (`usage.prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: Option<u64>,
 }
 
 /// One serving API's wire format.

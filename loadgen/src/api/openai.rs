@@ -48,6 +48,14 @@ struct Usage {
     completion_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens_details: Option<CompletionTokensDetails>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptTokensDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +119,7 @@ pub(super) fn event(data: &str, chat: bool) -> Result<StreamEvent<'_>, String> {
         parsed.reasoning_tokens = usage
             .completion_tokens_details
             .and_then(|d| d.reasoning_tokens);
+        parsed.cached_tokens = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
     }
     match choice {
         Some(Choice {

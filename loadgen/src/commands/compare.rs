@@ -132,6 +132,13 @@ pub async fn compare_command(args: CompareArgs) -> Result<()> {
         || args.a_cmd.is_some()
         || args.b_url.is_some()
         || args.b_cmd.is_some();
+    if online && args.run.turns.is_some() {
+        bail!(
+            "loadgen compare with --turns: a session's later turns carry each server's own \
+             answers, so the two sides never send identical requests to pair; compare \
+             single-turn runs, or run each side alone and compare the saved runs (unpaired)"
+        );
+    }
     if online {
         let a = server_spec(&args.a_url, &args.a_cmd, Side::A)?;
         let b = server_spec(&args.b_url, &args.b_cmd, Side::B)?;

@@ -175,6 +175,10 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
     let timetable = sharded_timetable(&args)?;
     let (rates, probe) = match parse_rates(&args.rates)? {
         Some(rates) => (rates, None),
+        None if args.run.turns.is_some() => bail!(
+            "loadgen sweep --rates auto with --turns: the saturation probe is a closed loop of \
+             single requests, which sessions are not; give the session rates (--rates 0.5,1,2)"
+        ),
         None => {
             eprintln!("loadgen sweep: --rates auto: probing the saturation rate (closed loop)…");
             let (steps, reason) = probe_saturation(

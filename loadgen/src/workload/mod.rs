@@ -2,6 +2,7 @@
 //! optional shared-prefix group). Sources: the synthetic generators and trace files.
 
 pub mod prompt;
+pub mod sessions;
 pub mod synthetic;
 pub mod traces;
 

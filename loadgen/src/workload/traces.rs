@@ -347,6 +347,43 @@ fn load_sharegpt(path: &Path, count_tokens: &dyn Fn(&str) -> usize) -> Result<Ve
     Ok(rows)
 }
 
+/// A ShareGPT JSON file's conversations, each as its exchanges in order: a human turn (the
+/// prompt, its length measured) and the reply after it (its length the output length). A
+/// conversation that starts with the model, or a human turn without a reply, ends the
+/// exchanges there; conversations without one exchange are skipped.
+pub fn load_sharegpt_conversations(
+    path: &Path,
+    count_tokens: &dyn Fn(&str) -> usize,
+) -> Result<Vec<Vec<TraceRow>>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let conversations: Vec<ShareGptConversation> = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}:{}: malformed ShareGPT JSON: {e}",
+            path.display(),
+            e.line()
+        )
+    })?;
+    Ok(conversations
+        .into_iter()
+        .map(|c| {
+            c.conversations
+                .chunks_exact(2)
+                .take_while(|pair| pair[0].from != "gpt" && pair[1].from == "gpt")
+                .map(|pair| TraceRow {
+                    input_len: u32::try_from(count_tokens(&pair[0].value).max(1))
+                        .unwrap_or(u32::MAX),
+                    output_len: u32::try_from(count_tokens(&pair[1].value).max(1))
+                        .unwrap_or(u32::MAX),
+                    prompt: Some(pair[0].value.clone()),
+                    ..TraceRow::default()
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|rows| !rows.is_empty())
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

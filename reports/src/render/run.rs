@@ -104,8 +104,57 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
         plots,
         ..Section::default()
     }];
+    sections.extend(m.sessions.as_ref().map(sessions_section));
     sections.extend(view.server.as_ref().map(server_section));
     sections
+}
+
+/// Multi-turn sessions: how many, how they ended, and each turn index's numbers.
+fn sessions_section(s: &crate::sessions::SessionStats) -> Section {
+    let ended: Vec<String> = s.ended.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let by_turn = Table {
+        header: [
+            "turn",
+            "ok",
+            "failed",
+            "TTFT p50 [95% CI]",
+            "TTFT p90 [95% CI]",
+            "E2E p50 [95% CI]",
+            "prompt tokens (mean, history included)",
+            "prompt tokens from prefix cache",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: s
+            .by_turn
+            .iter()
+            .map(|t| {
+                vec![
+                    t.turn.to_string(),
+                    t.completed.to_string(),
+                    t.failed.to_string(),
+                    t.ttft.percentile_text(0.5, 2),
+                    t.ttft.percentile_text(0.9, 2),
+                    t.e2el.percentile_text(0.5, 2),
+                    format!("{:.0}", t.prompt_tokens_mean),
+                    t.cached_share
+                        .map_or("not reported".into(), |c| format!("{:.1}%", c * 100.0)),
+                ]
+            })
+            .collect(),
+    };
+    Section {
+        heading: "Sessions by turn".into(),
+        paragraphs: vec![format!(
+            "{} sessions started in the measurement window ({:.3} sessions/s, {:.2} requests              each); ended: {}. Each later turn re-sends the whole conversation, so its prompt              grows and a server with a prefix cache serves the history from it.",
+            s.sessions,
+            s.session_rate,
+            s.requests_per_session,
+            ended.join(", ")
+        )],
+        tables: vec![by_turn],
+        ..Section::default()
+    }
 }
 
 /// The server's own view of the run, from its `/metrics`.
