@@ -102,14 +102,17 @@ class Soak:
         if rng.random() < 0.1:
             body["ignore_eos"] = True
         if rng.random() < 0.1:
-            body["some_unknown_field"] = {"x": 1}
+            # Fields that change nothing in the answer are accepted (an unknown one is a 400).
+            body["user"] = "soak"
+            body["metadata"] = {"x": "1"}
         return ("/v1/chat/completions" if chat else "/v1/completions"), body
 
     def bad_request(self, rng):
         """Returns (path, raw bytes, the field the error must name or None)."""
         kind = rng.choice(["json", "type_max_tokens", "type_temperature", "range_top_p", "range_n",
                            "oversize_body", "oversize_prompt", "max_tokens_past_context",
-                           "missing_prompt", "bad_messages", "bad_token_id", "logprobs_range"])
+                           "missing_prompt", "bad_messages", "bad_token_id", "logprobs_range",
+                           "unknown_field"])
         base = {"model": "soak", "prompt": "hello", "max_tokens": 4}
         field = None
         if kind == "json":
@@ -138,6 +141,8 @@ class Soak:
             base["prompt"], field = [1, 2, 10 ** 9], "prompt"
         elif kind == "logprobs_range":
             base["logprobs"], field = 99, "logprobs"
+        elif kind == "unknown_field":
+            base["some_unknown_field"], field = {"x": 1}, "some_unknown_field"
         return "/v1/completions", json.dumps(base).encode(), field
 
     # ---- checks -------------------------------------------------------------------------

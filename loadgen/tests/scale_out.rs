@@ -431,3 +431,77 @@ fn sharded_sweep_levels_follow_one_timetable_and_merge_level_by_level() {
     }
     assert!(merged.join("report.html").is_file());
 }
+
+/// Two workers deal whole sessions between them (a session's turns follow its first turn's
+/// worker), and `merge` keeps them whole: every session once, its turns in one shard,
+/// capped sessions' unsent turns not missed.
+#[test]
+fn sharded_sessions_merge_whole() {
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockProcess::start(&dir.path().join("arrivals.jsonl"));
+    // 12 sessions of 3 turns: the mock counts words, 8 per user turn and 4 per answer, so
+    // turn 3's prompt would be 32 > 25 and every session is capped after turn 2.
+    let args: Vec<String> = [
+        "run",
+        "--url",
+        &mock.url,
+        "--backend",
+        "chat",
+        "--turns",
+        "constant:3",
+        "--think-time",
+        "constant:20ms",
+        "--max-history-tokens",
+        "25",
+        "--rate",
+        "20",
+        "--num-prompts",
+        "12",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "4",
+        "--seed",
+        "5",
+        "--no-progress",
+        "--scrape-interval",
+        "0s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let start = unix_s(SystemTime::now()) + 4.0;
+    let shards = run_shards(&args, 2, start, dir.path());
+    let mut owner = BTreeMap::new();
+    for (i, shard) in shards.iter().enumerate() {
+        for r in read_records(&shard.join("records.jsonl")).unwrap() {
+            let s = r.session.unwrap();
+            assert_eq!(
+                s.session % 2,
+                i as u64,
+                "session {} on shard {i}",
+                s.session
+            );
+            owner.insert((s.session, s.turn), i);
+        }
+    }
+    let merged = dir.path().join("merged");
+    ok(merge(&shards, &merged), "merge of sessions");
+    let records = read_records(&merged.join("records.jsonl")).unwrap();
+    assert_eq!(records.len(), 24, "12 sessions, 2 turns each");
+    let mut turns: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for r in &records {
+        let s = r.session.unwrap();
+        turns.entry(s.session).or_default().push(s.turn);
+        if s.turn == 2 {
+            assert_eq!(s.end, Some(reports::records::SessionEnd::Capped));
+        }
+    }
+    assert_eq!(turns.len(), 12);
+    assert!(turns.values().all(|t| t == &[1, 2]), "{turns:?}");
+    let summary = Summary::read(&merged.join("summary.json")).unwrap();
+    assert_eq!(summary.sessions.unwrap().ended.get("capped"), Some(&12));
+}
