@@ -126,6 +126,23 @@ fn run_report(rng: &mut StdRng) -> Report {
         output_throughput: 900.0,
         ttft: DistStats::from_values(&samples.values(reports::metrics::SloMetric::Ttft)),
         schedule_lag: DistStats::from_values(&samples.schedule_lag_ms),
+        sessions: Some(reports::sessions::SessionStats {
+            sessions: 125,
+            session_rate: 1.25,
+            requests_per_session: 4.0,
+            ended: [("completed".to_string(), 120), ("capped".to_string(), 5)].into(),
+            by_turn: (1..=4)
+                .map(|turn| reports::sessions::TurnStats {
+                    turn,
+                    completed: 125,
+                    failed: 0,
+                    ttft: DistStats::from_values(&[40.0, 50.0, 60.0]),
+                    e2el: DistStats::from_values(&[400.0, 500.0]),
+                    prompt_tokens_mean: 120.0 * f64::from(turn),
+                    cached_share: Some(1.0 - 1.0 / f64::from(turn)),
+                })
+                .collect(),
+        }),
         ..Metrics::default()
     };
     Report {
@@ -226,4 +243,7 @@ fn sweep_compare_and_run_reports_are_self_contained() {
     let run = run_report(&mut rng);
     let (md, html) = write_report(&output_dir("run", temp.path()), &run).unwrap();
     check_files(&md, &html, 5);
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(text.contains("Sessions by turn") && text.contains("ended: capped 5, completed 120"));
+    assert!(text.contains("<td>75.0%</td>"), "turn 4's prefix-cache share");
 }

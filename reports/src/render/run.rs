@@ -146,7 +146,9 @@ fn sessions_section(s: &crate::sessions::SessionStats) -> Section {
     Section {
         heading: "Sessions by turn".into(),
         paragraphs: vec![format!(
-            "{} sessions started in the measurement window ({:.3} sessions/s, {:.2} requests              each); ended: {}. Each later turn re-sends the whole conversation, so its prompt              grows and a server with a prefix cache serves the history from it.",
+            "{} sessions started in the measurement window ({:.3} sessions/s, {:.2} requests \
+             each); ended: {}. Each later turn re-sends the whole conversation, so its prompt \
+             grows and a server with a prefix cache serves the history from it.",
             s.sessions,
             s.session_rate,
             s.requests_per_session,
