@@ -8,10 +8,10 @@ use anyhow::{bail, Context, Result};
 use reports::ab::AbReport;
 use reports::metrics::{compute, Metrics, MetricsOptions, Slo};
 use reports::plan::{CapacityPlan, SweepLevel};
-use reports::records::{read_meta, read_records, RunMeta};
+use reports::records::{read_meta, read_records, Phase, RequestRecord, RunMeta};
 use reports::render::Conditions;
 use reports::samples::LatencySamples;
-use reports::server_metrics::{read_scrapes, ServerView};
+use reports::server_metrics::{read_scrapes, window_hit_rate, ServerView};
 use reports::slo::{SloCheck, SloSpec};
 use reports::stats::Bootstrap;
 use reports::summary::Summary;
@@ -53,12 +53,30 @@ pub fn load_run(dir: &Path, slos: &[Slo]) -> Result<LoadedRun> {
             client_cpu,
         },
     );
+    let scrapes = read_scrapes(dir)?;
+    let server = ServerView::from_scrapes(&scrapes).map(|mut view| {
+        view.window_prefix_cache = measured_window_unix_ms(&meta, &records)
+            .and_then(|(start, end)| window_hit_rate(&scrapes, start, end));
+        view
+    });
     Ok(LoadedRun {
-        server: ServerView::from_scrapes(&read_scrapes(dir)?),
+        server,
         meta,
         metrics,
         samples: LatencySamples::from_records(&records),
     })
+}
+
+/// The measurement window in Unix ms: the first measured send to the last measured end.
+fn measured_window_unix_ms(meta: &RunMeta, records: &[RequestRecord]) -> Option<(f64, f64)> {
+    let origin = chrono::DateTime::parse_from_rfc3339(&meta.start_time)
+        .ok()?
+        .timestamp_micros() as f64
+        / 1000.0;
+    let measured = records.iter().filter(|r| r.phase == Phase::Measured);
+    let start = measured.clone().map(|r| r.sent_ms).reduce(f64::min)?;
+    let end = measured.map(|r| r.end_ms).reduce(f64::max)?;
+    Some((origin + start, origin + end))
 }
 
 /// One level in `sweep.json`.

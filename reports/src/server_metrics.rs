@@ -150,6 +150,74 @@ pub struct ServerView {
     pub quantities: Vec<QuantityView>,
     /// Metric names found that no known quantity maps (an unknown server's, shown as found).
     pub other_names: Vec<String>,
+    /// The prefix-cache hit rate over the measurement window only (warm-up excluded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_prefix_cache: Option<WindowHitRate>,
+}
+
+/// The server's prefix-cache hit rate over the measurement window, from its counters (the
+/// increase between the last scrape before the window and the first after it) or its own
+/// hit-rate gauge (the mean of the scrapes inside the window).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowHitRate {
+    pub rate: f64,
+    /// The metrics it comes from.
+    pub source: String,
+    /// The span the scrapes cover (Unix ms), the window included.
+    pub from_unix_ms: f64,
+    pub to_unix_ms: f64,
+}
+
+/// Hit and query token counters of a prefix cache (our engine's and vLLM's names).
+const PREFIX_CACHE_COUNTERS: &[(&str, &str)] = &[
+    (
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+    ),
+    ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
+];
+/// Hit-rate gauges (SGLang's).
+const PREFIX_CACHE_GAUGES: &[&str] = &["sglang:cache_hit_rate"];
+
+/// The prefix-cache hit rate of `scrapes` (in time order) over the window
+/// `start_ms..end_ms` (Unix ms).
+pub fn window_hit_rate(scrapes: &[Scrape], start_ms: f64, end_ms: f64) -> Option<WindowHitRate> {
+    let before = scrapes
+        .iter()
+        .rev()
+        .find(|s| s.unix_ms <= start_ms)
+        .or(scrapes.first())?;
+    let after = scrapes
+        .iter()
+        .find(|s| s.unix_ms >= end_ms)
+        .or(scrapes.last())?;
+    for (hits, queries) in PREFIX_CACHE_COUNTERS {
+        let delta = |name: &str| Some(after.values.get(name)? - before.values.get(name)?);
+        if let (Some(h), Some(q)) = (delta(hits), delta(queries)) {
+            return (q > 0.0).then(|| WindowHitRate {
+                rate: h / q,
+                source: format!("{hits} / {queries}"),
+                from_unix_ms: before.unix_ms,
+                to_unix_ms: after.unix_ms,
+            });
+        }
+    }
+    for gauge in PREFIX_CACHE_GAUGES {
+        let inside: Vec<f64> = scrapes
+            .iter()
+            .filter(|s| (start_ms..=end_ms).contains(&s.unix_ms))
+            .filter_map(|s| s.values.get(*gauge).copied())
+            .collect();
+        if !inside.is_empty() {
+            return Some(WindowHitRate {
+                rate: inside.iter().sum::<f64>() / inside.len() as f64,
+                source: format!("{gauge} (mean of {} scrapes)", inside.len()),
+                from_unix_ms: start_ms,
+                to_unix_ms: end_ms,
+            });
+        }
+    }
+    None
 }
 
 impl ServerView {
@@ -188,6 +256,7 @@ impl ServerView {
             span_s: (last.unix_ms - first.unix_ms) / 1000.0,
             quantities,
             other_names,
+            window_prefix_cache: None,
         })
     }
 
@@ -230,6 +299,35 @@ mod tests {
         vllm:request_success_total{model_name=\"m\",finished_reason=\"stop\"} 4\n\
         vllm:request_success_total{model_name=\"m\",finished_reason=\"length\"} 6\n\
         garbage line\n";
+
+    #[test]
+    fn the_window_hit_rate_leaves_the_warm_up_out() {
+        let scrape = |t: f64, hits: f64, queries: f64| Scrape {
+            unix_ms: t,
+            values: BTreeMap::from([
+                ("vllm:prefix_cache_hits_total".to_string(), hits),
+                ("vllm:prefix_cache_queries_total".to_string(), queries),
+            ]),
+        };
+        // Warm-up until 2,000 ms: 90 of 100 tokens hit; in the window, 30 of 300.
+        let scrapes = [
+            scrape(0.0, 0.0, 0.0),
+            scrape(2000.0, 90.0, 100.0),
+            scrape(4000.0, 100.0, 250.0),
+            scrape(6000.0, 120.0, 400.0),
+        ];
+        let w = window_hit_rate(&scrapes, 2000.0, 5500.0).unwrap();
+        assert!((w.rate - 0.1).abs() < 1e-12, "{w:?}");
+        assert_eq!((w.from_unix_ms, w.to_unix_ms), (2000.0, 6000.0));
+        let gauge = |t: f64, rate: f64| Scrape {
+            unix_ms: t,
+            values: BTreeMap::from([("sglang:cache_hit_rate".to_string(), rate)]),
+        };
+        let sglang = [gauge(0.0, 0.9), gauge(2000.0, 0.2), gauge(4000.0, 0.4)];
+        let w = window_hit_rate(&sglang, 1000.0, 5000.0).unwrap();
+        assert!((w.rate - 0.3).abs() < 1e-12, "{w:?}");
+        assert_eq!(window_hit_rate(&[gauge(0.0, 0.5)], 1000.0, 2000.0), None);
+    }
 
     #[test]
     fn samples_are_summed_over_labels_and_buckets_skipped() {

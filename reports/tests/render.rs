@@ -245,5 +245,8 @@ fn sweep_compare_and_run_reports_are_self_contained() {
     check_files(&md, &html, 5);
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(text.contains("Sessions by turn") && text.contains("ended: capped 5, completed 120"));
-    assert!(text.contains("<td>75.0%</td>"), "turn 4's prefix-cache share");
+    assert!(
+        text.contains("<td>75.0%</td>"),
+        "turn 4's prefix-cache share"
+    );
 }

@@ -166,6 +166,15 @@ pub(super) fn server_section(server: &ServerView) -> Section {
          Gauges: first, mean, max and last value; counters: their increase over the run.",
         server.scrapes, server.span_s
     )];
+    if let Some(w) = &server.window_prefix_cache {
+        paragraphs.push(format!(
+            "Prefix-cache hit rate over the measurement window (warm-up excluded): {:.1}%, from \
+             {} between scrapes {:.1} s apart.",
+            w.rate * 100.0,
+            w.source,
+            (w.to_unix_ms - w.from_unix_ms) / 1000.0
+        ));
+    }
     if !server.other_names.is_empty() {
         paragraphs.push(format!(
             "No metric under a known name; found: {}.",
