@@ -35,6 +35,8 @@ pub struct CalibrateConfig {
     pub mock_ttft: Duration,
     pub mock_itl: Duration,
     pub seed: u64,
+    /// Over TLS: the mock's configuration and the client's settings.
+    pub tls: Option<Arc<crate::tls::LocalPair>>,
 }
 
 impl Default for CalibrateConfig {
@@ -47,6 +49,7 @@ impl Default for CalibrateConfig {
             mock_ttft: Duration::from_millis(50),
             mock_itl: Duration::from_millis(10),
             seed: 1,
+            tls: None,
         }
     }
 }
@@ -58,6 +61,7 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         ttft: cfg.mock_ttft,
         itl: cfg.mock_itl,
         log: Some(log.clone()),
+        tls: cfg.tls.as_ref().map(|pair| pair.server.clone()),
         ..MockConfig::default()
     })?;
     let secs = cfg.duration.as_secs_f64();
@@ -109,7 +113,10 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         sessions: None,
     };
     let target = Target {
-        base_url: format!("http://{addr}"),
+        base_url: format!(
+            "{}://{addr}",
+            if cfg.tls.is_some() { "https" } else { "http" }
+        ),
         backend: Backend::Completions,
         model: "loadgen-mock".into(),
         headers: Vec::new(),
@@ -120,6 +127,7 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         prompt_ids: false,
         continuous_usage: true,
         extra_body: None,
+        tls: cfg.tls.as_ref().map(|pair| pair.client.clone()),
     };
     let outcome = run::execute(
         Arc::new(plan),

@@ -664,6 +664,7 @@ mod tests {
             prompt_ids: false,
             continuous_usage: true,
             extra_body: None,
+            tls: None,
         };
         let origin = Instant::now();
         let r = finish_record(stub, &target, origin, origin, origin, st, Some(200), None);

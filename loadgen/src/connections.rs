@@ -1,5 +1,7 @@
 //! The measured requests' HTTP client: hyper's pooled HTTP/1.1 client over connections
-//! that stamp arrivals ([`StampedTcp`]) and say how long they took to open.
+//! that stamp arrivals ([`StampedTcp`]), plain or under TLS (the stamps are then those of
+//! the TCP bytes that carried each TLS record), and say how long they took to open (the TLS
+//! handshake included).
 //!
 //! Every response carries its connection's [`OpenedConnection`] (hyper's connection
 //! extras): the stream's arrivals, read beside each body chunk, and its opening, which the
@@ -22,18 +24,88 @@ use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
 use crate::stamped_tcp::{Arrivals, StampedTcp};
+use crate::tls::{server_name, TlsSettings};
 
 /// The measured requests' client.
 pub type HttpClient = Client<StampedConnector, Full<Bytes>>;
 
-/// An HTTP/1.1 keep-alive client with `TCP_NODELAY` and a pool for `pool` idle connections.
-pub fn http_client(pool: usize) -> HttpClient {
+/// An HTTP/1.1 keep-alive client with `TCP_NODELAY` and a pool for `pool` idle connections;
+/// `tls` serves `https://` URLs.
+pub fn http_client(pool: usize, tls: Option<&TlsSettings>) -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(pool.max(1))
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_timer(hyper_util::rt::TokioTimer::new())
-        .build(StampedConnector)
+        .build(StampedConnector {
+            tls: tls.map(|t| t.config.clone()),
+        })
+}
+
+/// A connection's byte stream: plain TCP, or TLS over it.
+pub enum Transport {
+    Plain(StampedTcp),
+    Tls(Box<tokio_rustls::client::TlsStream<StampedTcp>>),
+}
+
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Transport::Tls(io) => Pin::new(io.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Transport::Tls(io) => Pin::new(io.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Transport::Tls(io) => Pin::new(io.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Transport::Plain(io) => io.is_write_vectored(),
+            Transport::Tls(io) => io.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_flush(cx),
+            Transport::Tls(io) => Pin::new(io.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            Transport::Tls(io) => Pin::new(io.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// What a response knows of the connection it came over.
@@ -68,7 +140,7 @@ impl OpenedConnection {
 
 /// A stamped stream in hyper's IO traits, with its facts for every response.
 pub struct StampedConnection {
-    io: TokioIo<StampedTcp>,
+    io: TokioIo<Transport>,
     facts: OpenedConnection,
 }
 
@@ -118,9 +190,11 @@ impl hyper::rt::Write for StampedConnection {
     }
 }
 
-/// Opens plain-TCP connections (`http://` only) and times each.
-#[derive(Debug, Clone, Copy)]
-pub struct StampedConnector;
+/// Opens connections (`http://`, and `https://` with TLS settings) and times each.
+#[derive(Debug, Clone)]
+pub struct StampedConnector {
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
 
 impl tower_service::Service<http::Uri> for StampedConnector {
     type Response = StampedConnection;
@@ -132,32 +206,61 @@ impl tower_service::Service<http::Uri> for StampedConnector {
     }
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
-        Box::pin(connect(uri))
+        Box::pin(connect(uri, self.tls.clone()))
     }
 }
 
-async fn connect(uri: http::Uri) -> std::io::Result<StampedConnection> {
+/// Opens one connection to `uri`'s host (a TLS handshake included for `https://`), as the
+/// pool does; a failure is the error a request would meet.
+pub async fn connect(
+    uri: http::Uri,
+    tls: Option<Arc<rustls::ClientConfig>>,
+) -> std::io::Result<StampedConnection> {
     use std::io::{Error, ErrorKind};
-    if uri.scheme_str() != Some("http") {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!("{uri}: only http:// targets are supported"),
-        ));
-    }
+    let tls = match (uri.scheme_str(), tls) {
+        (Some("http"), _) => None,
+        (Some("https"), Some(config)) => Some(config),
+        (Some("https"), None) => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{uri}: an https:// URL needs the client's TLS settings"),
+            ))
+        }
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{uri}: only http:// and https:// URLs are supported"),
+            ))
+        }
+    };
     let host = uri
         .host()
         .ok_or_else(|| Error::new(ErrorKind::InvalidInput, format!("{uri}: no host")))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = uri.port_u16().unwrap_or(80);
+    let port = uri
+        .port_u16()
+        .unwrap_or(if tls.is_some() { 443 } else { 80 });
     let started = Instant::now();
     let mut last = Error::new(ErrorKind::NotFound, format!("{host}: no address"));
     for addr in tokio::net::lookup_host((host, port)).await? {
         match tokio::net::TcpStream::connect(addr).await {
             Ok(tcp) => {
                 tcp.set_nodelay(true)?;
-                let io = StampedTcp::new(tcp);
+                let stamped = StampedTcp::new(tcp);
+                let arrivals = stamped.arrivals();
+                let io = match &tls {
+                    None => Transport::Plain(stamped),
+                    Some(config) => {
+                        let name = server_name(host)
+                            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("{e:#}")))?;
+                        let tls = tokio_rustls::TlsConnector::from(config.clone())
+                            .connect(name, stamped)
+                            .await?;
+                        Transport::Tls(Box::new(tls))
+                    }
+                };
                 let facts = OpenedConnection(Arc::new(ConnectionFacts {
-                    arrivals: io.arrivals(),
+                    arrivals,
                     started,
                     opened: Instant::now(),
                     claimed: AtomicBool::new(false),

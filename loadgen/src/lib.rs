@@ -29,6 +29,7 @@ pub mod sse;
 pub mod stamped_tcp;
 pub mod stop;
 pub mod target;
+pub mod tls;
 pub mod units;
 pub mod views;
 pub mod workload;

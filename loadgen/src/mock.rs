@@ -64,6 +64,8 @@ pub struct MockConfig {
     pub reasoning_usage: bool,
     /// Where to keep every request body received, when anywhere (tests).
     pub bodies: Option<BodyLog>,
+    /// Serve HTTPS with this configuration (`--tls-cert` / `--tls-key`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Request bodies received, each with its `x-loadgen-request-id`.
@@ -175,6 +177,7 @@ impl Default for MockConfig {
             reasoning_field: ReasoningField::default(),
             reasoning_usage: false,
             bodies: None,
+            tls: None,
         }
     }
 }
@@ -267,6 +270,8 @@ impl ThreadedMock {
 
 struct MockState {
     cfg: MockConfig,
+    /// Requests received on the generation routes.
+    received: std::sync::atomic::AtomicU64,
     slots: Option<Arc<Semaphore>>,
     rng: Mutex<StdRng>,
 }
@@ -285,19 +290,37 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 }
 
 /// Accepts connections as [`StampedTcp`] streams (with `TCP_NODELAY`), so that a request's
-/// timing starts when its bytes arrived, not when a busy mock got round to reading them.
-struct StampedListener(tokio::net::TcpListener);
+/// timing starts when its bytes arrived, not when a busy mock got round to reading them;
+/// with a TLS configuration, completes each handshake before handing the stream over (so a
+/// connection's handshake, like the client's pool warm-up, precedes its requests).
+struct StampedListener {
+    tcp: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// How long a client may take over its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl axum::serve::Listener for StampedListener {
-    type Io = StampedTcp;
+    type Io = MockIo;
     type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (StampedTcp, SocketAddr) {
+    async fn accept(&mut self) -> (MockIo, SocketAddr) {
         loop {
-            match self.0.accept().await {
+            match self.tcp.accept().await {
                 Ok((tcp, addr)) => {
                     let _ = tcp.set_nodelay(true);
-                    return (StampedTcp::new(tcp), addr);
+                    let stamped = StampedTcp::new(tcp);
+                    let Some(acceptor) = &self.tls else {
+                        return (MockIo::Plain(stamped), addr);
+                    };
+                    // A client that fails its handshake (a refused certificate) is dropped;
+                    // the listener goes on.
+                    if let Ok(Ok(tls)) =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stamped)).await
+                    {
+                        return (MockIo::Tls(Box::new(tls)), addr);
+                    }
                 }
                 // Out of descriptors, or a connection reset before it was accepted: the
                 // listener itself is fine; wait a moment rather than spin.
@@ -307,7 +330,68 @@ impl axum::serve::Listener for StampedListener {
     }
 
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.0.local_addr()
+        self.tcp.local_addr()
+    }
+}
+
+/// An accepted connection: plain, or TLS over the stamped stream.
+pub enum MockIo {
+    Plain(StampedTcp),
+    Tls(Box<tokio_rustls::server::TlsStream<StampedTcp>>),
+}
+
+impl MockIo {
+    fn arrivals(&self) -> Arc<Arrivals> {
+        match self {
+            MockIo::Plain(io) => io.arrivals(),
+            MockIo::Tls(io) => io.get_ref().0.arrivals(),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for MockIo {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            MockIo::Plain(io) => std::pin::Pin::new(io).poll_read(cx, buf),
+            MockIo::Tls(io) => std::pin::Pin::new(io.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for MockIo {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            MockIo::Plain(io) => std::pin::Pin::new(io).poll_write(cx, buf),
+            MockIo::Tls(io) => std::pin::Pin::new(io.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            MockIo::Plain(io) => std::pin::Pin::new(io).poll_flush(cx),
+            MockIo::Tls(io) => std::pin::Pin::new(io.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            MockIo::Plain(io) => std::pin::Pin::new(io).poll_shutdown(cx),
+            MockIo::Tls(io) => std::pin::Pin::new(io.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 
@@ -326,21 +410,24 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
     let listener =
         listen(cfg.addr).with_context(|| format!("binding mock server to {}", cfg.addr))?;
     let addr = listener.local_addr()?;
+    let tls = cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let state = Arc::new(MockState {
         slots: (cfg.slots > 0).then(|| Arc::new(Semaphore::new(cfg.slots))),
         rng: Mutex::new(StdRng::seed_from_u64(cfg.seed)),
+        received: std::sync::atomic::AtomicU64::new(0),
         cfg,
     });
     let app = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/version", get(version))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/generate_stream", post(generate_stream))
         .with_state(state);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let listener = StampedListener(listener);
+    let listener = StampedListener { tcp: listener, tls };
     let task = tokio::spawn(async move {
         let _ = axum::serve(
             listener,
@@ -362,6 +449,14 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
 
 async fn version() -> Json<Value> {
     Json(json!({"version": format!("loadgen-mock {}", env!("CARGO_PKG_VERSION"))}))
+}
+
+/// `GET /metrics`: the requests received so far, in Prometheus text (for the scraper).
+async fn metrics(State(s): State<Arc<MockState>>) -> String {
+    format!(
+        "# TYPE loadgen_mock_requests_total counter\nloadgen_mock_requests_total {}\n",
+        s.received.load(std::sync::atomic::Ordering::Relaxed)
+    )
 }
 
 async fn models(State(s): State<Arc<MockState>>) -> Json<Value> {
@@ -500,6 +595,8 @@ async fn serve(
     let now = (Instant::now(), SystemTime::now());
     let arrived = conn.0.latest().map_or(now.0, |at| at.min(now.0));
     let arrival = (arrived, now.1 - (now.0 - arrived));
+    s.received
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         return error_response(StatusCode::BAD_REQUEST, "request body is not JSON");
     };

@@ -22,6 +22,7 @@ use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceS
 use crate::scrape::{ScrapeTarget, Scraper};
 use crate::shard::Shard;
 use crate::target::Target;
+use crate::tls::{TlsArgs, TlsSettings};
 use crate::units::duration_arg;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::sessions::{SessionSpec, ThinkTime, TurnCount};
@@ -66,6 +67,8 @@ pub struct RunArgs {
     pub headers: Vec<String>,
     #[arg(long)]
     pub api_key: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// JSON object (or `@FILE` holding one) merged into every request body, e.g.
     /// '{"chat_template_kwargs": {"enable_thinking": false}}'; with --backend tgi, into
     /// `parameters`. Fields loadgen sets itself (stream, max_tokens, model, …) are refused.
@@ -643,6 +646,8 @@ pub struct PreparedRun {
     pub schedule_digest: String,
     /// `--extra-body`, checked.
     pub extra_body: Option<ExtraBody>,
+    /// `--ca-cert` / `--insecure`, read.
+    pub tls: Option<TlsSettings>,
 }
 
 /// Builds the prompts, SLOs, headers and plan of `args` (no network).
@@ -671,6 +676,7 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
         .as_deref()
         .map(|arg| ExtraBody::parse(arg, args.backend))
         .transpose()?;
+    let tls = Some(TlsSettings::new(&args.tls)?);
     let (mut plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
     let schedule_requests = plan.requests.len() as u64;
     let schedule_digest = schedule_digest(args, &plan, &prompts, extra_body.as_ref())?;
@@ -700,6 +706,7 @@ pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
         schedule_requests,
         schedule_digest,
         extra_body,
+        tls,
     })
 }
 
@@ -756,7 +763,7 @@ pub async fn execute_prepared(
         Some(m) => m.clone(),
         None => {
             client::first_model(
-                &crate::connections::http_client(1),
+                &crate::connections::http_client(1, prepared.tls.as_ref()),
                 &exec.url,
                 &prepared.headers,
                 args.api_key.as_deref(),
@@ -769,9 +776,13 @@ pub async fn execute_prepared(
     let server_version = match exec.server_version {
         Some(v) => Some(v),
         None => {
-            let identity =
-                crate::server_proc::identify(&exec.url, &prepared.headers, args.api_key.as_deref())
-                    .await;
+            let identity = crate::server_proc::identify(
+                &exec.url,
+                &prepared.headers,
+                args.api_key.as_deref(),
+                prepared.tls.as_ref(),
+            )
+            .await;
             if let Some(info) = identity.info {
                 extra.entry("server_info".into()).or_insert(info);
             }
@@ -795,11 +806,12 @@ pub async fn execute_prepared(
         prompt_ids: args.prompt_ids,
         continuous_usage: !args.no_continuous_usage,
         extra_body: prepared.extra_body.clone(),
+        tls: prepared.tls.clone(),
     };
     let mut meta = RunMeta {
         schema_version: SCHEMA_VERSION,
         loadgen_version: env!("CARGO_PKG_VERSION").to_string(),
-        command_line: std::env::args().collect(),
+        command_line: redacted_command_line(std::env::args()),
         seed: args.seed,
         workload: prepared.workload_meta.clone(),
         schedule: prepared.schedule_meta.clone(),
@@ -839,6 +851,7 @@ pub async fn execute_prepared(
             interval: args.scrape_interval,
             out_dir: dir.clone(),
             start_at: args.start_at,
+            tls: prepared.tls.clone(),
         })),
         _ => None,
     };
@@ -871,6 +884,35 @@ pub async fn execute_prepared(
     Ok(outcome)
 }
 
+/// The command line with the values of `--api-key` and `--header` replaced by a digest: enough
+/// to tell two runs apart, never the secret.
+pub fn redacted_command_line(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    const SECRET_FLAGS: [&str; 2] = ["--api-key", "--header"];
+    let digest = |value: &str| {
+        let hash = value.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        format!("<redacted fnv1a:{hash:016x}>")
+    };
+    let mut out = Vec::new();
+    let mut secret_next = false;
+    for arg in args {
+        if secret_next {
+            out.push(digest(&arg));
+            secret_next = false;
+        } else if let Some((flag, value)) = arg
+            .split_once('=')
+            .filter(|(flag, _)| SECRET_FLAGS.contains(flag))
+        {
+            out.push(format!("{flag}={}", digest(value)));
+        } else {
+            secret_next = SECRET_FLAGS.contains(&arg.as_str());
+            out.push(arg);
+        }
+    }
+    out
+}
+
 fn write_meta(dir: &std::path::Path, meta: &RunMeta) -> Result<()> {
     let path = dir.join("meta.json");
     std::fs::write(&path, serde_json::to_string_pretty(meta)? + "\n")
@@ -890,6 +932,13 @@ pub async fn run_once(
             calibrate(&CalibrateConfig {
                 rate: args.rate,
                 concurrency: args.concurrency,
+                // An https:// run is calibrated over TLS too.
+                tls: args
+                    .url
+                    .starts_with("https://")
+                    .then(crate::tls::self_signed_pair)
+                    .transpose()?
+                    .map(Arc::new),
                 ..CalibrateConfig::default()
             })
             .await?,
@@ -944,6 +993,33 @@ mod tests {
         assert_ne!(digest(&["--rate", "2"]).0, d0);
         assert_ne!(digest(&["--extra-body", r#"{"temperature": 0}"#]).0, d0);
         assert_eq!(d0.len(), 16);
+    }
+
+    #[test]
+    fn secrets_never_reach_the_recorded_command_line() {
+        let argv = [
+            "loadgen",
+            "run",
+            "--api-key",
+            "sk-live-123",
+            "--header=X-Token: abc",
+            "--header",
+            "Authorization: Bearer xyz",
+            "--rate",
+            "2",
+        ];
+        let line = redacted_command_line(argv.iter().map(|s| s.to_string())).join(" ");
+        for secret in ["sk-live-123", "abc", "xyz"] {
+            assert!(!line.contains(secret), "{line}");
+        }
+        assert!(
+            line.contains("--api-key <redacted fnv1a:") && line.contains("--rate 2"),
+            "{line}"
+        );
+        assert!(line.contains("--header=<redacted fnv1a:"), "{line}");
+        // Two runs with another key tell apart.
+        let other = redacted_command_line(["--api-key", "sk-live-124"].map(String::from));
+        assert!(!line.contains(&other[1]));
     }
 
     #[test]

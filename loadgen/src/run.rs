@@ -28,6 +28,7 @@ use crate::connections::{self, HttpClient};
 use crate::progress::Progress;
 use crate::stop::stopped;
 use crate::target::Target;
+use crate::tls::TlsSettings;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::RequestSpec;
 
@@ -489,23 +490,23 @@ pub async fn execute(
     if plan.requests.is_empty() {
         anyhow::bail!("the plan has no requests");
     }
-    target
+    let uri = target
         .base_url
         .parse::<http::Uri>()
         .ok()
         .filter(|uri| {
-            uri.scheme_str() == Some("http")
+            matches!(uri.scheme_str(), Some("http" | "https"))
                 && uri.host().is_some()
                 && !uri.authority().is_some_and(|a| a.as_str().contains('@'))
         })
         .with_context(|| {
             format!(
-                "--url {}: not an http:// URL with a host and no credentials (loadgen speaks \
-                 plain HTTP, straight to the server; for an https:// server, measure through \
-                 a local TLS-terminating proxy; pass credentials with --api-key or --header)",
+                "--url {}: not an http:// or https:// URL with a host and no credentials \
+                 (pass credentials with --api-key or --header)",
                 target.base_url
             )
         })?;
+    preflight(&uri, target.tls.as_ref()).await?;
     if let Some(dir) = &opts.out_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         plan.write_schedule(&dir.join("schedule.jsonl"))?;
@@ -516,7 +517,7 @@ pub async fn execute(
         LoadMode::Closed { concurrency } => concurrency,
         LoadMode::Open => plan.max_concurrency.unwrap_or(1024),
     };
-    let client = connections::http_client(pool);
+    let client = connections::http_client(pool, target.tls.as_ref());
     if let Some(at) = opts.start_at {
         wait_to_warm(at, opts.stop.clone()).await?;
     }
@@ -645,6 +646,32 @@ pub async fn execute(
         start_time,
         ready_before_start_ms,
     })
+}
+
+/// Opens one connection to an `https://` server before anything else, so that a
+/// certificate problem is one clear start-up error, not a failure per request.
+async fn preflight(uri: &http::Uri, tls: Option<&TlsSettings>) -> Result<()> {
+    if uri.scheme_str() != Some("https") {
+        if tls.is_some_and(|t| t.args.ca_cert.is_some() || t.args.insecure) {
+            anyhow::bail!("--ca-cert and --insecure are for https:// URLs; {uri} is plain HTTP");
+        }
+        return Ok(());
+    }
+    let tls = tls.context("an https:// URL needs TLS settings")?;
+    let host = uri.host().unwrap_or_default();
+    match tokio::time::timeout(
+        Duration::from_secs(30),
+        connections::connect(uri.clone(), Some(tls.config.clone())),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) => {
+            anyhow::bail!("{}", tls.args.explain(host, &e))
+        }
+        Ok(Err(e)) => Err(anyhow::anyhow!("{uri}: cannot connect: {e}")),
+        Err(_) => anyhow::bail!("{uri}: no TLS handshake within 30 s"),
+    }
 }
 
 /// The stop signal of a session run's turns: `stop`, or the drain limit (the schedule's end

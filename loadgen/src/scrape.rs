@@ -27,6 +27,8 @@ pub struct ScrapeTarget {
     /// The first scrape waits for this instant (a shared start of sharded workers), so that
     /// the scrapes cover the run, not the wait before it.
     pub start_at: Option<std::time::SystemTime>,
+    /// The measured requests' TLS settings, for an `https://` server.
+    pub tls: Option<crate::tls::TlsSettings>,
 }
 
 async fn scrape_once(client: &reqwest::Client, target: &ScrapeTarget) -> Option<Scrape> {
@@ -63,9 +65,8 @@ impl Scraper {
                     _ = stopped.changed() => return 0,
                 }
             }
-            let Ok(client) = reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
+            let Ok(client) =
+                crate::tls::reqwest_client(target.tls.as_ref(), Duration::from_secs(5))
             else {
                 return 0;
             };

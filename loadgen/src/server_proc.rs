@@ -165,11 +165,9 @@ pub async fn identify(
     url: &str,
     headers: &[(String, String)],
     api_key: Option<&str>,
+    tls: Option<&crate::tls::TlsSettings>,
 ) -> ServerIdentity {
-    let Ok(client) = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-    else {
+    let Ok(client) = crate::tls::reqwest_client(tls, Duration::from_secs(10)) else {
         return ServerIdentity::default();
     };
     let get = |path: &str| {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::extra_body::ExtraBody;
+use crate::tls::TlsSettings;
 
 /// The server under test and how requests are phrased.
 #[derive(Debug, Clone)]
@@ -28,4 +29,6 @@ pub struct Target {
     pub continuous_usage: bool,
     /// The user's own fields, merged into every request body (`--extra-body`).
     pub extra_body: Option<ExtraBody>,
+    /// How `https://` servers are reached (`--ca-cert`, `--insecure`).
+    pub tls: Option<TlsSettings>,
 }

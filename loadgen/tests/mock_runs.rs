@@ -89,6 +89,7 @@ fn target(base_url: String, backend: Backend) -> Target {
         prompt_ids: false,
         continuous_usage: true,
         extra_body: None,
+        tls: None,
     }
 }
 
@@ -387,7 +388,7 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
     };
     let (addr, handle) = mock::spawn(cfg).await.unwrap();
     let t = target(format!("http://{addr}"), Backend::Completions);
-    let http = connections::http_client(8);
+    let http = connections::http_client(8, None);
     let origin = std::time::Instant::now();
     let send = |id: u64| {
         let (stub, body) = one_request(&t, id, 4);
@@ -449,7 +450,7 @@ fn a_chunk_read_late_is_timed_at_its_arrival() {
         .unwrap();
     let record = runtime.block_on(async {
         let t = target(format!("http://{addr}"), Backend::Completions);
-        let http = connections::http_client(1);
+        let http = connections::http_client(1, None);
         assert_eq!(client::warm_pool(&http, &t, 1).await, 1);
         let (stub, body) = one_request(&t, 0, 2);
         let blocker = tokio::spawn(async {

@@ -24,6 +24,15 @@ pub struct CalibrateArgs {
     pub ttft: Duration,
     #[arg(long, value_parser = duration_arg, default_value = "10ms")]
     pub itl: Duration,
+    /// Over TLS, with a self-signed certificate made for the run.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub tls: bool,
+    /// Over TLS, the mock serving this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 /// `loadgen calibrate`: prints the calibration as JSON.
@@ -36,6 +45,13 @@ pub async fn calibrate_command(args: CalibrateArgs) -> Result<()> {
         mock_ttft: args.ttft,
         mock_itl: args.itl,
         seed: 1,
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => {
+                Some(std::sync::Arc::new(crate::tls::files_pair(cert, key)?))
+            }
+            _ if args.tls => Some(std::sync::Arc::new(crate::tls::self_signed_pair()?)),
+            _ => None,
+        },
     })
     .await?;
     eprintln!(

@@ -199,8 +199,13 @@ pub async fn run_rounds(
                 (s.url.clone(), Some(s))
             }
         };
-        let identity =
-            server_proc::identify(&url, &prepared.headers, args.run.api_key.as_deref()).await;
+        let identity = server_proc::identify(
+            &url,
+            &prepared.headers,
+            args.run.api_key.as_deref(),
+            prepared.tls.as_ref(),
+        )
+        .await;
         let mut extra = std::collections::BTreeMap::new();
         extra.insert("ab_side".to_string(), json!(side.label()));
         extra.insert("ab_round".to_string(), json!(round));

@@ -54,6 +54,12 @@ pub struct MockArgs {
     /// Report `usage.completion_tokens_details.reasoning_tokens`.
     #[arg(long)]
     pub reasoning_usage: bool,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 /// `loadgen mock-server`: serves until killed.
@@ -75,9 +81,18 @@ pub async fn mock_command(a: MockArgs) -> Result<()> {
         reasoning_field: a.reasoning_field,
         reasoning_usage: a.reasoning_usage,
         bodies: None,
+        tls: match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
+            _ => None,
+        },
     })
     .await?;
-    eprintln!("loadgen mock server listening on http://{addr}");
+    let scheme = if a.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    eprintln!("loadgen mock server listening on {scheme}://{addr}");
     handle.wait().await;
     Ok(())
 }
