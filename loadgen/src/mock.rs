@@ -291,15 +291,12 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 
 /// Accepts connections as [`StampedTcp`] streams (with `TCP_NODELAY`), so that a request's
 /// timing starts when its bytes arrived, not when a busy mock got round to reading them;
-/// with a TLS configuration, completes each handshake before handing the stream over (so a
-/// connection's handshake, like the client's pool warm-up, precedes its requests).
+/// with a TLS configuration, each connection's handshake runs in its own task, on its first
+/// read or write, so that a thousand clients opening at once are not served one by one.
 struct StampedListener {
     tcp: tokio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
 }
-
-/// How long a client may take over its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl axum::serve::Listener for StampedListener {
     type Io = MockIo;
@@ -311,16 +308,12 @@ impl axum::serve::Listener for StampedListener {
                 Ok((tcp, addr)) => {
                     let _ = tcp.set_nodelay(true);
                     let stamped = StampedTcp::new(tcp);
-                    let Some(acceptor) = &self.tls else {
-                        return (MockIo::Plain(stamped), addr);
+                    let arrivals = stamped.arrivals();
+                    let state = match &self.tls {
+                        None => Transport::Plain(stamped),
+                        Some(acceptor) => Transport::Handshake(Box::new(acceptor.accept(stamped))),
                     };
-                    // A client that fails its handshake (a refused certificate) is dropped;
-                    // the listener goes on.
-                    if let Ok(Ok(tls)) =
-                        tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stamped)).await
-                    {
-                        return (MockIo::Tls(Box::new(tls)), addr);
-                    }
+                    return (MockIo { arrivals, state }, addr);
                 }
                 // Out of descriptors, or a connection reset before it was accepted: the
                 // listener itself is fine; wait a moment rather than spin.
@@ -334,19 +327,57 @@ impl axum::serve::Listener for StampedListener {
     }
 }
 
-/// An accepted connection: plain, or TLS over the stamped stream.
-pub enum MockIo {
+/// An accepted connection with its arrivals: plain, or TLS over the stamped stream.
+pub struct MockIo {
+    arrivals: Arc<Arrivals>,
+    state: Transport,
+}
+
+enum Transport {
     Plain(StampedTcp),
+    /// The TLS handshake, driven by the connection's first read or write.
+    Handshake(Box<tokio_rustls::Accept<StampedTcp>>),
     Tls(Box<tokio_rustls::server::TlsStream<StampedTcp>>),
 }
 
 impl MockIo {
     fn arrivals(&self) -> Arc<Arrivals> {
-        match self {
-            MockIo::Plain(io) => io.arrivals(),
-            MockIo::Tls(io) => io.get_ref().0.arrivals(),
-        }
+        self.arrivals.clone()
     }
+
+    /// Finishes the handshake, if one is under way.
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if let Transport::Handshake(accept) = &mut self.state {
+            let tls = std::task::ready!(std::future::Future::poll(
+                std::pin::Pin::new(accept.as_mut()),
+                cx
+            ))?;
+            self.state = Transport::Tls(Box::new(tls));
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// Runs `$op` on the connection's stream once its handshake (if any) is done.
+macro_rules! on_stream {
+    ($self:ident, $cx:ident, $io:ident => $op:expr) => {{
+        let this = $self.get_mut();
+        std::task::ready!(this.poll_ready($cx))?;
+        match &mut this.state {
+            Transport::Plain($io) => {
+                let $io = std::pin::Pin::new($io);
+                $op
+            }
+            Transport::Tls($io) => {
+                let $io = std::pin::Pin::new($io.as_mut());
+                $op
+            }
+            Transport::Handshake(_) => unreachable!("the handshake finished above"),
+        }
+    }};
 }
 
 impl tokio::io::AsyncRead for MockIo {
@@ -355,10 +386,7 @@ impl tokio::io::AsyncRead for MockIo {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            MockIo::Plain(io) => std::pin::Pin::new(io).poll_read(cx, buf),
-            MockIo::Tls(io) => std::pin::Pin::new(io.as_mut()).poll_read(cx, buf),
-        }
+        on_stream!(self, cx, io => io.poll_read(cx, buf))
     }
 }
 
@@ -368,30 +396,21 @@ impl tokio::io::AsyncWrite for MockIo {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            MockIo::Plain(io) => std::pin::Pin::new(io).poll_write(cx, buf),
-            MockIo::Tls(io) => std::pin::Pin::new(io.as_mut()).poll_write(cx, buf),
-        }
+        on_stream!(self, cx, io => io.poll_write(cx, buf))
     }
 
     fn poll_flush(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            MockIo::Plain(io) => std::pin::Pin::new(io).poll_flush(cx),
-            MockIo::Tls(io) => std::pin::Pin::new(io.as_mut()).poll_flush(cx),
-        }
+        on_stream!(self, cx, io => io.poll_flush(cx))
     }
 
     fn poll_shutdown(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            MockIo::Plain(io) => std::pin::Pin::new(io).poll_shutdown(cx),
-            MockIo::Tls(io) => std::pin::Pin::new(io.as_mut()).poll_shutdown(cx),
-        }
+        on_stream!(self, cx, io => io.poll_shutdown(cx))
     }
 }
 
