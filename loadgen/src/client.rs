@@ -181,6 +181,8 @@ struct StreamState {
     chunk_tokens: Vec<u32>,
     /// Whether each content chunk carried reasoning only (no answer output).
     chunk_reasoning: Vec<bool>,
+    /// A chunk has said which side (reasoning or answer) its output is on.
+    sided: bool,
     first_answer_ms: Option<f64>,
     /// Every content chunk carried a usage object.
     continuous: bool,
@@ -243,23 +245,34 @@ impl StreamState {
         let carries_tokens = event.has_choice && delta.is_some_and(|d| d > 0);
         if answer || reasoning || carries_tokens {
             // Held-back tokens belong to the one field their chunk has, else to the output
-            // before them.
-            let reasoning_only = if answer || reasoning {
-                !answer
+            // before them; tokens with no field before any output that says its side (a
+            // think marker's chunk) take the side of the first chunk that does.
+            let side = if answer || reasoning {
+                Some(!answer)
             } else if event.text.is_some() != event.reasoning.is_some() {
-                event.reasoning.is_some()
+                Some(event.reasoning.is_some())
+            } else if self.sided {
+                self.chunk_reasoning.last().copied()
             } else {
-                self.chunk_reasoning.last().copied().unwrap_or(false)
+                None
             };
             if self.chunk_ms.is_empty() {
                 self.continuous = true;
             }
-            if !reasoning_only && self.first_answer_ms.is_none() {
-                self.first_answer_ms = Some(at_ms);
-            }
             self.continuous &= delta.is_some();
             self.chunk_ms.push(at_ms);
-            self.chunk_reasoning.push(reasoning_only);
+            self.chunk_reasoning.push(side.unwrap_or(false));
+            if let (Some(reasoning_only), false) = (side, self.sided) {
+                self.sided = true;
+                self.chunk_reasoning.fill(reasoning_only);
+            }
+            if side == Some(false) && self.first_answer_ms.is_none() {
+                self.first_answer_ms = self
+                    .chunk_reasoning
+                    .iter()
+                    .position(|&r| !r)
+                    .map(|i| self.chunk_ms[i]);
+            }
             self.chunk_tokens
                 .push(delta.map_or(1, |d| u32::try_from(d).unwrap_or(u32::MAX)));
         } else if let (Some(d), Some(last)) = (delta, self.chunk_tokens.last_mut()) {
@@ -460,6 +473,10 @@ async fn exchange(
         None => {}
     }
     let end = Instant::now();
+    // Output that never said its side is the answer's.
+    if !st.sided && st.first_answer_ms.is_none() {
+        st.first_answer_ms = st.chunk_ms.first().copied();
+    }
     let answer = st.answer.take();
     let mut record = finish_record(stub, target, sent, end, origin, st, status, failure);
     record.connect_ms = connect_ms;
@@ -678,6 +695,27 @@ mod tests {
             (r.first_token_ms, r.first_answer_ms),
             (Some(1.0), Some(3.0))
         );
+    }
+
+    #[test]
+    fn a_chunk_without_a_field_takes_the_side_of_the_first_that_has_one() {
+        let chat = api::of(Backend::Chat);
+        let usage = |n: u32| format!(r#","usage":{{"prompt_tokens":3,"completion_tokens":{n}}}"#);
+        let chunk =
+            |delta: &str, n: u32| format!(r#"{{"choices":[{{"delta":{delta}}}]{}}}"#, usage(n));
+        // A server that sends its opening think marker as a token without text.
+        let mut st = StreamState::default();
+        st.on_event(&chunk("{}", 1), 1.0, chat);
+        st.on_event(&chunk(r#"{"reasoning":"a"}"#, 2), 2.0, chat);
+        st.on_event(&chunk(r#"{"content":"b"}"#, 3), 3.0, chat);
+        assert_eq!(st.chunk_reasoning, [true, true, false]);
+        assert_eq!(st.first_answer_ms, Some(3.0));
+        // Half a character first, then the answer: the answer started with the first token.
+        let mut st = StreamState::default();
+        st.on_event(&chunk("{}", 1), 1.0, chat);
+        st.on_event(&chunk(r#"{"content":"é"}"#, 2), 2.0, chat);
+        assert_eq!(st.chunk_reasoning, [false, false]);
+        assert_eq!(st.first_answer_ms, Some(1.0));
     }
 
     #[test]

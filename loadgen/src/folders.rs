@@ -96,8 +96,12 @@ pub struct LevelEntry {
     /// Requests in flight over the level (see [`backlog_trend`]).
     #[serde(default)]
     pub backlog: Option<Backlog>,
-    /// `None` without an SLO.
+    /// Met by the level's bounded percentiles; `None` without an SLO.
     pub slo_met: Option<bool>,
+    /// Met, not met, or unknown (too few requests to bound a percentile); `None` without
+    /// an SLO.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_verdict: Option<reports::slo::SloVerdict>,
     /// The saturation verdict and the rule that decided it.
     #[serde(default)]
     pub saturation: Option<Saturation>,
@@ -128,6 +132,7 @@ impl LevelEntry {
             rates: saturation.rates,
             backlog: saturation.backlog,
             slo_met: check.as_ref().map(|c| c.met),
+            slo_verdict: check.as_ref().map(|c| c.verdict),
             saturation: Some(saturation),
         };
         Ok((entry, check))

@@ -13,6 +13,7 @@ pub mod comparison;
 pub mod connections;
 pub mod extra_body;
 pub mod folders;
+pub mod gate;
 pub mod host;
 pub mod merge;
 pub mod mock;

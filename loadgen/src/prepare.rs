@@ -167,6 +167,13 @@ pub struct RunArgs {
     /// SLOs for goodput, e.g. `ttft:500ms,tpot:50ms`.
     #[arg(long)]
     pub slo: Option<String>,
+    /// With --slo: the share of measured requests that may fail before the SLO is not met.
+    #[arg(long, value_parser = crate::units::parse_fraction, default_value = "1%")]
+    pub max_error_rate: f64,
+    /// With --slo: exit 3 when the SLO is not met over the measured window, 5 when the
+    /// sample is too small to bound its percentile (a sweep: when no level meets it).
+    #[arg(long)]
+    pub fail_on_slo: bool,
     /// Scrape the server's Prometheus /metrics this often during the run (running and
     /// waiting requests, KV-cache usage, preemptions, prefix-cache hits); 0s turns it off.
     #[arg(long, value_parser = duration_arg, default_value = "2s")]
@@ -197,9 +204,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub max_history_tokens: Option<u64>,
     /// With --turns and --duration: how long sessions may go on after the schedule's end
-    /// before the rest are cut.
-    #[arg(long, value_parser = duration_arg, default_value = "60s")]
-    pub session_drain: Duration,
+    /// (warm-up + duration + cool-down) before the rest are cut; default 60s.
+    #[arg(long, value_parser = duration_arg)]
+    pub session_drain: Option<Duration>,
     /// Calibrate against the built-in mock at this run's rate first; recorded in meta.json.
     #[arg(long)]
     pub calibrate: bool,
@@ -254,6 +261,7 @@ fn session_spec(args: &RunArgs) -> Result<Option<SessionSpec>> {
             ("--think-time", args.think_time.is_some()),
             ("--max-session-turns", args.max_session_turns.is_some()),
             ("--max-history-tokens", args.max_history_tokens.is_some()),
+            ("--session-drain", args.session_drain.is_some()),
         ];
         if let Some((flag, _)) = stray.iter().find(|(_, given)| *given) {
             bail!("{flag} shapes multi-turn sessions: give --turns too");
@@ -266,6 +274,9 @@ fn session_spec(args: &RunArgs) -> Result<Option<SessionSpec>> {
     };
     if args.max_session_turns == Some(0) {
         bail!("--max-session-turns must be at least 1");
+    }
+    if args.session_drain.is_some() && args.duration.is_none() {
+        bail!("--session-drain limits sessions after --duration; without --duration every session runs to its end");
     }
     Ok(Some(SessionSpec {
         turns: TurnCount::parse(turns)?,
@@ -604,16 +615,22 @@ fn build_session_plan(
         max_concurrency: args.max_concurrency,
         sessions: Some(SessionLimits {
             max_history_tokens: args.max_history_tokens,
-            drain_s: Some(args.session_drain.as_secs_f64()),
+            drain_s: Some(
+                args.session_drain
+                    .map_or(DEFAULT_SESSION_DRAIN_S, |d| d.as_secs_f64()),
+            ),
         }),
     };
     let schedule_meta = json!({"mode": "open", "unit": "sessions", "schedule": schedule,
         "schedule_seed": schedule_seed, "sessions": starts.len(), "turns": total,
         "warmup_s": plan.warmup_s, "duration_s": plan.duration_s, "cooldown_s": plan.cooldown_s,
         "max_concurrency": plan.max_concurrency, "max_history_tokens": args.max_history_tokens,
-        "session_drain_s": args.session_drain.as_secs_f64()});
+        "session_drain_s": plan.sessions.and_then(|s| s.drain_s)});
     Ok((plan, workload_meta, schedule_meta))
 }
+
+/// `--session-drain` unless given, seconds.
+const DEFAULT_SESSION_DRAIN_S: f64 = 60.0;
 
 /// Seeds the session draws apart from the schedule's and the workload's.
 const SESSION_SEED_TAG: u64 = 0x5E55_1015;
@@ -882,6 +899,22 @@ pub async fn execute_prepared(
         write_meta(dir, &meta)?;
     }
     Ok(outcome)
+}
+
+/// The `--slo` of `args` with its `--max-error-rate`.
+pub fn slo_spec(args: &RunArgs) -> Result<Option<SloSpec>> {
+    if args.fail_on_slo && args.slo.is_none() {
+        bail!("--fail-on-slo needs --slo (e.g. --slo ttft:p90:2s,tpot:p90:100ms)");
+    }
+    Ok(args
+        .slo
+        .as_deref()
+        .map(SloSpec::parse)
+        .transpose()?
+        .map(|spec| SloSpec {
+            max_error_rate: args.max_error_rate,
+            ..spec
+        }))
 }
 
 /// The command line with the values of `--api-key` and `--header` replaced by a digest: enough

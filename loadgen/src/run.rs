@@ -299,6 +299,8 @@ async fn run_session(
     });
     let phase = ctx.plan.phase_at((start - ctx.origin).as_secs_f64());
     let mut history: Vec<serde_json::Value> = Vec::new();
+    // The previous turn's record, sent once this turn is (or ends the session as cut).
+    let mut held: Option<RequestRecord> = None;
     let mut index = first;
     let mut due = start;
     loop {
@@ -312,14 +314,27 @@ async fn run_session(
         let Some((mut record, answer)) =
             send(&ctx, req.id, index, due, phase, body, true, drain.clone()).await
         else {
+            // Stopped before this turn was sent (waiting for a concurrency slot): the
+            // previous turn's record says the session was cut.
+            if let Some(mut previous) = held.take() {
+                if let Some(session) = previous.session.as_mut() {
+                    session.end = Some(SessionEnd::Cut);
+                }
+                let _ = ctx.records.send(previous);
+            }
             return;
         };
+        // The session went on: the previous turn's record is final.
+        if let Some(previous) = held.take() {
+            let _ = ctx.records.send(previous);
+        }
         let next = ctx.plan.requests.get(index + 1).filter(|r| {
             r.session
                 .is_some_and(|t| t.session == turn.session && t.turn == turn.turn + 1)
         });
+        // The answer goes back without its reasoning.
         let next_prompt = record.prompt_tokens
-            + record.output_tokens
+            + record.answer_tokens()
             + next.map_or(0, |n| u64::from(n.spec.input_len));
         let end = if !record.is_success() {
             Some(if record.phase == Phase::Interrupted {
@@ -347,6 +362,7 @@ async fn run_session(
             session: turn.session,
             turn: turn.turn,
             history_messages: history.len() as u32,
+            window: phase,
             end,
         });
         let (Some(next), None) = (next, end) else {
@@ -363,17 +379,16 @@ async fn run_session(
             _ = stopped(stop.clone()) => true,
             () = tokio::time::sleep_until(due.into()) => *stop.borrow_and_update(),
         };
-        // The record waits for the think time: a session cut before its next turn says so
-        // on its last record.
+        // The record waits until the next turn is sent: a session cut before it says so on
+        // its last record.
         if cut {
             if let Some(session) = record.session.as_mut() {
                 session.end = Some(SessionEnd::Cut);
             }
-        }
-        let _ = ctx.records.send(record);
-        if cut {
+            let _ = ctx.records.send(record);
             return;
         }
+        held = Some(record);
         index += 1;
     }
 }

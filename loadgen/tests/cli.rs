@@ -265,3 +265,104 @@ async fn extra_body_is_sent_and_recorded_and_a_refused_field_sends_nothing() {
     assert_eq!(bodies.lock().unwrap().len(), 6, "nothing more was sent");
     assert!(!refused.exists(), "nothing was written");
 }
+
+/// Exit codes to gate on: 3 when the run's SLO is not met, 5 when its percentile is
+/// unbounded by the sample, 0 when met; 4 when `compare --fail-on-regression` calls B
+/// slower, 0 for an A/A comparison.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_gate_on_slos_and_regressions() {
+    let fast = |ttft_ms: u64| MockConfig {
+        ttft: Duration::from_millis(ttft_ms),
+        itl: Duration::from_millis(1),
+        ..MockConfig::default()
+    };
+    let (a_addr, a) = mock::spawn(fast(20)).await.unwrap();
+    let (b_addr, b) = mock::spawn(fast(40)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |addr: std::net::SocketAddr, out: &Path, extra: &[&str]| {
+        loadgen()
+            .args([
+                "run",
+                "--url",
+                &format!("http://{addr}"),
+                "--workload",
+                "random",
+            ])
+            .args([
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "4",
+                "--rate",
+                "100",
+            ])
+            .args([
+                "--num-prompts",
+                "60",
+                "--seed",
+                "1",
+                "--no-progress",
+                "--out",
+            ])
+            .arg(out)
+            .args(extra)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let code = |o: &std::process::Output| o.status.code().unwrap();
+    let slo = |spec: &str, out: &str| {
+        run(
+            a_addr,
+            &dir.path().join(out),
+            &["--slo", spec, "--fail-on-slo"],
+        )
+    };
+    // TTFT is about 20 ms: a 10 ms p50 is not met, 1 s is; 60 requests cannot bound a p99.
+    let not_met = slo("ttft:p50:10ms", "not-met");
+    assert_eq!(
+        code(&not_met),
+        3,
+        "{}",
+        String::from_utf8_lossy(&not_met.stderr)
+    );
+    assert!(String::from_utf8_lossy(&not_met.stderr).contains("SLO not met"));
+    let unknown = slo("ttft:p99:1s", "unknown");
+    assert_eq!(
+        code(&unknown),
+        5,
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("too few"));
+    assert_eq!(code(&slo("ttft:p50:1s", "met")), 0);
+    // The run's folder is written whatever the verdict.
+    assert!(dir.path().join("not-met/summary.json").is_file());
+    // A (20 ms) against B (40 ms) on the same schedule: B slower on TTFT.
+    for (addr, name) in [(a_addr, "a1"), (a_addr, "a2"), (b_addr, "b")] {
+        assert_eq!(code(&run(addr, &dir.path().join(name), &[])), 0);
+    }
+    let compare = |x: &str, y: &str, out: &str| {
+        loadgen()
+            .arg("compare")
+            .arg(dir.path().join(x))
+            .arg(dir.path().join(y))
+            .args(["--fail-on-regression", "--metrics", "ttft", "--out"])
+            .arg(dir.path().join(out))
+            .stdout(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let regression = compare("a1", "b", "ab");
+    assert_eq!(
+        code(&regression),
+        4,
+        "{}",
+        String::from_utf8_lossy(&regression.stderr)
+    );
+    assert!(String::from_utf8_lossy(&regression.stderr).contains("TTFT: B slower"));
+    let same = compare("a1", "a2", "aa");
+    assert_eq!(code(&same), 0, "{}", String::from_utf8_lossy(&same.stderr));
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -932,4 +932,35 @@ async fn caps_failures_and_the_drain_limit_end_sessions() {
         "{:?}",
         last(&out)
     );
+    // Turns of 500 ms still in flight when the drain limit passes at 300 ms: interrupted,
+    // and their sessions counted as cut.
+    let slow = MockConfig {
+        ttft: Duration::from_millis(2),
+        itl: Duration::from_millis(100),
+        ..MockConfig::default()
+    };
+    let out = run(
+        &[
+            "--turns",
+            "constant:3",
+            "--duration",
+            "200ms",
+            "--session-drain",
+            "100ms",
+        ],
+        slow,
+    )
+    .await;
+    assert!(!out.records.is_empty());
+    assert!(out
+        .records
+        .iter()
+        .all(|r| r.phase == reports::records::Phase::Interrupted));
+    assert!(
+        last(&out).iter().all(|&l| l == (1, Some(SessionEnd::Cut))),
+        "{:?}",
+        last(&out)
+    );
+    let sessions = out.summary.sessions.as_ref().unwrap();
+    assert_eq!(sessions.ended.get("cut"), Some(&sessions.sessions));
 }

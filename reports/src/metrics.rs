@@ -217,7 +217,8 @@ pub fn meets_slos(latency: &RequestLatency, slos: &[Slo]) -> bool {
     slos.iter().all(|slo| {
         let value = match slo.metric {
             SloMetric::Ttft => Some(latency.ttft),
-            SloMetric::TimeToFirstAnswer => latency.ttfa,
+            // A request that never answered (reasoning only) missed a bound on its answer.
+            SloMetric::TimeToFirstAnswer => Some(latency.ttfa.unwrap_or(f64::INFINITY)),
             SloMetric::Tpot => latency.tpot,
             SloMetric::E2el => Some(latency.e2el),
         };

@@ -100,6 +100,10 @@ pub struct SessionTurn {
     pub turn: u32,
     /// Messages sent before this turn's user message: the earlier user turns and answers.
     pub history_messages: u32,
+    /// The session's phase (that of its first turn's scheduled send), which a turn cut in
+    /// flight keeps although its own record says interrupted.
+    #[serde(default = "measured")]
+    pub window: Phase,
     /// How the session ended, on its last record only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<SessionEnd>,
@@ -297,8 +301,8 @@ pub struct RunMeta {
     pub extra_body: Option<serde_json::Value>,
 }
 
-/// One worker's share of a seeded schedule: the requests whose id ≡ `index` (mod `count`),
-/// each sent at `start_at` + its scheduled offset.
+/// One worker's share of a seeded schedule: the requests whose id (in a session run, whose
+/// session id) ≡ `index` (mod `count`), each sent at `start_at` + its scheduled offset.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardInfo {
     pub index: u64,
@@ -343,6 +347,10 @@ pub struct MergedShard {
     pub records: u64,
     /// The worker's CPU share (its client-bound rule).
     pub client_cpu: Option<f64>,
+}
+
+fn measured() -> Phase {
+    Phase::Measured
 }
 
 fn counted() -> CountSource {

@@ -1,7 +1,9 @@
 //! Multi-turn sessions in a run's records: how many started in the measurement window, at
 //! what rate, how they ended, and latencies, prompt sizes and prefix-cache hits by turn
 //! index (turn 1 against later turns is the server's prefix cache at work). A session
-//! belongs to the window by its first turn: all its turns share that turn's phase.
+//! belongs to the window by its first turn: all its turns share that turn's phase, except a
+//! turn cut in flight (a stop, or the session drain limit), recorded as interrupted, which
+//! still says how its session ended.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +17,7 @@ use crate::records::{Phase, RequestRecord};
 pub struct SessionStats {
     /// Sessions whose first turn was scheduled in the measurement window.
     pub sessions: u64,
-    /// Sessions per second over the measurement window.
+    /// Sessions per second: (first turns − 1) over the span of their scheduled sends.
     pub session_rate: f64,
     /// Requests (turns sent) per session.
     pub requests_per_session: f64,
@@ -45,19 +47,24 @@ impl SessionStats {
     /// The statistics of the measured session turns of `records` over a window of
     /// `duration_s`; `None` when the run has no sessions.
     pub fn of(records: &[RequestRecord], duration_s: f64) -> Option<SessionStats> {
-        let measured: Vec<&RequestRecord> = records
+        let sessions: std::collections::BTreeSet<u64> = records
             .iter()
-            .filter(|r| r.phase == Phase::Measured && r.session.is_some())
+            .filter_map(|r| r.session.filter(|s| s.window == Phase::Measured))
+            .map(|s| s.session)
             .collect();
-        if measured.is_empty() {
+        if sessions.is_empty() {
             return None;
         }
-        let mut sessions = std::collections::BTreeSet::new();
+        let mine: Vec<&RequestRecord> = records
+            .iter()
+            .filter(|r| matches!(r.phase, Phase::Measured | Phase::Interrupted))
+            .filter(|r| r.session.is_some_and(|s| s.window == Phase::Measured))
+            .collect();
         let mut ended = BTreeMap::new();
         let mut turns: BTreeMap<u32, Vec<&RequestRecord>> = BTreeMap::new();
-        for r in &measured {
+        let mut starts = Vec::new();
+        for r in &mine {
             let Some(s) = r.session else { continue };
-            sessions.insert(s.session);
             if let Some(end) = s.end {
                 let name = serde_json::to_value(end)
                     .ok()
@@ -65,17 +72,27 @@ impl SessionStats {
                     .unwrap_or_default();
                 *ended.entry(name).or_insert(0) += 1;
             }
-            turns.entry(s.turn).or_default().push(r);
+            if r.phase == Phase::Measured {
+                turns.entry(s.turn).or_default().push(r);
+                if s.turn == 1 {
+                    starts.push(r.scheduled_ms);
+                }
+            }
         }
         let n = sessions.len() as u64;
+        let first = starts.iter().copied().fold(f64::INFINITY, f64::min);
+        let last = starts.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let session_rate = if starts.len() >= 2 && last > first {
+            (starts.len() - 1) as f64 / ((last - first) / 1000.0)
+        } else if duration_s > 0.0 {
+            n as f64 / duration_s
+        } else {
+            0.0
+        };
         Some(SessionStats {
             sessions: n,
-            session_rate: if duration_s > 0.0 {
-                n as f64 / duration_s
-            } else {
-                0.0
-            },
-            requests_per_session: measured.len() as f64 / n as f64,
+            session_rate,
+            requests_per_session: mine.len() as f64 / n as f64,
             ended,
             by_turn: turns
                 .into_iter()

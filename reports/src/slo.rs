@@ -11,9 +11,10 @@ use std::fmt;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::metrics::PERCENTILE_CI_LEVEL;
 use crate::metrics::{Slo, SloMetric};
 use crate::samples::{metric_label, LatencySamples};
-use crate::stats::percentile_nearest_rank;
+use crate::stats::{min_sample_for_quantile, percentile_nearest_rank};
 
 /// Percentile used when a target does not name one.
 pub const DEFAULT_PERCENTILE: f64 = 99.0;
@@ -26,10 +27,50 @@ pub struct SloTarget {
     pub limit_ms: f64,
 }
 
-/// A set of targets, all of which must hold.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// A set of targets, all of which must hold, and the share of failed requests allowed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SloSpec {
     pub targets: Vec<SloTarget>,
+    /// Failed requests over all measured ones above this share: not met (`--max-error-rate`).
+    #[serde(default = "default_max_error_rate")]
+    pub max_error_rate: f64,
+}
+
+/// `--max-error-rate` unless given: 1% of the measured requests may fail.
+pub const DEFAULT_MAX_ERROR_RATE: f64 = 0.01;
+
+fn default_max_error_rate() -> f64 {
+    DEFAULT_MAX_ERROR_RATE
+}
+
+impl Default for SloSpec {
+    fn default() -> SloSpec {
+        SloSpec {
+            targets: Vec::new(),
+            max_error_rate: DEFAULT_MAX_ERROR_RATE,
+        }
+    }
+}
+
+/// An SLO's verdict on a sample: met, not met, or unknown because the sample cannot bound a
+/// target's percentile (too few requests: the "p99" of 39 is their maximum).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloVerdict {
+    Met,
+    NotMet,
+    #[default]
+    Unknown,
+}
+
+impl fmt::Display for SloVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SloVerdict::Met => "met",
+            SloVerdict::NotMet => "not met",
+            SloVerdict::Unknown => "unknown (too few)",
+        })
+    }
 }
 
 /// The outcome of one target on one sample set.
@@ -39,6 +80,15 @@ pub struct TargetCheck {
     /// `None` when the samples hold no value of the metric (counts as not met).
     pub observed_ms: Option<f64>,
     pub met: bool,
+    /// The sample is large enough to bound the percentile from above (95% confidence);
+    /// without it the target is neither met nor not met.
+    #[serde(default = "bounded_by_default")]
+    pub bounded: bool,
+}
+
+/// Checks saved before `bounded` existed were taken as bounded.
+fn bounded_by_default() -> bool {
+    true
 }
 
 impl TargetCheck {
@@ -52,7 +102,13 @@ impl TargetCheck {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SloCheck {
     pub targets: Vec<TargetCheck>,
+    /// The verdict is [`SloVerdict::Met`].
     pub met: bool,
+    #[serde(default)]
+    pub verdict: SloVerdict,
+    /// Failed over all measured requests.
+    #[serde(default)]
+    pub error_rate: f64,
 }
 
 impl SloCheck {
@@ -75,7 +131,10 @@ impl SloSpec {
         if targets.is_empty() {
             bail!("SLO `{text}`: no targets (expected e.g. ttft:p99:500ms,tpot:p99:50ms)");
         }
-        Ok(SloSpec { targets })
+        Ok(SloSpec {
+            targets,
+            max_error_rate: DEFAULT_MAX_ERROR_RATE,
+        })
     }
 
     /// The same limits as per-request bounds, for goodput (`metrics::MetricsOptions::slos`).
@@ -89,23 +148,55 @@ impl SloSpec {
             .collect()
     }
 
-    /// Checks every target against `samples`.
+    /// Checks every target against `samples`: not met when a target's bounded percentile
+    /// passes its limit or more than `max_error_rate` of the measured requests failed;
+    /// unknown when otherwise a target's percentile is not bounded by the sample; met else.
     pub fn check(&self, samples: &LatencySamples) -> SloCheck {
         let targets: Vec<TargetCheck> = self
             .targets
             .iter()
             .map(|&target| {
-                let observed_ms =
-                    percentile_nearest_rank(&samples.values(target.metric), target.percentile);
+                // A request that never answered is beyond any bound on its first answer.
+                let values = match target.metric {
+                    SloMetric::TimeToFirstAnswer => samples
+                        .requests
+                        .iter()
+                        .map(|r| r.ttfa_ms.unwrap_or(f64::INFINITY))
+                        .collect(),
+                    metric => samples.values(metric),
+                };
+                let observed_ms = percentile_nearest_rank(&values, target.percentile);
+                let needed =
+                    min_sample_for_quantile(target.percentile / 100.0, PERCENTILE_CI_LEVEL);
                 TargetCheck {
                     target,
                     observed_ms,
                     met: observed_ms.is_some_and(|v| v <= target.limit_ms),
+                    bounded: values.len() as u64 >= needed,
                 }
             })
             .collect();
-        let met = targets.iter().all(|t| t.met);
-        SloCheck { targets, met }
+        let measured = samples.schedule_lag_ms.len().max(samples.requests.len());
+        let failed = measured - samples.requests.len();
+        let error_rate = if measured > 0 {
+            failed as f64 / measured as f64
+        } else {
+            0.0
+        };
+        let verdict =
+            if error_rate > self.max_error_rate || targets.iter().any(|t| t.bounded && !t.met) {
+                SloVerdict::NotMet
+            } else if targets.iter().any(|t| !t.bounded) {
+                SloVerdict::Unknown
+            } else {
+                SloVerdict::Met
+            };
+        SloCheck {
+            targets,
+            met: verdict == SloVerdict::Met,
+            verdict,
+            error_rate,
+        }
     }
 }
 
@@ -237,17 +328,56 @@ mod tests {
             requests,
             schedule_lag_ms: vec![],
         };
-        let spec = SloSpec::parse("ttft:p99:99ms,e2el:p50:500ms").unwrap();
+        let spec = SloSpec::parse("ttft:p90:90ms,e2el:p50:500ms").unwrap();
         let check = spec.check(&samples);
         assert!(check.met);
-        assert_eq!(check.targets[0].observed_ms, Some(99.0));
+        assert_eq!(check.verdict, SloVerdict::Met);
+        assert_eq!(check.targets[0].observed_ms, Some(90.0));
         assert_eq!(check.targets[1].observed_ms, Some(500.0));
-        // TTFA of the 90 requests that answered: p90 is the 81st of 22, 24, …, 200.
+        // 100 values cannot bound a p99 (368 can): neither met nor not met, whatever its
+        // value says.
+        let p99 = SloSpec::parse("ttft:p99:99ms").unwrap().check(&samples);
+        assert_eq!(p99.targets[0].observed_ms, Some(99.0));
+        assert_eq!((p99.verdict, p99.met), (SloVerdict::Unknown, false));
+        // A bounded target that fails decides, whatever the unbounded one says.
+        let both = SloSpec::parse("ttft:p99:1s,ttft:p50:10ms")
+            .unwrap()
+            .check(&samples);
+        assert_eq!(both.verdict, SloVerdict::NotMet);
+        // Failed requests count: 2 failures in 102 measured pass the 1% default.
+        let failing = LatencySamples {
+            schedule_lag_ms: vec![0.0; 102],
+            ..samples.clone()
+        };
+        let check = spec.check(&failing);
+        assert_eq!(check.verdict, SloVerdict::NotMet);
+        assert!((check.error_rate - 2.0 / 102.0).abs() < 1e-12);
+        let lenient = SloSpec {
+            max_error_rate: 0.05,
+            ..spec.clone()
+        };
+        assert_eq!(lenient.check(&failing).verdict, SloVerdict::Met);
+        // TTFA: 90 requests answered at 22, 24, …, 200 ms and 10 never did, which miss any
+        // bound: the p90 is the 90th of the 100, 200 ms.
         let ttfa = SloSpec::parse("ttfa:p90:184ms").unwrap().check(&samples);
-        assert_eq!(ttfa.targets[0].observed_ms, Some(182.0));
-        assert!(ttfa.met);
-        let strict = SloSpec::parse("ttft:p99:98.5ms").unwrap().check(&samples);
-        assert!(!strict.met);
+        assert_eq!(ttfa.targets[0].observed_ms, Some(200.0));
+        assert_eq!(ttfa.verdict, SloVerdict::NotMet);
+        assert!(
+            SloSpec::parse("ttfa:p90:200ms")
+                .unwrap()
+                .check(&samples)
+                .met
+        );
+        assert_eq!(
+            SloSpec::parse("ttfa:p91:3600s")
+                .unwrap()
+                .check(&samples)
+                .verdict,
+            SloVerdict::NotMet,
+            "the 91st is one that never answered"
+        );
+        let strict = SloSpec::parse("ttft:p90:89.5ms").unwrap().check(&samples);
+        assert_eq!(strict.verdict, SloVerdict::NotMet);
         // No TPOT values at all: not met, and the worst ratio says so.
         let tpot = SloSpec::parse("tpot:50ms").unwrap().check(&samples);
         assert!(!tpot.met && tpot.worst_ratio().is_infinite());

@@ -62,7 +62,7 @@ pub fn render(summary: &Summary) -> String {
     if summary.interrupted > 0 {
         row(
             &mut out,
-            "Interrupted (in flight at stop):",
+            "Interrupted (stop, session drain):",
             summary.interrupted,
         );
     }

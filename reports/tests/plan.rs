@@ -5,13 +5,14 @@ use reports::samples::{LatencySamples, RequestSample};
 use reports::slo::SloSpec;
 use reports::stats::Bootstrap;
 
-/// A level whose TTFTs are scale·i/100 for i = 1..=100, so its nearest-rank p99 is 0.99·scale.
+/// A level whose TTFTs are scale·i/400 for i = 1..=400 (enough to bound a p99), so its
+/// nearest-rank p99 is 0.99·scale.
 fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
-    let requests = (1..=100)
+    let requests = (1..=400)
         .map(|i| RequestSample {
             id: i,
-            ttft_ms: ttft_scale * i as f64 / 100.0,
-            ttfa_ms: Some(ttft_scale * i as f64 / 100.0),
+            ttft_ms: ttft_scale * i as f64 / 400.0,
+            ttfa_ms: Some(ttft_scale * i as f64 / 400.0),
             tpot_ms: Some(10.0),
             e2el_ms: 1000.0,
         })

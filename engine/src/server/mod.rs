@@ -146,6 +146,12 @@ fn cpu_name() -> String {
 
 fn check_args(args: &ServeArgs) -> anyhow::Result<()> {
     args.engine.check()?;
+    if let Some(key) = validate::SERVER_TEMPLATE_VARIABLES
+        .iter()
+        .find(|k| args.default_chat_template_kwargs.contains_key(**k))
+    {
+        bail!("--default-chat-template-kwargs: `{key}` is set by the server, not by template arguments");
+    }
     if !(args.shutdown_grace >= 0.0 && args.shutdown_grace.is_finite()) {
         bail!("--shutdown-grace must be a non-negative number of seconds");
     }

@@ -467,6 +467,13 @@ fn chat_messages(fields: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
         };
         let reasoning_content = match (msg.str("reasoning_content"), msg.str("reasoning")) {
             (Err(e), _) | (_, Err(e)) => return Err(prefixed(e, &format!("messages[{i}]."))),
+            (Ok(Some(a)), Ok(Some(b))) if a != b => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].reasoning"),
+                    "`reasoning` and `reasoning_content` are the same field under two names; \
+                     they differ here",
+                ))
+            }
             (Ok(a), Ok(b)) => a.or(b).map(str::to_string),
         };
         if reasoning_content.is_some() && role != "assistant" {
@@ -495,6 +502,14 @@ fn prefixed(mut e: ApiError, path: &str) -> ApiError {
     e
 }
 
+/// Template variables the server sets itself, which `chat_template_kwargs` may not replace.
+pub const SERVER_TEMPLATE_VARIABLES: [&str; 4] = [
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
 /// The template variables of a chat request: the server's defaults, overridden key by key
 /// by the request's `chat_template_kwargs`.
 fn template_kwargs(fields: &Fields, info: &ModelInfo) -> Result<Map<String, Value>, ApiError> {
@@ -502,7 +517,7 @@ fn template_kwargs(fields: &Fields, info: &ModelInfo) -> Result<Map<String, Valu
     match fields.get("chat_template_kwargs") {
         None => {}
         Some(Value::Object(own)) => {
-            if let Some(key) = ["messages", "add_generation_prompt"]
+            if let Some(key) = SERVER_TEMPLATE_VARIABLES
                 .iter()
                 .find(|k| own.contains_key(**k))
             {

@@ -23,11 +23,12 @@ use std::time::Duration;
 use crate::units::parse_fraction;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use reports::ab::DEFAULT_ALPHA;
+use reports::ab::{Verdict, DEFAULT_ALPHA};
+use reports::metrics::SloMetric;
 use serde_json::json;
 
 use crate::comparison::{analyse_rounds, AnalysisOptions, PairMode};
-use crate::folders::{online_rounds, round_dir, side_rounds, Side};
+use crate::folders::{online_rounds, round_dir, side_rounds, CompareFile, Side};
 use crate::prepare::{execute_prepared, prepare_run, Execution, RunArgs};
 use crate::server_proc::{self, ServerProcess};
 use crate::stop::stop_on_signals;
@@ -73,6 +74,15 @@ pub struct CompareArgs {
     /// Seed of the bootstrap CIs.
     #[arg(long, default_value_t = 0x5eed)]
     pub bootstrap_seed: u64,
+    /// Exit 4 when a verdict of --metrics is "B slower" (a regression of B against A).
+    #[arg(long)]
+    pub fail_on_regression: bool,
+    /// The metrics --fail-on-regression judges (ttft, ttfa, tpot, e2el); default: all.
+    #[arg(long, value_delimiter = ',', requires = "fail_on_regression")]
+    pub metrics: Vec<String>,
+    /// With --fail-on-regression: an inconclusive verdict fails too (exit 4).
+    #[arg(long, requires = "fail_on_regression")]
+    pub fail_on_inconclusive: bool,
     /// Every `loadgen run` option applies to each online round (`--url` is not used;
     /// `--out` is the comparison's output folder, required).
     #[command(flatten)]
@@ -143,16 +153,67 @@ pub async fn compare_command(args: CompareArgs) -> Result<()> {
         let a = server_spec(&args.a_url, &args.a_cmd, Side::A)?;
         let b = server_spec(&args.b_url, &args.b_cmd, Side::B)?;
         let (a_rounds, b_rounds) = run_rounds(&args, &a, &b, &out).await?;
-        analyse_rounds(a_rounds, b_rounds, options, &out)?;
-        return Ok(());
+        let file = analyse_rounds(a_rounds, b_rounds, options, &out)?;
+        return regression_gate(&args, &file);
     }
     let (a_rounds, b_rounds) = match (&args.a_dir, &args.b_dir) {
         (Some(a), Some(b)) => (side_rounds(a)?, side_rounds(b)?),
         (Some(dir), None) => online_rounds(dir)?,
         _ => bail!("loadgen compare: give A_DIR B_DIR (saved runs), or --a/--a-cmd and --b/--b-cmd (online)"),
     };
-    analyse_rounds(a_rounds, b_rounds, options, &out)?;
-    Ok(())
+    let file = analyse_rounds(a_rounds, b_rounds, options, &out)?;
+    regression_gate(&args, &file)
+}
+
+/// `--fail-on-regression`: exit 4 when a judged metric's verdict is "B slower" (or, with
+/// `--fail-on-inconclusive`, inconclusive); an inconclusive verdict otherwise passes and
+/// says so.
+fn regression_gate(args: &CompareArgs, file: &CompareFile) -> Result<()> {
+    if !args.fail_on_regression {
+        return Ok(());
+    }
+    let judged: Vec<SloMetric> = if args.metrics.is_empty() {
+        file.analysis.metrics.iter().map(|m| m.metric).collect()
+    } else {
+        args.metrics
+            .iter()
+            .map(|name| match name.trim() {
+                "ttft" => Ok(SloMetric::Ttft),
+                "ttfa" | "time_to_first_answer" => Ok(SloMetric::TimeToFirstAnswer),
+                "tpot" => Ok(SloMetric::Tpot),
+                "e2el" | "e2e" => Ok(SloMetric::E2el),
+                other => bail!("--metrics: unknown metric `{other}` (ttft, ttfa, tpot, e2el)"),
+            })
+            .collect::<Result<_>>()?
+    };
+    let mut failing = Vec::new();
+    for v in file
+        .analysis
+        .metrics
+        .iter()
+        .filter(|v| judged.contains(&v.metric))
+    {
+        let label = reports::samples::metric_label(v.metric);
+        match v.verdict {
+            Verdict::BSlower => failing.push(format!("{label}: B slower")),
+            Verdict::Inconclusive if args.fail_on_inconclusive => {
+                failing.push(format!("{label}: inconclusive"))
+            }
+            Verdict::Inconclusive => eprintln!(
+                "loadgen compare: {label} is inconclusive: not a regression (--fail-on-inconclusive \
+                 fails on it)"
+            ),
+            _ => {}
+        }
+    }
+    if failing.is_empty() {
+        return Ok(());
+    }
+    Err(crate::gate::Gate {
+        code: crate::gate::REGRESSION,
+        message: format!("loadgen compare: regression: {}", failing.join(", ")),
+    }
+    .into())
 }
 
 /// Runs the online rounds (see the module doc); returns each side's round folders in order.

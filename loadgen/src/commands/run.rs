@@ -1,13 +1,24 @@
 //! `loadgen run`: one seeded workload against one server.
 
 use anyhow::Result;
+use reports::samples::LatencySamples;
 
-use crate::prepare::{run_once, RunArgs};
+use crate::gate::slo_gate;
+use crate::prepare::{run_once, slo_spec, RunArgs};
 
-/// `loadgen run`.
+/// `loadgen run`; with `--fail-on-slo`, the SLO judged over the measured window as a sweep
+/// level is judged decides the exit code.
 pub async fn run_command(args: RunArgs) -> Result<()> {
+    let slo = slo_spec(&args)?;
     let stop = crate::stop::stop_on_signals()?;
     let outcome = run_once(&args, stop).await?;
     print!("{}", reports::table::render(&outcome.summary));
+    if let Some(slo) = slo {
+        let check = slo.check(&LatencySamples::from_records(&outcome.records));
+        println!("SLO {slo}: {}", check.verdict);
+        if args.fail_on_slo {
+            slo_gate("loadgen run", &check)?;
+        }
+    }
     Ok(())
 }

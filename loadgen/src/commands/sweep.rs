@@ -29,6 +29,10 @@ pub struct SweepArgs {
     /// or `auto`: find the saturation rate with a closed-loop probe, then spread levels below it.
     #[arg(long, required = true)]
     pub rates: String,
+    /// With --fail-on-slo: fail (exit 3) unless the SLO is met at a sustained rate of at
+    /// least this many requests/s.
+    #[arg(long, requires = "fail_on_slo")]
+    pub require_rate: Option<f64>,
     /// With --rates auto: the levels as fractions of the saturation rate, some just above it
     /// so that the sweep reaches the knee.
     #[arg(
@@ -170,7 +174,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
     if args.run.concurrency.is_some() {
         bail!("loadgen sweep: --concurrency (closed loop) cannot be combined with --rates");
     }
-    let slo = args.run.slo.as_deref().map(SloSpec::parse).transpose()?;
+    let slo = crate::prepare::slo_spec(&args.run)?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let timetable = sharded_timetable(&args)?;
     let (rates, probe) = match parse_rates(&args.rates)? {
@@ -251,7 +255,10 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         let last = i + 1 == rates.len() || timetable.is_some();
         if saturated && !last {
             file.stop_reason = Some(format!("saturated at {rate} req/s: {rule}"));
-        } else if let Some(c) = check.as_ref().filter(|c| !c.met) {
+        } else if let Some(c) = check
+            .as_ref()
+            .filter(|c| c.verdict == reports::slo::SloVerdict::NotMet)
+        {
             // Higher rates only break it further: the knee lies below this level.
             if !last {
                 file.stop_reason = Some(format!(
@@ -279,10 +286,10 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
             |s| format!("{:?} ({})", s.state, s.rule).to_lowercase(),
         );
         println!(
-            "{:>8.3} offered  {scheduled:>8} scheduled  {completed:>8} completed/s  {:>8.1} tok/s  SLO met: {:<3}  saturation: {saturation}",
+            "{:>8.3} offered  {scheduled:>8} scheduled  {completed:>8} completed/s  {:>8.1} tok/s  SLO: {:<17}  saturation: {saturation}",
             level.offered_rate,
             level.output_tokens_per_s,
-            level.slo_met.map_or("–", |m| if m { "yes" } else { "no" }),
+            level.slo_verdict.map_or("–".to_string(), |v| v.to_string()),
         );
     }
     let (_, html) = write_report(&out, &sweep_report(&out)?)?;
@@ -291,7 +298,55 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         out.join(SWEEP_FILE).display(),
         html.display()
     );
+    if args.run.fail_on_slo {
+        sweep_gate(&file, args.require_rate)?;
+    }
     Ok(())
+}
+
+/// `--fail-on-slo`: not met (3) when no level met the SLO or the best that did sustained
+/// less than `--require-rate`; unknown (5) when no level met it and some were unknown.
+fn sweep_gate(file: &SweepFile, require_rate: Option<f64>) -> Result<(), crate::gate::Gate> {
+    use reports::slo::SloVerdict;
+    let met = file
+        .levels
+        .iter()
+        .filter(|l| l.slo_verdict == Some(SloVerdict::Met) && !l.saturated);
+    let best = met
+        .map(|l| {
+            l.rates
+                .map_or(l.achieved_rate, |r| r.completed.min(r.scheduled))
+        })
+        .fold(None, |best: Option<f64>, r| {
+            Some(best.map_or(r, |b| b.max(r)))
+        });
+    match (best, require_rate) {
+        (Some(rate), Some(required)) if rate < required => Err(crate::gate::Gate {
+            code: crate::gate::SLO_NOT_MET,
+            message: format!(
+                "loadgen sweep: the SLO is met up to {rate:.3} req/s sustained, below the \
+                 --require-rate {required}"
+            ),
+        }),
+        (Some(_), _) => Ok(()),
+        (None, _)
+            if file
+                .levels
+                .iter()
+                .any(|l| l.slo_verdict == Some(SloVerdict::Unknown)) =>
+        {
+            Err(crate::gate::Gate {
+                code: crate::gate::SLO_UNKNOWN,
+                message: "loadgen sweep: no level met the SLO, and some had too few requests \
+                          to bound its percentile: run longer levels (--min-requests auto)"
+                    .into(),
+            })
+        }
+        (None, _) => Err(crate::gate::Gate {
+            code: crate::gate::SLO_NOT_MET,
+            message: "loadgen sweep: no level met the SLO".into(),
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -125,8 +125,11 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
                 None => saturated.into(),
             });
             if let Some(slo) = &view.slo {
-                let met = slo.check(&level.samples).met && !level.saturated;
-                row.push(if met { "yes" } else { "no" }.into());
+                let verdict = slo.check(&level.samples).verdict;
+                row.push(match (verdict, level.saturated) {
+                    (crate::slo::SloVerdict::Met, true) => "no (saturated)".into(),
+                    (verdict, _) => verdict.to_string(),
+                });
             }
             row
         })
