@@ -964,3 +964,62 @@ async fn caps_failures_and_the_drain_limit_end_sessions() {
     let sessions = out.summary.sessions.as_ref().unwrap();
     assert_eq!(sessions.ended.get("cut"), Some(&sessions.sessions));
 }
+
+/// `--turns all` replays a ShareGPT file's conversations with all their exchanges: user
+/// turns as written, each answer's length from the recorded reply; a reply-less last human
+/// turn is dropped.
+#[test]
+fn a_sharegpt_file_replays_every_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("conversations.json");
+    std::fs::write(
+        &file,
+        r#"[{"id": "a", "conversations": [
+              {"from": "human", "value": "one two three"}, {"from": "gpt", "value": "a b"},
+              {"from": "human", "value": "four five"}, {"from": "gpt", "value": "c d e f"},
+              {"from": "human", "value": "left without a reply"}]},
+            {"id": "b", "conversations": [
+              {"from": "human", "value": "hello"}, {"from": "gpt", "value": "hi there you"}]},
+            {"id": "c", "conversations": [{"from": "gpt", "value": "starts with the model"}]}]"#,
+    )
+    .unwrap();
+    let plan = planned(&[
+        "--backend",
+        "chat",
+        "--workload",
+        "trace",
+        "--trace",
+        file.to_str().unwrap(),
+        "--turns",
+        "all",
+        "--rate",
+        "1",
+        "--seed",
+        "3",
+    ]);
+    let turns: Vec<(u64, u32, u32, u32, String)> = plan
+        .requests
+        .iter()
+        .map(|r| {
+            let t = r.session.unwrap();
+            let PromptSource::Text(text) = &r.spec.prompt else {
+                panic!("a ShareGPT turn is its text")
+            };
+            (
+                t.session,
+                t.turn,
+                r.spec.input_len,
+                r.spec.output_len,
+                text.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            (0, 1, 3, 2, "one two three".to_string()),
+            (0, 2, 2, 4, "four five".to_string()),
+            (1, 1, 1, 3, "hello".to_string()),
+        ]
+    );
+}

@@ -217,6 +217,46 @@ async fn certificate_problems_fail_at_start_up_with_their_own_message() {
     let e = error(settings(Some(&other.path().join("ca.pem")), false)).await;
     assert!(e.contains("not valid for the host name `127.0.0.1`"), "{e}");
     assert!(bodies.lock().unwrap().is_empty(), "no request was sent");
+    // An expired certificate, from a CA the client trusts.
+    let expired_dir = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let mut leaf_params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    leaf_params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    leaf_params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
+    let (cert, key, ca_file) = (
+        expired_dir.path().join("leaf.pem"),
+        expired_dir.path().join("leaf.key"),
+        expired_dir.path().join("ca.pem"),
+    );
+    std::fs::write(&cert, leaf.pem()).unwrap();
+    std::fs::write(&key, leaf_key.serialize_pem()).unwrap();
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let (expired_addr, expired) = mock::spawn(MockConfig {
+        tls: Some(server_config(&cert, &key).unwrap()),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let e = format!(
+        "{:#}",
+        run_plan(
+            plan(20.0, 0.5, 4),
+            target(
+                format!("https://{expired_addr}"),
+                Some(settings(Some(&ca_file), false))
+            )
+        )
+        .await
+        .err()
+        .unwrap()
+    );
+    assert!(e.contains("its certificate has expired"), "{e}");
+    expired.shutdown().await;
     // --insecure takes it.
     let out = run_plan(
         plan(20.0, 0.5, 4),

@@ -54,6 +54,20 @@ pub struct SweepLevel {
     pub server: Option<ServerView>,
 }
 
+impl SweepLevel {
+    /// The rate the level sustained over its measured requests: completed, or scheduled
+    /// where lower (a seeded schedule may hold fewer requests than its nominal rate). Every
+    /// rate of a plan is this one, never the nominal offered rate.
+    pub fn sustained_rate(&self) -> f64 {
+        let held = self.scheduled_rate.unwrap_or(self.offered_rate);
+        if self.achieved_rate > 0.0 {
+            self.achieved_rate.min(held)
+        } else {
+            held
+        }
+    }
+}
+
 /// The load to plan for.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -98,6 +112,10 @@ pub struct LevelVerdict {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MaxSustainable {
     pub level_index: usize,
+    /// What the plan sizes from: the level's [`SweepLevel::sustained_rate`].
+    #[serde(default)]
+    pub sustained_rate: f64,
+    /// The level's nominal rate, shown beside.
     pub offered_rate: f64,
     pub achieved_rate: f64,
     pub output_tokens_per_s: f64,
@@ -178,6 +196,7 @@ pub fn capacity_plan(
     let level = sorted[best];
     let max = MaxSustainable {
         level_index: best,
+        sustained_rate: level.sustained_rate(),
         offered_rate: level.offered_rate,
         achieved_rate: level.achieved_rate,
         output_tokens_per_s: level.output_tokens_per_s,
@@ -255,7 +274,7 @@ fn validate(levels: &[SweepLevel], options: &PlanOptions) -> Result<()> {
 fn sizing(max: &MaxSustainable, options: &PlanOptions) -> Sizing {
     let target_qps = options.target.peak_qps();
     // The small epsilon keeps 6.000000001 (float noise) from becoming 7 instances.
-    let instances = ((target_qps * options.headroom / max.offered_rate) - 1e-9)
+    let instances = ((target_qps * options.headroom / max.sustained_rate) - 1e-9)
         .ceil()
         .max(1.0) as u64;
     let gpus = instances * u64::from(options.gpus_per_instance);
@@ -293,12 +312,8 @@ fn crossing(
     slo: &SloSpec,
     settings: Bootstrap,
 ) -> ConfidenceInterval {
-    let r1 = low.offered_rate;
-    let r2 = if high.saturated {
-        high.achieved_rate.min(high.offered_rate).max(r1)
-    } else {
-        high.offered_rate
-    };
+    let r1 = low.sustained_rate();
+    let r2 = high.sustained_rate().max(r1);
     let values: Vec<(Vec<f64>, Vec<f64>)> = slo
         .targets
         .iter()

@@ -138,3 +138,29 @@ fn bad_options_are_errors() {
     assert!(capacity_plan(&[], &slo, &options(TargetLoad::Qps(1.0))).is_err());
     assert!(capacity_plan(&sweep(), &slo, &options(TargetLoad::Qps(0.0))).is_err());
 }
+
+/// The demo's case: a level offered at 1.241 req/s whose seeded schedule held 1.096 req/s
+/// over its measured requests (and which completed 1.107): the plan sizes from 1.096, so
+/// 10 req/s × 1.2 headroom needs 11 instances, where the nominal rate would say 10.
+#[test]
+fn the_plan_sizes_from_the_sustained_rate() {
+    let mut held = level(1.241, 200.0, false);
+    held.scheduled_rate = Some(1.096);
+    held.achieved_rate = 1.107;
+    assert!((held.sustained_rate() - 1.096).abs() < 1e-12);
+    let slo = SloSpec::parse("ttft:p99:500ms").unwrap();
+    let plan = capacity_plan(
+        &[held, level(2.5, 700.0, false)],
+        &slo,
+        &options(TargetLoad::Qps(10.0)),
+    )
+    .unwrap();
+    let max = plan.max_sustainable.unwrap();
+    assert_eq!((max.sustained_rate, max.offered_rate), (1.096, 1.241));
+    assert_eq!(plan.sizing.unwrap().instances, 11);
+    // A level that completed less than its schedule held sustained its completions.
+    let mut slow = level(2.0, 200.0, false);
+    slow.scheduled_rate = Some(1.98);
+    slow.achieved_rate = 1.9;
+    assert!((slow.sustained_rate() - 1.9).abs() < 1e-12);
+}

@@ -99,7 +99,12 @@ pub fn plan_text(plan: &CapacityPlan) -> String {
         );
     }
     if let Some(max) = plan.max_sustainable {
-        let _ = writeln!(out, "Max sustainable QPS: {} req/s", max.offered_rate);
+        let _ = writeln!(
+            out,
+            "Max sustainable QPS: {:.3} req/s sustained (nominal {} req/s); the plan sizes from \
+             the sustained rate",
+            max.sustained_rate, max.offered_rate
+        );
     }
     if let Some(c) = plan.crossing {
         let _ = writeln!(

@@ -315,20 +315,24 @@ struct ShareGptConversation {
     conversations: Vec<ShareGptTurn>,
 }
 
-/// ShareGPT JSON: the first human turn is the prompt and the reply's length is the output
-/// length; conversations with fewer than two turns are skipped (as vLLM does).
-fn load_sharegpt(path: &Path, count_tokens: &dyn Fn(&str) -> usize) -> Result<Vec<TraceRow>> {
+/// The conversations of a ShareGPT JSON file; a parse error names the file and line.
+fn read_sharegpt(path: &Path) -> Result<Vec<ShareGptConversation>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let conversations: Vec<ShareGptConversation> = serde_json::from_str(&text).map_err(|e| {
+    serde_json::from_str(&text).map_err(|e| {
         anyhow::anyhow!(
             "{}:{}: malformed ShareGPT JSON: {e}",
             path.display(),
             e.line()
         )
-    })?;
+    })
+}
+
+/// ShareGPT JSON: the first human turn is the prompt and the reply's length is the output
+/// length; conversations with fewer than two turns are skipped (as vLLM does).
+fn load_sharegpt(path: &Path, count_tokens: &dyn Fn(&str) -> usize) -> Result<Vec<TraceRow>> {
     let mut rows = Vec::new();
-    for c in conversations {
+    for c in read_sharegpt(path)? {
         let [prompt, reply, ..] = c.conversations.as_slice() else {
             continue;
         };
@@ -355,16 +359,7 @@ pub fn load_sharegpt_conversations(
     path: &Path,
     count_tokens: &dyn Fn(&str) -> usize,
 ) -> Result<Vec<Vec<TraceRow>>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let conversations: Vec<ShareGptConversation> = serde_json::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "{}:{}: malformed ShareGPT JSON: {e}",
-            path.display(),
-            e.line()
-        )
-    })?;
-    Ok(conversations
+    Ok(read_sharegpt(path)?
         .into_iter()
         .map(|c| {
             c.conversations

@@ -159,9 +159,11 @@ fn plan_section(plan: &CapacityPlan) -> Section {
     let mut rows = Vec::new();
     if let Some(max) = plan.max_sustainable {
         rows.push(vec![
-            "max sustainable QPS (highest level meeting the SLO)".into(),
+            "max sustainable QPS (highest level meeting the SLO, the rate it sustained)".into(),
             format!(
-                "{} req/s ({:.1} output tok/s)",
+                "{} req/s sustained ({} req/s nominal; {:.1} output tok/s); the plan sizes from \
+                 the sustained rate",
+                rate(max.sustained_rate),
                 rate(max.offered_rate),
                 max.output_tokens_per_s
             ),
