@@ -132,7 +132,7 @@ if has serve; then
     sp=$!
     for _ in $(seq 1 120); do curl -sf localhost:8124/health >/dev/null && break; sleep 1; done
     timeout 300 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
-        --rates "${SWEEP_RATES:-4,16,48}" --duration 25s --warmup 5s --seed 1 --slo ttft:p99:1s,tpot:p99:50ms \
+        --rates "${SWEEP_RATES:-4,16,48}" --duration 25s --warmup 5s --seed 1 --slo ttft:p90:1s,tpot:p90:50ms \
         --out /tmp/sweep 2>&1 | tail -25 | tee "$OUT/sweep.txt"
     cp /tmp/sweep/report.md "$OUT/sweep-report.md" 2>/dev/null
     cut=()

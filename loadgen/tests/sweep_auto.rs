@@ -45,7 +45,7 @@ async fn auto_rates_find_the_saturation_rate() {
         "--seed",
         "4",
         "--slo",
-        "ttft:p99:5s",
+        "ttft:p90:5s",
         "--no-progress",
         "--out",
         out.to_str().unwrap(),

@@ -68,7 +68,7 @@ async fn sweep_plan_compare_and_report_on_the_mock() {
         "--seed",
         "3",
         "--slo",
-        "ttft:p99:5s",
+        "ttft:p90:5s",
         "--no-progress",
         "--out",
         out,

@@ -50,7 +50,9 @@ pub struct SweepArgs {
     pub probe_max_concurrency: usize,
     /// Lengthen each level to hold at least this many measured requests (rate × --duration,
     /// or --num-prompts without --duration); `auto`: as many as the SLO's highest percentile
-    /// needs for a 95% interval with an upper bound (p90: 36, p99: 368, p99.9: 3,688).
+    /// needs for a 95% interval with an upper bound (p90: 35, p99: 368, p99.9: 3,688): the
+    /// default with --slo, so that no level's verdict is unknown for want of requests; `0`
+    /// keeps the levels as given.
     #[arg(long)]
     pub min_requests: Option<String>,
     /// With --shard: the time from one level's start to the next (each level starts at
@@ -95,10 +97,13 @@ actually holds); completed = (k − 1) / span of the k successful ones' ends, ov
 A level is saturated when completed < 95% of scheduled, requests in flight keep growing, or TTFT \
 keeps rising; unclear with fewer than 10 requests.";
 
-/// The requests each level must hold, from `--min-requests` (a count or `auto`).
+/// The requests each level must hold, from `--min-requests` (a count or `auto`, the default
+/// with an SLO).
 fn min_requests(text: Option<&str>, slo: Option<&SloSpec>) -> Result<Option<u64>> {
-    let Some(text) = text else {
-        return Ok(None);
+    let text = match (text, slo) {
+        (Some(text), _) => text,
+        (None, Some(_)) => "auto",
+        (None, None) => return Ok(None),
     };
     if text.trim().eq_ignore_ascii_case("auto") {
         let slo = slo.context("--min-requests auto needs an --slo with percentiles")?;
@@ -365,6 +370,13 @@ mod tests {
     fn levels_lengthen_to_the_requests_the_slo_percentile_needs() {
         let slo = SloSpec::parse("ttft:p99:500ms,tpot:p90:50ms").unwrap();
         assert_eq!(min_requests(Some("auto"), Some(&slo)).unwrap(), Some(368));
+        assert_eq!(
+            min_requests(None, Some(&slo)).unwrap(),
+            Some(368),
+            "auto by default"
+        );
+        assert_eq!(min_requests(Some("0"), Some(&slo)).unwrap(), Some(0));
+        assert_eq!(min_requests(None, None).unwrap(), None);
         assert_eq!(min_requests(Some("100"), None).unwrap(), Some(100));
         assert!(min_requests(Some("auto"), None).is_err());
         assert!(min_requests(Some("many"), None).is_err());
