@@ -10,7 +10,7 @@
 #
 # Environment knobs: RATES (default auto; or a list such as 0.4,0.8,1.6), PROBE_DURATION (8s),
 # AUTO_FRACTIONS (levels as fractions of the probed saturation rate, 0.5,0.8,1.0,1.2,1.5),
-# DURATION (default 25s per level, lengthened to hold the 36 requests a p90 needs), WARMUP (5s),
+# DURATION (default 25s per level, lengthened to hold the 35 requests a p90 needs, plus a margin for the Poisson draw), WARMUP (5s),
 # SLO (default ttft:p90:2s,tpot:p90:100ms: p90, because a 2-core demo's levels hold tens of
 # requests, not the 368 a p99 needs),
 # OUT (default runs/demo-<time>),

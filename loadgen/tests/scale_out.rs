@@ -394,7 +394,7 @@ fn sharded_sweep_levels_follow_one_timetable_and_merge_level_by_level() {
         "--scrape-interval",
         "0s",
         "--slo",
-        "ttft:p90:1s",
+        "ttft:p50:1s",
     ]
     .iter()
     .map(|s| s.to_string())

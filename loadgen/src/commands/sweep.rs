@@ -125,9 +125,12 @@ fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
     let Some(min) = min else {
         return;
     };
+    // A Poisson schedule's count over a span varies by √n: the span expects three standard
+    // deviations more than `min`, so that its seeded draw holds `min` all but rarely.
+    let expected = min as f64 + 3.0 * (min as f64).sqrt();
     match run.duration {
-        Some(d) if rate * d.as_secs_f64() < min as f64 => {
-            run.duration = Some(Duration::from_secs_f64(min as f64 / rate));
+        Some(d) if rate * d.as_secs_f64() < expected => {
+            run.duration = Some(Duration::from_secs_f64(expected / rate));
         }
         Some(_) => {}
         None => {
@@ -391,10 +394,19 @@ mod tests {
             _ => unreachable!(),
         })
         .unwrap();
-        // 0.4 req/s × 40 s = 16 requests < 368: the level lasts 920 s.
+        // 0.4 req/s × 40 s = 16 requests < 368: the level lasts long enough to expect
+        // 368 + 3·√368 = 425.5 requests, 1,063.9 s.
         sized_level(&mut run, 0.4, Some(368));
-        assert_eq!(run.duration, Some(Duration::from_secs(920)));
+        let secs = run.duration.unwrap().as_secs_f64();
+        assert!(
+            (secs - (368.0 + 3.0 * 368f64.sqrt()) / 0.4).abs() < 1e-6,
+            "{secs}"
+        );
         sized_level(&mut run, 10.0, Some(368));
-        assert_eq!(run.duration, Some(Duration::from_secs(920)));
+        assert_eq!(
+            run.duration.unwrap().as_secs_f64(),
+            secs,
+            "long enough already"
+        );
     }
 }
