@@ -1,6 +1,7 @@
 //! Statistics, SLO checks, capacity plans, A/B tests and renderers for loadgen runs.
 pub mod ab;
 pub mod histograms;
+pub mod latency;
 pub mod metrics;
 pub mod plan;
 pub mod records;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{request_latency, DistStats};
+use crate::latency::{request_latency, DistStats};
 use crate::records::{Phase, RequestRecord};
 
 /// The sessions of a run's measurement window.
