@@ -18,8 +18,9 @@ use anyhow::{bail, Context, Result};
 use reports::histograms::{self, Histograms, HISTOGRAMS_FILE};
 use reports::metrics::{compute, window_histograms, MetricsOptions};
 use reports::records::{read_meta, read_records, HostInfo, MergedShard, RequestRecord, RunMeta};
-use reports::server_metrics::SERVER_METRICS_FILE;
+use reports::server_metrics::{read_scrapes, SERVER_METRICS_FILE};
 use reports::summary::Summary;
+use reports::timeline::{self, Timeline};
 
 use crate::folders::{LevelEntry, SweepFile, SWEEP_FILE};
 
@@ -355,6 +356,19 @@ fn write_merge(checked: &CheckedMerge, out: &Path) -> Result<MergedRun> {
         serde_json::to_string_pretty(&meta)? + "\n",
     )
     .with_context(|| format!("writing {}", out.join("meta.json").display()))?;
+    // The merged timeline is rebuilt from the merged records, in the first shard's slices.
+    if let Some(first) = Timeline::read(&shards[0].dir)? {
+        let scrapes = read_scrapes(out)?;
+        let origin_unix_ms = start.timestamp_micros() as f64 / 1000.0;
+        timeline::build(
+            records,
+            first.phases,
+            Some(first.slice_s),
+            &scrapes,
+            origin_unix_ms,
+        )
+        .write(out)?;
+    }
     Ok(MergedRun {
         shards: shards.len() as u64,
         requests: n,
@@ -366,7 +380,7 @@ fn write_merge(checked: &CheckedMerge, out: &Path) -> Result<MergedRun> {
 fn merged_meta(shards: &[ShardRun], n: u64) -> RunMeta {
     let sorted = shards;
     let mut meta = sorted[0].meta.clone();
-    meta.command_line = std::env::args().collect();
+    meta.command_line = crate::prepare::redacted_command_line(std::env::args());
     meta.planned_requests = n;
     meta.shard = None;
     meta.complete = true;

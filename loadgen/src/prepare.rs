@@ -167,6 +167,10 @@ pub struct RunArgs {
     /// SLOs for goodput, e.g. `ttft:500ms,tpot:50ms`.
     #[arg(long)]
     pub slo: Option<String>,
+    /// The slices of the run's timeline.json (default: 10s, or a thirtieth of the run when
+    /// shorter).
+    #[arg(long, value_parser = duration_arg)]
+    pub slice: Option<Duration>,
     /// With --slo: the share of measured requests that may fail before the SLO is not met.
     #[arg(long, value_parser = crate::units::parse_fraction, default_value = "1%")]
     pub max_error_rate: f64,
@@ -897,8 +901,37 @@ pub async fn execute_prepared(
             shard.clock = crate::clock::clock_sync();
         }
         write_meta(dir, &meta)?;
+        write_timeline(dir, &prepared.plan, &outcome.records, args.slice)?;
     }
     Ok(outcome)
+}
+
+/// `timeline.json` of a run folder: its records in slices, with the scrapes written beside
+/// them (which is why it comes after the scraper's last scrape).
+pub fn write_timeline(
+    dir: &std::path::Path,
+    plan: &Plan,
+    records: &[reports::records::RequestRecord],
+    slice: Option<Duration>,
+) -> Result<()> {
+    let meta = reports::records::read_meta(&dir.join("meta.json"))?;
+    let origin_unix_ms = chrono::DateTime::parse_from_rfc3339(&meta.start_time)
+        .with_context(|| format!("{}: start_time", dir.display()))?
+        .timestamp_micros() as f64
+        / 1000.0;
+    let phases = reports::timeline::PhaseBounds {
+        warmup_s: plan.warmup_s,
+        measured_end_s: plan.duration_s.map(|d| plan.warmup_s + d),
+    };
+    let scrapes = reports::server_metrics::read_scrapes(dir)?;
+    reports::timeline::build(
+        records,
+        phases,
+        slice.map(|s| s.as_secs_f64()),
+        &scrapes,
+        origin_unix_ms,
+    )
+    .write(dir)
 }
 
 /// The `--slo` of `args` with its `--max-error-rate`.

@@ -17,6 +17,7 @@ pub fn run_report(dir: &Path) -> Result<Report> {
             metrics: run.metrics,
             samples: run.samples,
             server: run.server,
+            timeline: reports::timeline::Timeline::read(dir)?,
         })),
     })
 }

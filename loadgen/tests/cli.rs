@@ -70,6 +70,20 @@ async fn run_writes_folder_and_replays_trace_times() {
     let summary = Summary::read(&out.join("summary.json")).unwrap();
     assert!(!summary.incomplete);
     assert_eq!(summary.completed, 5);
+    // The run over time: every request once, in the slice where it finished.
+    let timeline = reports::timeline::Timeline::read(&out).unwrap().unwrap();
+    assert_eq!(timeline.slices.iter().map(|s| s.finished).sum::<u64>(), 5);
+    assert_eq!(timeline.slices.iter().map(|s| s.started).sum::<u64>(), 5);
+    let measured: u64 = timeline
+        .slices
+        .iter()
+        .filter_map(|s| s.finished_by_phase.get("measured"))
+        .sum();
+    assert_eq!(measured, 5);
+    assert_eq!(
+        timeline.slices.iter().map(|s| s.output_tokens).sum::<u64>(),
+        records.iter().map(|r| r.output_tokens).sum::<u64>()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

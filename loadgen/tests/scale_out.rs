@@ -190,6 +190,30 @@ fn three_shards_send_one_schedule_and_merge_into_one_run() {
     let meta = read_meta(&merged.join("meta.json")).unwrap();
     assert_eq!(meta.planned_requests, n);
     assert_eq!(meta.merged_from.len(), 3);
+    // The merged timeline is the one a single process would build from the same records,
+    // in the shards' slices; its counts add up phase by phase.
+    let timeline = reports::timeline::Timeline::read(&merged).unwrap().unwrap();
+    let origin = chrono::DateTime::parse_from_rfc3339(&meta.start_time).unwrap();
+    let rebuilt = reports::timeline::build(
+        &records,
+        timeline.phases,
+        Some(timeline.slice_s),
+        &[],
+        origin.timestamp_micros() as f64 / 1000.0,
+    );
+    assert_eq!(timeline, rebuilt);
+    for phase in ["warmup", "measured"] {
+        let in_slices: u64 = timeline
+            .slices
+            .iter()
+            .filter_map(|s| s.finished_by_phase.get(phase))
+            .sum();
+        let in_run = records
+            .iter()
+            .filter(|r| serde_json::to_value(r.phase).unwrap() == phase)
+            .count() as u64;
+        assert_eq!(in_slices, in_run, "{phase}");
+    }
     assert!(meta.merged_from.iter().all(|s| s.shard.count == 3));
 
     // The shards keep one timetable: 90% of the requests reached the mock within 2 ms of

@@ -13,3 +13,4 @@ pub mod slo;
 pub mod stats;
 pub mod summary;
 pub mod table;
+pub mod timeline;

@@ -61,7 +61,7 @@ fn sweep_report(rng: &mut StdRng) -> Report {
                 achieved_rate: achieved,
                 output_tokens_per_s: achieved * 180.0,
                 saturated: achieved < 0.95 * rate,
-                samples: samples(rng, 300, load, 1.0),
+                samples: samples(rng, 400, load, 1.0),
                 server: None,
                 scheduled_rate: None,
                 saturation_rule: None,
@@ -117,6 +117,41 @@ fn compare_report(rng: &mut StdRng) -> Report {
     }
 }
 
+/// Ten 1 s slices: warm-up for 2 s, a window to 8 s, TTFT climbing as a queue builds.
+fn timeline() -> reports::timeline::Timeline {
+    use reports::timeline::{PhaseBounds, Quantiles, Slice, Timeline};
+    let phases = PhaseBounds {
+        warmup_s: 2.0,
+        measured_end_s: Some(8.0),
+    };
+    let slices = (0..10)
+        .map(|i| Slice {
+            start_s: f64::from(i),
+            end_s: f64::from(i + 1),
+            phase: reports::records::Phase::Measured,
+            started: 5,
+            finished: 5,
+            finished_by_phase: [("measured".to_string(), 5)].into(),
+            errors: u64::from(i == 6),
+            output_tokens: 500,
+            output_tok_per_s: 500.0,
+            ttft_ms: Quantiles {
+                n: 5,
+                p50: Some(50.0 + 10.0 * f64::from(i)),
+                p90: Some(80.0 + 20.0 * f64::from(i)),
+            },
+            tpot_ms: Quantiles::default(),
+            e2el_ms: Quantiles::default(),
+            server: [("requests waiting".to_string(), f64::from(i))].into(),
+        })
+        .collect();
+    Timeline {
+        slice_s: 1.0,
+        phases,
+        slices,
+    }
+}
+
 fn run_report(rng: &mut StdRng) -> Report {
     let samples = samples(rng, 500, 0.5, 1.0);
     let metrics = Metrics {
@@ -152,6 +187,7 @@ fn run_report(rng: &mut StdRng) -> Report {
             metrics,
             samples,
             server: None,
+            timeline: Some(timeline()),
         })),
     }
 }
@@ -242,11 +278,13 @@ fn sweep_compare_and_run_reports_are_self_contained() {
 
     let run = run_report(&mut rng);
     let (md, html) = write_report(&output_dir("run", temp.path()), &run).unwrap();
-    check_files(&md, &html, 5);
+    // 4 CDFs, the lag histogram, and the timeline's TTFT, throughput, requests and gauges.
+    check_files(&md, &html, 9);
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(text.contains("Sessions by turn") && text.contains("ended: capped 5, completed 120"));
     assert!(
         text.contains("<td>75.0%</td>"),
         "turn 4's prefix-cache share"
     );
+    assert!(text.contains("The run over time") && text.contains("window starts"));
 }

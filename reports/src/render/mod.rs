@@ -157,6 +157,8 @@ pub struct RunView {
     pub samples: LatencySamples,
     /// The server's own view (its `/metrics`), when it exposes one.
     pub server: Option<ServerView>,
+    /// The run over time (`timeline.json`), when the folder has one.
+    pub timeline: Option<crate::timeline::Timeline>,
 }
 
 /// A sweep, with its SLO and capacity plan when given.

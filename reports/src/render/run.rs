@@ -104,9 +104,117 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
         plots,
         ..Section::default()
     }];
+    sections.extend(view.timeline.as_ref().map(timeline_section));
     sections.extend(m.sessions.as_ref().map(sessions_section));
     sections.extend(view.server.as_ref().map(server_section));
     sections
+}
+
+/// The run over time: latencies, throughput, requests and the server's gauges per slice,
+/// with the measurement window marked.
+fn timeline_section(t: &crate::timeline::Timeline) -> Section {
+    let mid = |s: &crate::timeline::Slice| (s.start_s + s.end_s) / 2.0;
+    let line = |name: &str, points: Vec<(f64, f64)>| Series {
+        name: name.into(),
+        points,
+        style: Style::Line,
+        error_bars: Vec::new(),
+    };
+    let mut markers = vec![svg::Marker {
+        value: t.phases.warmup_s,
+        label: "window starts".into(),
+    }];
+    markers.extend(t.phases.measured_end_s.map(|end| svg::Marker {
+        value: end,
+        label: "window ends".into(),
+    }));
+    let chart = |name: &str, title: &str, y_label: &str, series: Vec<Series>| Plot {
+        name: format!("run-timeline-{name}"),
+        svg: svg::chart(&Chart {
+            title: title.into(),
+            x_label: "time since the run's start (s)".into(),
+            y_label: y_label.into(),
+            series,
+            v_markers: markers.clone(),
+            ..Chart::default()
+        }),
+    };
+    let quantile = |f: fn(&crate::timeline::Slice) -> Option<f64>| -> Vec<(f64, f64)> {
+        t.slices
+            .iter()
+            .filter_map(|s| f(s).map(|v| (mid(s), v)))
+            .collect()
+    };
+    let counts = |f: fn(&crate::timeline::Slice) -> u64| -> Vec<(f64, f64)> {
+        t.slices.iter().map(|s| (mid(s), f(s) as f64)).collect()
+    };
+    let mut plots = vec![
+        chart(
+            "ttft",
+            "TTFT over time (requests finished in each slice)",
+            "TTFT (ms)",
+            vec![
+                line("p50", quantile(|s| s.ttft_ms.p50)),
+                line("p90", quantile(|s| s.ttft_ms.p90)),
+            ],
+        ),
+        chart(
+            "throughput",
+            "Output tokens per second over time",
+            "tok/s",
+            vec![line(
+                "output tok/s",
+                t.slices
+                    .iter()
+                    .map(|s| (mid(s), s.output_tok_per_s))
+                    .collect(),
+            )],
+        ),
+        chart(
+            "requests",
+            "Requests started, finished and failed per slice",
+            "requests",
+            vec![
+                line("started", counts(|s| s.started)),
+                line("finished", counts(|s| s.finished)),
+                line("errors", counts(|s| s.errors)),
+            ],
+        ),
+    ];
+    let gauges: std::collections::BTreeSet<&String> =
+        t.slices.iter().flat_map(|s| s.server.keys()).collect();
+    if !gauges.is_empty() {
+        let series = gauges
+            .iter()
+            .map(|label| {
+                let points = t
+                    .slices
+                    .iter()
+                    .filter_map(|s| s.server.get(*label).map(|v| (mid(s), *v)))
+                    .collect();
+                line(label, points)
+            })
+            .collect();
+        plots.push(chart(
+            "server",
+            "The server's gauges over time",
+            "value",
+            series,
+        ));
+    }
+    Section {
+        heading: "The run over time".into(),
+        paragraphs: vec![format!(
+            "{} slices of {:.2} s from the run's start (timeline.json); a request counts in the \
+             slice where it finished, its tokens where they arrived. The vertical lines mark the \
+             measurement window: a queue building up, a warm-up inside the window or a server \
+             stall shows here.",
+            t.slices.len(),
+            t.slice_s
+        )],
+        plots,
+        ..Section::default()
+    }
 }
 
 /// Multi-turn sessions: how many, how they ended, and each turn index's numbers.
