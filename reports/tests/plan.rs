@@ -164,3 +164,23 @@ fn the_plan_sizes_from_the_sustained_rate() {
     slow.achieved_rate = 1.9;
     assert!((slow.sustained_rate() - 1.9).abs() < 1e-12);
 }
+
+/// A level whose sample cannot bound the SLO's p99 is "unknown (too few)": never the max
+/// sustainable level, even when its values look fine.
+#[test]
+fn a_level_too_small_for_its_percentile_is_unknown_and_not_the_knee() {
+    let mut small = level(4.0, 300.0, false);
+    small.samples.requests.truncate(100);
+    let slo = SloSpec::parse("ttft:p99:500ms").unwrap();
+    let plan = capacity_plan(
+        &[level(1.0, 200.0, false), small, level(8.0, 700.0, false)],
+        &slo,
+        &options(TargetLoad::Qps(10.0)),
+    )
+    .unwrap();
+    let verdicts: Vec<reports::slo::SloVerdict> =
+        plan.levels.iter().map(|l| l.check.verdict).collect();
+    use reports::slo::SloVerdict::*;
+    assert_eq!(verdicts, [Met, Unknown, NotMet]);
+    assert_eq!(plan.max_sustainable.unwrap().offered_rate, 1.0);
+}
