@@ -286,5 +286,6 @@ fn sweep_compare_and_run_reports_are_self_contained() {
         text.contains("<td>75.0%</td>"),
         "turn 4's prefix-cache share"
     );
-    assert!(text.contains("The run over time") && text.contains("window starts"));
+    assert!(text.contains("The run over time") && text.contains(">warm-up</text>"));
+    assert!(text.contains(">cool-down</text>"));
 }

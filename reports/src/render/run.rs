@@ -120,14 +120,14 @@ fn timeline_section(t: &crate::timeline::Timeline) -> Section {
         style: Style::Line,
         error_bars: Vec::new(),
     };
-    let mut markers = vec![svg::Marker {
-        value: t.phases.warmup_s,
-        label: "window starts".into(),
-    }];
-    markers.extend(t.phases.measured_end_s.map(|end| svg::Marker {
-        value: end,
-        label: "window ends".into(),
-    }));
+    let end = t.slices.last().map_or(0.0, |s| s.end_s);
+    let mut shaded = Vec::new();
+    if t.phases.warmup_s > 0.0 {
+        shaded.push((0.0, t.phases.warmup_s, "warm-up".to_string()));
+    }
+    if let Some(cool) = t.phases.measured_end_s.filter(|&e| e < end) {
+        shaded.push((cool, end, "cool-down".to_string()));
+    }
     let chart = |name: &str, title: &str, y_label: &str, series: Vec<Series>| Plot {
         name: format!("run-timeline-{name}"),
         svg: svg::chart(&Chart {
@@ -135,7 +135,7 @@ fn timeline_section(t: &crate::timeline::Timeline) -> Section {
             x_label: "time since the run's start (s)".into(),
             y_label: y_label.into(),
             series,
-            v_markers: markers.clone(),
+            shaded: shaded.clone(),
             ..Chart::default()
         }),
     };
@@ -206,9 +206,9 @@ fn timeline_section(t: &crate::timeline::Timeline) -> Section {
         heading: "The run over time".into(),
         paragraphs: vec![format!(
             "{} slices of {:.2} s from the run's start (timeline.json); a request counts in the \
-             slice where it finished, its tokens where they arrived. The vertical lines mark the \
-             measurement window: a queue building up, a warm-up inside the window or a server \
-             stall shows here.",
+             slice where it finished, its tokens where they arrived. Warm-up and cool-down are \
+             shaded: a queue building up, a warm-up inside the window or a server stall shows \
+             here.",
             t.slices.len(),
             t.slice_s
         )],

@@ -49,6 +49,8 @@ pub struct Chart {
     pub h_markers: Vec<Marker>,
     /// Vertical lines at x values.
     pub v_markers: Vec<Marker>,
+    /// Shaded x ranges behind the series (from, to, label), e.g. a run's warm-up.
+    pub shaded: Vec<(f64, f64, String)>,
 }
 
 /// Longest legend entry that fits beside the plot area.
@@ -226,7 +228,8 @@ pub fn chart(c: &Chart) -> String {
         .series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.0))
-        .chain(c.v_markers.iter().map(|m| m.value));
+        .chain(c.v_markers.iter().map(|m| m.value))
+        .chain(c.shaded.iter().flat_map(|&(from, to, _)| [from, to]));
     let ys = c
         .series
         .iter()
@@ -242,6 +245,18 @@ pub fn chart(c: &Chart) -> String {
     let y = Axis::new(ys, HEIGHT - BOTTOM, TOP, true);
     let mut out = String::new();
     open(&mut out, &c.title, &c.x_label, &c.y_label);
+    for (from, to, label) in &c.shaded {
+        let (x0, x1) = (x.map(*from), x.map(*to));
+        let _ = write!(
+            out,
+            r##"<rect x="{x0:.1}" y="{TOP}" width="{w:.1}" height="{h}" fill="#ececec"/><text x="{tx:.1}" y="{ty}" fill="#777">{l}</text>"##,
+            w = (x1 - x0).max(0.0),
+            h = HEIGHT - BOTTOM - TOP,
+            tx = x0 + 4.0,
+            ty = TOP + 28.0,
+            l = escape(label)
+        );
+    }
     axes(&mut out, &x, &y);
     let mut entries = Vec::new();
     for (i, s) in c.series.iter().enumerate() {

@@ -306,6 +306,7 @@ fn percentile_vs_rate(
             series,
             h_markers,
             v_markers: knee_marker(knee),
+            shaded: Vec::new(),
         }),
     }
 }
