@@ -201,6 +201,7 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
             saturated: entry.saturated,
             samples: run.samples,
             server: run.server,
+            timeline: reports::timeline::Timeline::read(&dir.join(&entry.dir))?,
             scheduled_rate: entry.rates.map(|r| r.scheduled),
             saturation_rule: entry.saturation.as_ref().map(|s| s.rule.clone()),
         });

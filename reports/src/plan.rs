@@ -52,6 +52,9 @@ pub struct SweepLevel {
     /// The server's own view of the level (its `/metrics`), when it exposes one.
     #[serde(default)]
     pub server: Option<ServerView>,
+    /// The level over time (its `timeline.json`), when its folder has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<crate::timeline::Timeline>,
 }
 
 impl SweepLevel {

@@ -27,6 +27,7 @@ fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
             schedule_lag_ms: vec![],
         },
         server: None,
+        timeline: None,
         scheduled_rate: None,
         saturation_rule: None,
     }

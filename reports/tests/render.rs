@@ -63,6 +63,7 @@ fn sweep_report(rng: &mut StdRng) -> Report {
                 saturated: achieved < 0.95 * rate,
                 samples: samples(rng, 400, load, 1.0),
                 server: None,
+                timeline: Some(timeline()),
                 scheduled_rate: None,
                 saturation_rule: None,
             }
@@ -262,8 +263,8 @@ fn sweep_compare_and_run_reports_are_self_contained() {
     let sweep = sweep_report(&mut rng);
     let (md, html) = write_report(&output_dir("sweep", temp.path()), &sweep).unwrap();
     // TTFT and TPOT vs rate, achieved vs offered, throughput vs latency, 4 CDFs (TTFT, TTFA,
-    // TPOT, E2E), lag histogram.
-    check_files(&md, &html, 9);
+    // TPOT, E2E), lag histogram, and the levels' TTFT and tok/s over time.
+    check_files(&md, &html, 11);
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(text.contains("Capacity plan") && text.contains("max sustainable QPS"));
     assert!(text.contains("SLO p99 500 ms") && text.contains("knee"));

@@ -38,6 +38,7 @@ pub(super) fn sections(view: &SweepView) -> Vec<Section> {
         .flat_map(|l| l.samples.schedule_lag_ms.iter().copied())
         .collect();
     plots.push(lag_histogram("sweep-schedule-lag", &lag));
+    plots.extend(levels_over_time(&levels));
     out.push(Section {
         heading: "Plots".into(),
         paragraphs: vec![
@@ -48,6 +49,58 @@ pub(super) fn sections(view: &SweepView) -> Vec<Section> {
         ..Section::default()
     });
     out
+}
+
+/// Each level's TTFT p90 and output tok/s over its own time, one series a level (from the
+/// levels' `timeline.json`): a level whose latency climbs from slice to slice was building a
+/// queue, whatever its averages say.
+fn levels_over_time(levels: &[&SweepLevel]) -> Vec<Plot> {
+    let timed: Vec<(&SweepLevel, &crate::timeline::Timeline)> = levels
+        .iter()
+        .filter_map(|l| l.timeline.as_ref().map(|t| (*l, t)))
+        .collect();
+    if timed.is_empty() {
+        return Vec::new();
+    }
+    let series = |value: fn(&crate::timeline::Slice) -> Option<f64>| -> Vec<Series> {
+        timed
+            .iter()
+            .map(|(level, t)| Series {
+                name: format!("{} req/s", rate(level.offered_rate)),
+                points: t
+                    .slices
+                    .iter()
+                    .filter_map(|s| value(s).map(|v| ((s.start_s + s.end_s) / 2.0, v)))
+                    .collect(),
+                style: Style::Line,
+                error_bars: Vec::new(),
+            })
+            .collect()
+    };
+    let chart = |name: &str, title: &str, y_label: &str, series: Vec<Series>| Plot {
+        name: format!("sweep-timeline-{name}"),
+        svg: svg::chart(&Chart {
+            title: title.into(),
+            x_label: "time since the level's start (s)".into(),
+            y_label: y_label.into(),
+            series,
+            ..Chart::default()
+        }),
+    };
+    vec![
+        chart(
+            "ttft",
+            "TTFT p90 over each level's time",
+            "TTFT p90 (ms)",
+            series(|s| s.ttft_ms.p90),
+        ),
+        chart(
+            "throughput",
+            "Output tok/s over each level's time",
+            "tok/s",
+            series(|s| Some(s.output_tok_per_s)),
+        ),
+    ]
 }
 
 fn rate(r: f64) -> String {
