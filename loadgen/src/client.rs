@@ -326,21 +326,9 @@ pub async fn execute(
         .0
 }
 
-/// [`execute`], also returning the answer's text (its content, not its reasoning), which a
-/// session's next turn sends back as history.
-pub async fn execute_keeping_answer(
-    client: &HttpClient,
-    target: &Target,
-    stub: RequestStub,
-    body: Bytes,
-    origin: Instant,
-    stop: watch::Receiver<bool>,
-) -> (RequestRecord, String) {
-    let (record, answer) = exchange(client, target, stub, body, origin, stop, true).await;
-    (record, answer.unwrap_or_default())
-}
-
-async fn exchange(
+/// [`execute`]; with `keep_answer`, also the answer's text (its content, not its reasoning),
+/// which a session's next turn sends back as history. Without it no text is kept.
+pub async fn exchange(
     client: &HttpClient,
     target: &Target,
     mut stub: RequestStub,

@@ -718,21 +718,23 @@ struct Reasoning {
 }
 
 impl Reasoning {
-    /// The usage object after `sent` tokens.
-    fn usage(&self, prompt: u64, sent: u32) -> String {
+    /// Writes the usage object after `sent` tokens to `out` (no allocation of its own: the
+    /// mock's CPU per event is what a calibration must keep small).
+    fn write_usage(&self, out: &mut String, prompt: u64, sent: u32) {
         let c = u64::from(sent);
-        let details = if self.usage {
-            format!(
+        let _ = write!(
+            out,
+            r#"{{"prompt_tokens":{prompt},"completion_tokens":{c},"total_tokens":{}"#,
+            prompt + c
+        );
+        if self.usage {
+            let _ = write!(
+                out,
                 r#","completion_tokens_details":{{"reasoning_tokens":{}}}"#,
                 sent.min(self.tokens)
-            )
-        } else {
-            String::new()
-        };
-        format!(
-            r#"{{"prompt_tokens":{prompt},"completion_tokens":{c},"total_tokens":{}{details}}}"#,
-            prompt + c
-        )
+            );
+        }
+        out.push('}');
     }
 }
 
@@ -812,11 +814,12 @@ fn stream_response(
             if st.ask.include_usage {
                 let _ = write!(
                     out,
-                    r#"data: {{"id":"mock","object":"{object}","model":{},"choices":[],"usage":{}}}"#,
+                    r#"data: {{"id":"mock","object":"{object}","model":{},"choices":[],"usage":"#,
                     Value::from(st.model.as_str()),
-                    st.reasoning.usage(st.ask.prompt_tokens, st.sent_tokens)
                 );
-                out.push_str("\n\n");
+                st.reasoning
+                    .write_usage(&mut out, st.ask.prompt_tokens, st.sent_tokens);
+                out.push_str("}\n\n");
             }
             out.push_str("data: [DONE]\n\n");
             return Some((Ok(Bytes::from(out)), st));
@@ -903,11 +906,9 @@ fn stream_response(
         }
         let _ = write!(event, r#","finish_reason":{finish}}}]"#);
         if st.ask.include_usage && st.ask.continuous_usage {
-            let _ = write!(
-                event,
-                r#","usage":{}"#,
-                st.reasoning.usage(st.ask.prompt_tokens, st.sent_tokens)
-            );
+            event.push_str(r#","usage":"#);
+            st.reasoning
+                .write_usage(&mut event, st.ask.prompt_tokens, st.sent_tokens);
         }
         event.push_str("}\n\n");
         Some((Ok::<Bytes, std::io::Error>(Bytes::from(event)), st))

@@ -752,11 +752,14 @@ fn schedule_digest(
         "approximate_lengths": prompts.is_approximate(),
         "extra_body": extra_body.map(ExtraBody::to_value),
     });
-    let bytes = serde_json::to_vec(&shape)?;
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+    Ok(format!("{:016x}", fnv1a(&serde_json::to_vec(&shape)?)))
+}
+
+/// FNV-1a, 64 bits: a digest to tell things apart (not a secret's protection against guessing).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    Ok(format!("{hash:016x}"))
+    })
 }
 
 /// Where one execution of a prepared run goes.
@@ -901,24 +904,27 @@ pub async fn execute_prepared(
             shard.clock = crate::clock::clock_sync();
         }
         write_meta(dir, &meta)?;
-        write_timeline(dir, &prepared.plan, &outcome.records, args.slice)?;
+        write_timeline(
+            dir,
+            &prepared.plan,
+            &outcome.records,
+            outcome.start_time,
+            args.slice,
+        )?;
     }
     Ok(outcome)
 }
 
 /// `timeline.json` of a run folder: its records in slices, with the scrapes written beside
 /// them (which is why it comes after the scraper's last scrape).
-pub fn write_timeline(
+fn write_timeline(
     dir: &std::path::Path,
     plan: &Plan,
     records: &[reports::records::RequestRecord],
+    origin: chrono::DateTime<chrono::Utc>,
     slice: Option<Duration>,
 ) -> Result<()> {
-    let meta = reports::records::read_meta(&dir.join("meta.json"))?;
-    let origin_unix_ms = chrono::DateTime::parse_from_rfc3339(&meta.start_time)
-        .with_context(|| format!("{}: start_time", dir.display()))?
-        .timestamp_micros() as f64
-        / 1000.0;
+    let origin_unix_ms = origin.timestamp_micros() as f64 / 1000.0;
     let phases = reports::timeline::PhaseBounds {
         warmup_s: plan.warmup_s,
         measured_end_s: plan.duration_s.map(|d| plan.warmup_s + d),
@@ -954,12 +960,7 @@ pub fn slo_spec(args: &RunArgs) -> Result<Option<SloSpec>> {
 /// to tell two runs apart, never the secret.
 pub fn redacted_command_line(args: impl IntoIterator<Item = String>) -> Vec<String> {
     const SECRET_FLAGS: [&str; 2] = ["--api-key", "--header"];
-    let digest = |value: &str| {
-        let hash = value.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-        format!("<redacted fnv1a:{hash:016x}>")
-    };
+    let digest = |value: &str| format!("<redacted fnv1a:{:016x}>", fnv1a(value.as_bytes()));
     let mut out = Vec::new();
     let mut secret_next = false;
     for arg in args {

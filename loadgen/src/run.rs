@@ -258,15 +258,17 @@ async fn send(
             };
             Some(match body {
                 Ok(body) => {
-                    client::execute_keeping_answer(
+                    let (record, answer) = client::exchange(
                         &ctx.client,
                         &ctx.target,
                         stub,
                         body,
                         ctx.origin,
                         stop,
+                        keep_answer,
                     )
-                    .await
+                    .await;
+                    (record, answer.unwrap_or_default())
                 }
                 Err(e) => {
                     eprintln!("loadgen: request {id}: {e:#}");
@@ -277,7 +279,6 @@ async fn send(
             })
         }
     }
-    .map(|(record, answer)| (record, if keep_answer { answer } else { String::new() }))
 }
 
 /// Runs the session whose first turn is request `first` of the plan: each later turn is

@@ -50,14 +50,13 @@ impl TlsArgs {
     /// The client configuration: HTTP/1.1 (ALPN), the webpki roots and `--ca-cert`, or no
     /// verification with `--insecure`.
     pub fn client_config(&self) -> Result<Arc<ClientConfig>> {
-        let builder = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .context("TLS: the crypto provider supports no protocol version")?;
-        let mut config = if self.insecure {
-            builder
+        if self.insecure {
+            let mut config = client_builder()?
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate))
-                .with_no_client_auth()
+                .with_no_client_auth();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Ok(Arc::new(config))
         } else {
             let mut roots = RootCertStore::empty();
             roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -69,10 +68,8 @@ impl TlsArgs {
                     })?;
                 }
             }
-            builder.with_root_certificates(roots).with_no_client_auth()
-        };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Arc::new(config))
+            client_trusting(roots)
+        }
     }
 
     /// What a failed handshake with `host` means, and what to do about it.
@@ -128,20 +125,50 @@ fn read_certs(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
-/// A server configuration (HTTP/1.1) from PEM files of a certificate chain and its key
-/// (`--tls-cert` / `--tls-key` of the mock).
-pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>> {
-    let chain = read_certs(cert, "--tls-cert")?;
-    let key = PrivateKeyDer::from_pem_file(key)
-        .with_context(|| format!("--tls-key {}: not a PEM private key", key.display()))?;
+/// A client configuration builder with our provider and its safe protocol versions.
+fn client_builder() -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier>> {
+    ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS: the crypto provider supports no protocol version")
+}
+
+/// An HTTP/1.1 client configuration that trusts `roots`.
+fn client_trusting(roots: RootCertStore) -> Result<Arc<ClientConfig>> {
+    let mut config = client_builder()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// An HTTP/1.1 server configuration serving `chain` with `key`.
+fn server_serving(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<ServerConfig>> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .context("TLS: the crypto provider supports no protocol version")?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .context("--tls-cert / --tls-key: the key does not match the certificate")?;
+        .context("TLS: the key does not match the certificate")?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// A server configuration (HTTP/1.1) from PEM files of a certificate chain and its key
+/// (`--tls-cert` / `--tls-key` of the mock).
+pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>> {
+    let chain = read_certs(cert, "--tls-cert")?;
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("--tls-key {}: not a PEM private key", key.display()))?;
+    server_serving(chain, key_der).with_context(|| {
+        format!(
+            "--tls-cert {} / --tls-key {}",
+            cert.display(),
+            key.display()
+        )
+    })
 }
 
 /// The name to check a server's certificate against.
@@ -233,28 +260,16 @@ pub fn self_signed_pair() -> Result<LocalPair> {
     let der = cert.cert.der().clone();
     let key = PrivateKeyDer::try_from(cert.key_pair.serialize_der())
         .map_err(|e| anyhow::anyhow!("the self-signed key: {e}"))?;
-    let mut server = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .context("TLS: the crypto provider supports no protocol version")?
-        .with_no_client_auth()
-        .with_single_cert(vec![der.clone()], key)
-        .context("the self-signed pair")?;
-    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let server = server_serving(vec![der.clone()], key).context("the self-signed pair")?;
     let mut roots = RootCertStore::empty();
     roots
         .add(der)
         .context("trusting the self-signed certificate")?;
-    let mut client = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .context("TLS: the crypto provider supports no protocol version")?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    client.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(LocalPair {
-        server: Arc::new(server),
+        server,
         client: TlsSettings {
             args: TlsArgs::default(),
-            config: Arc::new(client),
+            config: client_trusting(roots)?,
         },
     })
 }
