@@ -6,8 +6,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
+use llguidance::toktrie::SimpleVob;
+use rayon::prelude::*;
 
 use crate::backend::RowSample;
+use crate::grammar::TokenMatcher;
 use crate::kv_cache::BlockManager;
 use crate::model::{ModelRunner, SeqInput};
 use crate::reasoning::{ReasoningState, ThinkMarkers, TokenRole};
@@ -107,6 +110,12 @@ pub struct StepTimings {
     pub decode_secs: f64,
     /// Tokens sampled in decode-only steps.
     pub decode_tokens: u64,
+    /// Grammar masks computed (structured output), over all steps.
+    pub grammar_masks: u64,
+    /// Seconds spent computing them, summed over the threads that computed them.
+    pub grammar_mask_secs: f64,
+    /// Seconds spent advancing grammars past sampled tokens (on the engine thread).
+    pub grammar_accept_secs: f64,
     /// Decode steps, summed: where their time went.
     pub decode: StepBreakdown,
 }
@@ -149,6 +158,24 @@ struct Request {
     held: String,
     /// Where the output is relative to the think markers (with `split_reasoning`).
     reasoning: Option<ReasoningState>,
+    /// Structured output: where the answer is in its grammar.
+    grammar: Option<TokenMatcher>,
+    /// The grammar's mask for the token being sampled this step.
+    allowed: Option<SimpleVob>,
+    /// Why the grammar could not give this step's mask: the sequence fails with it.
+    grammar_failure: Option<anyhow::Error>,
+}
+
+impl Request {
+    /// Whether the grammar constrains the next token: it has one, and the answer has begun
+    /// (a reasoning model's thinking is never constrained).
+    fn constrained(&self) -> bool {
+        self.grammar.is_some()
+            && self
+                .reasoning
+                .as_ref()
+                .is_none_or(ReasoningState::answering)
+    }
 }
 
 pub struct LlmEngine {
@@ -222,6 +249,18 @@ impl LlmEngine {
         prompt_ids: Vec<u32>,
         params: SamplingParams,
     ) -> anyhow::Result<SeqId> {
+        self.add_constrained_request(prompt_ids, params, None)
+    }
+
+    /// [`add_request`](Self::add_request) whose answer follows `grammar` (structured
+    /// output): every sampled answer token is drawn from the grammar's mask, and the
+    /// sequence stops as soon as the grammar is complete.
+    pub fn add_constrained_request(
+        &mut self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+        grammar: Option<TokenMatcher>,
+    ) -> anyhow::Result<SeqId> {
         ensure!(!prompt_ids.is_empty(), "prompt is empty");
         let vocab = self.vocab_size();
         if let Some(&bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
@@ -260,6 +299,9 @@ impl LlmEngine {
                 .map(|markers| ReasoningState::new(markers, &prompt_ids)),
             params,
             held: String::new(),
+            grammar,
+            allowed: None,
+            grammar_failure: None,
         };
         self.requests.insert(id, request);
         self.scheduler.add(Sequence::new(id, id, prompt_ids));
@@ -431,6 +473,7 @@ impl LlmEngine {
                 .with_context(|| format!("no request state for sequence {}", c.id))?;
             uniforms.push(samples.then(|| request.sampler.next_uniform(&request.params)));
         }
+        self.compute_grammar_masks(chunks, &uniforms);
         let mut inputs = Vec::with_capacity(chunks.len());
         for (c, uniform) in chunks.iter().zip(uniforms) {
             let seq = self
@@ -449,14 +492,17 @@ impl LlmEngine {
                     } else {
                         &[]
                     };
-                    Some(SampleSpec::new(
-                        &r.params,
-                        r.sampler.seed(),
-                        generated as u64,
-                        u,
-                        masked,
-                        r.counts.as_ref(),
-                    ))
+                    Some(
+                        SampleSpec::new(
+                            &r.params,
+                            r.sampler.seed(),
+                            generated as u64,
+                            u,
+                            masked,
+                            r.counts.as_ref(),
+                        )
+                        .with_allowed(r.allowed.as_ref()),
+                    )
                 }
                 None => None,
             };
@@ -481,6 +527,46 @@ impl LlmEngine {
         Ok((sampled, schedule_secs))
     }
 
+    /// The grammar masks of this step's sampled, constrained sequences, computed in parallel
+    /// (each is independent) before the forward that applies them.
+    fn compute_grammar_masks(&mut self, chunks: &[ScheduledChunk], samples: &[Option<f64>]) {
+        let sampled: std::collections::HashSet<SeqId> = chunks
+            .iter()
+            .zip(samples)
+            .filter(|(_, u)| u.is_some())
+            .map(|(c, _)| c.id)
+            .collect();
+        let mut constrained: Vec<&mut Request> = self
+            .requests
+            .iter_mut()
+            .filter(|(id, r)| sampled.contains(id) && r.constrained())
+            .map(|(_, r)| r)
+            .collect();
+        if constrained.is_empty() {
+            return;
+        }
+        let secs: f64 = constrained
+            .par_iter_mut()
+            .map(|r| {
+                let Some(grammar) = r.grammar.as_mut() else {
+                    return 0.0;
+                };
+                match grammar.allowed() {
+                    Ok((mask, secs)) => {
+                        r.allowed = Some(mask);
+                        secs
+                    }
+                    Err(e) => {
+                        r.grammar_failure = Some(e);
+                        0.0
+                    }
+                }
+            })
+            .sum();
+        self.timings.grammar_masks += constrained.len() as u64;
+        self.timings.grammar_mask_secs += secs;
+    }
+
     /// Appends a sampled token to its sequence: detokenise, check stop conditions, and
     /// finish the sequence when one holds.
     fn append_sampled(&mut self, id: SeqId, sampled: Sampled) -> anyhow::Result<SeqUpdate> {
@@ -499,6 +585,9 @@ impl LlmEngine {
             .requests
             .get_mut(&id)
             .with_context(|| format!("no request state for sequence {id}"))?;
+        if let Some(e) = request.grammar_failure.take() {
+            return Err(e);
+        }
         if let Some(counts) = request.counts.as_mut() {
             counts.push_output(token);
         }
@@ -515,6 +604,14 @@ impl LlmEngine {
         let may_stop = num_output >= params.min_tokens;
         let stop_token = (!params.ignore_eos && eos_ids.contains(&token))
             || params.stop_token_ids.contains(&token);
+        // A token drawn from a grammar's mask advances it; a complete grammar ends the answer.
+        let grammar_done = match (request.allowed.take(), request.grammar.as_mut()) {
+            (Some(_), Some(grammar)) if !stop_token => {
+                self.timings.grammar_accept_secs += grammar.accept(token)?;
+                grammar.is_finished()
+            }
+            _ => false,
+        };
         let (text, mut finish) = if stop_token && may_stop {
             // Bytes of an unfinished character before the stop token are text too.
             let tail = request.decoder.flush().context("detokenising the end")?;
@@ -542,7 +639,9 @@ impl LlmEngine {
         };
         let mut text = text;
         if finish.is_none()
-            && (num_output >= params.max_tokens || num_tokens >= self.config.max_model_len)
+            && (grammar_done
+                || num_output >= params.max_tokens
+                || num_tokens >= self.config.max_model_len)
         {
             let tail = request.decoder.flush().context("detokenising the end")?;
             request.held.push_str(&tail);
@@ -550,7 +649,7 @@ impl LlmEngine {
             let (released, stopped) = release_text(&mut request.held, stops);
             text.push_str(&released);
             text.push_str(&std::mem::take(&mut request.held));
-            finish = Some(if stopped {
+            finish = Some(if stopped || grammar_done {
                 FinishReason::Stop
             } else {
                 FinishReason::Length

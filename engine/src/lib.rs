@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod config;
 pub mod engine;
+pub mod grammar;
 pub mod kv_cache;
 pub mod loader;
 pub mod model;

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use engine::grammar::{GrammarCompiler, GrammarSpec};
 use engine::loader::{load_engine, EngineArgs};
 use engine::sampler::SamplingParams;
 use engine::tokenizer::{ChatMessage, Tokenizer};
@@ -79,6 +80,10 @@ struct BenchArgs {
     max_output_len: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Every sequence's output follows this JSON schema (structured output), to measure
+    /// what the grammar masks cost; the summary adds the mask time per token.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
 }
 
 fn main() {
@@ -157,6 +162,7 @@ fn encode_prompt(tokenizer: &Tokenizer, text: &str, chat: bool) -> anyhow::Resul
             role: "user".into(),
             content: text.into(),
             reasoning_content: None,
+            ..ChatMessage::default()
         };
         let rendered = tokenizer.apply_chat_template(&[message], true, &Default::default())?;
         tokenizer.encode(&rendered, false)
@@ -174,7 +180,24 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             && args.min_output_len <= args.max_output_len,
         "need --num-seqs >= 1, 1 <= --min-input-len <= --max-input-len and 1 <= --min-output-len <= --max-output-len"
     );
-    let mut engine = load_engine(&args.engine)?.engine;
+    let loaded = load_engine(&args.engine)?;
+    let mut engine = loaded.engine;
+    let grammar = match &args.json_schema {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --json-schema {}", path.display()))?;
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("--json-schema {} is not JSON", path.display()))?;
+            let compiler =
+                GrammarCompiler::new(loaded.tokenizer.clone(), loaded.config.vocab_size)?;
+            let spec = GrammarSpec::JsonSchema(schema);
+            compiler
+                .compile(&spec)
+                .with_context(|| format!("compiling --json-schema {}", path.display()))?;
+            Some((compiler, spec))
+        }
+    };
     let mut rng = StdRng::seed_from_u64(args.seed);
     let vocab = engine.vocab_size().min(10_000) as u32;
     let requests: Vec<(Vec<u32>, SamplingParams)> = (0..args.num_seqs)
@@ -203,7 +226,12 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let num_prompt_tokens: usize = requests.iter().map(|(p, _)| p.len()).sum();
     let started = Instant::now();
     for (prompt, params) in requests {
-        engine.add_request(prompt, params)?;
+        // Compiled per sequence, as the server does per request.
+        let matcher = match &grammar {
+            Some((compiler, spec)) => Some(compiler.compile(spec)?),
+            None => None,
+        };
+        engine.add_constrained_request(prompt, params, matcher)?;
     }
     let mut num_output_tokens = 0usize;
     while engine.has_unfinished() {
@@ -243,6 +271,16 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             ms(d.forward_secs),
             ms(d.sample_secs),
             ms(d.update_secs)
+        );
+    }
+    if t.grammar_masks > 0 {
+        let per_token = |x: f64| 1e6 * x / t.grammar_masks as f64;
+        println!(
+            "Grammar: {} masks, {:.1}us per token to compute the mask (summed over threads) + {:.1}us to advance past the token; {:.1}% of the run's time",
+            t.grammar_masks,
+            per_token(t.grammar_mask_secs),
+            per_token(t.grammar_accept_secs),
+            100.0 * (t.grammar_mask_secs + t.grammar_accept_secs) / secs
         );
     }
     tracing::info!(

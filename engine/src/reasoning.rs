@@ -73,13 +73,20 @@ pub enum TokenRole {
 pub struct ReasoningState {
     markers: ThinkMarkers,
     inside: bool,
+    /// A think block has closed (in the prompt or the output): the answer has begun.
+    closed: bool,
     reasoning_tokens: usize,
 }
 
 impl ReasoningState {
     pub fn new(markers: ThinkMarkers, prompt: &[u32]) -> ReasoningState {
+        let last_marker = prompt
+            .iter()
+            .rev()
+            .find(|&&t| t == markers.start || t == markers.end);
         ReasoningState {
             inside: markers.opens_after(prompt),
+            closed: last_marker == Some(&markers.end),
             markers,
             reasoning_tokens: 0,
         }
@@ -88,6 +95,13 @@ impl ReasoningState {
     /// Whether text decoded now belongs to the reasoning.
     pub fn inside(&self) -> bool {
         self.inside
+    }
+
+    /// Whether the answer has begun: a think block closed in the prompt or the output and
+    /// none is open. A grammar constrains the answer only (as vLLM's reasoning parsers do),
+    /// so a model that has not closed its reasoning yet is not constrained.
+    pub fn answering(&self) -> bool {
+        self.closed && !self.inside
     }
 
     /// Reasoning tokens so far, the block's markers included.
@@ -101,6 +115,7 @@ impl ReasoningState {
             let opens = token == self.markers.start;
             self.reasoning_tokens += usize::from(opens || self.inside);
             self.inside = opens;
+            self.closed |= !opens;
             TokenRole::Marker
         } else if self.inside {
             self.reasoning_tokens += 1;
@@ -149,6 +164,9 @@ mod tests {
         );
         assert_eq!(st.reasoning_tokens(), 4);
         assert!(!st.inside());
+        assert!(st.answering());
+        assert!(!ReasoningState::new(QWEN3, &[1]).answering());
+        assert!(ReasoningState::new(QWEN3, &[1, 7, 8]).answering());
         let mut r1 = ReasoningState::new(R1, &[1]);
         assert_eq!(r1.on_token(5), Reasoning);
         assert_eq!(r1.on_token(8), Marker);

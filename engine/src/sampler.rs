@@ -2,6 +2,7 @@
 //! random sampling with temperature, top-k, top-p and min-p, and logprobs.
 
 use anyhow::ensure;
+use llguidance::toktrie::SimpleVob;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -234,6 +235,8 @@ pub struct SampleSpec<'a> {
     pub masked: &'a [u32],
     /// The history for the penalties; `None` when the request has none.
     pub counts: Option<&'a TokenCounts>,
+    /// The only ids a grammar allows this step (structured output); `None` allows all.
+    pub allowed: Option<&'a SimpleVob>,
 }
 
 impl SampleSpec<'static> {
@@ -252,6 +255,7 @@ impl SampleSpec<'static> {
         uniform: 0.0,
         masked: &[],
         counts: None,
+        allowed: None,
     };
 }
 
@@ -279,7 +283,13 @@ impl<'a> SampleSpec<'a> {
             uniform,
             masked,
             counts,
+            allowed: None,
         }
+    }
+
+    /// The same spec drawing only from `allowed`.
+    pub fn with_allowed(self, allowed: Option<&'a SimpleVob>) -> SampleSpec<'a> {
+        SampleSpec { allowed, ..self }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -336,9 +346,12 @@ impl Sampler {
 }
 
 /// Samples the next token from one row of logits (modified in place): the CPU backend's
-/// sampler. Masked ids, then penalties, then greedy argmax or temperature, top-k, top-p,
+/// sampler. Ids outside the grammar's set and masked ids, then penalties, then greedy argmax or temperature, top-k, top-p,
 /// min-p and an inverse-CDF draw with `spec.uniform`.
 pub fn sample_row(logits: &mut [f32], spec: &SampleSpec<'_>) -> Sampled {
+    if let Some(allowed) = spec.allowed {
+        mask_disallowed(logits, allowed);
+    }
     mask_tokens(logits, spec.masked.iter());
     apply_penalties(logits, spec);
     let token = if spec.is_greedy() {
@@ -357,6 +370,17 @@ pub fn sample_row(logits: &mut [f32], spec: &SampleSpec<'_>) -> Sampled {
         }
     });
     Sampled { token, logprobs }
+}
+
+/// Sets every id outside `allowed` (and beyond its length) to -inf.
+fn mask_disallowed(logits: &mut [f32], allowed: &SimpleVob) {
+    let covered = allowed.len().min(logits.len());
+    allowed.iter_unset_entries(|id| {
+        if id < covered {
+            logits[id] = f32::NEG_INFINITY;
+        }
+    });
+    logits[covered..].fill(f32::NEG_INFINITY);
 }
 
 fn mask_tokens<'a>(logits: &mut [f32], ids: impl Iterator<Item = &'a u32>) {

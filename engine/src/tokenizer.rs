@@ -16,13 +16,20 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 use crate::weights::gguf::GgufFile;
 
 /// One chat message as the OpenAI API carries it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
     /// An earlier assistant turn's reasoning, for templates that render it (Qwen3's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// An earlier assistant turn's tool calls, `arguments` as JSON objects (as templates
+    /// read them, and as vLLM hands them over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// Special-token strings that end a turn in common chat formats; each one that
@@ -403,6 +410,16 @@ impl Tokenizer {
 
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The tokenizer in Hugging Face's `tokenizer.json` form (for the grammar engine's
+    /// vocabulary of token bytes).
+    pub fn hf_json(&self) -> anyhow::Result<serde_json::Value> {
+        let text = self
+            .inner
+            .to_string(false)
+            .map_err(|e| anyhow!("cannot serialise the tokenizer: {e}"))?;
+        serde_json::from_str(&text).context("the serialised tokenizer is not JSON")
     }
 
     /// The Jinja source of the model's chat template, if it has one.

@@ -215,6 +215,7 @@ fn chat_template_raise_exception_is_an_error() {
         role: role.to_string(),
         content: content.to_string(),
         reasoning_content: None,
+        ..ChatMessage::default()
     };
     let err = tokenizer
         .apply_chat_template(&[msg("system", "x")], false, &Default::default())

@@ -708,10 +708,23 @@ fn push_penalties(m: &mut Vec<i32>, samples: &[SampleSpec<'_>]) -> anyhow::Resul
     let at = m.len();
     for (row, spec) in samples.iter().enumerate() {
         let row = int(row, "sampled row")?;
+        // A grammar's disallowed ids are masked like the others (one entry each; this is
+        // the host path of structured output, see the README).
+        let disallowed = |t: u32| {
+            spec.allowed
+                .is_some_and(|a| t as usize >= a.len() || !a.is_allowed(t))
+        };
+        if let Some(allowed) = spec.allowed {
+            let mut entries = Vec::new();
+            allowed.iter_unset_entries(|t| entries.push(t));
+            for t in entries {
+                m.extend([row, int(t, "token")?, 0, 2]);
+            }
+        }
         // Mask lists are a few EOS and stop ids: linear checks, no per-step set.
         let masked = spec.masked;
         for (i, &t) in masked.iter().enumerate() {
-            if !masked[..i].contains(&t) {
+            if !masked[..i].contains(&t) && !disallowed(t) {
                 m.extend([row, int(t as usize, "token")?, 0, 2]);
             }
         }
@@ -724,7 +737,10 @@ fn push_penalties(m: &mut Vec<i32>, samples: &[SampleSpec<'_>]) -> anyhow::Resul
         } else {
             counts.output_tokens()
         };
-        for &t in tokens.iter().filter(|t| !masked.contains(t)) {
+        for &t in tokens
+            .iter()
+            .filter(|&&t| !masked.contains(&t) && !disallowed(t))
+        {
             let n = int(counts.output_count(t) as usize, "token count")?;
             m.extend([row, int(t as usize, "token")?, n, rep as i32]);
         }

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::metrics::{Metrics, SeqTimings};
 use super::protocol::ApiError;
 use crate::engine::{FinishReason, LlmEngine, SeqId, SeqUpdate, TokenLogprob};
+use crate::grammar::TokenMatcher;
 use crate::sampler::SamplingParams;
 
 /// Outputs buffered per request before the loop starts merging them.
@@ -33,7 +34,8 @@ pub enum Command {
 
 /// One HTTP request: its sequences in choice-index order.
 pub struct AddRequest {
-    pub seqs: Vec<(Vec<u32>, SamplingParams)>,
+    /// Each choice's prompt, parameters and grammar matcher (structured output).
+    pub seqs: Vec<(Vec<u32>, SamplingParams, Option<TokenMatcher>)>,
     pub events: mpsc::Sender<SeqOutput>,
     /// `Ok` once queued; 429 when too many sequences are waiting.
     pub admitted: oneshot::Sender<Result<(), ApiError>>,
@@ -208,8 +210,8 @@ impl EngineLoop {
             return;
         }
         let mut slots = Vec::with_capacity(request.seqs.len());
-        for (prompt, params) in request.seqs {
-            match self.engine.add_request(prompt, params) {
+        for (prompt, params, grammar) in request.seqs {
+            match self.engine.add_constrained_request(prompt, params, grammar) {
                 Ok(id) => slots.push(SeqSlot {
                     id,
                     pending: None,
@@ -486,7 +488,7 @@ mod tests {
         };
         commands
             .send(Command::Add(AddRequest {
-                seqs: vec![(vec![5, 6, 7], params)],
+                seqs: vec![(vec![5, 6, 7], params, None)],
                 events,
                 admitted,
                 arrival: Instant::now(),

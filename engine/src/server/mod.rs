@@ -4,10 +4,12 @@
 //! the engine thread, which then runs [`engine_loop::EngineLoop`]. SIGTERM / Ctrl-C stop
 //! accepting connections and let in-flight requests finish for up to `--shutdown-grace`.
 
+pub mod constraints;
 pub mod engine_loop;
 pub mod metrics;
 pub mod protocol;
 pub mod routes;
+pub mod tools;
 pub mod validate;
 
 use std::net::SocketAddr;
@@ -19,12 +21,14 @@ use axum::serve::ListenerExt;
 use tokio::sync::oneshot;
 
 use crate::engine::LlmEngine;
+use crate::grammar::GrammarCompiler;
 use crate::loader::{load_engine, EngineArgs};
 use crate::reasoning::{ReasoningParser, ThinkMarkers};
 use crate::tokenizer::Tokenizer;
 use engine_loop::{Command, EngineLoop};
 use metrics::Metrics;
 use routes::{AppState, Ready};
+use tools::ToolCallParser;
 use validate::ModelInfo;
 
 /// Flags of `engine serve` (named after vLLM's where the meaning is the same).
@@ -61,6 +65,10 @@ pub struct ServeArgs {
     /// (`content`) at the model's think markers, found by token id.
     #[arg(long, value_enum)]
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Read the model's own tool-call text into `tool_calls` for `tool_choice: "auto"`
+    /// (`required` and a named function need no parser: a grammar enforces them).
+    #[arg(long, value_enum)]
+    pub tool_call_parser: Option<ToolCallParser>,
 }
 
 /// `--default-chat-template-kwargs`: a JSON object.
@@ -77,6 +85,8 @@ struct Loaded {
     engine: LlmEngine,
     tokenizer: Arc<Tokenizer>,
     info: ModelInfo,
+    /// Structured output's grammar compiler, or why this tokenizer cannot have one.
+    grammar: Result<Arc<GrammarCompiler>, String>,
     kv_capacity_tokens: usize,
     device: crate::backend::cuda::Device,
 }
@@ -89,6 +99,12 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
     }
     // Ids must index both the embedding table and the tokenizer.
     let vocab_size = loaded.config.vocab_size.min(loaded.tokenizer.vocab_size());
+    let grammar = GrammarCompiler::new(loaded.tokenizer.clone(), loaded.config.vocab_size)
+        .map(Arc::new)
+        .map_err(|e| {
+            tracing::warn!("structured output and tool choices are unavailable: {e:#}");
+            format!("{e:#}")
+        });
     Ok(Loaded {
         engine: loaded.engine,
         tokenizer: loaded.tokenizer,
@@ -98,7 +114,9 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             max_model_len: loaded.max_model_len,
             default_chat_template_kwargs: args.default_chat_template_kwargs.clone(),
             split_reasoning: args.reasoning_parser.is_some(),
+            tool_call_parser: args.tool_call_parser,
         },
+        grammar,
         kv_capacity_tokens: loaded.kv_capacity_tokens,
         device: loaded.device,
     })
@@ -228,6 +246,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
             let _ = engine_state.ready.set(Ready {
                 tokenizer: loaded.tokenizer,
                 info: loaded.info.clone(),
+                grammar: loaded.grammar,
                 server_info,
                 commands: commands_tx,
             });

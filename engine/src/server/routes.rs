@@ -21,17 +21,21 @@ use super::metrics::Metrics;
 use super::protocol::{
     unix_now, ApiError, ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs,
     ChatMessageOut, ChatResponse, ChatTokenLogprob, ChatTopLogprob, CompletionChoice,
-    CompletionLogprobs, CompletionResponse, DetokenizeResponse, ModelCard, ModelList,
-    TokenizeResponse, Usage,
+    CompletionLogprobs, CompletionResponse, DetokenizeResponse, FunctionCallOut, FunctionDelta,
+    ModelCard, ModelList, TokenizeResponse, ToolCallDelta, ToolCallOut, Usage,
 };
+use super::tools::{CallEvent, CallFormat, CallReader};
 use super::validate::{self, GenerateRequest, ModelInfo};
 use crate::engine::{FinishReason, TokenLogprob};
+use crate::grammar::{GrammarCompiler, TokenMatcher};
 use crate::tokenizer::Tokenizer;
 
 /// Set once the model is loaded and the engine loop runs.
 pub struct Ready {
     pub tokenizer: Arc<Tokenizer>,
     pub info: ModelInfo,
+    /// Compiles requests' grammars (structured output, tool choices), or why it cannot.
+    pub grammar: Result<Arc<GrammarCompiler>, String>,
     /// What `GET /version` answers: the engine, its device and the KV cache it holds.
     pub server_info: serde_json::Value,
     pub commands: std::sync::mpsc::Sender<Command>,
@@ -247,18 +251,28 @@ async fn start(
     let ready = state.ready()?;
     let tokenizer = ready.tokenizer.clone();
     let info = ready.info.clone();
-    let request = tokio::task::spawn_blocking(move || match endpoint {
-        Endpoint::Completions => validate::completion_request(&body, &info, &tokenizer),
-        Endpoint::Chat => validate::chat_request(&body, &info, &tokenizer),
+    let compiler = ready.grammar.clone();
+    let (request, matcher) = tokio::task::spawn_blocking(move || {
+        let request = match endpoint {
+            Endpoint::Completions => validate::completion_request(&body, &info, &tokenizer),
+            Endpoint::Chat => validate::chat_request(&body, &info, &tokenizer),
+        }?;
+        let matcher = compile_constraint(&request, &compiler)?;
+        Ok::<_, ApiError>((request, matcher))
     })
     .await
     .map_err(|e| ApiError::internal(format!("request validation failed: {e}")))??;
+    let seqs = request
+        .sequences()
+        .into_iter()
+        .map(|(prompt, params)| (prompt, params, matcher.clone()))
+        .collect();
     let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
     let (admitted_tx, admitted_rx) = oneshot::channel();
     ready
         .commands
         .send(Command::Add(AddRequest {
-            seqs: request.sequences(),
+            seqs,
             events: events_tx,
             admitted: admitted_tx,
             arrival,
@@ -268,6 +282,32 @@ async fn start(
         .await
         .map_err(|_| ApiError::unavailable("The engine has stopped."))??;
     Ok((request, events_rx))
+}
+
+/// The request's grammar, compiled (a grammar llguidance cannot compile is the client's
+/// error, named by the field it came from).
+fn compile_constraint(
+    request: &GenerateRequest,
+    compiler: &Result<Arc<GrammarCompiler>, String>,
+) -> Result<Option<TokenMatcher>, ApiError> {
+    let Some(constraint) = &request.constraint else {
+        return Ok(None);
+    };
+    let compiler = compiler.as_ref().map_err(|why| {
+        ApiError::invalid(
+            &constraint.param,
+            format!("structured output is unavailable with this model's tokenizer: {why}"),
+        )
+    })?;
+    compiler.compile(&constraint.spec).map(Some).map_err(|e| {
+        ApiError::invalid(
+            &constraint.param,
+            format!(
+                "`{}` cannot be compiled to a grammar: {e:#}",
+                constraint.param
+            ),
+        )
+    })
 }
 
 fn finish_reason(reason: Option<FinishReason>) -> Option<&'static str> {
@@ -290,6 +330,8 @@ struct ChunkWriter {
     continuous_usage: bool,
     /// Chat answers are split into reasoning and answer (`--reasoning-parser`).
     split_reasoning: bool,
+    /// Answers are read as tool calls.
+    tool_calls: Option<CallFormat>,
 }
 
 impl ChunkWriter {
@@ -311,7 +353,13 @@ impl ChunkWriter {
             want_logprobs: request.params.logprobs.is_some(),
             continuous_usage: request.continuous_usage,
             split_reasoning: request.params.split_reasoning,
+            tool_calls: request.tool_calls.clone(),
         }
+    }
+
+    /// A reader of one choice's answer as tool calls, when the request has them.
+    fn call_reader(&self) -> Option<CallReader> {
+        self.tool_calls.clone().map(CallReader::new)
     }
 
     fn token_text(&self, id: u32) -> String {
@@ -396,8 +444,14 @@ impl ChunkWriter {
             .collect()
     }
 
-    /// One stream chunk for one choice's new output; `offset` is the choice's text length so far.
-    fn output_chunk(&self, out: &SeqOutput, offset: usize) -> String {
+    /// One stream chunk for one choice's new output; `offset` is the choice's text length so
+    /// far; `reader` reads the answer as tool calls.
+    fn output_chunk(
+        &self,
+        out: &SeqOutput,
+        offset: usize,
+        reader: Option<&mut CallReader>,
+    ) -> String {
         let usage = self.continuous_usage.then(|| {
             Usage::new(
                 out.num_prompt_tokens,
@@ -411,19 +465,36 @@ impl ChunkWriter {
                 to_json(&self.completion(vec![self.completion_choice(out, offset)], usage))
             }
             Endpoint::Chat => {
+                let (content, tool_calls, called) = match reader {
+                    Some(reader) => {
+                        let mut events = reader.push(&out.text);
+                        if out.finish.is_some() {
+                            events.extend(reader.finish());
+                        }
+                        let (content, calls) = call_deltas(events);
+                        let calls = (!calls.is_empty()).then_some(calls);
+                        (content, calls, reader.called())
+                    }
+                    None => (
+                        (!out.text.is_empty()).then(|| out.text.clone()),
+                        None,
+                        false,
+                    ),
+                };
                 let choice = ChatChunkChoice {
                     index: out.index,
                     delta: ChatDelta {
                         role: None,
-                        content: (!out.text.is_empty()).then(|| out.text.clone()),
+                        content,
                         reasoning: (!out.reasoning.is_empty()).then(|| out.reasoning.clone()),
                         reasoning_content: (!out.reasoning.is_empty())
                             .then(|| out.reasoning.clone()),
+                        tool_calls,
                     },
                     logprobs: self
                         .want_logprobs
                         .then(|| self.chat_logprobs(&out.logprobs)),
-                    finish_reason: finish_reason(out.finish),
+                    finish_reason: chat_finish_reason(out.finish, called),
                 };
                 to_json(&self.chat_chunk(vec![choice], usage))
             }
@@ -495,17 +566,30 @@ impl ChunkWriter {
                 model: self.model.clone(),
                 choices: choices
                     .iter()
-                    .map(|c| ChatChoice {
-                        index: c.index,
-                        message: ChatMessageOut {
-                            role: "assistant",
-                            content: c.text.clone(),
-                            reasoning: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()),
-                            reasoning_content: (!c.reasoning.is_empty())
-                                .then(|| c.reasoning.clone()),
-                        },
-                        logprobs: self.want_logprobs.then(|| self.chat_logprobs(&c.logprobs)),
-                        finish_reason: finish_reason(c.finish),
+                    .map(|c| {
+                        let (content, tool_calls, called) = match self.call_reader() {
+                            Some(mut reader) => {
+                                let mut events = reader.push(&c.text);
+                                events.extend(reader.finish());
+                                let (content, calls) = whole_calls(events);
+                                let calls = (!calls.is_empty()).then_some(calls);
+                                (content, calls, reader.called())
+                            }
+                            None => (Some(c.text.clone()), None, false),
+                        };
+                        ChatChoice {
+                            index: c.index,
+                            message: ChatMessageOut {
+                                role: "assistant",
+                                content,
+                                tool_calls,
+                                reasoning: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()),
+                                reasoning_content: (!c.reasoning.is_empty())
+                                    .then(|| c.reasoning.clone()),
+                            },
+                            logprobs: self.want_logprobs.then(|| self.chat_logprobs(&c.logprobs)),
+                            finish_reason: chat_finish_reason(c.finish, called),
+                        }
                     })
                     .collect(),
                 usage,
@@ -513,6 +597,70 @@ impl ChunkWriter {
             .into_response(),
         }
     }
+}
+
+/// A chat choice's finish reason: `tool_calls` when it stopped after calling tools.
+fn chat_finish_reason(reason: Option<FinishReason>, called: bool) -> Option<&'static str> {
+    match reason {
+        Some(FinishReason::Stop) if called => Some("tool_calls"),
+        other => finish_reason(other),
+    }
+}
+
+/// A stream chunk's content and tool-call pieces from what the reader found.
+fn call_deltas(events: Vec<CallEvent>) -> (Option<String>, Vec<ToolCallDelta>) {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for event in events {
+        match event {
+            CallEvent::Content(text) => content.push_str(&text),
+            CallEvent::Start { index, id, name } => calls.push(ToolCallDelta {
+                index,
+                id: Some(id),
+                kind: Some("function"),
+                function: FunctionDelta {
+                    name: Some(name),
+                    arguments: Some(String::new()),
+                },
+            }),
+            CallEvent::Arguments { index, delta } => calls.push(ToolCallDelta {
+                index,
+                id: None,
+                kind: None,
+                function: FunctionDelta {
+                    name: None,
+                    arguments: Some(delta),
+                },
+            }),
+        }
+    }
+    ((!content.is_empty()).then_some(content), calls)
+}
+
+/// A whole answer's content (`None` when it is only calls and whitespace) and calls.
+fn whole_calls(events: Vec<CallEvent>) -> (Option<String>, Vec<ToolCallOut>) {
+    let mut content = String::new();
+    let mut calls: Vec<ToolCallOut> = Vec::new();
+    for event in events {
+        match event {
+            CallEvent::Content(text) => content.push_str(&text),
+            CallEvent::Start { id, name, .. } => calls.push(ToolCallOut {
+                id,
+                kind: "function",
+                function: FunctionCallOut {
+                    name,
+                    arguments: String::new(),
+                },
+            }),
+            CallEvent::Arguments { index, delta } => {
+                if let Some(call) = calls.get_mut(index) {
+                    call.function.arguments.push_str(&delta);
+                }
+            }
+        }
+    }
+    let content = (calls.is_empty() || !content.trim().is_empty()).then_some(content);
+    (content, calls)
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> String {
@@ -586,6 +734,8 @@ struct StreamState {
     request: GenerateRequest,
     events: mpsc::Receiver<SeqOutput>,
     text_lens: Vec<usize>,
+    /// Each choice's tool-call reader (empty without tools).
+    readers: Vec<CallReader>,
     /// Each choice's latest counts (its text is not kept).
     counts: Vec<SeqOutput>,
     open: usize,
@@ -626,7 +776,11 @@ impl StreamState {
         }
         match self.events.recv().await {
             Some(out) => {
-                let chunk = self.writer.output_chunk(&out, self.text_lens[out.index]);
+                let chunk = self.writer.output_chunk(
+                    &out,
+                    self.text_lens[out.index],
+                    self.readers.get_mut(out.index),
+                );
                 self.text_lens[out.index] += out.text.len();
                 let counts = &mut self.counts[out.index];
                 counts.num_output_tokens = out.num_output_tokens;
@@ -661,11 +815,13 @@ fn stream_response(
     events: mpsc::Receiver<SeqOutput>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let total = request.prompts.len() * request.n;
+    let readers = (0..total).filter_map(|_| writer.call_reader()).collect();
     let state = StreamState {
         writer,
         request,
         events,
         text_lens: vec![0; total],
+        readers,
         counts: vec![SeqOutput::default(); total],
         open: total,
         started: false,

@@ -2,7 +2,9 @@
 
 use serde_json::{Map, Value};
 
+use super::constraints::{request_constraint, Constraint, CONSTRAINT_FIELDS};
 use super::protocol::ApiError;
+use super::tools::{self, CallFormat, ToolCallParser};
 use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -24,7 +26,6 @@ pub const NO_EFFECT_FIELDS: &[&str] = &[
     "metadata",
     "store",
     "service_tier",
-    "parallel_tool_calls",
     "safety_identifier",
     "prompt_cache_key",
 ];
@@ -51,6 +52,7 @@ const SHARED_FIELDS: &[&str] = &[
     "n",
     "best_of",
     "logit_bias",
+    "response_format",
 ];
 /// Fields honoured by `/v1/completions` besides [`SHARED_FIELDS`].
 const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "suffix"];
@@ -61,25 +63,26 @@ const CHAT_FIELDS: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "chat_template_kwargs",
-];
-/// Structured output and tool calls: not honoured yet (issue 27), so refused, never ignored.
-const NOT_YET_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
-    "response_format",
-    "functions",
-    "function_call",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
+    "parallel_tool_calls",
 ];
+/// OpenAI's deprecated function-calling fields and what replaced them: refused, naming it.
+const REPLACED_FIELDS: &[(&str, &str)] =
+    &[("functions", "tools"), ("function_call", "tool_choice")];
 /// Fields of a message: `name` changes nothing here; `reasoning_content` (or `reasoning`) of
-/// an earlier assistant turn reaches the template, as Qwen3's reads it.
-const MESSAGE_FIELDS: &[&str] = &["role", "content", "name", "reasoning_content", "reasoning"];
-/// A message's tool-call fields: not honoured yet (issue 27).
-const NOT_YET_MESSAGE_FIELDS: &[&str] = &["tool_calls", "tool_call_id", "function_call"];
+/// an earlier assistant turn reaches the template, as Qwen3's reads it; `tool_calls` of an
+/// assistant turn and `tool_call_id` of a tool result too.
+const MESSAGE_FIELDS: &[&str] = &[
+    "role",
+    "content",
+    "name",
+    "reasoning_content",
+    "reasoning",
+    "tool_calls",
+    "tool_call_id",
+];
+const REPLACED_MESSAGE_FIELDS: &[(&str, &str)] = &[("function_call", "tool_calls")];
 /// Fields of `stream_options`; `include_obfuscation` (OpenAI's padding) changes nothing.
 const STREAM_OPTION_FIELDS: &[&str] = &[
     "include_usage",
@@ -88,13 +91,13 @@ const STREAM_OPTION_FIELDS: &[&str] = &[
 ];
 
 /// Fails on the first field of `obj` (`path` is where it sits, e.g. `messages[2].`) that is
-/// neither honoured (`known`) nor without effect (`no_effect`); fields of `not_yet` say they
-/// are not supported yet. A field set to `null` counts as absent.
+/// neither honoured (`known`) nor without effect (`no_effect`); a `replaced` field names its
+/// successor. A field set to `null` counts as absent.
 fn check_fields(
     obj: &Map<String, Value>,
     path: &str,
     known: &[&[&str]],
-    not_yet: &[&str],
+    replaced: &[(&str, &str)],
     no_effect: &[&str],
 ) -> Result<(), ApiError> {
     for (key, value) in obj {
@@ -102,10 +105,10 @@ fn check_fields(
             continue;
         }
         let param = format!("{path}{key}");
-        if not_yet.contains(&key.as_str()) {
+        if let Some((_, successor)) = replaced.iter().find(|(old, _)| old == key) {
             return Err(ApiError::invalid(
                 &param,
-                format!("`{param}` is not supported yet: structured output and tool calls are not implemented"),
+                format!("`{param}` is OpenAI's deprecated form of `{path}{successor}`: use `{path}{successor}`"),
             ));
         }
         if !no_effect.contains(&key.as_str()) {
@@ -149,6 +152,8 @@ pub struct ModelInfo {
     pub default_chat_template_kwargs: Map<String, Value>,
     /// The server splits chat answers into reasoning and answer (`--reasoning-parser`).
     pub split_reasoning: bool,
+    /// How `tool_choice: "auto"` reads the model's calls (`--tool-call-parser`).
+    pub tool_call_parser: Option<ToolCallParser>,
 }
 
 /// A checked request: its prompts as token ids and how to sample them.
@@ -166,6 +171,10 @@ pub struct GenerateRequest {
     pub include_usage: bool,
     /// `stream_options.continuous_usage_stats`: usage on every chunk.
     pub continuous_usage: bool,
+    /// The grammar every answer follows (structured output, or the tool choice's).
+    pub constraint: Option<Constraint>,
+    /// How answers are read as tool calls (chat requests with tools).
+    pub tool_calls: Option<CallFormat>,
 }
 
 impl GenerateRequest {
@@ -432,7 +441,7 @@ fn chat_messages(fields: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
             obj,
             &format!("messages[{i}]."),
             &[MESSAGE_FIELDS],
-            NOT_YET_MESSAGE_FIELDS,
+            REPLACED_MESSAGE_FIELDS,
             &[],
         )?;
         let msg = Fields(obj);
@@ -482,10 +491,41 @@ fn chat_messages(fields: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
                 "only an assistant message carries reasoning",
             ));
         }
+        let tool_calls = match msg.get("tool_calls") {
+            None => None,
+            Some(_) if role != "assistant" => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].tool_calls"),
+                    "only an assistant message carries tool calls",
+                ))
+            }
+            Some(calls) => Some(tools::message_tool_calls(
+                calls,
+                &format!("messages[{i}].tool_calls"),
+            )?),
+        };
+        let tool_call_id = match msg.get("tool_call_id") {
+            None => None,
+            Some(_) if role != "tool" => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].tool_call_id"),
+                    "only a `tool` message answers a tool call",
+                ))
+            }
+            Some(Value::String(id)) => Some(id.clone()),
+            Some(_) => {
+                return Err(ApiError::wrong_type(
+                    &format!("messages[{i}].tool_call_id"),
+                    "a string",
+                ))
+            }
+        };
         messages.push(ChatMessage {
             role,
             content,
             reasoning_content,
+            tool_calls,
+            tool_call_id,
         });
     }
     Ok(messages)
@@ -697,8 +737,8 @@ pub fn completion_request(
     check_fields(
         &map,
         "",
-        &[SHARED_FIELDS, COMPLETION_FIELDS],
-        NOT_YET_FIELDS,
+        &[SHARED_FIELDS, COMPLETION_FIELDS, CONSTRAINT_FIELDS],
+        &[],
         NO_EFFECT_FIELDS,
     )?;
     let fields = Fields(&map);
@@ -725,6 +765,8 @@ pub fn completion_request(
         stream,
         include_usage,
         continuous_usage,
+        constraint: request_constraint(&map)?,
+        tool_calls: None,
     })
 }
 
@@ -738,8 +780,8 @@ pub fn chat_request(
     check_fields(
         &map,
         "",
-        &[SHARED_FIELDS, CHAT_FIELDS],
-        NOT_YET_FIELDS,
+        &[SHARED_FIELDS, CHAT_FIELDS, CONSTRAINT_FIELDS],
+        REPLACED_FIELDS,
         NO_EFFECT_FIELDS,
     )?;
     let fields = Fields(&map);
@@ -757,8 +799,40 @@ pub fn chat_request(
     params.logprobs = want_logprobs.then(|| top.unwrap_or(0) as usize);
     let (stream, include_usage, continuous_usage) = stream_options(&fields)?;
     let n = fields.int("n", 1, MAX_N)?.unwrap_or(1) as usize;
-    let messages = chat_messages(&fields)?;
-    let kwargs = template_kwargs(&fields, info)?;
+    let mut messages = chat_messages(&fields)?;
+    let mut kwargs = template_kwargs(&fields, info)?;
+    let tools = tools::parse_tools(
+        fields.get("tools"),
+        fields.get("tool_choice"),
+        fields.get("parallel_tool_calls"),
+    )?;
+    let mut constraint = request_constraint(&map)?;
+    let mut tool_calls = None;
+    if let Some(tools) = &tools {
+        tool_calls = tools.call_format(info.tool_call_parser)?;
+        if let Some(spec) = tools.grammar() {
+            if let Some(other) = &constraint {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "`tool_choice` \"required\" or a named function constrains the answer, and so does `{}`: give one",
+                        other.param
+                    ),
+                ));
+            }
+            constraint = Some(Constraint {
+                spec,
+                param: "tools".into(),
+            });
+        }
+    }
+    if template_reads_tools(tokenizer) {
+        if let Some(tools) = &tools {
+            kwargs.insert("tools".into(), tools.template_value());
+        }
+    } else {
+        messages = tools::hermes_messages(&messages, tools.as_ref());
+    }
     let prompts = vec![render_chat(tokenizer, &messages, true, &kwargs, false)?];
     params.split_reasoning = info.split_reasoning;
     params.max_tokens = max_tokens(
@@ -778,7 +852,16 @@ pub fn chat_request(
         stream,
         include_usage,
         continuous_usage,
+        constraint,
+        tool_calls,
     })
+}
+
+/// Whether the chat template renders `tools` itself (else the Hermes prompt carries them).
+fn template_reads_tools(tokenizer: &Tokenizer) -> bool {
+    tokenizer
+        .chat_template()
+        .is_some_and(|source| source.contains("tools"))
 }
 
 /// Fields of a `/tokenize` body (vLLM's shapes: a `prompt`, or chat `messages`).
@@ -923,6 +1006,7 @@ mod tests {
             max_model_len: 10,
             default_chat_template_kwargs: Map::new(),
             split_reasoning: false,
+            tool_call_parser: None,
         };
         let prompts = vec![vec![1; 6]];
         let v = serde_json::json!({"max_tokens": 5});
@@ -990,6 +1074,8 @@ mod tests {
             stream: false,
             include_usage: false,
             continuous_usage: false,
+            constraint: None,
+            tool_calls: None,
         };
         let seqs = req.sequences();
         let got: Vec<(u32, Option<u64>)> = seqs.iter().map(|(p, s)| (p[0], s.seed)).collect();

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use engine::model::{ModelRunner, SeqInput};
 use engine::sampler::SampleSpec;
 
+pub mod server;
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -1,0 +1,175 @@
+//! A running `engine serve` for the end-to-end tests, and the HTTP helpers they share.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A running `engine serve`, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    pub fn start(model: &PathBuf, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+            .arg("serve")
+            .arg("--model")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", "0", "--threads", "1"])
+            .args(if extra.contains(&"--kv-cache-memory") {
+                &[][..]
+            } else {
+                &["--kv-cache-memory", "64MiB"][..]
+            })
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the engine binary");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (port_tx, port_rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut port_tx = Some(port_tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let port: String = rest
+                        .split(':')
+                        .nth(1)
+                        .unwrap_or("")
+                        .chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect();
+                    if let (Some(tx), Ok(port)) = (port_tx.take(), port.parse::<u16>()) {
+                        let _ = tx.send(port);
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let port = port_rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the server never said where it listens; log: {:?}",
+                    log.lock().unwrap()
+                )
+            });
+        Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Polls /health until 200; returns the statuses seen.
+    pub async fn wait_ready(&mut self) -> Vec<u16> {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut seen = Vec::new();
+        loop {
+            if let Ok(r) = client.get(self.url("/health")).send().await {
+                let status = r.status().as_u16();
+                if seen.last() != Some(&status) {
+                    seen.push(status);
+                }
+                if status == 200 {
+                    return seen;
+                }
+            }
+            if let Ok(Some(exit)) = self.child.try_wait() {
+                panic!(
+                    "the server exited ({exit}) before it was ready; log:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server not ready; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// POSTs `body`; the status and the JSON (or text) answer.
+pub async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body read");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// The `data:` payloads of a complete SSE response.
+pub async fn post_stream(client: &reqwest::Client, url: &str, body: &Value) -> Vec<String> {
+    let r = client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(
+        r.status().as_u16(),
+        200,
+        "stream request failed: {:?}",
+        r.text().await
+    );
+    let text = r.text().await.expect("stream read");
+    sse_payloads(&text)
+}
+
+/// The `data:` payloads of an SSE body.
+pub fn sse_payloads(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter_map(|event| {
+            event
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// The JSON chunks of a stream that ends with `[DONE]`.
+pub fn chunks(payloads: &[String]) -> Vec<Value> {
+    assert_eq!(
+        payloads.last().map(String::as_str),
+        Some("[DONE]"),
+        "stream must end with [DONE]"
+    );
+    payloads[..payloads.len() - 1]
+        .iter()
+        .map(|p| serde_json::from_str(p).expect("chunk is JSON"))
+        .collect()
+}
