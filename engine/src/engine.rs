@@ -167,14 +167,10 @@ struct Request {
 }
 
 impl Request {
-    /// Whether the grammar constrains the next token: it has one, and the answer has begun
-    /// (a reasoning model's thinking is never constrained).
+    /// Whether the grammar constrains the next token: it has one, and no think block is
+    /// open (a reasoning model's thinking is never constrained).
     fn constrained(&self) -> bool {
-        self.grammar.is_some()
-            && self
-                .reasoning
-                .as_ref()
-                .is_none_or(ReasoningState::answering)
+        self.grammar.is_some() && self.reasoning.as_ref().is_none_or(|r| !r.inside())
     }
 }
 
@@ -552,7 +548,14 @@ impl LlmEngine {
                     return 0.0;
                 };
                 match grammar.allowed() {
-                    Ok((mask, secs)) => {
+                    Ok((mut mask, secs)) => {
+                        // The markers are the reasoning split's, never grammar text; the start
+                        // marker may still open a block before the answer begins.
+                        if let Some(reasoning) = &r.reasoning {
+                            let markers = reasoning.markers();
+                            mask.disallow_token(markers.end);
+                            mask.set(markers.start as usize, reasoning.may_open());
+                        }
                         r.allowed = Some(mask);
                         secs
                     }
@@ -606,7 +609,7 @@ impl LlmEngine {
             || params.stop_token_ids.contains(&token);
         // A token drawn from a grammar's mask advances it; a complete grammar ends the answer.
         let grammar_done = match (request.allowed.take(), request.grammar.as_mut()) {
-            (Some(_), Some(grammar)) if !stop_token => {
+            (Some(_), Some(grammar)) if !stop_token && !marker => {
                 self.timings.grammar_accept_secs += grammar.accept(token)?;
                 grammar.is_finished()
             }

@@ -73,7 +73,8 @@ pub enum TokenRole {
 pub struct ReasoningState {
     markers: ThinkMarkers,
     inside: bool,
-    /// A think block has closed (in the prompt or the output): the answer has begun.
+    /// The answer has begun: a think block closed (in the prompt or the output), or the
+    /// output began with answer text.
     closed: bool,
     reasoning_tokens: usize,
 }
@@ -97,11 +98,16 @@ impl ReasoningState {
         self.inside
     }
 
-    /// Whether the answer has begun: a think block closed in the prompt or the output and
-    /// none is open. A grammar constrains the answer only (as vLLM's reasoning parsers do),
-    /// so a model that has not closed its reasoning yet is not constrained.
-    pub fn answering(&self) -> bool {
-        self.closed && !self.inside
+    /// Whether the next token may open a think block: no block is open and the answer has
+    /// not begun. (A grammar constrains the answer only, as vLLM's reasoning parsers do, so
+    /// there it allows the start marker besides its own tokens.)
+    pub fn may_open(&self) -> bool {
+        !self.closed && !self.inside
+    }
+
+    /// The marker ids.
+    pub fn markers(&self) -> ThinkMarkers {
+        self.markers
     }
 
     /// Reasoning tokens so far, the block's markers included.
@@ -121,6 +127,7 @@ impl ReasoningState {
             self.reasoning_tokens += 1;
             TokenRole::Reasoning
         } else {
+            self.closed = true;
             TokenRole::Answer
         }
     }
@@ -164,9 +171,14 @@ mod tests {
         );
         assert_eq!(st.reasoning_tokens(), 4);
         assert!(!st.inside());
-        assert!(st.answering());
-        assert!(!ReasoningState::new(QWEN3, &[1]).answering());
-        assert!(ReasoningState::new(QWEN3, &[1, 7, 8]).answering());
+        assert!(!st.may_open());
+        let mut fresh = ReasoningState::new(QWEN3, &[1]);
+        assert!(fresh.may_open());
+        assert!(!ReasoningState::new(QWEN3, &[1, 7, 8]).may_open());
+        assert!(!ReasoningState::new(R1, &[1]).may_open());
+        // An answer that starts without thinking may not open a block later.
+        assert_eq!(fresh.on_token(5), TokenRole::Answer);
+        assert!(!fresh.may_open());
         let mut r1 = ReasoningState::new(R1, &[1]);
         assert_eq!(r1.on_token(5), Reasoning);
         assert_eq!(r1.on_token(8), Marker);

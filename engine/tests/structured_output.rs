@@ -299,6 +299,7 @@ async fn tool_choices_are_enforced_and_stream_like_the_whole() {
     );
 
     // Sampled `required` calls with parallel calls allowed: every call fits its tool.
+    let mut checked = 0;
     for seed in 0..4 {
         let mut body = required.clone();
         body["parallel_tool_calls"] = json!(true);
@@ -316,8 +317,10 @@ async fn tool_choices_are_enforced_and_stream_like_the_whole() {
                 call["function"]["name"].as_str().unwrap(),
                 call["function"]["arguments"].as_str().unwrap(),
             );
+            checked += 1;
         }
     }
+    assert!(checked > 0, "every sampled answer was cut by max_tokens");
 
     // A named function: its arguments, whatever the model would rather say.
     let named = json!({"messages": messages, "tools": weather_tools(),
@@ -340,6 +343,51 @@ async fn tool_choices_are_enforced_and_stream_like_the_whole() {
     let (status, out) = post(&client, &chat, &second).await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["usage"]["completion_tokens"], 5);
+}
+
+/// A template that reads `tools` gets them, and earlier calls with their arguments as JSON
+/// objects: the chat prompt has exactly the tokens of the expected rendering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_and_earlier_calls_reach_a_template_that_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("tools.jinja");
+    std::fs::write(
+        &template,
+        "{% for t in tools %}[tool {{ t.function.name }}]{% endfor %}\
+         {% for m in messages %}[{{ m.role }}]{{ m.content }}\
+         {% for c in m.tool_calls or [] %}(call {{ c.id }} {{ c.function.name }} city={{ c.function.arguments.city }}){% endfor %}\
+         {% if m.tool_call_id %}(for {{ m.tool_call_id }}){% endif %}{% endfor %}",
+    )
+    .unwrap();
+    let server = tiny_server(&["--chat-template", template.to_str().unwrap()]).await;
+    let client = reqwest::Client::new();
+    let body = json!({"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c7", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "c7", "content": "rain"},
+        ],
+        "tools": weather_tools(), "tool_choice": "none", "max_tokens": 1, "temperature": 0});
+    let (status, out) = post(&client, &server.url("/v1/chat/completions"), &body).await;
+    assert_eq!(status, 200, "{out}");
+    let expected = "[tool get_weather][tool get_time][user]weather?[assistant]\
+                    (call c7 get_weather city=Oslo)[tool]rain(for c7)";
+    let (_, tokens) = post(
+        &client,
+        &server.url("/tokenize"),
+        &json!({"prompt": expected, "add_special_tokens": false}),
+    )
+    .await;
+    assert_eq!(
+        out["usage"]["prompt_tokens"], tokens["count"],
+        "{out} vs {tokens}"
+    );
+    // The same `tools` twice (also through the template variables) is refused.
+    let mut twice = body.clone();
+    twice["chat_template_kwargs"] = json!({"tools": []});
+    let (status, error) = post(&client, &server.url("/v1/chat/completions"), &twice).await;
+    assert_eq!(status, 400);
+    assert_eq!(error["error"]["param"], "chat_template_kwargs.tools");
 }
 
 /// The issue's acceptance run: the official `openai` client against the default model.

@@ -52,8 +52,12 @@ pub struct Tools {
 /// How to read an answer's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallFormat {
-    /// `auto`: the model's own format.
-    Parsed(ToolCallParser),
+    /// `auto`: the model's own format; only the first call is kept without `parallel`
+    /// (`parallel_tool_calls: false`, as vLLM).
+    Parsed {
+        parser: ToolCallParser,
+        parallel: bool,
+    },
     /// `required`: the grammar's JSON array of `{"name", "parameters"}`.
     Array,
     /// A named function: the answer is its arguments.
@@ -178,15 +182,25 @@ fn parse_tool(item: &Value, path: &str) -> Result<Tool, ApiError> {
                 "every function needs a non-empty `name`",
             )
         })?;
+    let param = format!("{path}.function.parameters");
     let parameters = match function.get("parameters") {
         None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
-        Some(p @ Value::Object(_)) => p.clone(),
-        Some(_) => {
-            return Err(ApiError::wrong_type(
-                &format!("{path}.function.parameters"),
-                "a JSON schema object",
-            ))
-        }
+        Some(Value::Object(p)) => match p.get("type") {
+            // The arguments are an object: a schema that says nothing of its type gets it.
+            None => {
+                let mut p = p.clone();
+                p.insert("type".into(), json!("object"));
+                Value::Object(p)
+            }
+            Some(t) if t == "object" => Value::Object(p.clone()),
+            Some(t) => {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("`{param}` must describe an object (the arguments), not type {t}"),
+                ))
+            }
+        },
+        Some(_) => return Err(ApiError::wrong_type(&param, "a JSON schema object")),
     };
     Ok(Tool {
         name: name.to_string(),
@@ -237,13 +251,16 @@ impl Tools {
             ToolChoice::None => None,
             ToolChoice::Required => Some(CallFormat::Array),
             ToolChoice::Named(name) => Some(CallFormat::Arguments(name.clone())),
-            ToolChoice::Auto => Some(CallFormat::Parsed(parser.ok_or_else(|| {
-                ApiError::invalid(
-                    "tool_choice",
-                    "`tool_choice: \"auto\"` needs a server started with `--tool-call-parser`; \
-                     \"required\" or a named function work without one",
-                )
-            })?)),
+            ToolChoice::Auto => Some(CallFormat::Parsed {
+                parser: parser.ok_or_else(|| {
+                    ApiError::invalid(
+                        "tool_choice",
+                        "`tool_choice: \"auto\"` needs a server started with `--tool-call-parser`; \
+                         \"required\" or a named function work without one",
+                    )
+                })?,
+                parallel: self.parallel,
+            }),
         })
     }
 
@@ -447,8 +464,14 @@ impl CallReader {
                     &mut events,
                 );
             }
-            CallFormat::Parsed(ToolCallParser::Hermes) => self.read_hermes(&mut events),
-            CallFormat::Parsed(ToolCallParser::Llama3Json) => {
+            CallFormat::Parsed {
+                parser: ToolCallParser::Hermes,
+                ..
+            } => self.read_hermes(&mut events),
+            CallFormat::Parsed {
+                parser: ToolCallParser::Llama3Json,
+                ..
+            } => {
                 if !self.decided {
                     match self.pending.trim_start().chars().next() {
                         None => return events,
@@ -463,7 +486,24 @@ impl CallReader {
                 }
             }
         }
-        events.retain(|e| !matches!(e, CallEvent::Content(t) if t.is_empty()));
+        self.keep(events)
+    }
+
+    /// Drops empty text, and every call after the first without parallel calls.
+    fn keep(&self, mut events: Vec<CallEvent>) -> Vec<CallEvent> {
+        let single = matches!(
+            self.format,
+            CallFormat::Parsed {
+                parallel: false,
+                ..
+            }
+        );
+        events.retain(|e| match e {
+            CallEvent::Content(t) => !t.is_empty(),
+            CallEvent::Start { index, .. } | CallEvent::Arguments { index, .. } => {
+                !single || *index == 0
+            }
+        });
         events
     }
 
@@ -472,30 +512,33 @@ impl CallReader {
         let mut events = Vec::new();
         let rest = std::mem::take(&mut self.pending);
         match self.format {
-            CallFormat::Parsed(ToolCallParser::Hermes) if self.in_call => {
+            CallFormat::Parsed {
+                parser: ToolCallParser::Hermes,
+                ..
+            } if self.in_call => {
                 events.push(CallEvent::Content(format!("{CALL_OPEN}{rest}")));
             }
-            CallFormat::Parsed(ToolCallParser::Llama3Json) if self.in_call => {
-                match parse_llama3_calls(&rest) {
-                    Some(calls) => {
-                        for (name, arguments) in calls {
-                            let start = self.start(name);
-                            let index = self.calls - 1;
-                            events.push(start);
-                            events.push(CallEvent::Arguments {
-                                index,
-                                delta: arguments,
-                            });
-                        }
+            CallFormat::Parsed {
+                parser: ToolCallParser::Llama3Json,
+                ..
+            } if self.in_call => match parse_llama3_calls(&rest) {
+                Some(calls) => {
+                    for (name, arguments) in calls {
+                        let start = self.start(name);
+                        let index = self.calls - 1;
+                        events.push(start);
+                        events.push(CallEvent::Arguments {
+                            index,
+                            delta: arguments,
+                        });
                     }
-                    None => events.push(CallEvent::Content(rest)),
                 }
-            }
+                None => events.push(CallEvent::Content(rest)),
+            },
             CallFormat::Array | CallFormat::Arguments(_) => {}
-            CallFormat::Parsed(_) => events.push(CallEvent::Content(rest)),
+            CallFormat::Parsed { .. } => events.push(CallEvent::Content(rest)),
         }
-        events.retain(|e| !matches!(e, CallEvent::Content(t) if t.is_empty()));
-        events
+        self.keep(events)
     }
 
     fn read_hermes(&mut self, events: &mut Vec<CallEvent>) {
@@ -734,7 +777,14 @@ mod tests {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris <3\"}}\n</tool_call>\n<tool_call>{\"name\":\"get_time\",\"arguments\":{}}</tool_call>";
         for step in [1, 2, 3, 7, text.len()] {
             assert_eq!(
-                read(CallFormat::Parsed(ToolCallParser::Hermes), text, step),
+                read(
+                    CallFormat::Parsed {
+                        parser: ToolCallParser::Hermes,
+                        parallel: true,
+                    },
+                    text,
+                    step
+                ),
                 (
                     "Let me check.\n".to_string(),
                     vec![
@@ -747,16 +797,33 @@ mod tests {
         }
         // A `<` that opens no call, an unterminated call and a body that is no call stay text.
         let plain = "a < b <tool_c";
-        let (content, calls) = read(CallFormat::Parsed(ToolCallParser::Hermes), plain, 1);
+        let (content, calls) = read(
+            CallFormat::Parsed {
+                parser: ToolCallParser::Hermes,
+                parallel: true,
+            },
+            plain,
+            1,
+        );
         assert_eq!((content.as_str(), calls.len()), (plain, 0));
         let broken = "x<tool_call>not json</tool_call>y<tool_call>{\"name\"";
-        let (content, calls) = read(CallFormat::Parsed(ToolCallParser::Hermes), broken, 4);
+        let (content, calls) = read(
+            CallFormat::Parsed {
+                parser: ToolCallParser::Hermes,
+                parallel: true,
+            },
+            broken,
+            4,
+        );
         assert_eq!((content.as_str(), calls.len()), (broken, 0));
     }
 
     #[test]
     fn llama3_json_calls_are_the_whole_answer() {
-        let format = CallFormat::Parsed(ToolCallParser::Llama3Json);
+        let format = CallFormat::Parsed {
+            parser: ToolCallParser::Llama3Json,
+            parallel: true,
+        };
         let text = " {\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}; {\"name\": \"f\", \"parameters\": {}}";
         assert_eq!(
             read(format.clone(), text, 5),
@@ -773,6 +840,35 @@ mod tests {
             read(format, "{\"oops\": 1}", 3),
             ("{\"oops\": 1}".to_string(), vec![])
         );
+    }
+
+    #[test]
+    fn without_parallel_calls_only_the_first_is_kept() {
+        let text = "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n<tool_call>{\"name\":\"b\",\"arguments\":{}}</tool_call>";
+        let format = CallFormat::Parsed {
+            parser: ToolCallParser::Hermes,
+            parallel: false,
+        };
+        assert_eq!(
+            read(format, text, 3),
+            (String::new(), vec![call("a", "{}")])
+        );
+    }
+
+    #[test]
+    fn parameters_describe_an_object() {
+        let tool = |parameters: Value| {
+            parse_tool(
+                &json!({"type": "function", "function": {"name": "f", "parameters": parameters}}),
+                "tools[0]",
+            )
+        };
+        assert_eq!(
+            tool(json!({})).unwrap().parameters,
+            json!({"type": "object"})
+        );
+        let e = tool(json!({"type": "string"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools[0].function.parameters"));
     }
 
     #[test]

@@ -828,6 +828,12 @@ pub fn chat_request(
     }
     if template_reads_tools(tokenizer) {
         if let Some(tools) = &tools {
+            if kwargs.contains_key("tools") {
+                return Err(ApiError::invalid(
+                    "chat_template_kwargs.tools",
+                    "the request's `tools` reach the template as `tools`; give them once",
+                ));
+            }
             kwargs.insert("tools".into(), tools.template_value());
         }
     } else {
