@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Writes the quantised GGUF fixtures of engine/tests/quant_formats.rs: the tiny golden models
-# (../shared/golden/llama-tiny, bf16, untied head; qwen3-tiny/f32, tied embeddings) with every
-# 2-D weight quantised by PyPI's gguf (gguf-py, llama.cpp's own Python quantiser) to Q8_0,
-# Q4_0 and Q4_1, norms kept in f32, and Llama's Q/K rows permuted the way llama.cpp's
-# converter does. An independent writer and quantiser, so the tests check our reading of the
-# formats, not only our arithmetic. Installs gguf==0.19.0 (and numpy) into a per-user cache
-# on the first run. Idempotent; prints the fixture folder (default target/quant-fixtures).
+# Writes the quantised GGUF fixtures of engine/tests/quant_formats.rs:
+# - the tiny golden models (../shared/golden/llama-tiny, bf16, untied head; qwen3-tiny/f32,
+#   tied embeddings) with every 2-D weight quantised by PyPI's gguf (gguf-py, llama.cpp's own
+#   Python quantiser) to Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1, norms kept in f32, and Llama's Q/K
+#   rows permuted the way llama.cpp's converter does;
+# - blocks.gguf: random blocks of every quantised type the engine reads, each beside gguf-py's
+#   own dequantisation of them (`<type>.ref`, f32);
+# - kquant-tiny.gguf: a random Llama whose rows are 256 wide (K-quant super-blocks), its
+#   weights random blocks in a Q4_K_M-like mix (Q4_K, Q6_K for attn_v / ffn_down / output,
+#   one Q5_K, Q5_0 and Q5_1 tensor each), and kquant-tiny.F32.gguf, the same model with
+#   every weight as gguf-py dequantises it. gguf-py cannot quantise to K-quants, so these
+#   are blocks rather than quantised trained weights: they check the reading of each layout
+#   (and the mixing of types in one file) against an independent dequantiser.
+# Installs gguf==0.19.0 (and numpy) into a per-user cache on the first run. Idempotent;
+# prints the fixture folder (default target/quant-fixtures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/quant-fixtures}
@@ -64,7 +72,7 @@ def gguf_name(hf):
 for model, rel in [("llama", "llama-tiny"), ("qwen3", "qwen3-tiny/f32")]:
     cfg = json.load(open(os.path.join(golden, rel, "config.json")))
     tensors = read_safetensors(os.path.join(golden, rel, "model.safetensors"))
-    for qname in ["Q8_0", "Q4_0", "Q4_1"]:
+    for qname in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]:
         qtype = gguf.GGMLQuantizationType[qname]
         path = os.path.join(out, f"{rel.split('/')[0]}.{qname}.gguf")
         w = gguf.GGUFWriter(path, model)
@@ -93,5 +101,84 @@ for model, rel in [("llama", "llama-tiny"), ("qwen3", "qwen3-tiny/f32")]:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+
+rng = np.random.default_rng(29)
+Q = gguf.GGMLQuantizationType
+
+def random_blocks(qtype, rows, cols, scale):
+    """Random blocks of `qtype` for a rows x cols weight: random bytes, then f16 scales
+    (d, and dmin or m where the type has one) giving weights of about `scale`."""
+    elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, size=(rows * cols // elems, nbytes), dtype=np.uint8)
+    f16 = lambda x: np.full((blocks.shape[0], 1), x, dtype=np.float16).view(np.uint8)
+    jitter = lambda: rng.uniform(0.5, 1.5, size=(blocks.shape[0], 1)).astype(np.float16).view(np.uint8)
+    if qtype == Q.Q6_K:  # d is last: weight = d * int8 scale * (q - 32)
+        blocks[:, -2:] = f16(scale / (32 * 64))
+    elif qtype in (Q.Q4_K, Q.Q5_K):  # d, dmin: weight = d * sc * q - dmin * min
+        top = 15 if qtype == Q.Q4_K else 31
+        blocks[:, 0:2] = f16(2 * scale / (top * 32))
+        blocks[:, 2:4] = f16(scale / 32)
+    elif qtype in (Q.Q4_1, Q.Q5_1):  # d, m: weight = d * q + m
+        top = 15 if qtype == Q.Q4_1 else 31
+        blocks[:, 0:2] = f16(2 * scale / top)
+        blocks[:, 2:4] = f16(-scale)
+    else:  # Q8_0, Q4_0, Q5_0: weight = d * signed q
+        half = {Q.Q8_0: 127, Q.Q4_0: 8, Q.Q5_0: 16}[qtype]
+        blocks[:, 0:2] = f16(scale / half)
+    return blocks.reshape(rows, cols // elems * nbytes)
+
+def dequantized(raw, qtype):
+    return gguf.quants.dequantize(raw, qtype).astype(np.float32)
+
+w = gguf.GGUFWriter(os.path.join(out, "blocks.gguf"), "blocks")
+for qname in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]:
+    raw = random_blocks(Q[qname], 4, 512, 0.1)
+    w.add_tensor(qname, raw, raw_dtype=Q[qname])
+    w.add_tensor(qname + ".ref", dequantized(raw, Q[qname]))
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+
+hidden, ffn, layers, heads, kv_heads, vocab = 256, 512, 2, 4, 2, 320
+head_dim = hidden // heads
+shapes = {"token_embd.weight": ((vocab, hidden), Q.Q4_K), "output.weight": ((vocab, hidden), Q.Q6_K)}
+for i in range(layers):
+    shapes.update({
+        f"blk.{i}.attn_q.weight": ((hidden, hidden), Q.Q4_K),
+        f"blk.{i}.attn_k.weight": ((kv_heads * head_dim, hidden), Q.Q4_K),
+        f"blk.{i}.attn_v.weight": ((kv_heads * head_dim, hidden), Q.Q6_K if i == 0 else Q.Q5_1),
+        f"blk.{i}.attn_output.weight": ((hidden, hidden), Q.Q4_K),
+        f"blk.{i}.ffn_gate.weight": ((ffn, hidden), Q.Q5_K if i == 1 else Q.Q4_K),
+        f"blk.{i}.ffn_up.weight": ((ffn, hidden), Q.Q4_K),
+        f"blk.{i}.ffn_down.weight": ((hidden, ffn), Q.Q6_K if i == 0 else Q.Q5_0),
+    })
+weights = {name: random_blocks(qtype, *shape, 0.08) for name, (shape, qtype) in shapes.items()}
+for suffix, as_f32 in [("", False), (".F32", True)]:
+    w = gguf.GGUFWriter(os.path.join(out, f"kquant-tiny{suffix}.gguf"), "llama")
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_eos_token_id(0)
+    for name, (shape, qtype) in shapes.items():
+        raw = weights[name]
+        if as_f32:
+            w.add_tensor(name, dequantized(raw, qtype))
+        else:
+            w.add_tensor(name, raw, raw_dtype=qtype)
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 PY
 echo "$out"

@@ -5,7 +5,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::config::{llama3_rope_factors, Arch, Llama3RopeScaling, ModelConfig};
-use engine::weights::gguf::{dequantize, GgufFile, QuantType};
+use engine::weights::ggml_quants::dequantize;
+use engine::weights::gguf::GgufFile;
+use engine::weights::QuantType;
 use engine::weights::{open_model, HostTensor, TensorData, WeightSource};
 use safetensors::tensor::{serialize, Dtype, TensorView};
 
@@ -477,17 +479,29 @@ fn truncated_gguf_is_an_error_naming_the_file() {
 
 #[test]
 fn gguf_unknown_tensor_type_is_an_error() {
+    // IQ2_XXS (16): an i-quant, out of scope.
+    let bytes = GgufBuilder::new()
+        .kv_str("general.architecture", "llama")
+        .tensor("blk.0.attn_q.weight", &[256, 1], 16, vec![0; 66])
+        .build();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_temp(dir.path(), "iq2.gguf", &bytes);
+    let msg = error_of(GgufFile::open(&path));
+    assert!(
+        msg.contains("blk.0.attn_q.weight")
+            && msg.contains("ggml type 16")
+            && msg.contains("Q4_K")
+            && msg.contains("iq2.gguf"),
+        "{msg}"
+    );
+    // A K-quant row must hold whole 256-weight super-blocks.
     let bytes = GgufBuilder::new()
         .kv_str("general.architecture", "llama")
         .tensor("blk.0.attn_q.weight", &[32, 1], 12, vec![0; 144])
         .build();
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_temp(dir.path(), "q4k.gguf", &bytes);
-    let msg = error_of(GgufFile::open(&path));
+    let msg = error_of(GgufFile::open(&write_temp(dir.path(), "q4k.gguf", &bytes)));
     assert!(
-        msg.contains("blk.0.attn_q.weight")
-            && msg.contains("ggml type 12")
-            && msg.contains("q4k.gguf"),
+        msg.contains("row length 32 is not a multiple of the Quant(Q4_K) block size 256"),
         "{msg}"
     );
 }

@@ -1,12 +1,16 @@
-//! Every quantised weight format the CPU keeps as such (Q8_0, Q4_0, Q4_1), on GGUF files
-//! written by llama.cpp's own Python quantiser (PyPI `gguf`, `scripts/make-quant-fixtures.sh`)
-//! from the tiny golden models: Llama (Q/K rows permuted as llama.cpp's converter does,
-//! untied head) and Qwen3 (tied embeddings, q/k norms).
+//! Every quantised weight format the engine reads, on GGUF files written by llama.cpp's own
+//! Python package (PyPI `gguf`, `scripts/make-quant-fixtures.sh`).
 //!
-//! Two checks per file. The file read and dequantised (f32 math) against transformers' f32
-//! golden: only the weights' quantisation separates them, so this checks our reading of
-//! each format and layout. Then the integer kernels against that dequantised run: only the
-//! activations' rounding to 8 bits per block separates them.
+//! Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 (which `gguf` quantises) on the tiny golden models:
+//! Llama (Q/K rows permuted as llama.cpp's converter does, untied head) and Qwen3 (tied
+//! embeddings, q/k norms). Two checks per file. The file read and dequantised (f32 math)
+//! against transformers' f32 golden: only the weights' quantisation separates them, so this
+//! checks our reading of each format and layout. Then the integer kernels against that
+//! dequantised run: only the activations' rounding to 8 bits per block separates them.
+//!
+//! Every type, K-quants included, block for block against `gguf`'s own dequantiser; and a
+//! random 256-wide Llama whose weights mix Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 (as a Q4_K_M
+//! file mixes types) against its twin holding `gguf`'s dequantisation of each weight.
 
 mod common;
 
@@ -15,7 +19,9 @@ use std::path::{Path, PathBuf};
 use engine::backend::cpu::{CpuOptions, QuantizedWeights};
 use engine::loader::load_cpu_runner_with;
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions};
-use engine::weights::open_model;
+use engine::weights::ggml_quants::dequantize;
+use engine::weights::gguf::GgufFile;
+use engine::weights::{open_model, TensorData};
 use serde_json::Value;
 
 use common::{golden_dir_with, last_logits};
@@ -96,14 +102,20 @@ fn measure(golden: &str, fixture_name: &str) -> (f32, f32) {
 /// quantised rows measured 8.6 on the Llama Q8_0 file. Q4_0 / Q4_1 steps are 16–17 times
 /// coarser, and measured 16–21 times the Q8_0 error (up to 4.9), so their bound is the Q8_0
 /// one scaled by 16: a sanity bound, the layout itself is checked by Q8_0 and by the
-/// unit tests of every block format. The integer kernels round activations exactly as
+/// unit tests of every block format. Q5_0 / Q5_1 steps are half the Q4 ones: bound 4. The integer kernels round activations exactly as
 /// finely as Q8_0 rounds weights, so they should move logits by about as much: measured at
 /// most 0.33 over the whole vocabulary; bound 0.5.
 #[test]
 fn quantised_fixtures_match_golden_and_their_dequantised_runs() {
     for golden in ["llama-tiny", "qwen3-tiny/f32"] {
         let stem = golden.split('/').next().unwrap();
-        for (format, golden_bound) in [("Q8_0", 0.5), ("Q4_0", 8.0), ("Q4_1", 8.0)] {
+        for (format, golden_bound) in [
+            ("Q8_0", 0.5),
+            ("Q4_0", 8.0),
+            ("Q4_1", 8.0),
+            ("Q5_0", 4.0),
+            ("Q5_1", 4.0),
+        ] {
             let name = format!("{stem}.{format}.gguf");
             let (vs_golden, int_vs_deq) = measure(golden, &name);
             assert!(
@@ -116,4 +128,73 @@ fn quantised_fixtures_match_golden_and_their_dequantised_runs() {
             );
         }
     }
+}
+
+/// Our dequantisation of random blocks of every type against `gguf`'s of the same bytes:
+/// the same formula in the same order, so equal but for f32 rounding.
+#[test]
+fn every_block_format_dequantises_as_gguf_does() {
+    let file = GgufFile::open(&fixture("blocks.gguf")).unwrap_or_else(|e| panic!("{e:#}"));
+    for name in [
+        "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+    ] {
+        let TensorData::Quant(kind, bytes) = file.read_tensor(name).unwrap().data else {
+            panic!("{name} is not quantised in the file");
+        };
+        assert_eq!(format!("{kind:?}"), name);
+        let TensorData::F32(want) = file.read_tensor(&format!("{name}.ref")).unwrap().data else {
+            panic!("{name}.ref is not f32");
+        };
+        let got = dequantize(kind, &bytes);
+        assert_eq!(got.len(), want.len(), "{name}");
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-6 * scale,
+                "{name}[{i}]: {a} vs gguf's {b}"
+            );
+        }
+    }
+}
+
+/// The K-quant mix against its twin of `gguf`-dequantised f32 weights, on four prompts.
+/// Dequantised (f32 math) it is the twin but for f32 rounding. The integer kernels add the
+/// activations' rounding (as on the golden models: bound 0.5) and the K-quants' f16 group
+/// scales (2⁻¹¹ relative, far smaller); Q6_K tensors run on f16 copies (2⁻¹¹ relative).
+#[test]
+fn a_k_quant_mix_runs_like_its_dequantised_twin() {
+    let mixed = fixture("kquant-tiny.gguf");
+    let mut twin = load(
+        &fixture("kquant-tiny.F32.gguf"),
+        QuantizedWeights::Dequantize,
+    );
+    let mut deq = load(&mixed, QuantizedWeights::Dequantize);
+    let mut int = load(&mixed, QuantizedWeights::Integer);
+    let (mut deq_err, mut int_err, mut magnitude) = (0f32, 0f32, 0f32);
+    for prompt in [
+        vec![1u32, 5, 9],
+        vec![300, 2, 77, 41, 8],
+        vec![11; 20],
+        (0..40).collect(),
+    ] {
+        let table: Vec<u32> = (0..prompt.len().div_ceil(BLOCK_SIZE) as u32).collect();
+        let want = last_logits(twin.as_mut(), &prompt, 0, &table);
+        let a = last_logits(deq.as_mut(), &prompt, 0, &table);
+        let b = last_logits(int.as_mut(), &prompt, 0, &table);
+        for ((w, x), y) in want.iter().zip(&a).zip(&b) {
+            deq_err = deq_err.max((x - w).abs());
+            int_err = int_err.max((y - w).abs());
+            magnitude = magnitude.max(w.abs());
+        }
+    }
+    println!("K-quant mix: logits up to {magnitude:.3}; dequantised vs twin {deq_err:.2e}, integer vs twin {int_err:.4}");
+    assert!(
+        magnitude > 1.0,
+        "the random model's logits are too small to compare"
+    );
+    assert!(
+        deq_err <= 1e-4 * magnitude,
+        "dequantised moved logits by {deq_err}"
+    );
+    assert!(int_err < 0.5, "integer kernels moved logits by {int_err}");
 }

@@ -29,7 +29,7 @@ pub use quant::QuantMatrix;
 
 use super::{AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
 use crate::sampler::{sample_row, SampleSpec};
-use crate::weights::gguf::dequantize;
+use crate::weights::ggml_quants::dequantize;
 use crate::weights::{HostTensor, QuantType, TensorData};
 
 /// How the CPU backend runs.
@@ -147,6 +147,30 @@ impl CpuBackend {
         })
     }
 
+    /// A quantised weight of a type the integer kernels do not take (Q6_K), on the f16
+    /// path; said once per shape.
+    fn without_integer_form(
+        &self,
+        name: &str,
+        kind: QuantType,
+        rows: usize,
+        cols: usize,
+        blocks: &[u8],
+    ) -> WeightData {
+        let first = self
+            .path_choices
+            .lock()
+            .expect("path choices")
+            .insert((kind, rows, cols), false)
+            .is_none();
+        if first {
+            tracing::info!(
+                "{kind:?} weights of shape {rows}x{cols} (first: `{name}`): no integer kernels for {kind:?}, f16 path"
+            );
+        }
+        f16_data(&dequantize(kind, blocks))
+    }
+
     /// An f32 weight as stored: f16 when asked, else f32.
     fn unquantized(&self, v: Vec<f32>) -> WeightData {
         if self.f32_weights_as_f16 {
@@ -258,6 +282,11 @@ impl Backend for CpuBackend {
         let (rows, cols) = tensor.matrix_dims(name)?;
         let data = match tensor.data {
             TensorData::Quant(kind, blocks) => match self.quantized {
+                QuantizedWeights::Integer | QuantizedWeights::Fastest
+                    if !QuantMatrix::supports(kind) =>
+                {
+                    self.without_integer_form(name, kind, rows, cols, &blocks)
+                }
                 QuantizedWeights::Integer => {
                     WeightData::Quant(QuantMatrix::from_gguf(name, kind, rows, cols, &blocks)?)
                 }

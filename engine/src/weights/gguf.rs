@@ -1,14 +1,12 @@
-//! GGUF v2/v3 files: a hand-written parser over a memory map, HF tensor names,
-//! and dequantisation of Q8_0 / Q4_0 / Q4_1 to f32 at load.
+//! GGUF v2/v3 files: a hand-written parser over a memory map and HF tensor names (what
+//! the quantised types mean is `ggml_quants`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use half::f16;
-use rayon::prelude::*;
 
-use super::{decode_le_bytes, map_file, ElementType, HostTensor, TensorData};
+use super::{decode_le_bytes, map_file, ElementType, HostTensor, QuantType, TensorData};
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,38 +69,13 @@ pub enum GgmlType {
     Quant(QuantType),
 }
 
-/// Block-quantised ggml types (32 weights per block).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QuantType {
-    Q8_0,
-    Q4_0,
-    Q4_1,
-}
-
-impl QuantType {
-    /// Weights per block.
-    pub const BLOCK_ELEMS: usize = 32;
-
-    /// Bytes per block.
-    pub fn block_bytes(self) -> usize {
-        match self {
-            QuantType::Q8_0 => 34,
-            QuantType::Q4_0 => 18,
-            QuantType::Q4_1 => 20,
-        }
-    }
-}
-
 impl GgmlType {
     fn from_id(id: u32) -> Option<GgmlType> {
         match id {
             0 => Some(GgmlType::F32),
             1 => Some(GgmlType::F16),
-            2 => Some(GgmlType::Quant(QuantType::Q4_0)),
-            3 => Some(GgmlType::Quant(QuantType::Q4_1)),
-            8 => Some(GgmlType::Quant(QuantType::Q8_0)),
             30 => Some(GgmlType::BF16),
-            _ => None,
+            _ => QuantType::from_id(id).map(GgmlType::Quant),
         }
     }
 
@@ -111,7 +84,7 @@ impl GgmlType {
         match self {
             GgmlType::F32 => (1, 4),
             GgmlType::F16 | GgmlType::BF16 => (1, 2),
-            GgmlType::Quant(q) => (QuantType::BLOCK_ELEMS, q.block_bytes()),
+            GgmlType::Quant(q) => (q.block_elems(), q.block_bytes()),
         }
     }
 }
@@ -303,7 +276,7 @@ impl GgufFile {
         for (name, dims, type_id, offset) in raw {
             let dtype = GgmlType::from_id(type_id).with_context(|| {
                 format!(
-                    "tensor `{name}` in {} has unsupported ggml type {type_id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                    "tensor `{name}` in {} has unsupported ggml type {type_id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
                     path.display()
                 )
             })?;
@@ -453,50 +426,5 @@ impl GgufFile {
             shape: info.shape.clone(),
             data,
         })
-    }
-}
-
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
-}
-
-/// Dequantises whole blocks of a quantised type to f32 (`bytes.len()` must be a
-/// multiple of the block size).
-pub fn dequantize(dtype: QuantType, bytes: &[u8]) -> Vec<f32> {
-    let block_bytes = dtype.block_bytes();
-    let n_blocks = bytes.len() / block_bytes;
-    let mut out = vec![0f32; n_blocks * QuantType::BLOCK_ELEMS];
-    out.par_chunks_mut(QuantType::BLOCK_ELEMS)
-        .zip(bytes.par_chunks_exact(block_bytes))
-        .with_min_len(1024)
-        .for_each(|(dst, block)| dequantize_block(dtype, block, dst));
-    out
-}
-
-fn dequantize_block(dtype: QuantType, block: &[u8], dst: &mut [f32]) {
-    match dtype {
-        QuantType::Q8_0 => {
-            let d = f16_at(block, 0);
-            for (x, &q) in dst.iter_mut().zip(&block[2..34]) {
-                *x = f32::from(q as i8) * d;
-            }
-        }
-        QuantType::Q4_0 => {
-            let d = f16_at(block, 0);
-            let (lo, hi) = dst.split_at_mut(16);
-            for (i, &q) in block[2..18].iter().enumerate() {
-                lo[i] = (f32::from(q & 0x0f) - 8.0) * d;
-                hi[i] = (f32::from(q >> 4) - 8.0) * d;
-            }
-        }
-        QuantType::Q4_1 => {
-            let d = f16_at(block, 0);
-            let m = f16_at(block, 2);
-            let (lo, hi) = dst.split_at_mut(16);
-            for (i, &q) in block[4..20].iter().enumerate() {
-                lo[i] = f32::from(q & 0x0f) * d + m;
-                hi[i] = f32::from(q >> 4) * d + m;
-            }
-        }
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use super::gguf::GgufFile;
-use super::{HostTensor, QuantType, TensorData, WeightSource};
+use super::{HostTensor, TensorData, WeightSource};
 use crate::config::{Arch, ModelConfig};
 
 /// Per-layer GGUF tensor stems and their HF counterparts.
@@ -124,7 +124,7 @@ impl WeightSource for GgufWeights {
             TensorData::F16(v) => TensorData::F16(unpermute_rows(v, n_head, row_len)),
             TensorData::BF16(v) => TensorData::BF16(unpermute_rows(v, n_head, row_len)),
             TensorData::Quant(q, b) => {
-                let row_bytes = row_len / QuantType::BLOCK_ELEMS * q.block_bytes();
+                let row_bytes = row_len / q.block_elems() * q.block_bytes();
                 TensorData::Quant(*q, unpermute_rows(b, n_head, row_bytes))
             }
         };

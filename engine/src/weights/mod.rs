@@ -5,6 +5,7 @@
 //! `lm_head.weight`, ...) with HF's row-major shape (`[out_features, in_features]`
 //! for linear layers), whatever the file format.
 
+pub mod ggml_quants;
 pub mod gguf;
 pub mod gguf_weights;
 pub mod safetensors;
@@ -16,7 +17,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::config::ModelConfig;
-pub use gguf::QuantType;
+pub use ggml_quants::QuantType;
 
 /// Element storage of a host tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +70,7 @@ impl TensorData {
             TensorData::F32(v) => v.len(),
             TensorData::F16(v) => v.len(),
             TensorData::BF16(v) => v.len(),
-            TensorData::Quant(q, b) => b.len() / q.block_bytes() * QuantType::BLOCK_ELEMS,
+            TensorData::Quant(q, b) => b.len() / q.block_bytes() * q.block_elems(),
         }
     }
 
@@ -83,7 +84,7 @@ impl TensorData {
             TensorData::F32(v) => v.clone(),
             TensorData::F16(v) => v.to_f32_vec(),
             TensorData::BF16(v) => v.to_f32_vec(),
-            TensorData::Quant(q, b) => gguf::dequantize(*q, b),
+            TensorData::Quant(q, b) => ggml_quants::dequantize(*q, b),
         }
     }
 

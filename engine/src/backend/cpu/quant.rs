@@ -1,9 +1,10 @@
-//! GGUF's block-quantised weights (Q8_0, Q4_0, Q4_1) kept quantised, multiplied with
-//! integer dot products.
+//! GGUF's block-quantised weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K) kept
+//! quantised, multiplied with integer dot products.
 //!
 //! Every format is the same sum in another costume: a weight is `d·u + m` for an unsigned
-//! `u` (4 or 8 bits) and per-block f16 `d`, `m` (Q4_1 as stored; Q4_0 is `m = −8d`; Q8_0
-//! is `u = q + 128`, `m = −128d`, both exact). Activations are quantised on the fly per
+//! `u` (4 bits for Q4_0, Q4_1 and Q4_K, 8 bits holding Q5's 5 and Q8_0's 8) and per-group
+//! f16 `d`, `m` over 32 weights ([`affine_group`]: exact but for Q4_K's and Q5_K's products
+//! of two scales, rounded to f16). Activations are quantised on the fly per
 //! 32-value block to `q·dₓ` with `q` in −127..=127 (llama.cpp's Q8_1), so one block of
 //! one output is
 //!
@@ -23,6 +24,7 @@ use rayon::prelude::*;
 
 use super::quant_simd;
 use super::simd::SendPtr;
+use crate::weights::ggml_quants::{affine_group, GROUP};
 use crate::weights::QuantType;
 
 /// Values per quantisation block (weights and activations).
@@ -38,9 +40,9 @@ const ROW_CHUNK: usize = 128;
 /// Width of the unsigned weight values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bits {
-    /// 4-bit values, two per byte (Q4_0, Q4_1).
+    /// 4-bit values, two per byte (Q4_0, Q4_1, Q4_K).
     U4,
-    /// 8-bit values (Q8_0).
+    /// 8-bit values (Q8_0; Q5_0, Q5_1 and Q5_K's 5 bits).
     U8,
 }
 
@@ -94,7 +96,14 @@ fn value_at(bits: Bits, block: &[u8], r: usize, c: usize) -> u8 {
 }
 
 impl QuantMatrix {
-    /// Repacks GGUF blocks (`rows` rows of `cols / 32` blocks each); `name` is for errors.
+    /// Whether `kind` has the integer kernels' form (Q6_K does not: its scales change
+    /// every 16 weights).
+    pub fn supports(kind: QuantType) -> bool {
+        kind.affine_max().is_some()
+    }
+
+    /// Repacks GGUF blocks (`rows` rows of `cols / block size` blocks each); `name` is for
+    /// errors.
     pub fn from_gguf(
         name: &str,
         kind: QuantType,
@@ -102,19 +111,24 @@ impl QuantMatrix {
         cols: usize,
         blocks: &[u8],
     ) -> anyhow::Result<QuantMatrix> {
+        let elems = kind.block_elems();
         ensure!(
-            cols.is_multiple_of(BLOCK),
-            "weight `{name}`: {cols} columns are not whole {kind:?} blocks of {BLOCK}"
+            cols.is_multiple_of(elems),
+            "weight `{name}`: {cols} columns are not whole {kind:?} blocks of {elems}"
         );
         let nb = cols / BLOCK;
+        let (gguf_blocks, groups) = (cols / elems, elems / GROUP);
         ensure!(
-            blocks.len() == rows * nb * kind.block_bytes(),
+            blocks.len() == rows * gguf_blocks * kind.block_bytes(),
             "weight `{name}`: {} bytes of {kind:?} for {rows}x{cols}",
             blocks.len()
         );
-        let bits = match kind {
-            QuantType::Q8_0 => Bits::U8,
-            QuantType::Q4_0 | QuantType::Q4_1 => Bits::U4,
+        let bits = match kind.affine_max() {
+            Some(max) if max <= 15 => Bits::U4,
+            Some(_) => Bits::U8,
+            None => anyhow::bail!(
+                "weight `{name}`: {kind:?} has no integer kernels (its scales change every 16 weights)"
+            ),
         };
         let stride = bits.block_stride();
         let panels = rows.div_ceil(PANEL);
@@ -126,10 +140,10 @@ impl QuantMatrix {
                 for r in 0..PANEL.min(rows - p * PANEL) {
                     let row = p * PANEL + r;
                     for b in 0..nb {
-                        let src =
-                            &blocks[(row * nb + b) * kind.block_bytes()..][..kind.block_bytes()];
+                        let block = row * gguf_blocks + b / groups;
+                        let src = &blocks[block * kind.block_bytes()..][..kind.block_bytes()];
                         let dst = &mut panel[b * stride..(b + 1) * stride];
-                        let (u, d, m) = decode_block(kind, src);
+                        let (u, d, m) = affine_group(kind, src, b % groups);
                         for (c, &v) in u.iter().enumerate() {
                             let (off, high) = value_offset(bits, r, c);
                             dst[off] |= if high { v << 4 } else { v };
@@ -186,32 +200,6 @@ impl QuantMatrix {
             for (c, o) in out.iter_mut().enumerate() {
                 *o = d * f32::from(value_at(self.bits, blk, rr, c)) + m;
             }
-        }
-    }
-}
-
-/// One GGUF block as unsigned values and f16 `d`, `m` with value = `d·u + m`.
-fn decode_block(kind: QuantType, block: &[u8]) -> ([u8; BLOCK], f16, f16) {
-    let d = f16::from_le_bytes([block[0], block[1]]);
-    let mut u = [0u8; BLOCK];
-    match kind {
-        QuantType::Q8_0 => {
-            for (v, &q) in u.iter_mut().zip(&block[2..34]) {
-                *v = q ^ 0x80;
-            }
-            (u, d, f16::from_f32(-128.0 * d.to_f32()))
-        }
-        QuantType::Q4_0 | QuantType::Q4_1 => {
-            let (m, nibbles) = if kind == QuantType::Q4_1 {
-                (f16::from_le_bytes([block[2], block[3]]), &block[4..20])
-            } else {
-                (f16::from_f32(-8.0 * d.to_f32()), &block[2..18])
-            };
-            for (i, &q) in nibbles.iter().enumerate() {
-                u[i] = q & 0x0f;
-                u[i + 16] = q >> 4;
-            }
-            (u, d, m)
         }
     }
 }
@@ -368,7 +356,7 @@ pub unsafe fn tile_scalar(tile: &quant_simd::Tile<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::gguf::dequantize;
+    use crate::weights::ggml_quants::dequantize;
 
     fn lcg(seed: &mut u64) -> u32 {
         *seed = seed
@@ -377,18 +365,37 @@ mod tests {
         (*seed >> 33) as u32
     }
 
-    /// Random GGUF blocks of `kind` with small positive scales.
+    /// The types with integer kernels.
+    const KINDS: [QuantType; 7] = [
+        QuantType::Q8_0,
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+    ];
+
+    /// Random GGUF blocks of `kind` (`n_blocks` of 32 weights' worth): random bytes, with
+    /// small positive f16 scales (and offsets of either sign) where the type has them.
     fn random_blocks(kind: QuantType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
-        let mut out = Vec::new();
-        for _ in 0..n_blocks {
-            let d = f16::from_f32(0.001 + (lcg(seed) % 1000) as f32 * 1e-5);
-            out.extend_from_slice(&d.to_le_bytes());
-            if kind == QuantType::Q4_1 {
-                let m = f16::from_f32(-0.05 + (lcg(seed) % 1000) as f32 * 1e-4);
-                out.extend_from_slice(&m.to_le_bytes());
-            }
-            let n = if kind == QuantType::Q8_0 { 32 } else { 16 };
-            out.extend((0..n).map(|_| lcg(seed) as u8));
+        let n = n_blocks * BLOCK / kind.block_elems();
+        let mut out: Vec<u8> = (0..n * kind.block_bytes())
+            .map(|_| lcg(seed) as u8)
+            .collect();
+        // K-quant weights are d times a 6-bit scale times u: d a 32nd of the others'.
+        let k_quant = kind.block_elems() > BLOCK;
+        let d_unit = if k_quant { 1.0 / 32.0 } else { 1.0 };
+        for block in out.chunks_exact_mut(kind.block_bytes()) {
+            let d = f16::from_f32((0.001 + (lcg(seed) % 1000) as f32 * 1e-5) * d_unit);
+            block[..2].copy_from_slice(&d.to_le_bytes());
+            let m = match kind {
+                QuantType::Q4_1 | QuantType::Q5_1 => -0.05 + (lcg(seed) % 1000) as f32 * 1e-4,
+                // dmin of the K-quants: small and positive (the min is subtracted).
+                QuantType::Q4_K | QuantType::Q5_K => (lcg(seed) % 1000) as f32 * 1e-6 * d_unit,
+                _ => continue,
+            };
+            block[2..4].copy_from_slice(&f16::from_f32(m).to_le_bytes());
         }
         out
     }
@@ -402,27 +409,39 @@ mod tests {
     #[test]
     fn packing_keeps_every_value() {
         let mut seed = 3;
-        for kind in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
-            let (rows, cols) = (37, 96);
+        for kind in KINDS {
+            let (rows, cols) = (37, 512);
             let blocks = random_blocks(kind, rows * cols / BLOCK, &mut seed);
             let want = dequantize(kind, &blocks);
             let w = QuantMatrix::from_gguf("w", kind, rows, cols, &blocks).unwrap();
             let mut row = vec![0.0; cols];
+            let per_row = cols / kind.block_elems();
             for r in 0..rows {
                 w.row_to_f32(r, &mut row);
                 for (c, (&a, &b)) in row.iter().zip(&want[r * cols..]).enumerate() {
-                    assert!(
-                        (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
-                        "{kind:?} [{r},{c}]: {a} vs {b}"
-                    );
+                    let block =
+                        &blocks[(r * per_row + c / kind.block_elems()) * kind.block_bytes()..];
+                    let (_, _, m) = affine_group(kind, block, c % kind.block_elems() / BLOCK);
+                    // K-quants: a group's scale and offset are rounded to f16 (2⁻¹¹ each);
+                    // the others are exact up to f32 rounding.
+                    let tol = if kind.block_elems() == BLOCK {
+                        1e-6 * b.abs().max(1e-3)
+                    } else {
+                        2f32.powi(-11) * (b.abs() + 2.0 * m.to_f32().abs()) * 1.01 + 1e-7
+                    };
+                    assert!((a - b).abs() <= tol, "{kind:?} [{r},{c}]: {a} vs {b}");
                 }
             }
         }
+        let err = QuantMatrix::from_gguf("w", QuantType::Q6_K, 1, 256, &[0; 210]).unwrap_err();
+        assert!(err.to_string().contains("no integer kernels"), "{err}");
     }
 
     #[test]
     fn shapes_that_are_not_whole_blocks_are_refused() {
         let err = QuantMatrix::from_gguf("blk.w", QuantType::Q4_1, 2, 40, &[0; 60]).unwrap_err();
+        assert!(err.to_string().contains("`blk.w`"), "{err}");
+        let err = QuantMatrix::from_gguf("blk.w", QuantType::Q4_K, 2, 288, &[0; 288]).unwrap_err();
         assert!(err.to_string().contains("`blk.w`"), "{err}");
         let err = QuantMatrix::from_gguf("blk.w", QuantType::Q4_1, 2, 32, &[0; 39]).unwrap_err();
         assert!(err.to_string().contains("39 bytes"), "{err}");
@@ -479,13 +498,13 @@ mod tests {
     #[test]
     fn kernels_match_the_scalar_reference() {
         let mut seed = 11;
-        for kind in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
+        for kind in KINDS {
             for &(m, n, k) in &[
-                (1, 16, 32),
-                (3, 21, 64),
-                (8, 48, 96),
-                (13, 35, 128),
-                (40, 70, 64),
+                (1, 16, 256),
+                (3, 21, 512),
+                (8, 48, 256),
+                (13, 35, 768),
+                (40, 70, 256),
             ] {
                 let blocks = random_blocks(kind, n * k / BLOCK, &mut seed);
                 let w = QuantMatrix::from_gguf("w", kind, n, k, &blocks).unwrap();
@@ -508,17 +527,21 @@ mod tests {
         }
     }
 
-    /// Against f64 math on the dequantised weights and the unquantised activations. The
+    /// Against f64 math on the packed weights' values (the dequantised ones but for the
+    /// K-quants' f16 group scales, checked above) and the unquantised activations. The
     /// only difference is the activations' rounding to `q·d`: at most `d/2` per value,
     /// so a block's error is at most `d/2 · Σ|w|` (the bound checked, plus f32 slack).
     #[test]
     fn quantised_product_is_within_the_activation_rounding_bound() {
         let mut seed = 17;
-        for kind in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
-            let (m, n, k) = (5, 33, 128);
+        for kind in KINDS {
+            let (m, n, k) = (5, 33, 512);
             let blocks = random_blocks(kind, n * k / BLOCK, &mut seed);
-            let wf = dequantize(kind, &blocks);
             let w = QuantMatrix::from_gguf("w", kind, n, k, &blocks).unwrap();
+            let mut wf = vec![0.0; n * k];
+            for (r, row) in wf.chunks_exact_mut(k).enumerate() {
+                w.row_to_f32(r, row);
+            }
             let x = random_x(m, k, &mut seed);
             let mut out = vec![0.0; m * n];
             matmul(&x, m, &w, &mut out, 2);

@@ -1,0 +1,259 @@
+//! What ggml's block-quantised types mean: their block sizes, their dequantisation to f32
+//! (the scalar reference, checked against PyPI `gguf`'s own dequantiser), and each block
+//! as 32-value groups `d·u + m` with an unsigned `u`, the one form the CPU's integer
+//! kernels multiply.
+//!
+//! Layouts (llama.cpp's `ggml-common.h`): Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 hold 32 weights
+//! per block; the K-quants Q4_K, Q5_K and Q6_K hold 256 per super-block, in 8 groups of 32
+//! (Q4_K, Q5_K: a 6-bit scale and a 6-bit min each, times the super-block's f16 `d` and
+//! `dmin`) or 16 groups of 16 (Q6_K: a signed 8-bit scale each, times `d`).
+
+use half::f16;
+use rayon::prelude::*;
+
+/// Block-quantised ggml types, under ggml's names.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+/// Weights per K-quant super-block.
+const QK_K: usize = 256;
+/// Weights per group of the integer kernels' form.
+pub const GROUP: usize = 32;
+
+impl QuantType {
+    /// The ggml type id in GGUF files.
+    pub fn from_id(id: u32) -> Option<QuantType> {
+        Some(match id {
+            2 => QuantType::Q4_0,
+            3 => QuantType::Q4_1,
+            6 => QuantType::Q5_0,
+            7 => QuantType::Q5_1,
+            8 => QuantType::Q8_0,
+            12 => QuantType::Q4_K,
+            13 => QuantType::Q5_K,
+            14 => QuantType::Q6_K,
+            _ => return None,
+        })
+    }
+
+    /// Weights per block.
+    pub fn block_elems(self) -> usize {
+        match self {
+            QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => QK_K,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantType::Q8_0 => 34,
+            QuantType::Q4_0 => 18,
+            QuantType::Q4_1 => 20,
+            QuantType::Q5_0 => 22,
+            QuantType::Q5_1 => 24,
+            QuantType::Q4_K => 144,
+            QuantType::Q5_K => 176,
+            QuantType::Q6_K => 210,
+        }
+    }
+
+    /// Largest unsigned value `u` of the integer form, or `None` for a type that has no
+    /// such form (Q6_K's scales change every 16 weights, inside a group of 32).
+    pub fn affine_max(self) -> Option<u8> {
+        match self {
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q4_K => Some(15),
+            QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q5_K => Some(31),
+            QuantType::Q8_0 => Some(255),
+            QuantType::Q6_K => None,
+        }
+    }
+}
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
+}
+
+/// Dequantises whole blocks to f32 (`bytes.len()` must be a multiple of the block size).
+pub fn dequantize(dtype: QuantType, bytes: &[u8]) -> Vec<f32> {
+    let (elems, block_bytes) = (dtype.block_elems(), dtype.block_bytes());
+    let n_blocks = bytes.len() / block_bytes;
+    let mut out = vec![0f32; n_blocks * elems];
+    out.par_chunks_mut(elems)
+        .zip(bytes.par_chunks_exact(block_bytes))
+        .with_min_len(1024 * 32 / elems)
+        .for_each(|(dst, block)| dequantize_block(dtype, block, dst));
+    out
+}
+
+/// One block's values; `dst.len()` is the type's block size. Each type's own formula,
+/// in the order ggml evaluates it.
+fn dequantize_block(dtype: QuantType, block: &[u8], dst: &mut [f32]) {
+    if dtype == QuantType::Q6_K {
+        return dequantize_q6_k(block, dst);
+    }
+    let d = f16_at(block, 0);
+    for (g, out) in dst.chunks_exact_mut(GROUP).enumerate() {
+        let q = stored_group(dtype, block, g);
+        fn each(out: &mut [f32], q: &[u8; GROUP], f: impl Fn(u8) -> f32) {
+            for (x, &v) in out.iter_mut().zip(q) {
+                *x = f(v);
+            }
+        }
+        match dtype {
+            QuantType::Q8_0 => each(out, &q, |v| f32::from(v as i8) * d),
+            QuantType::Q4_0 => each(out, &q, |v| (f32::from(v) - 8.0) * d),
+            QuantType::Q5_0 => each(out, &q, |v| (f32::from(v) - 16.0) * d),
+            QuantType::Q4_1 | QuantType::Q5_1 => {
+                let m = f16_at(block, 2);
+                each(out, &q, |v| f32::from(v) * d + m)
+            }
+            _ => {
+                let (scale, min) = k_scale_min(&block[4..16], g);
+                let (dl, ml) = (d * f32::from(scale), f16_at(block, 2) * f32::from(min));
+                each(out, &q, |v| dl * f32::from(v) - ml)
+            }
+        }
+    }
+}
+
+/// The 6-bit scale and min of group `g` (0..8) of a Q4_K / Q5_K super-block's 12 scale bytes.
+fn k_scale_min(scales: &[u8], g: usize) -> (u8, u8) {
+    if g < 4 {
+        (scales[g] & 63, scales[g + 4] & 63)
+    } else {
+        (
+            (scales[g + 4] & 0x0f) | ((scales[g - 4] >> 6) << 4),
+            (scales[g + 4] >> 4) | ((scales[g] >> 6) << 4),
+        )
+    }
+}
+
+/// Group `g`'s stored values as unsigned bytes (Q8_0's are its `i8`s' bits). Not for Q6_K.
+fn stored_group(kind: QuantType, block: &[u8], g: usize) -> [u8; GROUP] {
+    let mut u = [0u8; GROUP];
+    let nibbles = |u: &mut [u8; GROUP], qs: &[u8]| {
+        for (i, &q) in qs.iter().enumerate() {
+            u[i] = q & 0x0f;
+            u[i + 16] = q >> 4;
+        }
+    };
+    let fifth_bits = |u: &mut [u8; GROUP], qh: &[u8]| {
+        let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+        for (i, v) in u.iter_mut().enumerate() {
+            *v |= (((qh >> i) & 1) as u8) << 4;
+        }
+    };
+    match kind {
+        QuantType::Q8_0 => u.copy_from_slice(&block[2..34]),
+        QuantType::Q4_0 => nibbles(&mut u, &block[2..18]),
+        QuantType::Q4_1 => nibbles(&mut u, &block[4..20]),
+        QuantType::Q5_0 => {
+            nibbles(&mut u, &block[6..22]);
+            fifth_bits(&mut u, &block[2..6]);
+        }
+        QuantType::Q5_1 => {
+            nibbles(&mut u, &block[8..24]);
+            fifth_bits(&mut u, &block[4..8]);
+        }
+        QuantType::Q4_K | QuantType::Q5_K => {
+            // 64 weights per 32 bytes: group 2c takes the low nibbles, 2c + 1 the high ones.
+            let qs_at = if kind == QuantType::Q4_K { 16 } else { 48 };
+            let shift = 4 * (g % 2);
+            for (v, &q) in u.iter_mut().zip(&block[qs_at + (g / 2) * 32..][..32]) {
+                *v = (q >> shift) & 0x0f;
+            }
+            if kind == QuantType::Q5_K {
+                for (v, &h) in u.iter_mut().zip(&block[16..48]) {
+                    *v |= ((h >> g) & 1) << 4;
+                }
+            }
+        }
+        QuantType::Q6_K => panic!("Q6_K groups are not 32 stored values"),
+    }
+    u
+}
+
+/// Group `g` of a block as unsigned values `u` and f16 `d`, `m` with value = `d·u + m`.
+///
+/// Exact for the 32-weight types (Q4_0's `m = −8d`, Q5_0's `−16d` and Q8_0's `u = q + 128`,
+/// `m = −128d` are exact in f16). For Q4_K and Q5_K, `d·scale` and `−dmin·min` are rounded
+/// to f16: a relative error of at most 2⁻¹¹ on a group's scale and offset, against a
+/// quantisation step of 1/15 (Q4) or 1/31 (Q5) of the group's range.
+///
+/// Panics for Q6_K, which has no such form ([`QuantType::affine_max`]).
+pub fn affine_group(kind: QuantType, block: &[u8], g: usize) -> ([u8; GROUP], f16, f16) {
+    let mut u = stored_group(kind, block, g);
+    let d = f16::from_le_bytes([block[0], block[1]]);
+    let scaled = |k: f32| f16::from_f32(k * d.to_f32());
+    match kind {
+        QuantType::Q8_0 => {
+            u.iter_mut().for_each(|v| *v ^= 0x80);
+            (u, d, scaled(-128.0))
+        }
+        QuantType::Q4_0 => (u, d, scaled(-8.0)),
+        QuantType::Q5_0 => (u, d, scaled(-16.0)),
+        QuantType::Q4_1 | QuantType::Q5_1 => (u, d, f16::from_le_bytes([block[2], block[3]])),
+        _ => {
+            let (scale, min) = k_scale_min(&block[4..16], g);
+            let dmin = f16_at(block, 2);
+            (
+                u,
+                scaled(f32::from(scale)),
+                f16::from_f32(-dmin * f32::from(min)),
+            )
+        }
+    }
+}
+
+/// Q6_K: `ql[128]`, `qh[64]`, `scales[16]` (i8), f16 `d`; weight = `d·scale·(q − 32)` with
+/// a 6-bit `q` from 4 low bits in `ql` and 2 high bits in `qh`, one scale per 16 weights.
+fn dequantize_q6_k(block: &[u8], dst: &mut [f32]) {
+    let (ql, qh) = (&block[..128], &block[128..192]);
+    let scales = &block[192..208];
+    let d = f16_at(block, 208);
+    for half in 0..2 {
+        for k in 0..128 {
+            // Within a half: nibble j of ql[64·half + k % 64] for k = 64j + (k % 64); the
+            // high bits of weight k sit at bits 2·(k / 32) of qh[32·half + k % 32].
+            let low = (ql[64 * half + k % 64] >> (4 * (k / 64))) & 0x0f;
+            let high = (qh[32 * half + k % 32] >> (2 * (k / 32))) & 0x03;
+            let q = i32::from(low | (high << 4)) - 32;
+            let e = 128 * half + k;
+            dst[e] = d * f32::from(scales[e / 16] as i8) * q as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_scales_unpack_as_ggml_packs_them() {
+        // The upper four scales and mins keep their two high bits in the top bits of bytes 0..8.
+        let (sc, mn) = (
+            [1u8, 2, 3, 4, 50, 51, 62, 63],
+            [40u8, 41, 42, 43, 17, 33, 48, 63],
+        );
+        let mut packed = [0u8; 12];
+        for g in 0..4 {
+            packed[g] = sc[g] | ((sc[g + 4] >> 4) << 6);
+            packed[g + 4] = mn[g] | ((mn[g + 4] >> 4) << 6);
+            packed[g + 8] = (sc[g + 4] & 0x0f) | ((mn[g + 4] & 0x0f) << 4);
+        }
+        for g in 0..8 {
+            assert_eq!(k_scale_min(&packed, g), (sc[g], mn[g]), "group {g}");
+        }
+    }
+}
