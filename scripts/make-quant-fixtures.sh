@@ -12,6 +12,9 @@
 #   every weight as gguf-py dequantises it. gguf-py cannot quantise to K-quants, so these
 #   are blocks rather than quantised trained weights: they check the reading of each layout
 #   (and the mixing of types in one file) against an independent dequantiser.
+# - for each committed llama-quantize fixture (engine/tests/fixtures/llama-quantize, made by
+#   scripts/make-llama-quantize-fixtures.sh), `<name>.twin.gguf`: the same model with every
+#   weight as gguf-py dequantises it.
 # Installs gguf==0.19.0 (and numpy) into a per-user cache on the first run. Idempotent;
 # prints the fixture folder (default target/quant-fixtures).
 set -euo pipefail
@@ -19,12 +22,12 @@ cd "$(dirname "$0")/.."
 out=${1:-target/quant-fixtures}
 dir=$(./scripts/pip-target.sh gguf 0.19.0)
 mkdir -p "$out"
-PYTHONPATH="$dir" python3 - ../shared/golden "$out" <<'PY'
+PYTHONPATH="$dir" python3 - ../shared/golden "$out" engine/tests/fixtures/llama-quantize <<'PY'
 import json, os, struct, sys
 import numpy as np
 import gguf
 
-golden, out = sys.argv[1], sys.argv[2]
+golden, out, committed = sys.argv[1], sys.argv[2], sys.argv[3]
 
 def read_safetensors(path):
     with open(path, "rb") as f:
@@ -176,6 +179,28 @@ for suffix, as_f32 in [("", False), (".F32", True)]:
     for i in range(layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+for name in sorted(os.listdir(committed)) if os.path.isdir(committed) else []:
+    r = gguf.GGUFReader(os.path.join(committed, name))
+    field = lambda key: r.get_field(key).contents()
+    w = gguf.GGUFWriter(os.path.join(out, name.replace(".gguf", ".twin.gguf")), "llama")
+    w.add_block_count(field("llama.block_count"))
+    w.add_context_length(field("llama.context_length"))
+    w.add_embedding_length(field("llama.embedding_length"))
+    w.add_feed_forward_length(field("llama.feed_forward_length"))
+    w.add_head_count(field("llama.attention.head_count"))
+    w.add_head_count_kv(field("llama.attention.head_count_kv"))
+    w.add_rope_freq_base(field("llama.rope.freq_base"))
+    w.add_layer_norm_rms_eps(field("llama.attention.layer_norm_rms_epsilon"))
+    w.add_token_list(field("tokenizer.ggml.tokens"))
+    w.add_eos_token_id(field("tokenizer.ggml.eos_token_id"))
+    for t in r.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))
+        w.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -157,19 +157,12 @@ fn every_block_format_dequantises_as_gguf_does() {
     }
 }
 
-/// The K-quant mix against its twin of `gguf`-dequantised f32 weights, on four prompts.
-/// Dequantised (f32 math) it is the twin but for f32 rounding. The integer kernels add the
-/// activations' rounding (as on the golden models: bound 0.5) and the K-quants' f16 group
-/// scales (2⁻¹¹ relative, far smaller); Q6_K tensors run on f16 copies (2⁻¹¹ relative).
-#[test]
-fn a_k_quant_mix_runs_like_its_dequantised_twin() {
-    let mixed = fixture("kquant-tiny.gguf");
-    let mut twin = load(
-        &fixture("kquant-tiny.F32.gguf"),
-        QuantizedWeights::Dequantize,
-    );
-    let mut deq = load(&mixed, QuantizedWeights::Dequantize);
-    let mut int = load(&mixed, QuantizedWeights::Integer);
+/// Largest logit differences of a quantised file from its twin of `gguf`-dequantised f32
+/// weights over four prompts: (dequantised run, integer run, the twin's largest logit).
+fn against_twin(quantised: &Path, twin: &Path) -> (f32, f32, f32) {
+    let mut twin = load(twin, QuantizedWeights::Dequantize);
+    let mut deq = load(quantised, QuantizedWeights::Dequantize);
+    let mut int = load(quantised, QuantizedWeights::Integer);
     let (mut deq_err, mut int_err, mut magnitude) = (0f32, 0f32, 0f32);
     for prompt in [
         vec![1u32, 5, 9],
@@ -187,7 +180,19 @@ fn a_k_quant_mix_runs_like_its_dequantised_twin() {
             magnitude = magnitude.max(w.abs());
         }
     }
-    println!("K-quant mix: logits up to {magnitude:.3}; dequantised vs twin {deq_err:.2e}, integer vs twin {int_err:.4}");
+    println!(
+        "{}: logits up to {magnitude:.3}; dequantised vs twin {deq_err:.2e}, integer vs twin {int_err:.4}",
+        quantised.display()
+    );
+    (deq_err, int_err, magnitude)
+}
+
+/// Bounds of [`against_twin`]. Dequantised (f32 math) a file is its twin but for f32
+/// rounding. The integer kernels add the activations' rounding (as on the golden models:
+/// bound 0.5) and the K-quants' f16 group scales (2⁻¹¹ relative, far smaller); Q6_K
+/// tensors run on f16 copies (2⁻¹¹ relative).
+fn assert_like_twin(quantised: &Path, twin: &Path) {
+    let (deq_err, int_err, magnitude) = against_twin(quantised, twin);
     assert!(
         magnitude > 1.0,
         "the random model's logits are too small to compare"
@@ -197,4 +202,57 @@ fn a_k_quant_mix_runs_like_its_dequantised_twin() {
         "dequantised moved logits by {deq_err}"
     );
     assert!(int_err < 0.5, "integer kernels moved logits by {int_err}");
+}
+
+/// Random blocks mixing Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 in one file.
+#[test]
+fn a_k_quant_mix_runs_like_its_dequantised_twin() {
+    assert_like_twin(
+        &fixture("kquant-tiny.gguf"),
+        &fixture("kquant-tiny.F32.gguf"),
+    );
+}
+
+/// Files made by llama.cpp's own llama-quantize (committed; see
+/// scripts/make-llama-quantize-fixtures.sh) hold the types each scheme promises, and run like
+/// their twins.
+#[test]
+fn llama_quantize_files_run_like_their_dequantised_twins() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama-quantize");
+    for (scheme, types) in [
+        ("Q4_K_M", &["Q4_K", "Q6_K"][..]),
+        ("Q5_K_M", &["Q5_K", "Q6_K"]),
+        ("Q6_K", &["Q6_K"]),
+    ] {
+        let path = dir.join(format!("tiny-256.{scheme}.gguf"));
+        let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        let mut names = vec!["token_embd.weight".to_string(), "output.weight".to_string()];
+        for layer in 0..2 {
+            for t in [
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            ] {
+                names.push(format!("blk.{layer}.{t}.weight"));
+            }
+        }
+        let found: std::collections::BTreeSet<String> = names
+            .iter()
+            .filter_map(|n| match file.read_tensor(n).unwrap().data {
+                TensorData::Quant(kind, _) => Some(format!("{kind:?}")),
+                _ => None,
+            })
+            .collect();
+        for t in types {
+            assert!(
+                found.contains(*t),
+                "{scheme}: no {t} tensor among {found:?}"
+            );
+        }
+        assert_like_twin(&path, &fixture(&format!("tiny-256.{scheme}.twin.gguf")));
+    }
 }
