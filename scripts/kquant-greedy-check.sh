@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The default model requantised by llama.cpp's llama-quantize (from the F16 copy that
+# ../shared/peers/build-llama-cpp.sh writes) to Q4_K_M, Q5_K_M and Q6_K: SmolLM2's rows are
+# 576 wide, so llama-quantize mixes K-quants with its fallbacks (Q5_0, Q5_1, Q8_0), as in
+# the files people download. For each file, 4 prompts are answered greedily (16 tokens) by
+# llama-server and by `engine serve --quantized-weights $WEIGHTS` (default integer; `dequantize`
+# runs exact f32 math on the dequantised weights); prints how many leading tokens agree (both
+# answers tokenised by our /tokenize).
+# Usage: [WEIGHTS=dequantize] scripts/kquant-greedy-check.sh   (PEERS as for build-llama-cpp.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PEERS=${PEERS:-$HOME/.cache/peers}
+F16="$PEERS/models/SmolLM2-135M-Instruct.Q4_1.F16.gguf"
+[ -x "$PEERS/bin/llama-server" ] && [ -f "$F16" ] || { echo "run ../shared/peers/build-llama-cpp.sh first" >&2; exit 1; }
+[ -x target/release/engine ] || { echo "build the engine first: cargo build --release" >&2; exit 1; }
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+wait_up() { for _ in $(seq 1 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; echo "no server at $1" >&2; exit 1; }
+for scheme in Q4_K_M Q5_K_M Q6_K; do
+  file="$PEERS/models/SmolLM2-135M-Instruct.$scheme.gguf"
+  [ -f "$file" ] || "$PEERS/bin/llama-quantize" "$F16" "$file" "$scheme" >/dev/null 2>&1
+  "$PEERS/bin/llama-server" -m "$file" --port 8311 -t 2 -c 2048 >/dev/null 2>&1 & pids+=($!)
+  target/release/engine serve --model "$file" --port 8312 --threads 2 --quantized-weights "${WEIGHTS:-integer}" >/dev/null 2>&1 & pids+=($!)
+  wait_up http://127.0.0.1:8311; wait_up http://127.0.0.1:8312
+  python3 - "$scheme" <<'PY'
+import json, sys, urllib.request
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req))
+prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a",
+           "The three primary colors are"]
+agree = []
+for p in prompts:
+    ask = {"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    texts = [post(port, "/v1/completions", ask)["choices"][0]["text"] for port in (8311, 8312)]
+    ids = [post(8312, "/tokenize", {"prompt": t, "add_special_tokens": False})["tokens"] for t in texts]
+    n = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
+    agree.append(n)
+    print(f"  {p!r}: {n} leading tokens agree\n    llama.cpp: {texts[0]!r}\n    ours:      {texts[1]!r}")
+print(f"{sys.argv[1]}: leading tokens in agreement {agree}; prompts with >= 8: {sum(a >= 8 for a in agree)} of 4")
+PY
+  kill "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true; pids=()
+done
