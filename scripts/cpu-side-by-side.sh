@@ -2,7 +2,8 @@
 # One run, one machine: our `engine bench` against llama.cpp's `llama-batched-bench` on the same
 # GGUF file, 2 threads each, one after the other (keep the machine otherwise idle):
 # - prefill and decode tok/s at batch 1, 4 and 16 (128 prompt + 128 generated tokens each);
-# - single-stream decode tok/s after a prompt of 512, 2048 and 8192 tokens (64 generated);
+# - single-stream decode tok/s at 512, 2048 and 8192 tokens of context (a prompt of the context
+#   less 64 tokens, then 64 generated);
 # - at batch-1 decode, the GB/s each side streams (the file's tensor bytes plus the KV cache
 #   read per token: ours f32, llama.cpp's f16) beside the machine's memory bandwidth, measured
 #   by a STREAM-like copy (2 threads, bytes read + written) in the same run.
@@ -59,7 +60,7 @@ PY
 )
 
 ours() { # batch prompt generated -> "prefill_tok/s decode_tok/s"
-  $E bench --model "$MODEL" --threads 2 --num-seqs "$1" --max-num-seqs "$1" --max-model-len $(($2 + $3 + 16)) \
+  $E bench --model "$MODEL" --threads 2 --num-seqs "$1" --max-num-seqs "$1" --max-model-len $(($2 + $3)) \
     --min-input-len "$2" --max-input-len "$2" --min-output-len "$3" --max-output-len "$3" 2>/dev/null |
     awk -F'Throughput: ' '/^Prefill/{pp=$2+0} /^Decode:/{tg=$2+0} END{print pp, tg}'
 }
@@ -76,8 +77,8 @@ while read -r b pp tg; do
     'BEGIN { printf "%-26s %12.1f %12.1f %12.1f %12.1f %8.2fx %8.2fx\n", c, op, pp, ot, tg, op/pp, ot/tg }'
 done < <(peer 1,4,16 128 128)
 for ctx in $CONTEXTS; do
-  read -r _ pp tg < <(peer 1 "$ctx" 64)
-  read -r opp otg < <(ours 1 "$ctx" 64)
+  read -r _ pp tg < <(peer 1 $((ctx - 64)) 64)
+  read -r opp otg < <(ours 1 $((ctx - 64)) 64)
   awk -v c="1 stream at $ctx context" -v op="$opp" -v pp="$pp" -v ot="$otg" -v tg="$tg" \
     -v w="$tensor_bytes" -v kv="$kv_per_token" -v ctx="$ctx" -v bw="$bandwidth" \
     'BEGIN {
