@@ -14,11 +14,14 @@ F16="$PEERS/models/SmolLM2-135M-Instruct.Q4_1.F16.gguf"
 [ -x "$PEERS/bin/llama-server" ] && [ -f "$F16" ] || { echo "run ../shared/peers/build-llama-cpp.sh first" >&2; exit 1; }
 [ -x target/release/engine ] || { echo "build the engine first: cargo build --release" >&2; exit 1; }
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+trap 'kill ${pids[@]+"${pids[@]}"} 2>/dev/null || true' EXIT
 wait_up() { for _ in $(seq 1 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; echo "no server at $1" >&2; exit 1; }
 for scheme in Q4_K_M Q5_K_M Q6_K; do
   file="$PEERS/models/SmolLM2-135M-Instruct.$scheme.gguf"
-  [ -f "$file" ] || "$PEERS/bin/llama-quantize" "$F16" "$file" "$scheme" >/dev/null 2>&1
+  if [ ! -f "$file" ]; then
+    "$PEERS/bin/llama-quantize" "$F16" "$file.part" "$scheme" >"$file.log" 2>&1 || { tail -5 "$file.log" >&2; exit 1; }
+    mv "$file.part" "$file"
+  fi
   "$PEERS/bin/llama-server" -m "$file" --port 8311 -t 2 -c 2048 >/dev/null 2>&1 & pids+=($!)
   target/release/engine serve --model "$file" --port 8312 --threads 2 --quantized-weights "${WEIGHTS:-integer}" >/dev/null 2>&1 & pids+=($!)
   wait_up http://127.0.0.1:8311; wait_up http://127.0.0.1:8312

@@ -66,6 +66,9 @@ PY
 fi
 for type in Q4_K_M Q4_0 Q8_0; do
   out="$OUT/llama-1b-shaped.$type.gguf"
-  [ -f "$out" ] || "$quantize" "$f16" "$out" "$type" >/dev/null 2>&1
+  if [ ! -f "$out" ]; then
+    "$quantize" "$f16" "$out.part" "$type" >"$out.log" 2>&1 || { tail -5 "$out.log" >&2; exit 1; }
+    mv "$out.part" "$out"
+  fi
   echo "$out"
 done

@@ -7,8 +7,9 @@
 # - blocks.gguf: random blocks of every quantised type the engine reads, each beside gguf-py's
 #   own dequantisation of them (`<type>.ref`, f32);
 # - kquant-tiny.gguf: a random Llama whose rows are 256 wide (K-quant super-blocks), its
-#   weights random blocks in a Q4_K_M-like mix (Q4_K, Q6_K for attn_v / ffn_down / output,
-#   one Q5_K, Q5_0 and Q5_1 tensor each), and kquant-tiny.F32.gguf, the same model with
+#   weights random blocks in a Q4_K_M-like mix (layer 0: Q4_K with Q6_K attn_v / ffn_down, as
+#   llama-quantize mixes them; layer 1: Q5_1 attention, Q5_K gate / up, Q5_0 down; output
+#   Q6_K), and kquant-tiny.F32.gguf, the same model with
 #   every weight as gguf-py dequantises it. gguf-py cannot quantise to K-quants, so these
 #   are blocks rather than quantised trained weights: they check the reading of each layout
 #   (and the mixing of types in one file) against an independent dequantiser.
@@ -110,11 +111,11 @@ Q = gguf.GGMLQuantizationType
 
 def random_blocks(qtype, rows, cols, scale):
     """Random blocks of `qtype` for a rows x cols weight: random bytes, then f16 scales
-    (d, and dmin or m where the type has one) giving weights of about `scale`."""
+    (d, and dmin or m where the type has one) giving weights of about `scale`, each block's
+    own (times 0.5 to 1.5)."""
     elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(rows * cols // elems, nbytes), dtype=np.uint8)
-    f16 = lambda x: np.full((blocks.shape[0], 1), x, dtype=np.float16).view(np.uint8)
-    jitter = lambda: rng.uniform(0.5, 1.5, size=(blocks.shape[0], 1)).astype(np.float16).view(np.uint8)
+    f16 = lambda x: (x * rng.uniform(0.5, 1.5, size=(blocks.shape[0], 1))).astype(np.float16).view(np.uint8)
     if qtype == Q.Q6_K:  # d is last: weight = d * int8 scale * (q - 32)
         blocks[:, -2:] = f16(scale / (32 * 64))
     elif qtype in (Q.Q4_K, Q.Q5_K):  # d, dmin: weight = d * sc * q - dmin * min
@@ -148,12 +149,12 @@ head_dim = hidden // heads
 shapes = {"token_embd.weight": ((vocab, hidden), Q.Q4_K), "output.weight": ((vocab, hidden), Q.Q6_K)}
 for i in range(layers):
     shapes.update({
-        f"blk.{i}.attn_q.weight": ((hidden, hidden), Q.Q4_K),
-        f"blk.{i}.attn_k.weight": ((kv_heads * head_dim, hidden), Q.Q4_K),
+        f"blk.{i}.attn_q.weight": ((hidden, hidden), Q.Q4_K if i == 0 else Q.Q5_1),
+        f"blk.{i}.attn_k.weight": ((kv_heads * head_dim, hidden), Q.Q4_K if i == 0 else Q.Q5_1),
         f"blk.{i}.attn_v.weight": ((kv_heads * head_dim, hidden), Q.Q6_K if i == 0 else Q.Q5_1),
-        f"blk.{i}.attn_output.weight": ((hidden, hidden), Q.Q4_K),
-        f"blk.{i}.ffn_gate.weight": ((ffn, hidden), Q.Q5_K if i == 1 else Q.Q4_K),
-        f"blk.{i}.ffn_up.weight": ((ffn, hidden), Q.Q4_K),
+        f"blk.{i}.attn_output.weight": ((hidden, hidden), Q.Q4_K if i == 0 else Q.Q5_1),
+        f"blk.{i}.ffn_gate.weight": ((ffn, hidden), Q.Q4_K if i == 0 else Q.Q5_K),
+        f"blk.{i}.ffn_up.weight": ((ffn, hidden), Q.Q4_K if i == 0 else Q.Q5_K),
         f"blk.{i}.ffn_down.weight": ((hidden, ffn), Q.Q6_K if i == 0 else Q.Q5_0),
     })
 weights = {name: random_blocks(qtype, *shape, 0.08) for name, (shape, qtype) in shapes.items()}

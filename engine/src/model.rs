@@ -199,9 +199,11 @@ fn read(weights: &mut dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::
     Ok(t)
 }
 
-/// Stacks 2-D tensors (or 1-D vectors) along the first dimension; mixed dtypes become f32.
-/// Quantised parts of one type stay quantised: their rows are whole blocks.
-fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
+/// Stacks 2-D tensors (or 1-D vectors) along the first dimension into `name`; mixed dtypes
+/// become f32 (said when quantised parts differ: a Q4_K_M file's Q6_K `v_proj` beside Q4_K
+/// `q_proj` / `k_proj` takes the fused weight off the integer kernels). Quantised parts of
+/// one type stay quantised: their rows are whole blocks.
+fn concat_rows(name: &str, parts: Vec<HostTensor>) -> HostTensor {
     let rows: usize = parts.iter().map(|p| p.shape[0]).sum();
     let len: usize = parts.iter().map(|p| p.data.len()).sum();
     let mut shape = parts[0].shape.clone();
@@ -232,6 +234,19 @@ fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
         }
         TensorData::Quant(q, out)
     } else {
+        let quant: Vec<String> = parts
+            .iter()
+            .filter_map(|p| match p.data {
+                TensorData::Quant(q, _) => Some(format!("{q:?}")),
+                _ => None,
+            })
+            .collect();
+        if !quant.is_empty() {
+            tracing::info!(
+                "`{name}` fuses parts of types {}: dequantised to one matrix",
+                quant.join(", ")
+            );
+        }
         let mut out = Vec::with_capacity(len);
         for p in parts {
             out.extend_from_slice(&p.data.into_f32());
@@ -271,7 +286,8 @@ impl<B: Backend> Layer<B> {
         for (n, &rows) in qkv_names.iter().zip(&widths) {
             parts.push(read(w, &format!("{n}.weight"), &[rows, h])?);
         }
-        let qkv = backend.upload_weight(&format!("{p}.self_attn.qkv"), concat_rows(parts))?;
+        let qkv_name = format!("{p}.self_attn.qkv");
+        let qkv = backend.upload_weight(&qkv_name, concat_rows(&qkv_name, parts))?;
         let has_bias: Vec<bool> = qkv_names
             .iter()
             .map(|n| w.contains(&format!("{n}.bias")))
@@ -281,7 +297,8 @@ impl<B: Backend> Layer<B> {
             for (n, &rows) in qkv_names.iter().zip(&widths) {
                 parts.push(read(w, &format!("{n}.bias"), &[rows])?);
             }
-            Some(backend.upload_param(&format!("{p}.self_attn.qkv.bias"), concat_rows(parts))?)
+            let name = format!("{p}.self_attn.qkv.bias");
+            Some(backend.upload_param(&name, concat_rows(&name, parts))?)
         } else {
             None
         };
@@ -298,8 +315,9 @@ impl<B: Backend> Layer<B> {
         let o_proj = backend.upload_weight(&o_name, read(w, &o_name, &[h, qw])?)?;
         let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
         let up = read(w, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+        let gate_up_name = format!("{p}.mlp.gate_up");
         let gate_up =
-            backend.upload_weight(&format!("{p}.mlp.gate_up"), concat_rows(vec![gate, up]))?;
+            backend.upload_weight(&gate_up_name, concat_rows(&gate_up_name, vec![gate, up]))?;
         let down_name = format!("{p}.mlp.down_proj.weight");
         let down = backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?;
         Ok(Layer {

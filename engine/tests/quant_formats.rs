@@ -102,7 +102,8 @@ fn measure(golden: &str, fixture_name: &str) -> (f32, f32) {
 /// quantised rows measured 8.6 on the Llama Q8_0 file. Q4_0 / Q4_1 steps are 16–17 times
 /// coarser, and measured 16–21 times the Q8_0 error (up to 4.9), so their bound is the Q8_0
 /// one scaled by 16: a sanity bound, the layout itself is checked by Q8_0 and by the
-/// unit tests of every block format. Q5_0 / Q5_1 steps are half the Q4 ones: bound 4. The integer kernels round activations exactly as
+/// unit tests of every block format. Q5_0 / Q5_1 steps are half the Q4 ones: bound 4.
+/// The integer kernels round activations exactly as
 /// finely as Q8_0 rounds weights, so they should move logits by about as much: measured at
 /// most 0.33 over the whole vocabulary; bound 0.5.
 #[test]
@@ -204,7 +205,8 @@ fn assert_like_twin(quantised: &Path, twin: &Path) {
     assert!(int_err < 0.5, "integer kernels moved logits by {int_err}");
 }
 
-/// Random blocks mixing Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 in one file.
+/// Random blocks mixing Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 in one file (layer 1's fused weights
+/// each of one type, so every type but Q6_K reaches the integer kernels).
 #[test]
 fn a_k_quant_mix_runs_like_its_dequantised_twin() {
     assert_like_twin(

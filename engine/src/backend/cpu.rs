@@ -49,7 +49,8 @@ pub enum QuantizedWeights {
     /// Per weight shape, the faster of the integer kernels and f16 kernels on a
     /// dequantised copy, measured at load (`path_choice`) and logged.
     Fastest,
-    /// Always the integer kernels on the blocks (`quant`).
+    /// The integer kernels on the blocks (`quant`) wherever the type has them (Q6_K, and
+    /// fused weights whose parts differ in type, run on f16 copies).
     Integer,
     /// Dequantised at load to f32 (then f16 when `f32_weights_as_f16`).
     Dequantize,

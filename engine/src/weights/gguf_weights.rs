@@ -111,6 +111,13 @@ impl WeightSource for GgufWeights {
             Some((_, n_kv_head)) if name.ends_with("self_attn.k_proj.weight") => n_kv_head,
             _ => return Ok(tensor),
         };
+        if tensor.shape.len() != 2 {
+            anyhow::bail!(
+                "tensor `{gguf_name}` in {} has shape {:?}, not a matrix",
+                self.file.path().display(),
+                tensor.shape
+            );
+        }
         let rows = tensor.shape.first().copied().unwrap_or(0);
         let row_len = tensor.shape.get(1..).map_or(1, |d| d.iter().product());
         if n_head == 0 || !rows.is_multiple_of(2 * n_head) {

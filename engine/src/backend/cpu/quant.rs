@@ -153,9 +153,10 @@ impl QuantMatrix {
                     }
                 }
             });
-        // `m` of Q4_0 / Q8_0 is −8d / −128d: finite unless d is near f16's maximum.
+        // `m` of Q4_0 / Q5_0 / Q8_0 is −8d / −16d / −128d, and a K-quant group's `d` and `m`
+        // are products of two scales: finite unless a scale is near f16's maximum.
         let overflow = data.chunks_exact(stride).position(|blk| {
-            blk[wb + 2 * PANEL..]
+            blk[wb..]
                 .chunks_exact(2)
                 .any(|h| !f16::from_le_bytes([h[0], h[1]]).is_finite())
         });
