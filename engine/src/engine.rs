@@ -526,21 +526,24 @@ impl LlmEngine {
     /// The grammar masks of this step's sampled, constrained sequences, computed in parallel
     /// (each is independent) before the forward that applies them.
     fn compute_grammar_masks(&mut self, chunks: &[ScheduledChunk], samples: &[Option<f64>]) {
-        let sampled: std::collections::HashSet<SeqId> = chunks
+        // Lookups only: a step without constrained sequences allocates nothing here.
+        let ids: Vec<SeqId> = chunks
             .iter()
             .zip(samples)
-            .filter(|(_, u)| u.is_some())
+            .filter(|(c, u)| {
+                u.is_some() && self.requests.get(&c.id).is_some_and(Request::constrained)
+            })
             .map(|(c, _)| c.id)
             .collect();
+        if ids.is_empty() {
+            return;
+        }
         let mut constrained: Vec<&mut Request> = self
             .requests
             .iter_mut()
-            .filter(|(id, r)| sampled.contains(id) && r.constrained())
+            .filter(|(id, _)| ids.contains(id))
             .map(|(_, r)| r)
             .collect();
-        if constrained.is_empty() {
-            return;
-        }
         let secs: f64 = constrained
             .par_iter_mut()
             .map(|r| {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use common::server::{chunks, post, post_stream, sse_payloads, Server};
+use common::server::{chunks, post, post_stream, run_openai_script, sse_payloads, Server};
 use common::{golden_dir_with, smollm2_gguf};
 
 /// The tiny random Llama most tests serve.
@@ -1364,24 +1364,8 @@ for chunk in client.chat.completions.create(stream=True, **ask):
 out.update(joined)
 print(json.dumps(out))
 "#;
-    let path = std::env::var("OPENAI_PYTHONPATH").expect(
-        "OPENAI_PYTHONPATH: run the tests through scripts/test.sh, which installs PyPI's openai",
-    );
-    let output = Command::new("python3")
-        .env("PYTHONPATH", path)
-        .args([
-            "-c",
-            SCRIPT,
-            base_url,
-            &messages.to_string(),
-            &MAX_TOKENS.to_string(),
-        ])
-        .output()
-        .expect("running python3");
-    assert!(
-        output.status.success(),
-        "the openai client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("the script prints JSON")
+    run_openai_script(
+        SCRIPT,
+        &[base_url, &messages.to_string(), &MAX_TOKENS.to_string()],
+    )
 }

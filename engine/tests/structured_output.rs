@@ -5,11 +5,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use serde_json::{json, Value};
 
-use common::server::{chunks, post, post_stream, Server};
+use common::server::{chunks, post, post_stream, run_openai_script, Server};
 use common::{golden_dir_with, smollm2_gguf};
 
 async fn tiny_server(extra: &[&str]) -> Server {
@@ -464,24 +462,12 @@ for chunk in ask(weather, tools=tools, tool_choice="required", max_tokens=300, s
 out["streamed_required"] = [joined[i] for i in sorted(joined)]
 print(json.dumps(out))
 "#;
-    let path = std::env::var("OPENAI_PYTHONPATH").expect(
-        "OPENAI_PYTHONPATH: run the tests through scripts/test.sh, which installs PyPI's openai",
-    );
-    let output = Command::new("python3")
-        .env("PYTHONPATH", path)
-        .args([
-            "-c",
-            SCRIPT,
+    run_openai_script(
+        SCRIPT,
+        &[
             base_url,
             &weather_tools().to_string(),
             &person_schema().to_string(),
-        ])
-        .output()
-        .expect("running python3");
-    assert!(
-        output.status.success(),
-        "the openai client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("the script prints JSON")
+        ],
+    )
 }

@@ -737,6 +737,15 @@ fn push_arguments(events: &mut Vec<CallEvent>, index: usize, delta: &str) {
 mod tests {
     use super::*;
 
+    const HERMES: CallFormat = CallFormat::Parsed {
+        parser: ToolCallParser::Hermes,
+        parallel: true,
+    };
+    const LLAMA3_JSON: CallFormat = CallFormat::Parsed {
+        parser: ToolCallParser::Llama3Json,
+        parallel: true,
+    };
+
     /// Feeds `text` in pieces of `step` bytes (at char boundaries) and joins what was read:
     /// (content, [(name, arguments)]).
     fn read(format: CallFormat, text: &str, step: usize) -> (String, Vec<(String, String)>) {
@@ -777,14 +786,7 @@ mod tests {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris <3\"}}\n</tool_call>\n<tool_call>{\"name\":\"get_time\",\"arguments\":{}}</tool_call>";
         for step in [1, 2, 3, 7, text.len()] {
             assert_eq!(
-                read(
-                    CallFormat::Parsed {
-                        parser: ToolCallParser::Hermes,
-                        parallel: true,
-                    },
-                    text,
-                    step
-                ),
+                read(HERMES, text, step),
                 (
                     "Let me check.\n".to_string(),
                     vec![
@@ -797,33 +799,16 @@ mod tests {
         }
         // A `<` that opens no call, an unterminated call and a body that is no call stay text.
         let plain = "a < b <tool_c";
-        let (content, calls) = read(
-            CallFormat::Parsed {
-                parser: ToolCallParser::Hermes,
-                parallel: true,
-            },
-            plain,
-            1,
-        );
+        let (content, calls) = read(HERMES, plain, 1);
         assert_eq!((content.as_str(), calls.len()), (plain, 0));
         let broken = "x<tool_call>not json</tool_call>y<tool_call>{\"name\"";
-        let (content, calls) = read(
-            CallFormat::Parsed {
-                parser: ToolCallParser::Hermes,
-                parallel: true,
-            },
-            broken,
-            4,
-        );
+        let (content, calls) = read(HERMES, broken, 4);
         assert_eq!((content.as_str(), calls.len()), (broken, 0));
     }
 
     #[test]
     fn llama3_json_calls_are_the_whole_answer() {
-        let format = CallFormat::Parsed {
-            parser: ToolCallParser::Llama3Json,
-            parallel: true,
-        };
+        let format = LLAMA3_JSON;
         let text = " {\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}; {\"name\": \"f\", \"parameters\": {}}";
         assert_eq!(
             read(format.clone(), text, 5),

@@ -173,3 +173,25 @@ pub fn chunks(payloads: &[String]) -> Vec<Value> {
         .map(|p| serde_json::from_str(p).expect("chunk is JSON"))
         .collect()
 }
+
+/// Runs a Python `script` with the official `openai` client importable (scripts/test.sh
+/// installs it and sets OPENAI_PYTHONPATH) and `args` as its `sys.argv[1..]`; the JSON it
+/// prints.
+pub fn run_openai_script(script: &str, args: &[&str]) -> Value {
+    let path = std::env::var("OPENAI_PYTHONPATH").expect(
+        "OPENAI_PYTHONPATH: run the tests through scripts/test.sh, which installs PyPI's openai",
+    );
+    let output = Command::new("python3")
+        .env("PYTHONPATH", path)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("running python3");
+    assert!(
+        output.status.success(),
+        "the openai client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the script prints JSON")
+}
