@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use engine::backend::cpu::{CpuOptions, QuantizedWeights};
+use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::config::{Arch, ModelConfig};
 use engine::loader::load_cpu_runner_with;
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
@@ -147,12 +147,13 @@ fn main() -> anyhow::Result<()> {
     let bs = 16;
     let opts = RunnerOptions {
         block_size: bs,
-        kv_cache_bytes: kv_bytes_per_token(&config) * 16 * 512,
+        kv_cache_bytes: kv_bytes_per_token(&config, 2) * 16 * 512,
     };
     let cpu = CpuOptions {
         threads,
         f32_weights_as_f16: true,
         quantized: QuantizedWeights::Fastest,
+        kv_cache_dtype: KvCacheDtype::F16,
     };
     let n_threads = match threads {
         0 => std::thread::available_parallelism()?.get(),
@@ -286,6 +287,7 @@ fn op_bench() -> anyhow::Result<()> {
         threads,
         f32_weights_as_f16: true,
         quantized: QuantizedWeights::Fastest,
+        kv_cache_dtype: KvCacheDtype::F16,
     })?;
     for &(m, n, k) in &[
         (1usize, 3072usize, 576usize),

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use crate::backend::cpu::{CpuBackend, CpuOptions, QuantizedWeights};
+use crate::backend::cpu::{CpuBackend, CpuOptions, KvCacheDtype, QuantizedWeights};
 use crate::backend::cuda::{open_cuda_backend, resolve_device, CudaOptions, Device};
 use crate::config::ModelConfig;
 use crate::engine::{EngineConfig, LlmEngine};
@@ -37,6 +37,11 @@ pub struct DeviceArgs {
     /// dequantised weights, at a third of the decode speed).
     #[arg(long, value_enum, default_value_t = QuantizedWeights::Fastest)]
     pub quantized_weights: QuantizedWeights,
+    /// CPU: what the KV cache stores: `f16` (the default, as llama.cpp's cache: twice the
+    /// tokens per --kv-cache-memory and half the bytes a long context's decode reads) or
+    /// `f32`. CUDA stores bf16.
+    #[arg(long, value_enum)]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
 }
 
 /// Model, KV-cache and scheduler flags shared by `generate`, `bench` and `serve`: one set
@@ -246,10 +251,15 @@ pub fn load_model(
                     .extension()
                     .is_some_and(|e| e.eq_ignore_ascii_case("gguf")),
                 quantized: device.quantized_weights,
+                kv_cache_dtype: device.kv_cache_dtype.unwrap_or(KvCacheDtype::F16),
             };
             load_cpu_runner_with(&config, weights.as_mut(), &options, &cpu)?
         }
         Device::Cuda => {
+            anyhow::ensure!(
+                device.kv_cache_dtype.is_none(),
+                "--kv-cache-dtype is a CPU option: the CUDA backend stores its KV cache in bf16"
+            );
             let options = CudaOptions {
                 block_size: sizing.block_size,
                 gpu_memory_utilization: device.gpu_memory_utilization,
@@ -277,7 +287,7 @@ pub fn load_model(
 }
 
 /// Loads a model onto the CPU with weights kept in their file dtype (quantised ones on the
-/// integer kernels).
+/// integer kernels) and an f32 KV cache: the exact reference the golden tests compare.
 pub fn load_cpu_runner(
     config: &ModelConfig,
     weights: &mut dyn WeightSource,
@@ -288,6 +298,7 @@ pub fn load_cpu_runner(
         threads,
         f32_weights_as_f16: false,
         quantized: QuantizedWeights::Integer,
+        kv_cache_dtype: KvCacheDtype::F32,
     };
     load_cpu_runner_with(config, weights, opts, &cpu)
 }

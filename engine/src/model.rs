@@ -66,9 +66,9 @@ pub struct RunnerOptions {
     pub kv_cache_bytes: usize,
 }
 
-/// KV-cache bytes per token: f32 K and V of every layer.
-pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
-    2 * config.num_layers * config.num_kv_heads * config.head_dim * std::mem::size_of::<f32>()
+/// KV-cache bytes per token: K and V of every layer, `value_bytes` each.
+pub fn kv_bytes_per_token(config: &ModelConfig, value_bytes: usize) -> usize {
+    2 * config.num_layers * config.num_kv_heads * config.head_dim * value_bytes
 }
 
 /// RoPE inverse frequencies (`head_dim / 2` of them), with Llama 3 scaling when configured.
@@ -199,10 +199,9 @@ fn read(weights: &mut dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::
     Ok(t)
 }
 
-/// Stacks 2-D tensors (or 1-D vectors) along the first dimension into `name`; mixed dtypes
-/// become f32 (said when quantised parts differ: a Q4_K_M file's Q6_K `v_proj` beside Q4_K
-/// `q_proj` / `k_proj` takes the fused weight off the integer kernels). Quantised parts of
-/// one type stay quantised: their rows are whole blocks.
+/// Stacks 2-D tensors (or 1-D vectors) along the first dimension into `name`. Quantised
+/// parts stay quantised, each in its own type (their rows are whole blocks); other mixes
+/// of types become f32.
 fn concat_rows(name: &str, parts: Vec<HostTensor>) -> HostTensor {
     let rows: usize = parts.iter().map(|p| p.shape[0]).sum();
     let len: usize = parts.iter().map(|p| p.data.len()).sum();
@@ -225,28 +224,25 @@ fn concat_rows(name: &str, parts: Vec<HostTensor>) -> HostTensor {
             }
         }
         TensorData::BF16(out)
-    } else if let Some(q) = common_quant_type(&parts) {
-        let mut out = Vec::new();
-        for p in &parts {
-            if let TensorData::Quant(_, b) = &p.data {
-                out.extend_from_slice(b);
+    } else if same(|d| matches!(d, TensorData::Quant(..))) {
+        let mut stacked: Vec<(QuantType, Vec<u8>)> = Vec::new();
+        for p in parts {
+            if let TensorData::Quant(q, b) = p.data {
+                match stacked.last_mut() {
+                    Some((last, bytes)) if *last == q => bytes.extend_from_slice(&b),
+                    _ => stacked.push((q, b)),
+                }
             }
         }
-        TensorData::Quant(q, out)
-    } else {
-        let quant: Vec<String> = parts
-            .iter()
-            .filter_map(|p| match p.data {
-                TensorData::Quant(q, _) => Some(format!("{q:?}")),
-                _ => None,
-            })
-            .collect();
-        if !quant.is_empty() {
-            tracing::info!(
-                "`{name}` fuses parts of types {}: dequantised to one matrix",
-                quant.join(", ")
-            );
+        if stacked.len() == 1 {
+            let (q, b) = stacked.pop().expect("one part");
+            TensorData::Quant(q, b)
+        } else {
+            let types: Vec<String> = stacked.iter().map(|(q, _)| format!("{q:?}")).collect();
+            tracing::debug!("`{name}` stacks parts of types {}", types.join(", "));
+            TensorData::QuantParts(stacked)
         }
+    } else {
         let mut out = Vec::with_capacity(len);
         for p in parts {
             out.extend_from_slice(&p.data.into_f32());
@@ -254,16 +250,6 @@ fn concat_rows(name: &str, parts: Vec<HostTensor>) -> HostTensor {
         TensorData::F32(out)
     };
     HostTensor { shape, data }
-}
-
-/// The quantised type every part shares, if they all are quantised with one type.
-fn common_quant_type(parts: &[HostTensor]) -> Option<QuantType> {
-    let mut types = parts.iter().map(|p| match p.data {
-        TensorData::Quant(q, _) => Some(q),
-        _ => None,
-    });
-    let first = types.next()??;
-    types.all(|q| q == Some(first)).then_some(first)
 }
 
 impl<B: Backend> Layer<B> {
@@ -359,7 +345,7 @@ impl<B: Backend> Model<B> {
             "empty model dimensions in the config"
         );
         ensure!(opts.block_size > 0, "KV block size must be positive");
-        let block_bytes = kv_bytes_per_token(c) * opts.block_size;
+        let block_bytes = kv_bytes_per_token(c, backend.kv_value_bytes()) * opts.block_size;
         let num_blocks = opts.kv_cache_bytes / block_bytes;
         ensure!(
             num_blocks >= 1,
@@ -706,6 +692,6 @@ mod tests {
 
     #[test]
     fn kv_bytes_count_k_and_v_of_every_layer() {
-        assert_eq!(kv_bytes_per_token(&config(None)), 2 * 2 * 128 * 4);
+        assert_eq!(kv_bytes_per_token(&config(None), 2), 2 * 2 * 128 * 2);
     }
 }

@@ -141,7 +141,7 @@ fn runners(rel: &str) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
     let (config, mut w) = open_model(&dir).expect("open model");
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
-        kv_cache_bytes: kv_bytes_per_token(&config) * BLOCK_SIZE * NUM_BLOCKS,
+        kv_cache_bytes: kv_bytes_per_token(&config, 4) * BLOCK_SIZE * NUM_BLOCKS,
     };
     let cpu = load_cpu_runner(&config, w.as_mut(), &opts, 2).expect("load on the CPU");
     let (config, mut w) = open_model(&dir).expect("open model");

@@ -16,7 +16,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use engine::backend::cpu::{CpuOptions, QuantizedWeights};
+use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::loader::load_cpu_runner_with;
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions};
 use engine::weights::ggml_quants::dequantize;
@@ -46,12 +46,13 @@ fn load(path: &Path, quantized: QuantizedWeights) -> Box<dyn ModelRunner> {
     let (config, mut weights) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
-        kv_cache_bytes: kv_bytes_per_token(&config) * BLOCK_SIZE * 64,
+        kv_cache_bytes: kv_bytes_per_token(&config, 4) * BLOCK_SIZE * 64,
     };
     let cpu = CpuOptions {
         threads: 2,
         f32_weights_as_f16: false,
         quantized,
+        kv_cache_dtype: KvCacheDtype::F32,
     };
     load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu).unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -190,8 +191,7 @@ fn against_twin(quantised: &Path, twin: &Path) -> (f32, f32, f32) {
 
 /// Bounds of [`against_twin`]. Dequantised (f32 math) a file is its twin but for f32
 /// rounding. The integer kernels add the activations' rounding (as on the golden models:
-/// bound 0.5) and the K-quants' f16 group scales (2⁻¹¹ relative, far smaller); Q6_K
-/// tensors run on f16 copies (2⁻¹¹ relative).
+/// bound 0.5) and the K-quants' f16 group scales (2⁻¹¹ relative, far smaller).
 fn assert_like_twin(quantised: &Path, twin: &Path) {
     let (deq_err, int_err, magnitude) = against_twin(quantised, twin);
     assert!(
@@ -205,8 +205,8 @@ fn assert_like_twin(quantised: &Path, twin: &Path) {
     assert!(int_err < 0.5, "integer kernels moved logits by {int_err}");
 }
 
-/// Random blocks mixing Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 in one file (layer 1's fused weights
-/// each of one type, so every type but Q6_K reaches the integer kernels).
+/// Random blocks mixing Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 in one file (layer 0's fused weights
+/// stack parts of different types, each kept in its own; layer 1's are each of one type).
 #[test]
 fn a_k_quant_mix_runs_like_its_dequantised_twin() {
     assert_like_twin(

@@ -5,7 +5,7 @@
 
 mod common;
 
-use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions, QuantizedWeights};
+use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::backend::cuda::Device;
 use engine::engine::{EngineConfig, LlmEngine};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with, load_engine, DeviceArgs, EngineArgs};
@@ -22,6 +22,7 @@ fn cpu_backend_keeps_the_sampling_contract() {
         threads: 1,
         f32_weights_as_f16: false,
         quantized: QuantizedWeights::Integer,
+        kv_cache_dtype: KvCacheDtype::F32,
     })
     .expect("backend");
     common::check_sampling_contract(&b, |rows, cols, data| {
@@ -35,7 +36,7 @@ fn cpu_runner_samples_its_own_logits() {
     let (config, mut w) = open_model(&dir).expect("open model");
     let opts = RunnerOptions {
         block_size: 16,
-        kv_cache_bytes: kv_bytes_per_token(&config) * 16 * 16,
+        kv_cache_bytes: kv_bytes_per_token(&config, 4) * 16 * 16,
     };
     let mut r = load_cpu_runner(&config, w.as_mut(), &opts, 2).expect("load");
     common::check_runner_samples_its_logits(r.as_mut());
@@ -58,6 +59,7 @@ fn seeded_cpu_sampling_draws_the_same_tokens_as_before() {
         threads: 2,
         f32_weights_as_f16: true,
         quantized: QuantizedWeights::Dequantize,
+        kv_cache_dtype: KvCacheDtype::F32,
     };
     let runner = load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu).expect("load");
     let tokenizer = std::sync::Arc::new(Tokenizer::from_model_path(&path).expect("tokenizer"));
@@ -141,6 +143,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
             quantized_weights: QuantizedWeights::Fastest,
+            kv_cache_dtype: None,
         },
     };
     let err = load_engine(&args).err().expect("refused").to_string();

@@ -590,7 +590,7 @@ fn llama_tiny_greedy_is_batch_invariant() {
         let (config, mut weights) = engine::weights::open_model(&dir).unwrap();
         let options = RunnerOptions {
             block_size: 4,
-            kv_cache_bytes: kv_bytes_per_token(&config) * 4 * num_blocks,
+            kv_cache_bytes: kv_bytes_per_token(&config, 4) * 4 * num_blocks,
         };
         let runner = load_cpu_runner(&config, weights.as_mut(), &options, 2).unwrap();
         assert_eq!(runner.num_blocks(), num_blocks);

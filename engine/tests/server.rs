@@ -1112,6 +1112,7 @@ impl ReasoningFixture {
                 gpu_memory_utilization: 0.9,
                 enforce_eager: false,
                 quantized_weights: QuantizedWeights::Fastest,
+                kv_cache_dtype: None,
             },
         };
         let mut loaded = load_engine(&args).unwrap();

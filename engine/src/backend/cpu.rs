@@ -1,9 +1,9 @@
 //! The CPU backend: f32 activations, weights in f32 / f16 / bf16 or GGUF's quantised
 //! blocks, a dedicated rayon pool.
 //!
-//! GGUF's Q8_0 / Q4_0 / Q4_1 weights stay quantised and are multiplied with integer dot
-//! products on activations quantised per block (`quant`), so decode, which is
-//! bandwidth-bound, reads 0.625 bytes per Q4 weight; by default each weight shape takes
+//! GGUF's quantised weights stay quantised and are multiplied with integer dot products
+//! on activations quantised per block (`quant`), so decode, which is bandwidth-bound,
+//! reads 0.625 bytes per Q4 weight; by default each weight shape takes
 //! whichever of that and an f16 copy measures faster at load ([`QuantizedWeights`]).
 //! Linear weights that arrive as f32 can be stored as f16
 //! ([`CpuOptions::f32_weights_as_f16`]); unquantised f32 checkpoints keep full precision
@@ -23,7 +23,7 @@ use std::sync::Mutex;
 use anyhow::{ensure, Context};
 use half::{f16, slice::HalfFloatSliceExt};
 
-pub use attention::CpuKvCache;
+pub use attention::{CpuKvCache, KvCacheDtype};
 pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
 
@@ -39,8 +39,10 @@ pub struct CpuOptions {
     pub threads: usize,
     /// Store f32 linear weights (and the embedding table) as f16.
     pub f32_weights_as_f16: bool,
-    /// What to do with GGUF's Q8_0 / Q4_0 / Q4_1 weights.
+    /// What to do with GGUF's quantised weights.
     pub quantized: QuantizedWeights,
+    /// What the KV cache stores.
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 /// What the CPU backend does with quantised weights.
@@ -49,20 +51,23 @@ pub enum QuantizedWeights {
     /// Per weight shape, the faster of the integer kernels and f16 kernels on a
     /// dequantised copy, measured at load (`path_choice`) and logged.
     Fastest,
-    /// The integer kernels on the blocks (`quant`) wherever the type has them (Q6_K, and
-    /// fused weights whose parts differ in type, run on f16 copies).
+    /// The integer kernels on the blocks (`quant`).
     Integer,
     /// Dequantised at load to f32 (then f16 when `f32_weights_as_f16`).
     Dequantize,
 }
+
+/// A quantised weight's parts' types, rows and columns: what a path choice is made for.
+type WeightShape = (Vec<QuantType>, usize, usize);
 
 /// The CPU implementation of [`Backend`].
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     f32_weights_as_f16: bool,
     quantized: QuantizedWeights,
-    /// Per (type, rows, cols): whether the integer path won the measurement.
-    path_choices: Mutex<HashMap<(QuantType, usize, usize), bool>>,
+    kv_cache_dtype: KvCacheDtype,
+    /// Per (parts' types, rows, cols): whether the integer path won the measurement.
+    path_choices: Mutex<HashMap<WeightShape, bool>>,
 }
 
 impl CpuBackend {
@@ -87,6 +92,7 @@ impl CpuBackend {
             pool,
             f32_weights_as_f16: opts.f32_weights_as_f16,
             quantized: opts.quantized,
+            kv_cache_dtype: opts.kv_cache_dtype,
             path_choices: Mutex::new(HashMap::new()),
         })
     }
@@ -96,80 +102,97 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
-    /// A quantised weight on the path that measured faster for its shape (measured once
-    /// per shape).
+    /// A weight of quantised parts `(type, blocks)` stacked by rows, on the path
+    /// [`QuantizedWeights`] asks for.
+    fn quantized_weight(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        parts: Vec<(QuantType, Vec<u8>)>,
+    ) -> anyhow::Result<WeightData> {
+        let dequantized = || {
+            parts
+                .iter()
+                .flat_map(|(kind, blocks)| dequantize(*kind, blocks))
+                .collect()
+        };
+        if self.quantized == QuantizedWeights::Dequantize {
+            return Ok(self.unquantized(dequantized()));
+        }
+        let mut with_rows = Vec::with_capacity(parts.len());
+        for (kind, blocks) in &parts {
+            let row_bytes = cols / kind.block_elems() * kind.block_bytes();
+            ensure!(
+                row_bytes > 0 && blocks.len() % row_bytes == 0,
+                "weight `{name}`: {} bytes of {kind:?} are not whole rows of {cols}",
+                blocks.len()
+            );
+            with_rows.push((*kind, blocks.len() / row_bytes, blocks.as_slice()));
+        }
+        let quant = QuantMatrix::from_parts(name, cols, &with_rows)?;
+        ensure!(
+            quant.rows == rows,
+            "weight `{name}`: its parts hold {} rows, its shape {rows}",
+            quant.rows
+        );
+        Ok(if self.quantized == QuantizedWeights::Integer {
+            WeightData::Quant(quant)
+        } else {
+            let kinds = parts.iter().map(|(kind, _)| *kind).collect();
+            self.fastest(name, kinds, quant, dequantized)
+        })
+    }
+
+    /// A quantised weight (`kinds` its parts' types) on the path that measured faster for
+    /// its shape (measured once per shape).
     fn fastest(
         &self,
         name: &str,
-        kind: QuantType,
-        rows: usize,
-        cols: usize,
-        blocks: &[u8],
-    ) -> anyhow::Result<WeightData> {
+        kinds: Vec<QuantType>,
+        quant: QuantMatrix,
+        dequantized: impl FnOnce() -> Vec<f32>,
+    ) -> WeightData {
+        let (rows, cols) = (quant.rows, quant.cols);
         let weight = |data| CpuWeight { rows, cols, data };
-        let quant = weight(WeightData::Quant(QuantMatrix::from_gguf(
-            name, kind, rows, cols, blocks,
-        )?));
-        let key = (kind, rows, cols);
+        let key = (kinds, rows, cols);
         let known = self
             .path_choices
             .lock()
             .expect("path choices")
             .get(&key)
             .copied();
-        let integer = match known {
-            Some(integer) => integer,
-            None => {
-                let f16 = weight(f16_data(&dequantize(kind, blocks)));
-                let t = self
-                    .pool
-                    .install(|| path_choice::measure(&quant, &f16, self.threads()));
-                let integer = t.integer_wins();
-                tracing::info!(
-                    "{kind:?} weights of shape {rows}x{cols} (first: `{name}`): integer kernels {:.1} µs per token, f16 {:.1} µs: {} path",
-                    t.integer * 1e6,
-                    t.f16 * 1e6,
-                    if integer { "integer" } else { "f16" }
-                );
-                self.path_choices
-                    .lock()
-                    .expect("path choices")
-                    .insert(key, integer);
-                if !integer {
-                    return Ok(f16.data);
-                }
-                integer
-            }
-        };
-        Ok(if integer {
-            quant.data
-        } else {
-            f16_data(&dequantize(kind, blocks))
-        })
-    }
-
-    /// A quantised weight of a type the integer kernels do not take (Q6_K), on the f16
-    /// path; said once per shape.
-    fn without_integer_form(
-        &self,
-        name: &str,
-        kind: QuantType,
-        rows: usize,
-        cols: usize,
-        blocks: &[u8],
-    ) -> WeightData {
-        let first = self
-            .path_choices
+        if let Some(integer) = known {
+            return if integer {
+                WeightData::Quant(quant)
+            } else {
+                f16_data(&dequantized())
+            };
+        }
+        let (quant, f16) = (
+            weight(WeightData::Quant(quant)),
+            weight(f16_data(&dequantized())),
+        );
+        let t = self
+            .pool
+            .install(|| path_choice::measure(&quant, &f16, self.threads()));
+        let integer = t.integer_wins();
+        tracing::info!(
+            "{:?} weights of shape {rows}x{cols} (first: `{name}`): integer kernels {:.1} µs per token, f16 {:.1} µs: {} path",
+            key.0,
+            t.integer * 1e6,
+            t.f16 * 1e6,
+            if integer { "integer" } else { "f16" }
+        );
+        self.path_choices
             .lock()
             .expect("path choices")
-            .insert((kind, rows, cols), false)
-            .is_none();
-        if first {
-            tracing::info!(
-                "{kind:?} weights of shape {rows}x{cols} (first: `{name}`): no integer kernels for {kind:?}, f16 path"
-            );
+            .insert(key, integer);
+        if integer {
+            quant.data
+        } else {
+            f16.data
         }
-        f16_data(&dequantize(kind, blocks))
     }
 
     /// An f32 weight as stored: f16 when asked, else f32.
@@ -282,18 +305,10 @@ impl Backend for CpuBackend {
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<CpuWeight> {
         let (rows, cols) = tensor.matrix_dims(name)?;
         let data = match tensor.data {
-            TensorData::Quant(kind, blocks) => match self.quantized {
-                QuantizedWeights::Integer | QuantizedWeights::Fastest
-                    if !QuantMatrix::supports(kind) =>
-                {
-                    self.without_integer_form(name, kind, rows, cols, &blocks)
-                }
-                QuantizedWeights::Integer => {
-                    WeightData::Quant(QuantMatrix::from_gguf(name, kind, rows, cols, &blocks)?)
-                }
-                QuantizedWeights::Fastest => self.fastest(name, kind, rows, cols, &blocks)?,
-                QuantizedWeights::Dequantize => self.unquantized(dequantize(kind, &blocks)),
-            },
+            TensorData::Quant(kind, blocks) => {
+                self.quantized_weight(name, rows, cols, vec![(kind, blocks)])?
+            }
+            TensorData::QuantParts(parts) => self.quantized_weight(name, rows, cols, parts)?,
             TensorData::F32(v) => self.unquantized(v),
             TensorData::F16(v) => WeightData::F16(v),
             TensorData::BF16(v) => WeightData::BF16(v),
@@ -305,6 +320,10 @@ impl Backend for CpuBackend {
         tensor.into_param(name)
     }
 
+    fn kv_value_bytes(&self) -> usize {
+        self.kv_cache_dtype.bytes()
+    }
+
     fn new_kv_cache(
         &self,
         num_blocks: usize,
@@ -312,7 +331,13 @@ impl Backend for CpuBackend {
         num_kv_heads: usize,
         head_dim: usize,
     ) -> anyhow::Result<CpuKvCache> {
-        CpuKvCache::new(num_blocks, block_size, num_kv_heads, head_dim)
+        CpuKvCache::new(
+            self.kv_cache_dtype,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+        )
     }
 
     fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<CpuStep> {
@@ -588,6 +613,7 @@ mod tests {
                 threads: 2,
                 f32_weights_as_f16: true,
                 quantized,
+                kv_cache_dtype: KvCacheDtype::F16,
             })
             .unwrap()
         };
@@ -607,14 +633,14 @@ mod tests {
         let c = fastest.upload_weight("c", q4_1_tensor(16, 64, 4)).unwrap();
         let choices = fastest.path_choices.lock().unwrap().clone();
         assert_eq!(choices.len(), 2, "{choices:?}");
-        let integer_48 = choices[&(QuantType::Q4_1, 48, 64)];
+        let integer_48 = choices[&(vec![QuantType::Q4_1], 48, 64)];
         for w in [&a, &b] {
             assert_eq!(matches!(w.data, WeightData::Quant(_)), integer_48);
             assert_eq!(matches!(w.data, WeightData::F16(_)), !integer_48);
         }
         assert_eq!(
             matches!(c.data, WeightData::Quant(_)),
-            choices[&(QuantType::Q4_1, 16, 64)]
+            choices[&(vec![QuantType::Q4_1], 16, 64)]
         );
         // Either way the product is the dequantised one, within the activations' rounding.
         let want = q4_1_tensor(48, 64, 2).data.to_f32();
@@ -644,6 +670,7 @@ mod tests {
             threads: 1,
             f32_weights_as_f16: true,
             quantized: QuantizedWeights::Fastest,
+            kv_cache_dtype: KvCacheDtype::F16,
         })
         .unwrap();
         let w = b.upload_weight("w", t.clone()).unwrap();
@@ -652,6 +679,7 @@ mod tests {
             threads: 1,
             f32_weights_as_f16: false,
             quantized: QuantizedWeights::Fastest,
+            kv_cache_dtype: KvCacheDtype::F16,
         })
         .unwrap();
         assert!(matches!(

@@ -124,10 +124,10 @@ pub fn open_cuda_backend(
         opts.gpu_memory_utilization,
         opts.ordinal
     );
-    // `Model::load` counts blocks in its own (f32) bytes per token; translate the token count.
+    // `Model::load` counts blocks in bytes per token; translate the token count.
     let runner_opts = RunnerOptions {
         block_size: opts.block_size,
-        kv_cache_bytes: tokens * kv_bytes_per_token(config),
+        kv_cache_bytes: tokens * kv_bytes_per_token(config, backend.kv_value_bytes()),
     };
     let max_blocks_per_seq = tokens
         .min(config.max_position_embeddings.max(1))
@@ -360,7 +360,7 @@ fn to_bf16(data: TensorData) -> Vec<bf16> {
         TensorData::BF16(v) => v,
         TensorData::F16(v) => v.iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
         TensorData::F32(v) => v.iter().map(|&x| bf16::from_f32(x)).collect(),
-        quant @ TensorData::Quant(..) => {
+        quant @ (TensorData::Quant(..) | TensorData::QuantParts(_)) => {
             quant.to_f32().iter().map(|&x| bf16::from_f32(x)).collect()
         }
     }
@@ -799,6 +799,10 @@ impl Backend for CudaBackend {
             .clone_htod(&host)
             .with_context(|| format!("uploading parameter `{name}`"))?;
         Ok(CudaParam { data, len })
+    }
+
+    fn kv_value_bytes(&self) -> usize {
+        std::mem::size_of::<bf16>()
     }
 
     fn new_kv_cache(

@@ -183,6 +183,8 @@ pub trait Backend: Send + Sync {
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Weight>;
     /// Uploads a 1-D parameter (converted to f32); `name` is for error messages.
     fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Param>;
+    /// Bytes of one cached K or V value.
+    fn kv_value_bytes(&self) -> usize;
     /// Allocates one layer's KV cache of `num_blocks` blocks of `block_size` tokens.
     fn new_kv_cache(
         &self,

@@ -68,15 +68,10 @@ impl QuantType {
         }
     }
 
-    /// Largest unsigned value `u` of the integer form, or `None` for a type that has no
-    /// such form (Q6_K's scales change every 16 weights, inside a group of 32).
-    pub fn affine_max(self) -> Option<u8> {
-        match self {
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q4_K => Some(15),
-            QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q5_K => Some(31),
-            QuantType::Q8_0 => Some(255),
-            QuantType::Q6_K => None,
-        }
+    /// Whether the type is a K-quant (256-weight super-blocks; llama.cpp multiplies these
+    /// with activations quantised per 256 values, the others per 32).
+    pub fn is_k_quant(self) -> bool {
+        self.block_elems() == QK_K
     }
 }
 
@@ -191,7 +186,7 @@ fn stored_group(kind: QuantType, block: &[u8], g: usize) -> [u8; GROUP] {
 /// to f16: a relative error of at most 2⁻¹¹ on a group's scale and offset, against a
 /// quantisation step of 1/15 (Q4) or 1/31 (Q5) of the group's range.
 ///
-/// Panics for Q6_K, which has no such form ([`QuantType::affine_max`]).
+/// Panics for Q6_K, whose scale changes every 16 weights ([`q6_k_group`]).
 pub fn affine_group(kind: QuantType, block: &[u8], g: usize) -> ([u8; GROUP], f16, f16) {
     let mut u = stored_group(kind, block, g);
     let d = f16::from_le_bytes([block[0], block[1]]);
@@ -219,20 +214,32 @@ pub fn affine_group(kind: QuantType, block: &[u8], g: usize) -> ([u8; GROUP], f1
 /// Q6_K: `ql[128]`, `qh[64]`, `scales[16]` (i8), f16 `d`; weight = `d·scale·(q − 32)` with
 /// a 6-bit `q` from 4 low bits in `ql` and 2 high bits in `qh`, one scale per 16 weights.
 fn dequantize_q6_k(block: &[u8], dst: &mut [f32]) {
-    let (ql, qh) = (&block[..128], &block[128..192]);
-    let scales = &block[192..208];
     let d = f16_at(block, 208);
-    for half in 0..2 {
-        for k in 0..128 {
-            // Within a half: nibble j of ql[64·half + k % 64] for k = 64j + (k % 64); the
-            // high bits of weight k sit at bits 2·(k / 32) of qh[32·half + k % 32].
-            let low = (ql[64 * half + k % 64] >> (4 * (k / 64))) & 0x0f;
-            let high = (qh[32 * half + k % 32] >> (2 * (k / 32))) & 0x03;
-            let q = i32::from(low | (high << 4)) - 32;
-            let e = 128 * half + k;
-            dst[e] = d * f32::from(scales[e / 16] as i8) * q as f32;
-        }
+    for (e, x) in dst.iter_mut().enumerate() {
+        let q = i32::from(q6_k_value(block, e)) - 32;
+        *x = d * f32::from(block[192 + e / 16] as i8) * q as f32;
     }
+}
+
+/// The stored 6-bit value (0..=63) of weight `e` of a Q6_K super-block.
+fn q6_k_value(block: &[u8], e: usize) -> u8 {
+    let (ql, qh) = (&block[..128], &block[128..192]);
+    // Within a half of 128: nibble j of ql[64·half + k % 64] for k = 64j + (k % 64); the
+    // high bits of weight k sit at bits 2·(k / 32) of qh[32·half + k % 32].
+    let (half, k) = (e / 128, e % 128);
+    let low = (ql[64 * half + k % 64] >> (4 * (k / 64))) & 0x0f;
+    let high = (qh[32 * half + k % 32] >> (2 * (k / 32))) & 0x03;
+    low | (high << 4)
+}
+
+/// Group `g` (0..8) of a Q6_K super-block as its stored values `u` (0..=63) and the f16
+/// scales `d·scale` of its two 16-weight halves: value = `dₕ·(u − 32)`. The products are
+/// rounded to f16, a relative error of at most 2⁻¹¹ on a half's scale.
+pub fn q6_k_group(block: &[u8], g: usize) -> ([u8; GROUP], [f16; 2]) {
+    let u = std::array::from_fn(|c| q6_k_value(block, GROUP * g + c));
+    let d = f16_at(block, 208);
+    let half = |h: usize| f16::from_f32(d * f32::from(block[192 + 2 * g + h] as i8));
+    (u, [half(0), half(1)])
 }
 
 #[cfg(test)]

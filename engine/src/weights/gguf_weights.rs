@@ -134,6 +134,7 @@ impl WeightSource for GgufWeights {
                 let row_bytes = row_len / q.block_elems() * q.block_bytes();
                 TensorData::Quant(*q, unpermute_rows(b, n_head, row_bytes))
             }
+            TensorData::QuantParts(_) => unreachable!("a file's tensor is of one type"),
         };
         Ok(HostTensor {
             shape: tensor.shape,

@@ -28,6 +28,10 @@ pub enum TensorData {
     /// GGUF blocks as stored in the file: each row is `cols / 32` whole blocks. A backend
     /// keeps them quantised or dequantises them ([`TensorData::to_f32`]).
     Quant(QuantType, Vec<u8>),
+    /// Rows stacked from parts quantised with different types, in order (a fused weight
+    /// whose parts a mixed file stores apart: Q4_K_M's Q4_K `q_proj` and Q6_K `v_proj`);
+    /// each part is whole blocks of its type.
+    QuantParts(Vec<(QuantType, Vec<u8>)>),
 }
 
 /// A tensor in host memory, row-major, HF shape.
@@ -70,7 +74,8 @@ impl TensorData {
             TensorData::F32(v) => v.len(),
             TensorData::F16(v) => v.len(),
             TensorData::BF16(v) => v.len(),
-            TensorData::Quant(q, b) => b.len() / q.block_bytes() * q.block_elems(),
+            TensorData::Quant(q, b) => quant_len(*q, b),
+            TensorData::QuantParts(parts) => parts.iter().map(|(q, b)| quant_len(*q, b)).sum(),
         }
     }
 
@@ -85,6 +90,10 @@ impl TensorData {
             TensorData::F16(v) => v.to_f32_vec(),
             TensorData::BF16(v) => v.to_f32_vec(),
             TensorData::Quant(q, b) => ggml_quants::dequantize(*q, b),
+            TensorData::QuantParts(parts) => parts
+                .iter()
+                .flat_map(|(q, b)| ggml_quants::dequantize(*q, b))
+                .collect(),
         }
     }
 
@@ -95,6 +104,11 @@ impl TensorData {
             other => other.to_f32(),
         }
     }
+}
+
+/// Elements in whole blocks `b` of type `q`.
+fn quant_len(q: QuantType, b: &[u8]) -> usize {
+    b.len() / q.block_bytes() * q.block_elems()
 }
 
 impl HostTensor {

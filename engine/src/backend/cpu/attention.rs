@@ -1,4 +1,6 @@
-//! Paged causal attention on the CPU, f32 throughout.
+//! Paged causal attention on the CPU: f32 arithmetic on a KV cache of f16 (the default,
+//! as llama.cpp's: half the bytes a long context's decode reads, and K and V rounded as
+//! llama.cpp rounds them) or f32 values ([`KvCacheDtype`]).
 //!
 //! The cache of one layer stores V as `[block][kv_head][offset][head_dim]` and K transposed,
 //! `[block][kv_head][head_dim][offset]`, so that 16 consecutive keys' values of one dimension
@@ -8,9 +10,11 @@
 //! KV head's group together, so each key and value is read once per item.
 
 use anyhow::{anyhow, ensure};
+use half::f16;
+use half::vec::HalfBitsVecExt;
 use rayon::prelude::*;
 
-use super::simd::{fast_exp, sum, Isa, SendPtr};
+use super::simd::{fast_exp, sum, Elem, Isa, SendPtr};
 use crate::backend::{check_block_table, AttnSeq, QkvLayout};
 
 /// Query rows per work item.
@@ -41,11 +45,34 @@ macro_rules! with_rows {
     }};
 }
 
+/// What the CPU's KV cache stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheDtype {
+    F16,
+    F32,
+}
+
+impl KvCacheDtype {
+    /// Bytes per cached value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvCacheDtype::F16 => 2,
+            KvCacheDtype::F32 => 4,
+        }
+    }
+}
+
+/// K and V of one layer, in the cache's element type.
+#[derive(Debug)]
+enum KvStore {
+    F16 { k: Vec<f16>, v: Vec<f16> },
+    F32 { k: Vec<f32>, v: Vec<f32> },
+}
+
 /// One layer's paged K/V storage.
 #[derive(Debug)]
 pub struct CpuKvCache {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    store: KvStore,
     num_blocks: usize,
     block_size: usize,
     num_kv_heads: usize,
@@ -55,6 +82,7 @@ pub struct CpuKvCache {
 impl CpuKvCache {
     /// Zero-filled cache (calloc'd, so untouched blocks cost no memory).
     pub fn new(
+        dtype: KvCacheDtype,
         num_blocks: usize,
         block_size: usize,
         num_kv_heads: usize,
@@ -72,9 +100,18 @@ impl CpuKvCache {
                     "KV cache size overflows: {num_blocks} blocks of {block_size} tokens"
                 )
             })?;
+        let store = match dtype {
+            KvCacheDtype::F16 => KvStore::F16 {
+                k: vec![0u16; len].reinterpret_into(),
+                v: vec![0u16; len].reinterpret_into(),
+            },
+            KvCacheDtype::F32 => KvStore::F32 {
+                k: vec![0.0; len],
+                v: vec![0.0; len],
+            },
+        };
         Ok(Self {
-            k: vec![0.0; len],
-            v: vec![0.0; len],
+            store,
             num_blocks,
             block_size,
             num_kv_heads,
@@ -89,26 +126,46 @@ impl CpuKvCache {
 
     /// Copies the K and V parts of every row of `qkv` to the row's slot.
     fn write(&mut self, qkv: &[f32], layout: QkvLayout, slots: &[usize]) -> anyhow::Result<()> {
-        let (width, hd) = (layout.qkv_width(), layout.head_dim);
-        let (k_off, v_off) = (layout.q_width(), layout.q_width() + layout.kv_width());
-        for (t, &slot) in slots.iter().enumerate() {
-            let (block, off) = (slot / self.block_size, slot % self.block_size);
+        for &slot in slots {
             ensure!(
-                block < self.num_blocks,
+                slot / self.block_size < self.num_blocks,
                 "KV slot {slot} is past the cache ({} blocks)",
                 self.num_blocks
             );
-            let row = &qkv[t * width..(t + 1) * width];
-            for h in 0..self.num_kv_heads {
-                let dst = self.index(block, h, off);
-                self.v[dst..dst + hd].copy_from_slice(&row[v_off + h * hd..v_off + (h + 1) * hd]);
-                let kt = self.index(block, h, 0);
-                for (d, &x) in row[k_off + h * hd..k_off + (h + 1) * hd].iter().enumerate() {
-                    self.k[kt + d * self.block_size + off] = x;
-                }
-            }
+        }
+        let shape = (self.block_size, self.num_kv_heads);
+        match &mut self.store {
+            KvStore::F16 { k, v } => write_rows(k, v, shape, qkv, layout, slots),
+            KvStore::F32 { k, v } => write_rows(k, v, shape, qkv, layout, slots),
         }
         Ok(())
+    }
+}
+
+/// [`CpuKvCache::write`] into `k` / `v` of `(block_size, num_kv_heads)` (slots checked).
+fn write_rows<E: Elem>(
+    k: &mut [E],
+    v: &mut [E],
+    (block_size, num_kv_heads): (usize, usize),
+    qkv: &[f32],
+    layout: QkvLayout,
+    slots: &[usize],
+) {
+    let (width, hd) = (layout.qkv_width(), layout.head_dim);
+    let (k_off, v_off) = (layout.q_width(), layout.q_width() + layout.kv_width());
+    for (t, &slot) in slots.iter().enumerate() {
+        let (block, off) = (slot / block_size, slot % block_size);
+        let row = &qkv[t * width..(t + 1) * width];
+        for h in 0..num_kv_heads {
+            let head = (block * num_kv_heads + h) * block_size;
+            let dst = (head + off) * hd;
+            for (o, &x) in v[dst..dst + hd].iter_mut().zip(&row[v_off + h * hd..]) {
+                *o = E::from_f32(x);
+            }
+            for (d, &x) in row[k_off + h * hd..k_off + (h + 1) * hd].iter().enumerate() {
+                k[head * hd + d * block_size + off] = E::from_f32(x);
+            }
+        }
     }
 }
 
@@ -170,39 +227,64 @@ fn attention_with(
             }
         }
     }
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let out = SendPtr(out.as_mut_ptr());
     let cache = &*cache;
-    items.into_par_iter().for_each(|(si, h, q0, q1)| {
-        let job = Item {
-            qkv,
-            layout,
-            cache,
-            seq: &seqs[si],
-            kv_head: h,
-            q0,
-            q1,
-            out: out_ptr,
-        };
-        // SAFETY: an item writes only the output columns of the query heads of KV head
-        // `h` in rows of its own query block: disjoint across items. `isa` was detected.
-        unsafe { job.run(isa) };
-    });
+    let run = Run {
+        qkv,
+        layout,
+        cache,
+        seqs,
+        out,
+    };
+    match &cache.store {
+        KvStore::F16 { k, v } => run.items(&items, k, v, isa),
+        KvStore::F32 { k, v } => run.items(&items, k, v, isa),
+    }
     Ok(())
 }
 
-/// One work item: query rows `q0..q1` of `seq`, the query heads of `kv_head`.
-struct Item<'a> {
+/// What every work item of one attention call shares.
+#[derive(Clone, Copy)]
+struct Run<'a> {
     qkv: &'a [f32],
     layout: QkvLayout,
     cache: &'a CpuKvCache,
+    seqs: &'a [AttnSeq<'a>],
+    out: SendPtr<f32>,
+}
+
+impl Run<'_> {
+    /// Runs items `(sequence, KV head, q0, q1)` in parallel on the cache's `k` / `v`.
+    fn items<E: Elem>(&self, items: &[(usize, usize, usize, usize)], k: &[E], v: &[E], isa: Isa) {
+        items.par_iter().for_each(|&(si, h, q0, q1)| {
+            let job = Item {
+                run: *self,
+                k,
+                v,
+                seq: &self.seqs[si],
+                kv_head: h,
+                q0,
+                q1,
+            };
+            // SAFETY: an item writes only the output columns of the query heads of KV head
+            // `h` in rows of its own query block: disjoint across items. `isa` was detected.
+            unsafe { job.run(isa) };
+        });
+    }
+}
+
+/// One work item: query rows `q0..q1` of `seq`, the query heads of `kv_head`.
+struct Item<'a, E> {
+    run: Run<'a>,
+    k: &'a [E],
+    v: &'a [E],
     seq: &'a AttnSeq<'a>,
     kv_head: usize,
     q0: usize,
     q1: usize,
-    out: SendPtr<f32>,
 }
 
-impl Item<'_> {
+impl<E: Elem> Item<'_, E> {
     /// # Safety
     /// No other thread writes this item's output region; `isa` is one this CPU runs.
     unsafe fn run(&self, isa: Isa) {
@@ -217,14 +299,14 @@ impl Item<'_> {
 
     /// Eight work rows per tile: 8 × 16 accumulators fill 8 of the 32 vector registers.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn run_avx512(&self) {
         self.compute::<Avx512, true, 8>();
     }
 
     /// Four work rows per tile: 4 × 16 accumulators are 8 of the 16 AVX2 registers.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self) {
         self.compute::<Avx2, true, 4>();
     }
@@ -235,10 +317,10 @@ impl Item<'_> {
             num_heads,
             head_dim: hd,
             ..
-        } = self.layout;
-        let group = self.layout.group_size();
-        let width = self.layout.qkv_width();
-        let bs = self.cache.block_size;
+        } = self.run.layout;
+        let group = self.run.layout.group_size();
+        let width = self.run.layout.qkv_width();
+        let bs = self.run.cache.block_size;
         let scale = 1.0 / (hd as f32).sqrt();
         let max_ctx = self.seq.start_pos + self.q1;
         // Work rows: (query row, head of the group), row-major; their q and output rows.
@@ -248,23 +330,21 @@ impl Item<'_> {
         for w in 0..rows {
             let t = self.seq.row_start + self.q0 + w / group;
             let qh = self.kv_head * group + w % group;
-            q_rows.push(self.qkv.as_ptr().add(t * width + qh * hd));
-            out_rows.push(self.out.get().add(t * num_heads * hd + qh * hd));
+            q_rows.push(self.run.qkv.as_ptr().add(t * width + qh * hd));
+            out_rows.push(self.run.out.get().add(t * num_heads * hd + qh * hd));
         }
-        let pages: Vec<Page> = self.seq.block_table[..max_ctx.div_ceil(bs)]
+        let pages: Vec<Page<E>> = self.seq.block_table[..max_ctx.div_ceil(bs)]
             .iter()
             .enumerate()
             .map(|(bi, &block)| Page {
                 k: self
-                    .cache
                     .k
                     .as_ptr()
-                    .add(self.cache.index(block as usize, self.kv_head, 0)),
+                    .add(self.run.cache.index(block as usize, self.kv_head, 0)),
                 v: self
-                    .cache
                     .v
                     .as_ptr()
-                    .add(self.cache.index(block as usize, self.kv_head, 0)),
+                    .add(self.run.cache.index(block as usize, self.kv_head, 0)),
                 first: bi * bs,
                 n: bs.min(max_ctx - bi * bs),
             })
@@ -272,7 +352,7 @@ impl Item<'_> {
 
         // scores[w][j] = q_w · k_j / √d for every key of the item (16 keys per vector).
         let mut scores = vec![0.0f32; rows * max_ctx];
-        let mut padded = vec![0.0f32; hd * KEYS];
+        let mut padded = vec![E::from_f32(0.0); hd * KEYS];
         for page in &pages {
             for c in (0..page.n).step_by(KEYS) {
                 let n = KEYS.min(page.n - c);
@@ -291,7 +371,7 @@ impl Item<'_> {
                 while w < rows {
                     let r = R.min(rows - w);
                     let mut tile = [[0.0f32; KEYS]; TILE_MAX];
-                    with_rows!(r, N => tile[..N].copy_from_slice(&T::scores::<N>(
+                    with_rows!(r, N => tile[..N].copy_from_slice(&T::scores::<E, N>(
                         &std::array::from_fn(|i| q_rows[w + i]),
                         keys,
                         stride,
@@ -328,7 +408,7 @@ impl Item<'_> {
             let p = |i: usize| scores.as_ptr().add((w + i) * max_ctx);
             for d0 in (0..hd).step_by(KEYS) {
                 let mut tile = [[0.0f32; KEYS]; TILE_MAX];
-                with_rows!(r, N => tile[..N].copy_from_slice(&T::weighted_values::<N>(
+                with_rows!(r, N => tile[..N].copy_from_slice(&T::weighted_values::<E, N>(
                     &std::array::from_fn(p),
                     &pages,
                     hd,
@@ -344,9 +424,9 @@ impl Item<'_> {
 }
 
 /// One cache page of the item: `kᵀ` (`[head_dim][block_size]`) and `v` of one KV head.
-struct Page {
-    k: *const f32,
-    v: *const f32,
+struct Page<E> {
+    k: *const E,
+    v: *const E,
     /// Position of the page's first key.
     first: usize,
     /// Keys of the page inside the item's context.
@@ -360,9 +440,9 @@ trait Tiles {
     /// # Safety
     /// Each `q` has `hd` values; `keys + d·stride .. + 16` is readable for every `d < hd`;
     /// the CPU runs the implementation's instructions.
-    unsafe fn scores<const R: usize>(
+    unsafe fn scores<E: Elem, const R: usize>(
         q: &[*const f32; R],
-        keys: *const f32,
+        keys: *const E,
         stride: usize,
         hd: usize,
     ) -> [[f32; KEYS]; R];
@@ -372,9 +452,9 @@ trait Tiles {
     /// # Safety
     /// Each `p` row covers every key of `pages`; `d0 + 16 <= hd`; the CPU runs the
     /// implementation's instructions.
-    unsafe fn weighted_values<const R: usize>(
+    unsafe fn weighted_values<E: Elem, const R: usize>(
         p: &[*const f32; R],
-        pages: &[Page],
+        pages: &[Page<E>],
         hd: usize,
         d0: usize,
     ) -> [[f32; KEYS]; R];
@@ -385,19 +465,19 @@ struct Portable;
 
 impl Tiles for Portable {
     #[inline(always)]
-    unsafe fn scores<const R: usize>(
+    unsafe fn scores<E: Elem, const R: usize>(
         q: &[*const f32; R],
-        keys: *const f32,
+        keys: *const E,
         stride: usize,
         hd: usize,
     ) -> [[f32; KEYS]; R] {
         let mut acc = [[0.0f32; KEYS]; R];
         for d in 0..hd {
-            let k = &*(keys.add(d * stride) as *const [f32; KEYS]);
+            let k = keys.add(d * stride);
             for (a, qr) in acc.iter_mut().zip(q) {
                 let qd = *qr.add(d);
-                for l in 0..KEYS {
-                    a[l] += qd * k[l];
+                for (l, al) in a.iter_mut().enumerate() {
+                    *al += qd * (*k.add(l)).to_f32();
                 }
             }
         }
@@ -405,20 +485,20 @@ impl Tiles for Portable {
     }
 
     #[inline(always)]
-    unsafe fn weighted_values<const R: usize>(
+    unsafe fn weighted_values<E: Elem, const R: usize>(
         p: &[*const f32; R],
-        pages: &[Page],
+        pages: &[Page<E>],
         hd: usize,
         d0: usize,
     ) -> [[f32; KEYS]; R] {
         let mut acc = [[0.0f32; KEYS]; R];
         for page in pages {
             for o in 0..page.n {
-                let v = &*(page.v.add(o * hd + d0) as *const [f32; KEYS]);
+                let v = page.v.add(o * hd + d0);
                 for (a, pr) in acc.iter_mut().zip(p) {
                     let pj = *pr.add(page.first + o);
-                    for l in 0..KEYS {
-                        a[l] += pj * v[l];
+                    for (l, al) in a.iter_mut().enumerate() {
+                        *al += pj * (*v.add(l)).to_f32();
                     }
                 }
             }
@@ -434,16 +514,16 @@ struct Avx512;
 #[cfg(target_arch = "x86_64")]
 impl Tiles for Avx512 {
     #[inline(always)]
-    unsafe fn scores<const R: usize>(
+    unsafe fn scores<E: Elem, const R: usize>(
         q: &[*const f32; R],
-        keys: *const f32,
+        keys: *const E,
         stride: usize,
         hd: usize,
     ) -> [[f32; KEYS]; R] {
         use std::arch::x86_64::*;
         let mut acc = [_mm512_setzero_ps(); R];
         for d in 0..hd {
-            let k = _mm512_loadu_ps(keys.add(d * stride));
+            let k = E::load16(keys.add(d * stride));
             for (a, qr) in acc.iter_mut().zip(q) {
                 *a = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(d)), k, *a);
             }
@@ -456,9 +536,9 @@ impl Tiles for Avx512 {
     }
 
     #[inline(always)]
-    unsafe fn weighted_values<const R: usize>(
+    unsafe fn weighted_values<E: Elem, const R: usize>(
         p: &[*const f32; R],
-        pages: &[Page],
+        pages: &[Page<E>],
         hd: usize,
         d0: usize,
     ) -> [[f32; KEYS]; R] {
@@ -466,7 +546,7 @@ impl Tiles for Avx512 {
         let mut acc = [_mm512_setzero_ps(); R];
         for page in pages {
             for o in 0..page.n {
-                let v = _mm512_loadu_ps(page.v.add(o * hd + d0));
+                let v = E::load16(page.v.add(o * hd + d0));
                 for (a, pr) in acc.iter_mut().zip(p) {
                     *a = _mm512_fmadd_ps(_mm512_set1_ps(*pr.add(page.first + o)), v, *a);
                 }
@@ -487,9 +567,9 @@ struct Avx2;
 #[cfg(target_arch = "x86_64")]
 impl Tiles for Avx2 {
     #[inline(always)]
-    unsafe fn scores<const R: usize>(
+    unsafe fn scores<E: Elem, const R: usize>(
         q: &[*const f32; R],
-        keys: *const f32,
+        keys: *const E,
         stride: usize,
         hd: usize,
     ) -> [[f32; KEYS]; R] {
@@ -497,7 +577,7 @@ impl Tiles for Avx2 {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for d in 0..hd {
             let kp = keys.add(d * stride);
-            let (k0, k1) = (_mm256_loadu_ps(kp), _mm256_loadu_ps(kp.add(8)));
+            let (k0, k1) = (E::load8(kp), E::load8(kp.add(8)));
             for (a, qr) in acc.iter_mut().zip(q) {
                 let qd = _mm256_set1_ps(*qr.add(d));
                 a[0] = _mm256_fmadd_ps(qd, k0, a[0]);
@@ -513,9 +593,9 @@ impl Tiles for Avx2 {
     }
 
     #[inline(always)]
-    unsafe fn weighted_values<const R: usize>(
+    unsafe fn weighted_values<E: Elem, const R: usize>(
         p: &[*const f32; R],
-        pages: &[Page],
+        pages: &[Page<E>],
         hd: usize,
         d0: usize,
     ) -> [[f32; KEYS]; R] {
@@ -524,7 +604,7 @@ impl Tiles for Avx2 {
         for page in pages {
             for o in 0..page.n {
                 let vp = page.v.add(o * hd + d0);
-                let (v0, v1) = (_mm256_loadu_ps(vp), _mm256_loadu_ps(vp.add(8)));
+                let (v0, v1) = (E::load8(vp), E::load8(vp.add(8)));
                 for (a, pr) in acc.iter_mut().zip(p) {
                     let pj = _mm256_set1_ps(*pr.add(page.first + o));
                     a[0] = _mm256_fmadd_ps(pj, v0, a[0]);
@@ -545,10 +625,18 @@ impl Tiles for Avx2 {
 mod tests {
     use super::*;
 
-    /// Every kernel set against plain f64 attention: a prefix of 20 tokens, then one
+    /// Every kernel set against plain f64 attention on the cache's f16 keys and values: a prefix of 20 tokens, then one
     /// decode row of that sequence beside a 37-token prefill of another (pages split
     /// mid-way, a partial last page, GQA groups of two), with pages of 16 tokens and of
     /// sizes that are not multiples of the 16-key vectors.
+    /// A K or V value as a cache of `dtype` holds it.
+    fn as_cached(x: f32, dtype: KvCacheDtype) -> f64 {
+        match dtype {
+            KvCacheDtype::F16 => f64::from(f16::from_f32(x).to_f32()),
+            KvCacheDtype::F32 => f64::from(x),
+        }
+    }
+
     #[test]
     fn every_kernel_set_matches_plain_attention() {
         let layout = QkvLayout {
@@ -566,14 +654,16 @@ mod tests {
         };
         let first: Vec<f32> = (0..20 * width).map(|_| rand()).collect();
         let second: Vec<f32> = (0..38 * width).map(|_| rand()).collect();
-        for (isa, bs) in Isa::available()
-            .into_iter()
-            .flat_map(|i| [(i, 16), (i, 12), (i, 24)])
-        {
+        let cases = Isa::available().into_iter().flat_map(|i| {
+            [(i, 16), (i, 12), (i, 24)]
+                .into_iter()
+                .flat_map(|(i, bs)| [KvCacheDtype::F16, KvCacheDtype::F32].map(|t| (i, bs, t)))
+        });
+        for (isa, bs, dtype) in cases {
             // Pages of `bs` tokens: 20 + 1 tokens in table_a, 37 in table_b.
             let table_a: Vec<u32> = (0..21u32.div_ceil(bs as u32)).collect();
             let table_b: Vec<u32> = (8..8 + 37u32.div_ceil(bs as u32)).rev().collect();
-            let mut cache = CpuKvCache::new(16, bs, 2, hd).unwrap();
+            let mut cache = CpuKvCache::new(dtype, 16, bs, 2, hd).unwrap();
             let seq_a = AttnSeq {
                 row_start: 0,
                 n_tokens: 20,
@@ -626,7 +716,7 @@ mod tests {
                             let k = &r[128 + kvh * hd..128 + (kvh + 1) * hd];
                             q.iter()
                                 .zip(k)
-                                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                                .map(|(a, b)| f64::from(*a) * as_cached(*b, dtype))
                                 .sum::<f64>()
                                 / (hd as f64).sqrt()
                         })
@@ -638,12 +728,12 @@ mod tests {
                         let want: f64 = hist
                             .iter()
                             .zip(&e)
-                            .map(|(r, p)| p / total * f64::from(r[192 + kvh * hd + d]))
+                            .map(|(r, p)| p / total * as_cached(r[192 + kvh * hd + d], dtype))
                             .sum();
                         let g = got[h * hd + d];
                         assert!(
                             (f64::from(g) - want).abs() < 1e-5,
-                            "{isa:?} check {ci} head {h} dim {d}: {g} vs {want}"
+                            "{isa:?} {dtype:?} check {ci} head {h} dim {d}: {g} vs {want}"
                         );
                     }
                 }
@@ -653,7 +743,9 @@ mod tests {
 
     #[test]
     fn head_dims_the_kernels_cannot_tile_are_refused() {
-        let err = CpuKvCache::new(4, 16, 2, 40).unwrap_err().to_string();
+        let err = CpuKvCache::new(KvCacheDtype::F16, 4, 16, 2, 40)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("(got 40)"), "{err}");
     }
 }

@@ -12,7 +12,7 @@ use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use super::quant::{self, QuantMatrix};
-use super::simd::{Isa, SendPtr};
+use super::simd::{Elem, Isa, SendPtr};
 
 /// Activation row counts below this use the small-M kernel, at or above it `gemm`
 /// (measured on 2 Zen 4 cores: the AVX-512 small-M kernel matches `gemm` up to ~64 rows).
@@ -49,107 +49,6 @@ impl CpuWeight {
             WeightData::BF16(v) => v[range].convert_to_f32_slice(dst),
             WeightData::Quant(q) => q.row_to_f32(r, dst),
         }
-    }
-}
-
-/// A weight element type the kernels read.
-trait Elem: Copy + Send + Sync + 'static {
-    fn to_f32(self) -> f32;
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]);
-    /// The slice itself when the elements already are f32.
-    fn as_f32(src: &[Self]) -> Option<&[f32]>;
-    /// Loads 8 consecutive elements as f32 lanes.
-    ///
-    /// # Safety
-    /// The CPU supports AVX2, FMA and F16C, and `p..p + 8` is readable.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
-    /// Loads 16 consecutive elements as f32 lanes.
-    ///
-    /// # Safety
-    /// The CPU supports AVX-512F, and `p..p + 16` is readable.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
-}
-
-impl Elem for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-    fn as_f32(src: &[Self]) -> Option<&[f32]> {
-        Some(src)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
-        std::arch::x86_64::_mm256_loadu_ps(p)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
-        std::arch::x86_64::_mm512_loadu_ps(p)
-    }
-}
-
-impl Elem for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-    }
-}
-
-impl Elem for bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
     }
 }
 

@@ -2,6 +2,8 @@
 //! threads, and 8-lane vector loops written so LLVM vectorises them inside functions
 //! compiled with `#[target_feature(enable = "avx2,fma")]`.
 
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+
 /// Whether the AVX2 + FMA + F16C kernels can run on this CPU (detected once, cached by std).
 pub fn cpu_has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -145,6 +147,118 @@ pub fn fast_exp(x: f32) -> f32 {
     p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
     e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// An element type the kernels read (weights, the KV cache).
+pub trait Elem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    /// The nearest element (ties to even).
+    fn from_f32(x: f32) -> Self;
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]);
+    /// The slice itself when the elements already are f32.
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+    /// Loads 8 consecutive elements as f32 lanes.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C, and `p..p + 8` is readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Loads 16 consecutive elements as f32 lanes.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F, and `p..p + 16` is readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn as_f32(src: &[Self]) -> Option<&[f32]> {
+        Some(src)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+    }
 }
 
 #[cfg(test)]
