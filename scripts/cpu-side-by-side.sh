@@ -5,10 +5,10 @@
 # - single-stream decode tok/s at 512, 2048 and 8192 tokens of context (a prompt of the context
 #   less 64 tokens, then 64 generated);
 # - at single-stream decode, the GB/s each side would stream reading the file's tensor bytes
-#   plus its KV cache per token (ours f32, llama.cpp's f16), beside the machine's memory
-#   bandwidth measured by a STREAM-like copy (2 threads, bytes read + written) in the same run.
-#   A lower bound for ours: Q6_K tensors (and fused weights that mix types) run on f16
-#   copies, and the Q5 types on 8-bit panels, so we stream more than the file holds.
+#   plus its KV cache per token (f16 on both sides), beside the machine's memory bandwidth
+#   measured by a STREAM-like copy (2 threads, bytes read + written) in the same run. A lower
+#   bound for ours: the Q5 types and Q6_K sit on 8-bit panels (Q6_K: 9 bits per weight with
+#   its scales, against the file's 6.56), so we stream more than the file holds.
 # Usage: scripts/cpu-side-by-side.sh [MODEL.gguf] [CONTEXTS]   (PEERS as for
 # ../shared/peers/build-llama-cpp.sh; CONTEXTS default "512 2048 8192")
 set -euo pipefail
@@ -90,7 +90,7 @@ for ctx in $CONTEXTS; do
   awk -v c="1 stream at $ctx context" -v op="$opp" -v pp="$pp" -v ot="$otg" -v tg="$tg" \
     -v w="$tensor_bytes" -v kv="$kv_per_token" -v ctx="$ctx" -v bw="$bandwidth" \
     'BEGIN {
-       ours_gbs = ot * (w + 4 * kv * ctx) / 1e9; peer_gbs = tg * (w + 2 * kv * ctx) / 1e9
+       ours_gbs = ot * (w + 2 * kv * ctx) / 1e9; peer_gbs = tg * (w + 2 * kv * ctx) / 1e9
        printf "%-26s %12.1f %12.1f %12.1f %12.1f %8.2fx %8.2fx   file bytes + KV: ours %.1f GB/s, llama.cpp %.1f GB/s (%.0f%% / %.0f%% of %.1f)\n",
          c, op, pp, ot, tg, op/pp, ot/tg, ours_gbs, peer_gbs, 100*ours_gbs/bw, 100*peer_gbs/bw, bw }'
 done

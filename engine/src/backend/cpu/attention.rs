@@ -7,7 +7,10 @@
 //! are one vector: a score tile is `Σ_d q[d]·Kᵀ[d][16 keys]`, a register-tiled product with
 //! no horizontal sums, and `P·V` adds whole value rows. Work is split into items of
 //! (sequence, KV head, block of query rows); an item handles every query head of the
-//! KV head's group together, so each key and value is read once per item.
+//! KV head's group together, so each key and value is read once per item. When a step has
+//! too few items to keep every thread busy (one decoding sequence: one item per KV head),
+//! a decode row's context is split by key range across items, each keeping its softmax
+//! unnormalised with its running max and sum, and the parts are merged after.
 
 use anyhow::{anyhow, ensure};
 use half::f16;
@@ -23,6 +26,8 @@ const QUERY_BLOCK: usize = 16;
 const KEYS: usize = 16;
 /// Most work rows (query row × head) of one register tile.
 const TILE_MAX: usize = 8;
+/// Fewest keys per part of a split context (a part's fixed cost stays small beside it).
+const MIN_SPLIT_KEYS: usize = 256;
 
 /// `$body` with the const `$n` equal to `$rows` (1 to [`TILE_MAX`]): a tile of any
 /// height runs the kernel instantiated for it.
@@ -223,24 +228,136 @@ fn attention_with(
         .map_err(|e| anyhow!("sequence {si}: {e}"))?;
         for h in 0..layout.num_kv_heads {
             for q0 in (0..s.n_tokens).step_by(QUERY_BLOCK) {
-                items.push((si, h, q0, (q0 + QUERY_BLOCK).min(s.n_tokens)));
+                let q1 = (q0 + QUERY_BLOCK).min(s.n_tokens);
+                items.push(Work {
+                    seq: si,
+                    kv_head: h,
+                    q0,
+                    q1,
+                    keys: (0, s.start_pos + q1),
+                    partial: None,
+                });
             }
         }
     }
-    let out = SendPtr(out.as_mut_ptr());
-    let cache = &*cache;
+    let splits = split_contexts(&mut items, bs, rayon::current_num_threads());
+    let group = layout.group_size();
+    let part_len = group * (layout.head_dim + 2);
+    let mut partials = vec![0.0f32; splits.iter().map(|s| s.parts).sum::<usize>() * part_len];
     let run = Run {
         qkv,
         layout,
-        cache,
+        cache: &*cache,
         seqs,
-        out,
+        out: SendPtr(out.as_mut_ptr()),
+        partials: SendPtr(partials.as_mut_ptr()),
     };
     match &cache.store {
         KvStore::F16 { k, v } => run.items(&items, k, v, isa),
         KvStore::F32 { k, v } => run.items(&items, k, v, isa),
     }
+    for split in &splits {
+        let parts = &partials[split.first * part_len..(split.first + split.parts) * part_len];
+        merge_parts(parts, split, layout, &seqs[split.seq], out);
+    }
     Ok(())
+}
+
+/// A work item: query rows `q0..q1` of sequence `seq`, the query heads of `kv_head`,
+/// against the keys at positions `keys.0..keys.1`. `partial`: the item is part `i` of a
+/// split context, and leaves its unnormalised rows in part `i` of the partials buffer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Work {
+    seq: usize,
+    kv_head: usize,
+    q0: usize,
+    q1: usize,
+    keys: (usize, usize),
+    partial: Option<usize>,
+}
+
+/// A decode row's context split into parts `first..first + parts` of the partials buffer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Split {
+    seq: usize,
+    kv_head: usize,
+    q0: usize,
+    first: usize,
+    parts: usize,
+}
+
+/// With fewer items than twice the threads, splits each single-row item's context into
+/// page-aligned parts of at least [`MIN_SPLIT_KEYS`] keys, enough for about two items per
+/// thread; returns the splits (their parts in `items`).
+fn split_contexts(items: &mut Vec<Work>, block_size: usize, threads: usize) -> Vec<Split> {
+    let mut splits = Vec::new();
+    if items.is_empty() || items.len() >= 2 * threads {
+        return splits;
+    }
+    let want = (2 * threads).div_ceil(items.len());
+    let mut out = Vec::with_capacity(items.len() * want);
+    let mut next = 0;
+    for w in items.drain(..) {
+        let ctx = w.keys.1;
+        let pages = ctx.div_ceil(block_size);
+        let parts = want.min(ctx / MIN_SPLIT_KEYS).min(pages);
+        if w.q1 - w.q0 > 1 || parts < 2 {
+            out.push(w);
+            continue;
+        }
+        let per = pages.div_ceil(parts) * block_size;
+        let first = next;
+        for k0 in (0..ctx).step_by(per) {
+            out.push(Work {
+                keys: (k0, (k0 + per).min(ctx)),
+                partial: Some(next),
+                ..w
+            });
+            next += 1;
+        }
+        splits.push(Split {
+            seq: w.seq,
+            kv_head: w.kv_head,
+            q0: w.q0,
+            first,
+            parts: next - first,
+        });
+    }
+    *items = out;
+    splits
+}
+
+/// Combines a split's parts (each per work row: `head_dim` unnormalised outputs, then per
+/// row the part's max score and sum of `exp(score − max)`) into the row's output.
+fn merge_parts(
+    parts: &[f32],
+    split: &Split,
+    layout: QkvLayout,
+    seq: &AttnSeq<'_>,
+    out: &mut [f32],
+) {
+    let (hd, group) = (layout.head_dim, layout.group_size());
+    let part_len = group * (hd + 2);
+    let t = seq.row_start + split.q0;
+    for w in 0..group {
+        let stat = |p: &[f32], i: usize| p[group * hd + i * group + w];
+        let max = parts
+            .chunks_exact(part_len)
+            .fold(f32::NEG_INFINITY, |m, p| m.max(stat(p, 0)));
+        let qh = split.kv_head * group + w;
+        let dst = &mut out[(t * layout.num_heads + qh) * hd..][..hd];
+        dst.fill(0.0);
+        let mut total = 0.0;
+        for p in parts.chunks_exact(part_len) {
+            let weight = (stat(p, 0) - max).exp();
+            total += weight * stat(p, 1);
+            for (o, &v) in dst.iter_mut().zip(&p[w * hd..(w + 1) * hd]) {
+                *o += weight * v;
+            }
+        }
+        let inv = 1.0 / total;
+        dst.iter_mut().for_each(|o| *o *= inv);
+    }
 }
 
 /// What every work item of one attention call shares.
@@ -251,37 +368,36 @@ struct Run<'a> {
     cache: &'a CpuKvCache,
     seqs: &'a [AttnSeq<'a>],
     out: SendPtr<f32>,
+    /// The split contexts' parts (see [`merge_parts`]).
+    partials: SendPtr<f32>,
 }
 
 impl Run<'_> {
-    /// Runs items `(sequence, KV head, q0, q1)` in parallel on the cache's `k` / `v`.
-    fn items<E: Elem>(&self, items: &[(usize, usize, usize, usize)], k: &[E], v: &[E], isa: Isa) {
-        items.par_iter().for_each(|&(si, h, q0, q1)| {
+    /// Runs the items in parallel on the cache's `k` / `v`.
+    fn items<E: Elem>(&self, items: &[Work], k: &[E], v: &[E], isa: Isa) {
+        items.par_iter().for_each(|&work| {
             let job = Item {
                 run: *self,
                 k,
                 v,
-                seq: &self.seqs[si],
-                kv_head: h,
-                q0,
-                q1,
+                seq: &self.seqs[work.seq],
+                work,
             };
-            // SAFETY: an item writes only the output columns of the query heads of KV head
-            // `h` in rows of its own query block: disjoint across items. `isa` was detected.
+            // SAFETY: an item writes only the output columns of the query heads of its KV
+            // head in rows of its own query block, or its own part of the partials buffer:
+            // disjoint across items. `isa` was detected.
             unsafe { job.run(isa) };
         });
     }
 }
 
-/// One work item: query rows `q0..q1` of `seq`, the query heads of `kv_head`.
+/// One work item on the cache's values.
 struct Item<'a, E> {
     run: Run<'a>,
     k: &'a [E],
     v: &'a [E],
     seq: &'a AttnSeq<'a>,
-    kv_head: usize,
-    q0: usize,
-    q1: usize,
+    work: Work,
 }
 
 impl<E: Elem> Item<'_, E> {
@@ -322,31 +438,43 @@ impl<E: Elem> Item<'_, E> {
         let width = self.run.layout.qkv_width();
         let bs = self.run.cache.block_size;
         let scale = 1.0 / (hd as f32).sqrt();
-        let max_ctx = self.seq.start_pos + self.q1;
-        // Work rows: (query row, head of the group), row-major; their q and output rows.
-        let rows = (self.q1 - self.q0) * group;
+        let Work {
+            kv_head,
+            q0,
+            q1,
+            keys: (k0, k1),
+            partial,
+            ..
+        } = self.work;
+        let max_ctx = self.seq.start_pos + q1;
+        // Work rows: (query row, head of the group), row-major; their q and output rows (or,
+        // for a part of a split context, its rows in the partials buffer, then its stats).
+        let rows = (q1 - q0) * group;
+        let part = partial.map(|i| self.run.partials.get().add(i * rows * (hd + 2)));
         let mut q_rows = Vec::with_capacity(rows);
         let mut out_rows = Vec::with_capacity(rows);
         for w in 0..rows {
-            let t = self.seq.row_start + self.q0 + w / group;
-            let qh = self.kv_head * group + w % group;
+            let t = self.seq.row_start + q0 + w / group;
+            let qh = kv_head * group + w % group;
             q_rows.push(self.run.qkv.as_ptr().add(t * width + qh * hd));
-            out_rows.push(self.run.out.get().add(t * num_heads * hd + qh * hd));
+            out_rows.push(match part {
+                Some(p) => p.add(w * hd),
+                None => self.run.out.get().add(t * num_heads * hd + qh * hd),
+            });
         }
-        let pages: Vec<Page<E>> = self.seq.block_table[..max_ctx.div_ceil(bs)]
+        let first_page = k0 / bs;
+        let pages: Vec<Page<E>> = self.seq.block_table[first_page..k1.div_ceil(bs)]
             .iter()
             .enumerate()
-            .map(|(bi, &block)| Page {
-                k: self
-                    .k
-                    .as_ptr()
-                    .add(self.run.cache.index(block as usize, self.kv_head, 0)),
-                v: self
-                    .v
-                    .as_ptr()
-                    .add(self.run.cache.index(block as usize, self.kv_head, 0)),
-                first: bi * bs,
-                n: bs.min(max_ctx - bi * bs),
+            .map(|(i, &block)| {
+                let at = self.run.cache.index(block as usize, kv_head, 0);
+                let first = (first_page + i) * bs;
+                Page {
+                    k: self.k.as_ptr().add(at),
+                    v: self.v.as_ptr().add(at),
+                    first,
+                    n: bs.min(k1 - first),
+                }
             })
             .collect();
 
@@ -387,17 +515,27 @@ impl<E: Elem> Item<'_, E> {
                 }
             }
         }
-        // Softmax over each row's own causal context; later keys get probability 0.
+        // Softmax over each row's own causal context within the item's keys; later keys
+        // get probability 0. A part of a split context keeps its max and sum instead.
         for w in 0..rows {
-            let ctx = self.seq.start_pos + self.q0 + w / group + 1;
+            let ctx = (self.seq.start_pos + q0 + w / group + 1).min(k1);
             let s = &mut scores[w * max_ctx..(w + 1) * max_ctx];
-            let max = s[..ctx].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            for v in s[..ctx].iter_mut() {
+            let max = s[k0..ctx].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            for v in s[k0..ctx].iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            let inv = 1.0 / sum::<FMA>(&s[..ctx]);
-            for v in s[..ctx].iter_mut() {
-                *v *= inv;
+            let total = sum::<FMA>(&s[k0..ctx]);
+            match part {
+                Some(p) => {
+                    *p.add(rows * hd + w) = max;
+                    *p.add(rows * hd + rows + w) = total;
+                }
+                None => {
+                    let inv = 1.0 / total;
+                    for v in s[k0..ctx].iter_mut() {
+                        *v *= inv;
+                    }
+                }
             }
             s[ctx..].fill(0.0);
         }
@@ -644,7 +782,7 @@ mod tests {
             num_kv_heads: 2,
             head_dim: 32,
         };
-        let (width, hd, group) = (layout.qkv_width(), 32, 2);
+        let (width, hd) = (layout.qkv_width(), 32);
         let mut seed = 1u64;
         let mut rand = move || {
             seed = seed
@@ -706,37 +844,152 @@ mod tests {
                 checks.push((&history_b[..=t], &out2[(t + 1) * 128..(t + 2) * 128]));
             }
             for (ci, (hist, got)) in checks.iter().enumerate() {
-                let q_row = hist[hist.len() - 1];
-                for h in 0..4 {
-                    let kvh = h / group;
-                    let q = &q_row[h * hd..(h + 1) * hd];
-                    let scores: Vec<f64> = hist
-                        .iter()
-                        .map(|r| {
-                            let k = &r[128 + kvh * hd..128 + (kvh + 1) * hd];
-                            q.iter()
-                                .zip(k)
-                                .map(|(a, b)| f64::from(*a) * as_cached(*b, dtype))
-                                .sum::<f64>()
-                                / (hd as f64).sqrt()
-                        })
-                        .collect();
-                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                    let total: f64 = e.iter().sum();
-                    for d in 0..hd {
-                        let want: f64 = hist
-                            .iter()
-                            .zip(&e)
-                            .map(|(r, p)| p / total * as_cached(r[192 + kvh * hd + d], dtype))
-                            .sum();
-                        let g = got[h * hd + d];
-                        assert!(
-                            (f64::from(g) - want).abs() < 1e-5,
-                            "{isa:?} {dtype:?} check {ci} head {h} dim {d}: {g} vs {want}"
-                        );
-                    }
-                }
+                assert_like_plain(hist, got, dtype, &format!("{isa:?} {dtype:?} check {ci}"));
+            }
+        }
+    }
+
+    /// The layout of the tests: 4 query heads in groups of 2 over 2 KV heads of 32 values.
+    const LAYOUT: QkvLayout = QkvLayout {
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 32,
+    };
+
+    /// Checks the output of the last row of `hist` (rows of qkv, the sequence so far)
+    /// against f64 attention on the keys and values as a cache of `dtype` holds them.
+    fn assert_like_plain(hist: &[&[f32]], got: &[f32], dtype: KvCacheDtype, what: &str) {
+        let (hd, group) = (LAYOUT.head_dim, LAYOUT.group_size());
+        let (k_at, v_at) = (LAYOUT.q_width(), LAYOUT.q_width() + LAYOUT.kv_width());
+        let q_row = hist[hist.len() - 1];
+        for h in 0..LAYOUT.num_heads {
+            let kvh = h / group;
+            let q = &q_row[h * hd..(h + 1) * hd];
+            let scores: Vec<f64> = hist
+                .iter()
+                .map(|r| {
+                    let k = &r[k_at + kvh * hd..k_at + (kvh + 1) * hd];
+                    q.iter()
+                        .zip(k)
+                        .map(|(a, b)| f64::from(*a) * as_cached(*b, dtype))
+                        .sum::<f64>()
+                        / (hd as f64).sqrt()
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = e.iter().sum();
+            for d in 0..hd {
+                let want: f64 = hist
+                    .iter()
+                    .zip(&e)
+                    .map(|(r, p)| p / total * as_cached(r[v_at + kvh * hd + d], dtype))
+                    .sum();
+                let g = got[h * hd + d];
+                assert!(
+                    (f64::from(g) - want).abs() < 1e-5,
+                    "{what} head {h} dim {d}: {g} vs {want}"
+                );
+            }
+        }
+    }
+
+    /// Parts are page-aligned, cover the context once, and only single-row items split.
+    #[test]
+    fn contexts_split_into_page_aligned_parts() {
+        let work = |seq, q0, q1, ctx| Work {
+            seq,
+            kv_head: 0,
+            q0,
+            q1,
+            keys: (0, ctx),
+            partial: None,
+        };
+        // One decode row over 1000 keys on 4 threads: 8 wanted, 1000 / 256 = 3 parts.
+        let mut items = vec![work(0, 0, 1, 1000)];
+        let splits = split_contexts(&mut items, 16, 4);
+        let ranges: Vec<_> = items.iter().map(|w| (w.keys, w.partial)).collect();
+        assert_eq!(
+            ranges,
+            [
+                ((0, 336), Some(0)),
+                ((336, 672), Some(1)),
+                ((672, 1000), Some(2))
+            ]
+        );
+        assert_eq!(
+            splits,
+            [Split {
+                seq: 0,
+                kv_head: 0,
+                q0: 0,
+                first: 0,
+                parts: 3
+            }]
+        );
+        // A prefill block and a short context stay whole; enough items split nothing.
+        let mut items = vec![work(0, 0, 16, 4000), work(1, 0, 1, 300)];
+        assert!(split_contexts(&mut items, 16, 4).is_empty());
+        assert_eq!(items, [work(0, 0, 16, 4000), work(1, 0, 1, 300)]);
+        let mut items = vec![work(0, 0, 1, 4000); 8];
+        assert!(split_contexts(&mut items, 16, 4).is_empty());
+        assert_eq!(items.len(), 8);
+    }
+
+    /// One decoding sequence on 4 threads: its 2 items split into 4 parts each (1100 keys
+    /// over pages of 16), merged to plain attention, for every kernel set and cache type.
+    #[test]
+    fn a_split_context_merges_to_plain_attention() {
+        let (width, n) = (LAYOUT.qkv_width(), 1101);
+        let mut seed = 7u64;
+        let qkv: Vec<f32> = (0..n * width)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
+        for isa in Isa::available() {
+            for dtype in [KvCacheDtype::F16, KvCacheDtype::F32] {
+                let mut cache = CpuKvCache::new(dtype, table.len(), 16, 2, 32).unwrap();
+                let prefill = AttnSeq {
+                    row_start: 0,
+                    n_tokens: n - 1,
+                    start_pos: 0,
+                    block_table: &table,
+                };
+                let slots: Vec<usize> = (0..n - 1).collect();
+                let mut out = vec![0.0; (n - 1) * LAYOUT.q_width()];
+                attention_with(
+                    &qkv[..(n - 1) * width],
+                    LAYOUT,
+                    &mut cache,
+                    &[prefill],
+                    &slots,
+                    &mut out,
+                    isa,
+                )
+                .unwrap();
+                let decode = AttnSeq {
+                    row_start: 0,
+                    n_tokens: 1,
+                    start_pos: n - 1,
+                    block_table: &table,
+                };
+                let mut out = vec![0.0; LAYOUT.q_width()];
+                let last = &qkv[(n - 1) * width..];
+                pool.install(|| {
+                    attention_with(last, LAYOUT, &mut cache, &[decode], &[n - 1], &mut out, isa)
+                })
+                .unwrap();
+                let hist: Vec<&[f32]> = qkv.chunks(width).collect();
+                assert_like_plain(&hist, &out, dtype, &format!("{isa:?} {dtype:?}"));
             }
         }
     }
