@@ -5,14 +5,18 @@
 # the files people download. For each file, 4 prompts are answered greedily (16 tokens) by
 # llama-server and by `engine serve --quantized-weights $WEIGHTS` (default integer; `dequantize`
 # runs exact f32 math on the dequantised weights); prints how many leading tokens agree (both
-# answers tokenised by our /tokenize).
-# Usage: [WEIGHTS=dequantize] scripts/kquant-greedy-check.sh   (PEERS as for build-llama-cpp.sh)
+# answers tokenised by our /tokenize). AGAINST=llama-fa-off compares llama-server with itself
+# instead: its default (flash attention on) against `-fa off`, the same weights and prompts,
+# to show how far llama.cpp's own arithmetic moves greedy answers.
+# Usage: [WEIGHTS=dequantize] [AGAINST=llama-fa-off] scripts/kquant-greedy-check.sh
+#   (PEERS as for build-llama-cpp.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEERS=${PEERS:-$HOME/.cache/peers}
 F16="$PEERS/models/SmolLM2-135M-Instruct.Q4_1.F16.gguf"
 [ -x "$PEERS/bin/llama-server" ] && [ -f "$F16" ] || { echo "run ../shared/peers/build-llama-cpp.sh first" >&2; exit 1; }
 [ -x target/release/engine ] || { echo "build the engine first: cargo build --release" >&2; exit 1; }
+case "${AGAINST:-engine}" in engine | llama-fa-off) ;; *) echo "AGAINST must be engine or llama-fa-off, not '$AGAINST'" >&2; exit 1 ;; esac
 pids=()
 trap 'kill ${pids[@]+"${pids[@]}"} 2>/dev/null || true' EXIT
 wait_up() { for _ in $(seq 1 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; echo "no server at $1" >&2; exit 1; }
@@ -24,8 +28,14 @@ for scheme in Q4_K_M Q5_K_M Q6_K; do
   fi
   "$PEERS/bin/llama-server" -m "$file" --port 8311 -t 2 -c 2048 >/dev/null 2>&1 & pids+=($!)
   target/release/engine serve --model "$file" --port 8312 --threads 2 --quantized-weights "${WEIGHTS:-integer}" >/dev/null 2>&1 & pids+=($!)
+  second=8312
+  if [ "${AGAINST:-engine}" = llama-fa-off ]; then
+    "$PEERS/bin/llama-server" -m "$file" --port 8313 -t 2 -c 2048 -fa off >/dev/null 2>&1 & pids+=($!)
+    second=8313
+    wait_up http://127.0.0.1:8313
+  fi
   wait_up http://127.0.0.1:8311; wait_up http://127.0.0.1:8312
-  python3 - "$scheme" <<'PY'
+  python3 - "$scheme" "$second" <<'PY'
 import json, sys, urllib.request
 def post(port, path, body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
@@ -36,11 +46,11 @@ prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, t
 agree = []
 for p in prompts:
     ask = {"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
-    texts = [post(port, "/v1/completions", ask)["choices"][0]["text"] for port in (8311, 8312)]
+    texts = [post(port, "/v1/completions", ask)["choices"][0]["text"] for port in (8311, int(sys.argv[2]))]
     ids = [post(8312, "/tokenize", {"prompt": t, "add_special_tokens": False})["tokens"] for t in texts]
     n = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
     agree.append(n)
-    print(f"  {p!r}: {n} leading tokens agree\n    llama.cpp: {texts[0]!r}\n    ours:      {texts[1]!r}")
+    print(f"  {p!r}: {n} leading tokens agree\n    llama.cpp: {texts[0]!r}\n    second:    {texts[1]!r}")
 print(f"{sys.argv[1]}: leading tokens in agreement {agree}; prompts with >= 8: {sum(a >= 8 for a in agree)} of 4")
 PY
   kill "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true; pids=()

@@ -30,7 +30,7 @@ pub struct DeviceArgs {
     /// CUDA: run every decode step eagerly, without CUDA graphs.
     #[arg(long)]
     pub enforce_eager: bool,
-    /// CPU: how GGUF's Q8_0/Q4_0/Q4_1 weights are multiplied. `fastest` measures, per weight
+    /// CPU: how GGUF's quantised weights are multiplied. `fastest` measures, per weight
     /// shape at load, integer kernels on the blocks (activations rounded to 8 bits per
     /// block, llama.cpp's arithmetic) against f16 kernels on a dequantised copy; `integer`
     /// and `dequantize` force one (`dequantize` reproduces transformers' f32 logits on the
