@@ -35,7 +35,7 @@ for scheme in Q4_K_M Q5_K_M Q6_K; do
     wait_up http://127.0.0.1:8313
   fi
   wait_up http://127.0.0.1:8311; wait_up http://127.0.0.1:8312
-  python3 - "$scheme" "$second" <<'PY'
+  python3 - "$scheme" "$second" "${AGAINST:-engine}" <<'PY'
 import json, sys, urllib.request
 def post(port, path, body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
@@ -50,8 +50,8 @@ for p in prompts:
     ids = [post(8312, "/tokenize", {"prompt": t, "add_special_tokens": False})["tokens"] for t in texts]
     n = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
     agree.append(n)
-    print(f"  {p!r}: {n} leading tokens agree\n    llama.cpp: {texts[0]!r}\n    second:    {texts[1]!r}")
-print(f"{sys.argv[1]}: leading tokens in agreement {agree}; prompts with >= 8: {sum(a >= 8 for a in agree)} of 4")
+    print(f"  {p!r}: {n} leading tokens agree\n    llama.cpp: {texts[0]!r}\n    {sys.argv[3] + ':':11s}{texts[1]!r}")
+print(f"{sys.argv[1]}, llama-server against {sys.argv[3]}: leading tokens in agreement {agree}; prompts with >= 8: {sum(a >= 8 for a in agree)} of 4")
 PY
-  kill "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true; pids=()
+  kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; pids=()
 done

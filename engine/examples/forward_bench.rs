@@ -147,7 +147,7 @@ fn main() -> anyhow::Result<()> {
     let bs = 16;
     let opts = RunnerOptions {
         block_size: bs,
-        kv_cache_bytes: kv_bytes_per_token(&config, 2) * 16 * 512,
+        kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F16.bytes()) * 16 * 512,
     };
     let cpu = CpuOptions {
         threads,

@@ -639,6 +639,43 @@ impl<B: Backend> ModelRunner for Model<B> {
 mod tests {
     use super::*;
 
+    /// A 256-wide quantised tensor of `rows` rows whose blocks' bytes are all `fill`.
+    fn quant(kind: QuantType, rows: usize, fill: u8) -> HostTensor {
+        HostTensor {
+            shape: vec![rows, 256],
+            data: TensorData::Quant(kind, vec![fill; rows * kind.block_bytes()]),
+        }
+    }
+
+    /// Parts of one type fuse into one quantised tensor; parts of different types stay
+    /// apart, each run of one type merged, in order.
+    #[test]
+    fn fused_quantised_parts_keep_their_types() {
+        let same = concat_rows(
+            "gate_up",
+            vec![quant(QuantType::Q4_K, 2, 1), quant(QuantType::Q4_K, 3, 2)],
+        );
+        assert_eq!(same.shape, [5, 256]);
+        let mut bytes = vec![1u8; 2 * 144];
+        bytes.extend(vec![2u8; 3 * 144]);
+        assert_eq!(same.data, TensorData::Quant(QuantType::Q4_K, bytes.clone()));
+        let parts = vec![
+            quant(QuantType::Q4_K, 2, 1),
+            quant(QuantType::Q4_K, 3, 2),
+            quant(QuantType::Q6_K, 1, 3),
+        ];
+        let mixed = concat_rows("qkv", parts);
+        assert_eq!(mixed.shape, [6, 256]);
+        assert_eq!(
+            mixed.data,
+            TensorData::QuantParts(vec![
+                (QuantType::Q4_K, bytes),
+                (QuantType::Q6_K, vec![3u8; 210])
+            ])
+        );
+        assert_eq!(mixed.data.len(), 6 * 256);
+    }
+
     fn config(scaling: Option<Llama3RopeScaling>) -> ModelConfig {
         ModelConfig {
             arch: Arch::Llama,

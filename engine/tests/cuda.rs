@@ -4,6 +4,7 @@
 
 mod common;
 
+use engine::backend::cpu::KvCacheDtype;
 use engine::backend::cuda::{
     all_kernel_names, cuda_available, decode_kernel_name, driver_present, prefill_kernel_name,
     resolve_device, CudaBackend, CudaOptions, Device, NO_DRIVER, SOURCES,
@@ -141,7 +142,9 @@ fn runners(rel: &str) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
     let (config, mut w) = open_model(&dir).expect("open model");
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
-        kv_cache_bytes: kv_bytes_per_token(&config, 4) * BLOCK_SIZE * NUM_BLOCKS,
+        kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes())
+            * BLOCK_SIZE
+            * NUM_BLOCKS,
     };
     let cpu = load_cpu_runner(&config, w.as_mut(), &opts, 2).expect("load on the CPU");
     let (config, mut w) = open_model(&dir).expect("open model");

@@ -175,7 +175,7 @@ fn qwen3_tiny_f32_matches_golden() {
     check_tiny_golden("qwen3-tiny/f32", KvCacheDtype::F32, 1e-3);
 }
 
-/// The default f16 cache rounds each K and V value by up to 2⁻¹² relative; through the
+/// The default f16 cache rounds each K and V value by up to 2⁻¹¹ relative; through the
 /// layers that moves the logits by a few 1e-3 (measured 3.5e-3), and every greedy token
 /// stays the golden's.
 #[test]
@@ -378,7 +378,7 @@ fn bad_inputs_are_errors() {
     let (config, mut weights) = open_model(&dir).unwrap();
     let opts = RunnerOptions {
         block_size: 16,
-        kv_cache_bytes: kv_bytes_per_token(&config, 4) * 15,
+        kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * 15,
     };
     let err = load_cpu_runner(&config, weights.as_mut(), &opts, 1)
         .err()

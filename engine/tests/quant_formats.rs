@@ -46,7 +46,7 @@ fn load(path: &Path, quantized: QuantizedWeights) -> Box<dyn ModelRunner> {
     let (config, mut weights) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
-        kv_cache_bytes: kv_bytes_per_token(&config, 4) * BLOCK_SIZE * 64,
+        kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * BLOCK_SIZE * 64,
     };
     let cpu = CpuOptions {
         threads: 2,

@@ -36,7 +36,7 @@ fn cpu_runner_samples_its_own_logits() {
     let (config, mut w) = open_model(&dir).expect("open model");
     let opts = RunnerOptions {
         block_size: 16,
-        kv_cache_bytes: kv_bytes_per_token(&config, 4) * 16 * 16,
+        kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * 16 * 16,
     };
     let mut r = load_cpu_runner(&config, w.as_mut(), &opts, 2).expect("load");
     common::check_runner_samples_its_logits(r.as_mut());

@@ -581,6 +581,7 @@ fn add_request_rejects_bad_input_clearly() {
 /// chunked prefill.
 #[test]
 fn llama_tiny_greedy_is_batch_invariant() {
+    use engine::backend::cpu::KvCacheDtype;
     use engine::loader::load_cpu_runner;
     use engine::model::{kv_bytes_per_token, RunnerOptions};
 
@@ -590,7 +591,7 @@ fn llama_tiny_greedy_is_batch_invariant() {
         let (config, mut weights) = engine::weights::open_model(&dir).unwrap();
         let options = RunnerOptions {
             block_size: 4,
-            kv_cache_bytes: kv_bytes_per_token(&config, 4) * 4 * num_blocks,
+            kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * 4 * num_blocks,
         };
         let runner = load_cpu_runner(&config, weights.as_mut(), &options, 2).unwrap();
         assert_eq!(runner.num_blocks(), num_blocks);

@@ -57,8 +57,8 @@ pub enum QuantizedWeights {
     Dequantize,
 }
 
-/// A quantised weight's parts' types, rows and columns: what a path choice is made for.
-type WeightShape = (Vec<QuantType>, usize, usize);
+/// A quantised weight's parts (type, rows) and its columns: what a path choice is made for.
+type WeightShape = (Vec<(QuantType, usize)>, usize);
 
 /// The CPU implementation of [`Backend`].
 pub struct CpuBackend {
@@ -139,23 +139,26 @@ impl CpuBackend {
         Ok(if self.quantized == QuantizedWeights::Integer {
             WeightData::Quant(quant)
         } else {
-            let kinds = parts.iter().map(|(kind, _)| *kind).collect();
-            self.fastest(name, kinds, quant, dequantized)
+            let shape = with_rows
+                .iter()
+                .map(|&(kind, rows, _)| (kind, rows))
+                .collect();
+            self.fastest(name, shape, quant, dequantized)
         })
     }
 
-    /// A quantised weight (`kinds` its parts' types) on the path that measured faster for
+    /// A quantised weight (`parts` its parts' types and rows) on the path that measured faster for
     /// its shape (measured once per shape).
     fn fastest(
         &self,
         name: &str,
-        kinds: Vec<QuantType>,
+        parts: Vec<(QuantType, usize)>,
         quant: QuantMatrix,
         dequantized: impl FnOnce() -> Vec<f32>,
     ) -> WeightData {
         let (rows, cols) = (quant.rows, quant.cols);
         let weight = |data| CpuWeight { rows, cols, data };
-        let key = (kinds, rows, cols);
+        let key = (parts, cols);
         let known = self
             .path_choices
             .lock()
@@ -633,14 +636,14 @@ mod tests {
         let c = fastest.upload_weight("c", q4_1_tensor(16, 64, 4)).unwrap();
         let choices = fastest.path_choices.lock().unwrap().clone();
         assert_eq!(choices.len(), 2, "{choices:?}");
-        let integer_48 = choices[&(vec![QuantType::Q4_1], 48, 64)];
+        let integer_48 = choices[&(vec![(QuantType::Q4_1, 48)], 64)];
         for w in [&a, &b] {
             assert_eq!(matches!(w.data, WeightData::Quant(_)), integer_48);
             assert_eq!(matches!(w.data, WeightData::F16(_)), !integer_48);
         }
         assert_eq!(
             matches!(c.data, WeightData::Quant(_)),
-            choices[&(vec![QuantType::Q4_1], 16, 64)]
+            choices[&(vec![(QuantType::Q4_1, 16)], 64)]
         );
         // Either way the product is the dequantised one, within the activations' rounding.
         let want = q4_1_tensor(48, 64, 2).data.to_f32();

@@ -36,9 +36,7 @@ pub use kernels::{
     all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_kernel_name,
     missing_kernels, nvrtc_present, prefill_kernel_name, prefill_smem_bytes, program, SOURCES,
 };
-pub use sizing::{
-    activation_reserve_bytes, kv_bytes_per_token_bf16, kv_cache_tokens, weight_bytes_bf16,
-};
+pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
 use super::{Backend, QkvLayout, RowSample, StepMeta};
 use crate::config::ModelConfig;
@@ -106,7 +104,7 @@ pub fn open_cuda_backend(
             let weights_bytes = weight_bytes_bf16(config, separate_lm_head);
             let reserve =
                 activation_reserve_bytes(config, opts.max_num_batched_tokens, opts.max_num_seqs);
-            let bytes = kv_bytes_per_token_bf16(config);
+            let bytes = kv_bytes_per_token(config, backend.kv_value_bytes());
             kv_cache_tokens(
                 free,
                 total,
@@ -152,7 +150,8 @@ pub fn open_cuda_backend(
         tokens,
         tokens / opts.block_size,
         opts.block_size,
-        (tokens * kv_bytes_per_token_bf16(config)) as f64 / (1u64 << 30) as f64
+        (tokens * kv_bytes_per_token(config, backend.kv_value_bytes())) as f64
+            / (1u64 << 30) as f64
     );
     Ok((backend, runner_opts))
 }

@@ -197,10 +197,12 @@ pub fn attention(
         out.len() == rows * layout.q_width(),
         "attention: output shape"
     );
-    attention_with(qkv, layout, cache, seqs, slots, out, Isa::detect())
+    let threads = rayon::current_num_threads();
+    attention_with(qkv, layout, cache, seqs, slots, out, threads, Isa::detect())
 }
 
-/// [`attention`] with the kernel set `isa`.
+/// [`attention`] with the kernel set `isa`, splitting contexts for `threads` threads.
+#[allow(clippy::too_many_arguments)]
 fn attention_with(
     qkv: &[f32],
     layout: QkvLayout,
@@ -208,39 +210,12 @@ fn attention_with(
     seqs: &[AttnSeq<'_>],
     slots: &[usize],
     out: &mut [f32],
+    threads: usize,
     isa: Isa,
 ) -> anyhow::Result<()> {
-    let rows = slots.len();
     cache.write(qkv, layout, slots)?;
-    let bs = cache.block_size;
-    let mut items = Vec::new();
-    for (si, s) in seqs.iter().enumerate() {
-        ensure!(
-            s.row_start + s.n_tokens <= rows,
-            "sequence {si} rows are past the batch"
-        );
-        check_block_table(
-            s.block_table,
-            s.start_pos + s.n_tokens,
-            bs,
-            cache.num_blocks,
-        )
-        .map_err(|e| anyhow!("sequence {si}: {e}"))?;
-        for h in 0..layout.num_kv_heads {
-            for q0 in (0..s.n_tokens).step_by(QUERY_BLOCK) {
-                let q1 = (q0 + QUERY_BLOCK).min(s.n_tokens);
-                items.push(Work {
-                    seq: si,
-                    kv_head: h,
-                    q0,
-                    q1,
-                    keys: (0, s.start_pos + q1),
-                    partial: None,
-                });
-            }
-        }
-    }
-    let splits = split_contexts(&mut items, bs, rayon::current_num_threads());
+    let mut items = work_items(seqs, layout, slots.len(), cache)?;
+    let splits = split_contexts(&mut items, cache.block_size, threads);
     let group = layout.group_size();
     let part_len = group * (layout.head_dim + 2);
     let mut partials = vec![0.0f32; splits.iter().map(|s| s.parts).sum::<usize>() * part_len];
@@ -261,6 +236,44 @@ fn attention_with(
         merge_parts(parts, split, layout, &seqs[split.seq], out);
     }
     Ok(())
+}
+
+/// One item per (sequence, KV head, block of query rows), over the whole causal context;
+/// checks that each sequence's rows are in the batch of `rows` and its block table fits.
+fn work_items(
+    seqs: &[AttnSeq<'_>],
+    layout: QkvLayout,
+    rows: usize,
+    cache: &CpuKvCache,
+) -> anyhow::Result<Vec<Work>> {
+    let mut items = Vec::new();
+    for (si, s) in seqs.iter().enumerate() {
+        ensure!(
+            s.row_start + s.n_tokens <= rows,
+            "sequence {si} rows are past the batch"
+        );
+        check_block_table(
+            s.block_table,
+            s.start_pos + s.n_tokens,
+            cache.block_size,
+            cache.num_blocks,
+        )
+        .map_err(|e| anyhow!("sequence {si}: {e}"))?;
+        for h in 0..layout.num_kv_heads {
+            for q0 in (0..s.n_tokens).step_by(QUERY_BLOCK) {
+                let q1 = (q0 + QUERY_BLOCK).min(s.n_tokens);
+                items.push(Work {
+                    seq: si,
+                    kv_head: h,
+                    q0,
+                    q1,
+                    keys: (0, s.start_pos + q1),
+                    partial: None,
+                });
+            }
+        }
+    }
+    Ok(items)
 }
 
 /// A work item: query rows `q0..q1` of sequence `seq`, the query heads of `kv_head`,
@@ -287,8 +300,8 @@ struct Split {
 }
 
 /// With fewer items than twice the threads, splits each single-row item's context into
-/// page-aligned parts of at least [`MIN_SPLIT_KEYS`] keys, enough for about two items per
-/// thread; returns the splits (their parts in `items`).
+/// page-aligned parts of about equal size (about [`MIN_SPLIT_KEYS`] keys or more), enough
+/// for about two items per thread; returns the splits (their parts in `items`).
 fn split_contexts(items: &mut Vec<Work>, block_size: usize, threads: usize) -> Vec<Split> {
     let mut splits = Vec::new();
     if items.is_empty() || items.len() >= 2 * threads {
@@ -305,11 +318,11 @@ fn split_contexts(items: &mut Vec<Work>, block_size: usize, threads: usize) -> V
             out.push(w);
             continue;
         }
-        let per = pages.div_ceil(parts) * block_size;
         let first = next;
-        for k0 in (0..ctx).step_by(per) {
+        for i in 0..parts {
+            let (p0, p1) = (i * pages / parts, (i + 1) * pages / parts);
             out.push(Work {
-                keys: (k0, (k0 + per).min(ctx)),
+                keys: (p0 * block_size, (p1 * block_size).min(ctx)),
                 partial: Some(next),
                 ..w
             });
@@ -446,7 +459,6 @@ impl<E: Elem> Item<'_, E> {
             partial,
             ..
         } = self.work;
-        let max_ctx = self.seq.start_pos + q1;
         // Work rows: (query row, head of the group), row-major; their q and output rows (or,
         // for a part of a split context, its rows in the partials buffer, then its stats).
         let rows = (q1 - q0) * group;
@@ -472,14 +484,15 @@ impl<E: Elem> Item<'_, E> {
                 Page {
                     k: self.k.as_ptr().add(at),
                     v: self.v.as_ptr().add(at),
-                    first,
+                    first: first - k0,
                     n: bs.min(k1 - first),
                 }
             })
             .collect();
 
         // scores[w][j] = q_w · k_j / √d for every key of the item (16 keys per vector).
-        let mut scores = vec![0.0f32; rows * max_ctx];
+        let span = k1 - k0;
+        let mut scores = vec![0.0f32; rows * span];
         let mut padded = vec![E::from_f32(0.0); hd * KEYS];
         for page in &pages {
             for c in (0..page.n).step_by(KEYS) {
@@ -506,7 +519,7 @@ impl<E: Elem> Item<'_, E> {
                         hd
                     )));
                     for (i, acc) in tile[..r].iter().enumerate() {
-                        let dst = &mut scores[(w + i) * max_ctx + page.first + c..][..n];
+                        let dst = &mut scores[(w + i) * span + page.first + c..][..n];
                         for (s, &v) in dst.iter_mut().zip(acc) {
                             *s = v * scale;
                         }
@@ -518,13 +531,13 @@ impl<E: Elem> Item<'_, E> {
         // Softmax over each row's own causal context within the item's keys; later keys
         // get probability 0. A part of a split context keeps its max and sum instead.
         for w in 0..rows {
-            let ctx = (self.seq.start_pos + q0 + w / group + 1).min(k1);
-            let s = &mut scores[w * max_ctx..(w + 1) * max_ctx];
-            let max = s[k0..ctx].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            for v in s[k0..ctx].iter_mut() {
+            let ctx = (self.seq.start_pos + q0 + w / group + 1).min(k1) - k0;
+            let s = &mut scores[w * span..(w + 1) * span];
+            let max = s[..ctx].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            for v in s[..ctx].iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            let total = sum::<FMA>(&s[k0..ctx]);
+            let total = sum::<FMA>(&s[..ctx]);
             match part {
                 Some(p) => {
                     *p.add(rows * hd + w) = max;
@@ -532,7 +545,7 @@ impl<E: Elem> Item<'_, E> {
                 }
                 None => {
                     let inv = 1.0 / total;
-                    for v in s[k0..ctx].iter_mut() {
+                    for v in s[..ctx].iter_mut() {
                         *v *= inv;
                     }
                 }
@@ -543,7 +556,7 @@ impl<E: Elem> Item<'_, E> {
         let mut w = 0;
         while w < rows {
             let r = R.min(rows - w);
-            let p = |i: usize| scores.as_ptr().add((w + i) * max_ctx);
+            let p = |i: usize| scores.as_ptr().add((w + i) * span);
             for d0 in (0..hd).step_by(KEYS) {
                 let mut tile = [[0.0f32; KEYS]; TILE_MAX];
                 with_rows!(r, N => tile[..N].copy_from_slice(&T::weighted_values::<E, N>(
@@ -565,7 +578,8 @@ impl<E: Elem> Item<'_, E> {
 struct Page<E> {
     k: *const E,
     v: *const E,
-    /// Position of the page's first key.
+    /// Position of the page's first key counted from the item's first key: its index in a
+    /// row of the item's scores and probabilities.
     first: usize,
     /// Keys of the page inside the item's context.
     n: usize,
@@ -763,10 +777,6 @@ impl Tiles for Avx2 {
 mod tests {
     use super::*;
 
-    /// Every kernel set against plain f64 attention on the cache's f16 keys and values: a prefix of 20 tokens, then one
-    /// decode row of that sequence beside a 37-token prefill of another (pages split
-    /// mid-way, a partial last page, GQA groups of two), with pages of 16 tokens and of
-    /// sizes that are not multiples of the 16-key vectors.
     /// A K or V value as a cache of `dtype` holds it.
     fn as_cached(x: f32, dtype: KvCacheDtype) -> f64 {
         match dtype {
@@ -775,6 +785,10 @@ mod tests {
         }
     }
 
+    /// Every kernel set and cache type against plain f64 attention on the cached keys and
+    /// values: a prefix of 20 tokens, then one decode row of that sequence beside a 37-token
+    /// prefill of another (pages split mid-way, a partial last page, GQA groups of two),
+    /// with pages of 16 tokens and of sizes that are not multiples of the 16-key vectors.
     #[test]
     fn every_kernel_set_matches_plain_attention() {
         let layout = QkvLayout {
@@ -810,7 +824,17 @@ mod tests {
             };
             let slots: Vec<usize> = (0..20).collect();
             let mut out = vec![0.0; 20 * layout.q_width()];
-            attention_with(&first, layout, &mut cache, &[seq_a], &slots, &mut out, isa).unwrap();
+            attention_with(
+                &first,
+                layout,
+                &mut cache,
+                &[seq_a],
+                &slots,
+                &mut out,
+                1,
+                isa,
+            )
+            .unwrap();
             let seqs = [
                 AttnSeq {
                     row_start: 0,
@@ -828,7 +852,10 @@ mod tests {
             let mut slots = vec![table_a[20 / bs] as usize * bs + 20 % bs];
             slots.extend((0..37).map(|p| table_b[p / bs] as usize * bs + p % bs));
             let mut out2 = vec![0.0; 38 * layout.q_width()];
-            attention_with(&second, layout, &mut cache, &seqs, &slots, &mut out2, isa).unwrap();
+            attention_with(
+                &second, layout, &mut cache, &seqs, &slots, &mut out2, 1, isa,
+            )
+            .unwrap();
             // (rows of qkv holding the sequence's history, row to check, its output)
             let history_a: Vec<&[f32]> = first
                 .chunks(width)
@@ -927,6 +954,11 @@ mod tests {
                 parts: 3
             }]
         );
+        // Parts take about equal numbers of pages: 513 keys in pages of 256 split 256 + 257.
+        let mut items = vec![work(0, 0, 1, 513)];
+        assert_eq!(split_contexts(&mut items, 256, 4).len(), 1);
+        let keys: Vec<_> = items.iter().map(|w| w.keys).collect();
+        assert_eq!(keys, [(0, 256), (256, 513)]);
         // A prefill block and a short context stay whole; enough items split nothing.
         let mut items = vec![work(0, 0, 16, 4000), work(1, 0, 1, 300)];
         assert!(split_contexts(&mut items, 16, 4).is_empty());
@@ -936,8 +968,8 @@ mod tests {
         assert_eq!(items.len(), 8);
     }
 
-    /// One decoding sequence on 4 threads: its 2 items split into 4 parts each (1100 keys
-    /// over pages of 16), merged to plain attention, for every kernel set and cache type.
+    /// One decoding sequence split for 4 threads: its 2 items split into 4 parts each (1,101
+    /// keys over pages of 16), merged to plain attention, for every kernel set and cache type.
     #[test]
     fn a_split_context_merges_to_plain_attention() {
         let (width, n) = (LAYOUT.qkv_width(), 1101);
@@ -950,10 +982,6 @@ mod tests {
                 ((seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
             })
             .collect();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(4)
-            .build()
-            .unwrap();
         let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
         for isa in Isa::available() {
             for dtype in [KvCacheDtype::F16, KvCacheDtype::F32] {
@@ -973,6 +1001,7 @@ mod tests {
                     &[prefill],
                     &slots,
                     &mut out,
+                    4,
                     isa,
                 )
                 .unwrap();
@@ -982,11 +1011,22 @@ mod tests {
                     start_pos: n - 1,
                     block_table: &table,
                 };
+                // The decode step's two items split into four parts each on 4 threads.
+                let mut items = work_items(&[decode], LAYOUT, 1, &cache).unwrap();
+                let splits = split_contexts(&mut items, 16, 4);
+                assert_eq!(splits.iter().map(|s| s.parts).collect::<Vec<_>>(), [4, 4]);
                 let mut out = vec![0.0; LAYOUT.q_width()];
                 let last = &qkv[(n - 1) * width..];
-                pool.install(|| {
-                    attention_with(last, LAYOUT, &mut cache, &[decode], &[n - 1], &mut out, isa)
-                })
+                attention_with(
+                    last,
+                    LAYOUT,
+                    &mut cache,
+                    &[decode],
+                    &[n - 1],
+                    &mut out,
+                    4,
+                    isa,
+                )
                 .unwrap();
                 let hist: Vec<&[f32]> = qkv.chunks(width).collect();
                 assert_like_plain(&hist, &out, dtype, &format!("{isa:?} {dtype:?}"));

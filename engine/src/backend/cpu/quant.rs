@@ -76,31 +76,37 @@ impl Bits {
     }
 }
 
-/// How activations are quantised for a weight type: llama.cpp's choice, so that both
-/// engines round the same products the same way.
+/// How activations are quantised for a weight type: as llama.cpp quantises them (its
+/// activation types' names), so that both engines round the same products the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 pub enum ActScales {
-    /// One scale per 32 values, rounded to f16, and `s = d·Σq` rounded to f16 (llama.cpp's
-    /// Q8_0 / Q8_1): the 32-weight types.
-    PerBlock,
-    /// One f32 scale per 256 values (llama.cpp's Q8_K): the K-quants.
-    PerSuperBlock,
+    /// One scale per 32 values, rounded to f16; `s = d·Σq` with that rounded `d`, so a
+    /// weight offset `m = −k·d` (Q8_0, Q4_0, Q5_0) cancels exactly, as llama.cpp's signed
+    /// products do.
+    Q8_0,
+    /// One scale per 32 values and `s = d·Σq`, each rounded to f16 (Q4_1, Q5_1, whose
+    /// offsets llama.cpp multiplies by that stored `s`).
+    Q8_1,
+    /// One f32 scale per 256 values: the K-quants.
+    Q8_K,
 }
 
 impl ActScales {
+    /// llama.cpp's activation type for weights of `kind`.
     pub fn of(kind: QuantType) -> ActScales {
-        if kind.is_k_quant() {
-            ActScales::PerSuperBlock
-        } else {
-            ActScales::PerBlock
+        match kind {
+            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => ActScales::Q8_0,
+            QuantType::Q4_1 | QuantType::Q5_1 => ActScales::Q8_1,
+            QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => ActScales::Q8_K,
         }
     }
 
     /// Values that share one scale.
     fn span(self) -> usize {
         match self {
-            ActScales::PerBlock => BLOCK,
-            ActScales::PerSuperBlock => SUPER_BLOCK,
+            ActScales::Q8_0 | ActScales::Q8_1 => BLOCK,
+            ActScales::Q8_K => SUPER_BLOCK,
         }
     }
 }
@@ -307,7 +313,7 @@ pub struct BlockScale {
     pub d: f32,
     /// `dₓ·Σq` (the offsets' term).
     pub s: f32,
-    /// `Σq` (the AVX2 Q8_0 kernel's and Q6_K's offset corrections).
+    /// `Σq` (the offset corrections of the AVX2 U8 kernel and of Q6_K).
     pub qsum: i32,
     /// `Σq` of the block's first 16 values (Q6_K's halves).
     pub qsum_low: i32,
@@ -338,7 +344,7 @@ impl QuantRows {
 }
 
 /// Quantises one row: per span of `act`, `d = max|x| / 127` and `q = round(x / d)` (ties
-/// to even, as llama.cpp's AVX2 Q8_0 and scalar Q8_K).
+/// to even, as llama.cpp's AVX2 Q8_0 / Q8_1 and scalar Q8_K).
 pub fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale], act: ActScales, isa: Isa) {
     let span = act.span();
     for ((xs, qs), ss) in x
@@ -355,7 +361,16 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale], act: Act
         {
             let (qsum, qsum_low) = quant_simd::quantize_block(xb, qb, inv, isa);
             *sc = match act {
-                ActScales::PerBlock => {
+                ActScales::Q8_0 => {
+                    let d = f16::from_f32(amax / 127.0).to_f32();
+                    BlockScale {
+                        d,
+                        s: d * qsum as f32,
+                        qsum,
+                        qsum_low,
+                    }
+                }
+                ActScales::Q8_1 => {
                     let d = amax / 127.0;
                     BlockScale {
                         d: f16::from_f32(d).to_f32(),
@@ -364,7 +379,7 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale], act: Act
                         qsum_low,
                     }
                 }
-                ActScales::PerSuperBlock => {
+                ActScales::Q8_K => {
                     let d = if inv > 0.0 { 1.0 / inv } else { 0.0 };
                     BlockScale {
                         d,
@@ -677,7 +692,7 @@ mod tests {
         x[64..96].fill(0.0);
         x[100] = 2.5;
         x[256..512].fill(0.0);
-        for act in [ActScales::PerBlock, ActScales::PerSuperBlock] {
+        for act in [ActScales::Q8_0, ActScales::Q8_1, ActScales::Q8_K] {
             let quantize = |isa| {
                 let (mut q, mut sc) = (vec![0i8; 512], vec![BlockScale::default(); 16]);
                 quantize_row(&x, &mut q, &mut sc, act, isa);
@@ -698,8 +713,9 @@ mod tests {
         let (m, k) = (3, 512);
         let x = random_x(m, k, &mut seed);
         for (act, slack) in [
-            (ActScales::PerBlock, 0.5 + 127.0 / 2048.0),
-            (ActScales::PerSuperBlock, 0.5),
+            (ActScales::Q8_0, 0.5 + 127.0 / 2048.0),
+            (ActScales::Q8_1, 0.5 + 127.0 / 2048.0),
+            (ActScales::Q8_K, 0.5),
         ] {
             let mut rows = QuantRows::default();
             rows.quantize(&x, m, k, act, Isa::detect());
@@ -725,7 +741,7 @@ mod tests {
             }
         }
         let mut zero = QuantRows::default();
-        zero.quantize(&[0.0; 256], 1, 256, ActScales::PerSuperBlock, Isa::detect());
+        zero.quantize(&[0.0; 256], 1, 256, ActScales::Q8_K, Isa::detect());
         assert!(zero.q.iter().all(|&q| q == 0) && zero.scales[0].d == 0.0);
     }
 
@@ -766,8 +782,9 @@ mod tests {
     /// Against f64 math on the packed weights' values (the dequantised ones but for the
     /// K-quants' f16 group scales, checked above) and the unquantised activations. The
     /// only difference is the activations' rounding: per value at most half a step `d/2`
-    /// (plus, for the 32-weight types, `d`'s own rounding to f16: 127·2⁻¹¹ steps), and per
-    /// group the f16 roundings of `s` and `d` times the offset `m` (2·2⁻¹¹·|m·s|).
+    /// (plus, for the 32-weight types, `d`'s own rounding to f16: 127·2⁻¹¹ steps), and for
+    /// Q4_1 / Q5_1 per group the f16 roundings of `s` and `d` times the offset `m`
+    /// (2·2⁻¹¹·|m·s|). The `m = −k·d` types' offsets cancel exactly.
     #[test]
     fn quantised_product_is_within_the_activation_rounding_bound() {
         let mut seed = 17;
@@ -785,10 +802,10 @@ mod tests {
             let act = ActScales::of(kind);
             let mut rows = QuantRows::default();
             rows.quantize(&x, m, k, act, Isa::detect());
-            let step = if act == ActScales::PerBlock {
-                0.5 + 127.0 / 2048.0
-            } else {
+            let step = if act == ActScales::Q8_K {
                 0.5
+            } else {
+                0.5 + 127.0 / 2048.0
             };
             let row_bytes = k / kind.block_elems() * kind.block_bytes();
             for i in 0..m {
@@ -798,7 +815,7 @@ mod tests {
                         let sc = rows.scales[i * (k / BLOCK) + t / BLOCK];
                         exact += x[i * k + t] as f64 * wf[j * k + t] as f64;
                         bound += step * sc.d as f64 * (wf[j * k + t] as f64).abs();
-                        if t % BLOCK == 0 {
+                        if t % BLOCK == 0 && act == ActScales::Q8_1 {
                             let m = group_offset(kind, &blocks[j * row_bytes..], t);
                             bound += (m * sc.s).abs() as f64 * 2f64.powi(-10);
                         }

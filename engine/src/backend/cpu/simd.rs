@@ -1,6 +1,7 @@
 //! Small helpers shared by the CPU kernels: feature detection, a pointer that may cross
-//! threads, and 8-lane vector loops written so LLVM vectorises them inside functions
-//! compiled with `#[target_feature(enable = "avx2,fma")]`.
+//! threads, 8-lane vector loops written so LLVM vectorises them inside functions compiled
+//! with `#[target_feature(enable = "avx2,fma")]`, and the element types (f32, f16, bf16)
+//! the kernels load as f32 lanes ([`Elem`]: weights and the KV cache).
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 

@@ -2,11 +2,6 @@
 
 use crate::config::ModelConfig;
 
-/// bf16 K and V of every layer for one token.
-pub fn kv_bytes_per_token_bf16(c: &ModelConfig) -> usize {
-    2 * c.num_layers * c.num_kv_heads * c.head_dim * 2
-}
-
 /// Bytes of the bf16 weights the model uploads (linear layers and embeddings; norms are
 /// negligible and covered by the reserve).
 pub fn weight_bytes_bf16(c: &ModelConfig, separate_lm_head: bool) -> usize {
