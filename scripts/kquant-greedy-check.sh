@@ -8,7 +8,10 @@
 # answers tokenised by our /tokenize). AGAINST=llama-fa-off compares llama-server with itself
 # instead: its default (flash attention on) against `-fa off`, the same weights and prompts,
 # to show how far llama.cpp's own arithmetic moves greedy answers.
-# Usage: [WEIGHTS=dequantize] [AGAINST=llama-fa-off] scripts/kquant-greedy-check.sh
+# PROMPTS=32 asks 32 prompts (the issue's 4 first) instead of 4: on a 135M model many
+# continuations are near-ties that any change of arithmetic flips, so the rate over more
+# prompts, beside llama-server's rate against itself, says more than 4 answers.
+# Usage: [WEIGHTS=dequantize] [AGAINST=llama-fa-off] [PROMPTS=32] scripts/kquant-greedy-check.sh
 #   (PEERS as for build-llama-cpp.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +20,7 @@ F16="$PEERS/models/SmolLM2-135M-Instruct.Q4_1.F16.gguf"
 [ -x "$PEERS/bin/llama-server" ] && [ -f "$F16" ] || { echo "run ../shared/peers/build-llama-cpp.sh first" >&2; exit 1; }
 [ -x target/release/engine ] || { echo "build the engine first: cargo build --release" >&2; exit 1; }
 case "${AGAINST:-engine}" in engine | llama-fa-off) ;; *) echo "AGAINST must be engine or llama-fa-off, not '$AGAINST'" >&2; exit 1 ;; esac
+case "${PROMPTS:-4}" in 4 | 32) ;; *) echo "PROMPTS must be 4 or 32, not '$PROMPTS'" >&2; exit 1 ;; esac
 pids=()
 trap 'kill ${pids[@]+"${pids[@]}"} 2>/dev/null || true' EXIT
 wait_up() { for _ in $(seq 1 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; echo "no server at $1" >&2; exit 1; }
@@ -35,14 +39,25 @@ for scheme in Q4_K_M Q5_K_M Q6_K; do
     wait_up http://127.0.0.1:8313
   fi
   wait_up http://127.0.0.1:8311; wait_up http://127.0.0.1:8312
-  python3 - "$scheme" "$second" "${AGAINST:-engine}" <<'PY'
+  python3 - "$scheme" "$second" "${AGAINST:-engine}" "${PROMPTS:-4}" <<'PY'
 import json, sys, urllib.request
 def post(port, path, body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     return json.load(urllib.request.urlopen(req))
 prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a",
-           "The three primary colors are"]
+           "The three primary colors are", "The best way to learn a new language is",
+           "import numpy as np\n", "Water boils at", "My favourite season is",
+           "The mitochondria is", "In 1492, Columbus", "To make a cup of tea, first",
+           "The largest planet in the solar system is", "SELECT name FROM users WHERE",
+           "Dear hiring manager,", "The quick brown fox", "A healthy breakfast includes",
+           "The theory of relativity states that", "Photosynthesis is the process by which",
+           "for i in range(10):", "The main causes of climate change are",
+           "Shakespeare wrote", "The recipe calls for two cups of", "Machine learning is",
+           "The stock market today", "Once the rain stopped, the children",
+           "A triangle has", "The human heart has four", "To reverse a string in Python,",
+           "The moon orbits", "Good morning! Today we will learn about",
+           "The French Revolution began in", "An apple a day"][:int(sys.argv[4])]
 agree = []
 for p in prompts:
     ask = {"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -51,7 +66,7 @@ for p in prompts:
     n = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
     agree.append(n)
     print(f"  {p!r}: {n} leading tokens agree\n    llama.cpp: {texts[0]!r}\n    {sys.argv[3] + ':':11s}{texts[1]!r}")
-print(f"{sys.argv[1]}, llama-server against {sys.argv[3]}: leading tokens in agreement {agree}; prompts with >= 8: {sum(a >= 8 for a in agree)} of 4")
+print(f"{sys.argv[1]}, llama-server against {sys.argv[3]}: leading tokens in agreement {agree}; prompts with >= 8: {sum(a >= 8 for a in agree)} of {len(prompts)}")
 PY
   kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; pids=()
 done

@@ -232,14 +232,13 @@ fn q6_k_value(block: &[u8], e: usize) -> u8 {
     low | (high << 4)
 }
 
-/// Group `g` (0..8) of a Q6_K super-block as its stored values `u` (0..=63) and the f16
-/// scales `d·scale` of its two 16-weight halves: value = `dₕ·(u − 32)`. The products are
-/// rounded to f16, a relative error of at most 2⁻¹¹ on a half's scale.
-pub fn q6_k_group(block: &[u8], g: usize) -> ([u8; GROUP], [f16; 2]) {
+/// Group `g` (0..8) of a Q6_K super-block as its stored values `u` (0..=63), the
+/// super-block's f16 `d` and the signed scales of its two 16-weight halves: value =
+/// `d·scaleₕ·(u − 32)`.
+pub fn q6_k_group(block: &[u8], g: usize) -> ([u8; GROUP], f16, [i8; 2]) {
     let u = std::array::from_fn(|c| q6_k_value(block, GROUP * g + c));
-    let d = f16_at(block, 208);
-    let half = |h: usize| f16::from_f32(d * f32::from(block[192 + 2 * g + h] as i8));
-    (u, [half(0), half(1)])
+    let d = f16::from_le_bytes([block[208], block[209]]);
+    (u, d, [block[192 + 2 * g] as i8, block[193 + 2 * g] as i8])
 }
 
 #[cfg(test)]

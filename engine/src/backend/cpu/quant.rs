@@ -5,7 +5,8 @@
 //! `u` (4 bits for Q4_0, Q4_1 and Q4_K; 8 bits holding Q5's 5, Q6_K's 6 and Q8_0's 8) and
 //! per-group f16 `d`, `m` over 32 weights ([`affine_group`]: exact but for the K-quants'
 //! products of two scales, rounded to f16); Q6_K's scale changes every 16 weights, so its
-//! groups carry one `d` per half and `m = −32d` ([`q6_k_group`]). Activations are
+//! groups carry its f16 `d` and a signed scale per half, multiplied in f32 (exact), with
+//! `m = −32·d·scale` taken off in integer arithmetic ([`q6_k_group`]). Activations are
 //! quantised on the fly to `q·dₓ` with `q` in −127..=127, as llama.cpp does for each type
 //! ([`ActScales`]), so one group of one output is
 //!
@@ -47,7 +48,7 @@ pub enum Bits {
     U4,
     /// 8-bit values (Q8_0; Q5_0, Q5_1 and Q5_K's 5 bits).
     U8,
-    /// Q6_K's 6-bit values in bytes, a `d` per 16 values and `m = −32d`.
+    /// Q6_K's 6-bit values in bytes, a signed scale per 16 values and `m = −32·d·scale`.
     U6,
 }
 
@@ -69,8 +70,8 @@ impl Bits {
         }
     }
 
-    /// Bytes of one block of one panel: weights, then 16 f16 `d`, then 16 f16 `m` (U6:
-    /// the `d` of each row's first 16 values, then of its last 16).
+    /// Bytes of one block of one panel: weights, then 16 f16 `d`, then 16 f16 `m` (U6: 16
+    /// f16 `d`, then the 16 rows' i8 scales of the first 16 values, then of the last 16).
     pub const fn block_stride(self) -> usize {
         self.weight_bytes() + 4 * PANEL
     }
@@ -162,6 +163,11 @@ fn f16_at(block: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([block[at], block[at + 1]]).to_f32()
 }
 
+/// Row `r`'s signed scale of half `h` of a U6 block.
+fn u6_scale(block: &[u8], r: usize, h: usize) -> f32 {
+    f32::from(block[Bits::U6.weight_bytes() + 2 * PANEL + PANEL * h + r] as i8)
+}
+
 impl QuantMatrix {
     /// Repacks GGUF blocks (`rows` rows of `cols / block size` blocks each); `name` is for
     /// errors.
@@ -218,8 +224,7 @@ impl QuantMatrix {
             for (c, o) in out.iter_mut().enumerate() {
                 let u = f32::from(value_at(bits, blk, rr, c));
                 *o = match bits {
-                    Bits::U6 if c < BLOCK / 2 => d * (u - 32.0),
-                    Bits::U6 => m * (u - 32.0),
+                    Bits::U6 => d * u6_scale(blk, rr, c / (BLOCK / 2)) * (u - 32.0),
                     _ => d * u + m,
                 };
             }
@@ -262,25 +267,36 @@ impl Part {
                         let block = row * gguf_blocks + b / groups;
                         let src = &blocks[block * kind.block_bytes()..][..kind.block_bytes()];
                         let dst = &mut panel[b * stride..(b + 1) * stride];
-                        let (u, d, m) = if bits == Bits::U6 {
-                            let (u, [d0, d1]) = q6_k_group(src, b % groups);
-                            (u, d0, d1)
+                        let u = if bits == Bits::U6 {
+                            let (u, d, scales) = q6_k_group(src, b % groups);
+                            dst[wb + 2 * r..][..2].copy_from_slice(&d.to_le_bytes());
+                            for (h, sc) in scales.into_iter().enumerate() {
+                                dst[wb + 2 * PANEL + PANEL * h + r] = sc as u8;
+                            }
+                            u
                         } else {
-                            affine_group(kind, src, b % groups)
+                            let (u, d, m) = affine_group(kind, src, b % groups);
+                            dst[wb + 2 * r..][..2].copy_from_slice(&d.to_le_bytes());
+                            dst[wb + 2 * PANEL + 2 * r..][..2].copy_from_slice(&m.to_le_bytes());
+                            u
                         };
                         for (c, &v) in u.iter().enumerate() {
                             let (off, high) = value_offset(bits, r, c);
                             dst[off] |= if high { v << 4 } else { v };
                         }
-                        dst[wb + 2 * r..wb + 2 * r + 2].copy_from_slice(&d.to_le_bytes());
-                        dst[wb + 2 * PANEL + 2 * r..][..2].copy_from_slice(&m.to_le_bytes());
                     }
                 }
             });
         // `m` of Q4_0 / Q5_0 / Q8_0 is −8d / −16d / −128d, and a K-quant group's `d` and `m`
-        // are products of two scales: finite unless a scale is near f16's maximum.
+        // are products of two scales: finite unless a scale is near f16's maximum. (U6 keeps
+        // the file's `d`, then i8 scales.)
+        let f16_bytes = if bits == Bits::U6 {
+            2 * PANEL
+        } else {
+            4 * PANEL
+        };
         let overflow = data.chunks_exact(stride).position(|blk| {
-            blk[wb..]
+            blk[wb..wb + f16_bytes]
                 .chunks_exact(2)
                 .any(|h| !f16::from_le_bytes([h[0], h[1]]).is_finite())
         });
@@ -520,13 +536,14 @@ pub unsafe fn tile_scalar(tile: &quant_simd::Tile<'_>) {
                     dots[c / (BLOCK / 2)] += i32::from(u) * i32::from(q);
                 }
                 let d = f16_at(blk, wb + 2 * r);
-                let m = f16_at(blk, wb + 2 * PANEL + 2 * r);
                 let sc = tile.x.scales[row * nb + b];
                 acc += if tile.bits == Bits::U6 {
                     let low = dots[0] - 32 * sc.qsum_low;
                     let high = dots[1] - 32 * (sc.qsum - sc.qsum_low);
-                    low as f32 * (d * sc.d) + high as f32 * (m * sc.d)
+                    let (d0, d1) = (d * u6_scale(blk, r, 0), d * u6_scale(blk, r, 1));
+                    low as f32 * (d0 * sc.d) + high as f32 * (d1 * sc.d)
                 } else {
+                    let m = f16_at(blk, wb + 2 * PANEL + 2 * r);
                     (dots[0] + dots[1]) as f32 * (d * sc.d) + m * sc.s
                 };
             }
@@ -619,9 +636,9 @@ mod tests {
                 w.row_to_f32(r, &mut row);
                 for (c, (&a, &b)) in row.iter().zip(&want[r * cols..]).enumerate() {
                     let m = group_offset(kind, &blocks[r * row_bytes..], c);
-                    // K-quants: a group's scale and offset are rounded to f16 (2⁻¹¹ each);
-                    // the others are exact up to f32 rounding.
-                    let tol = if kind.is_k_quant() {
+                    // Q4_K / Q5_K: a group's scale and offset are rounded to f16 (2⁻¹¹
+                    // each); the others are exact up to f32 rounding.
+                    let tol = if matches!(kind, QuantType::Q4_K | QuantType::Q5_K) {
                         2f32.powi(-11) * (b.abs() + 2.0 * m.abs()) * 1.01 + 1e-7
                     } else {
                         1e-6 * b.abs().max(1e-3)

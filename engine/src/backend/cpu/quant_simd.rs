@@ -265,14 +265,24 @@ unsafe fn vnni<const MR: usize, const BITS: u8>(t: &Tile<'_>) {
             }
         }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(wb) as *const __m256i));
-        let m = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(wb + 32) as *const __m256i));
+        // U6: `m` holds each half's scale, d·scaleₕ (exact in f32).
+        let (d0, m) = if BITS == U6 {
+            let scale = |h: usize| {
+                let s = _mm_loadu_si128(blk.add(wb + 32 + 16 * h) as *const __m128i);
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s)))
+            };
+            (scale(0), scale(1))
+        } else {
+            let m = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(wb + 32) as *const __m256i));
+            (d, m)
+        };
         for i in 0..MR {
             let sc = &*xs.add(i * nb + b);
             let dx = _mm512_set1_ps(sc.d);
             if BITS == U6 {
                 let lo = _mm512_sub_epi32(acc_low[i], _mm512_set1_epi32(32 * sc.qsum_low));
                 let hi = _mm512_sub_epi32(acci[i], _mm512_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
-                accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(d, dx), accf[i]);
+                accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(d0, dx), accf[i]);
                 accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(m, dx), accf[i]);
             } else {
                 accf[i] =
@@ -362,16 +372,26 @@ unsafe fn avx2<const MR: usize, const BITS: u8>(t: &Tile<'_>, half: usize) {
                 *a = _mm256_add_epi32(*a, _mm256_set1_epi32(128 * qsum));
             }
         }
-        let scales = blk.sub(32 * half).add(wb + 16 * half);
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(scales as *const __m128i));
-        let m = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(32) as *const __m128i));
+        let tail = blk.sub(32 * half).add(wb);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(tail.add(16 * half) as *const __m128i));
+        // U6: `m` holds each half's scale, d·scaleₕ (exact in f32).
+        let (d0, m) = if BITS == U6 {
+            let scale = |h: usize| {
+                let s = _mm_loadl_epi64(tail.add(32 + 16 * h + 8 * half) as *const __m128i);
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)))
+            };
+            (scale(0), scale(1))
+        } else {
+            let m = _mm256_cvtph_ps(_mm_loadu_si128(tail.add(32 + 16 * half) as *const __m128i));
+            (d, m)
+        };
         for i in 0..MR {
             let sc = &*xs.add(i * nb + b);
             let dx = _mm256_set1_ps(sc.d);
             if BITS == U6 {
                 let lo = _mm256_sub_epi32(acc_low[i], _mm256_set1_epi32(32 * sc.qsum_low));
                 let hi = _mm256_sub_epi32(acci[i], _mm256_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
-                accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d, dx), accf[i]);
+                accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d0, dx), accf[i]);
                 accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(m, dx), accf[i]);
             } else {
                 accf[i] =
