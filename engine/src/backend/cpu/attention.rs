@@ -26,7 +26,8 @@ const QUERY_BLOCK: usize = 16;
 const KEYS: usize = 16;
 /// Most work rows (query row × head) of one register tile.
 const TILE_MAX: usize = 8;
-/// Fewest keys per part of a split context (a part's fixed cost stays small beside it).
+/// About the fewest keys per part of a split context (a part's fixed cost stays small
+/// beside it; parts take equal numbers of whole pages).
 const MIN_SPLIT_KEYS: usize = 256;
 
 /// `$body` with the const `$n` equal to `$rows` (1 to [`TILE_MAX`]): a tile of any

@@ -83,8 +83,8 @@ impl Bits {
 #[allow(non_camel_case_types)]
 pub enum ActScales {
     /// One scale per 32 values, rounded to f16; `s = d·Σq` with that rounded `d`, so a
-    /// weight offset `m = −k·d` (Q8_0, Q4_0, Q5_0) cancels exactly, as llama.cpp's signed
-    /// products do.
+    /// weight offset `m = −k·d` (Q8_0, Q4_0, Q5_0) cancels as llama.cpp's signed products
+    /// do (up to the f32 rounding of the two terms).
     Q8_0,
     /// One scale per 32 values and `s = d·Σq`, each rounded to f16 (Q4_1, Q5_1, whose
     /// offsets llama.cpp multiplies by that stored `s`).
@@ -220,12 +220,11 @@ impl QuantMatrix {
         for (b, out) in dst.chunks_exact_mut(BLOCK).enumerate() {
             let blk = &panel[b * stride..(b + 1) * stride];
             let d = f16_at(blk, wb + 2 * rr);
-            let m = f16_at(blk, wb + 2 * PANEL + 2 * rr);
             for (c, o) in out.iter_mut().enumerate() {
                 let u = f32::from(value_at(bits, blk, rr, c));
                 *o = match bits {
                     Bits::U6 => d * u6_scale(blk, rr, c / (BLOCK / 2)) * (u - 32.0),
-                    _ => d * u + m,
+                    _ => d * u + f16_at(blk, wb + 2 * PANEL + 2 * rr),
                 };
             }
         }
@@ -301,9 +300,12 @@ impl Part {
                 .any(|h| !f16::from_le_bytes([h[0], h[1]]).is_finite())
         });
         if let Some(at) = overflow {
+            let row = row0 + at / nb * PANEL;
+            if bits == Bits::U6 {
+                anyhow::bail!("weight `{name}`: a {kind:?} scale near row {row} is not finite");
+            }
             anyhow::bail!(
-                "weight `{name}`: a {kind:?} scale near row {} is too large to re-express in f16",
-                row0 + at / nb * PANEL
+                "weight `{name}`: a {kind:?} scale near row {row} is too large to re-express in f16"
             );
         }
         Ok(Part {
@@ -796,12 +798,12 @@ mod tests {
         }
     }
 
-    /// Against f64 math on the packed weights' values (the dequantised ones but for the
-    /// K-quants' f16 group scales, checked above) and the unquantised activations. The
+    /// Against f64 math on the packed weights' values (the dequantised ones but for Q4_K's
+    /// and Q5_K's f16 group scales, checked above) and the unquantised activations. The
     /// only difference is the activations' rounding: per value at most half a step `d/2`
     /// (plus, for the 32-weight types, `d`'s own rounding to f16: 127·2⁻¹¹ steps), and for
     /// Q4_1 / Q5_1 per group the f16 roundings of `s` and `d` times the offset `m`
-    /// (2·2⁻¹¹·|m·s|). The `m = −k·d` types' offsets cancel exactly.
+    /// (2·2⁻¹¹·|m·s|). The `m = −k·d` types' offsets cancel up to f32 rounding.
     #[test]
     fn quantised_product_is_within_the_activation_rounding_bound() {
         let mut seed = 17;

@@ -265,7 +265,7 @@ unsafe fn vnni<const MR: usize, const BITS: u8>(t: &Tile<'_>) {
             }
         }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(wb) as *const __m256i));
-        // U6: `m` holds each half's scale, d·scaleₕ (exact in f32).
+        // U6: `d0` and `m` are the halves' scales d·scaleₕ (exact in f32).
         let (d0, m) = if BITS == U6 {
             let scale = |h: usize| {
                 let s = _mm_loadu_si128(blk.add(wb + 32 + 16 * h) as *const __m128i);
@@ -374,7 +374,7 @@ unsafe fn avx2<const MR: usize, const BITS: u8>(t: &Tile<'_>, half: usize) {
         }
         let tail = blk.sub(32 * half).add(wb);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(tail.add(16 * half) as *const __m128i));
-        // U6: `m` holds each half's scale, d·scaleₕ (exact in f32).
+        // U6: `d0` and `m` are the halves' scales d·scaleₕ (exact in f32).
         let (d0, m) = if BITS == U6 {
             let scale = |h: usize| {
                 let s = _mm_loadl_epi64(tail.add(32 + 16 * h + 8 * half) as *const __m128i);
