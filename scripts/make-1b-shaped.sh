@@ -16,10 +16,11 @@ quantize="$PEERS/bin/llama-quantize"
 mkdir -p "$OUT"
 f16="$OUT/llama-1b-shaped.F16.gguf"
 if [ ! -f "$f16" ]; then
-  PYTHONPATH="$(./scripts/pip-target.sh gguf 0.19.0)" python3 - models/SmolLM2-135M-Instruct.Q4_1.gguf "$f16.part" <<'PY'
+  PYTHONPATH="$(./scripts/pip-target.sh gguf 0.19.0):scripts" python3 - models/SmolLM2-135M-Instruct.Q4_1.gguf "$f16.part" <<'PY'
 import sys
 import numpy as np
 import gguf
+from gguf_llama import add_norms_and_write, add_random_layers
 
 src = gguf.GGUFReader(sys.argv[1])
 get = lambda key: src.get_field(key).contents()
@@ -49,18 +50,8 @@ w.add_bos_token_id(get("tokenizer.ggml.bos_token_id"))
 w.add_eos_token_id(get("tokenizer.ggml.eos_token_id"))
 w.add_chat_template(get("tokenizer.chat_template"))
 w.add_tensor("token_embd.weight", normal(len(tokens), hidden))
-w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-for i in range(layers):
-    for name, shape in [("attn_q", (heads * head_dim, hidden)), ("attn_k", (kv_heads * head_dim, hidden)),
-                        ("attn_v", (kv_heads * head_dim, hidden)), ("attn_output", (hidden, heads * head_dim)),
-                        ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))]:
-        w.add_tensor(f"blk.{i}.{name}.weight", normal(*shape))
-    w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
-    w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-w.write_header_to_file()
-w.write_kv_data_to_file()
-w.write_tensors_to_file()
-w.close()
+add_random_layers(w, normal, layers, hidden, ffn, heads * head_dim, kv_heads * head_dim)
+add_norms_and_write(w, hidden, layers)
 PY
   mv "$f16.part" "$f16"
 fi

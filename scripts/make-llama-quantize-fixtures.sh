@@ -18,10 +18,11 @@ mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 dir=$(./scripts/pip-target.sh gguf 0.19.0)
-PYTHONPATH="$dir" python3 - "$tmp/tiny-256.F32.gguf" <<'PY'
+PYTHONPATH="$dir:scripts" python3 - "$tmp/tiny-256.F32.gguf" <<'PY'
 import sys
 import numpy as np
 import gguf
+from gguf_llama import add_norms_and_write, add_random_layers
 
 hidden, ffn, layers, heads, kv_heads, vocab = 256, 512, 2, 4, 2, 320
 rng = np.random.default_rng(256)
@@ -42,18 +43,8 @@ w.add_eos_token_id(0)
 kv = kv_heads * hidden // heads
 w.add_tensor("token_embd.weight", normal(vocab, hidden))
 w.add_tensor("output.weight", normal(vocab, hidden))
-w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-for i in range(layers):
-    for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
-                        ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
-                        ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))]:
-        w.add_tensor(f"blk.{i}.{name}.weight", normal(*shape))
-    w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
-    w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-w.write_header_to_file()
-w.write_kv_data_to_file()
-w.write_tensors_to_file()
-w.close()
+add_random_layers(w, normal, layers, hidden, ffn, hidden, kv)
+add_norms_and_write(w, hidden, layers)
 PY
 for type in Q4_K_M Q5_K_M Q6_K; do
   "$quantize" "$tmp/tiny-256.F32.gguf" "$out/tiny-256.$type.gguf" "$type" >"$tmp/$type.log" 2>&1 ||

@@ -23,10 +23,11 @@ cd "$(dirname "$0")/.."
 out=${1:-target/quant-fixtures}
 dir=$(./scripts/pip-target.sh gguf 0.19.0)
 mkdir -p "$out"
-PYTHONPATH="$dir" python3 - ../shared/golden "$out" engine/tests/fixtures/llama-quantize <<'PY'
+PYTHONPATH="$dir:scripts" python3 - ../shared/golden "$out" engine/tests/fixtures/llama-quantize <<'PY'
 import json, os, struct, sys
 import numpy as np
 import gguf
+from gguf_llama import add_norms_and_write
 
 golden, out, committed = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -176,14 +177,7 @@ for suffix, as_f32 in [("", False), (".F32", True)]:
             w.add_tensor(name, dequantized(raw, qtype))
         else:
             w.add_tensor(name, raw, raw_dtype=qtype)
-    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    for i in range(layers):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    add_norms_and_write(w, hidden, layers)
 
 for name in sorted(os.listdir(committed)) if os.path.isdir(committed) else []:
     r = gguf.GGUFReader(os.path.join(committed, name))
