@@ -1,7 +1,7 @@
 //! What ggml's block-quantised types mean: their block sizes, their dequantisation to f32
 //! (the scalar reference, checked against PyPI `gguf`'s own dequantiser), and each block
-//! as 32-value groups `d·u + m` with an unsigned `u`, the one form the CPU's integer
-//! kernels multiply.
+//! as 32-value groups of unsigned values `u` with the scales that the CPU's integer
+//! kernels multiply them by.
 //!
 //! Layouts (llama.cpp's `ggml-common.h`): Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 hold 32 weights
 //! per block; the K-quants Q4_K, Q5_K and Q6_K hold 256 per super-block, in 8 groups of 32
@@ -179,16 +179,13 @@ fn stored_group(kind: QuantType, block: &[u8], g: usize) -> [u8; GROUP] {
     u
 }
 
-/// Group `g` of a block as unsigned values `u` and f16 `d`, `m` with value = `d·u + m`.
+/// Group `g` of a 32-weight type's block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as unsigned
+/// values `u` and f16 `d`, `m` with value = `d·u + m`: exact (Q4_0's `m = −8d`, Q5_0's
+/// `−16d` and Q8_0's `u = q + 128`, `m = −128d` are exact in f16 unless they overflow it).
 ///
-/// Exact for the 32-weight types (Q4_0's `m = −8d`, Q5_0's `−16d` and Q8_0's `u = q + 128`,
-/// `m = −128d` are exact in f16). For Q4_K and Q5_K, `d·scale` and `−dmin·min` are rounded
-/// to f16: a relative error of at most 2⁻¹¹ on a group's scale and offset, against a
-/// quantisation step of 1/15 (Q4) or 1/31 (Q5) of the group's range.
-///
-/// Panics for Q6_K, whose scale changes every 16 weights ([`q6_k_group`]).
-pub fn affine_group(kind: QuantType, block: &[u8], g: usize) -> ([u8; GROUP], f16, f16) {
-    let mut u = stored_group(kind, block, g);
+/// Panics for the K-quants ([`k_group`], [`q6_k_group`]).
+pub fn affine_group(kind: QuantType, block: &[u8]) -> ([u8; GROUP], f16, f16) {
+    let mut u = stored_group(kind, block, 0);
     let d = f16::from_le_bytes([block[0], block[1]]);
     let scaled = |k: f32| f16::from_f32(k * d.to_f32());
     match kind {
@@ -199,15 +196,26 @@ pub fn affine_group(kind: QuantType, block: &[u8], g: usize) -> ([u8; GROUP], f1
         QuantType::Q4_0 => (u, d, scaled(-8.0)),
         QuantType::Q5_0 => (u, d, scaled(-16.0)),
         QuantType::Q4_1 | QuantType::Q5_1 => (u, d, f16::from_le_bytes([block[2], block[3]])),
-        _ => {
-            let (scale, min) = k_scale_min(&block[4..16], g);
-            let dmin = f16_at(block, 2);
-            (
-                u,
-                scaled(f32::from(scale)),
-                f16::from_f32(-dmin * f32::from(min)),
-            )
-        }
+        _ => panic!("{kind:?} is not a 32-weight type"),
+    }
+}
+
+/// Group `g` (0..8) of a Q4_K / Q5_K super-block as its stored values `u` and its 6-bit
+/// scale and min: value = `d·scale·u − dmin·min` with the super-block's
+/// [`super_block_scales`].
+pub fn k_group(kind: QuantType, block: &[u8], g: usize) -> ([u8; GROUP], u8, u8) {
+    assert!(matches!(kind, QuantType::Q4_K | QuantType::Q5_K));
+    let (scale, min) = k_scale_min(&block[4..16], g);
+    (stored_group(kind, block, g), scale, min)
+}
+
+/// A K-quant super-block's f16 `d` and `dmin` (Q6_K has no `dmin`: zero).
+pub fn super_block_scales(kind: QuantType, block: &[u8]) -> (f16, f16) {
+    let at = |i: usize| f16::from_le_bytes([block[i], block[i + 1]]);
+    match kind {
+        QuantType::Q4_K | QuantType::Q5_K => (at(0), at(2)),
+        QuantType::Q6_K => (at(208), f16::ZERO),
+        _ => panic!("{kind:?} has no super-blocks"),
     }
 }
 
@@ -232,13 +240,12 @@ fn q6_k_value(block: &[u8], e: usize) -> u8 {
     low | (high << 4)
 }
 
-/// Group `g` (0..8) of a Q6_K super-block as its stored values `u` (0..=63), the
-/// super-block's f16 `d` and the signed scales of its two 16-weight halves: value =
-/// `d·scaleₕ·(u − 32)`.
-pub fn q6_k_group(block: &[u8], g: usize) -> ([u8; GROUP], f16, [i8; 2]) {
+/// Group `g` (0..8) of a Q6_K super-block as its stored values `u` (0..=63) and the
+/// signed scales of its two 16-weight halves: value = `d·scaleₕ·(u − 32)` with the
+/// super-block's `d` ([`super_block_scales`]).
+pub fn q6_k_group(block: &[u8], g: usize) -> ([u8; GROUP], [i8; 2]) {
     let u = std::array::from_fn(|c| q6_k_value(block, GROUP * g + c));
-    let d = f16::from_le_bytes([block[208], block[209]]);
-    (u, d, [block[192 + 2 * g] as i8, block[193 + 2 * g] as i8])
+    (u, [block[192 + 2 * g] as i8, block[193 + 2 * g] as i8])
 }
 
 #[cfg(test)]

@@ -1,21 +1,23 @@
 //! GGUF's block-quantised weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) kept
 //! quantised, multiplied with integer dot products.
 //!
-//! Every format is the same sum in another costume: a weight is `d·u + m` for an unsigned
-//! `u` (4 bits for Q4_0, Q4_1 and Q4_K; 8 bits holding Q5's 5, Q6_K's 6 and Q8_0's 8) and
-//! per-group f16 `d`, `m` over 32 weights ([`affine_group`]: exact but for the K-quants'
-//! products of two scales, rounded to f16); Q6_K's scale changes every 16 weights, so its
-//! groups carry its f16 `d` and a signed scale per half, multiplied in f32 (exact), with
-//! `m = −32·d·scale` taken off in integer arithmetic ([`q6_k_group`]). Activations are
-//! quantised on the fly to `q·dₓ` with `q` in −127..=127, as llama.cpp does for each type
-//! ([`ActScales`]), so one group of one output is
+//! Every format is the same sum in another costume: a group of 32 weights is `d·u + m`
+//! for an unsigned `u` (4 bits for Q4_0, Q4_1 and Q4_K; 8 bits holding Q5's 5, Q6_K's 6
+//! and Q8_0's 8) and a scale `d` and offset `m` per group. The 32-weight types store them
+//! as f16 (exact, [`affine_group`]). The K-quants keep the file's integer scales and their
+//! super-block's f16 `d` / `dmin`, and the kernels form `d = d_sb·scale`, `m = −dmin·min`
+//! in f32, exactly, as llama.cpp does; Q6_K's scale changes every 16 weights, so it has a
+//! signed scale per half and `m = −32·d_sb·scale` taken off in integer arithmetic
+//! ([`q6_k_group`]). Activations are quantised on the fly to `q·dₓ` with `q` in
+//! −127..=127, as llama.cpp does for each type ([`ActScales`]), so one group of one output
+//! is
 //!
 //! `d·dₓ·Σ u·q + m·dₓ·Σ q`
 //!
 //! with the first sum in exact integer arithmetic (AVX-512 VNNI `vpdpbusd`, AVX2
 //! `vpmaddubsw`). Weights are repacked once at load into panels of 16 output rows whose
-//! bytes feed those instructions directly (see [`QuantMatrix`]), so decode streams 0.625
-//! bytes per Q4 weight instead of the 2 of an f16 copy, and prefill runs a register-tiled
+//! bytes feed those instructions directly (see [`QuantMatrix`]), so decode streams 0.58
+//! bytes per Q4_K weight instead of the 2 of an f16 copy, and prefill runs a register-tiled
 //! integer GEMM.
 
 use std::cell::RefCell;
@@ -26,7 +28,7 @@ use rayon::prelude::*;
 
 use super::quant_simd::{self, Isa};
 use super::simd::SendPtr;
-use crate::weights::ggml_quants::{affine_group, q6_k_group, GROUP};
+use crate::weights::ggml_quants::{affine_group, k_group, q6_k_group, super_block_scales, GROUP};
 use crate::weights::QuantType;
 
 /// Values per quantisation block (weights and activations).
@@ -38,42 +40,130 @@ pub const TILE_ROWS: usize = 8;
 /// Activation rows whose quantised copy is walked per pass over a task's panels
 /// (keeps that copy in L2 while the panels stream past it).
 const ROW_CHUNK: usize = 128;
-/// Values per activation scale for the K-quants (llama.cpp's Q8_K).
+/// Values per K-quant super-block, and per activation scale for the K-quants (llama.cpp's
+/// Q8_K).
 const SUPER_BLOCK: usize = 256;
 
-/// How the stored values of a block are laid out and scaled.
+/// How a type's values and scales sit in a panel's blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bits {
-    /// 4-bit values, two per byte (Q4_0, Q4_1, Q4_K).
-    U4,
-    /// 8-bit values (Q8_0; Q5_0, Q5_1 and Q5_K's 5 bits).
-    U8,
-    /// Q6_K's 6-bit values in bytes, a signed scale per 16 values and `m = −32·d·scale`.
-    U6,
+pub enum Format {
+    /// 4-bit values, two per byte; f16 `d` and `m` per block (Q4_0, Q4_1).
+    Nibbles,
+    /// 8-bit values; f16 `d` and `m` per block (Q8_0; Q5_0 and Q5_1's 5 bits).
+    Bytes,
+    /// Q4_K: 4-bit values; a 6-bit scale and min per block; f16 `d`, `dmin` per
+    /// super-block.
+    KNibbles,
+    /// Q5_K: 5-bit values in bytes; scales as [`Format::KNibbles`].
+    KBytes,
+    /// Q6_K: 6-bit values in bytes; a signed scale per 16 values; f16 `d` per super-block.
+    Q6K,
 }
 
-impl Bits {
-    /// The layout of a type's values.
-    pub fn of(kind: QuantType) -> Bits {
+impl Format {
+    /// The layout of a type.
+    pub fn of(kind: QuantType) -> Format {
         match kind {
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q4_K => Bits::U4,
-            QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q5_K | QuantType::Q8_0 => Bits::U8,
-            QuantType::Q6_K => Bits::U6,
+            QuantType::Q4_0 | QuantType::Q4_1 => Format::Nibbles,
+            QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0 => Format::Bytes,
+            QuantType::Q4_K => Format::KNibbles,
+            QuantType::Q5_K => Format::KBytes,
+            QuantType::Q6_K => Format::Q6K,
         }
+    }
+
+    /// The kernels' const tag.
+    pub const fn tag(self) -> u8 {
+        self as u8
+    }
+
+    /// The format of a tag.
+    pub const fn from_tag(tag: u8) -> Format {
+        match tag {
+            0 => Format::Nibbles,
+            1 => Format::Bytes,
+            2 => Format::KNibbles,
+            3 => Format::KBytes,
+            _ => Format::Q6K,
+        }
+    }
+
+    /// Whether values are 4-bit pairs in bytes.
+    pub const fn nibbles(self) -> bool {
+        matches!(self, Format::Nibbles | Format::KNibbles)
+    }
+
+    /// Whether the format is a K-quant's (super-blocks with a header).
+    pub const fn k_quant(self) -> bool {
+        matches!(self, Format::KNibbles | Format::KBytes | Format::Q6K)
     }
 
     /// Bytes of one block of one panel's weights (16 rows × 32 values).
     pub const fn weight_bytes(self) -> usize {
-        match self {
-            Bits::U4 => PANEL * BLOCK / 2,
-            Bits::U8 | Bits::U6 => PANEL * BLOCK,
+        if self.nibbles() {
+            PANEL * BLOCK / 2
+        } else {
+            PANEL * BLOCK
         }
     }
 
-    /// Bytes of one block of one panel: weights, then 16 f16 `d`, then 16 f16 `m` (U6: 16
-    /// f16 `d`, then the 16 rows' i8 scales of the first 16 values, then of the last 16).
+    /// Bytes of one block of one panel: its weights, then its tail: 16 f16 `d`, then 16
+    /// f16 `m` (32-weight types); the 16 rows' u8 scales (Q4_K, Q5_K); their i8 scales of
+    /// the first 16 values, then of the last 16 (Q6_K).
     pub const fn block_stride(self) -> usize {
-        self.weight_bytes() + 4 * PANEL
+        self.weight_bytes()
+            + match self {
+                Format::Nibbles | Format::Bytes => 4 * PANEL,
+                Format::KNibbles | Format::KBytes => PANEL,
+                Format::Q6K => 2 * PANEL,
+            }
+    }
+
+    /// Blocks per super-block (1: the 32-weight types have none).
+    pub const fn super_blocks(self) -> usize {
+        if self.k_quant() {
+            SUPER_BLOCK / BLOCK
+        } else {
+            1
+        }
+    }
+
+    /// Bytes before each super-block's blocks: 16 f16 `d`; Q4_K and Q5_K then 16 f16
+    /// `dmin` and the 8 blocks' u8 mins, as 4 pairs of blocks of 16 rows of 2 (the
+    /// `(min₂ₚ, min₂ₚ₊₁)` of a row are one i16 pair for `vpdpwssd` / `vpmaddwd` once
+    /// widened; see [`Format::min_offset`]).
+    pub const fn header_bytes(self) -> usize {
+        match self {
+            Format::Nibbles | Format::Bytes => 0,
+            Format::KNibbles | Format::KBytes => 4 * PANEL + SUPER_BLOCK / BLOCK * PANEL,
+            Format::Q6K => 2 * PANEL,
+        }
+    }
+
+    /// Offset in a Q4_K / Q5_K header of row `r`'s min of block `g` of the super-block.
+    pub const fn min_offset(r: usize, g: usize) -> usize {
+        4 * PANEL + (g / 2) * 2 * PANEL + 2 * r + g % 2
+    }
+
+    /// Bytes of a panel's row of `nb` blocks.
+    pub const fn panel_bytes(self, nb: usize) -> usize {
+        nb * self.block_stride() + nb / self.super_blocks() * self.header_bytes()
+    }
+
+    /// Offset of block `b` in a panel.
+    pub const fn block_offset(self, b: usize) -> usize {
+        let per = self.super_blocks();
+        (b / per) * self.super_stride() + self.header_bytes() + (b % per) * self.block_stride()
+    }
+
+    /// Offset of the header of the super-block holding block `b` in a panel.
+    pub const fn header_offset(self, b: usize) -> usize {
+        (b / self.super_blocks()) * self.super_stride()
+    }
+
+    /// Bytes of one super-block of a panel, header included.
+    const fn super_stride(self) -> usize {
+        self.header_bytes() + self.super_blocks() * self.block_stride()
     }
 }
 
@@ -125,47 +215,84 @@ pub struct QuantMatrix {
 /// Rows `row0..row0 + rows` of a [`QuantMatrix`], in panels of 16 rows.
 ///
 /// Panel `p` holds rows `16p..16p + 16` of the part (rows past its end are zero), block
-/// after block. In a block, the value `u` of row `r` at column `c` (both within the panel
-/// and block) sits where one `vpdpbusd` step wants it: steps of 4 columns, each step 64
-/// bytes with row `r`'s 4 values at bytes `4r..4r + 4`. U8 and U6 store steps 0..8 in
-/// order. U4 stores step pairs `(2t, 2t + 1)` in 64 bytes, step `2t` in the low nibbles and
+/// after block (K-quants: each super-block's header before its 8 blocks; see [`Format`]).
+/// In a block, the value `u` of row `r` at column `c` (both within the panel and block)
+/// sits where one `vpdpbusd` step wants it: steps of 4 columns, each step 64 bytes with row
+/// `r`'s 4 values at bytes `4r..4r + 4`. Byte formats store steps 0..8 in order; nibble
+/// formats store step pairs `(2t, 2t + 1)` in 64 bytes, step `2t` in the low nibbles and
 /// `2t + 1` in the high ones.
 #[derive(Debug, Clone)]
 struct Part {
     row0: usize,
     rows: usize,
-    bits: Bits,
+    format: Format,
     act: ActScales,
     data: Vec<u8>,
 }
 
 /// Offset of row `r`'s value at column `c` in a block's weight bytes, and whether it is
-/// the high nibble (U4).
-fn value_offset(bits: Bits, r: usize, c: usize) -> (usize, bool) {
+/// the high nibble.
+fn value_offset(format: Format, r: usize, c: usize) -> (usize, bool) {
     let (step, lane) = (c / 4, c % 4);
-    match bits {
-        Bits::U8 | Bits::U6 => (step * 64 + 4 * r + lane, false),
-        Bits::U4 => ((step / 2) * 64 + 4 * r + lane, step % 2 == 1),
+    if format.nibbles() {
+        ((step / 2) * 64 + 4 * r + lane, step % 2 == 1)
+    } else {
+        (step * 64 + 4 * r + lane, false)
     }
 }
 
 /// Row `r`'s value at column `c` of a packed block.
-fn value_at(bits: Bits, block: &[u8], r: usize, c: usize) -> u8 {
-    match value_offset(bits, r, c) {
-        (off, _) if bits != Bits::U4 => block[off],
+fn value_at(format: Format, block: &[u8], r: usize, c: usize) -> u8 {
+    match value_offset(format, r, c) {
+        (off, _) if !format.nibbles() => block[off],
         (off, false) => block[off] & 0x0f,
         (off, true) => block[off] >> 4,
     }
 }
 
-/// The f16 at byte `at` of a block.
-fn f16_at(block: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([block[at], block[at + 1]]).to_f32()
+/// The f16 at byte `at`.
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
-/// Row `r`'s signed scale of half `h` of a U6 block.
-fn u6_scale(block: &[u8], r: usize, h: usize) -> f32 {
-    f32::from(block[Bits::U6.weight_bytes() + 2 * PANEL + PANEL * h + r] as i8)
+/// One panel row's scales for one block, as stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RowScales {
+    /// value = `d·u + m` (the 32-weight types).
+    Affine { d: f32, m: f32 },
+    /// Q4_K, Q5_K: value = `d·scale·u − dmin·min`.
+    ScaleMin {
+        d: f32,
+        dmin: f32,
+        scale: i32,
+        min: i32,
+    },
+    /// Q6_K: value = `d·scaleₕ·(u − 32)` in half `h`.
+    Halves { d: f32, scales: [i32; 2] },
+}
+
+/// Row `r`'s scales of block `b` of a panel.
+fn row_scales(format: Format, panel: &[u8], b: usize, r: usize) -> RowScales {
+    let (head, tail) = (
+        format.header_offset(b),
+        format.block_offset(b) + format.weight_bytes(),
+    );
+    match format {
+        Format::Nibbles | Format::Bytes => RowScales::Affine {
+            d: f16_at(panel, tail + 2 * r),
+            m: f16_at(panel, tail + 2 * PANEL + 2 * r),
+        },
+        Format::KNibbles | Format::KBytes => RowScales::ScaleMin {
+            d: f16_at(panel, head + 2 * r),
+            dmin: f16_at(panel, head + 2 * PANEL + 2 * r),
+            scale: i32::from(panel[tail + r]),
+            min: i32::from(panel[head + Format::min_offset(r, b % format.super_blocks())]),
+        },
+        Format::Q6K => RowScales::Halves {
+            d: f16_at(panel, head + 2 * r),
+            scales: std::array::from_fn(|h| i32::from(panel[tail + PANEL * h + r] as i8)),
+        },
+    }
 }
 
 impl QuantMatrix {
@@ -215,16 +342,24 @@ impl QuantMatrix {
             .expect("row within the matrix");
         let r = r - part.row0;
         let panel = part.panel(r / PANEL, self.blocks());
-        let (rr, bits) = (r % PANEL, part.bits);
-        let (stride, wb) = (bits.block_stride(), bits.weight_bytes());
+        let (rr, format) = (r % PANEL, part.format);
         for (b, out) in dst.chunks_exact_mut(BLOCK).enumerate() {
-            let blk = &panel[b * stride..(b + 1) * stride];
-            let d = f16_at(blk, wb + 2 * rr);
+            let blk = &panel[format.block_offset(b)..];
+            let scales = row_scales(format, panel, b, rr);
             for (c, o) in out.iter_mut().enumerate() {
-                let u = f32::from(value_at(bits, blk, rr, c));
-                *o = match bits {
-                    Bits::U6 => d * u6_scale(blk, rr, c / (BLOCK / 2)) * (u - 32.0),
-                    _ => d * u + f16_at(blk, wb + 2 * PANEL + 2 * rr),
+                let u = f32::from(value_at(format, blk, rr, c));
+                *o = match scales {
+                    RowScales::Affine { d, m } => d * u + m,
+                    // In ggml's order: `(d·scale)·u − dmin·min`, each product exact in f32.
+                    RowScales::ScaleMin {
+                        d,
+                        dmin,
+                        scale,
+                        min,
+                    } => d * scale as f32 * u - dmin * min as f32,
+                    RowScales::Halves { d, scales } => {
+                        d * scales[c / (BLOCK / 2)] as f32 * (u - 32.0)
+                    }
                 };
             }
         }
@@ -253,11 +388,10 @@ impl Part {
             "weight `{name}`: {} bytes of {kind:?} for {rows}x{cols}",
             blocks.len()
         );
-        let bits = Bits::of(kind);
-        let stride = bits.block_stride();
-        let mut data = vec![0u8; rows.div_ceil(PANEL) * nb * stride];
-        let wb = bits.weight_bytes();
-        data.par_chunks_mut(nb * stride)
+        let format = Format::of(kind);
+        let wb = format.weight_bytes();
+        let mut data = vec![0u8; rows.div_ceil(PANEL) * format.panel_bytes(nb)];
+        data.par_chunks_mut(format.panel_bytes(nb))
             .enumerate()
             .for_each(|(p, panel)| {
                 for r in 0..PANEL.min(rows - p * PANEL) {
@@ -265,61 +399,104 @@ impl Part {
                     for b in 0..nb {
                         let block = row * gguf_blocks + b / groups;
                         let src = &blocks[block * kind.block_bytes()..][..kind.block_bytes()];
-                        let dst = &mut panel[b * stride..(b + 1) * stride];
-                        let u = if bits == Bits::U6 {
-                            let (u, d, scales) = q6_k_group(src, b % groups);
-                            dst[wb + 2 * r..][..2].copy_from_slice(&d.to_le_bytes());
-                            for (h, sc) in scales.into_iter().enumerate() {
-                                dst[wb + 2 * PANEL + PANEL * h + r] = sc as u8;
+                        let (g, head) = (b % groups, format.header_offset(b));
+                        if format.k_quant() && g == 0 {
+                            let (d, dmin) = super_block_scales(kind, src);
+                            panel[head + 2 * r..][..2].copy_from_slice(&d.to_le_bytes());
+                            if format != Format::Q6K {
+                                let at = head + 2 * PANEL + 2 * r;
+                                panel[at..at + 2].copy_from_slice(&dmin.to_le_bytes());
                             }
-                            u
-                        } else {
-                            let (u, d, m) = affine_group(kind, src, b % groups);
-                            dst[wb + 2 * r..][..2].copy_from_slice(&d.to_le_bytes());
-                            dst[wb + 2 * PANEL + 2 * r..][..2].copy_from_slice(&m.to_le_bytes());
-                            u
+                        }
+                        let (at, tail) = (format.block_offset(b), format.block_offset(b) + wb);
+                        let u = match format {
+                            Format::Nibbles | Format::Bytes => {
+                                let (u, d, m) = affine_group(kind, src);
+                                panel[tail + 2 * r..][..2].copy_from_slice(&d.to_le_bytes());
+                                let m_at = tail + 2 * PANEL + 2 * r;
+                                panel[m_at..m_at + 2].copy_from_slice(&m.to_le_bytes());
+                                u
+                            }
+                            Format::KNibbles | Format::KBytes => {
+                                let (u, scale, min) = k_group(kind, src, g);
+                                panel[tail + r] = scale;
+                                panel[head + Format::min_offset(r, g)] = min;
+                                u
+                            }
+                            Format::Q6K => {
+                                let (u, scales) = q6_k_group(src, g);
+                                for (h, sc) in scales.into_iter().enumerate() {
+                                    panel[tail + PANEL * h + r] = sc as u8;
+                                }
+                                u
+                            }
                         };
                         for (c, &v) in u.iter().enumerate() {
-                            let (off, high) = value_offset(bits, r, c);
-                            dst[off] |= if high { v << 4 } else { v };
+                            let (off, high) = value_offset(format, r, c);
+                            panel[at + off] |= if high { v << 4 } else { v };
                         }
                     }
                 }
             });
-        // `m` of Q4_0 / Q5_0 / Q8_0 is −8d / −16d / −128d, and a K-quant group's `d` and `m`
-        // are products of two scales: finite unless a scale is near f16's maximum. (U6 keeps
-        // the file's `d`, then i8 scales.)
-        let f16_bytes = if bits == Bits::U6 {
-            2 * PANEL
-        } else {
-            4 * PANEL
-        };
-        let overflow = data.chunks_exact(stride).position(|blk| {
-            blk[wb..wb + f16_bytes]
-                .chunks_exact(2)
-                .any(|h| !f16::from_le_bytes([h[0], h[1]]).is_finite())
-        });
-        if let Some(at) = overflow {
-            let row = row0 + at / nb * PANEL;
-            if bits == Bits::U6 {
-                anyhow::bail!("weight `{name}`: a {kind:?} scale near row {row} is not finite");
-            }
-            anyhow::bail!(
-                "weight `{name}`: a {kind:?} scale near row {row} is too large to re-express in f16"
-            );
-        }
+        Self::check_scales(name, kind, row0, nb, &data)?;
         Ok(Part {
             row0,
             rows,
-            bits,
+            format,
             act: ActScales::of(kind),
             data,
         })
     }
 
+    /// Every f16 of packed `data` is finite: a file's `d` / `dmin`, or a 32-weight type's
+    /// `m = −k·d` (Q4_0, Q5_0, Q8_0), finite unless `d` is near f16's maximum.
+    fn check_scales(
+        name: &str,
+        kind: QuantType,
+        row0: usize,
+        nb: usize,
+        data: &[u8],
+    ) -> anyhow::Result<()> {
+        let format = Format::of(kind);
+        let (wb, panel_bytes) = (format.weight_bytes(), format.panel_bytes(nb));
+        // The K-quants' headers start with their f16 `d` (and `dmin`).
+        let d_bytes = if format == Format::Q6K {
+            2 * PANEL
+        } else {
+            4 * PANEL
+        };
+        let finite = |bytes: &[u8]| {
+            bytes
+                .chunks_exact(2)
+                .all(|h| f16::from_le_bytes([h[0], h[1]]).is_finite())
+        };
+        for (p, panel) in data.chunks_exact(panel_bytes).enumerate() {
+            let row = row0 + p * PANEL;
+            for b in 0..nb {
+                if format.k_quant() {
+                    let head = format.header_offset(b);
+                    ensure!(
+                        finite(&panel[head..head + d_bytes]),
+                        "weight `{name}`: a {kind:?} scale in rows {row}..{} is not finite",
+                        row + PANEL
+                    );
+                } else {
+                    let tail = format.block_offset(b) + wb;
+                    ensure!(
+                        finite(&panel[tail..tail + 4 * PANEL]),
+                        "weight `{name}`: a {kind:?} scale in rows {row}..{} is not finite, \
+                         or its offset is too large for f16",
+                        row + PANEL
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Panel `p`'s bytes (`nb` blocks per row).
     fn panel(&self, p: usize, nb: usize) -> &[u8] {
-        let len = nb * self.bits.block_stride();
+        let len = self.format.panel_bytes(nb);
         &self.data[p * len..(p + 1) * len]
     }
 }
@@ -498,7 +675,7 @@ fn matmul_part(
                     for t0 in (r0..r1).step_by(TILE_ROWS) {
                         let tile = quant_simd::Tile {
                             panel: part.panel(p, nb),
-                            bits: part.bits,
+                            format: part.format,
                             blocks: nb,
                             x,
                             k: w.cols,
@@ -518,36 +695,57 @@ fn matmul_part(
         });
 }
 
-/// The reference kernel: the same sum in plain integer and float arithmetic.
+/// The reference kernel: the same sum in plain integer and float arithmetic. The
+/// K-quants sum `scale·Σu·q` and `min·Σq` over a super-block in integers and scale the two
+/// sums once, as llama.cpp does: `acc += f32(Σ)·(d·dₓ) − f32(Σₘ)·(dmin·dₓ)`.
 ///
 /// # Safety
 /// `tile.out` is writable for `tile.rows` rows of `tile.cols` values at stride `tile.ldo`.
 pub unsafe fn tile_scalar(tile: &quant_simd::Tile<'_>) {
-    let (stride, wb) = (tile.bits.block_stride(), tile.bits.weight_bytes());
+    let format = tile.format;
     let nb = tile.blocks;
     for i in 0..tile.rows {
         let row = tile.row0 + i;
         for r in 0..tile.cols {
             let mut acc = 0.0f32;
+            let (mut sum, mut min_sum) = (0i32, 0i32);
             for b in 0..nb {
-                let blk = &tile.panel[b * stride..(b + 1) * stride];
+                let blk = &tile.panel[format.block_offset(b)..];
                 let mut dots = [0i32; 2];
                 for c in 0..BLOCK {
-                    let u = value_at(tile.bits, blk, r, c);
+                    let u = value_at(format, blk, r, c);
                     let q = tile.x.q[row * tile.k + b * BLOCK + c];
                     dots[c / (BLOCK / 2)] += i32::from(u) * i32::from(q);
                 }
-                let d = f16_at(blk, wb + 2 * r);
                 let sc = tile.x.scales[row * nb + b];
-                acc += if tile.bits == Bits::U6 {
-                    let low = dots[0] - 32 * sc.qsum_low;
-                    let high = dots[1] - 32 * (sc.qsum - sc.qsum_low);
-                    let (d0, d1) = (d * u6_scale(blk, r, 0), d * u6_scale(blk, r, 1));
-                    low as f32 * (d0 * sc.d) + high as f32 * (d1 * sc.d)
-                } else {
-                    let m = f16_at(blk, wb + 2 * PANEL + 2 * r);
-                    (dots[0] + dots[1]) as f32 * (d * sc.d) + m * sc.s
-                };
+                let last = b % format.super_blocks() == format.super_blocks() - 1;
+                match row_scales(format, tile.panel, b, r) {
+                    RowScales::Affine { d, m } => {
+                        acc += (dots[0] + dots[1]) as f32 * (d * sc.d) + m * sc.s
+                    }
+                    RowScales::ScaleMin {
+                        d,
+                        dmin,
+                        scale,
+                        min,
+                    } => {
+                        sum += scale * (dots[0] + dots[1]);
+                        min_sum += min * sc.qsum;
+                        if last {
+                            acc += sum as f32 * (d * sc.d) - min_sum as f32 * (dmin * sc.d);
+                            (sum, min_sum) = (0, 0);
+                        }
+                    }
+                    RowScales::Halves { d, scales } => {
+                        let low = dots[0] - 32 * sc.qsum_low;
+                        let high = dots[1] - 32 * (sc.qsum - sc.qsum_low);
+                        sum += scales[0] * low + scales[1] * high;
+                        if last {
+                            acc += sum as f32 * (d * sc.d);
+                            sum = 0;
+                        }
+                    }
+                }
             }
             *tile.out.add(i * tile.ldo + r) = acc;
         }
@@ -612,18 +810,14 @@ mod tests {
             .collect()
     }
 
-    /// The f16 offset `m` of the group holding column `c` of a GGUF row (0 for Q6_K, whose
-    /// offset is an exact multiple of its scale).
-    fn group_offset(kind: QuantType, row_blocks: &[u8], c: usize) -> f32 {
-        if kind == QuantType::Q6_K {
-            return 0.0;
-        }
-        let block = &row_blocks[c / kind.block_elems() * kind.block_bytes()..];
-        affine_group(kind, block, c % kind.block_elems() / BLOCK)
-            .2
-            .to_f32()
+    /// The f16 offset `m` of the block holding column `c` of a Q4_1 / Q5_1 row.
+    fn q8_1_offset(kind: QuantType, row_blocks: &[u8], c: usize) -> f32 {
+        assert_eq!(ActScales::of(kind), ActScales::Q8_1);
+        f16_at(&row_blocks[c / BLOCK * kind.block_bytes()..], 2)
     }
 
+    /// The K-quants' values are ggml's bit for bit (the same f32 products); the 32-weight
+    /// types' `d·u + m` differ from ggml's `(u − k)·d` by f32 rounding at most.
     #[test]
     fn packing_keeps_every_value() {
         let mut seed = 3;
@@ -633,15 +827,11 @@ mod tests {
             let want = dequantize(kind, &blocks);
             let w = QuantMatrix::from_gguf("w", kind, rows, cols, &blocks).unwrap();
             let mut row = vec![0.0; cols];
-            let row_bytes = cols / kind.block_elems() * kind.block_bytes();
             for r in 0..rows {
                 w.row_to_f32(r, &mut row);
                 for (c, (&a, &b)) in row.iter().zip(&want[r * cols..]).enumerate() {
-                    let m = group_offset(kind, &blocks[r * row_bytes..], c);
-                    // Q4_K / Q5_K: a group's scale and offset are rounded to f16 (2⁻¹¹
-                    // each); the others are exact up to f32 rounding.
-                    let tol = if matches!(kind, QuantType::Q4_K | QuantType::Q5_K) {
-                        2f32.powi(-11) * (b.abs() + 2.0 * m.abs()) * 1.01 + 1e-7
+                    let tol = if kind.is_k_quant() {
+                        0.0
                     } else {
                         1e-6 * b.abs().max(1e-3)
                     };
@@ -649,6 +839,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn scales_that_are_not_finite_are_refused() {
+        let mut seed = 29;
+        for (kind, at) in [
+            (QuantType::Q4_K, 0),
+            (QuantType::Q5_K, 2),
+            (QuantType::Q6_K, 208),
+            (QuantType::Q4_1, 0),
+        ] {
+            let (rows, cols) = (20, 256);
+            let mut blocks = random_blocks(kind, rows * cols / BLOCK, &mut seed);
+            let row_bytes = cols / kind.block_elems() * kind.block_bytes();
+            blocks[17 * row_bytes + at..][..2].copy_from_slice(&f16::INFINITY.to_le_bytes());
+            let err = QuantMatrix::from_gguf("blk.3.w", kind, rows, cols, &blocks).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains("`blk.3.w`") && msg.contains("rows 16..32"),
+                "{msg}"
+            );
+        }
+        let mut q8 = random_blocks(QuantType::Q8_0, 1, &mut seed);
+        q8[..2].copy_from_slice(&f16::from_f32(1000.0).to_le_bytes());
+        let err = QuantMatrix::from_gguf("w", QuantType::Q8_0, 1, 32, &q8).unwrap_err();
+        assert!(err.to_string().contains("too large for f16"), "{err}");
     }
 
     /// A fused weight of parts in different types reads back as its parts, in order, and
@@ -798,8 +1014,8 @@ mod tests {
         }
     }
 
-    /// Against f64 math on the packed weights' values (the dequantised ones but for Q4_K's
-    /// and Q5_K's f16 group scales, checked above) and the unquantised activations. The
+    /// Against f64 math on the packed weights' values (the dequantised ones, checked above)
+    /// and the unquantised activations. The
     /// only difference is the activations' rounding: per value at most half a step `d/2`
     /// (plus, for the 32-weight types, `d`'s own rounding to f16: 127·2⁻¹¹ steps), and for
     /// Q4_1 / Q5_1 per group the f16 roundings of `s` and `d` times the offset `m`
@@ -835,7 +1051,7 @@ mod tests {
                         exact += x[i * k + t] as f64 * wf[j * k + t] as f64;
                         bound += step * sc.d as f64 * (wf[j * k + t] as f64).abs();
                         if t % BLOCK == 0 && act == ActScales::Q8_1 {
-                            let m = group_offset(kind, &blocks[j * row_bytes..], t);
+                            let m = q8_1_offset(kind, &blocks[j * row_bytes..], t);
                             bound += (m * sc.s).abs() as f64 * 2f64.powi(-10);
                         }
                     }

@@ -3,7 +3,8 @@
 //! or AVX2 (`vpmaddubsw`, 8 columns at a time), chosen at run time.
 
 use super::quant::{
-    amax_scalar, quantize_block_scalar, tile_scalar, Bits, QuantRows, BLOCK, PANEL, TILE_ROWS,
+    amax_scalar, quantize_block_scalar, tile_scalar, BlockScale, Format, QuantRows, BLOCK, PANEL,
+    TILE_ROWS,
 };
 
 /// A kernel set.
@@ -124,7 +125,7 @@ unsafe fn hsum_epi32(v: std::arch::x86_64::__m256i) -> i32 {
 #[derive(Clone, Copy)]
 pub struct Tile<'a> {
     pub panel: &'a [u8],
-    pub bits: Bits,
+    pub format: Format,
     pub blocks: usize,
     pub x: &'a QuantRows,
     /// Activation width (values per row of `x.q`).
@@ -137,10 +138,25 @@ pub struct Tile<'a> {
     pub cols: usize,
 }
 
-/// The kernels' const tag of a [`Bits`].
-const U4: u8 = 4;
-const U8: u8 = 8;
-const U6: u8 = 6;
+/// The kernels' const tags of the [`Format`]s.
+const NIBBLES: u8 = Format::Nibbles.tag();
+const BYTES: u8 = Format::Bytes.tag();
+const K_NIBBLES: u8 = Format::KNibbles.tag();
+const K_BYTES: u8 = Format::KBytes.tag();
+const Q6K: u8 = Format::Q6K.tag();
+
+/// Calls `$kernel::<$rows, tag>($args)` with the const tag of `$format`.
+macro_rules! by_format {
+    ($format:expr, $kernel:ident::<$rows:literal>($($args:expr),*)) => {
+        match $format {
+            Format::Nibbles => $kernel::<$rows, NIBBLES>($($args),*),
+            Format::Bytes => $kernel::<$rows, BYTES>($($args),*),
+            Format::KNibbles => $kernel::<$rows, K_NIBBLES>($($args),*),
+            Format::KBytes => $kernel::<$rows, K_BYTES>($($args),*),
+            Format::Q6K => $kernel::<$rows, Q6K>($($args),*),
+        }
+    };
+}
 
 impl Tile<'_> {
     /// # Safety
@@ -160,19 +176,11 @@ impl Tile<'_> {
                         _ => 1,
                     };
                     let t = self.rest(i);
-                    match (self.bits, n) {
-                        (Bits::U4, 8) => vnni::<8, U4>(&t),
-                        (Bits::U8, 8) => vnni::<8, U8>(&t),
-                        (Bits::U6, 8) => vnni::<8, U6>(&t),
-                        (Bits::U4, 4) => vnni::<4, U4>(&t),
-                        (Bits::U8, 4) => vnni::<4, U8>(&t),
-                        (Bits::U6, 4) => vnni::<4, U6>(&t),
-                        (Bits::U4, 2) => vnni::<2, U4>(&t),
-                        (Bits::U8, 2) => vnni::<2, U8>(&t),
-                        (Bits::U6, 2) => vnni::<2, U6>(&t),
-                        (Bits::U4, _) => vnni::<1, U4>(&t),
-                        (Bits::U8, _) => vnni::<1, U8>(&t),
-                        (Bits::U6, _) => vnni::<1, U6>(&t),
+                    match n {
+                        8 => by_format!(self.format, vnni::<8>(&t)),
+                        4 => by_format!(self.format, vnni::<4>(&t)),
+                        2 => by_format!(self.format, vnni::<2>(&t)),
+                        _ => by_format!(self.format, vnni::<1>(&t)),
                     }
                     i += n;
                 }
@@ -188,16 +196,10 @@ impl Tile<'_> {
                             _ => 1,
                         };
                         let t = self.rest(i);
-                        match (self.bits, n) {
-                            (Bits::U4, 4) => avx2::<4, U4>(&t, half),
-                            (Bits::U8, 4) => avx2::<4, U8>(&t, half),
-                            (Bits::U6, 4) => avx2::<4, U6>(&t, half),
-                            (Bits::U4, 2) => avx2::<2, U4>(&t, half),
-                            (Bits::U8, 2) => avx2::<2, U8>(&t, half),
-                            (Bits::U6, 2) => avx2::<2, U6>(&t, half),
-                            (Bits::U4, _) => avx2::<1, U4>(&t, half),
-                            (Bits::U8, _) => avx2::<1, U8>(&t, half),
-                            (Bits::U6, _) => avx2::<1, U6>(&t, half),
+                        match n {
+                            4 => by_format!(self.format, avx2::<4>(&t, half)),
+                            2 => by_format!(self.format, avx2::<2>(&t, half)),
+                            _ => by_format!(self.format, avx2::<1>(&t, half)),
                         }
                         i += n;
                     }
@@ -219,25 +221,30 @@ impl Tile<'_> {
 }
 
 /// `MR` rows × 16 columns. Per block: 8 `vpdpbusd` per row into i32 lanes (one lane per
-/// output), then `acc += f32(Σu·q)·(d·dₓ) + m·sₓ`; U6 keeps each half's sum apart and
-/// takes `32·Σq` of the half off it, then `acc += f32(sum)·(dₕ·dₓ)` per half.
+/// output). The 32-weight types then add `f32(Σu·q)·(d·dₓ) + m·sₓ`. The K-quants add
+/// `scale·Σu·q` into an i32 sum (Q6_K: per half, with the half's `32·Σq` taken off), and at
+/// the end of each super-block `f32(sum)·(d·dₓ)` and (Q4_K, Q5_K) `−f32(Σmin·Σq)·(dmin·dₓ)`
+/// with the mins' sum from 4 `vpdpwssd`: llama.cpp's integer sums.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn vnni<const MR: usize, const BITS: u8>(t: &Tile<'_>) {
+unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
     use std::arch::x86_64::*;
-    let (stride, wb, nb, k) = (t.bits.block_stride(), t.bits.weight_bytes(), t.blocks, t.k);
+    let f = Format::from_tag(FMT);
+    let (wb, nb, k, per) = (f.weight_bytes(), t.blocks, t.k, f.super_blocks());
     let w = t.panel.as_ptr();
     let xq = t.x.q.as_ptr().add(t.row0 * k);
     let xs = t.x.scales.as_ptr().add(t.row0 * nb);
     let low = _mm512_set1_epi8(0x0f);
     let mut accf = [_mm512_setzero_ps(); MR];
+    // K-quants: the super-block's integer sums.
+    let mut sums = [_mm512_setzero_si512(); MR];
     for b in 0..nb {
-        let blk = w.add(b * stride);
+        let blk = w.add(f.block_offset(b));
         let xb = xq.add(b * BLOCK);
-        // U6: the first half's sums (the second half's go to `acci`).
+        // Q6_K: the first half's sums (the second half's go to `acci`).
         let mut acc_low = [_mm512_setzero_si512(); MR];
         let mut acci = [_mm512_setzero_si512(); MR];
-        if BITS == U4 {
+        if f.nibbles() {
             for pair in 0..4 {
                 let v = _mm512_loadu_si512(blk.add(pair * 64) as *const __m512i);
                 let lo = _mm512_and_si512(v, low);
@@ -253,7 +260,7 @@ unsafe fn vnni<const MR: usize, const BITS: u8>(t: &Tile<'_>) {
         } else {
             for step in 0..8 {
                 let v = _mm512_loadu_si512(blk.add(step * 64) as *const __m512i);
-                let accs = if BITS == U6 && step < 4 {
+                let accs = if f == Format::Q6K && step < 4 {
                     &mut acc_low
                 } else {
                     &mut acci
@@ -264,30 +271,70 @@ unsafe fn vnni<const MR: usize, const BITS: u8>(t: &Tile<'_>) {
                 }
             }
         }
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(wb) as *const __m256i));
-        // U6: `d0` and `m` are the halves' scales d·scaleₕ (exact in f32).
-        let (d0, m) = if BITS == U6 {
-            let scale = |h: usize| {
-                let s = _mm_loadu_si128(blk.add(wb + 32 + 16 * h) as *const __m128i);
-                _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s)))
-            };
-            (scale(0), scale(1))
-        } else {
-            let m = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(wb + 32) as *const __m256i));
-            (d, m)
-        };
-        for i in 0..MR {
-            let sc = &*xs.add(i * nb + b);
-            let dx = _mm512_set1_ps(sc.d);
-            if BITS == U6 {
-                let lo = _mm512_sub_epi32(acc_low[i], _mm512_set1_epi32(32 * sc.qsum_low));
-                let hi = _mm512_sub_epi32(acci[i], _mm512_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
-                accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(d0, dx), accf[i]);
-                accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(m, dx), accf[i]);
+        let tail = blk.add(wb);
+        let scales = |at: usize, signed: bool| {
+            let v = _mm_loadu_si128(tail.add(at) as *const __m128i);
+            if signed {
+                _mm512_cvtepi8_epi32(v)
             } else {
+                _mm512_cvtepu8_epi32(v)
+            }
+        };
+        match f {
+            Format::Nibbles | Format::Bytes => {
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(tail as *const __m256i));
+                let m = _mm512_cvtph_ps(_mm256_loadu_si256(tail.add(32) as *const __m256i));
+                for (i, (a, s)) in accf.iter_mut().zip(&acci).enumerate() {
+                    let sc = &*xs.add(i * nb + b);
+                    let dx = _mm512_mul_ps(d, _mm512_set1_ps(sc.d));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), dx, *a);
+                    *a = _mm512_fmadd_ps(m, _mm512_set1_ps(sc.s), *a);
+                }
+            }
+            Format::KNibbles | Format::KBytes => {
+                let s = scales(0, false);
+                for (sum, dot) in sums.iter_mut().zip(&acci) {
+                    *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(*dot, s));
+                }
+            }
+            Format::Q6K => {
+                let (s0, s1) = (scales(0, true), scales(16, true));
+                for i in 0..MR {
+                    let sc = &*xs.add(i * nb + b);
+                    let lo = _mm512_sub_epi32(acc_low[i], _mm512_set1_epi32(32 * sc.qsum_low));
+                    let hi =
+                        _mm512_sub_epi32(acci[i], _mm512_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
+                    let both =
+                        _mm512_add_epi32(_mm512_mullo_epi32(lo, s0), _mm512_mullo_epi32(hi, s1));
+                    sums[i] = _mm512_add_epi32(sums[i], both);
+                }
+            }
+        }
+        if f.k_quant() && b % per == per - 1 {
+            let head = w.add(f.header_offset(b));
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(head as *const __m256i));
+            let first = b + 1 - per;
+            // Row r's mins of blocks 2p, 2p + 1 as i16 lanes 2r, 2r + 1.
+            let mins: [__m512i; 4] = std::array::from_fn(|p| {
+                let at = head.add(Format::min_offset(0, 2 * p)) as *const __m256i;
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256(at))
+            });
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(head.add(32) as *const __m256i));
+            for i in 0..MR {
+                let sc = xs.add(i * nb + first);
+                let dx = _mm512_set1_ps((*sc).d);
                 accf[i] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[i]), _mm512_mul_ps(d, dx), accf[i]);
-                accf[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sc.s), accf[i]);
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_mul_ps(d, dx), accf[i]);
+                sums[i] = _mm512_setzero_si512();
+                if f != Format::Q6K {
+                    let mut min_sum = _mm512_setzero_si512();
+                    for (p, m) in mins.iter().enumerate() {
+                        let q = qsum_pair(&*sc.add(2 * p), &*sc.add(2 * p + 1));
+                        min_sum = _mm512_dpwssd_epi32(min_sum, *m, _mm512_set1_epi32(q));
+                    }
+                    let dm = _mm512_mul_ps(dmin, dx);
+                    accf[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), dm, accf[i]);
+                }
             }
         }
     }
@@ -301,37 +348,42 @@ unsafe fn vnni<const MR: usize, const BITS: u8>(t: &Tile<'_>) {
     }
 }
 
-/// `MR` rows × columns `8·half..8·half + 8` of the panel.
+/// `MR` rows × columns `8·half..8·half + 8` of the panel: [`vnni`]'s sums.
 ///
-/// U4: `vpmaddubsw` sums pairs of u4·i8 products into i16 (at most 2·15·127 each, and a
-/// block's 8 of them stay below i16::MAX), one `vpmaddwd` per block widens them.
-/// U8 values reach 255, so a pair could saturate i16: the kernel multiplies the signed
-/// `u − 128` instead (`|w|·sign(x, w)`, at most 2·128·127) and adds `128·Σq` back.
-/// U6 values stay below 64 (a pair at most 2·63·127): `vpmaddubsw` takes them as they
-/// are, and each half's `32·Σq` comes off its sum.
+/// Nibbles: `vpmaddubsw` sums pairs of u4·i8 products into i16 (at most 2·15·127 each,
+/// and a block's 8 of them stay below i16::MAX), one `vpmaddwd` per block widens them.
+/// Q8_0's values (in [`Format::Bytes`], with Q5_0's and Q5_1's) reach 255, so a pair
+/// could saturate i16: the kernel multiplies the signed `u − 128` instead
+/// (`|w|·sign(x, w)`, at most 2·128·127) and adds `128·Σq` back. Q5_K's and Q6_K's values
+/// stay below 64 (a pair at most 2·63·127): `vpmaddubsw` takes them as they are, and each
+/// Q6_K half's `32·Σq` comes off its sum.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2<const MR: usize, const BITS: u8>(t: &Tile<'_>, half: usize) {
+unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
     use std::arch::x86_64::*;
-    let (stride, wb, nb, k) = (t.bits.block_stride(), t.bits.weight_bytes(), t.blocks, t.k);
+    let f = Format::from_tag(FMT);
+    let (wb, nb, k, per) = (f.weight_bytes(), t.blocks, t.k, f.super_blocks());
     let row0 = t.row0;
-    let w = t.panel.as_ptr().add(32 * half);
+    let panel = t.panel.as_ptr();
     let xq = t.x.q.as_ptr().add(row0 * k);
     let xs = t.x.scales.as_ptr().add(row0 * nb);
     let low = _mm256_set1_epi8(0x0f);
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut accf = [_mm256_setzero_ps(); MR];
+    // K-quants: the super-block's integer sums.
+    let mut sums = [_mm256_setzero_si256(); MR];
     for b in 0..nb {
-        let blk = w.add(b * stride);
+        let blk = panel.add(f.block_offset(b));
+        let w = blk.add(32 * half);
         let xb = xq.add(b * BLOCK);
-        // U6: the first half's sums (the second half's go to `acci`).
+        // Q6_K: the first half's sums (the second half's go to `acci`).
         let mut acc_low = [_mm256_setzero_si256(); MR];
         let mut acci = [_mm256_setzero_si256(); MR];
-        if BITS == U4 {
+        if f.nibbles() {
             let mut acc16 = [_mm256_setzero_si256(); MR];
             for pair in 0..4 {
-                let v = _mm256_loadu_si256(blk.add(pair * 64) as *const __m256i);
+                let v = _mm256_loadu_si256(w.add(pair * 64) as *const __m256i);
                 let lo = _mm256_and_si256(v, low);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                 for (i, a) in acc16.iter_mut().enumerate() {
@@ -345,19 +397,9 @@ unsafe fn avx2<const MR: usize, const BITS: u8>(t: &Tile<'_>, half: usize) {
             for (a, s) in acci.iter_mut().zip(&acc16) {
                 *a = _mm256_madd_epi16(*s, ones);
             }
-        } else if BITS == U6 {
+        } else if f == Format::Bytes {
             for step in 0..8 {
-                let v = _mm256_loadu_si256(blk.add(step * 64) as *const __m256i);
-                let accs = if step < 4 { &mut acc_low } else { &mut acci };
-                for (i, a) in accs.iter_mut().enumerate() {
-                    let xp = xb.add(i * k + 4 * step) as *const i32;
-                    let pairs = _mm256_maddubs_epi16(v, _mm256_set1_epi32(xp.read_unaligned()));
-                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(pairs, ones));
-                }
-            }
-        } else {
-            for step in 0..8 {
-                let v = _mm256_loadu_si256(blk.add(step * 64) as *const __m256i);
+                let v = _mm256_loadu_si256(w.add(step * 64) as *const __m256i);
                 let signed = _mm256_xor_si256(v, flip);
                 let magnitude = _mm256_abs_epi8(signed);
                 for (i, a) in acci.iter_mut().enumerate() {
@@ -371,32 +413,87 @@ unsafe fn avx2<const MR: usize, const BITS: u8>(t: &Tile<'_>, half: usize) {
                 let qsum = (*xs.add(i * nb + b)).qsum;
                 *a = _mm256_add_epi32(*a, _mm256_set1_epi32(128 * qsum));
             }
-        }
-        let tail = blk.sub(32 * half).add(wb);
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(tail.add(16 * half) as *const __m128i));
-        // U6: `d0` and `m` are the halves' scales d·scaleₕ (exact in f32).
-        let (d0, m) = if BITS == U6 {
-            let scale = |h: usize| {
-                let s = _mm_loadl_epi64(tail.add(32 + 16 * h + 8 * half) as *const __m128i);
-                _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)))
-            };
-            (scale(0), scale(1))
         } else {
-            let m = _mm256_cvtph_ps(_mm_loadu_si128(tail.add(32 + 16 * half) as *const __m128i));
-            (d, m)
-        };
-        for i in 0..MR {
-            let sc = &*xs.add(i * nb + b);
-            let dx = _mm256_set1_ps(sc.d);
-            if BITS == U6 {
-                let lo = _mm256_sub_epi32(acc_low[i], _mm256_set1_epi32(32 * sc.qsum_low));
-                let hi = _mm256_sub_epi32(acci[i], _mm256_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
-                accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d0, dx), accf[i]);
-                accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(m, dx), accf[i]);
+            for step in 0..8 {
+                let v = _mm256_loadu_si256(w.add(step * 64) as *const __m256i);
+                let accs = if f == Format::Q6K && step < 4 {
+                    &mut acc_low
+                } else {
+                    &mut acci
+                };
+                for (i, a) in accs.iter_mut().enumerate() {
+                    let xp = xb.add(i * k + 4 * step) as *const i32;
+                    let pairs = _mm256_maddubs_epi16(v, _mm256_set1_epi32(xp.read_unaligned()));
+                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        let tail = blk.add(wb);
+        let scales = |at: usize, signed: bool| {
+            let v = _mm_loadl_epi64(tail.add(at + 8 * half) as *const __m128i);
+            if signed {
+                _mm256_cvtepi8_epi32(v)
             } else {
+                _mm256_cvtepu8_epi32(v)
+            }
+        };
+        match f {
+            Format::Nibbles | Format::Bytes => {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(tail.add(16 * half) as *const __m128i));
+                let at = tail.add(32 + 16 * half) as *const __m128i;
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(at));
+                for (i, (a, s)) in accf.iter_mut().zip(&acci).enumerate() {
+                    let sc = &*xs.add(i * nb + b);
+                    let dx = _mm256_mul_ps(d, _mm256_set1_ps(sc.d));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*s), dx, *a);
+                    *a = _mm256_fmadd_ps(m, _mm256_set1_ps(sc.s), *a);
+                }
+            }
+            Format::KNibbles | Format::KBytes => {
+                let s = scales(0, false);
+                for (sum, dot) in sums.iter_mut().zip(&acci) {
+                    *sum = _mm256_add_epi32(*sum, _mm256_mullo_epi32(*dot, s));
+                }
+            }
+            Format::Q6K => {
+                let (s0, s1) = (scales(0, true), scales(16, true));
+                for i in 0..MR {
+                    let sc = &*xs.add(i * nb + b);
+                    let lo = _mm256_sub_epi32(acc_low[i], _mm256_set1_epi32(32 * sc.qsum_low));
+                    let hi =
+                        _mm256_sub_epi32(acci[i], _mm256_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
+                    let both =
+                        _mm256_add_epi32(_mm256_mullo_epi32(lo, s0), _mm256_mullo_epi32(hi, s1));
+                    sums[i] = _mm256_add_epi32(sums[i], both);
+                }
+            }
+        }
+        if f.k_quant() && b % per == per - 1 {
+            let head = panel.add(f.header_offset(b));
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(head.add(16 * half) as *const __m128i));
+            let first = b + 1 - per;
+            // Row r's mins of blocks 2p, 2p + 1 as i16 lanes 2r, 2r + 1 (these 8 rows).
+            let mins: [__m256i; 4] = std::array::from_fn(|p| {
+                let at = head.add(Format::min_offset(8 * half, 2 * p)) as *const __m128i;
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(at))
+            });
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(head.add(32 + 16 * half) as *const __m128i));
+            for i in 0..MR {
+                let sc = xs.add(i * nb + first);
+                let dx = _mm256_set1_ps((*sc).d);
                 accf[i] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[i]), _mm256_mul_ps(d, dx), accf[i]);
-                accf[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sc.s), accf[i]);
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_mul_ps(d, dx), accf[i]);
+                sums[i] = _mm256_setzero_si256();
+                if f != Format::Q6K {
+                    let mut min_sum = _mm256_setzero_si256();
+                    for (p, m) in mins.iter().enumerate() {
+                        let q = qsum_pair(&*sc.add(2 * p), &*sc.add(2 * p + 1));
+                        let prod = _mm256_madd_epi16(*m, _mm256_set1_epi32(q));
+                        min_sum = _mm256_add_epi32(min_sum, prod);
+                    }
+                    let dm = _mm256_mul_ps(dmin, dx);
+                    accf[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_sum), dm, accf[i]);
+                }
             }
         }
     }
@@ -407,4 +504,10 @@ unsafe fn avx2<const MR: usize, const BITS: u8>(t: &Tile<'_>, half: usize) {
         let dst = t.out.add(i * t.ldo + 8 * half);
         std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
     }
+}
+
+/// Two blocks' `Σq` as the i16 pair of one i32 lane (|Σq| ≤ 32·127 fits i16).
+fn qsum_pair(a: &BlockScale, b: &BlockScale) -> i32 {
+    let half = |s: &BlockScale| u32::from(s.qsum as i16 as u16);
+    (half(a) | (half(b) << 16)) as i32
 }
