@@ -7,8 +7,9 @@
 # - at single-stream decode, the GB/s each side would stream reading the file's tensor bytes
 #   plus its KV cache per token (f16 on both sides), beside the machine's memory bandwidth
 #   measured by a STREAM-like copy (2 threads, bytes read + written) in the same run. A lower
-#   bound for ours: the Q5 types and Q6_K sit on 8-bit panels (Q6_K: 9 bits per weight with
-#   its scales, against the file's 6.56), so we stream more than the file holds.
+#   bound for ours on K-quant and Q5 files: we stream more than the file holds (Q4_K: 4.625
+#   bits per weight with its scales, against the file's 4.5; the Q5 types and Q6_K sit on
+#   8-bit panels, Q6_K at 8.56 bits against 6.56).
 # Usage: scripts/cpu-side-by-side.sh [MODEL.gguf] [CONTEXTS]   (PEERS as for
 # ../shared/peers/build-llama-cpp.sh; CONTEXTS default "512 2048 8192")
 set -euo pipefail

@@ -191,7 +191,7 @@ fn against_twin(quantised: &Path, twin: &Path) -> (f32, f32, f32) {
 
 /// Bounds of [`against_twin`]. Dequantised (f32 math) a file is its twin but for f32
 /// rounding. The integer kernels add the activations' rounding (as on the golden models:
-/// bound 0.5) and the K-quants' f16 group scales (2⁻¹¹ relative, far smaller).
+/// bound 0.5).
 fn assert_like_twin(quantised: &Path, twin: &Path) {
     let (deq_err, int_err, magnitude) = against_twin(quantised, twin);
     assert!(

@@ -3,7 +3,7 @@
 //!
 //! GGUF's quantised weights stay quantised and are multiplied with integer dot products
 //! on activations quantised per block (`quant`), so decode, which is bandwidth-bound,
-//! reads 0.625 bytes per Q4 weight; by default each weight shape takes
+//! reads 0.58 bytes per Q4_K weight (0.625 per Q4_0); by default each weight shape takes
 //! whichever of that and an f16 copy measures faster at load ([`QuantizedWeights`]).
 //! Linear weights that arrive as f32 can be stored as f16
 //! ([`CpuOptions::f32_weights_as_f16`]); unquantised f32 checkpoints keep full precision

@@ -179,7 +179,7 @@ fn stored_group(kind: QuantType, block: &[u8], g: usize) -> [u8; GROUP] {
     u
 }
 
-/// Group `g` of a 32-weight type's block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as unsigned
+/// The 32 values of a 32-weight type's block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as unsigned
 /// values `u` and f16 `d`, `m` with value = `d·u + m`: exact (Q4_0's `m = −8d`, Q5_0's
 /// `−16d` and Q8_0's `u = q + 128`, `m = −128d` are exact in f16 unless they overflow it).
 ///

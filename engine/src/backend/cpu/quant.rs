@@ -4,18 +4,18 @@
 //! Every format is the same sum in another costume: a group of 32 weights is `d·u + m`
 //! for an unsigned `u` (4 bits for Q4_0, Q4_1 and Q4_K; 8 bits holding Q5's 5, Q6_K's 6
 //! and Q8_0's 8) and a scale `d` and offset `m` per group. The 32-weight types store them
-//! as f16 (exact, [`affine_group`]). The K-quants keep the file's integer scales and their
-//! super-block's f16 `d` / `dmin`, and the kernels form `d = d_sb·scale`, `m = −dmin·min`
-//! in f32, exactly, as llama.cpp does; Q6_K's scale changes every 16 weights, so it has a
-//! signed scale per half and `m = −32·d_sb·scale` taken off in integer arithmetic
-//! ([`q6_k_group`]). Activations are quantised on the fly to `q·dₓ` with `q` in
-//! −127..=127, as llama.cpp does for each type ([`ActScales`]), so one group of one output
-//! is
+//! as f16 (exact, [`affine_group`]). The K-quants keep the file's integer scales and mins
+//! and their super-block's f16 `d` / `dmin` (group `d = d_sb·scale`, `m = −dmin·min`;
+//! Q6_K's scale changes every 16 weights, so it has a signed scale per half and
+//! `m = −32·d_sb·scale`, [`q6_k_group`]). Activations are quantised on the fly to `q·dₓ`
+//! with `q` in −127..=127, as llama.cpp does for each type ([`ActScales`]), so one group of
+//! one output is
 //!
 //! `d·dₓ·Σ u·q + m·dₓ·Σ q`
 //!
-//! with the first sum in exact integer arithmetic (AVX-512 VNNI `vpdpbusd`, AVX2
-//! `vpmaddubsw`). Weights are repacked once at load into panels of 16 output rows whose
+//! with `Σ u·q` in exact integer arithmetic (AVX-512 VNNI `vpdpbusd`, AVX2 `vpmaddubsw`).
+//! The K-quants go further, as llama.cpp does: `scale·Σ u·q` and `min·Σ q` are summed in
+//! integers over a super-block, then scaled once by `d_sb·dₓ` and `dmin·dₓ`. Weights are repacked once at load into panels of 16 output rows whose
 //! bytes feed those instructions directly (see [`QuantMatrix`]), so decode streams 0.58
 //! bytes per Q4_K weight instead of the 2 of an f16 copy, and prefill runs a register-tiled
 //! integer GEMM.
@@ -438,7 +438,7 @@ impl Part {
                     }
                 }
             });
-        Self::check_scales(name, kind, row0, nb, &data)?;
+        Self::check_scales(name, kind, row0, rows, nb, &data)?;
         Ok(Part {
             row0,
             rows,
@@ -454,6 +454,7 @@ impl Part {
         name: &str,
         kind: QuantType,
         row0: usize,
+        rows: usize,
         nb: usize,
         data: &[u8],
     ) -> anyhow::Result<()> {
@@ -471,22 +472,20 @@ impl Part {
                 .all(|h| f16::from_le_bytes([h[0], h[1]]).is_finite())
         };
         for (p, panel) in data.chunks_exact(panel_bytes).enumerate() {
-            let row = row0 + p * PANEL;
-            for b in 0..nb {
+            let (first, end) = (row0 + p * PANEL, (row0 + (p + 1) * PANEL).min(row0 + rows));
+            for b in (0..nb).step_by(format.super_blocks()) {
                 if format.k_quant() {
                     let head = format.header_offset(b);
                     ensure!(
                         finite(&panel[head..head + d_bytes]),
-                        "weight `{name}`: a {kind:?} scale in rows {row}..{} is not finite",
-                        row + PANEL
+                        "weight `{name}`: a {kind:?} scale in rows {first}..{end} is not finite"
                     );
                 } else {
                     let tail = format.block_offset(b) + wb;
                     ensure!(
                         finite(&panel[tail..tail + 4 * PANEL]),
-                        "weight `{name}`: a {kind:?} scale in rows {row}..{} is not finite, \
-                         or its offset is too large for f16",
-                        row + PANEL
+                        "weight `{name}`: a {kind:?} scale in rows {first}..{end} is not \
+                         finite, or its offset is too large for f16"
                     );
                 }
             }
@@ -506,9 +505,10 @@ impl Part {
 pub struct BlockScale {
     /// `dₓ`.
     pub d: f32,
-    /// `dₓ·Σq` (the offsets' term).
+    /// `dₓ·Σq` (the 32-weight types' offset term; zero for [`ActScales::Q8_K`], whose
+    /// kernels take the offsets from `qsum`).
     pub s: f32,
-    /// `Σq` (the offset corrections of the AVX2 U8 kernel and of Q6_K).
+    /// `Σq` (the AVX2 byte kernel's `128·Σq`, Q6_K's `32·Σq`, the Q4_K / Q5_K mins).
     pub qsum: i32,
     /// `Σq` of the block's first 16 values (Q6_K's halves).
     pub qsum_low: i32,
@@ -574,15 +574,12 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale], act: Act
                         qsum_low,
                     }
                 }
-                ActScales::Q8_K => {
-                    let d = if inv > 0.0 { 1.0 / inv } else { 0.0 };
-                    BlockScale {
-                        d,
-                        s: d * qsum as f32,
-                        qsum,
-                        qsum_low,
-                    }
-                }
+                ActScales::Q8_K => BlockScale {
+                    d: if inv > 0.0 { 1.0 / inv } else { 0.0 },
+                    s: 0.0,
+                    qsum,
+                    qsum_low,
+                },
             };
         }
     }
@@ -704,6 +701,7 @@ fn matmul_part(
 pub unsafe fn tile_scalar(tile: &quant_simd::Tile<'_>) {
     let format = tile.format;
     let nb = tile.blocks;
+    debug_assert!(nb.is_multiple_of(format.super_blocks()));
     for i in 0..tile.rows {
         let row = tile.row0 + i;
         for r in 0..tile.cols {
@@ -850,14 +848,16 @@ mod tests {
             (QuantType::Q6_K, 208),
             (QuantType::Q4_1, 0),
         ] {
-            let (rows, cols) = (20, 256);
+            // Row 17's second half: the second K-quant super-block.
+            let (rows, cols) = (20, 512);
             let mut blocks = random_blocks(kind, rows * cols / BLOCK, &mut seed);
             let row_bytes = cols / kind.block_elems() * kind.block_bytes();
-            blocks[17 * row_bytes + at..][..2].copy_from_slice(&f16::INFINITY.to_le_bytes());
+            let bad = 17 * row_bytes + row_bytes / 2 + at;
+            blocks[bad..bad + 2].copy_from_slice(&f16::INFINITY.to_le_bytes());
             let err = QuantMatrix::from_gguf("blk.3.w", kind, rows, cols, &blocks).unwrap_err();
             let msg = err.to_string();
             assert!(
-                msg.contains("`blk.3.w`") && msg.contains("rows 16..32"),
+                msg.contains("`blk.3.w`") && msg.contains("rows 16..20"),
                 "{msg}"
             );
         }
@@ -967,7 +967,11 @@ mod tests {
                 let sum = |q: &[i8]| q.iter().map(|&q| q as i32).sum::<i32>();
                 assert_eq!((sc.qsum, sc.qsum_low), (sum(q), sum(&q[..BLOCK / 2])));
                 let s = sc.d * sc.qsum as f32;
-                assert!((sc.s - s).abs() <= s.abs() * 2f32.powi(-10), "{act:?} {b}");
+                if act == ActScales::Q8_K {
+                    assert_eq!(sc.s, 0.0);
+                } else {
+                    assert!((sc.s - s).abs() <= s.abs() * 2f32.powi(-10), "{act:?} {b}");
+                }
             }
             // One scale per span.
             let span = act.span() / BLOCK;
@@ -991,6 +995,7 @@ mod tests {
                 (3, 21, 512),
                 (8, 48, 256),
                 (13, 35, 768),
+                (5, 29, 512),
                 (40, 70, 256),
             ] {
                 let blocks = random_blocks(kind, n * k / BLOCK, &mut seed);

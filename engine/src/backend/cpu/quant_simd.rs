@@ -231,6 +231,7 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
     use std::arch::x86_64::*;
     let f = Format::from_tag(FMT);
     let (wb, nb, k, per) = (f.weight_bytes(), t.blocks, t.k, f.super_blocks());
+    debug_assert!(nb.is_multiple_of(per));
     let w = t.panel.as_ptr();
     let xq = t.x.q.as_ptr().add(t.row0 * k);
     let xs = t.x.scales.as_ptr().add(t.row0 * nb);
@@ -314,7 +315,7 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
             let head = w.add(f.header_offset(b));
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(head as *const __m256i));
             let first = b + 1 - per;
-            // Row r's mins of blocks 2p, 2p + 1 as i16 lanes 2r, 2r + 1.
+            // Q4_K, Q5_K: row r's mins of blocks 2p, 2p + 1 as i16 lanes 2r, 2r + 1.
             let mins: [__m512i; 4] = std::array::from_fn(|p| {
                 let at = head.add(Format::min_offset(0, 2 * p)) as *const __m256i;
                 _mm512_cvtepu8_epi16(_mm256_loadu_si256(at))
@@ -363,6 +364,7 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
     use std::arch::x86_64::*;
     let f = Format::from_tag(FMT);
     let (wb, nb, k, per) = (f.weight_bytes(), t.blocks, t.k, f.super_blocks());
+    debug_assert!(nb.is_multiple_of(per));
     let row0 = t.row0;
     let panel = t.panel.as_ptr();
     let xq = t.x.q.as_ptr().add(row0 * k);
@@ -472,7 +474,8 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
             let head = panel.add(f.header_offset(b));
             let d = _mm256_cvtph_ps(_mm_loadu_si128(head.add(16 * half) as *const __m128i));
             let first = b + 1 - per;
-            // Row r's mins of blocks 2p, 2p + 1 as i16 lanes 2r, 2r + 1 (these 8 rows).
+            // Q4_K, Q5_K: row r's mins of blocks 2p, 2p + 1 as i16 lanes 2r, 2r + 1 (these 8
+            // rows).
             let mins: [__m256i; 4] = std::array::from_fn(|p| {
                 let at = head.add(Format::min_offset(8 * half, 2 * p)) as *const __m128i;
                 _mm256_cvtepu8_epi16(_mm_loadu_si128(at))
