@@ -404,3 +404,212 @@ PREFILL_KERNEL(4)
 PREFILL_KERNEL(8)
 PREFILL_KERNEL(16)
 PREFILL_KERNEL(32)
+
+// ---------------------------------------------------------------------------------------
+// Prefill on tensor cores (issue 28; behind `--prefill-attention mma` until a GPU run has
+// checked it): the tiles of `prefill_attention_np*` (PF_BQ query rows of one sequence and one
+// query head, PF_BK keys per step, the same arguments), FlashAttention-2 style. Two warps,
+// each owning 16 query rows: S = Q·Kᵀ and O += P·V with bf16 `mma.sync.m16n8k16` (f32
+// accumulators), the online softmax in f32 on the accumulator fragments, P reused from the
+// score fragments as the A operand of P·V (rounded to bf16, as FlashAttention does).
+// Fragment layouts (PTX ISA, m16n8k16, g = lane / 4, c = lane % 4): A regs (row g, cols
+// 2c..2c+1), (g + 8, 2c..), (g, 2c + 8..), (g + 8, 2c + 8..); B regs (k rows 2c..2c+1, col
+// g), (k rows 2c + 8.., col g); C (row g, cols 2c, 2c + 1), (row g + 8, cols 2c, 2c + 1).
+// Shared memory: Q and K row-major, V transposed (so each B register of P·V is one 32-bit
+// load), rows padded by 8 bf16. grid = (num_tiles, H), block = PF_MMA_THREADS, dynamic
+// shared memory = prefill_mma_smem_bytes(D). D is a multiple of 16.
+#define PF_MMA_THREADS 64
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned int (&a)[4],
+                                               unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 as a bf16 pair, `lo` in the low half (the lower k index of a fragment register).
+__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
+    return (unsigned int)f32_to_bf16(lo) | ((unsigned int)f32_to_bf16(hi) << 16);
+}
+
+template <int D>
+__device__ __forceinline__ void prefill_mma_impl(
+    const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int table_stride,
+    const int* __restrict__ tile_seq, const int* __restrict__ tile_q0,
+    const int* __restrict__ seq_row_start, const int* __restrict__ seq_n_tokens,
+    const int* __restrict__ seq_start_pos, bf16* __restrict__ out, int out_stride,
+    int num_heads, int num_kv_heads, int block_size, float scale) {
+    constexpr int LD = D + 8;        // Q and K row stride (bf16)
+    constexpr int LDV = PF_BK + 8;   // transposed V row stride (bf16)
+    constexpr int KSTEPS = D / 16;   // k steps of Q·Kᵀ
+    constexpr int NT = PF_BK / 8;    // key n-tiles of S
+    constexpr int DT = D / 8;        // dim n-tiles of O
+    extern __shared__ unsigned int mma_smem[];
+    bf16* qs = reinterpret_cast<bf16*>(mma_smem);
+    bf16* ks = qs + PF_BQ * LD;
+    bf16* vt = ks + PF_BK * LD;
+
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    int seq = tile_seq[blockIdx.x], q0 = tile_q0[blockIdx.x];
+    int hq = blockIdx.y, kvh = hq / (num_heads / num_kv_heads);
+    int n_tok = seq_n_tokens[seq], start = seq_start_pos[seq], row0 = seq_row_start[seq];
+    const int* table = block_tables + (size_t)seq * table_stride;
+    int q_last = min(n_tok, q0 + PF_BQ) - 1;
+    int k_max = start + q_last;
+
+    for (int idx = tid; idx < PF_BQ * (D / 2); idx += PF_MMA_THREADS) {
+        int qr = idx / (D / 2), p = idx % (D / 2);
+        unsigned int w = 0;
+        if (q0 + qr < n_tok) {
+            const bf16* src = qkv + (size_t)(row0 + q0 + qr) * qkv_stride + (size_t)hq * D + 2 * p;
+            w = *reinterpret_cast<const unsigned int*>(src);
+        }
+        *reinterpret_cast<unsigned int*>(qs + qr * LD + 2 * p) = w;
+    }
+    __syncthreads();
+
+    // This thread's rows of the tile: r0 = 16 * warp + g and r1 = r0 + 8.
+    int r0 = 16 * warp + g, r1 = r0 + 8;
+    unsigned int qa[KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+        int col = 16 * kk + 2 * c;
+        qa[kk][0] = *reinterpret_cast<const unsigned int*>(qs + r0 * LD + col);
+        qa[kk][1] = *reinterpret_cast<const unsigned int*>(qs + r1 * LD + col);
+        qa[kk][2] = *reinterpret_cast<const unsigned int*>(qs + r0 * LD + col + 8);
+        qa[kk][3] = *reinterpret_cast<const unsigned int*>(qs + r1 * LD + col + 8);
+    }
+    bool valid0 = q0 + r0 < n_tok, valid1 = q0 + r1 < n_tok;
+    int qpos0 = start + q0 + r0, qpos1 = start + q0 + r1;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+
+    for (int kt = 0; kt * PF_BK <= k_max; ++kt) {
+        __syncthreads();  // the previous tile's K and V fully consumed
+        for (int idx = tid; idx < PF_BK * (D / 2); idx += PF_MMA_THREADS) {
+            int kr = idx / (D / 2), p = idx % (D / 2);
+            int kpos = kt * PF_BK + kr;
+            unsigned int kw = 0, vw = 0;
+            if (kpos <= k_max) {
+                size_t slot = (size_t)table[kpos / block_size] * block_size + kpos % block_size;
+                size_t off = (slot * num_kv_heads + kvh) * D + 2 * p;
+                kw = *reinterpret_cast<const unsigned int*>(k_cache + off);
+                vw = *reinterpret_cast<const unsigned int*>(v_cache + off);
+            }
+            *reinterpret_cast<unsigned int*>(ks + kr * LD + 2 * p) = kw;
+            vt[(2 * p) * LDV + kr] = (bf16)(vw & 0xffffu);
+            vt[(2 * p + 1) * LDV + kr] = (bf16)(vw >> 16);
+        }
+        __syncthreads();
+
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const bf16* krow = ks + (8 * nt + g) * LD + 2 * c;
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                unsigned int b0 = *reinterpret_cast<const unsigned int*>(krow + 16 * kk);
+                unsigned int b1 = *reinterpret_cast<const unsigned int*>(krow + 16 * kk + 8);
+                mma_bf16_16816(s[nt], qa[kk], b0, b1);
+            }
+        }
+        float t0 = -INFINITY, t1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                int kpos = kt * PF_BK + 8 * nt + 2 * c + e;
+                s[nt][e] = (valid0 && kpos <= qpos0) ? s[nt][e] * scale : -INFINITY;
+                s[nt][2 + e] = (valid1 && kpos <= qpos1) ? s[nt][2 + e] * scale : -INFINITY;
+                t0 = fmaxf(t0, s[nt][e]);
+                t1 = fmaxf(t1, s[nt][2 + e]);
+            }
+        }
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+        float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
+        float corr0 = n0 == -INFINITY ? 1.0f : __expf(m0 - n0);
+        float corr1 = n1 == -INFINITY ? 1.0f : __expf(m1 - n1);
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : __expf(s[nt][e] - n0);
+                s[nt][2 + e] = s[nt][2 + e] == -INFINITY ? 0.0f : __expf(s[nt][2 + e] - n1);
+                sum0 += s[nt][e];
+                sum1 += s[nt][2 + e];
+            }
+        }
+        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+        l0 = l0 * corr0 + sum0;
+        l1 = l1 * corr1 + sum1;
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            o[dt][0] *= corr0;
+            o[dt][1] *= corr0;
+            o[dt][2] *= corr1;
+            o[dt][3] *= corr1;
+        }
+        // O += P·V, 16 keys per k step: the score fragments of n-tiles 2kc, 2kc + 1 are
+        // the A fragment of P.
+#pragma unroll
+        for (int kc = 0; kc < PF_BK / 16; ++kc) {
+            unsigned int pa[4] = {
+                pack_bf16x2(s[2 * kc][0], s[2 * kc][1]),
+                pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
+                pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]),
+            };
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                const bf16* vrow = vt + (8 * dt + g) * LDV + 16 * kc + 2 * c;
+                unsigned int b0 = *reinterpret_cast<const unsigned int*>(vrow);
+                unsigned int b1 = *reinterpret_cast<const unsigned int*>(vrow + 8);
+                mma_bf16_16816(o[dt], pa, b0, b1);
+            }
+        }
+    }
+
+    float inv0 = valid0 ? 1.0f / l0 : 0.0f, inv1 = valid1 ? 1.0f / l1 : 0.0f;
+    bf16* dst0 = out + (size_t)(row0 + q0 + r0) * out_stride + (size_t)hq * D;
+    bf16* dst1 = out + (size_t)(row0 + q0 + r1) * out_stride + (size_t)hq * D;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        int d = 8 * dt + 2 * c;
+        if (valid0)
+            *reinterpret_cast<unsigned int*>(dst0 + d) = pack_bf16x2(o[dt][0] * inv0, o[dt][1] * inv0);
+        if (valid1)
+            *reinterpret_cast<unsigned int*>(dst1 + d) = pack_bf16x2(o[dt][2] * inv1, o[dt][3] * inv1);
+    }
+}
+
+#define PREFILL_MMA_KERNEL(D)                                                                  \
+    extern "C" __global__ void __launch_bounds__(PF_MMA_THREADS) prefill_attention_mma_d##D(   \
+        const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,             \
+        const int* block_tables, int table_stride, const int* tile_seq, const int* tile_q0,    \
+        const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,           \
+        bf16* out, int out_stride, int num_heads, int num_kv_heads, int head_dim,              \
+        int block_size, float scale) {                                                         \
+        prefill_mma_impl<D>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,     \
+                            tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos,     \
+                            out, out_stride, num_heads, num_kv_heads, block_size, scale);      \
+    }
+
+PREFILL_MMA_KERNEL(16)
+PREFILL_MMA_KERNEL(32)
+PREFILL_MMA_KERNEL(64)
+PREFILL_MMA_KERNEL(128)

@@ -5,12 +5,14 @@
 # Steps: (1) the GPU tests; (2) a random Qwen3-0.6B-shaped bf16 model with a tokenizer and
 # transformers' reference logprobs, compared through `engine serve`; (3) `engine bench`:
 # decode at batch 256, one stream, nano-vLLM's bench.py workload; (4) the 64-sequence slice
-# beside transformers' `generate_batch`. Results go to $OUT (the device tool brings them back).
-# STEPS (default "tests model logprobs bench peer") picks a subset.
+# beside transformers' `generate_batch`; (5) the tensor-core prefill kernel (`mma`: its logprobs,
+# a 16k-token prefill step and bench.py beside the CUDA-core kernel, and ncu's kernel times).
+# Results go to $OUT (the device tool brings them back). STEPS picks a subset of
+# "tests model logprobs bench mma peer serve ncu" (the default: all).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-tests model logprobs bench peer serve ncu}
+STEPS=${STEPS:-tests model logprobs bench mma peer serve ncu}
 G=/tmp/gbin
 mkdir -p $G
 for f in .gpu/*.xz; do xz -dc "$f" > "$G/$(basename "$f" .xz)"; done
@@ -56,11 +58,14 @@ print("model written", out)
 PY
 fi
 
-if has logprobs; then
-    "$G/engine" serve --model $M --device cuda --port 8123 --max-num-seqs 64 > "$OUT/serve.log" 2>&1 &
+# Logprobs through `engine serve` against transformers' (ref.json); $1 names the output
+# files, the rest are extra serve flags.
+logprobs_check() {
+    local tag=$1; shift
+    "$G/engine" serve --model $M --device cuda --port 8123 --max-num-seqs 64 "$@" > "$OUT/serve$tag.log" 2>&1 &
     sp=$!
     for _ in $(seq 1 120); do curl -sf localhost:8123/health >/dev/null && break; sleep 1; done
-    PYTHONUNBUFFERED=1 timeout 120 python3 - "$M" <<'PY' 2>&1 | tee "$OUT/logprobs.txt"
+    PYTHONUNBUFFERED=1 timeout 120 python3 - "$M" <<'PY' 2>&1 | tee "$OUT/logprobs$tag.txt"
 import json, sys, urllib.request
 cases = json.load(open(sys.argv[1] + "/ref.json"))
 name = json.load(urllib.request.urlopen("http://127.0.0.1:8123/v1/models"))["data"][0]["id"]
@@ -91,7 +96,10 @@ for c in cases:
 print(f"worst |d logprob| = {worst:.4f}")
 PY
     kill $sp; wait $sp 2>/dev/null
-    tail -3 "$OUT/serve.log"
+    tail -3 "$OUT/serve$tag.log"
+}
+if has logprobs; then
+    logprobs_check ""
 fi
 
 bench() {
@@ -104,6 +112,33 @@ if has bench; then
     bench decode256 --num-seqs 256 --max-num-seqs 256 --min-input-len 16 --max-input-len 16 --min-output-len 64 --max-output-len 64
     bench decode1 --num-seqs 1 --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 256 --max-output-len 256
     bench nanovllm --num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9
+fi
+
+if has mma; then
+    # The tensor-core prefill kernel (--prefill-attention mma, off by default until this
+    # step has passed): transformers' logprobs, one 16k-token prefill step with each kernel
+    # (the issue's 16 x 1024 step), bench.py's workload, and each kernel's GPU time over
+    # that step's 28 layers (after the warm-up's 16-token prefill, 28 launches).
+    logprobs_check -mma --prefill-attention mma
+    for k in scalar mma; do
+        bench "prefill16k-$k" --prefill-attention $k --num-seqs 16 --max-num-seqs 16 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1
+    done
+    bench nanovllm-mma --prefill-attention mma --num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for k in scalar mma; do
+        timeout 120 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
+            "$G/engine" bench --model $M --device cuda --prefill-attention $k --num-seqs 16 --max-num-seqs 16 \
+            --max-num-batched-tokens 16384 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1 \
+            > "$OUT/ncu-prefill-$k.csv" 2> "$OUT/ncu-prefill-$k.err"
+        python3 - "$OUT/ncu-prefill-$k.csv" "$k" <<'PY' | tee -a "$OUT/ncu-prefill.txt"
+import csv, io, sys
+text = open(sys.argv[1]).read()
+rows = [r for r in csv.DictReader(io.StringIO(text[text.find('"ID"'):])) if r.get("Metric Name") == "gpu__time_duration.sum"]
+scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
+ms = sum(float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1e-3) for r in rows)
+print(f"prefill attention ({sys.argv[2]}), 16 x 1024 tokens: {len(rows)} launches, {ms:.2f} ms")
+PY
+    done
 fi
 
 if has peer; then

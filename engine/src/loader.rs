@@ -8,7 +8,9 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 
 use crate::backend::cpu::{CpuBackend, CpuOptions, KvCacheDtype, QuantizedWeights};
-use crate::backend::cuda::{open_cuda_backend, resolve_device, CudaOptions, Device};
+use crate::backend::cuda::{
+    open_cuda_backend, resolve_device, CudaOptions, Device, PrefillAttention,
+};
 use crate::config::ModelConfig;
 use crate::engine::{EngineConfig, LlmEngine};
 use crate::model::{Model, ModelRunner, RunnerOptions};
@@ -42,6 +44,10 @@ pub struct DeviceArgs {
     /// `f32`. CUDA stores bf16.
     #[arg(long, value_enum)]
     pub kv_cache_dtype: Option<KvCacheDtype>,
+    /// CUDA: the prefill attention kernel: `scalar` (the default, CUDA cores) or `mma`
+    /// (tensor cores, FlashAttention-2 style; not yet run on a GPU, issue 28).
+    #[arg(long, value_enum)]
+    pub prefill_attention: Option<PrefillAttention>,
 }
 
 /// Model, KV-cache and scheduler flags shared by `generate`, `bench` and `serve`: one set
@@ -238,6 +244,10 @@ pub fn load_model(
     );
     let runner = match chosen {
         Device::Cpu => {
+            anyhow::ensure!(
+                device.prefill_attention.is_none(),
+                "--prefill-attention is a CUDA option: the CPU backend has one attention kernel set"
+            );
             let options = RunnerOptions {
                 block_size: sizing.block_size,
                 kv_cache_bytes: sizing.kv_cache_bytes,
@@ -266,6 +276,7 @@ pub fn load_model(
                 max_num_seqs: sizing.max_num_seqs,
                 max_num_batched_tokens: sizing.max_num_batched_tokens,
                 enforce_eager: device.enforce_eager,
+                prefill_attention: device.prefill_attention.unwrap_or_default(),
                 ..CudaOptions::default()
             };
             load_cuda_runner(&config, weights.as_mut(), &options)?

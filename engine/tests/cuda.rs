@@ -7,7 +7,8 @@ mod common;
 use engine::backend::cpu::KvCacheDtype;
 use engine::backend::cuda::{
     all_kernel_names, cuda_available, decode_kernel_name, driver_present, prefill_kernel_name,
-    resolve_device, CudaBackend, CudaOptions, Device, NO_DRIVER, SOURCES,
+    prefill_mma_kernel_name, resolve_device, CudaBackend, CudaOptions, Device, PrefillAttention,
+    NO_DRIVER, SOURCES,
 };
 use engine::loader::{load_cpu_runner, load_cuda_runner};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
@@ -55,7 +56,8 @@ fn device_choice_honours_the_request() {
 }
 
 /// Every kernel the backend loads must be defined in kernels/*.cu: directly as
-/// `extern "C" __global__ ... name(`, or through the DECODE_KERNEL / PREFILL_KERNEL macros.
+/// `extern "C" __global__ ... name(`, or through the DECODE_KERNEL / PREFILL_KERNEL /
+/// PREFILL_MMA_KERNEL macros.
 #[test]
 fn every_launched_kernel_is_defined_in_the_sources() {
     let all: String = SOURCES.iter().map(|(_, s)| *s).collect();
@@ -85,6 +87,15 @@ fn every_launched_kernel_is_defined_in_the_sources() {
             assert!(
                 all.contains("prefill_attention_np##NP("),
                 "PREFILL_KERNEL no longer defines {name}"
+            );
+        } else if let Some(d) = name.strip_prefix("prefill_attention_mma_d") {
+            assert!(
+                all.contains(&format!("PREFILL_MMA_KERNEL({d})")),
+                "{name} is not instantiated"
+            );
+            assert!(
+                all.contains("prefill_attention_mma_d##D("),
+                "PREFILL_MMA_KERNEL no longer defines {name}"
             );
         } else {
             assert!(
@@ -125,6 +136,11 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         Some("prefill_attention_np16")
     );
     assert_eq!(prefill_kernel_name(300), None);
+    assert_eq!(
+        prefill_mma_kernel_name(128).as_deref(),
+        Some("prefill_attention_mma_d128")
+    );
+    assert_eq!(prefill_mma_kernel_name(96), None);
 }
 
 // ---- GPU tests: skip without a driver and a GPU ----
@@ -137,7 +153,10 @@ fn gpu_or_skip(test: &str) -> bool {
     false
 }
 
-fn runners(rel: &str) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
+fn runners(
+    rel: &str,
+    prefill_attention: PrefillAttention,
+) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
     let dir = golden_dir_with(rel, "model.safetensors");
     let (config, mut w) = open_model(&dir).expect("open model");
     let opts = RunnerOptions {
@@ -151,6 +170,7 @@ fn runners(rel: &str) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
     let cuda_opts = CudaOptions {
         block_size: BLOCK_SIZE,
         kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
+        prefill_attention,
         ..CudaOptions::default()
     };
     let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts).expect("load on the GPU");
@@ -165,8 +185,8 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
-fn gpu_matches_cpu(rel: &str) {
-    let (mut cpu, mut gpu) = runners(rel);
+fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention) {
+    let (mut cpu, mut gpu) = runners(rel, prefill_attention);
     let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % 5000).collect();
     let table: Vec<u32> = (0..8).collect();
     let a = last_logits(gpu.as_mut(), &prompt, 0, &table);
@@ -240,14 +260,30 @@ fn gpu_matches_cpu(rel: &str) {
 #[test]
 fn gpu_logits_match_cpu_on_qwen3_tiny() {
     if gpu_or_skip("gpu_logits_match_cpu_on_qwen3_tiny") {
-        gpu_matches_cpu("qwen3-tiny/bf16");
+        gpu_matches_cpu("qwen3-tiny/bf16", PrefillAttention::Scalar);
+    }
+}
+
+/// The tensor-core prefill kernel (`--prefill-attention mma`): the same checks, prefix
+/// cache and chunked prefill included.
+#[test]
+fn gpu_mma_prefill_matches_cpu_on_qwen3_tiny() {
+    if gpu_or_skip("gpu_mma_prefill_matches_cpu_on_qwen3_tiny") {
+        gpu_matches_cpu("qwen3-tiny/bf16", PrefillAttention::Mma);
+    }
+}
+
+#[test]
+fn gpu_mma_prefill_matches_cpu_on_llama_tiny() {
+    if gpu_or_skip("gpu_mma_prefill_matches_cpu_on_llama_tiny") {
+        gpu_matches_cpu("llama-tiny", PrefillAttention::Mma);
     }
 }
 
 #[test]
 fn gpu_logits_match_cpu_on_llama_tiny() {
     if gpu_or_skip("gpu_logits_match_cpu_on_llama_tiny") {
-        gpu_matches_cpu("llama-tiny");
+        gpu_matches_cpu("llama-tiny", PrefillAttention::Scalar);
     }
 }
 
@@ -269,7 +305,7 @@ fn gpu_runner_samples_its_own_logits() {
     if !gpu_or_skip("gpu_runner_samples_its_own_logits") {
         return;
     }
-    let (_, mut gpu) = runners("qwen3-tiny/bf16");
+    let (_, mut gpu) = runners("qwen3-tiny/bf16", PrefillAttention::Scalar);
     common::check_runner_samples_its_logits(gpu.as_mut());
 }
 

@@ -6,7 +6,7 @@
 mod common;
 
 use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::backend::cuda::Device;
+use engine::backend::cuda::{Device, PrefillAttention};
 use engine::engine::{EngineConfig, LlmEngine};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with, load_engine, DeviceArgs, EngineArgs};
 use engine::model::{kv_bytes_per_token, RunnerOptions};
@@ -144,6 +144,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
             enforce_eager: false,
             quantized_weights: QuantizedWeights::Fastest,
             kv_cache_dtype: None,
+            prefill_attention: None,
         },
     };
     let err = load_engine(&args).err().expect("refused").to_string();
@@ -156,4 +157,12 @@ fn max_model_len_past_the_models_positions_is_refused() {
         ..args
     };
     assert_eq!(load_engine(&fits).expect("loads").max_model_len, 2048);
+    // A CUDA-only kernel choice is refused on the CPU, not ignored.
+    let mut cuda_only = fits.clone();
+    cuda_only.device.prefill_attention = Some(PrefillAttention::Mma);
+    let err = load_engine(&cuda_only).err().expect("refused").to_string();
+    assert!(
+        err.contains("--prefill-attention is a CUDA option"),
+        "{err}"
+    );
 }

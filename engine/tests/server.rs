@@ -1113,6 +1113,7 @@ impl ReasoningFixture {
                 enforce_eager: false,
                 quantized_weights: QuantizedWeights::Fastest,
                 kv_cache_dtype: None,
+                prefill_attention: None,
             },
         };
         let mut loaded = load_engine(&args).unwrap();

@@ -34,7 +34,8 @@ pub use device::{
 pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
     all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_kernel_name,
-    missing_kernels, nvrtc_present, prefill_kernel_name, prefill_smem_bytes, program, SOURCES,
+    missing_kernels, nvrtc_present, prefill_kernel_name, prefill_mma_kernel_name,
+    prefill_mma_smem_bytes, prefill_smem_bytes, program, SOURCES,
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
@@ -43,6 +44,17 @@ use crate::config::ModelConfig;
 use crate::model::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData};
+
+/// Which kernel computes prefill attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PrefillAttention {
+    /// The CUDA-core kernel (`prefill_attention_np*`), checked on an H100.
+    #[default]
+    Scalar,
+    /// The tensor-core kernel (`prefill_attention_mma_d*`, head dims 16, 32, 64 and 128):
+    /// compiled by every test run, not yet run on a GPU (issue 28).
+    Mma,
+}
 
 /// How the CUDA runner is set up.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +73,8 @@ pub struct CudaOptions {
     pub kv_cache_tokens: Option<usize>,
     /// Run decode steps eagerly instead of replaying CUDA graphs.
     pub enforce_eager: bool,
+    /// The prefill attention kernel.
+    pub prefill_attention: PrefillAttention,
 }
 
 impl Default for CudaOptions {
@@ -73,6 +87,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 8192,
             kv_cache_tokens: None,
             enforce_eager: false,
+            prefill_attention: PrefillAttention::Scalar,
         }
     }
 }
@@ -93,7 +108,7 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let backend = CudaBackend::new(opts.ordinal)?;
+    let backend = CudaBackend::new(opts.ordinal)?.with_prefill_attention(opts.prefill_attention);
     let tokens = match opts.kv_cache_tokens {
         Some(t) => t / opts.block_size * opts.block_size,
         None => {
@@ -371,6 +386,7 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     kernels: kernels::Kernels,
+    prefill_attention: PrefillAttention,
     num_sms: usize,
     state: Mutex<State>,
     /// Timing events for [`Backend::record_mark`].
@@ -380,6 +396,12 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
+    /// The backend with prefill attention on `kernel` (the CUDA-core kernel by default).
+    pub fn with_prefill_attention(mut self, kernel: PrefillAttention) -> Self {
+        self.prefill_attention = kernel;
+        self
+    }
+
     /// Opens GPU `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
     pub fn new(ordinal: usize) -> anyhow::Result<Self> {
         gpu_count().map_err(|why| anyhow!(why))?;
@@ -438,6 +460,7 @@ impl CudaBackend {
             stream,
             blas,
             kernels,
+            prefill_attention: PrefillAttention::Scalar,
             num_sms,
             state: Mutex::new(State::default()),
             marks,
@@ -1408,8 +1431,25 @@ impl Backend for CudaBackend {
             }
         }
         if step.n_tiles > 0 {
-            let name = prefill_kernel_name(d)
-                .ok_or_else(|| anyhow!("no prefill kernel for head_dim {d}"))?;
+            let (name, threads, smem) = match self.prefill_attention {
+                PrefillAttention::Scalar => (
+                    prefill_kernel_name(d)
+                        .ok_or_else(|| anyhow!("no prefill kernel for head_dim {d}"))?,
+                    kernels::PREFILL_THREADS,
+                    prefill_smem_bytes(d),
+                ),
+                PrefillAttention::Mma => (
+                    prefill_mma_kernel_name(d).ok_or_else(|| {
+                        anyhow!(
+                            "--prefill-attention mma: no tensor-core kernel for head_dim {d} \
+                             (it has {:?})",
+                            kernels::PREFILL_MMA_DIMS
+                        )
+                    })?,
+                    kernels::PREFILL_MMA_THREADS,
+                    prefill_mma_smem_bytes(d),
+                ),
+            };
             let mut args = Vec::with_capacity(18);
             common(&mut args);
             args.extend([
@@ -1428,13 +1468,7 @@ impl Backend for CudaBackend {
             ]);
             args.extend([KArg::I32(step.block_size as i32), KArg::F32(scale)]);
             let grid = (int(step.n_tiles, "prefill tiles")? as u32, h as u32, 1);
-            self.launch(
-                &name,
-                grid,
-                kernels::PREFILL_THREADS,
-                prefill_smem_bytes(d) as u32,
-                &args,
-            )?;
+            self.launch(&name, grid, threads, smem as u32, &args)?;
         }
         Ok(())
     }

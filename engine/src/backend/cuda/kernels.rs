@@ -42,6 +42,10 @@ pub const DECODE_GROUPS: [usize; 4] = [1, 2, 4, 8];
 pub const DECODE_LANES: [usize; 4] = [2, 8, 16, 32];
 /// Dim pairs per thread the prefill kernel is instantiated for (head_dim <= 8 * pairs).
 pub const PREFILL_PAIRS: [usize; 4] = [4, 8, 16, 32];
+/// Head dims the tensor-core prefill kernel is instantiated for (`prefill_attention_mma_d*`).
+pub const PREFILL_MMA_DIMS: [usize; 4] = [16, 32, 64, 128];
+/// Threads per tensor-core prefill block (`PF_MMA_THREADS`: two warps of 16 query rows).
+pub const PREFILL_MMA_THREADS: u32 = 64;
 /// Query rows and key rows per prefill tile (`PF_BQ`, `PF_BK` in attention.cu).
 pub const PREFILL_TILE: usize = 32;
 /// Threads per prefill block (`PF_THREADS`).
@@ -82,6 +86,19 @@ pub fn prefill_kernel_name(head_dim: usize) -> Option<String> {
     Some(format!("prefill_attention_np{p}"))
 }
 
+/// The tensor-core prefill kernel for a head dim, if instantiated.
+pub fn prefill_mma_kernel_name(head_dim: usize) -> Option<String> {
+    PREFILL_MMA_DIMS
+        .contains(&head_dim)
+        .then(|| format!("prefill_attention_mma_d{head_dim}"))
+}
+
+/// Dynamic shared memory of the tensor-core prefill kernel: q and k tiles of `head_dim + 8`
+/// bf16 per row, and the transposed v tile of `head_dim` rows of 40 bf16.
+pub fn prefill_mma_smem_bytes(head_dim: usize) -> usize {
+    (2 * PREFILL_TILE * (head_dim + 8) + head_dim * (PREFILL_TILE + 8)) * 2
+}
+
 /// Dynamic shared memory of the prefill kernel: q, k and v tiles of `head_dim + 2` bf16
 /// per row, and the `[32][33]` f32 probability tile.
 pub fn prefill_smem_bytes(head_dim: usize) -> usize {
@@ -100,6 +117,11 @@ pub fn all_kernel_names() -> Vec<String> {
         PREFILL_PAIRS
             .iter()
             .map(|p| format!("prefill_attention_np{p}")),
+    );
+    names.extend(
+        PREFILL_MMA_DIMS
+            .iter()
+            .map(|d| format!("prefill_attention_mma_d{d}")),
     );
     names
 }
