@@ -257,7 +257,7 @@ extern "C" __global__ void paged_decode_reduce(const float* __restrict__ part_ac
 // ---------------------------------------------------------------------------------------
 // Prefill: causal attention of a tile of PF_BQ query rows of one sequence and one query head
 // over key tiles of PF_BK positions read from the cache. Online softmax in f32, scores and
-// P·V on CUDA cores (a correct baseline; an mma.sync version is the next step).
+// P·V on CUDA cores (the default; `prefill_attention_mma_d*` below is the tensor-core version).
 // Thread (r = tid / 4, c = tid % 4) owns query row r, keys c + 4 * jj of each key tile and
 // output dims 2c + 8j, 2c + 8j + 1. NP = dim pairs per thread (head_dim <= 8 * NP).
 // Tiles: tile_seq[i] = step sequence, tile_q0[i] = first query index of the tile.
@@ -420,13 +420,19 @@ PREFILL_KERNEL(32)
 // shared memory = prefill_mma_smem_bytes(D). D is a multiple of 16.
 #define PF_MMA_THREADS 64
 
+// bf16 mma.sync needs sm_80: older GPUs compile a trap (the host refuses `mma` there), so the
+// rest of the program still compiles for them.
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned int (&a)[4],
                                                unsigned int b0, unsigned int b1) {
+#if __CUDA_ARCH__ >= 800
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
 }
 
 // Two f32 as a bf16 pair, `lo` in the low half (the lower k index of a fragment register).
@@ -447,6 +453,9 @@ __device__ __forceinline__ void prefill_mma_impl(
     constexpr int KSTEPS = D / 16;   // k steps of Q·Kᵀ
     constexpr int NT = PF_BK / 8;    // key n-tiles of S
     constexpr int DT = D / 8;        // dim n-tiles of O
+    static_assert(D % 16 == 0, "head_dim must be a multiple of the mma k step");
+    static_assert(PF_BK % 16 == 0, "P·V takes keys 16 at a time");
+    static_assert(PF_MMA_THREADS == 32 * (PF_BQ / 16), "one warp per 16 query rows");
     extern __shared__ unsigned int mma_smem[];
     bf16* qs = reinterpret_cast<bf16*>(mma_smem);
     bf16* ks = qs + PF_BQ * LD;

@@ -5,14 +5,15 @@
 # Steps: (1) the GPU tests; (2) a random Qwen3-0.6B-shaped bf16 model with a tokenizer and
 # transformers' reference logprobs, compared through `engine serve`; (3) `engine bench`:
 # decode at batch 256, one stream, nano-vLLM's bench.py workload; (4) the 64-sequence slice
-# beside transformers' `generate_batch`; (5) the tensor-core prefill kernel (`mma`: its logprobs,
-# a 16k-token prefill step and bench.py beside the CUDA-core kernel, and ncu's kernel times).
-# Results go to $OUT (the device tool brings them back). STEPS picks a subset of
-# "tests model logprobs bench mma peer serve ncu" (the default: all).
+# beside transformers' `generate_batch`; (5) a loadgen sweep of `engine serve`; (6) ncu's
+# kernel times; (7) the tensor-core prefill kernel (`mma`: its logprobs, a 16k-token prefill
+# step and bench.py beside the CUDA-core kernel, and ncu's times of both). Results go to $OUT
+# (the device tool brings them back). STEPS picks a subset of
+# "tests model logprobs bench peer serve ncu mma" (the default: all, in that order).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-tests model logprobs bench mma peer serve ncu}
+STEPS=${STEPS:-tests model logprobs bench peer serve ncu mma}
 G=/tmp/gbin
 mkdir -p $G
 for f in .gpu/*.xz; do xz -dc "$f" > "$G/$(basename "$f" .xz)"; done
@@ -32,15 +33,18 @@ if has tests; then
 fi
 
 M=/tmp/q06
-if has model; then
-    PYTHONUNBUFFERED=1 timeout 240 python3 - "$M" <<'PY' 2>&1 | tee "$OUT/make-model.txt"
+# A random Qwen3-shaped bf16 model with transformers' reference logprobs (ref.json):
+# make_model DIR HIDDEN LAYERS HEADS KV_HEADS HEAD_DIM FFN (the log goes to $OUT/make-$(basename DIR).txt).
+make_model() {
+    PYTHONUNBUFFERED=1 timeout 240 python3 - "$@" <<'PY' 2>&1 | tee "$OUT/make-$(basename "$1").txt"
 import json, random, sys, shutil, torch
 from pathlib import Path
 from transformers import Qwen3Config, Qwen3ForCausalLM
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+hidden, layers, heads, kv_heads, head_dim, ffn = map(int, sys.argv[2:8])
 torch.manual_seed(0)
-cfg = Qwen3Config(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-    head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,
+cfg = Qwen3Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+    head_dim=head_dim, intermediate_size=ffn, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,
     max_position_embeddings=40960, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
 m = Qwen3ForCausalLM(cfg).to(torch.bfloat16).cuda().eval()
 m.save_pretrained(out, safe_serialization=True)
@@ -56,16 +60,19 @@ with torch.no_grad():
 json.dump(cases, open(out / "ref.json", "w"))
 print("model written", out)
 PY
+}
+if has model; then
+    make_model $M 1024 28 16 8 128 3072
 fi
 
-# Logprobs through `engine serve` against transformers' (ref.json); $1 names the output
-# files, the rest are extra serve flags.
+# Logprobs through `engine serve` against transformers' (the model folder's ref.json): $1 the
+# model, $2 names the output files, the rest are extra serve flags.
 logprobs_check() {
-    local tag=$1; shift
-    "$G/engine" serve --model $M --device cuda --port 8123 --max-num-seqs 64 "$@" > "$OUT/serve$tag.log" 2>&1 &
+    local model=$1 tag=$2; shift 2
+    "$G/engine" serve --model "$model" --device cuda --port 8123 --max-num-seqs 64 "$@" > "$OUT/serve$tag.log" 2>&1 &
     sp=$!
     for _ in $(seq 1 120); do curl -sf localhost:8123/health >/dev/null && break; sleep 1; done
-    PYTHONUNBUFFERED=1 timeout 120 python3 - "$M" <<'PY' 2>&1 | tee "$OUT/logprobs$tag.txt"
+    PYTHONUNBUFFERED=1 timeout 120 python3 - "$model" <<'PY' 2>&1 | tee "$OUT/logprobs$tag.txt"
 import json, sys, urllib.request
 cases = json.load(open(sys.argv[1] + "/ref.json"))
 name = json.load(urllib.request.urlopen("http://127.0.0.1:8123/v1/models"))["data"][0]["id"]
@@ -99,7 +106,7 @@ PY
     tail -3 "$OUT/serve$tag.log"
 }
 if has logprobs; then
-    logprobs_check ""
+    logprobs_check $M ""
 fi
 
 bench() {
@@ -112,33 +119,6 @@ if has bench; then
     bench decode256 --num-seqs 256 --max-num-seqs 256 --min-input-len 16 --max-input-len 16 --min-output-len 64 --max-output-len 64
     bench decode1 --num-seqs 1 --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 256 --max-output-len 256
     bench nanovllm --num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9
-fi
-
-if has mma; then
-    # The tensor-core prefill kernel (--prefill-attention mma, off by default until this
-    # step has passed): transformers' logprobs, one 16k-token prefill step with each kernel
-    # (the issue's 16 x 1024 step), bench.py's workload, and each kernel's GPU time over
-    # that step's 28 layers (after the warm-up's 16-token prefill, 28 launches).
-    logprobs_check -mma --prefill-attention mma
-    for k in scalar mma; do
-        bench "prefill16k-$k" --prefill-attention $k --num-seqs 16 --max-num-seqs 16 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1
-    done
-    bench nanovllm-mma --prefill-attention mma --num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    for k in scalar mma; do
-        timeout 120 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
-            "$G/engine" bench --model $M --device cuda --prefill-attention $k --num-seqs 16 --max-num-seqs 16 \
-            --max-num-batched-tokens 16384 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1 \
-            > "$OUT/ncu-prefill-$k.csv" 2> "$OUT/ncu-prefill-$k.err"
-        python3 - "$OUT/ncu-prefill-$k.csv" "$k" <<'PY' | tee -a "$OUT/ncu-prefill.txt"
-import csv, io, sys
-text = open(sys.argv[1]).read()
-rows = [r for r in csv.DictReader(io.StringIO(text[text.find('"ID"'):])) if r.get("Metric Name") == "gpu__time_duration.sum"]
-scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
-ms = sum(float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1e-3) for r in rows)
-print(f"prefill attention ({sys.argv[2]}), 16 x 1024 tokens: {len(rows)} launches, {ms:.2f} ms")
-PY
-    done
 fi
 
 if has peer; then
@@ -226,4 +206,37 @@ for k, v in sorted(tot.items(), key=lambda x: -x[1])[:20]:
     print(f"{v/1000:9.3f} ms  {cnt[k]:6d} launches  {k}")
 PY
 fi
+if has mma; then
+    # The tensor-core prefill kernel (--prefill-attention mma, off by default until this
+    # step has passed): transformers' logprobs with head dims 128 (the model step's), 64 and
+    # 32 (small random models made here), one 16k-token prefill step with each kernel (the
+    # issue's 16 x 1024 step), bench.py's workload, and each kernel's GPU time over that
+    # step's 28 layers (after the warm-up's 16-token prefill, 28 launches). Needs the model
+    # step's $M: alone, STEPS="model mma".
+    logprobs_check $M -mma --prefill-attention mma
+    for d in 64 32; do
+        make_model /tmp/qd$d 512 2 8 4 $d 1024
+        logprobs_check /tmp/qd$d -mma-d$d --prefill-attention mma
+    done
+    for k in scalar mma; do
+        bench "prefill16k-$k" --prefill-attention $k --num-seqs 16 --max-num-seqs 16 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1
+    done
+    bench nanovllm-mma --prefill-attention mma --num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for k in scalar mma; do
+        timeout 120 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
+            "$G/engine" bench --model $M --device cuda --prefill-attention $k --num-seqs 16 --max-num-seqs 16 \
+            --max-num-batched-tokens 16384 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1 \
+            > "$OUT/ncu-prefill-$k.csv" 2> "$OUT/ncu-prefill-$k.err"
+        python3 - "$OUT/ncu-prefill-$k.csv" "$k" <<'PY' | tee -a "$OUT/ncu-prefill.txt"
+import csv, io, sys
+text = open(sys.argv[1]).read()
+rows = [r for r in csv.DictReader(io.StringIO(text[text.find('"ID"'):])) if r.get("Metric Name") == "gpu__time_duration.sum"]
+scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
+ms = sum(float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1e-3) for r in rows)
+print(f"prefill attention ({sys.argv[2]}), 16 x 1024 tokens: {len(rows)} launches, {ms:.2f} ms")
+PY
+    done
+fi
+
 ls -la "$OUT"

@@ -49,6 +49,13 @@ fn kernels_compile_for_sm_80() {
     check_arch("sm_80");
 }
 
+/// Turing has no bf16 tensor cores: the program still compiles (the mma prefill kernel
+/// traps there, and the host refuses it).
+#[test]
+fn kernels_compile_for_sm_75() {
+    check_arch("sm_75");
+}
+
 /// A compile error comes back with NVRTC's log, which names the file and line.
 #[test]
 fn a_compile_error_reports_file_and_line() {

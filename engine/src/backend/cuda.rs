@@ -51,8 +51,8 @@ pub enum PrefillAttention {
     /// The CUDA-core kernel (`prefill_attention_np*`), checked on an H100.
     #[default]
     Scalar,
-    /// The tensor-core kernel (`prefill_attention_mma_d*`, head dims 16, 32, 64 and 128):
-    /// compiled by every test run, not yet run on a GPU (issue 28).
+    /// The tensor-core kernel (`prefill_attention_mma_d*`, head dims 16, 32, 64 and 128;
+    /// sm_80 or newer): compiled by every test run, not yet run on a GPU (issue 28).
     Mma,
 }
 
@@ -109,6 +109,23 @@ pub fn open_cuda_backend(
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
     let backend = CudaBackend::new(opts.ordinal)?.with_prefill_attention(opts.prefill_attention);
+    if opts.prefill_attention == PrefillAttention::Mma {
+        let (major, minor) = backend
+            .ctx
+            .compute_capability()
+            .context("reading the GPU's compute capability")?;
+        ensure!(
+            major >= 8,
+            "--prefill-attention mma needs bf16 tensor cores (sm_80 or newer); GPU {} is sm_{major}{minor}",
+            opts.ordinal
+        );
+        ensure!(
+            prefill_mma_kernel_name(config.head_dim).is_some(),
+            "--prefill-attention mma: no tensor-core kernel for head_dim {} (it has {:?})",
+            config.head_dim,
+            kernels::PREFILL_MMA_DIMS
+        );
+    }
     let tokens = match opts.kv_cache_tokens {
         Some(t) => t / opts.block_size * opts.block_size,
         None => {
