@@ -108,24 +108,8 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let backend = CudaBackend::new(opts.ordinal)?.with_prefill_attention(opts.prefill_attention);
-    if opts.prefill_attention == PrefillAttention::Mma {
-        let (major, minor) = backend
-            .ctx
-            .compute_capability()
-            .context("reading the GPU's compute capability")?;
-        ensure!(
-            major >= 8,
-            "--prefill-attention mma needs bf16 tensor cores (sm_80 or newer); GPU {} is sm_{major}{minor}",
-            opts.ordinal
-        );
-        ensure!(
-            prefill_mma_kernel_name(config.head_dim).is_some(),
-            "--prefill-attention mma: no tensor-core kernel for head_dim {} (it has {:?})",
-            config.head_dim,
-            kernels::PREFILL_MMA_DIMS
-        );
-    }
+    let backend = CudaBackend::new(opts.ordinal)?
+        .with_prefill_attention(opts.prefill_attention, config.head_dim)?;
     let tokens = match opts.kv_cache_tokens {
         Some(t) => t / opts.block_size * opts.block_size,
         None => {
@@ -413,10 +397,27 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// The backend with prefill attention on `kernel` (the CUDA-core kernel by default).
-    pub fn with_prefill_attention(mut self, kernel: PrefillAttention) -> Self {
+    /// The backend with prefill attention on `kernel` (the CUDA-core kernel by default) for
+    /// a model of `head_dim`; refuses the tensor-core kernel where it cannot run.
+    pub fn with_prefill_attention(
+        mut self,
+        kernel: PrefillAttention,
+        head_dim: usize,
+    ) -> anyhow::Result<Self> {
+        if kernel == PrefillAttention::Mma {
+            let (major, minor) = self
+                .ctx
+                .compute_capability()
+                .context("reading the GPU's compute capability")?;
+            ensure!(
+                major >= 8,
+                "--prefill-attention mma needs bf16 tensor cores (sm_80 or newer); this GPU is \
+                 sm_{major}{minor}"
+            );
+            kernels::prefill_mma_kernel(head_dim)?;
+        }
         self.prefill_attention = kernel;
-        self
+        Ok(self)
     }
 
     /// Opens GPU `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
@@ -1456,13 +1457,7 @@ impl Backend for CudaBackend {
                     prefill_smem_bytes(d),
                 ),
                 PrefillAttention::Mma => (
-                    prefill_mma_kernel_name(d).ok_or_else(|| {
-                        anyhow!(
-                            "--prefill-attention mma: no tensor-core kernel for head_dim {d} \
-                             (it has {:?})",
-                            kernels::PREFILL_MMA_DIMS
-                        )
-                    })?,
+                    kernels::prefill_mma_kernel(d)?,
                     kernels::PREFILL_MMA_THREADS,
                     prefill_mma_smem_bytes(d),
                 ),

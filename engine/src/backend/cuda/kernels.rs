@@ -93,6 +93,16 @@ pub fn prefill_mma_kernel_name(head_dim: usize) -> Option<String> {
         .then(|| format!("prefill_attention_mma_d{head_dim}"))
 }
 
+/// [`prefill_mma_kernel_name`], or the error that names the head dims there are.
+pub fn prefill_mma_kernel(head_dim: usize) -> anyhow::Result<String> {
+    prefill_mma_kernel_name(head_dim).ok_or_else(|| {
+        anyhow!(
+            "--prefill-attention mma: no tensor-core kernel for head_dim {head_dim} (it has \
+             {PREFILL_MMA_DIMS:?})"
+        )
+    })
+}
+
 /// Dynamic shared memory of the tensor-core prefill kernel: q and k tiles of `head_dim + 8`
 /// bf16 per row, and the transposed v tile of `head_dim` rows of 40 bf16.
 pub fn prefill_mma_smem_bytes(head_dim: usize) -> usize {
