@@ -75,7 +75,8 @@ impl QuantType {
     }
 }
 
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
+/// The little-endian f16 at byte `at`, as f32.
+pub fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
 }
 

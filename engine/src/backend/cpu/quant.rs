@@ -28,7 +28,9 @@ use rayon::prelude::*;
 
 use super::quant_simd::{self, Isa};
 use super::simd::SendPtr;
-use crate::weights::ggml_quants::{affine_group, k_group, q6_k_group, super_block_scales, GROUP};
+use crate::weights::ggml_quants::{
+    affine_group, f16_at, k_group, q6_k_group, super_block_scales, GROUP,
+};
 use crate::weights::QuantType;
 
 /// Values per quantisation block (weights and activations).
@@ -248,11 +250,6 @@ fn value_at(format: Format, block: &[u8], r: usize, c: usize) -> u8 {
         (off, false) => block[off] & 0x0f,
         (off, true) => block[off] >> 4,
     }
-}
-
-/// The f16 at byte `at`.
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
 /// One panel row's scales for one block, as stored.
