@@ -1,25 +1,48 @@
 #!/usr/bin/env bash
-# The whole GPU check in one device call (at most 10 minutes), from the project root on the
-# device machine. Nothing is built there: build here and pack the binaries first with
-# scripts/gpu-pack.sh (stripped, xz-compressed, plus the golden tiny models the GPU tests read).
-# Steps: (1) the GPU tests; (2) a random Qwen3-0.6B-shaped bf16 model with a tokenizer and
-# transformers' reference logprobs, compared through `engine serve`; (3) `engine bench`:
-# decode at batch 256, one stream, nano-vLLM's bench.py workload; (4) the 64-sequence slice
-# beside transformers' `generate_batch`; (5) a loadgen sweep of `engine serve`; (6) ncu's
-# kernel times; (7) the tensor-core prefill kernel (`mma`: its logprobs, a 16k-token prefill
-# step and bench.py beside the CUDA-core kernel, and ncu's times of both). Results go to $OUT
-# (the device tool brings them back). STEPS picks a subset of
-# "tests model logprobs bench peer serve ncu mma" (the default: all, in that order).
+# The whole GPU check in one device call, from the project root on the device machine.
+# Nothing is built there: build here and pack the binaries first with scripts/gpu-pack.sh
+# (stripped, xz-compressed, plus the golden tiny models the GPU tests read). Steps, in the
+# order they run (most needed first, so that a run cut off at its limit keeps what ran; each
+# writes its results to $OUT as it finishes and its wall time to $OUT/times.txt):
+#   tests     the GPU tests (tiny models with both prefill kernels, graphs, sampling, K-quant
+#             GGUFs) and the NVRTC compile tests
+#   api       `engine serve --device cuda` on the tiny Llama: JSON-schema output (greedy and
+#             sampled), a required tool call, a stream
+#   model     a random Qwen3-0.6B-shaped bf16 model with transformers' reference logprobs
+#   logprobs  those logprobs through `engine serve`, CUDA-core and tensor-core prefill
+#   bench     `engine bench`: one stream (512 + 256), nano-vLLM's bench.py workload and a
+#             16k-token prefill step, each with both prefill kernels
+#   dims      tensor-core prefill at head dims 64 and 32 (small random models) vs transformers
+#   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512, every kernel's GPU
+#             time over a decode step at batch 256, both prefill kernels over a 16k step
+#   serve     a loadgen sweep of `engine serve --device cuda`, then 40 cut streams
+#   peer      the 64-sequence slice beside transformers' generate_batch (not in the default)
+# STEPS picks a subset (the default: all but peer). Results go to $OUT (the device tool
+# brings them back).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-tests model logprobs bench peer serve ncu mma}
+# The device tool brings back at most 8 files: every step appends its summary to
+# $OUT/verify.txt and keeps its raw files in $W, packed into $OUT/raw.tar.gz after each step.
+W=/tmp/gv
+mkdir -p "$W"
+V=$OUT/verify.txt
+STEPS=${STEPS:-tests api model logprobs bench dims ncu serve}
+T0=$(date +%s)
+# Each step's wall time, appended as it ends: `timed NAME` after the step.
+LAST=$T0
+timed() {
+    local now; now=$(date +%s)
+    echo "## step $1: $((now - LAST)) s (at $((now - T0)) s)" | tee -a "$V" "$OUT/times.txt"
+    LAST=$now
+    tar -czf "$OUT/raw.tar.gz" -C "$W" . 2>/dev/null
+}
 G=/tmp/gbin
 mkdir -p $G
 for f in .gpu/*.xz; do xz -dc "$f" > "$G/$(basename "$f" .xz)"; done
 chmod +x "$G"/*
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/smi.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$V"
 # NVRTC and cuBLAS from the Python environment's nvidia-* wheels when the system has none.
 NV=$(python3 -c 'import nvidia, os, glob; print(":".join(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "lib"))))' 2>/dev/null)
 export LD_LIBRARY_PATH=${NV}:${LD_LIBRARY_PATH:-}
@@ -27,16 +50,77 @@ export LD_LIBRARY_PATH=${NV}:${LD_LIBRARY_PATH:-}
 if has tests; then
     # The test binary looks for ../shared/golden beside the checkout it was built in.
     BUILT_IN=$(cat .gpu/built-in)
+    # ... and for engine/tests/fixtures inside it (the K-quant GGUFs).
     mkdir -p "$BUILT_IN/engine" && ln -sfn "$PWD/.gpu/shared" "$(dirname "$BUILT_IN")/shared"
-    (cd "$BUILT_IN" && timeout 180 "$G/cuda-tests" --test-threads=1 2>&1) | tee "$OUT/cuda-tests.txt" | tail -25
-    (cd "$BUILT_IN" && timeout 60 "$G/nvrtc-tests" 2>&1) | tee "$OUT/nvrtc-tests.txt" | tail -6
+    ln -sfn "$PWD/engine/tests" "$BUILT_IN/engine/tests"
+    (cd "$BUILT_IN" && timeout 180 "$G/cuda-tests" --test-threads=1 --nocapture 2>&1) > "$W/cuda-tests.txt"
+    grep -E "^test |test result|panicked|error|relative error|skipped" "$W/cuda-tests.txt" | tee -a "$V"
+    (cd "$BUILT_IN" && timeout 60 "$G/nvrtc-tests" 2>&1) > "$W/nvrtc-tests.txt"
+    grep -E "test result|FAILED|panicked" "$W/nvrtc-tests.txt" | tee -a "$V"
+    timed tests
+fi
+
+if has api; then
+    # Structured output and tool calls on CUDA (the grammar masks ride in the sampler's
+    # metadata): whatever the random model would say, the grammar decides the shape.
+    "$G/engine" serve --model .gpu/shared/golden/llama-tiny --device cuda --port 8125 > "$W/serve-api.log" 2>&1 &
+    sp=$!
+    for _ in $(seq 1 60); do curl -sf localhost:8125/health >/dev/null && break; sleep 1; done
+    PYTHONUNBUFFERED=1 timeout 60 python3 - <<'PY' 2>&1 | tee -a "$V"
+import json, urllib.request
+def post(body):
+    req = urllib.request.Request("http://127.0.0.1:8125/v1/chat/completions", json.dumps(body).encode(),
+                                 {"content-type": "application/json"})
+    try:
+        return json.load(urllib.request.urlopen(req, timeout=30))
+    except Exception as e:
+        return {"error": f"{e} {getattr(e, 'read', lambda: b'')()[:300]}"}
+person = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
+          "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False}
+ok = True
+for temperature, seed in [(0.0, 0), (1.0, 11), (1.0, 12)]:
+    out = post({"messages": [{"role": "user", "content": "Who are you?"}], "max_tokens": 200, "temperature": temperature,
+                "seed": seed, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": person}}})
+    try:
+        v = json.loads(out["choices"][0]["message"]["content"])
+        good = (out["choices"][0]["finish_reason"] == "stop" and set(v) == {"name", "age"}
+                and 1 <= len(v["name"]) <= 8 and isinstance(v["age"], int) and 0 <= v["age"] <= 120)
+    except Exception as e:
+        good = False
+    ok &= good
+    print(f"api: json_schema at temperature {temperature}: {'ok' if good else 'WRONG'}: {str(out)[:300]}")
+tools = [{"type": "function", "function": {"name": "get_time", "description": "The time in a zone",
+          "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"], "additionalProperties": False}}}]
+out = post({"messages": [{"role": "user", "content": "What time is it?"}], "tools": tools, "tool_choice": "required",
+            "parallel_tool_calls": False, "max_tokens": 100, "temperature": 0})
+try:
+    call = out["choices"][0]["message"]["tool_calls"][0]["function"]
+    good = call["name"] == "get_time" and json.loads(call["arguments"])["tz"] in ("UTC", "CET") and out["choices"][0]["finish_reason"] == "tool_calls"
+except Exception:
+    good = False
+ok &= good
+print(f"api: required tool call: {'ok' if good else 'WRONG'}: {str(out)[:300]}")
+req = urllib.request.Request("http://127.0.0.1:8125/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 20, "stream": True, "ignore_eos": True}).encode(), {"content-type": "application/json"})
+try:
+    chunks = [l for l in urllib.request.urlopen(req, timeout=30).read().decode().split("\n") if l.startswith("data: ")]
+    good = chunks[-1] == "data: [DONE]" and len(chunks) >= 10
+except Exception as e:
+    chunks, good = [str(e)], False
+ok &= good
+print(f"api: stream of 20 tokens: {'ok' if good else 'WRONG'}: {len(chunks)} data lines")
+print("api: all ok" if ok else "api: FAILED")
+PY
+    kill $sp; wait $sp 2>/dev/null
+    grep -iE "error|panic" "$W/serve-api.log" | head -5 | tee -a "$V"
+    timed api
 fi
 
 M=/tmp/q06
 # A random Qwen3-shaped bf16 model with transformers' reference logprobs (ref.json):
-# make_model DIR HIDDEN LAYERS HEADS KV_HEADS HEAD_DIM FFN (the log goes to $OUT/make-$(basename DIR).txt).
+# make_model DIR HIDDEN LAYERS HEADS KV_HEADS HEAD_DIM FFN.
 make_model() {
-    PYTHONUNBUFFERED=1 timeout 240 python3 - "$@" <<'PY' 2>&1 | tee "$OUT/make-$(basename "$1").txt"
+    PYTHONUNBUFFERED=1 timeout 240 python3 - "$@" <<'PY' 2>&1 | tail -3 | tee -a "$V"
 import json, random, sys, shutil, torch
 from pathlib import Path
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -57,26 +141,33 @@ with torch.no_grad():
         lp = torch.log_softmax(m(torch.tensor([ids], device="cuda")).logits[0, -1].float(), -1)
         top = torch.topk(lp, 200)
         cases.append({"ids": ids, "top_ids": top.indices.tolist(), "top_lp": top.values.tolist()})
+    # The same model in f32: how far transformers' own bf16 run is from it sets the scale of
+    # a bf16 engine's differences.
+    m = m.float()
+    for c in cases:
+        lp = torch.log_softmax(m(torch.tensor([c["ids"]], device="cuda")).logits[0, -1], -1)
+        c["top_lp_f32"] = torch.topk(lp, 200).values.tolist()
 json.dump(cases, open(out / "ref.json", "w"))
 print("model written", out)
 PY
 }
 if has model; then
     make_model $M 1024 28 16 8 128 3072
+    timed model
 fi
 
 # Logprobs through `engine serve` against transformers' (the model folder's ref.json): $1 the
 # model, $2 names the output files, the rest are extra serve flags.
 logprobs_check() {
     local model=$1 tag=$2; shift 2
-    "$G/engine" serve --model "$model" --device cuda --port 8123 --max-num-seqs 64 "$@" > "$OUT/serve$tag.log" 2>&1 &
+    "$G/engine" serve --model "$model" --device cuda --port 8123 --max-num-seqs 64 "$@" > "$W/serve$tag.log" 2>&1 &
     sp=$!
     for _ in $(seq 1 120); do curl -sf localhost:8123/health >/dev/null && break; sleep 1; done
-    PYTHONUNBUFFERED=1 timeout 120 python3 - "$model" <<'PY' 2>&1 | tee "$OUT/logprobs$tag.txt"
+    PYTHONUNBUFFERED=1 timeout 120 python3 - "$model" <<'PY' 2>&1 | sed "s/^/logprobs$tag: /" | tee -a "$V"
 import json, sys, urllib.request
 cases = json.load(open(sys.argv[1] + "/ref.json"))
 name = json.load(urllib.request.urlopen("http://127.0.0.1:8123/v1/models"))["data"][0]["id"]
-worst = 0.0
+worst = worst32 = bf16_vs_f32 = 0.0
 # Each prompt is sent twice: the repeat hits the prefix cache, and for 513 tokens (32 full
 # blocks cached) only the last token is computed, through the decode kernel.
 for c in cases:
@@ -97,33 +188,181 @@ for c in cases:
     d = max(min(abs(v - x) for x in ref) for v in ours)
     d1 = abs(lp["token_logprobs"][0] - ref[0])
     worst = max(worst, d, d1)
+    ref32 = c["top_lp_f32"]
+    worst32 = max(worst32, max(min(abs(v - x) for x in ref32) for v in ours), abs(lp["token_logprobs"][0] - ref32[0]))
+    bf16_vs_f32 = max(bf16_vs_f32, max(min(abs(v - x) for x in ref32) for v in ref[:20]), abs(ref[0] - ref32[0]))
     cached = r.get("usage", {}).get("prompt_tokens_details") or {}
     print(f"n={len(c['ids'])} {attempt} (cached {cached.get('cached_tokens', '?')}): greedy token logprob {lp['token_logprobs'][0]:.4f} vs transformers' top-1 {ref[0]:.4f}; "
           f"{len(ours)} distinct top values, each within {d:.4f} of a transformers top-200 value")
-print(f"worst |d logprob| = {worst:.4f}")
+print(f"worst |d logprob| = {worst:.4f} from transformers' bf16 run; {worst32:.4f} from its f32 run "
+      f"(where transformers' own bf16 run is {bf16_vs_f32:.4f} from it)")
 PY
     kill $sp; wait $sp 2>/dev/null
-    tail -3 "$OUT/serve$tag.log"
+    grep -iE "error|panic" "$W/serve$tag.log" | head -5 | tee -a "$V"
 }
 if has logprobs; then
-    logprobs_check $M ""
+    logprobs_check $M -scalar --prefill-attention scalar
+    logprobs_check $M -mma --prefill-attention mma
+    timed logprobs
 fi
 
 bench() {
     local name=$1; shift
-    echo "== $name: engine bench $*" | tee -a "$OUT/bench.txt"
-    timeout "${BENCH_TIMEOUT:-150}" "$G/engine" bench --model $M --device cuda --max-num-batched-tokens 16384 "$@" 2>&1 \
-        | grep -E "Total|Prefill|Decode|error" | tee -a "$OUT/bench.txt"
+    echo "== $name: engine bench $*" | tee -a "$V"
+    timeout "${BENCH_TIMEOUT:-150}" "$G/engine" bench --model $M --device cuda --max-num-batched-tokens 16384 "$@" > "$W/bench-$name.txt" 2>&1
+    grep -E "Total|Prefill|Decode|rror|panic" "$W/bench-$name.txt" | tee -a "$V"
 }
+# nano-vLLM's bench.py workload, and the 16k-token prefill step (16 prompts of 1024).
+NANO=(--num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9)
+P16K=(--num-seqs 16 --max-num-seqs 16 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1)
 if has bench; then
-    bench decode256 --num-seqs 256 --max-num-seqs 256 --min-input-len 16 --max-input-len 16 --min-output-len 64 --max-output-len 64
     bench decode1 --num-seqs 1 --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 256 --max-output-len 256
-    bench nanovllm --num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9
+    for k in scalar mma; do
+        bench "nanovllm-$k" --prefill-attention $k "${NANO[@]}"
+        bench "prefill16k-$k" --prefill-attention $k "${P16K[@]}"
+    done
+    timed bench
+fi
+if has dims; then
+    # The tensor-core prefill kernel at head dims 64 and 32 (128 is the model step's).
+    for d in 64 32; do
+        make_model /tmp/qd$d 512 2 8 4 $d 1024
+        logprobs_check /tmp/qd$d -mma-d$d --prefill-attention mma
+    done
+    timed dims
+fi
+
+if has ncu; then
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    # A profiled program that ncu gave up on can outlive ncu's timeout and hold the GPU's
+    # memory: each run ends by ending any engine left.
+    reap() { pkill -f "$G/engine" 2>/dev/null; sleep 2; }
+    # (a) Decode attention at batch 64 with 512-token contexts: GPU time and DRAM bytes per
+    # launch over 28 launches (one per layer) after the warm-up and the prefill, as a share
+    # of HBM peak.
+    timeout 120 "$NCU" --kernel-name regex:paged_decode_g --launch-skip 112 --launch-count 28 --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+        "$G/engine" bench --model $M --device cuda --num-seqs 64 --max-num-seqs 64 \
+        --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 6 --max-output-len 6 \
+        > "$W/ncu-decode.csv" 2> "$W/ncu-decode.err"
+    reap
+    # (a2) Why decode attention stalls: one eager launch at batch 256 with 1024-token
+    # contexts (bench.py's regime; the warm-up and the 16 prefill steps, decodes mixed in,
+    # come to about 500 launches of it), with ncu's throughput, occupancy, warp-state and
+    # memory sections.
+    timeout 90 "$NCU" --kernel-name regex:paged_decode_g --launch-skip 600 --launch-count 1 --csv --page raw \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section SchedulerStats \
+        "$G/engine" bench --model $M --device cuda --enforce-eager --num-seqs 256 --max-num-seqs 256 \
+        --max-num-batched-tokens 16384 --min-input-len 1024 --max-input-len 1024 --min-output-len 24 --max-output-len 24 \
+        > "$W/ncu-decode-detail.csv" 2> "$W/ncu-decode-detail.err"
+    reap
+    python3 - "$W/ncu-decode-detail.csv" <<'PY' | tee -a "$V"
+import csv, io, re, sys
+text = open(sys.argv[1]).read()
+rows = list(csv.reader(io.StringIO(text[text.find('"ID"'):]))) if '"ID"' in text else []
+if len(rows) < 3:
+    print("ncu detail: nothing profiled")
+    sys.exit()
+names, units, vals = rows[0], rows[1], rows[2]
+def num(v):
+    try:
+        return float(v.replace(",", ""))
+    except ValueError:
+        return None
+got = {n: (num(v), u) for n, u, v in zip(names, units, vals)}
+for k in ["Kernel Name", "Grid Size", "Block Size"]:
+    print(f"ncu detail: {k} = {vals[names.index(k)] if k in names else '?'}")
+for n in ["gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+          "sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm__warps_active.avg.pct_of_peak_sustained_active",
+          "smsp__issue_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
+          "launch__occupancy_limit_registers", "smsp__average_warp_latency_per_inst_issued.ratio"]:
+    if n in got:
+        print(f"ncu detail: {n} = {got[n][0]} {got[n][1]}")
+stalls = sorted(((v, n) for n, (v, u) in got.items() if v is not None and re.match(r"smsp__average_warps?_(latency_)?issue_stalled_.*\.ratio$", n)), reverse=True)
+for v, n in stalls[:10]:
+    print(f"ncu detail: {n} = {v:.3f}")
+PY
+    # (b) Every kernel's GPU time over about one decode step at batch 256, eager so that
+    # every kernel is its own launch (512-token prompts: the warm-up and 8 prefill steps
+    # come to about 4,000 launches, a decode step to about 320).
+    timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 9000 --launch-count 330 \
+        "$G/engine" bench --model $M --device cuda --enforce-eager --num-seqs 256 --max-num-seqs 256 \
+        --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 48 --max-output-len 48 \
+        > "$W/ncu.csv" 2> "$W/ncu.err"
+    reap
+    python3 - "$W" <<'PY' | tee -a "$V"
+import csv, sys, collections, io, os
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+def rows(name):
+    text = open(os.path.join(sys.argv[1], name)).read()
+    return list(csv.DictReader(io.StringIO(text[text.find('"ID"'):]))) if '"ID"' in text else []
+per = collections.defaultdict(dict)
+for r in rows("ncu-decode.csv"):
+    v = float(r["Metric Value"].replace(",", ""))
+    per[r["ID"]][r["Metric Name"]] = (v, r.get("Metric Unit", ""))
+us = sum(m["gpu__time_duration.sum"][0] * scale.get(m["gpu__time_duration.sum"][1], 1) for m in per.values())
+byt = sum(m["dram__bytes_read.sum"][0] * {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(m["dram__bytes_read.sum"][1], 1) for m in per.values())
+pct = [m["dram__throughput.avg.pct_of_peak_sustained_elapsed"][0] for m in per.values()]
+if per:
+    print(f"ncu: decode attention, batch 64 x 512: {len(per)} launches, {us:.1f} us, {byt/1e6:.1f} MB read, "
+          f"{byt/us/1e3:.0f} GB/s; DRAM throughput {sum(pct)/len(pct):.1f}% of peak (mean over launches)")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows("ncu.csv"):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    k = r["Kernel Name"].split("(")[0][:70]
+    tot[k] += float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1.0)
+    cnt[k] += 1
+print(f"ncu: batch 256 decode: {sum(cnt.values())} kernel launches profiled; total GPU time {sum(tot.values())/1000:.3f} ms")
+for k, v in sorted(tot.items(), key=lambda x: -x[1])[:20]:
+    print(f"ncu: {v/1000:9.3f} ms  {cnt[k]:6d} launches  {k}")
+PY
+    # (c) Each prefill kernel's GPU time over the 16k-token step's 28 layers (after the
+    # warm-up's 16-token prefill, 28 launches).
+    for k in scalar mma; do
+        timeout 90 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
+            "$G/engine" bench --model $M --device cuda --prefill-attention $k "${P16K[@]}" --max-num-batched-tokens 16384 \
+            > "$W/ncu-prefill-$k.csv" 2> "$W/ncu-prefill-$k.err"
+        reap
+        python3 - "$W/ncu-prefill-$k.csv" "$k" <<'PY' | tee -a "$V"
+import csv, io, sys
+text = open(sys.argv[1]).read()
+rows = [r for r in csv.DictReader(io.StringIO(text[text.find('"ID"'):])) if r.get("Metric Name") == "gpu__time_duration.sum"] if '"ID"' in text else []
+scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
+ms = sum(float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1e-3) for r in rows)
+print(f"ncu: prefill attention ({sys.argv[2]}), 16 x 1024 tokens: {len(rows)} launches, {ms:.2f} ms")
+PY
+    done
+    timed ncu
+fi
+if has serve; then
+    # `engine serve --device cuda` under an open-loop sweep of the ShareGPT-like chat profile,
+    # then 40 streams cut mid-way: the KV cache is freed and the server stays up.
+    "$G/engine" serve --model $M --device cuda --port 8124 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$W/serve-sweep.log" 2>&1 &
+    sp=$!
+    for _ in $(seq 1 120); do curl -sf localhost:8124/health >/dev/null && break; sleep 1; done
+    timeout 300 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
+        --rates "${SWEEP_RATES:-4,16,48}" --duration 25s --warmup 5s --seed 1 --slo ttft:p90:1s,tpot:p90:50ms \
+        --out $W/sweep > "$W/sweep.txt" 2>&1
+    tail -25 "$W/sweep.txt" | tee -a "$V"
+    cut=()
+    for _ in $(seq 1 40); do
+        timeout 0.5 curl -sN localhost:8124/v1/completions -H 'content-type: application/json' \
+            -d '{"prompt":[1,2,3,4,5,6,7,8],"max_tokens":600,"ignore_eos":true,"stream":true}' >/dev/null 2>&1 &
+        cut+=($!)
+    done
+    wait "${cut[@]}"
+    sleep 3
+    curl -s localhost:8124/metrics | grep -E "^vllm:(num_requests_running|kv_cache_usage_perc|request_success_total)" | tee -a "$V"
+    curl -sf localhost:8124/health >/dev/null && echo "alive after 40 cut streams" | tee -a "$V"
+    kill $sp; wait $sp 2>/dev/null
+    timed serve
 fi
 
 if has peer; then
     bench slice64 --num-seqs 64 --max-num-seqs 64 --min-input-len 100 --max-input-len 1024 --min-output-len 128 --max-output-len 128
-    PYTHONUNBUFFERED=1 timeout 200 python3 - "$M" <<'PY' 2>&1 | tee -a "$OUT/bench.txt"
+    PYTHONUNBUFFERED=1 timeout 200 python3 - "$M" <<'PY' 2>&1 | tee -a "$V"
 import random, sys, time, torch, transformers
 from transformers import AutoModelForCausalLM, GenerationConfig
 print("transformers", transformers.__version__, "torch", torch.__version__)
@@ -139,104 +378,7 @@ dt = time.perf_counter() - t
 n = sum(len(o.generated_tokens) for o in out.values())
 print(f"transformers generate_batch ({m.config._attn_implementation}): {n} tokens in {dt:.2f}s = {n/dt:.1f} tok/s")
 PY
-fi
-if has serve; then
-    # `engine serve --device cuda` under an open-loop sweep of the ShareGPT-like chat profile,
-    # then 40 streams cut mid-way: the KV cache is freed and the server stays up.
-    "$G/engine" serve --model $M --device cuda --port 8124 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$OUT/serve-sweep.log" 2>&1 &
-    sp=$!
-    for _ in $(seq 1 120); do curl -sf localhost:8124/health >/dev/null && break; sleep 1; done
-    timeout 300 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
-        --rates "${SWEEP_RATES:-4,16,48}" --duration 25s --warmup 5s --seed 1 --slo ttft:p90:1s,tpot:p90:50ms \
-        --out /tmp/sweep 2>&1 | tail -25 | tee "$OUT/sweep.txt"
-    cp /tmp/sweep/report.md "$OUT/sweep-report.md" 2>/dev/null
-    cut=()
-    for _ in $(seq 1 40); do
-        timeout 0.5 curl -sN localhost:8124/v1/completions -H 'content-type: application/json' \
-            -d '{"prompt":[1,2,3,4,5,6,7,8],"max_tokens":600,"ignore_eos":true,"stream":true}' >/dev/null 2>&1 &
-        cut+=($!)
-    done
-    wait "${cut[@]}"
-    sleep 3
-    curl -s localhost:8124/metrics | grep -E "^vllm:(num_requests_running|kv_cache_usage_perc|request_success_total)" | tee "$OUT/serve-metrics.txt"
-    curl -sf localhost:8124/health >/dev/null && echo "alive after 40 cut streams" | tee -a "$OUT/serve-metrics.txt"
-    kill $sp; wait $sp 2>/dev/null
+    timed peer
 fi
 
-if has ncu; then
-    # (a) Decode attention at batch 64 with 512-token contexts: GPU time and DRAM bytes per
-    # launch (one launch per layer of the first all-decode step; the warm-up's 3 decode steps
-    # and the step that decodes the first 32 sequences are skipped), as a share of HBM peak.
-    # (b) GPU time per kernel over about one decode step of the same run.
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    timeout 200 "$NCU" --kernel-name regex:paged_decode_g --launch-skip 112 --launch-count 28 --csv \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-        "$G/engine" bench --model $M --device cuda --num-seqs 64 --max-num-seqs 64 \
-        --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 6 --max-output-len 6 \
-        > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err"
-    timeout 200 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 900 --launch-count 300 \
-        "$G/engine" bench --model $M --device cuda --num-seqs 64 --max-num-seqs 64 \
-        --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 6 --max-output-len 6 \
-        > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
-    python3 - "$OUT" <<'PY' | tee "$OUT/ncu-summary.txt"
-import csv, sys, collections, io, os
-scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
-def rows(name):
-    text = open(os.path.join(sys.argv[1], name)).read()
-    return list(csv.DictReader(io.StringIO(text[text.find('"ID"'):])))
-per = collections.defaultdict(dict)
-for r in rows("ncu-decode.csv"):
-    v = float(r["Metric Value"].replace(",", ""))
-    per[r["ID"]][r["Metric Name"]] = (v, r.get("Metric Unit", ""))
-us = sum(m["gpu__time_duration.sum"][0] * scale.get(m["gpu__time_duration.sum"][1], 1) for m in per.values())
-byt = sum(m["dram__bytes_read.sum"][0] * {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(m["dram__bytes_read.sum"][1], 1) for m in per.values())
-pct = [m["dram__throughput.avg.pct_of_peak_sustained_elapsed"][0] for m in per.values()]
-if per:
-    print(f"decode attention, batch 64 x 512: {len(per)} launches, {us:.1f} us, {byt/1e6:.1f} MB read, "
-          f"{byt/us/1e3:.0f} GB/s; DRAM throughput {sum(pct)/len(pct):.1f}% of peak (mean over launches)")
-tot = collections.defaultdict(float); cnt = collections.Counter()
-for r in rows("ncu.csv"):
-    if r.get("Metric Name") != "gpu__time_duration.sum":
-        continue
-    k = r["Kernel Name"].split("(")[0][:70]
-    tot[k] += float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1.0)
-    cnt[k] += 1
-print(f"{sum(cnt.values())} kernel launches profiled; total GPU time {sum(tot.values())/1000:.3f} ms")
-for k, v in sorted(tot.items(), key=lambda x: -x[1])[:20]:
-    print(f"{v/1000:9.3f} ms  {cnt[k]:6d} launches  {k}")
-PY
-fi
-if has mma; then
-    # The tensor-core prefill kernel (--prefill-attention mma, off by default until this
-    # step has passed): transformers' logprobs with head dims 128 (the model step's), 64 and
-    # 32 (small random models made here), one 16k-token prefill step with each kernel (the
-    # issue's 16 x 1024 step), bench.py's workload, and each kernel's GPU time over that
-    # step's 28 layers (after the warm-up's 16-token prefill, 28 launches). Needs the model
-    # step's $M: alone, STEPS="model mma".
-    logprobs_check $M -mma --prefill-attention mma
-    for d in 64 32; do
-        make_model /tmp/qd$d 512 2 8 4 $d 1024
-        logprobs_check /tmp/qd$d -mma-d$d --prefill-attention mma
-    done
-    for k in scalar mma; do
-        bench "prefill16k-$k" --prefill-attention $k --num-seqs 16 --max-num-seqs 16 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1
-    done
-    bench nanovllm-mma --prefill-attention mma --num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    for k in scalar mma; do
-        timeout 120 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
-            "$G/engine" bench --model $M --device cuda --prefill-attention $k --num-seqs 16 --max-num-seqs 16 \
-            --max-num-batched-tokens 16384 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1 \
-            > "$OUT/ncu-prefill-$k.csv" 2> "$OUT/ncu-prefill-$k.err"
-        python3 - "$OUT/ncu-prefill-$k.csv" "$k" <<'PY' | tee -a "$OUT/ncu-prefill.txt"
-import csv, io, sys
-text = open(sys.argv[1]).read()
-rows = [r for r in csv.DictReader(io.StringIO(text[text.find('"ID"'):])) if r.get("Metric Name") == "gpu__time_duration.sum"]
-scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
-ms = sum(float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1e-3) for r in rows)
-print(f"prefill attention ({sys.argv[2]}), 16 x 1024 tokens: {len(rows)} launches, {ms:.2f} ms")
-PY
-    done
-fi
-
-ls -la "$OUT"
+ls -la "$OUT" "$W"

@@ -44,8 +44,9 @@ pub struct DeviceArgs {
     /// `f32`. CUDA stores bf16.
     #[arg(long, value_enum)]
     pub kv_cache_dtype: Option<KvCacheDtype>,
-    /// CUDA: the prefill attention kernel: `scalar` (the default, CUDA cores) or `mma`
-    /// (tensor cores, FlashAttention-2 style; not yet run on a GPU, issue 28).
+    /// CUDA: the prefill attention kernel: `mma` (tensor cores, FlashAttention-2 style;
+    /// the default where the GPU is sm_80 or newer and the head dim is 16, 32, 64 or 128)
+    /// or `scalar` (CUDA cores, the default elsewhere).
     #[arg(long, value_enum)]
     pub prefill_attention: Option<PrefillAttention>,
 }
@@ -276,7 +277,7 @@ pub fn load_model(
                 max_num_seqs: sizing.max_num_seqs,
                 max_num_batched_tokens: sizing.max_num_batched_tokens,
                 enforce_eager: device.enforce_eager,
-                prefill_attention: device.prefill_attention.unwrap_or_default(),
+                prefill_attention: device.prefill_attention,
                 ..CudaOptions::default()
             };
             load_cuda_runner(&config, weights.as_mut(), &options)?

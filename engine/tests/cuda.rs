@@ -4,13 +4,13 @@
 
 mod common;
 
-use engine::backend::cpu::KvCacheDtype;
+use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::backend::cuda::{
     all_kernel_names, cuda_available, decode_kernel_name, driver_present, prefill_kernel_name,
     prefill_mma_kernel_name, resolve_device, CudaBackend, CudaOptions, Device, PrefillAttention,
     NO_DRIVER, SOURCES,
 };
-use engine::loader::{load_cpu_runner, load_cuda_runner};
+use engine::loader::{load_cpu_runner, load_cpu_runner_with, load_cuda_runner};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
 use engine::sampler::SampleSpec;
 use engine::weights::open_model;
@@ -170,7 +170,7 @@ fn runners(
     let cuda_opts = CudaOptions {
         block_size: BLOCK_SIZE,
         kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
-        prefill_attention,
+        prefill_attention: Some(prefill_attention),
         ..CudaOptions::default()
     };
     let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts).expect("load on the GPU");
@@ -375,5 +375,63 @@ fn gpu_graph_replay_matches_eager() {
             );
         }
         next = want;
+    }
+}
+
+/// GGUF K-quant files made by llama.cpp's llama-quantize (Q4_K with Q6_K, Q5_K with Q6_K,
+/// Q6_K), dequantised to bf16 at upload, give the logits of the CPU's dequantised f32 run of
+/// the same file: prefill, then a decode step.
+#[test]
+fn gpu_runs_k_quant_gguf_like_the_cpu() {
+    if !gpu_or_skip("gpu_runs_k_quant_gguf_like_the_cpu") {
+        return;
+    }
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama-quantize");
+    for scheme in ["Q4_K_M", "Q5_K_M", "Q6_K"] {
+        let path = dir.join(format!("tiny-256.{scheme}.gguf"));
+        let (config, mut w) = open_model(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        let opts = RunnerOptions {
+            block_size: BLOCK_SIZE,
+            kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes())
+                * BLOCK_SIZE
+                * NUM_BLOCKS,
+        };
+        let cpu_opts = CpuOptions {
+            threads: 2,
+            f32_weights_as_f16: false,
+            quantized: QuantizedWeights::Dequantize,
+            kv_cache_dtype: KvCacheDtype::F32,
+        };
+        let mut cpu = load_cpu_runner_with(&config, w.as_mut(), &opts, &cpu_opts)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let (config, mut w) = open_model(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        let cuda_opts = CudaOptions {
+            block_size: BLOCK_SIZE,
+            kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
+            ..CudaOptions::default()
+        };
+        let mut gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts)
+            .unwrap_or_else(|e| panic!("{scheme} on the GPU: {e:#}"));
+        let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 200).collect();
+        let table: Vec<u32> = (0..4).collect();
+        let a = last_logits(gpu.as_mut(), &prompt, 0, &table);
+        let b = last_logits(cpu.as_mut(), &prompt, 0, &table);
+        let e = rel_err(&a, &b);
+        println!(
+            "{scheme}: prefill of {} tokens, max relative error {e:.4}",
+            prompt.len()
+        );
+        assert!(
+            e < 0.05,
+            "{scheme}: GPU prefill logits differ from the CPU's ({e})"
+        );
+        let a = last_logits(gpu.as_mut(), &[7], prompt.len(), &table);
+        let b = last_logits(cpu.as_mut(), &[7], prompt.len(), &table);
+        let e = rel_err(&a, &b);
+        assert!(
+            e < 0.05,
+            "{scheme}: GPU decode logits differ from the CPU's ({e})"
+        );
     }
 }

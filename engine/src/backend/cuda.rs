@@ -45,14 +45,14 @@ use crate::model::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData};
 
-/// Which kernel computes prefill attention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// Which kernel computes prefill attention. Unless one is named, the tensor-core kernel
+/// runs where it can (sm_80 or newer, an instantiated head dim), else the CUDA-core one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PrefillAttention {
-    /// The CUDA-core kernel (`prefill_attention_np*`), checked on an H100.
-    #[default]
+    /// The CUDA-core kernel (`prefill_attention_np*`, any head dim up to 256, any GPU).
     Scalar,
-    /// The tensor-core kernel (`prefill_attention_mma_d*`, head dims 16, 32, 64 and 128;
-    /// sm_80 or newer): compiled by every test run, not yet run on a GPU (issue 28).
+    /// The tensor-core kernel (`prefill_attention_mma_d*`, FlashAttention-2 style; head dims
+    /// 16, 32, 64 and 128; sm_80 or newer). Checked on an H100 against transformers.
     Mma,
 }
 
@@ -73,8 +73,8 @@ pub struct CudaOptions {
     pub kv_cache_tokens: Option<usize>,
     /// Run decode steps eagerly instead of replaying CUDA graphs.
     pub enforce_eager: bool,
-    /// The prefill attention kernel.
-    pub prefill_attention: PrefillAttention,
+    /// The prefill attention kernel; `None` picks the tensor-core one where it can run.
+    pub prefill_attention: Option<PrefillAttention>,
 }
 
 impl Default for CudaOptions {
@@ -87,7 +87,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 8192,
             kv_cache_tokens: None,
             enforce_eager: false,
-            prefill_attention: PrefillAttention::Scalar,
+            prefill_attention: None,
         }
     }
 }
@@ -397,26 +397,40 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// The backend with prefill attention on `kernel` (the CUDA-core kernel by default) for
-    /// a model of `head_dim`; refuses the tensor-core kernel where it cannot run.
+    /// The backend with prefill attention on `kernel` for a model of `head_dim`: a named
+    /// tensor-core kernel is refused where it cannot run; `None` takes it where it can and
+    /// the CUDA-core kernel elsewhere.
     pub fn with_prefill_attention(
         mut self,
-        kernel: PrefillAttention,
+        kernel: Option<PrefillAttention>,
         head_dim: usize,
     ) -> anyhow::Result<Self> {
-        if kernel == PrefillAttention::Mma {
-            let (major, minor) = self
-                .ctx
-                .compute_capability()
-                .context("reading the GPU's compute capability")?;
+        let (major, minor) = self
+            .ctx
+            .compute_capability()
+            .context("reading the GPU's compute capability")?;
+        let mma_usable = || -> anyhow::Result<()> {
             ensure!(
                 major >= 8,
                 "--prefill-attention mma needs bf16 tensor cores (sm_80 or newer); this GPU is \
                  sm_{major}{minor}"
             );
-            kernels::prefill_mma_kernel(head_dim)?;
-        }
-        self.prefill_attention = kernel;
+            kernels::prefill_mma_kernel(head_dim).map(|_| ())
+        };
+        self.prefill_attention = match kernel {
+            Some(PrefillAttention::Mma) => {
+                mma_usable()?;
+                PrefillAttention::Mma
+            }
+            Some(PrefillAttention::Scalar) => PrefillAttention::Scalar,
+            None => match mma_usable() {
+                Ok(()) => PrefillAttention::Mma,
+                Err(why) => {
+                    tracing::info!("prefill attention on CUDA cores: {why:#}");
+                    PrefillAttention::Scalar
+                }
+            },
+        };
         Ok(self)
     }
 
