@@ -40,6 +40,64 @@ __device__ __forceinline__ uint4 load_kv16(const bf16* __restrict__ cache, const
     return *reinterpret_cast<const uint4*>(cache + slot * row_stride + head_off);
 }
 
+// The decode kernels' query: thread lane `kl` holds dims d0..d0 + 7 of each of the G query
+// heads of KV head `kvh`, pre-scaled; the accumulators start at zero.
+template <int G>
+__device__ __forceinline__ void decode_load_q(const bf16* __restrict__ qkv, int qkv_stride, int row,
+                                              int kvh, int group, int head_dim, int d0, bool dim_ok,
+                                              float scale, float (&q)[G][8], float (&acc)[G][8]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (g < group && dim_ok) {
+            const bf16* qp = qkv + (size_t)row * qkv_stride + (size_t)(kvh * group + g) * head_dim + d0;
+            unpack_bf16x8(*reinterpret_cast<const uint4*>(qp), f);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            q[g][e] = f[e] * scale;
+            acc[g][e] = 0.0f;
+        }
+    }
+}
+
+// The decode kernels' end: the key groups' accumulators are summed through shared memory and
+// the block writes the normalised output (one split) or its unnormalised partial with its
+// running max and sum (several splits, merged by paged_decode_reduce).
+template <int G, int KL>
+__device__ __forceinline__ void decode_write_out(
+    const float (&acc)[G][8], float (*s_acc)[G][8 * KL], const float* s_m, const float* s_l, int sub,
+    int d0, int tid, int group, int head_dim, int row, int kvh, int di, int split, int num_splits,
+    int num_heads, float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
+    int out_stride) {
+    constexpr int NKG = DEC_THREADS / KL;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s_acc[sub][g][d0 + e] = acc[g][e];
+    }
+    __syncthreads();
+
+    for (int idx = tid; idx < group * head_dim; idx += DEC_THREADS) {
+        int g = idx / head_dim, d = idx % head_dim;
+        float a = 0.0f;
+#pragma unroll 4
+        for (int k = 0; k < NKG; ++k) a += s_acc[k][g][d];
+        float mx = s_m[g], lsum = s_l[g];
+        int hq = kvh * group + g;
+        if (num_splits == 1) {
+            out[(size_t)row * out_stride + (size_t)hq * head_dim + d] = f32_to_bf16(a / lsum);
+        } else {
+            size_t pi = ((size_t)di * num_heads + hq) * num_splits + split;
+            part_acc[pi * head_dim + d] = a;
+            if (d == 0) {
+                part_ml[pi * 2] = mx;
+                part_ml[pi * 2 + 1] = lsum;
+            }
+        }
+    }
+}
+
 template <int G, int KL>
 __device__ __forceinline__ void paged_decode_impl(
     const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
@@ -75,19 +133,7 @@ __device__ __forceinline__ void paged_decode_impl(
     size_t row_stride = (size_t)num_kv_heads * head_dim;
 
     float q[G][8], acc[G][8];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (g < group && dim_ok) {
-            const bf16* qp = qkv + (size_t)row * qkv_stride + (size_t)(kvh * group + g) * head_dim + d0;
-            unpack_bf16x8(*reinterpret_cast<const uint4*>(qp), f);
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            q[g][e] = f[e] * scale;
-            acc[g][e] = 0.0f;
-        }
-    }
+    decode_load_q<G>(qkv, qkv_stride, row, kvh, group, head_dim, d0, dim_ok, scale, q, acc);
     if (tid < G) {
         s_m[tid] = -INFINITY;
         s_l[tid] = 0.0f;
@@ -169,31 +215,8 @@ __device__ __forceinline__ void paged_decode_impl(
         __syncthreads();
     }
 
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s_acc[sub][g][d0 + e] = acc[g][e];
-    }
-    __syncthreads();
-
-    for (int idx = tid; idx < group * head_dim; idx += DEC_THREADS) {
-        int g = idx / head_dim, d = idx % head_dim;
-        float a = 0.0f;
-#pragma unroll 4
-        for (int k = 0; k < NKG; ++k) a += s_acc[k][g][d];
-        float mx = s_m[g], lsum = s_l[g];
-        int hq = kvh * group + g;
-        if (num_splits == 1) {
-            out[(size_t)row * out_stride + (size_t)hq * head_dim + d] = f32_to_bf16(a / lsum);
-        } else {
-            size_t pi = ((size_t)di * num_heads + hq) * num_splits + split;
-            part_acc[pi * head_dim + d] = a;
-            if (d == 0) {
-                part_ml[pi * 2] = mx;
-                part_ml[pi * 2 + 1] = lsum;
-            }
-        }
-    }
+    decode_write_out<G, KL>(acc, s_acc, s_m, s_l, sub, d0, tid, group, head_dim, row, kvh, di, split,
+                            num_splits, num_heads, part_acc, part_ml, out, out_stride);
 }
 
 #define DECODE_KERNEL(G, KL)                                                                   \
@@ -225,6 +248,236 @@ DECODE_KERNEL(8, 2)
 DECODE_KERNEL(8, 8)
 DECODE_KERNEL(8, 16)
 DECODE_KERNEL(8, 32)
+
+// ---------------------------------------------------------------------------------------
+// Decode with pipelined tile loads (`--decode-attention pipelined`): the blocks, splits,
+// thread roles and arithmetic of paged_decode_g*, but the K and V rows of each tile are
+// copied into shared memory with cp.async, DA_STAGES - 1 tiles ahead of the tile computed,
+// so the loads of later tiles stay in flight through a tile's scores, softmax and P.V (the
+// register-loaded kernel has nothing in flight while it computes: ncu read it as latency-bound,
+// 50-54% of HBM peak). Each thread copies the 16 bytes at dims 8 * kl of the keys it scores
+// (sub + p * KEYS_PER_PASS), looking up each key's slot once for K and V. A tile holds
+// DA_TILE keys (more where one pass scores more: head_dim <= 16). Dynamic shared memory per
+// block: DA_STAGES x tile x 8 * KL bf16 for K and again for V, which the key groups'
+// accumulators reuse at the end (decode_async_smem_bytes on the host: the larger of the two).
+// Three stages keep a head dim of 128 at four blocks per SM (48 KiB each).
+// Below sm_80 the copies are plain loads and stores (correct, not overlapped).
+#define DA_TILE 32
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+    unsigned int dst;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(dst) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+#define DA_STAGES 3
+
+template <int G, int KL>
+__device__ __forceinline__ void paged_decode_async_impl(
+    const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ block_tables, int table_stride,
+    const int* __restrict__ dec_seqs, const int* __restrict__ seq_row_start,
+    const int* __restrict__ seq_n_tokens, const int* __restrict__ seq_start_pos,
+    float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
+    int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
+    int num_splits, float scale) {
+    constexpr int HD = 8 * KL, STAGES = DA_STAGES;
+    constexpr int KEYS_PER_PASS = DEC_THREADS / KL;  // keys scored together
+    constexpr int TILE = KEYS_PER_PASS > DA_TILE ? KEYS_PER_PASS : DA_TILE;
+    constexpr int PASSES = TILE / KEYS_PER_PASS;     // keys each thread copies and scores per tile
+    constexpr int NKG = DEC_THREADS / KL;         // P.V key groups
+    constexpr int KEYS_PER_GROUP = TILE / NKG;
+    static_assert(TILE % KEYS_PER_PASS == 0 && TILE % NKG == 0 && TILE % 32 == 0, "tile shape");
+    // The stages, and after the last tile the key groups' accumulators in the same bytes.
+    extern __shared__ uint4 da_smem[];
+    bf16* s_k = reinterpret_cast<bf16*>(da_smem);  // [STAGES][TILE][HD]
+    bf16* s_v = s_k + STAGES * TILE * HD;         // [STAGES][TILE][HD]
+    auto s_acc = reinterpret_cast<float (*)[G][HD]>(da_smem);  // [NKG][G][HD]
+    __shared__ float s_p[G][TILE];
+    __shared__ float s_m[G], s_l[G], s_corr[G];
+
+    int kvh = blockIdx.x, di = blockIdx.y, split = blockIdx.z;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int kl = tid % KL, sub = tid / KL;
+    int d0 = 8 * kl;
+    bool dim_ok = d0 < head_dim;
+    int group = num_heads / num_kv_heads;
+    int seq = dec_seqs[di];
+    int row = seq_row_start[seq];
+    int ctx = seq_start_pos[seq] + seq_n_tokens[seq];
+    const int* table = block_tables + (size_t)seq * table_stride;
+    int chunk = (ctx + num_splits - 1) / num_splits;
+    int begin = split * chunk;
+    int end = min(ctx, begin + chunk);
+    int num_tiles = end > begin ? (end - begin + TILE - 1) / TILE : 0;
+    size_t head_off = (size_t)kvh * head_dim + d0;
+    size_t row_stride = (size_t)num_kv_heads * head_dim;
+
+    float q[G][8], acc[G][8];
+    decode_load_q<G>(qkv, qkv_stride, row, kvh, group, head_dim, d0, dim_ok, scale, q, acc);
+    if (tid < G) {
+        s_m[tid] = -INFINITY;
+        s_l[tid] = 0.0f;
+    }
+
+    // Copies tile `t`'s rows of this thread's keys into stage `st` (rows past `end` and dims
+    // past head_dim are not copied, and never read).
+    auto issue = [&](int t, int st) {
+        int t0 = begin + t * TILE;
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            int key = p * KEYS_PER_PASS + sub;
+            int pos = t0 + key;
+            if (pos < end && dim_ok) {
+                size_t slot = (size_t)table[pos / block_size] * block_size + pos % block_size;
+                size_t src = slot * row_stride + head_off;
+                size_t dst = ((size_t)st * TILE + key) * HD + d0;
+                cp_async16(s_k + dst, k_cache + src);
+                cp_async16(s_v + dst, v_cache + src);
+            }
+        }
+    };
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < num_tiles) issue(t, t);
+        cp_async_commit();
+    }
+
+    for (int t = 0; t < num_tiles; ++t) {
+        int st = t % STAGES;
+        int n = min(TILE, end - (begin + t * TILE));
+        // Tile t's group is complete once at most STAGES - 2 later ones are in flight; the
+        // barrier makes every thread's copies visible and ends tile t - 1's reads of the
+        // stage that tile t + STAGES - 1 now refills.
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (t + STAGES - 1 < num_tiles) issue(t + STAGES - 1, (t + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const bf16* tk = s_k + (size_t)st * TILE * HD;
+        const bf16* tv = s_v + (size_t)st * TILE * HD;
+        // (1) scores
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            int key = p * KEYS_PER_PASS + sub;
+            float k[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (key < n && dim_ok) unpack_bf16x8(*reinterpret_cast<const uint4*>(tk + key * HD + d0), k);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) dot += q[g][e] * k[e];
+#pragma unroll
+                for (int o = KL / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                if (kl == 0 && key < n) s_p[g][key] = dot;
+            }
+        }
+        __syncthreads();
+        // (2) online softmax of the tile: warp w takes query heads w, w + DEC_WARPS, ...
+        for (int g = warp; g < G; g += DEC_WARPS) {
+            float sc[TILE / 32];
+            float mt = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < TILE / 32; ++j) {
+                int key = lane + 32 * j;
+                sc[j] = key < n ? s_p[g][key] : -INFINITY;
+                mt = fmaxf(mt, sc[j]);
+            }
+            float m_old = s_m[g];
+            float m_new = fmaxf(m_old, warp_max(mt));
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < TILE / 32; ++j) {
+                int key = lane + 32 * j;
+                float pr = key < n ? __expf(sc[j] - m_new) : 0.0f;
+                s_p[g][key] = pr;
+                sum += pr;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+                s_corr[g] = corr;
+                s_l[g] = s_l[g] * corr + sum;
+                s_m[g] = m_new;
+            }
+        }
+        __syncthreads();
+        // (3) P.V (s_p and s_corr are next written after the next tile's first barrier)
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float corr = s_corr[g];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+        }
+#pragma unroll
+        for (int j = 0; j < KEYS_PER_GROUP; ++j) {
+            int key = sub + j * NKG;
+            if (key < n && dim_ok) {
+                float v[8];
+                unpack_bf16x8(*reinterpret_cast<const uint4*>(tv + key * HD + d0), v);
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    float pr = s_p[g][key];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[g][e] += pr * v[e];
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    decode_write_out<G, KL>(acc, s_acc, s_m, s_l, sub, d0, tid, group, head_dim, row, kvh, di, split,
+                            num_splits, num_heads, part_acc, part_ml, out, out_stride);
+}
+
+#define DECODE_ASYNC_KERNEL(G, KL)                                                             \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                  \
+        paged_decode_async_g##G##_k##KL(                                                       \
+            const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,         \
+            const int* block_tables, int table_stride, const int* dec_seqs,                    \
+            const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,       \
+            float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,         \
+            int num_kv_heads, int head_dim, int block_size, int num_splits, float scale) {     \
+        paged_decode_async_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,        \
+                                       table_stride, dec_seqs, seq_row_start, seq_n_tokens,    \
+                                       seq_start_pos, part_acc, part_ml, out, out_stride,      \
+                                       num_heads, num_kv_heads, head_dim, block_size,          \
+                                       num_splits, scale);                                     \
+    }
+
+DECODE_ASYNC_KERNEL(1, 2)
+DECODE_ASYNC_KERNEL(1, 8)
+DECODE_ASYNC_KERNEL(1, 16)
+DECODE_ASYNC_KERNEL(1, 32)
+DECODE_ASYNC_KERNEL(2, 2)
+DECODE_ASYNC_KERNEL(2, 8)
+DECODE_ASYNC_KERNEL(2, 16)
+DECODE_ASYNC_KERNEL(2, 32)
+DECODE_ASYNC_KERNEL(4, 2)
+DECODE_ASYNC_KERNEL(4, 8)
+DECODE_ASYNC_KERNEL(4, 16)
+DECODE_ASYNC_KERNEL(4, 32)
+DECODE_ASYNC_KERNEL(8, 2)
+DECODE_ASYNC_KERNEL(8, 8)
+DECODE_ASYNC_KERNEL(8, 16)
+DECODE_ASYNC_KERNEL(8, 32)
 
 // Merges the split partials of paged_decode_*: out = sum_j acc_j e^(m_j - M) / sum_j l_j e^(m_j - M).
 // grid = (H, num_decode_seqs), block = 128.

@@ -4,18 +4,23 @@
 # (stripped, xz-compressed, plus the golden tiny models the GPU tests read). Steps, in the
 # order they run (most needed first, so that a run cut off at its limit keeps what ran; each
 # writes its results to $OUT as it finishes and its wall time to $OUT/times.txt):
-#   tests     the GPU tests (tiny models with both prefill kernels, graphs, sampling, K-quant
-#             GGUFs) and the NVRTC compile tests
+#   tests     the GPU tests (tiny models with both prefill and both decode kernels, graphs,
+#             sampling, K-quant GGUFs) and the NVRTC compile tests (H100: 43 s)
 #   api       `engine serve --device cuda` on the tiny Llama: JSON-schema output (greedy and
-#             sampled), a required tool call, a stream
-#   model     a random Qwen3-0.6B-shaped bf16 model with transformers' reference logprobs
-#   logprobs  those logprobs through `engine serve`, CUDA-core and tensor-core prefill
-#   bench     `engine bench`: one stream (512 + 256), nano-vLLM's bench.py workload and a
-#             16k-token prefill step, each with both prefill kernels
+#             sampled), a required tool call, a stream (3 s)
+#   model     a random Qwen3-0.6B-shaped bf16 model with transformers' reference logprobs,
+#             bf16 and f32 (34 s)
+#   logprobs  those logprobs through `engine serve`: the default kernels, then the pipelined
+#             decode kernel (8 s)
+#   bench     `engine bench`, each decode kernel: one stream (512 + 256) and nano-vLLM's
+#             bench.py workload (about 35 s)
 #   dims      tensor-core prefill at head dims 64 and 32 (small random models) vs transformers
-#   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512, every kernel's GPU
-#             time over a decode step at batch 256, both prefill kernels over a 16k step
-#   serve     a loadgen sweep of `engine serve --device cuda`, then 40 cut streams
+#             (48 s)
+#   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512 (each kernel), the
+#             pipelined kernel's stall reasons at batch 256, every kernel's GPU time over a
+#             decode step at batch 256 and at batch 1, the tensor-core prefill over a 16k step
+#   serve     a loadgen sweep of `engine serve --device cuda` (chat profile, p99 SLOs), then
+#             40 cut streams
 #   peer      the 64-sequence slice beside transformers' generate_batch (not in the default)
 # STEPS picks a subset (the default: all but peer). Results go to $OUT (the device tool
 # brings them back).
@@ -136,7 +141,7 @@ for f in ["tokenizer.json", "tokenizer_config.json"]:
     shutil.copy(f".gpu/shared/golden/qwen3-tiny/bf16/{f}", out / f)
 rng = random.Random(1); cases = []
 with torch.no_grad():
-    for n in [1, 7, 64, 513, 1024, 2000]:
+    for n in [1, 7, 64, 513, 1024, 1537, 2000]:
         ids = [rng.randrange(0, 10000) for _ in range(n)]
         lp = torch.log_softmax(m(torch.tensor([ids], device="cuda")).logits[0, -1].float(), -1)
         top = torch.topk(lp, 200)
@@ -168,8 +173,8 @@ import json, sys, urllib.request
 cases = json.load(open(sys.argv[1] + "/ref.json"))
 name = json.load(urllib.request.urlopen("http://127.0.0.1:8123/v1/models"))["data"][0]["id"]
 worst = worst32 = bf16_vs_f32 = 0.0
-# Each prompt is sent twice: the repeat hits the prefix cache, and for 513 tokens (32 full
-# blocks cached) only the last token is computed, through the decode kernel.
+# Each prompt is sent twice: the repeat hits the prefix cache, and for 513 and 1537 tokens
+# (32 and 96 full blocks cached) only the last token is computed, through the decode kernel.
 for c in cases:
   for attempt in ("first", "repeat"):
     body = {"model": name, "prompt": c["ids"], "max_tokens": 1, "temperature": 0, "logprobs": 20}
@@ -201,26 +206,27 @@ PY
     grep -iE "error|panic" "$W/serve$tag.log" | head -5 | tee -a "$V"
 }
 if has logprobs; then
-    logprobs_check $M -scalar --prefill-attention scalar
-    logprobs_check $M -mma --prefill-attention mma
+    # The default kernels (tensor-core prefill, direct decode), then the pipelined decode.
+    logprobs_check $M -default
+    logprobs_check $M -pipelined --decode-attention pipelined
     timed logprobs
 fi
-
-bench() {
-    local name=$1; shift
-    echo "== $name: engine bench $*" | tee -a "$V"
-    timeout "${BENCH_TIMEOUT:-150}" "$G/engine" bench --model $M --device cuda --max-num-batched-tokens 16384 "$@" > "$W/bench-$name.txt" 2>&1
-    grep -E "Total|Prefill|Decode|rror|panic" "$W/bench-$name.txt" | tee -a "$V"
-}
-# nano-vLLM's bench.py workload, and the 16k-token prefill step (16 prompts of 1024).
-NANO=(--num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9)
-P16K=(--num-seqs 16 --max-num-seqs 16 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1)
+# The decode kernel the serving sweep and ncu's step breakdowns run: pipelined once the GPU
+# tests (its own among them) and its logprobs have passed and bench.py's workload runs faster
+# with it.
+DECODE=direct
 if has bench; then
-    bench decode1 --num-seqs 1 --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 256 --max-output-len 256
-    for k in scalar mma; do
-        bench "nanovllm-$k" --prefill-attention $k "${NANO[@]}"
-        bench "prefill16k-$k" --prefill-attention $k "${P16K[@]}"
+    for k in direct pipelined; do
+        bench "decode1-$k" --decode-attention $k --num-seqs 1 --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 256 --max-output-len 256
+        bench "nanovllm-$k" --decode-attention $k "${NANO[@]}"
     done
+    tput() { grep -oE "^Total: .*Throughput: [0-9.]+" "$W/bench-nanovllm-$1.txt" 2>/dev/null | grep -oE "[0-9.]+$" || echo 0; }
+    if grep -q "^test result: ok\." "$W/cuda-tests.txt" 2>/dev/null \
+        && grep -qE "^logprobs-pipelined: worst \|d logprob\| = 0\.0[0-9]" "$V" \
+        && python3 -c "import sys; sys.exit(0 if float('$(tput pipelined)') > float('$(tput direct)') else 1)"; then
+        DECODE=pipelined
+    fi
+    echo "decode kernel for what follows: $DECODE" | tee -a "$V"
     timed bench
 fi
 if has dims; then
@@ -237,25 +243,27 @@ if has ncu; then
     # A profiled program that ncu gave up on can outlive ncu's timeout and hold the GPU's
     # memory: each run ends by ending any engine left.
     reap() { pkill -f "$G/engine" 2>/dev/null; sleep 2; }
-    # (a) Decode attention at batch 64 with 512-token contexts: GPU time and DRAM bytes per
-    # launch over 28 launches (one per layer) after the warm-up and the prefill, as a share
-    # of HBM peak.
-    timeout 120 "$NCU" --kernel-name regex:paged_decode_g --launch-skip 112 --launch-count 28 --csv \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-        "$G/engine" bench --model $M --device cuda --num-seqs 64 --max-num-seqs 64 \
-        --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 6 --max-output-len 6 \
-        > "$W/ncu-decode.csv" 2> "$W/ncu-decode.err"
-    reap
-    # (a2) Why decode attention stalls: one eager launch at batch 256 with 1024-token
+    # (a) Decode attention at batch 64 with 512-token contexts, each kernel: GPU time and
+    # DRAM bytes per launch over 28 launches (one per layer) after the warm-up and the
+    # prefill, as a share of HBM peak.
+    for k in direct pipelined; do
+        timeout 60 "$NCU" --kernel-name regex:"paged_decode_(g|async)" --launch-skip 112 --launch-count 28 --csv \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+            "$G/engine" bench --model $M --device cuda --decode-attention $k --num-seqs 64 --max-num-seqs 64 \
+            --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 6 --max-output-len 6 \
+            > "$W/ncu-decode-$k.csv" 2> "$W/ncu-decode-$k.err"
+        reap
+    done
+    # (a2) Where the pipelined decode kernel stalls: one eager launch at batch 256 with 1024-token
     # contexts (bench.py's regime; the warm-up and the 16 prefill steps, decodes mixed in,
     # come to about 500 launches of it), with ncu's throughput, occupancy, warp-state and
     # memory sections.
-    timeout 90 "$NCU" --kernel-name regex:paged_decode_g --launch-skip 600 --launch-count 1 --csv --page raw \
+    timeout 90 "$NCU" --kernel-name regex:paged_decode_async --launch-skip 600 --launch-count 1 --csv --page raw \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section SchedulerStats \
-        "$G/engine" bench --model $M --device cuda --enforce-eager --num-seqs 256 --max-num-seqs 256 \
-        --max-num-batched-tokens 16384 --min-input-len 1024 --max-input-len 1024 --min-output-len 24 --max-output-len 24 \
-        > "$W/ncu-decode-detail.csv" 2> "$W/ncu-decode-detail.err"
+        "$G/engine" bench --model $M --device cuda --decode-attention pipelined --enforce-eager --num-seqs 256 \
+        --max-num-seqs 256 --max-num-batched-tokens 16384 --min-input-len 1024 --max-input-len 1024 \
+        --min-output-len 24 --max-output-len 24 > "$W/ncu-decode-detail.csv" 2> "$W/ncu-decode-detail.err"
     reap
     python3 - "$W/ncu-decode-detail.csv" <<'PY' | tee -a "$V"
 import csv, io, re, sys
@@ -283,13 +291,18 @@ stalls = sorted(((v, n) for n, (v, u) in got.items() if v is not None and re.mat
 for v, n in stalls[:10]:
     print(f"ncu detail: {n} = {v:.3f}")
 PY
-    # (b) Every kernel's GPU time over about one decode step at batch 256, eager so that
-    # every kernel is its own launch (512-token prompts: the warm-up and 8 prefill steps
-    # come to about 4,000 launches, a decode step to about 320).
+    # (b) Every kernel's GPU time over about one decode step at batch 256 and at batch 1,
+    # eager so that every kernel is its own launch (batch 256, 512-token prompts: the warm-up
+    # and 8 prefill steps come to about 4,000 launches, a decode step to about 320).
     timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 9000 --launch-count 330 \
-        "$G/engine" bench --model $M --device cuda --enforce-eager --num-seqs 256 --max-num-seqs 256 \
-        --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 48 --max-output-len 48 \
-        > "$W/ncu.csv" 2> "$W/ncu.err"
+        "$G/engine" bench --model $M --device cuda --decode-attention $DECODE --enforce-eager --num-seqs 256 \
+        --max-num-seqs 256 --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 \
+        --min-output-len 48 --max-output-len 48 > "$W/ncu.csv" 2> "$W/ncu.err"
+    reap
+    timeout 90 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 2500 --launch-count 330 \
+        "$G/engine" bench --model $M --device cuda --decode-attention $DECODE --enforce-eager --num-seqs 1 \
+        --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 16 --max-output-len 16 \
+        > "$W/ncu-b1.csv" 2> "$W/ncu-b1.err"
     reap
     python3 - "$W" <<'PY' | tee -a "$V"
 import csv, sys, collections, io, os
@@ -297,30 +310,34 @@ scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "mse
 def rows(name):
     text = open(os.path.join(sys.argv[1], name)).read()
     return list(csv.DictReader(io.StringIO(text[text.find('"ID"'):]))) if '"ID"' in text else []
-per = collections.defaultdict(dict)
-for r in rows("ncu-decode.csv"):
-    v = float(r["Metric Value"].replace(",", ""))
-    per[r["ID"]][r["Metric Name"]] = (v, r.get("Metric Unit", ""))
-us = sum(m["gpu__time_duration.sum"][0] * scale.get(m["gpu__time_duration.sum"][1], 1) for m in per.values())
-byt = sum(m["dram__bytes_read.sum"][0] * {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(m["dram__bytes_read.sum"][1], 1) for m in per.values())
-pct = [m["dram__throughput.avg.pct_of_peak_sustained_elapsed"][0] for m in per.values()]
-if per:
-    print(f"ncu: decode attention, batch 64 x 512: {len(per)} launches, {us:.1f} us, {byt/1e6:.1f} MB read, "
-          f"{byt/us/1e3:.0f} GB/s; DRAM throughput {sum(pct)/len(pct):.1f}% of peak (mean over launches)")
-tot = collections.defaultdict(float); cnt = collections.Counter()
-for r in rows("ncu.csv"):
-    if r.get("Metric Name") != "gpu__time_duration.sum":
-        continue
-    k = r["Kernel Name"].split("(")[0][:70]
-    tot[k] += float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1.0)
-    cnt[k] += 1
-print(f"ncu: batch 256 decode: {sum(cnt.values())} kernel launches profiled; total GPU time {sum(tot.values())/1000:.3f} ms")
-for k, v in sorted(tot.items(), key=lambda x: -x[1])[:20]:
-    print(f"ncu: {v/1000:9.3f} ms  {cnt[k]:6d} launches  {k}")
+for k in ["direct", "pipelined"]:
+    per = collections.defaultdict(dict)
+    for r in rows(f"ncu-decode-{k}.csv"):
+        v = float(r["Metric Value"].replace(",", ""))
+        per[r["ID"]][r["Metric Name"]] = (v, r.get("Metric Unit", ""))
+    us = sum(m["gpu__time_duration.sum"][0] * scale.get(m["gpu__time_duration.sum"][1], 1) for m in per.values())
+    byt = sum(m["dram__bytes_read.sum"][0] * {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(m["dram__bytes_read.sum"][1], 1) for m in per.values())
+    pct = [m["dram__throughput.avg.pct_of_peak_sustained_elapsed"][0] for m in per.values()]
+    if per:
+        print(f"ncu: decode attention ({k}), batch 64 x 512: {len(per)} launches, {us:.1f} us, {byt/1e6:.1f} MB read, "
+              f"{byt/us/1e3:.0f} GB/s; DRAM throughput {sum(pct)/len(pct):.1f}% of peak (mean over launches)")
+    else:
+        print(f"ncu: decode attention ({k}): nothing profiled")
+for name, what in [("ncu.csv", "batch 256"), ("ncu-b1.csv", "batch 1")]:
+    tot = collections.defaultdict(float); cnt = collections.Counter()
+    for r in rows(name):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        k = r["Kernel Name"].split("(")[0][:70]
+        tot[k] += float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", ""), 1.0)
+        cnt[k] += 1
+    print(f"ncu: {what} decode: {sum(cnt.values())} kernel launches profiled; total GPU time {sum(tot.values())/1000:.3f} ms")
+    for k, v in sorted(tot.items(), key=lambda x: -x[1])[:14]:
+        print(f"ncu: {what}: {v/1000:9.3f} ms  {cnt[k]:6d} launches  {k}")
 PY
-    # (c) Each prefill kernel's GPU time over the 16k-token step's 28 layers (after the
-    # warm-up's 16-token prefill, 28 launches).
-    for k in scalar mma; do
+    # (c) The tensor-core prefill kernel's GPU time over the 16k-token step's 28 layers
+    # (after the warm-up's 16-token prefill, 28 launches); PREFILL_KERNELS="scalar mma" for both.
+    for k in ${PREFILL_KERNELS:-mma}; do
         timeout 90 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
             "$G/engine" bench --model $M --device cuda --prefill-attention $k "${P16K[@]}" --max-num-batched-tokens 16384 \
             > "$W/ncu-prefill-$k.csv" 2> "$W/ncu-prefill-$k.err"
@@ -339,11 +356,12 @@ fi
 if has serve; then
     # `engine serve --device cuda` under an open-loop sweep of the ShareGPT-like chat profile,
     # then 40 streams cut mid-way: the KV cache is freed and the server stays up.
-    "$G/engine" serve --model $M --device cuda --port 8124 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$W/serve-sweep.log" 2>&1 &
+    "$G/engine" serve --model $M --device cuda --decode-attention $DECODE --port 8124 --max-num-seqs 256 \
+        --max-num-batched-tokens 8192 > "$W/serve-sweep.log" 2>&1 &
     sp=$!
     for _ in $(seq 1 120); do curl -sf localhost:8124/health >/dev/null && break; sleep 1; done
     timeout 300 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
-        --rates "${SWEEP_RATES:-4,16,48}" --duration 25s --warmup 5s --seed 1 --slo ttft:p90:1s,tpot:p90:50ms \
+        --rates "${SWEEP_RATES:-20,30,40}" --duration 20s --warmup 5s --seed 1 --slo ttft:p99:1s,tpot:p99:50ms \
         --out $W/sweep > "$W/sweep.txt" 2>&1
     tail -25 "$W/sweep.txt" | tee -a "$V"
     cut=()

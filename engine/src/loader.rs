@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 
 use crate::backend::cpu::{CpuBackend, CpuOptions, KvCacheDtype, QuantizedWeights};
 use crate::backend::cuda::{
-    open_cuda_backend, resolve_device, CudaOptions, Device, PrefillAttention,
+    open_cuda_backend, resolve_device, CudaOptions, DecodeAttention, Device, PrefillAttention,
 };
 use crate::config::ModelConfig;
 use crate::engine::{EngineConfig, LlmEngine};
@@ -49,6 +49,11 @@ pub struct DeviceArgs {
     /// or `scalar` (CUDA cores, the default elsewhere).
     #[arg(long, value_enum)]
     pub prefill_attention: Option<PrefillAttention>,
+    /// CUDA: the decode attention kernel: `direct` (the default: K and V rows loaded into
+    /// registers, then used) or `pipelined` (copied into shared memory with cp.async two
+    /// tiles ahead of the one computed; not yet run on a GPU, issue 45).
+    #[arg(long, value_enum)]
+    pub decode_attention: Option<DecodeAttention>,
 }
 
 /// Model, KV-cache and scheduler flags shared by `generate`, `bench` and `serve`: one set
@@ -246,8 +251,9 @@ pub fn load_model(
     let runner = match chosen {
         Device::Cpu => {
             anyhow::ensure!(
-                device.prefill_attention.is_none(),
-                "--prefill-attention is a CUDA option: the CPU backend has one attention kernel set"
+                device.prefill_attention.is_none() && device.decode_attention.is_none(),
+                "--prefill-attention and --decode-attention are CUDA options: the CPU backend has \
+                 one attention kernel set"
             );
             let options = RunnerOptions {
                 block_size: sizing.block_size,
@@ -278,6 +284,7 @@ pub fn load_model(
                 max_num_batched_tokens: sizing.max_num_batched_tokens,
                 enforce_eager: device.enforce_eager,
                 prefill_attention: device.prefill_attention,
+                decode_attention: device.decode_attention.unwrap_or_default(),
                 ..CudaOptions::default()
             };
             load_cuda_runner(&config, weights.as_mut(), &options)?

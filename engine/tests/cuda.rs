@@ -6,9 +6,9 @@ mod common;
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::backend::cuda::{
-    all_kernel_names, cuda_available, decode_kernel_name, driver_present, prefill_kernel_name,
-    prefill_mma_kernel_name, resolve_device, CudaBackend, CudaOptions, Device, PrefillAttention,
-    NO_DRIVER, SOURCES,
+    all_kernel_names, cuda_available, decode_async_smem_bytes, decode_kernel_name, driver_present,
+    prefill_kernel_name, prefill_mma_kernel_name, resolve_device, CudaBackend, CudaOptions,
+    DecodeAttention, Device, PrefillAttention, NO_DRIVER, SOURCES,
 };
 use engine::loader::{load_cpu_runner, load_cpu_runner_with, load_cuda_runner};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
@@ -18,6 +18,7 @@ use engine::weights::open_model;
 use common::{golden_dir_with, last_logits};
 
 const BLOCK_SIZE: usize = 16;
+const DIRECT: DecodeAttention = DecodeAttention::Direct;
 const NUM_BLOCKS: usize = 128;
 
 #[test]
@@ -69,7 +70,17 @@ fn every_launched_kernel_is_defined_in_the_sources() {
             .any(|l| l.contains("extern \"C\" __global__") && l.contains(&format!(" {name}(")))
     };
     for name in all_kernel_names() {
-        if let Some(rest) = name.strip_prefix("paged_decode_g") {
+        if let Some(rest) = name.strip_prefix("paged_decode_async_g") {
+            let (g, k) = rest.split_once("_k").expect("decode kernel name");
+            assert!(
+                all.contains(&format!("DECODE_ASYNC_KERNEL({g}, {k})")),
+                "{name} is not instantiated"
+            );
+            assert!(
+                all.contains("paged_decode_async_g##G##_k##KL("),
+                "DECODE_ASYNC_KERNEL no longer defines {name}"
+            );
+        } else if let Some(rest) = name.strip_prefix("paged_decode_g") {
             let (g, k) = rest.split_once("_k").expect("decode kernel name");
             assert!(
                 all.contains(&format!("DECODE_KERNEL({g}, {k})")),
@@ -105,25 +116,39 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         }
     }
     assert_eq!(
-        decode_kernel_name(2, 128).as_deref(),
+        decode_kernel_name(DIRECT, 2, 128).as_deref(),
         Some("paged_decode_g2_k16")
     );
     assert_eq!(
-        decode_kernel_name(3, 64).as_deref(),
+        decode_kernel_name(DecodeAttention::Pipelined, 2, 128).as_deref(),
+        Some("paged_decode_async_g2_k16")
+    );
+    // Shared memory of the pipelined kernel: 3 stages of 32-key K and V tiles (64 keys when
+    // one pass scores 64, head_dim <= 16), or the accumulators of its 128 / lanes key groups
+    // where those need more.
+    assert_eq!(decode_async_smem_bytes(2, 128), Some(3 * 2 * 32 * 128 * 2));
+    assert_eq!(decode_async_smem_bytes(2, 64), Some(3 * 2 * 32 * 64 * 2));
+    assert_eq!(decode_async_smem_bytes(8, 256), Some(3 * 2 * 32 * 256 * 2));
+    assert_eq!(decode_async_smem_bytes(2, 16), Some(3 * 2 * 64 * 16 * 2));
+    assert_eq!(decode_async_smem_bytes(7, 16), Some(64 * 8 * 16 * 4));
+    assert_eq!(decode_async_smem_bytes(2, 320), None);
+    assert_eq!(decode_async_smem_bytes(9, 128), None);
+    assert_eq!(
+        decode_kernel_name(DIRECT, 3, 64).as_deref(),
         Some("paged_decode_g4_k8")
     );
     assert_eq!(
-        decode_kernel_name(1, 256).as_deref(),
+        decode_kernel_name(DIRECT, 1, 256).as_deref(),
         Some("paged_decode_g1_k32")
     );
-    assert_eq!(decode_kernel_name(9, 128), None);
-    assert_eq!(decode_kernel_name(2, 320), None);
+    assert_eq!(decode_kernel_name(DIRECT, 9, 128), None);
+    assert_eq!(decode_kernel_name(DIRECT, 2, 320), None);
     assert_eq!(
-        decode_kernel_name(2, 16).as_deref(),
+        decode_kernel_name(DIRECT, 2, 16).as_deref(),
         Some("paged_decode_g2_k2")
     );
     assert_eq!(
-        decode_kernel_name(2, 100),
+        decode_kernel_name(DIRECT, 2, 100),
         None,
         "head_dim must be a multiple of 8"
     );
@@ -156,6 +181,7 @@ fn gpu_or_skip(test: &str) -> bool {
 fn runners(
     rel: &str,
     prefill_attention: PrefillAttention,
+    decode_attention: DecodeAttention,
 ) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
     let dir = golden_dir_with(rel, "model.safetensors");
     let (config, mut w) = open_model(&dir).expect("open model");
@@ -171,6 +197,7 @@ fn runners(
         block_size: BLOCK_SIZE,
         kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
         prefill_attention: Some(prefill_attention),
+        decode_attention,
         ..CudaOptions::default()
     };
     let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts).expect("load on the GPU");
@@ -185,8 +212,8 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
-fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention) {
-    let (mut cpu, mut gpu) = runners(rel, prefill_attention);
+fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention, decode: DecodeAttention) {
+    let (mut cpu, mut gpu) = runners(rel, prefill_attention, decode);
     let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % 5000).collect();
     let table: Vec<u32> = (0..8).collect();
     let a = last_logits(gpu.as_mut(), &prompt, 0, &table);
@@ -260,7 +287,7 @@ fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention) {
 #[test]
 fn gpu_logits_match_cpu_on_qwen3_tiny() {
     if gpu_or_skip("gpu_logits_match_cpu_on_qwen3_tiny") {
-        gpu_matches_cpu("qwen3-tiny/bf16", PrefillAttention::Scalar);
+        gpu_matches_cpu("qwen3-tiny/bf16", PrefillAttention::Scalar, DIRECT);
     }
 }
 
@@ -269,21 +296,45 @@ fn gpu_logits_match_cpu_on_qwen3_tiny() {
 #[test]
 fn gpu_mma_prefill_matches_cpu_on_qwen3_tiny() {
     if gpu_or_skip("gpu_mma_prefill_matches_cpu_on_qwen3_tiny") {
-        gpu_matches_cpu("qwen3-tiny/bf16", PrefillAttention::Mma);
+        gpu_matches_cpu("qwen3-tiny/bf16", PrefillAttention::Mma, DIRECT);
     }
 }
 
 #[test]
 fn gpu_mma_prefill_matches_cpu_on_llama_tiny() {
     if gpu_or_skip("gpu_mma_prefill_matches_cpu_on_llama_tiny") {
-        gpu_matches_cpu("llama-tiny", PrefillAttention::Mma);
+        gpu_matches_cpu("llama-tiny", PrefillAttention::Mma, DIRECT);
+    }
+}
+
+/// The pipelined decode kernel (`--decode-attention pipelined`): the same checks, the
+/// 700-token context (several tiles per split, splits merged) batched with a short one.
+#[test]
+fn gpu_pipelined_decode_matches_cpu_on_qwen3_tiny() {
+    if gpu_or_skip("gpu_pipelined_decode_matches_cpu_on_qwen3_tiny") {
+        gpu_matches_cpu(
+            "qwen3-tiny/bf16",
+            PrefillAttention::Mma,
+            DecodeAttention::Pipelined,
+        );
+    }
+}
+
+#[test]
+fn gpu_pipelined_decode_matches_cpu_on_llama_tiny() {
+    if gpu_or_skip("gpu_pipelined_decode_matches_cpu_on_llama_tiny") {
+        gpu_matches_cpu(
+            "llama-tiny",
+            PrefillAttention::Mma,
+            DecodeAttention::Pipelined,
+        );
     }
 }
 
 #[test]
 fn gpu_logits_match_cpu_on_llama_tiny() {
     if gpu_or_skip("gpu_logits_match_cpu_on_llama_tiny") {
-        gpu_matches_cpu("llama-tiny", PrefillAttention::Scalar);
+        gpu_matches_cpu("llama-tiny", PrefillAttention::Scalar, DIRECT);
     }
 }
 
@@ -305,18 +356,24 @@ fn gpu_runner_samples_its_own_logits() {
     if !gpu_or_skip("gpu_runner_samples_its_own_logits") {
         return;
     }
-    let (_, mut gpu) = runners("qwen3-tiny/bf16", PrefillAttention::Scalar);
+    let (_, mut gpu) = runners("qwen3-tiny/bf16", PrefillAttention::Scalar, DIRECT);
     common::check_runner_samples_its_logits(gpu.as_mut());
 }
 
 /// Decode steps replayed from CUDA graphs (3 sequences padded to the 4-row bucket; the
 /// first step of a shape runs eagerly, the second is captured, later ones replay) give the
-/// tokens of a runner that never uses graphs, and logits within bf16 noise of its own.
+/// tokens of a runner that never uses graphs, and logits within bf16 noise of its own; with
+/// either decode kernel.
 #[test]
 fn gpu_graph_replay_matches_eager() {
     if !gpu_or_skip("gpu_graph_replay_matches_eager") {
         return;
     }
+    graph_replay_matches_eager(DIRECT);
+    graph_replay_matches_eager(DecodeAttention::Pipelined);
+}
+
+fn graph_replay_matches_eager(decode_attention: DecodeAttention) {
     let dir = golden_dir_with("qwen3-tiny/bf16", "model.safetensors");
     let load = |enforce_eager| {
         let (config, mut w) = open_model(&dir).expect("open model");
@@ -325,6 +382,7 @@ fn gpu_graph_replay_matches_eager() {
             kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
             max_num_seqs: 8,
             enforce_eager,
+            decode_attention,
             ..CudaOptions::default()
         };
         load_cuda_runner(&config, w.as_mut(), &opts).expect("load on the GPU")
@@ -363,7 +421,7 @@ fn gpu_graph_replay_matches_eager() {
             .into_iter()
             .map(|r| r.expect("row").token)
             .collect();
-        assert_eq!(got, want, "decode step {step}");
+        assert_eq!(got, want, "{decode_attention:?}: decode step {step}");
         let a = graphed.logits(&batch).expect("graph logits");
         let b = eager.logits(&batch).expect("eager logits");
         assert_eq!(a.len(), 3, "padding rows are not returned");

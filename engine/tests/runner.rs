@@ -6,7 +6,7 @@
 mod common;
 
 use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::backend::cuda::{Device, PrefillAttention};
+use engine::backend::cuda::{DecodeAttention, Device, PrefillAttention};
 use engine::engine::{EngineConfig, LlmEngine};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with, load_engine, DeviceArgs, EngineArgs};
 use engine::model::{kv_bytes_per_token, RunnerOptions};
@@ -145,6 +145,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
             quantized_weights: QuantizedWeights::Fastest,
             kv_cache_dtype: None,
             prefill_attention: None,
+            decode_attention: None,
         },
     };
     let err = load_engine(&args).err().expect("refused").to_string();
@@ -162,7 +163,14 @@ fn max_model_len_past_the_models_positions_is_refused() {
     cuda_only.device.prefill_attention = Some(PrefillAttention::Mma);
     let err = load_engine(&cuda_only).err().expect("refused").to_string();
     assert!(
-        err.contains("--prefill-attention is a CUDA option"),
+        err.contains("--prefill-attention and --decode-attention are CUDA options"),
+        "{err}"
+    );
+    let mut cuda_only = fits.clone();
+    cuda_only.device.decode_attention = Some(DecodeAttention::Pipelined);
+    let err = load_engine(&cuda_only).err().expect("refused").to_string();
+    assert!(
+        err.contains("--prefill-attention and --decode-attention are CUDA options"),
         "{err}"
     );
 }

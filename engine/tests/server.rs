@@ -1114,6 +1114,7 @@ impl ReasoningFixture {
                 quantized_weights: QuantizedWeights::Fastest,
                 kv_cache_dtype: None,
                 prefill_attention: None,
+                decode_attention: None,
             },
         };
         let mut loaded = load_engine(&args).unwrap();

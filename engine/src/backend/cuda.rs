@@ -33,9 +33,10 @@ pub use device::{
 };
 pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
-    all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_kernel_name,
-    missing_kernels, nvrtc_present, prefill_kernel_name, prefill_mma_kernel_name,
-    prefill_mma_smem_bytes, prefill_smem_bytes, program, SOURCES,
+    all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_async_smem_bytes,
+    decode_kernel_name, missing_kernels, nvrtc_present, prefill_kernel_name,
+    prefill_mma_kernel_name, prefill_mma_smem_bytes, prefill_smem_bytes, program, DecodeAttention,
+    SOURCES,
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
@@ -75,6 +76,8 @@ pub struct CudaOptions {
     pub enforce_eager: bool,
     /// The prefill attention kernel; `None` picks the tensor-core one where it can run.
     pub prefill_attention: Option<PrefillAttention>,
+    /// The decode attention kernel.
+    pub decode_attention: DecodeAttention,
 }
 
 impl Default for CudaOptions {
@@ -88,6 +91,7 @@ impl Default for CudaOptions {
             kv_cache_tokens: None,
             enforce_eager: false,
             prefill_attention: None,
+            decode_attention: DecodeAttention::Direct,
         }
     }
 }
@@ -109,7 +113,8 @@ pub fn open_cuda_backend(
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
     let backend = CudaBackend::new(opts.ordinal)?
-        .with_prefill_attention(opts.prefill_attention, config.head_dim)?;
+        .with_prefill_attention(opts.prefill_attention, config.head_dim)?
+        .with_decode_attention(opts.decode_attention);
     let tokens = match opts.kv_cache_tokens {
         Some(t) => t / opts.block_size * opts.block_size,
         None => {
@@ -388,6 +393,7 @@ pub struct CudaBackend {
     blas: CudaBlas,
     kernels: kernels::Kernels,
     prefill_attention: PrefillAttention,
+    decode_attention: DecodeAttention,
     num_sms: usize,
     state: Mutex<State>,
     /// Timing events for [`Backend::record_mark`].
@@ -434,6 +440,12 @@ impl CudaBackend {
         Ok(self)
     }
 
+    /// The backend with decode attention on `kernel`.
+    pub fn with_decode_attention(mut self, kernel: DecodeAttention) -> Self {
+        self.decode_attention = kernel;
+        self
+    }
+
     /// Opens GPU `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
     pub fn new(ordinal: usize) -> anyhow::Result<Self> {
         gpu_count().map_err(|why| anyhow!(why))?;
@@ -461,6 +473,19 @@ impl CudaBackend {
                 smem,
             )
             .context("raising the prefill kernel's shared-memory limit")?;
+        }
+        for lanes in kernels::DECODE_LANES {
+            for g in kernels::DECODE_GROUPS {
+                let smem = decode_async_smem_bytes(g, 8 * lanes)
+                    .ok_or_else(|| anyhow!("no pipelined decode kernel for {lanes} lanes"))?;
+                kernels
+                    .get(&format!("paged_decode_async_g{g}_k{lanes}"))?
+                    .set_attribute(
+                        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        int(smem, "decode shared memory")?,
+                    )
+                    .context("raising the pipelined decode kernel's shared-memory limit")?;
+            }
         }
         let num_sms = ctx
             .attribute(
@@ -493,6 +518,7 @@ impl CudaBackend {
             blas,
             kernels,
             prefill_attention: PrefillAttention::Scalar,
+            decode_attention: DecodeAttention::Direct,
             num_sms,
             state: Mutex::new(State::default()),
             marks,
@@ -1402,7 +1428,8 @@ impl Backend for CudaBackend {
             v.push(KArg::I32(step.table_stride as i32));
         };
         if step.n_dec > 0 {
-            let name = decode_kernel_name(layout.group_size(), d).ok_or_else(|| {
+            let kind = self.decode_attention;
+            let name = decode_kernel_name(kind, layout.group_size(), d).ok_or_else(|| {
                 anyhow!(
                     "no decode kernel for {} query heads per KV head and head_dim {d}",
                     layout.group_size()
@@ -1440,7 +1467,15 @@ impl Backend for CudaBackend {
                 int(step.n_dec, "decode seqs")? as u32,
                 splits as u32,
             );
-            self.launch(&name, grid, kernels::DECODE_THREADS, 0, &args)?;
+            let smem = match kind {
+                DecodeAttention::Direct => 0,
+                DecodeAttention::Pipelined => int(
+                    decode_async_smem_bytes(layout.group_size(), d)
+                        .ok_or_else(|| anyhow!("no pipelined decode kernel for head_dim {d}"))?,
+                    "decode shared memory",
+                )? as u32,
+            };
+            self.launch(&name, grid, kernels::DECODE_THREADS, smem, &args)?;
             if splits > 1 {
                 let args = [
                     KArg::Ptr(pa),

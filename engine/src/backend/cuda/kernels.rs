@@ -70,14 +70,47 @@ pub const FIXED_KERNELS: [&str; 11] = [
     "sample_rows",
 ];
 
-/// The decode kernel for a GQA group size and head dim, if instantiated.
-pub fn decode_kernel_name(group: usize, head_dim: usize) -> Option<String> {
+/// Which kernel computes decode attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DecodeAttention {
+    /// `paged_decode_g*`: each tile's K and V rows loaded into registers, then used.
+    #[default]
+    Direct,
+    /// `paged_decode_async_g*`: the rows copied into shared memory with cp.async, two tiles
+    /// ahead of the one computed. Not yet run on a GPU.
+    Pipelined,
+}
+
+/// The decode kernel of `kind` for a GQA group size and head dim, if instantiated.
+pub fn decode_kernel_name(kind: DecodeAttention, group: usize, head_dim: usize) -> Option<String> {
     let g = DECODE_GROUPS.iter().copied().find(|&g| g >= group)?;
     if !head_dim.is_multiple_of(8) {
         return None;
     }
-    let k = DECODE_LANES.iter().copied().find(|&k| 8 * k >= head_dim)?;
-    Some(format!("paged_decode_g{g}_k{k}"))
+    let k = decode_lanes(head_dim)?;
+    Some(match kind {
+        DecodeAttention::Direct => format!("paged_decode_g{g}_k{k}"),
+        DecodeAttention::Pipelined => format!("paged_decode_async_g{g}_k{k}"),
+    })
+}
+
+/// Lanes per key of the decode kernels for a head dim (8 dims per lane).
+fn decode_lanes(head_dim: usize) -> Option<usize> {
+    DECODE_LANES.iter().copied().find(|&k| 8 * k >= head_dim)
+}
+
+/// Dynamic shared memory of the pipelined decode kernel for a GQA group size and head dim:
+/// `DA_STAGES` (3) tiles of K and of V rows (tiles of `DA_TILE` = 32 keys, or the keys one
+/// pass scores where that is more; rows of `8 * lanes` bf16), or the key groups' f32
+/// accumulators that reuse those bytes at the end, whichever is larger.
+pub fn decode_async_smem_bytes(group: usize, head_dim: usize) -> Option<usize> {
+    let g = DECODE_GROUPS.iter().copied().find(|&g| g >= group)?;
+    let lanes = decode_lanes(head_dim)?;
+    let per_pass = DECODE_THREADS as usize / lanes;
+    let tile = per_pass.max(32);
+    let stages = 3 * 2 * tile * 8 * lanes * 2;
+    let accumulators = per_pass * g * 8 * lanes * 4;
+    Some(stages.max(accumulators))
 }
 
 /// The prefill kernel for a head dim, if instantiated.
@@ -121,6 +154,7 @@ pub fn all_kernel_names() -> Vec<String> {
     for g in DECODE_GROUPS {
         for k in DECODE_LANES {
             names.push(format!("paged_decode_g{g}_k{k}"));
+            names.push(format!("paged_decode_async_g{g}_k{k}"));
         }
     }
     names.extend(
