@@ -5,22 +5,23 @@
 # order they run (most needed first, so that a run cut off at its limit keeps what ran; each
 # writes its results to $OUT as it finishes and its wall time to $OUT/times.txt):
 #   tests     the GPU tests (tiny models with both prefill and both decode kernels, graphs,
-#             sampling, K-quant GGUFs) and the NVRTC compile tests (H100: 43 s)
+#             sampling, K-quant GGUFs) and the NVRTC compile tests (H100: 43-47 s)
 #   api       `engine serve --device cuda` on the tiny Llama: JSON-schema output (greedy and
 #             sampled), a required tool call, a stream (3 s)
 #   model     a random Qwen3-0.6B-shaped bf16 model with transformers' reference logprobs,
-#             bf16 and f32 (34 s)
-#   logprobs  those logprobs through `engine serve`: the default kernels, then the pipelined
-#             decode kernel (8 s)
+#             bf16 and f32 (33 s)
+#   logprobs  those logprobs through `engine serve`: the default kernels, then the direct
+#             decode kernel (7 s)
 #   bench     `engine bench`, each decode kernel: one stream (512 + 256) and nano-vLLM's
-#             bench.py workload (about 35 s)
+#             bench.py workload (not yet timed in this form; five such runs took 37 s)
 #   dims      tensor-core prefill at head dims 64 and 32 (small random models) vs transformers
 #             (48 s)
 #   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512 (each kernel), the
 #             pipelined kernel's stall reasons at batch 256, every kernel's GPU time over a
-#             decode step at batch 256 and at batch 1, the tensor-core prefill over a 16k step
+#             decode step at batch 256 and at batch 1 (101 s)
+#   ncu-prefill  ncu: the tensor-core prefill kernel over the 16k-token step (not yet timed)
 #   serve     a loadgen sweep of `engine serve --device cuda` (chat profile, p99 SLOs), then
-#             40 cut streams
+#             40 cut streams (36 s when the first level, 20 req/s, saturated)
 #   peer      the 64-sequence slice beside transformers' generate_batch (not in the default)
 # STEPS picks a subset (the default: all but peer). Results go to $OUT (the device tool
 # brings them back).
@@ -32,7 +33,7 @@ mkdir -p "$OUT"
 W=/tmp/gv
 mkdir -p "$W"
 V=$OUT/verify.txt
-STEPS=${STEPS:-tests api model logprobs bench dims ncu serve}
+STEPS=${STEPS:-tests api model logprobs bench dims ncu ncu-prefill serve}
 T0=$(date +%s)
 # Each step's wall time, appended as it ends: `timed NAME` after the step.
 LAST=$T0
@@ -205,28 +206,26 @@ PY
     kill $sp; wait $sp 2>/dev/null
     grep -iE "error|panic" "$W/serve$tag.log" | head -5 | tee -a "$V"
 }
+bench() {
+    local name=$1; shift
+    echo "== $name: engine bench $*" | tee -a "$V"
+    timeout "${BENCH_TIMEOUT:-150}" "$G/engine" bench --model $M --device cuda --max-num-batched-tokens 16384 "$@" > "$W/bench-$name.txt" 2>&1
+    grep -E "Total|Prefill|Decode|rror|panic" "$W/bench-$name.txt" | tee -a "$V"
+}
+# nano-vLLM's bench.py workload, and the 16k-token prefill step (16 prompts of 1024).
+NANO=(--num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9)
+P16K=(--num-seqs 16 --max-num-seqs 16 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1)
 if has logprobs; then
-    # The default kernels (tensor-core prefill, direct decode), then the pipelined decode.
+    # The default kernels (tensor-core prefill, pipelined decode), then the direct decode.
     logprobs_check $M -default
-    logprobs_check $M -pipelined --decode-attention pipelined
+    logprobs_check $M -direct --decode-attention direct
     timed logprobs
 fi
-# The decode kernel the serving sweep and ncu's step breakdowns run: pipelined once the GPU
-# tests (its own among them) and its logprobs have passed and bench.py's workload runs faster
-# with it.
-DECODE=direct
 if has bench; then
-    for k in direct pipelined; do
+    for k in pipelined direct; do
         bench "decode1-$k" --decode-attention $k --num-seqs 1 --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 256 --max-output-len 256
         bench "nanovllm-$k" --decode-attention $k "${NANO[@]}"
     done
-    tput() { grep -oE "^Total: .*Throughput: [0-9.]+" "$W/bench-nanovllm-$1.txt" 2>/dev/null | grep -oE "[0-9.]+$" || echo 0; }
-    if grep -q "^test result: ok\." "$W/cuda-tests.txt" 2>/dev/null \
-        && grep -qE "^logprobs-pipelined: worst \|d logprob\| = 0\.0[0-9]" "$V" \
-        && python3 -c "import sys; sys.exit(0 if float('$(tput pipelined)') > float('$(tput direct)') else 1)"; then
-        DECODE=pipelined
-    fi
-    echo "decode kernel for what follows: $DECODE" | tee -a "$V"
     timed bench
 fi
 if has dims; then
@@ -291,16 +290,16 @@ stalls = sorted(((v, n) for n, (v, u) in got.items() if v is not None and re.mat
 for v, n in stalls[:10]:
     print(f"ncu detail: {n} = {v:.3f}")
 PY
-    # (b) Every kernel's GPU time over about one decode step at batch 256 and at batch 1,
-    # eager so that every kernel is its own launch (batch 256, 512-token prompts: the warm-up
+    # (b) Every kernel's GPU time over about one decode step at batch 256 and at batch 1
+    # (the default kernels), eager so that every kernel is its own launch (batch 256, 512-token prompts: the warm-up
     # and 8 prefill steps come to about 4,000 launches, a decode step to about 320).
     timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 9000 --launch-count 330 \
-        "$G/engine" bench --model $M --device cuda --decode-attention $DECODE --enforce-eager --num-seqs 256 \
+        "$G/engine" bench --model $M --device cuda --enforce-eager --num-seqs 256 \
         --max-num-seqs 256 --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 \
         --min-output-len 48 --max-output-len 48 > "$W/ncu.csv" 2> "$W/ncu.err"
     reap
     timeout 90 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 2500 --launch-count 330 \
-        "$G/engine" bench --model $M --device cuda --decode-attention $DECODE --enforce-eager --num-seqs 1 \
+        "$G/engine" bench --model $M --device cuda --enforce-eager --num-seqs 1 \
         --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 16 --max-output-len 16 \
         > "$W/ncu-b1.csv" 2> "$W/ncu-b1.err"
     reap
@@ -335,13 +334,17 @@ for name, what in [("ncu.csv", "batch 256"), ("ncu-b1.csv", "batch 1")]:
     for k, v in sorted(tot.items(), key=lambda x: -x[1])[:14]:
         print(f"ncu: {what}: {v/1000:9.3f} ms  {cnt[k]:6d} launches  {k}")
 PY
-    # (c) The tensor-core prefill kernel's GPU time over the 16k-token step's 28 layers
+    timed ncu
+fi
+if has ncu-prefill; then
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    # The tensor-core prefill kernel's GPU time over the 16k-token step's 28 layers
     # (after the warm-up's 16-token prefill, 28 launches); PREFILL_KERNELS="scalar mma" for both.
     for k in ${PREFILL_KERNELS:-mma}; do
         timeout 90 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
             "$G/engine" bench --model $M --device cuda --prefill-attention $k "${P16K[@]}" --max-num-batched-tokens 16384 \
             > "$W/ncu-prefill-$k.csv" 2> "$W/ncu-prefill-$k.err"
-        reap
+        pkill -f "$G/engine" 2>/dev/null; sleep 2
         python3 - "$W/ncu-prefill-$k.csv" "$k" <<'PY' | tee -a "$V"
 import csv, io, sys
 text = open(sys.argv[1]).read()
@@ -351,12 +354,12 @@ ms = sum(float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Uni
 print(f"ncu: prefill attention ({sys.argv[2]}), 16 x 1024 tokens: {len(rows)} launches, {ms:.2f} ms")
 PY
     done
-    timed ncu
+    timed ncu-prefill
 fi
 if has serve; then
     # `engine serve --device cuda` under an open-loop sweep of the ShareGPT-like chat profile,
     # then 40 streams cut mid-way: the KV cache is freed and the server stays up.
-    "$G/engine" serve --model $M --device cuda --decode-attention $DECODE --port 8124 --max-num-seqs 256 \
+    "$G/engine" serve --model $M --device cuda --port 8124 --max-num-seqs 256 \
         --max-num-batched-tokens 8192 > "$W/serve-sweep.log" 2>&1 &
     sp=$!
     for _ in $(seq 1 120); do curl -sf localhost:8124/health >/dev/null && break; sleep 1; done

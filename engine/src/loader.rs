@@ -49,9 +49,9 @@ pub struct DeviceArgs {
     /// or `scalar` (CUDA cores, the default elsewhere).
     #[arg(long, value_enum)]
     pub prefill_attention: Option<PrefillAttention>,
-    /// CUDA: the decode attention kernel: `direct` (the default: K and V rows loaded into
-    /// registers, then used) or `pipelined` (copied into shared memory with cp.async two
-    /// tiles ahead of the one computed; not yet run on a GPU, issue 45).
+    /// CUDA: the decode attention kernel: `pipelined` (the default: K and V rows copied into
+    /// shared memory with cp.async two tiles ahead of the one computed) or `direct` (loaded
+    /// into registers, then used).
     #[arg(long, value_enum)]
     pub decode_attention: Option<DecodeAttention>,
 }

@@ -91,7 +91,7 @@ impl Default for CudaOptions {
             kv_cache_tokens: None,
             enforce_eager: false,
             prefill_attention: None,
-            decode_attention: DecodeAttention::Direct,
+            decode_attention: DecodeAttention::Pipelined,
         }
     }
 }
@@ -518,7 +518,7 @@ impl CudaBackend {
             blas,
             kernels,
             prefill_attention: PrefillAttention::Scalar,
-            decode_attention: DecodeAttention::Direct,
+            decode_attention: DecodeAttention::Pipelined,
             num_sms,
             state: Mutex::new(State::default()),
             marks,
