@@ -17,8 +17,9 @@ use reports::stats::percentile_nearest_rank;
 
 use crate::backend::Backend;
 use crate::mock::{MockConfig, MockLog, ThreadedMock};
-use crate::run::{self, LoadMode, Plan, PlannedRequest, RunOptions};
+use crate::plan::Plan;
 use crate::schedule::{Arrival, Extent, ScheduleSpec};
+use crate::send::{send_plan, SendOptions};
 use crate::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::{prefixed_blocks, PromptSource, RequestSpec};
@@ -71,18 +72,8 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         prefix_group: None,
         prompt: PromptSource::Blocks(prefixed_blocks(cfg.seed, i, 32, None)),
     };
-    let (mode, requests) = match cfg.concurrency {
-        Some(c) => (
-            LoadMode::Closed { concurrency: c },
-            (0..c as u64 * 4)
-                .map(|i| PlannedRequest {
-                    id: i,
-                    at_s: None,
-                    session: None,
-                    spec: spec(i),
-                })
-                .collect(),
-        ),
+    let plan = match cfg.concurrency {
+        Some(c) => Plan::closed(c, c * 4, spec),
         None => {
             let times = ScheduleSpec {
                 arrival: Arrival::Poisson,
@@ -90,27 +81,12 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
                 ramp_up: None,
             }
             .generate(Extent::Until(secs), cfg.seed)?;
-            let requests = times
-                .into_iter()
-                .enumerate()
-                .map(|(i, t)| PlannedRequest {
-                    id: i as u64,
-                    at_s: Some(t),
-                    session: None,
-                    spec: spec(i as u64),
-                })
-                .collect();
-            (LoadMode::Open, requests)
+            Plan::open(times, spec)
         }
     };
     let plan = Plan {
-        requests,
-        mode,
-        warmup_s: 0.0,
         duration_s: Some(secs),
-        cooldown_s: 0.0,
-        max_concurrency: None,
-        sessions: None,
+        ..plan
     };
     let target = Target {
         base_url: format!(
@@ -129,11 +105,11 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         extra_body: None,
         tls: cfg.tls.as_ref().map(|pair| pair.client.clone()),
     };
-    let outcome = run::execute(
+    let outcome = send_plan(
         Arc::new(plan),
         target,
         Arc::new(PromptBuilder::approximate()),
-        RunOptions {
+        SendOptions {
             out_dir: None,
             slos: Vec::new(),
             progress: false,

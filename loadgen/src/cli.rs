@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{calibrate, compare, merge, mock_server, plan, report, run, sweep};
-use crate::prepare::RunArgs;
+use crate::options::RunArgs;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -17,7 +17,6 @@ use reports::stats::Bootstrap;
 use reports::summary::Summary;
 use serde::{Deserialize, Serialize};
 
-use crate::probe::Probe;
 use crate::saturation::{judge, Backlog, LevelRates, Saturation, SaturationState};
 
 pub const SWEEP_FILE: &str = "sweep.json";
@@ -84,13 +83,15 @@ fn measured_window_unix_ms(meta: &RunMeta, records: &[RequestRecord]) -> Option<
 pub struct LevelEntry {
     /// Run folder, relative to the sweep folder.
     pub dir: String,
+    /// The offered rate (see `reports::rates`).
     pub offered_rate: f64,
-    /// Completed requests/s over the measurement window.
-    pub achieved_rate: f64,
+    /// The completed rate of the level's measured requests.
+    #[serde(alias = "achieved_rate")]
+    pub completed_rate: f64,
     pub output_tokens_per_s: f64,
-    /// Achieved < 95% of offered, or the backlog kept growing.
+    /// Completed < 95% of scheduled, or the backlog kept growing.
     pub saturated: bool,
-    /// Offered and completed rates over the same requests (see [`level_rates`]).
+    /// Scheduled and completed rates over the same requests (see [`level_rates`]).
     #[serde(default)]
     pub rates: Option<LevelRates>,
     /// Requests in flight over the level (see [`backlog_trend`]).
@@ -124,7 +125,7 @@ impl LevelEntry {
         let entry = LevelEntry {
             dir,
             offered_rate: rate,
-            achieved_rate: saturation
+            completed_rate: saturation
                 .rates
                 .map_or(loaded.metrics.request_throughput, |r| r.completed),
             output_tokens_per_s: loaded.metrics.output_throughput,
@@ -137,6 +138,31 @@ impl LevelEntry {
         };
         Ok((entry, check))
     }
+}
+
+/// One closed-loop probe step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeStep {
+    pub concurrency: usize,
+    pub completed: u64,
+    pub failed: u64,
+    /// Completed requests/s over the measurement window.
+    pub throughput: f64,
+    pub mean_e2el_ms: f64,
+    /// Little's law: concurrency / mean E2E latency, requests/s.
+    pub little_rate: f64,
+}
+
+/// The saturation probe of `--rates auto`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Probe {
+    pub steps: Vec<ProbeStep>,
+    /// The highest Little's-law rate of the steps (at the knee).
+    pub saturation_rate: f64,
+    pub knee_concurrency: usize,
+    pub fractions: Vec<f64>,
+    /// Why the probe stopped.
+    pub stop_reason: String,
 }
 
 /// `sweep.json`.
@@ -196,7 +222,7 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
         }
         levels.push(SweepLevel {
             offered_rate: entry.offered_rate,
-            achieved_rate: entry.achieved_rate,
+            completed_rate: entry.completed_rate,
             output_tokens_per_s: entry.output_tokens_per_s,
             saturated: entry.saturated,
             samples: run.samples,

@@ -380,7 +380,7 @@ fn write_merge(checked: &CheckedMerge, out: &Path) -> Result<MergedRun> {
 fn merged_meta(shards: &[ShardRun], n: u64) -> RunMeta {
     let sorted = shards;
     let mut meta = sorted[0].meta.clone();
-    meta.command_line = crate::prepare::redacted_command_line(std::env::args());
+    meta.command_line = crate::execute::redacted_command_line(std::env::args());
     meta.planned_requests = n;
     meta.shard = None;
     meta.complete = true;

@@ -11,38 +11,15 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 
-use crate::prepare::{execute_prepared, prepare_run, Execution, RunArgs};
+use crate::execute::{execute_prepared, Execution};
+use crate::folders::{Probe, ProbeStep};
+use crate::options::RunArgs;
+use crate::prepare::prepare_run;
 use crate::stop::never_stop;
 
 /// The probe stops doubling the concurrency when the Little's-law rate grows by less than this.
 pub const PROBE_MIN_GAIN: f64 = 1.10;
-
-/// One closed-loop probe step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProbeStep {
-    pub concurrency: usize,
-    pub completed: u64,
-    pub failed: u64,
-    /// Completed requests/s over the measurement window.
-    pub throughput: f64,
-    pub mean_e2el_ms: f64,
-    /// Little's law: concurrency / mean E2E latency, requests/s.
-    pub little_rate: f64,
-}
-
-/// The saturation probe of `--rates auto`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Probe {
-    pub steps: Vec<ProbeStep>,
-    /// The highest Little's-law rate of the steps (at the knee).
-    pub saturation_rate: f64,
-    pub knee_concurrency: usize,
-    pub fractions: Vec<f64>,
-    /// Why the probe stopped.
-    pub stop_reason: String,
-}
 
 /// Closed-loop probes at concurrency 1, 2, 4, … until the Little's-law rate stops growing
 /// (gain < [`PROBE_MIN_GAIN`]), a step fails requests, or `max_concurrency` is reached.

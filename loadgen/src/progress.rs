@@ -1,4 +1,5 @@
-//! The live progress line: sent, in flight, done, errors, TTFT p50/p99, achieved rate.
+//! The live progress line: sent, in flight, done, errors, TTFT p50/p99, and the sends per
+//! second since the origin (a live view, not the sent rate of `reports::rates`).
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,7 +68,7 @@ impl Progress {
             0.0
         };
         format!(
-            "[{elapsed:7.1}s] sent {sent}/{} | in flight {} | done {done} | errors {errors} | TTFT p50 {p50:.1} ms p99 {p99:.1} ms | {rate:.2} req/s",
+            "[{elapsed:7.1}s] sent {sent}/{} | in flight {} | done {done} | errors {errors} | TTFT p50 {p50:.1} ms p99 {p99:.1} ms | {rate:.2} sent/s",
             self.planned,
             sent.saturating_sub(done),
         )

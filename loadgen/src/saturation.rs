@@ -1,11 +1,10 @@
 //! Whether a sweep level kept up with its offered rate.
 //!
-//! A level saturates when it completes fewer than 95% of the offered requests/s, or when its
-//! waiting requests keep growing. Offered and completed rates are compared over the same
-//! requests, so short levels are not misjudged by the Poisson noise of their request count:
-//! offered = (n − 1) / span of the measured requests' scheduled send times, completed =
-//! (k − 1) / span of the k successful measured requests' end times (a server that keeps up
-//! ends them as fast as they were sent; one that does not spreads the ends out). Growing
+//! A level saturates when it completes fewer than 95% of the requests/s its schedule held, or
+//! when its waiting requests keep growing. The scheduled and completed rates
+//! (`reports::rates`) are compared over the same requests, so short levels are not misjudged
+//! by the Poisson noise of their request count (a server that keeps up ends them as fast as
+//! they were sent; one that does not spreads the ends out). Growing
 //! waiting requests: the number of requests in flight (sent, not yet ended),
 //! sampled evenly over the measured sends, is higher in the last third than in the first by
 //! more than the noise of a stable queue (see [`backlog_trend`]). At exactly the capacity a
@@ -18,7 +17,7 @@ use reports::records::{Phase, RequestRecord};
 use reports::stats::median;
 use serde::{Deserialize, Serialize};
 
-/// A level saturates when it completes fewer than this fraction of the offered requests/s.
+/// A level saturates when its completed rate is below this fraction of its scheduled rate.
 pub const SATURATION_FRACTION: f64 = 0.95;
 
 /// Fewer successful measured requests than this: too few to call a level either way.
@@ -122,32 +121,22 @@ pub fn judge(records: &[RequestRecord]) -> Saturation {
     )
 }
 
-/// Offered and completed request rates of a level's measured requests (see the module doc).
+/// The scheduled and completed rates of a level's measured requests (`reports::rates`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LevelRates {
-    /// (n − 1) / span of the scheduled send times, requests/s.
     pub scheduled: f64,
-    /// (k − 1) / span of the successful requests' end times, requests/s.
     pub completed: f64,
 }
 
 /// The rates of [`LevelRates`]; `None` with fewer than two measured or successful requests.
 pub fn level_rates(records: &[RequestRecord]) -> Option<LevelRates> {
-    let rate = |times: Vec<f64>| -> Option<f64> {
-        let first = times.iter().copied().reduce(f64::min)?;
-        let last = times.iter().copied().reduce(f64::max)?;
-        (times.len() >= 2 && last > first)
-            .then(|| (times.len() - 1) as f64 / ((last - first) / 1000.0))
-    };
-    let measured = || records.iter().filter(|r| r.phase == Phase::Measured);
+    let measured: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured)
+        .collect();
     Some(LevelRates {
-        scheduled: rate(measured().map(|r| r.scheduled_ms).collect())?,
-        completed: rate(
-            measured()
-                .filter(|r| r.is_success())
-                .map(|r| r.end_ms)
-                .collect(),
-        )?,
+        scheduled: reports::rates::scheduled(&measured)?,
+        completed: reports::rates::completed(&measured)?,
     })
 }
 

@@ -6,7 +6,7 @@ use std::fmt;
 
 use anyhow::{bail, Context, Result};
 
-use crate::run::Plan;
+use crate::plan::Plan;
 
 /// Shard `index` of `count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,6 @@ impl fmt::Display for Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::{LoadMode, PlannedRequest};
     use crate::workload::{PromptSource, RequestSpec};
 
     #[test]
@@ -71,27 +70,13 @@ mod tests {
         for bad in ["3/3", "1", "a/3", "0/0", "-1/3"] {
             assert!(Shard::parse(bad).is_err(), "{bad}");
         }
-        let plan = Plan {
-            requests: (0..10)
-                .map(|id| PlannedRequest {
-                    id,
-                    session: None,
-                    at_s: Some(id as f64 * 0.1),
-                    spec: RequestSpec {
-                        input_len: 8,
-                        output_len: 4,
-                        prefix_group: None,
-                        prompt: PromptSource::Text("x".into()),
-                    },
-                })
-                .collect(),
-            mode: LoadMode::Open,
-            warmup_s: 0.0,
-            duration_s: None,
-            cooldown_s: 0.0,
-            max_concurrency: None,
-            sessions: None,
-        };
+        let times: Vec<f64> = (0..10).map(|id| id as f64 * 0.1).collect();
+        let plan = Plan::open(times, |_| RequestSpec {
+            input_len: 8,
+            output_len: 4,
+            prefix_group: None,
+            prompt: PromptSource::Text("x".into()),
+        });
         let mut seen = Vec::new();
         for index in 0..3 {
             let mut p = plan.clone();

@@ -380,3 +380,21 @@ async fn exit_codes_gate_on_slos_and_regressions() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// `sweep` sets each level's `--rate` (and `--target-rate` for a replayed trace) itself:
+/// given by hand they are refused as usage errors naming the flag, not silently replaced.
+#[test]
+fn sweep_refuses_the_rates_its_levels_set() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value) in [("--rate", "5"), ("--target-rate", "3")] {
+        let out = loadgen()
+            .args(["sweep", flag, value, "--rates", "1,2", "--out"])
+            .arg(dir.path().join("sweep"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag), "{flag}: {stderr}");
+        assert!(!dir.path().join("sweep").exists(), "{flag}: nothing ran");
+    }
+}

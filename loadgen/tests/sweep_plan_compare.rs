@@ -108,6 +108,7 @@ async fn sweep_plan_compare_and_report_on_the_mock() {
         (0.8 * saturation..=saturation).contains(&max),
         "max sustainable {max} req/s vs saturation {saturation}"
     );
+    reads_the_earlier_rate_names(&sweep_dir);
     let sizing = plan.sizing.unwrap();
     assert_eq!(sizing.instances, (100.0 * 1.2 / max - 1e-9).ceil() as u64);
     assert!(std::fs::read_to_string(sweep_dir.join("report.html"))
@@ -142,4 +143,70 @@ async fn sweep_plan_compare_and_report_on_the_mock() {
     })
     .unwrap();
     check_report(&level);
+}
+
+/// Folders written before the rates were renamed (`summary.json`'s `offered_rate` /
+/// `achieved_rate` for scheduled / sent, `sweep.json`'s and `plan.json`'s `achieved_rate` for
+/// completed) load as the new ones do: the sweep folder, its levels' run folders and the plan.
+fn reads_the_earlier_rate_names(sweep_dir: &Path) {
+    let old = tempfile::tempdir().unwrap();
+    let copy = old.path().join("sweep");
+    let rename = |from: &Path, to: &Path, pairs: &[(&str, &str)]| {
+        let mut text = std::fs::read_to_string(from).unwrap();
+        for (new, earlier) in pairs {
+            assert!(
+                text.contains(&format!("\"{new}\"")),
+                "{} has no {new}",
+                from.display()
+            );
+            text = text.replace(&format!("\"{new}\""), &format!("\"{earlier}\""));
+        }
+        std::fs::write(to, text).unwrap();
+    };
+    std::fs::create_dir_all(&copy).unwrap();
+    rename(
+        &sweep_dir.join(SWEEP_FILE),
+        &copy.join(SWEEP_FILE),
+        &[("completed_rate", "achieved_rate")],
+    );
+    rename(
+        &sweep_dir.join(PLAN_FILE),
+        &copy.join(PLAN_FILE),
+        &[("completed_rate", "achieved_rate")],
+    );
+    let file = SweepFile::read(&sweep_dir.join(SWEEP_FILE)).unwrap();
+    for level in &file.levels {
+        let (from, to) = (sweep_dir.join(&level.dir), copy.join(&level.dir));
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+            }
+        }
+        rename(
+            &from.join("summary.json"),
+            &to.join("summary.json"),
+            &[
+                ("scheduled_rate", "offered_rate"),
+                ("sent_rate", "achieved_rate"),
+            ],
+        );
+        let summary = reports::summary::Summary::read(&to.join("summary.json")).unwrap();
+        assert_eq!(
+            summary,
+            reports::summary::Summary::read(&from.join("summary.json")).unwrap()
+        );
+        assert!(summary.scheduled_rate.is_some() && summary.sent_rate.is_some());
+    }
+    assert_eq!(SweepFile::read(&copy.join(SWEEP_FILE)).unwrap(), file);
+    let (new, earlier) = (
+        loadgen::folders::load_sweep(sweep_dir).unwrap(),
+        loadgen::folders::load_sweep(&copy).unwrap(),
+    );
+    assert_eq!(earlier.levels, new.levels);
+    let plan = |dir: &Path| -> CapacityPlan {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(PLAN_FILE)).unwrap()).unwrap()
+    };
+    assert_eq!(plan(&copy), plan(sweep_dir));
 }

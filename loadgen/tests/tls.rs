@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use loadgen::backend::Backend;
 use loadgen::mock::{self, MockConfig};
-use loadgen::run::{self, LoadMode, Plan, PlannedRequest, RunOptions, RunOutcome};
+use loadgen::plan::Plan;
 use loadgen::schedule::{Arrival, Extent, ScheduleSpec};
+use loadgen::send::{send_plan, RunOutcome, SendOptions};
 use loadgen::target::Target;
 use loadgen::tls::{server_config, TlsArgs, TlsSettings};
 use loadgen::workload::prompt::PromptBuilder;
@@ -45,29 +46,12 @@ fn plan(rate: f64, secs: f64, output_len: u32) -> Plan {
     }
     .generate(Extent::Until(secs), 3)
     .unwrap();
-    Plan {
-        requests: times
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| PlannedRequest {
-                id: i as u64,
-                at_s: Some(t),
-                session: None,
-                spec: RequestSpec {
-                    input_len: 16,
-                    output_len,
-                    prefix_group: None,
-                    prompt: PromptSource::Blocks(prefixed_blocks(1, i as u64, 16, None)),
-                },
-            })
-            .collect(),
-        mode: LoadMode::Open,
-        warmup_s: 0.0,
-        duration_s: None,
-        cooldown_s: 0.0,
-        max_concurrency: None,
-        sessions: None,
-    }
+    Plan::open(times, |i| RequestSpec {
+        input_len: 16,
+        output_len,
+        prefix_group: None,
+        prompt: PromptSource::Blocks(prefixed_blocks(1, i, 16, None)),
+    })
 }
 
 fn target(base_url: String, tls: Option<TlsSettings>) -> Target {
@@ -88,11 +72,11 @@ fn target(base_url: String, tls: Option<TlsSettings>) -> Target {
 }
 
 async fn run_plan(plan: Plan, target: Target) -> anyhow::Result<RunOutcome> {
-    run::execute(
+    send_plan(
         Arc::new(plan),
         target,
         Arc::new(PromptBuilder::approximate()),
-        RunOptions {
+        SendOptions {
             out_dir: None,
             slos: Vec::new(),
             progress: false,

@@ -4,6 +4,7 @@ pub mod histograms;
 pub mod latency;
 pub mod metrics;
 pub mod plan;
+pub mod rates;
 pub mod records;
 pub mod render;
 pub mod samples;

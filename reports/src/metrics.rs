@@ -55,7 +55,7 @@ pub struct Slo {
 #[derive(Debug, Clone, Default)]
 pub struct MetricsOptions {
     pub slos: Vec<Slo>,
-    /// Open-loop run: compare the achieved send rate with the scheduled one.
+    /// Open-loop run: compare the sent rate with the scheduled one (see [`crate::rates`]).
     pub open_loop: bool,
     /// CPU time of the client process over the run, as a share of the cores it may use.
     pub client_cpu: Option<f64>,
@@ -132,10 +132,12 @@ pub struct Metrics {
     pub queue_time: DistStats,
     /// Connect time of the measured requests that opened a connection (`count` of them).
     pub connect: DistStats,
-    /// Requests/s of the schedule over the measured sends (open loop).
-    pub offered_rate: Option<f64>,
-    /// Requests/s actually sent over the same span.
-    pub achieved_rate: Option<f64>,
+    /// The scheduled rate of the measured requests (open loop; see [`crate::rates`]).
+    #[serde(alias = "offered_rate")]
+    pub scheduled_rate: Option<f64>,
+    /// The sent rate of the same requests.
+    #[serde(alias = "achieved_rate")]
+    pub sent_rate: Option<f64>,
     /// CPU time of the client process over the run, as a share of the cores it may use.
     pub client_cpu: Option<f64>,
     /// The client, not the server, may have limited the numbers.
@@ -304,9 +306,8 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     m.connect = DistStats::from_values(&samples.connect);
 
     if opts.open_loop {
-        let (offered, achieved) = send_rates(&measured);
-        m.offered_rate = offered;
-        m.achieved_rate = achieved;
+        m.scheduled_rate = crate::rates::scheduled(&measured);
+        m.sent_rate = crate::rates::sent(&measured);
     }
     let (cached, cached_of) = measured
         .iter()
@@ -321,9 +322,6 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     m
 }
 
-/// (scheduled, achieved) send rates over the measured requests: (n − 1) / span.
-/// The achieved send instant excludes queueing for a concurrency slot, which is the
-/// server's doing, not the client's.
 /// The client-bound rules that fire (see [`CLIENT_BOUND_LAG_FLOOR_MS`]), each with the size of
 /// the client's error beside the metric it affects.
 fn client_bound_reasons(m: &Metrics) -> Vec<String> {
@@ -346,10 +344,10 @@ fn client_bound_reasons(m: &Metrics) -> Vec<String> {
             ));
         }
     }
-    if let (Some(offered), Some(sent)) = (m.offered_rate, m.achieved_rate) {
-        if sent < CLIENT_BOUND_MIN_SENT_SHARE * offered {
+    if let (Some(scheduled), Some(sent)) = (m.scheduled_rate, m.sent_rate) {
+        if sent < CLIENT_BOUND_MIN_SENT_SHARE * scheduled {
             reasons.push(format!(
-                "sent {sent:.3} req/s < {}% of the {offered:.3} req/s scheduled",
+                "sent {sent:.3} req/s < {}% of the {scheduled:.3} req/s scheduled",
                 CLIENT_BOUND_MIN_SENT_SHARE * 100.0
             ));
         }
@@ -362,20 +360,6 @@ fn client_bound_reasons(m: &Metrics) -> Vec<String> {
         ));
     }
     reasons
-}
-
-fn send_rates(measured: &[&RequestRecord]) -> (Option<f64>, Option<f64>) {
-    if measured.len() < 2 {
-        return (None, None);
-    }
-    let rate = |times: Vec<f64>| {
-        let lo = times.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (hi > lo).then(|| (times.len() - 1) as f64 / ((hi - lo) / 1000.0))
-    };
-    let offered = rate(measured.iter().map(|r| r.scheduled_ms).collect());
-    let achieved = rate(measured.iter().map(|r| r.sent_ms - r.queue_ms).collect());
-    (offered, achieved)
 }
 
 #[cfg(test)]

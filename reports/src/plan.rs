@@ -5,11 +5,11 @@
 //! - a level passes when every SLO target holds and it did not saturate;
 //! - max sustainable QPS = the offered rate of the highest passing level;
 //! - the interpolated crossing lies between that level (rate r1) and the next higher level
-//!   (r2; its achieved rate instead when it saturated): for each target that the higher level
+//!   (r2; its completed rate instead when it saturated): for each target that the higher level
 //!   breaks, the rate where the straight line through the two levels' percentile values meets
 //!   the limit, clamped to [r1, r2]; the crossing is the smallest over targets. Its CI comes from
 //!   resampling both boundary levels' requests (seeded percentile bootstrap); when the higher
-//!   level saturated, its achieved rate r2 is itself uncertain (k completions: a Poisson count,
+//!   level saturated, its completed rate r2 is itself uncertain (k completions: a Poisson count,
 //!   relative error 1/√k), so each replicate also redraws r2. An interval that still has no
 //!   width is reported as none (a note says so), never as a point;
 //! - instances = ⌈target QPS × headroom / max QPS⌉: the headroom inflates the load before
@@ -34,11 +34,12 @@ pub const DEFAULT_HEADROOM: f64 = 1.2;
 /// One level of a sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepLevel {
-    /// Requests/s the schedule offered.
+    /// The offered rate (see [`crate::rates`]).
     pub offered_rate: f64,
-    /// Requests/s completed (over the same requests as `scheduled_rate` when known).
-    pub achieved_rate: f64,
-    /// Requests/s the seeded schedule actually held over the level's measured requests.
+    /// The completed rate (over the same requests as `scheduled_rate` when known).
+    #[serde(alias = "achieved_rate")]
+    pub completed_rate: f64,
+    /// The scheduled rate of the level's measured requests.
     #[serde(default)]
     pub scheduled_rate: Option<f64>,
     /// Why the level was called saturated or not (decided by the sweep).
@@ -46,7 +47,7 @@ pub struct SweepLevel {
     pub saturation_rule: Option<String>,
     /// Output tokens/s over the measurement window.
     pub output_tokens_per_s: f64,
-    /// Achieved < 95% of offered, or the waiting queue kept growing (decided by the sweep).
+    /// Completed < 95% of scheduled, or the waiting queue kept growing (decided by the sweep).
     pub saturated: bool,
     pub samples: LatencySamples,
     /// The server's own view of the level (its `/metrics`), when it exposes one.
@@ -58,16 +59,10 @@ pub struct SweepLevel {
 }
 
 impl SweepLevel {
-    /// The rate the level sustained over its measured requests: completed, or scheduled
-    /// where lower (a seeded schedule may hold fewer requests than its nominal rate). Every
-    /// rate of a plan is this one, never the nominal offered rate.
+    /// The level's sustained rate ([`crate::rates::sustained`]): every rate of a plan is
+    /// this one, never the offered rate.
     pub fn sustained_rate(&self) -> f64 {
-        let held = self.scheduled_rate.unwrap_or(self.offered_rate);
-        if self.achieved_rate > 0.0 {
-            self.achieved_rate.min(held)
-        } else {
-            held
-        }
+        crate::rates::sustained(self.offered_rate, self.scheduled_rate, self.completed_rate)
     }
 }
 
@@ -105,7 +100,8 @@ pub struct PlanOptions {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LevelVerdict {
     pub offered_rate: f64,
-    pub achieved_rate: f64,
+    #[serde(alias = "achieved_rate")]
+    pub completed_rate: f64,
     pub saturated: bool,
     pub check: SloCheck,
     pub passed: bool,
@@ -118,9 +114,10 @@ pub struct MaxSustainable {
     /// What the plan sizes from: the level's [`SweepLevel::sustained_rate`].
     #[serde(default)]
     pub sustained_rate: f64,
-    /// The level's nominal rate, shown beside.
+    /// The level's offered rate, shown beside.
     pub offered_rate: f64,
-    pub achieved_rate: f64,
+    #[serde(alias = "achieved_rate")]
+    pub completed_rate: f64,
     pub output_tokens_per_s: f64,
 }
 
@@ -173,7 +170,7 @@ pub fn capacity_plan(
             let passed = check.met && !level.saturated;
             LevelVerdict {
                 offered_rate: level.offered_rate,
-                achieved_rate: level.achieved_rate,
+                completed_rate: level.completed_rate,
                 saturated: level.saturated,
                 check,
                 passed,
@@ -201,7 +198,7 @@ pub fn capacity_plan(
         level_index: best,
         sustained_rate: level.sustained_rate(),
         offered_rate: level.offered_rate,
-        achieved_rate: level.achieved_rate,
+        completed_rate: level.completed_rate,
         output_tokens_per_s: level.output_tokens_per_s,
     };
     plan.max_sustainable = Some(max);
@@ -229,9 +226,9 @@ pub fn capacity_plan(
                 ));
             } else {
                 plan.notes.push(format!(
-                    "The level at {:.3} req/s met the latency targets but saturated (achieved \
-                     {:.3} req/s): the crossing is bounded by its achieved rate.",
-                    next.offered_rate, next.achieved_rate
+                    "The level at {:.3} req/s met the latency targets but saturated (completed \
+                     {:.3} req/s): the crossing is bounded by its completed rate.",
+                    next.offered_rate, next.completed_rate
                 ));
             }
         }
@@ -284,7 +281,7 @@ fn sizing(max: &MaxSustainable, options: &PlanOptions) -> Sizing {
     let cost = options.gpu_hour_usd.map(|price| {
         let per_instance_hour = price * f64::from(options.gpus_per_instance);
         let fleet_usd_per_hour = price * gpus as f64;
-        let tokens_per_request = max.output_tokens_per_s / max.achieved_rate;
+        let tokens_per_request = max.output_tokens_per_s / max.completed_rate;
         let target_tokens_per_s = target_qps * tokens_per_request;
         Cost {
             gpu_hour_usd: price,
@@ -345,7 +342,7 @@ fn crossing(
     let estimate = estimate_at(&point, r2);
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let mut replicates = Vec::with_capacity(settings.resamples);
-    // A saturated level's achieved rate counts k completions: redraw it as a Poisson count.
+    // A saturated level's completed rate counts k completions: redraw it as a Poisson count.
     let completions = high.samples.requests.len().max(1) as f64;
     for _ in 0..settings.resamples {
         let r2_replicate = if high.saturated {

@@ -84,8 +84,12 @@ pub struct Summary {
     /// Successes that streamed reasoning but no answer (no time to first answer).
     #[serde(default)]
     pub no_answer: u64,
-    pub offered_rate: Option<f64>,
-    pub achieved_rate: Option<f64>,
+    /// The scheduled rate of the measured requests (open loop; see [`crate::rates`]).
+    #[serde(alias = "offered_rate")]
+    pub scheduled_rate: Option<f64>,
+    /// Their sent rate.
+    #[serde(alias = "achieved_rate")]
+    pub sent_rate: Option<f64>,
     /// CPU time of the client process over the run, as a share of the cores it may use.
     #[serde(default)]
     pub client_cpu: Option<f64>,
@@ -165,8 +169,8 @@ impl Summary {
             total_reasoning_tokens: m.total_reasoning_tokens,
             counted_reasoning_tokens: m.counted_reasoning_tokens,
             no_answer: m.no_answer,
-            offered_rate: m.offered_rate,
-            achieved_rate: m.achieved_rate,
+            scheduled_rate: m.scheduled_rate,
+            sent_rate: m.sent_rate,
             client_cpu: m.client_cpu,
             client_bound: m.client_bound,
             client_bound_reasons: m.client_bound_reasons.clone(),

@@ -221,11 +221,11 @@ pub fn render(summary: &Summary) -> String {
             ),
         );
     }
-    if let (Some(o), Some(a)) = (summary.offered_rate, summary.achieved_rate) {
+    if let (Some(scheduled), Some(sent)) = (summary.scheduled_rate, summary.sent_rate) {
         row(
             &mut out,
-            "Offered / achieved rate (req/s):",
-            format!("{o:.2} / {a:.2}"),
+            "Scheduled / sent rate (req/s):",
+            format!("{scheduled:.2} / {sent:.2}"),
         );
     }
     if let Some(cpu) = summary.client_cpu {

@@ -19,7 +19,7 @@ fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
         .collect();
     SweepLevel {
         offered_rate: rate,
-        achieved_rate: if saturated { rate * 0.8 } else { rate },
+        completed_rate: if saturated { rate * 0.8 } else { rate },
         output_tokens_per_s: rate * 100.0,
         saturated,
         samples: LatencySamples {
@@ -118,8 +118,8 @@ fn saturated_level_fails_and_bounds_the_crossing() {
     let levels = vec![level(4.0, 300.0, false), level(8.0, 400.0, true)];
     let plan = capacity_plan(&levels, &slo, &options(TargetLoad::Qps(10.0))).unwrap();
     assert_eq!(plan.max_sustainable.unwrap().offered_rate, 4.0);
-    // Latency is within the limit at 8 req/s, but only 6.4 req/s were achieved.
-    // The achieved rate is a count of completions, so the interval around it has a width
+    // Latency is within the limit at 8 req/s, but only 6.4 req/s completed.
+    // The completed rate is a count of completions, so the interval around it has a width
     // (about ±1.96/√k), never zero.
     let crossing = plan.crossing.unwrap();
     assert_eq!(crossing.estimate, 6.4);
@@ -147,7 +147,7 @@ fn bad_options_are_errors() {
 fn the_plan_sizes_from_the_sustained_rate() {
     let mut held = level(1.241, 200.0, false);
     held.scheduled_rate = Some(1.096);
-    held.achieved_rate = 1.107;
+    held.completed_rate = 1.107;
     assert!((held.sustained_rate() - 1.096).abs() < 1e-12);
     let slo = SloSpec::parse("ttft:p99:500ms").unwrap();
     let plan = capacity_plan(
@@ -162,7 +162,7 @@ fn the_plan_sizes_from_the_sustained_rate() {
     // A level that completed less than its schedule held sustained its completions.
     let mut slow = level(2.0, 200.0, false);
     slow.scheduled_rate = Some(1.98);
-    slow.achieved_rate = 1.9;
+    slow.completed_rate = 1.9;
     assert!((slow.sustained_rate() - 1.9).abs() < 1e-12);
 }
 

@@ -55,12 +55,12 @@ fn sweep_report(rng: &mut StdRng) -> Report {
         .iter()
         .map(|&rate| {
             let load = rate / 8.5;
-            let achieved = if rate > 7.0 { 7.2 } else { rate * 0.995 };
+            let completed = if rate > 7.0 { 7.2 } else { rate * 0.995 };
             SweepLevel {
                 offered_rate: rate,
-                achieved_rate: achieved,
-                output_tokens_per_s: achieved * 180.0,
-                saturated: achieved < 0.95 * rate,
+                completed_rate: completed,
+                output_tokens_per_s: completed * 180.0,
+                saturated: completed < 0.95 * rate,
                 samples: samples(rng, 400, load, 1.0),
                 server: None,
                 timeline: Some(timeline()),
@@ -262,7 +262,7 @@ fn sweep_compare_and_run_reports_are_self_contained() {
 
     let sweep = sweep_report(&mut rng);
     let (md, html) = write_report(&output_dir("sweep", temp.path()), &sweep).unwrap();
-    // TTFT and TPOT vs rate, achieved vs offered, throughput vs latency, 4 CDFs (TTFT, TTFA,
+    // TTFT and TPOT vs rate, completed vs offered, throughput vs latency, 4 CDFs (TTFT, TTFA,
     // TPOT, E2E), lag histogram, and the levels' TTFT and tok/s over time.
     check_files(&md, &html, 11);
     let text = std::fs::read_to_string(&html).unwrap();

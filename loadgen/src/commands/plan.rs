@@ -93,7 +93,7 @@ pub fn plan_text(plan: &CapacityPlan) -> String {
             out,
             "  {:>9.3} req/s offered, {:>9.3} completed: {}{}",
             level.offered_rate,
-            level.achieved_rate,
+            level.completed_rate,
             if level.passed { "meets SLO" } else { "fails" },
             if level.saturated { " (saturated)" } else { "" }
         );
@@ -101,7 +101,7 @@ pub fn plan_text(plan: &CapacityPlan) -> String {
     if let Some(max) = plan.max_sustainable {
         let _ = writeln!(
             out,
-            "Max sustainable QPS: {:.3} req/s sustained (nominal {} req/s); the plan sizes from \
+            "Max sustainable QPS: {:.3} req/s sustained ({} req/s offered); the plan sizes from \
              the sustained rate",
             max.sustained_rate, max.offered_rate
         );

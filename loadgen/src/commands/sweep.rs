@@ -16,17 +16,33 @@ use reports::render::write_report;
 use reports::slo::SloSpec;
 use reports::stats::min_sample_for_quantile;
 
+use crate::execute::prepare_and_execute;
 use crate::folders::{LevelEntry, SweepFile, SWEEP_FILE};
-use crate::prepare::{run_once, ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
+use crate::options::{ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
 use crate::probe::{auto_levels, probe_saturation};
 use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
 use crate::views::sweep_report;
 
+/// `--rate` and `--target-rate` are each level's to set: given here they are refused as a
+/// usage error (exit 2), never silently replaced.
 #[derive(Args, Debug, Clone)]
+#[command(
+    mut_arg("rate", |a| a
+        .conflicts_with("rates")
+        .help("Set by each level from --rates: refused here")
+        .long_help(None::<&str>)),
+    mut_arg("target_rate", |a| a
+        .conflicts_with("rates")
+        .help("Set by each level from --rates with --arrival trace: refused here")
+        .long_help(None::<&str>)),
+    mut_arg("out", |a| a.help("The sweep's folder: sweep.json, plan.json and one run folder per level")),
+    mut_arg("duration", |a| a.help("Each level's measured span, lengthened by --min-requests"))
+)]
 pub struct SweepArgs {
     /// Offered rates in requests/s, comma-separated (e.g. 1,2,4,8,16), run in ascending order;
     /// or `auto`: find the saturation rate with a closed-loop probe, then spread levels below it.
+    /// Each level sets --rate (and --target-rate with --arrival trace) itself: both are refused.
     #[arg(long, required = true)]
     pub rates: String,
     /// With --fail-on-slo: fail (exit 3) unless the SLO is met at a sustained rate of at
@@ -61,8 +77,10 @@ pub struct SweepArgs {
     /// level has not drained by the next start fails rather than start that level late.
     #[arg(long, value_parser = duration_arg)]
     pub level_period: Option<Duration>,
-    /// Every `loadgen run` option applies to each level (`--rate` is replaced by each rate;
-    /// `--slo` takes percentiles: ttft:p99:500ms,tpot:p99:50ms; `--out` is required).
+    /// Every `loadgen run` option applies to each level but `--rate` and `--target-rate`,
+    /// which each level sets from --rates (refused here). `--out` (required) is the sweep's
+    /// folder, one run folder per level inside; `--duration` is each level's measured span,
+    /// lengthened by --min-requests; `--slo` takes percentiles: ttft:p99:500ms,tpot:p99:50ms.
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -90,12 +108,9 @@ pub fn parse_rates(text: &str) -> Result<Option<Vec<f64>>> {
     Ok(Some(rates))
 }
 
-/// What each rate of a level means, printed under the sweep and in its report.
-pub const RATE_DEFINITIONS: &str = "Rates (req/s): offered = the nominal rate asked for; \
-scheduled = (n − 1) / span of the n measured requests' scheduled sends (what the seeded schedule \
-actually holds); completed = (k − 1) / span of the k successful ones' ends, over the same requests. \
-A level is saturated when completed < 95% of scheduled, requests in flight keep growing, or TTFT \
-keeps rising; unclear with fewer than 10 requests.";
+/// When a level is saturated, printed under the sweep beside the rates' definitions.
+pub const SATURATION_RULE: &str = "A level is saturated when completed < 95% of scheduled, \
+requests in flight keep growing, or TTFT keeps rising; unclear with fewer than 10 requests.";
 
 /// The requests each level must hold, from `--min-requests` (a count or `auto`, the default
 /// with an SLO).
@@ -182,7 +197,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
     if args.run.concurrency.is_some() {
         bail!("loadgen sweep: --concurrency (closed loop) cannot be combined with --rates");
     }
-    let slo = crate::prepare::slo_spec(&args.run)?;
+    let slo = crate::options::slo_spec(&args.run)?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let timetable = sharded_timetable(&args)?;
     let (rates, probe) = match parse_rates(&args.rates)? {
@@ -249,7 +264,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         if let Some((start, period)) = timetable {
             run.start_at = Some(start + period * i as u32);
         }
-        let outcome = run_once(&run, stop.clone()).await?;
+        let outcome = prepare_and_execute(&run, stop.clone()).await?;
         print!("{}", reports::table::render(&outcome.summary));
         let (entry, check) = LevelEntry::measure(&out, dir, rate, slo.as_ref())?;
         let saturated = entry.saturated;
@@ -284,7 +299,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
             break;
         }
     }
-    println!("{RATE_DEFINITIONS}");
+    println!("{} {SATURATION_RULE}", reports::rates::DEFINITIONS);
     for level in &file.levels {
         let (scheduled, completed) = level.rates.map_or(("–".into(), "–".into()), |r| {
             (format!("{:.3}", r.scheduled), format!("{:.3}", r.completed))
@@ -322,8 +337,11 @@ fn sweep_gate(file: &SweepFile, require_rate: Option<f64>) -> Result<(), crate::
         .filter(|l| l.slo_verdict == Some(SloVerdict::Met) && !l.saturated);
     let best = met
         .map(|l| {
-            l.rates
-                .map_or(l.achieved_rate, |r| r.completed.min(r.scheduled))
+            reports::rates::sustained(
+                l.offered_rate,
+                l.rates.map(|r| r.scheduled),
+                l.completed_rate,
+            )
         })
         .fold(None, |best: Option<f64>, r| {
             Some(best.map_or(r, |b| b.max(r)))

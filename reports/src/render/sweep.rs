@@ -26,7 +26,7 @@ pub(super) fn sections(view: &SweepView) -> Vec<Section> {
         .iter()
         .map(|&metric| percentile_vs_rate(view, &levels, metric, knee))
         .collect();
-    plots.push(achieved_vs_offered(&levels, knee));
+    plots.push(completed_vs_offered(&levels, knee));
     plots.push(throughput_vs_latency(&levels));
     let sets: Vec<(String, &crate::samples::LatencySamples)> = levels
         .iter()
@@ -152,7 +152,7 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
                 level
                     .scheduled_rate
                     .map_or("–".into(), |r| format!("{r:.3}")),
-                format!("{:.3}", level.achieved_rate),
+                format!("{:.3}", level.completed_rate),
                 format!("{:.1}", level.output_tokens_per_s),
                 level.samples.requests.len().to_string(),
             ];
@@ -189,10 +189,7 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
         .collect();
     let mut paragraphs = vec![
         format!("{} levels, sorted by offered rate.", levels.len()),
-        "Rates: offered = the nominal rate asked for; scheduled = (n − 1) / span of the n \
-         measured requests' scheduled sends (what the seeded schedule actually held); completed \
-         = (k − 1) / span of the k successful ones' ends, over the same requests."
-            .to_string(),
+        crate::rates::DEFINITIONS.to_string(),
     ];
     if let Some(slo) = &view.slo {
         paragraphs.push(format!(
@@ -214,7 +211,7 @@ fn plan_section(plan: &CapacityPlan) -> Section {
         rows.push(vec![
             "max sustainable QPS (highest level meeting the SLO, the rate it sustained)".into(),
             format!(
-                "{} req/s sustained ({} req/s nominal; {:.1} output tok/s); the plan sizes from \
+                "{} req/s sustained ({} req/s offered; {:.1} output tok/s); the plan sizes from \
                  the sustained rate",
                 rate(max.sustained_rate),
                 rate(max.offered_rate),
@@ -364,29 +361,29 @@ fn percentile_vs_rate(
     }
 }
 
-fn achieved_vs_offered(levels: &[&SweepLevel], knee: Option<f64>) -> Plot {
+fn completed_vs_offered(levels: &[&SweepLevel], knee: Option<f64>) -> Plot {
     let offered: Vec<(f64, f64)> = levels
         .iter()
         .map(|l| (l.offered_rate, l.offered_rate))
         .collect();
     Plot {
-        name: "sweep-achieved-vs-offered".into(),
+        name: "sweep-completed-vs-offered".into(),
         svg: svg::chart(&Chart {
-            title: "Achieved vs offered rate".into(),
+            title: "Completed vs offered rate".into(),
             x_label: "offered rate (req/s)".into(),
-            y_label: "achieved rate (req/s)".into(),
+            y_label: "completed rate (req/s)".into(),
             series: vec![
                 Series {
-                    name: "achieved".into(),
+                    name: "completed".into(),
                     points: levels
                         .iter()
-                        .map(|l| (l.offered_rate, l.achieved_rate))
+                        .map(|l| (l.offered_rate, l.completed_rate))
                         .collect(),
                     style: Style::LinePoints,
                     error_bars: Vec::new(),
                 },
                 Series {
-                    name: "achieved = offered".into(),
+                    name: "completed = offered".into(),
                     points: offered,
                     style: Style::DashedLine,
                     error_bars: Vec::new(),

@@ -1,12 +1,12 @@
-//! The run loop. Before the window, the connection pool is opened (one connection per
-//! expected concurrent request, see [`Plan::warm_connections`]) so that no measured request
-//! pays connection set-up. Open loop: a dedicated sender thread serialises each request's
-//! body, then waits for its scheduled instant (sleep, then spin for the last stretch) and
-//! fires it without waiting for responses; each request runs as its own tokio task. Closed
-//! loop: N workers, each sending its next request when the previous one ends. Records are
-//! appended to `records.jsonl` (one line, flushed) as each request ends, by a writer thread
-//! off the runtime that timestamps chunks. A stop signal ends the run early: finished
-//! records are kept and the summary is marked incomplete.
+//! The send loop: one execution of a [`Plan`]. Before the window, the connection pool is
+//! opened (one connection per expected concurrent request, see [`Plan::warm_connections`])
+//! so that no measured request pays connection set-up. Open loop: a dedicated sender thread
+//! serialises each request's body, then waits for its scheduled instant (sleep, then spin
+//! for the last stretch) and fires it without waiting for responses; each request runs as
+//! its own tokio task. Closed loop: N workers, each sending its next request when the
+//! previous one ends. Records are appended to `records.jsonl` (one line, flushed) as each
+//! request ends, by a writer thread off the runtime that timestamps chunks. A stop signal
+//! ends the run early: finished records are kept and the summary is marked incomplete.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,141 +18,20 @@ use anyhow::{Context, Result};
 use reports::metrics::{self, Metrics, MetricsOptions, Slo};
 use reports::records::{Phase, RequestRecord, SessionEnd, SessionTurn};
 use reports::summary::Summary;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::client::{self, RequestStub};
 use crate::client_cpu::CpuClock;
 use crate::connections::{self, HttpClient};
+use crate::plan::{LoadMode, Plan, SessionLimits};
 use crate::progress::Progress;
 use crate::stop::stopped;
 use crate::target::Target;
 use crate::tls::TlsSettings;
 use crate::workload::prompt::PromptBuilder;
-use crate::workload::RequestSpec;
 
-/// One request of the pre-generated list.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PlannedRequest {
-    pub id: u64,
-    /// Send time in seconds from the run origin (open loop); `None` in closed loop and for
-    /// a session's later turns, which follow the previous answer.
-    pub at_s: Option<f64>,
-    pub spec: RequestSpec,
-    /// Its place in a multi-turn session; a session's turns are consecutive in the list.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<PlannedTurn>,
-}
-
-/// A planned request's place in its session.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct PlannedTurn {
-    pub session: u64,
-    /// 1 for the first turn.
-    pub turn: u32,
-    /// The user's think time after the previous answer ended (0 for the first turn).
-    pub think_s: f64,
-    /// The session's last planned turn.
-    pub last: bool,
-    /// The session was drawn longer than `--max-session-turns` allows (on its last turn).
-    pub capped: bool,
-}
-
-/// What ends a session besides its turns (session mode only).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SessionLimits {
-    /// `--max-history-tokens`: a session ends, capped, when its next turn's prompt would pass
-    /// this (the previous prompt, its answer and the next user turn).
-    pub max_history_tokens: Option<u64>,
-    /// How long after the schedule's end (warm-up + duration + cool-down) sessions may go
-    /// on; `None` without `--duration`: every session runs to its end.
-    pub drain_s: Option<f64>,
-}
-
-/// Open or closed loop.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum LoadMode {
-    /// Requests sent at their `at_s`, whatever the server does.
-    Open,
-    /// `concurrency` workers, each waiting for its response before sending the next.
-    Closed { concurrency: usize },
-}
-
-/// Everything decided before the run: the request list, schedule and phases.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
-    pub requests: Vec<PlannedRequest>,
-    pub mode: LoadMode,
-    pub warmup_s: f64,
-    /// Measured span; `None` = everything after the warm-up is measured.
-    pub duration_s: Option<f64>,
-    pub cooldown_s: f64,
-    /// Cap on requests in flight; queued requests record their wait.
-    pub max_concurrency: Option<usize>,
-    /// Multi-turn sessions: `Some` when the requests are sessions' turns.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sessions: Option<SessionLimits>,
-}
-
-impl Plan {
-    /// The phase of a request sent (or scheduled) at `t_s`.
-    pub fn phase_at(&self, t_s: f64) -> Phase {
-        if t_s < self.warmup_s {
-            Phase::Warmup
-        } else if self.duration_s.is_some_and(|d| t_s >= self.warmup_s + d) {
-            Phase::Cooldown
-        } else {
-            Phase::Measured
-        }
-    }
-
-    /// Connections to open before the window: the closed-loop concurrency, or in open loop
-    /// the most requests scheduled within any one second (the requests in flight together
-    /// when each takes up to a second), capped by `pool`.
-    pub fn warm_connections(&self, pool: usize) -> usize {
-        let wanted = match self.mode {
-            LoadMode::Closed { concurrency } => concurrency,
-            LoadMode::Open => {
-                let times: Vec<f64> = self.requests.iter().filter_map(|r| r.at_s).collect();
-                let mut start = 0;
-                let mut most = 0;
-                for (end, &t) in times.iter().enumerate() {
-                    while t - times[start] >= 1.0 {
-                        start += 1;
-                    }
-                    most = most.max(end - start + 1);
-                }
-                most
-            }
-        };
-        wanted.min(pool).max(1)
-    }
-
-    /// Writes `schedule.jsonl`: one line per planned request (id, send time, lengths).
-    pub fn write_schedule(&self, path: &std::path::Path) -> Result<()> {
-        let mut out = std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
-        );
-        for r in &self.requests {
-            let line = json!({
-                "id": r.id,
-                "at_ms": r.at_s.map(|t| t * 1000.0),
-                "input_len": r.spec.input_len,
-                "output_len": r.spec.output_len,
-                "prefix_group": r.spec.prefix_group,
-                "session": r.session,
-            });
-            writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
-        }
-        out.flush()
-            .with_context(|| format!("writing {}", path.display()))
-    }
-}
-
-/// Options of one run.
-pub struct RunOptions {
+/// Options of one execution of a plan.
+pub struct SendOptions {
     /// Folder for `schedule.jsonl`, `records.jsonl` and `summary.json` (`meta.json` is the caller's).
     pub out_dir: Option<PathBuf>,
     pub slos: Vec<Slo>,
@@ -207,7 +86,8 @@ async fn one_request(
     body: Result<bytes::Bytes>,
 ) {
     let stop = ctx.stop.clone();
-    if let Some((record, _)) = send(&ctx, id, index, scheduled, phase, body, false, stop).await {
+    if let Some((record, _)) = send_one(&ctx, id, index, scheduled, phase, body, false, stop).await
+    {
         let _ = ctx.records.send(record);
     }
 }
@@ -216,7 +96,7 @@ async fn one_request(
 /// and returns its record, with its answer's text when `keep_answer`; `None` when the run
 /// stopped before it was sent.
 #[allow(clippy::too_many_arguments)]
-async fn send(
+async fn send_one(
     ctx: &RunContext,
     id: u64,
     index: usize,
@@ -313,7 +193,7 @@ async fn run_session(
                 Err(e) => (Err(e), None),
             };
         let Some((mut record, answer)) =
-            send(&ctx, req.id, index, due, phase, body, true, drain.clone()).await
+            send_one(&ctx, req.id, index, due, phase, body, true, drain.clone()).await
         else {
             // Stopped before this turn was sent (waiting for a concurrency slot): the
             // previous turn's record says the session was cut.
@@ -496,12 +376,12 @@ fn record_writer(
     Ok(records)
 }
 
-/// Executes `plan` against `target`. The caller resolves the model and writes `meta.json`.
-pub async fn execute(
+/// Sends `plan` to `target`. The caller resolves the model and writes `meta.json`.
+pub async fn send_plan(
     plan: Arc<Plan>,
     target: Target,
     prompts: Arc<PromptBuilder>,
-    opts: RunOptions,
+    opts: SendOptions,
 ) -> Result<RunOutcome> {
     if plan.requests.is_empty() {
         anyhow::bail!("the plan has no requests");
