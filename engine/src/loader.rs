@@ -49,9 +49,9 @@ pub struct DeviceArgs {
     /// or `scalar` (CUDA cores, the default elsewhere).
     #[arg(long, value_enum)]
     pub prefill_attention: Option<PrefillAttention>,
-    /// CUDA: the decode attention kernel: `pipelined` (the default: K and V rows copied into
-    /// shared memory with cp.async two tiles ahead of the one computed) or `direct` (loaded
-    /// into registers, then used).
+    /// CUDA: the decode attention kernel: `pipelined` (the default on sm_80 or newer: K and V
+    /// rows copied into shared memory with cp.async two tiles ahead of the one computed) or
+    /// `direct` (loaded into registers, then used; the default on older GPUs).
     #[arg(long, value_enum)]
     pub decode_attention: Option<DecodeAttention>,
 }
@@ -284,7 +284,7 @@ pub fn load_model(
                 max_num_batched_tokens: sizing.max_num_batched_tokens,
                 enforce_eager: device.enforce_eager,
                 prefill_attention: device.prefill_attention,
-                decode_attention: device.decode_attention.unwrap_or_default(),
+                decode_attention: device.decode_attention,
                 ..CudaOptions::default()
             };
             load_cuda_runner(&config, weights.as_mut(), &options)?

@@ -197,7 +197,7 @@ fn runners(
         block_size: BLOCK_SIZE,
         kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
         prefill_attention: Some(prefill_attention),
-        decode_attention,
+        decode_attention: Some(decode_attention),
         ..CudaOptions::default()
     };
     let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts).expect("load on the GPU");
@@ -382,7 +382,7 @@ fn graph_replay_matches_eager(decode_attention: DecodeAttention) {
             kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
             max_num_seqs: 8,
             enforce_eager,
-            decode_attention,
+            decode_attention: Some(decode_attention),
             ..CudaOptions::default()
         };
         load_cuda_runner(&config, w.as_mut(), &opts).expect("load on the GPU")

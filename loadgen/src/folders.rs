@@ -125,9 +125,13 @@ impl LevelEntry {
         let entry = LevelEntry {
             dir,
             offered_rate: rate,
-            completed_rate: saturation
-                .rates
-                .map_or(loaded.metrics.request_throughput, |r| r.completed),
+            completed_rate: reports::rates::completed(
+                &records
+                    .iter()
+                    .filter(|r| r.phase == Phase::Measured)
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap_or(0.0),
             output_tokens_per_s: loaded.metrics.output_throughput,
             saturated: saturation.state == SaturationState::Saturated,
             rates: saturation.rates,

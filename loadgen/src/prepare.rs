@@ -138,76 +138,87 @@ pub fn build_plan(
     let num_prompts = args
         .num_prompts
         .unwrap_or(trace_rows.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len));
-    // Send times (open loop) and the number of requests.
-    let (times, schedule_meta): (Option<Vec<f64>>, serde_json::Value) =
-        match (args.concurrency, arrival) {
-            (Some(c), _) => (None, json!({"mode": "closed", "concurrency": c})),
-            (None, ArrivalKind::Trace) => {
-                let rows = trace_rows
-                    .as_ref()
-                    .context("--arrival trace needs --workload trace")?;
-                let ts: Vec<f64> = rows
-                    .iter()
-                    .map(|r| r.timestamp_ms)
-                    .collect::<Option<Vec<f64>>>()
-                    .context("--arrival trace: this trace has no timestamps")?;
-                let scaling = TraceScaling {
-                    window: args.trace_window.as_deref().map(parse_window).transpose()?,
-                    time_scale: args.time_scale,
-                    target_rate: args.target_rate,
-                };
-                let (kept, times) = scale_trace(&ts, &scaling)?;
-                let rows: Vec<TraceRow> = kept.iter().map(|&i| rows[i].clone()).collect();
-                let meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
+    // How requests are sent, and the number of requests.
+    let (sends, schedule_meta): (Sends, serde_json::Value) = match (args.concurrency, arrival) {
+        (Some(c), _) => (
+            Sends::Closed(c),
+            json!({"mode": "closed", "concurrency": c}),
+        ),
+        (None, ArrivalKind::Trace) => {
+            let rows = trace_rows
+                .as_ref()
+                .context("--arrival trace needs --workload trace")?;
+            let ts: Vec<f64> = rows
+                .iter()
+                .map(|r| r.timestamp_ms)
+                .collect::<Option<Vec<f64>>>()
+                .context("--arrival trace: this trace has no timestamps")?;
+            let scaling = TraceScaling {
+                window: args.trace_window.as_deref().map(parse_window).transpose()?,
+                time_scale: args.time_scale,
+                target_rate: args.target_rate,
+            };
+            let (kept, times) = scale_trace(&ts, &scaling)?;
+            let rows: Vec<TraceRow> = kept.iter().map(|&i| rows[i].clone()).collect();
+            let meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
                 "bursts": "rows with equal timestamps are sent at the same instant"});
-                let mut times = times;
-                if let Some(d) = duration {
-                    times.retain(|&t| t < warmup + d + cooldown);
-                }
-                let n = times.len();
-                return finish_plan(
-                    args,
-                    Some(times),
-                    Some(rows[..n].to_vec()),
-                    n,
-                    workload_meta,
-                    meta,
-                );
+            let mut times = times;
+            if let Some(d) = duration {
+                times.retain(|&t| t < warmup + d + cooldown);
             }
-            (None, arrival) => {
-                let arrival = match arrival {
-                    ArrivalKind::Poisson => Arrival::Poisson,
-                    ArrivalKind::Gamma => Arrival::Gamma {
-                        burstiness: args.burstiness,
-                    },
-                    ArrivalKind::Constant | ArrivalKind::Trace => Arrival::Constant,
-                };
-                let spec = ScheduleSpec {
-                    arrival,
-                    rate: args.rate,
-                    ramp_up: args.ramp_up.map(|r| RampUp {
-                        from_rate: args.ramp_start_rate,
-                        secs: r.as_secs_f64(),
-                    }),
-                };
-                let extent = match duration {
-                    Some(d) => Extent::Until(warmup + d + cooldown),
-                    None => Extent::Count(num_prompts),
-                };
-                let times = spec.generate(extent, schedule_seed)?;
-                (
-                    Some(times),
-                    json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed}),
-                )
-            }
-        };
-    let n = times.as_ref().map_or(num_prompts, Vec::len);
-    finish_plan(args, times, trace_rows, n, workload_meta, schedule_meta)
+            let n = times.len();
+            return finish_plan(
+                args,
+                Sends::At(times),
+                Some(rows[..n].to_vec()),
+                n,
+                workload_meta,
+                meta,
+            );
+        }
+        (None, arrival) => {
+            let arrival = match arrival {
+                ArrivalKind::Poisson => Arrival::Poisson,
+                ArrivalKind::Gamma => Arrival::Gamma {
+                    burstiness: args.burstiness,
+                },
+                ArrivalKind::Constant | ArrivalKind::Trace => Arrival::Constant,
+            };
+            let spec = ScheduleSpec {
+                arrival,
+                rate: args.rate,
+                ramp_up: args.ramp_up.map(|r| RampUp {
+                    from_rate: args.ramp_start_rate,
+                    secs: r.as_secs_f64(),
+                }),
+            };
+            let extent = match duration {
+                Some(d) => Extent::Until(warmup + d + cooldown),
+                None => Extent::Count(num_prompts),
+            };
+            let times = spec.generate(extent, schedule_seed)?;
+            (
+                Sends::At(times),
+                json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed}),
+            )
+        }
+    };
+    let n = match &sends {
+        Sends::At(times) => times.len(),
+        Sends::Closed(_) => num_prompts,
+    };
+    finish_plan(args, sends, trace_rows, n, workload_meta, schedule_meta)
+}
+
+/// How a plan's requests are sent: at these times (open loop), or by this many workers.
+enum Sends {
+    At(Vec<f64>),
+    Closed(usize),
 }
 
 fn finish_plan(
     args: &RunArgs,
-    times: Option<Vec<f64>>,
+    sends: Sends,
     trace_rows: Option<Vec<TraceRow>>,
     n: usize,
     mut workload_meta: serde_json::Value,
@@ -224,10 +235,9 @@ fn finish_plan(
     };
     let mut specs = specs.into_iter();
     let mut next = |_| specs.next().expect("one spec per request");
-    let plan = match (args.concurrency, times) {
-        (Some(c), _) => Plan::closed(c, n, &mut next),
-        (None, Some(times)) => Plan::open(times, &mut next),
-        (None, None) => bail!("an open-loop schedule needs send times"),
+    let plan = match sends {
+        Sends::Closed(c) => Plan::closed(c, n, &mut next),
+        Sends::At(times) => Plan::open(times, &mut next),
     };
     let plan = Plan {
         warmup_s: args.warmup.as_secs_f64(),
@@ -388,8 +398,6 @@ fn build_session_plan(
         }
     }
     let plan = Plan {
-        requests,
-        mode: LoadMode::Open,
         warmup_s: warmup,
         duration_s: args.duration.map(|d| d.as_secs_f64()),
         cooldown_s: args.cooldown.as_secs_f64(),
@@ -401,6 +409,7 @@ fn build_session_plan(
                     .map_or(DEFAULT_SESSION_DRAIN_S, |d| d.as_secs_f64()),
             ),
         }),
+        ..Plan::with_requests(LoadMode::Open, requests)
     };
     let schedule_meta = json!({"mode": "open", "unit": "sessions", "schedule": schedule,
         "schedule_seed": schedule_seed, "sessions": starts.len(), "turns": total,

@@ -1,4 +1,4 @@
-//! Whether a sweep level kept up with its offered rate.
+//! Whether a sweep level kept up with the rate its schedule held.
 //!
 //! A level saturates when it completes fewer than 95% of the requests/s its schedule held, or
 //! when its waiting requests keep growing. The scheduled and completed rates

@@ -1,4 +1,4 @@
-//! The send loop: one execution of a [`Plan`]. Before the window, the connection pool is
+//! The send loop: sends a [`Plan`] to a server. Before the window, the connection pool is
 //! opened (one connection per expected concurrent request, see [`Plan::warm_connections`])
 //! so that no measured request pays connection set-up. Open loop: a dedicated sender thread
 //! serialises each request's body, then waits for its scheduled instant (sleep, then spin
@@ -30,7 +30,7 @@ use crate::target::Target;
 use crate::tls::TlsSettings;
 use crate::workload::prompt::PromptBuilder;
 
-/// Options of one execution of a plan.
+/// Options of sending one plan.
 pub struct SendOptions {
     /// Folder for `schedule.jsonl`, `records.jsonl` and `summary.json` (`meta.json` is the caller's).
     pub out_dir: Option<PathBuf>,
@@ -56,7 +56,7 @@ pub struct RunOutcome {
     pub ready_before_start_ms: Option<f64>,
 }
 
-struct RunContext {
+struct SendContext {
     client: HttpClient,
     target: Target,
     prompts: Arc<PromptBuilder>,
@@ -78,7 +78,7 @@ fn ms(origin: Instant, t: Instant) -> f64 {
 
 /// Runs request `index` of the plan as record `id`; sends its record unless stopped.
 async fn one_request(
-    ctx: Arc<RunContext>,
+    ctx: Arc<SendContext>,
     id: u64,
     index: usize,
     scheduled: Instant,
@@ -97,7 +97,7 @@ async fn one_request(
 /// stopped before it was sent.
 #[allow(clippy::too_many_arguments)]
 async fn send_one(
-    ctx: &RunContext,
+    ctx: &SendContext,
     id: u64,
     index: usize,
     scheduled: Instant,
@@ -169,7 +169,7 @@ async fn send_one(
 /// the run stops before its next turn (cut); its last record says which. A turn in flight
 /// at the drain limit is recorded as interrupted.
 async fn run_session(
-    ctx: Arc<RunContext>,
+    ctx: Arc<SendContext>,
     first: usize,
     start: Instant,
     drain: watch::Receiver<bool>,
@@ -276,7 +276,7 @@ async fn run_session(
 
 /// The open-loop sender: serialises each body ahead of its send time, sleeps to ~200 µs
 /// before it, then spins.
-fn sender_thread(ctx: Arc<RunContext>, handle: tokio::runtime::Handle) {
+fn sender_thread(ctx: Arc<SendContext>, handle: tokio::runtime::Handle) {
     const SPIN: Duration = Duration::from_micros(200);
     #[cfg(target_os = "linux")]
     // SAFETY: sets this thread's timer slack (1 ns instead of 50 µs) so that its sleeps end
@@ -327,7 +327,7 @@ fn sender_thread(ctx: Arc<RunContext>, handle: tokio::runtime::Handle) {
     }
 }
 
-async fn closed_worker(ctx: Arc<RunContext>, next: Arc<AtomicU64>, end: Option<Instant>) {
+async fn closed_worker(ctx: Arc<SendContext>, next: Arc<AtomicU64>, end: Option<Instant>) {
     let n = ctx.plan.requests.len() as u64;
     loop {
         if *ctx.stop.borrow() || end.is_some_and(|e| Instant::now() >= e) {
@@ -426,7 +426,7 @@ pub async fn send_plan(
     let progress = Arc::new(Progress::new(plan.requests.len() as u64));
     let stop_flag = Arc::new(AtomicBool::new(false));
     let drain = drain_signal(&plan, origin, opts.stop.clone());
-    let ctx = Arc::new(RunContext {
+    let ctx = Arc::new(SendContext {
         client,
         target,
         prompts,

@@ -4,7 +4,11 @@
 //! is written in to the module it names (the longest prefix of the path that is a module
 //! file, so a path through a re-export is an edge to the re-exporting module). Only
 //! `#[cfg(test)] mod NAME { … }` blocks are test code. Cycles are looked for between files
-//! and between top-level modules (each file counted as its first path segment).
+//! and between top-level modules (each file counted as its first path segment). A module
+//! naming its own child modules by a plain path (`mod.rs`'s `pub use child::Thing`) is not an
+//! edge: a parent's surface is made of its children, which may use the parent's shared
+//! pieces through `super::`. Paths inside an inline non-test `mod x { … }` resolve from the
+//! file's module.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -272,11 +272,13 @@ async fn errors_are_recorded_counted_and_excluded() {
         out.metrics.errors.get("stream_cut"),
         Some(&out.metrics.failed)
     );
-    // The connection dies when the 6th token is due; the 5th chunk may be lost with it.
+    // The connection dies when the 6th token is due. Chunks the client had not read yet when
+    // the reset came are lost with it (under CPU contention a fresh-clone CI run once kept only
+    // 3 of 5), so only the bound is certain: no chunk past the 5th, and the 200 status kept.
     assert!(out
         .records
         .iter()
-        .all(|r| (4..=5).contains(&r.chunk_ms.len()) && r.http_status == Some(200)));
+        .all(|r| (1..=5).contains(&r.chunk_ms.len()) && r.http_status == Some(200)));
     // A timeout: the client gives up after 100 ms, the mock's TTFT is 1 s.
     let (addr, handle) = mock::spawn(MockConfig {
         ttft: Duration::from_secs(1),

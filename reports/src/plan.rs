@@ -3,13 +3,13 @@
 //!
 //! Definitions (ARCHITECTURE.md, "Sweeps and capacity plans", made precise):
 //! - a level passes when every SLO target holds and it did not saturate;
-//! - max sustainable QPS = the offered rate of the highest passing level;
-//! - the interpolated crossing lies between that level (rate r1) and the next higher level
-//!   (r2; its completed rate instead when it saturated): for each target that the higher level
+//! - max sustainable QPS = the sustained rate ([`crate::rates`]) of the highest passing level;
+//! - the interpolated crossing lies between that level (its sustained rate r1) and the next
+//!   higher level (its sustained rate r2): for each target that the higher level
 //!   breaks, the rate where the straight line through the two levels' percentile values meets
 //!   the limit, clamped to [r1, r2]; the crossing is the smallest over targets. Its CI comes from
 //!   resampling both boundary levels' requests (seeded percentile bootstrap); when the higher
-//!   level saturated, its completed rate r2 is itself uncertain (k completions: a Poisson count,
+//!   level saturated, r2 is its completed rate and itself uncertain (k completions: a Poisson count,
 //!   relative error 1/√k), so each replicate also redraws r2. An interval that still has no
 //!   width is reported as none (a note says so), never as a point;
 //! - instances = ⌈target QPS × headroom / max QPS⌉: the headroom inflates the load before

@@ -76,8 +76,8 @@ pub struct CudaOptions {
     pub enforce_eager: bool,
     /// The prefill attention kernel; `None` picks the tensor-core one where it can run.
     pub prefill_attention: Option<PrefillAttention>,
-    /// The decode attention kernel.
-    pub decode_attention: DecodeAttention,
+    /// The decode attention kernel; `None` picks the pipelined one where it can run.
+    pub decode_attention: Option<DecodeAttention>,
 }
 
 impl Default for CudaOptions {
@@ -91,7 +91,7 @@ impl Default for CudaOptions {
             kv_cache_tokens: None,
             enforce_eager: false,
             prefill_attention: None,
-            decode_attention: DecodeAttention::Pipelined,
+            decode_attention: None,
         }
     }
 }
@@ -114,7 +114,11 @@ pub fn open_cuda_backend(
     ensure!(opts.block_size > 0, "KV block size must be positive");
     let backend = CudaBackend::new(opts.ordinal)?
         .with_prefill_attention(opts.prefill_attention, config.head_dim)?
-        .with_decode_attention(opts.decode_attention);
+        .with_decode_attention(
+            opts.decode_attention,
+            config.num_heads / config.num_kv_heads,
+            config.head_dim,
+        )?;
     let tokens = match opts.kv_cache_tokens {
         Some(t) => t / opts.block_size * opts.block_size,
         None => {
@@ -393,6 +397,8 @@ pub struct CudaBackend {
     blas: CudaBlas,
     kernels: kernels::Kernels,
     prefill_attention: PrefillAttention,
+    /// Direct until [`CudaBackend::with_decode_attention`] has raised the pipelined kernel's
+    /// shared-memory limit and chosen it.
     decode_attention: DecodeAttention,
     num_sms: usize,
     state: Mutex<State>,
@@ -440,10 +446,56 @@ impl CudaBackend {
         Ok(self)
     }
 
-    /// The backend with decode attention on `kernel`.
-    pub fn with_decode_attention(mut self, kernel: DecodeAttention) -> Self {
-        self.decode_attention = kernel;
-        self
+    /// The backend with decode attention on `kernel` for a model's GQA group size and head
+    /// dim: the pipelined kernel's shared memory is raised for it (a GPU that cannot give a
+    /// block that much refuses it when named); `None` takes it on sm_80 or newer where it fits
+    /// (its copies overlap the compute only there) and the direct kernel elsewhere.
+    pub fn with_decode_attention(
+        mut self,
+        kernel: Option<DecodeAttention>,
+        group: usize,
+        head_dim: usize,
+    ) -> anyhow::Result<Self> {
+        let (major, minor) = self
+            .ctx
+            .compute_capability()
+            .context("reading the GPU's compute capability")?;
+        let pipelined_fits = || -> anyhow::Result<()> {
+            let name = decode_kernel_name(DecodeAttention::Pipelined, group, head_dim).ok_or_else(
+                || anyhow!("no decode kernel for group size {group} and head_dim {head_dim}"),
+            )?;
+            let smem = decode_async_smem_bytes(group, head_dim)
+                .ok_or_else(|| anyhow!("no pipelined decode kernel for head_dim {head_dim}"))?;
+            self.kernels
+                .get(&name)?
+                .set_attribute(
+                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    int(smem, "decode shared memory")?,
+                )
+                .with_context(|| {
+                    format!(
+                        "--decode-attention pipelined: `{name}` needs {smem} bytes of shared \
+                         memory per block, more than this GPU (sm_{major}{minor}) gives"
+                    )
+                })
+        };
+        let chosen = match kernel {
+            Some(DecodeAttention::Pipelined) => {
+                pipelined_fits()?;
+                DecodeAttention::Pipelined
+            }
+            Some(DecodeAttention::Direct) => DecodeAttention::Direct,
+            None if major >= 8 => match pipelined_fits() {
+                Ok(()) => DecodeAttention::Pipelined,
+                Err(why) => {
+                    tracing::info!("decode attention loads into registers: {why:#}");
+                    DecodeAttention::Direct
+                }
+            },
+            None => DecodeAttention::Direct,
+        };
+        self.decode_attention = chosen;
+        Ok(self)
     }
 
     /// Opens GPU `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
@@ -473,19 +525,6 @@ impl CudaBackend {
                 smem,
             )
             .context("raising the prefill kernel's shared-memory limit")?;
-        }
-        for lanes in kernels::DECODE_LANES {
-            for g in kernels::DECODE_GROUPS {
-                let smem = decode_async_smem_bytes(g, 8 * lanes)
-                    .ok_or_else(|| anyhow!("no pipelined decode kernel for {lanes} lanes"))?;
-                kernels
-                    .get(&format!("paged_decode_async_g{g}_k{lanes}"))?
-                    .set_attribute(
-                        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        int(smem, "decode shared memory")?,
-                    )
-                    .context("raising the pipelined decode kernel's shared-memory limit")?;
-            }
         }
         let num_sms = ctx
             .attribute(
@@ -518,7 +557,7 @@ impl CudaBackend {
             blas,
             kernels,
             prefill_attention: PrefillAttention::Scalar,
-            decode_attention: DecodeAttention::Pipelined,
+            decode_attention: DecodeAttention::Direct,
             num_sms,
             state: Mutex::new(State::default()),
             marks,

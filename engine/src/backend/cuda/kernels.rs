@@ -70,17 +70,18 @@ pub const FIXED_KERNELS: [&str; 11] = [
     "sample_rows",
 ];
 
-/// Which kernel computes decode attention. Both passed the GPU tests and transformers'
+/// Which kernel computes decode attention. Unless one is named, the pipelined kernel runs on
+/// sm_80 or newer and the direct one elsewhere. Both passed the GPU tests and transformers'
 /// logprobs on an H100; `ncu` there read the pipelined one 5% faster at batch 64 x 512
 /// (57% of HBM peak against 54%) and at 78% of HBM peak at batch 256 x 1024.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DecodeAttention {
     /// `paged_decode_g*`: each tile's K and V rows loaded into registers, then used (nothing
     /// in flight while a tile is computed).
     Direct,
     /// `paged_decode_async_g*`: the rows copied into shared memory with cp.async, two tiles
-    /// ahead of the one computed.
-    #[default]
+    /// ahead of the one computed (below sm_80 the copies are plain loads: correct, not
+    /// overlapped).
     Pipelined,
 }
 
