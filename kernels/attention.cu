@@ -98,6 +98,100 @@ __device__ __forceinline__ void decode_write_out(
     }
 }
 
+// The context range a decode block reads (its split of the sequence's keys) and its row.
+struct DecodeSpan {
+    int row, begin, end;
+    const int* table;
+};
+
+__device__ __forceinline__ DecodeSpan decode_span(const int* __restrict__ block_tables,
+                                                  int table_stride, const int* __restrict__ dec_seqs,
+                                                  const int* __restrict__ seq_row_start,
+                                                  const int* __restrict__ seq_n_tokens,
+                                                  const int* __restrict__ seq_start_pos, int di,
+                                                  int split, int num_splits) {
+    int seq = dec_seqs[di];
+    int ctx = seq_start_pos[seq] + seq_n_tokens[seq];
+    int chunk = (ctx + num_splits - 1) / num_splits;
+    int begin = split * chunk;
+    return DecodeSpan{seq_row_start[seq], begin, min(ctx, begin + chunk),
+                      block_tables + (size_t)seq * table_stride};
+}
+
+// Phase 1 for one key: the G dot products of its 8 dims `k` held by this lane with the
+// query, summed across the KL lanes of the key; lane 0 writes them to s_p (keys < n).
+template <int G, int KL, int TILE>
+__device__ __forceinline__ void decode_score_key(const float (&q)[G][8], const float (&k)[8], int key,
+                                                 int n, int kl, float (*s_p)[TILE]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot += q[g][e] * k[e];
+#pragma unroll
+        for (int o = KL / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (kl == 0 && key < n) s_p[g][key] = dot;
+    }
+}
+
+// Phase 2: the online softmax of a tile's n scores, warp w taking query heads w, w +
+// DEC_WARPS, ...: s_p becomes the tile's unnormalised probabilities, s_corr the factor the
+// accumulators are rescaled by, s_m and s_l the running max and sum.
+template <int G, int TILE>
+__device__ __forceinline__ void decode_softmax_tile(float (*s_p)[TILE], float* s_m, float* s_l,
+                                                    float* s_corr, int n, int warp, int lane) {
+    for (int g = warp; g < G; g += DEC_WARPS) {
+        float sc[TILE / 32];
+        float mt = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < TILE / 32; ++j) {
+            int key = lane + 32 * j;
+            sc[j] = key < n ? s_p[g][key] : -INFINITY;
+            mt = fmaxf(mt, sc[j]);
+        }
+        float m_old = s_m[g];
+        float m_new = fmaxf(m_old, warp_max(mt));
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TILE / 32; ++j) {
+            int key = lane + 32 * j;
+            float pr = key < n ? __expf(sc[j] - m_new) : 0.0f;
+            s_p[g][key] = pr;
+            sum += pr;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+            s_corr[g] = corr;
+            s_l[g] = s_l[g] * corr + sum;
+            s_m[g] = m_new;
+        }
+    }
+}
+
+// Phase 3's start: the accumulators rescaled to the tile's running max.
+template <int G>
+__device__ __forceinline__ void decode_rescale(float (&acc)[G][8], const float* s_corr) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        float corr = s_corr[g];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+    }
+}
+
+// Phase 3 for one key: acc += p · v over this lane's 8 dims `v`.
+template <int G, int TILE>
+__device__ __forceinline__ void decode_add_pv(float (&acc)[G][8], const float (*s_p)[TILE], int key,
+                                              const float (&v)[8]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        float pr = s_p[g][key];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] += pr * v[e];
+    }
+}
+
 template <int G, int KL>
 __device__ __forceinline__ void paged_decode_impl(
     const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
@@ -122,13 +216,10 @@ __device__ __forceinline__ void paged_decode_impl(
     int d0 = 8 * kl;
     bool dim_ok = d0 < head_dim;
     int group = num_heads / num_kv_heads;
-    int seq = dec_seqs[di];
-    int row = seq_row_start[seq];
-    int ctx = seq_start_pos[seq] + seq_n_tokens[seq];
-    const int* table = block_tables + (size_t)seq * table_stride;
-    int chunk = (ctx + num_splits - 1) / num_splits;
-    int begin = split * chunk;
-    int end = min(ctx, begin + chunk);
+    DecodeSpan span = decode_span(block_tables, table_stride, dec_seqs, seq_row_start, seq_n_tokens,
+                                  seq_start_pos, di, split, num_splits);
+    int row = span.row, begin = span.begin, end = span.end;
+    const int* table = span.table;
     size_t head_off = (size_t)kvh * head_dim + d0;
     size_t row_stride = (size_t)num_kv_heads * head_dim;
 
@@ -158,58 +249,23 @@ __device__ __forceinline__ void paged_decode_impl(
         }
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
-            int key = p * KEYS_PER_PASS + sub;
             float k[8];
             unpack_bf16x8(kw[p], k);
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) dot += q[g][e] * k[e];
-#pragma unroll
-                for (int o = KL / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                if (kl == 0 && key < n) s_p[g][key] = dot;
-            }
+            decode_score_key<G, KL, DEC_TILE>(q, k, p * KEYS_PER_PASS + sub, n, kl, s_p);
         }
         __syncthreads();
-        // (2) online softmax of the tile: warp w takes query heads w, w + DEC_WARPS, ...
-        for (int g = warp; g < G; g += DEC_WARPS) {
-            float a = lane < n ? s_p[g][lane] : -INFINITY;
-            float b = lane + 32 < n ? s_p[g][lane + 32] : -INFINITY;
-            float m_old = s_m[g];
-            float m_new = fmaxf(m_old, warp_max(fmaxf(a, b)));
-            float pa = lane < n ? __expf(a - m_new) : 0.0f;
-            float pb = lane + 32 < n ? __expf(b - m_new) : 0.0f;
-            s_p[g][lane] = pa;
-            s_p[g][lane + 32] = pb;
-            float sum = warp_sum(pa + pb);
-            if (lane == 0) {
-                float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-                s_corr[g] = corr;
-                s_l[g] = s_l[g] * corr + sum;
-                s_m[g] = m_new;
-            }
-        }
+        // (2) online softmax of the tile
+        decode_softmax_tile<G, DEC_TILE>(s_p, s_m, s_l, s_corr, n, warp, lane);
         __syncthreads();
         // (3) P.V
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            float corr = s_corr[g];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
-        }
+        decode_rescale<G>(acc, s_corr);
 #pragma unroll
         for (int j = 0; j < KEYS_PER_GROUP; ++j) {
             int key = sub + j * NKG;
             if (key < n) {
                 float v[8];
                 unpack_bf16x8(vw[j], v);
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    float pr = s_p[g][key];
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[g][e] += pr * v[e];
-                }
+                decode_add_pv<G, DEC_TILE>(acc, s_p, key, v);
             }
         }
         __syncthreads();
@@ -322,13 +378,10 @@ __device__ __forceinline__ void paged_decode_async_impl(
     int d0 = 8 * kl;
     bool dim_ok = d0 < head_dim;
     int group = num_heads / num_kv_heads;
-    int seq = dec_seqs[di];
-    int row = seq_row_start[seq];
-    int ctx = seq_start_pos[seq] + seq_n_tokens[seq];
-    const int* table = block_tables + (size_t)seq * table_stride;
-    int chunk = (ctx + num_splits - 1) / num_splits;
-    int begin = split * chunk;
-    int end = min(ctx, begin + chunk);
+    DecodeSpan span = decode_span(block_tables, table_stride, dec_seqs, seq_row_start, seq_n_tokens,
+                                  seq_start_pos, di, split, num_splits);
+    int row = span.row, begin = span.begin, end = span.end;
+    const int* table = span.table;
     int num_tiles = end > begin ? (end - begin + TILE - 1) / TILE : 0;
     size_t head_off = (size_t)kvh * head_dim + d0;
     size_t row_stride = (size_t)num_kv_heads * head_dim;
@@ -366,9 +419,9 @@ __device__ __forceinline__ void paged_decode_async_impl(
     for (int t = 0; t < num_tiles; ++t) {
         int st = t % STAGES;
         int n = min(TILE, end - (begin + t * TILE));
-        // Tile t's group is complete once at most STAGES - 2 later ones are in flight; the
-        // barrier makes every thread's copies visible and ends tile t - 1's reads of the
-        // stage that tile t + STAGES - 1 now refills.
+        // Tile t's group is complete once at most STAGES - 2 later ones are in flight (each
+        // thread reads only the rows it copied itself, so its own wait suffices); the barrier
+        // ends tile t - 1's reads of the stage that tile t + STAGES - 1 now refills.
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         if (t + STAGES - 1 < num_tiles) issue(t + STAGES - 1, (t + STAGES - 1) % STAGES);
@@ -381,65 +434,21 @@ __device__ __forceinline__ void paged_decode_async_impl(
             int key = p * KEYS_PER_PASS + sub;
             float k[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (key < n && dim_ok) unpack_bf16x8(*reinterpret_cast<const uint4*>(tk + key * HD + d0), k);
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) dot += q[g][e] * k[e];
-#pragma unroll
-                for (int o = KL / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                if (kl == 0 && key < n) s_p[g][key] = dot;
-            }
+            decode_score_key<G, KL, TILE>(q, k, key, n, kl, s_p);
         }
         __syncthreads();
-        // (2) online softmax of the tile: warp w takes query heads w, w + DEC_WARPS, ...
-        for (int g = warp; g < G; g += DEC_WARPS) {
-            float sc[TILE / 32];
-            float mt = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < TILE / 32; ++j) {
-                int key = lane + 32 * j;
-                sc[j] = key < n ? s_p[g][key] : -INFINITY;
-                mt = fmaxf(mt, sc[j]);
-            }
-            float m_old = s_m[g];
-            float m_new = fmaxf(m_old, warp_max(mt));
-            float sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < TILE / 32; ++j) {
-                int key = lane + 32 * j;
-                float pr = key < n ? __expf(sc[j] - m_new) : 0.0f;
-                s_p[g][key] = pr;
-                sum += pr;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-                s_corr[g] = corr;
-                s_l[g] = s_l[g] * corr + sum;
-                s_m[g] = m_new;
-            }
-        }
+        // (2) online softmax of the tile
+        decode_softmax_tile<G, TILE>(s_p, s_m, s_l, s_corr, n, warp, lane);
         __syncthreads();
         // (3) P.V (s_p and s_corr are next written after the next tile's first barrier)
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            float corr = s_corr[g];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
-        }
+        decode_rescale<G>(acc, s_corr);
 #pragma unroll
         for (int j = 0; j < KEYS_PER_GROUP; ++j) {
             int key = sub + j * NKG;
             if (key < n && dim_ok) {
                 float v[8];
                 unpack_bf16x8(*reinterpret_cast<const uint4*>(tv + key * HD + d0), v);
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    float pr = s_p[g][key];
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[g][e] += pr * v[e];
-                }
+                decode_add_pv<G, TILE>(acc, s_p, key, v);
             }
         }
     }

@@ -374,6 +374,27 @@ enum KArg {
     I64(i64),
 }
 
+/// A kernel choice: the one `named` (the preferred one only where `usable` passes), else the
+/// preferred one where `usable` passes and the fallback elsewhere, logging why after `what`.
+fn choose_kernel<K: Copy + PartialEq>(
+    named: Option<K>,
+    (preferred, fallback): (K, K),
+    usable: impl Fn() -> anyhow::Result<()>,
+    what: &str,
+) -> anyhow::Result<K> {
+    match named {
+        Some(k) if k == preferred => usable().map(|()| k),
+        Some(k) => Ok(k),
+        None => Ok(match usable() {
+            Ok(()) => preferred,
+            Err(why) => {
+                tracing::info!("{what}: {why:#}");
+                fallback
+            }
+        }),
+    }
+}
+
 fn int(v: usize, what: &str) -> anyhow::Result<i32> {
     i32::try_from(v).map_err(|_| anyhow!("{what} = {v} does not fit a kernel's int argument"))
 }
@@ -417,10 +438,7 @@ impl CudaBackend {
         kernel: Option<PrefillAttention>,
         head_dim: usize,
     ) -> anyhow::Result<Self> {
-        let (major, minor) = self
-            .ctx
-            .compute_capability()
-            .context("reading the GPU's compute capability")?;
+        let (major, minor) = self.compute_capability()?;
         let mma_usable = || -> anyhow::Result<()> {
             ensure!(
                 major >= 8,
@@ -429,20 +447,12 @@ impl CudaBackend {
             );
             kernels::prefill_mma_kernel(head_dim).map(|_| ())
         };
-        self.prefill_attention = match kernel {
-            Some(PrefillAttention::Mma) => {
-                mma_usable()?;
-                PrefillAttention::Mma
-            }
-            Some(PrefillAttention::Scalar) => PrefillAttention::Scalar,
-            None => match mma_usable() {
-                Ok(()) => PrefillAttention::Mma,
-                Err(why) => {
-                    tracing::info!("prefill attention on CUDA cores: {why:#}");
-                    PrefillAttention::Scalar
-                }
-            },
-        };
+        self.prefill_attention = choose_kernel(
+            kernel,
+            (PrefillAttention::Mma, PrefillAttention::Scalar),
+            mma_usable,
+            "prefill attention on CUDA cores",
+        )?;
         Ok(self)
     }
 
@@ -456,10 +466,7 @@ impl CudaBackend {
         group: usize,
         head_dim: usize,
     ) -> anyhow::Result<Self> {
-        let (major, minor) = self
-            .ctx
-            .compute_capability()
-            .context("reading the GPU's compute capability")?;
+        let (major, minor) = self.compute_capability()?;
         let pipelined_fits = || -> anyhow::Result<()> {
             let name = decode_kernel_name(DecodeAttention::Pipelined, group, head_dim).ok_or_else(
                 || anyhow!("no decode kernel for group size {group} and head_dim {head_dim}"),
@@ -479,23 +486,24 @@ impl CudaBackend {
                     )
                 })
         };
-        let chosen = match kernel {
-            Some(DecodeAttention::Pipelined) => {
-                pipelined_fits()?;
-                DecodeAttention::Pipelined
-            }
-            Some(DecodeAttention::Direct) => DecodeAttention::Direct,
-            None if major >= 8 => match pipelined_fits() {
-                Ok(()) => DecodeAttention::Pipelined,
-                Err(why) => {
-                    tracing::info!("decode attention loads into registers: {why:#}");
-                    DecodeAttention::Direct
-                }
-            },
-            None => DecodeAttention::Direct,
+        self.decode_attention = if kernel.is_none() && major < 8 {
+            DecodeAttention::Direct
+        } else {
+            choose_kernel(
+                kernel,
+                (DecodeAttention::Pipelined, DecodeAttention::Direct),
+                pipelined_fits,
+                "decode attention loads into registers",
+            )?
         };
-        self.decode_attention = chosen;
         Ok(self)
+    }
+
+    /// The GPU's compute capability (major, minor).
+    fn compute_capability(&self) -> anyhow::Result<(i32, i32)> {
+        self.ctx
+            .compute_capability()
+            .context("reading the GPU's compute capability")
     }
 
     /// Opens GPU `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
