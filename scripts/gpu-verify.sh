@@ -33,6 +33,9 @@ mkdir -p "$OUT"
 W=/tmp/gv
 mkdir -p "$W"
 V=$OUT/verify.txt
+# A step that calls a function this script no longer defines says so in the summary, instead
+# of writing nothing (a session once lost its bench step that way).
+command_not_found_handle() { echo "gpu-verify.sh: no command or function \`$1\`" | tee -a "$V" >&2; return 127; }
 STEPS=${STEPS:-tests api model logprobs bench dims ncu ncu-prefill serve}
 T0=$(date +%s)
 # Each step's wall time, appended as it ends: `timed NAME` after the step.
