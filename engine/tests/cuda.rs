@@ -10,7 +10,7 @@ use engine::backend::cuda::{
     prefill_kernel_name, prefill_mma_kernel_name, resolve_device, CudaBackend, CudaOptions,
     DecodeAttention, Device, PrefillAttention, NO_DRIVER, SOURCES,
 };
-use engine::loader::{load_cpu_runner, load_cpu_runner_with, load_cuda_runner};
+use engine::loader::{load_cpu_runner_with, load_cuda_runner};
 use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
 use engine::sampler::SampleSpec;
 use engine::weights::open_model;
@@ -183,24 +183,47 @@ fn runners(
     prefill_attention: PrefillAttention,
     decode_attention: DecodeAttention,
 ) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
-    let dir = golden_dir_with(rel, "model.safetensors");
-    let (config, mut w) = open_model(&dir).expect("open model");
+    runners_at(
+        &golden_dir_with(rel, "model.safetensors"),
+        QuantizedWeights::Integer,
+        Some(prefill_attention),
+        Some(decode_attention),
+    )
+}
+
+/// The model at `path` on the CPU (f32 KV cache, GGUF weights as `quantized` says) and on
+/// the GPU with the named kernels (`None`: the default choice), each with `NUM_BLOCKS` blocks.
+fn runners_at(
+    path: &std::path::Path,
+    quantized: QuantizedWeights,
+    prefill_attention: Option<PrefillAttention>,
+    decode_attention: Option<DecodeAttention>,
+) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
+    let (config, mut w) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
         kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes())
             * BLOCK_SIZE
             * NUM_BLOCKS,
     };
-    let cpu = load_cpu_runner(&config, w.as_mut(), &opts, 2).expect("load on the CPU");
-    let (config, mut w) = open_model(&dir).expect("open model");
+    let cpu_opts = CpuOptions {
+        threads: 2,
+        f32_weights_as_f16: false,
+        quantized,
+        kv_cache_dtype: KvCacheDtype::F32,
+    };
+    let cpu = load_cpu_runner_with(&config, w.as_mut(), &opts, &cpu_opts)
+        .unwrap_or_else(|e| panic!("{} on the CPU: {e:#}", path.display()));
+    let (config, mut w) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let cuda_opts = CudaOptions {
         block_size: BLOCK_SIZE,
         kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
-        prefill_attention: Some(prefill_attention),
-        decode_attention: Some(decode_attention),
+        prefill_attention,
+        decode_attention,
         ..CudaOptions::default()
     };
-    let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts).expect("load on the GPU");
+    let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts)
+        .unwrap_or_else(|e| panic!("{} on the GPU: {e:#}", path.display()));
     assert_eq!(gpu.num_blocks(), NUM_BLOCKS);
     (cpu, gpu)
 }
@@ -448,29 +471,7 @@ fn gpu_runs_k_quant_gguf_like_the_cpu() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama-quantize");
     for scheme in ["Q4_K_M", "Q5_K_M", "Q6_K"] {
         let path = dir.join(format!("tiny-256.{scheme}.gguf"));
-        let (config, mut w) = open_model(&path).unwrap_or_else(|e| panic!("{e:#}"));
-        let opts = RunnerOptions {
-            block_size: BLOCK_SIZE,
-            kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes())
-                * BLOCK_SIZE
-                * NUM_BLOCKS,
-        };
-        let cpu_opts = CpuOptions {
-            threads: 2,
-            f32_weights_as_f16: false,
-            quantized: QuantizedWeights::Dequantize,
-            kv_cache_dtype: KvCacheDtype::F32,
-        };
-        let mut cpu = load_cpu_runner_with(&config, w.as_mut(), &opts, &cpu_opts)
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let (config, mut w) = open_model(&path).unwrap_or_else(|e| panic!("{e:#}"));
-        let cuda_opts = CudaOptions {
-            block_size: BLOCK_SIZE,
-            kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
-            ..CudaOptions::default()
-        };
-        let mut gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts)
-            .unwrap_or_else(|e| panic!("{scheme} on the GPU: {e:#}"));
+        let (mut cpu, mut gpu) = runners_at(&path, QuantizedWeights::Dequantize, None, None);
         let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 200).collect();
         let table: Vec<u32> = (0..4).collect();
         let a = last_logits(gpu.as_mut(), &prompt, 0, &table);
