@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The main job on the built-in default: fetch SmolLM2-135M (if absent), build, start
-# `engine serve`, find its knee (a short closed-loop saturation probe, then open-loop levels
-# spread below and just above it, stopping after the first level that breaks the SLO), print
-# the capacity plan with the interpolated crossing, write the HTML report, stop the server.
-# Once built it takes about 3-5 minutes on 2 cores.
+# `engine serve`, find its knee (a short closed-loop saturation probe, then a knee search:
+# open-loop levels that bracket the SLO's crossing by halving or doubling from the probe's
+# estimate and bisect it to 10%, at most 8 levels), print the capacity plan with the
+# interpolated crossing, write the HTML report, stop the server. Once built it takes about
+# 3-5 minutes on 2 cores.
 #
 #   ./scripts/demo.sh                      # against our own engine (CPU)
 #   ./scripts/demo.sh --url http://HOST:PORT [--model NAME]   # against any OpenAI-compatible server
 #
-# Environment knobs: RATES (default auto; or a list such as 0.4,0.8,1.6), PROBE_DURATION (8s),
-# AUTO_FRACTIONS (levels as fractions of the probed saturation rate, 0.5,0.8,1.0,1.2,1.5),
-# DURATION (default 25s per level, lengthened to hold the 35 requests a p90 needs, plus a margin for the Poisson draw), WARMUP (5s),
+# Environment knobs: RATES (default search; or auto, fractions of the probed saturation rate;
+# or a list such as 0.4,0.8,1.6), PRECISION (0.10) and MAX_LEVELS (8) of the search,
+# PROBE_DURATION (8s), DURATION (default 25s per level, lengthened to hold the 35 requests a p90 needs, plus a margin for the Poisson draw), WARMUP (5s),
 # SLO (default ttft:p90:2s,tpot:p90:100ms: p90, because a 2-core demo's levels hold tens of
 # requests, not the 368 a p99 needs),
 # OUT (default runs/demo-<time>),
@@ -26,9 +27,8 @@ while [ $# -gt 0 ]; do
     *) extra+=("$1"); shift ;;
   esac
 done
-rates=${RATES:-auto}
+rates=${RATES:-search}
 probe_duration=${PROBE_DURATION:-8s}
-auto_fractions=${AUTO_FRACTIONS:-0.5,0.8,1.0,1.2,1.5}
 duration=${DURATION:-25s}
 warmup=${WARMUP:-5s}
 slo=${SLO:-ttft:p90:2s,tpot:p90:100ms}
@@ -59,10 +59,13 @@ if [ -z "$url" ]; then
   extra+=(--prompt-ids)
 fi
 
+case "$rates" in
+  search) extra+=(--precision "${PRECISION:-0.10}" --max-levels "${MAX_LEVELS:-8}" --probe-duration "$probe_duration") ;;
+  auto) extra+=(--probe-duration "$probe_duration") ;;
+esac
 ./target/release/loadgen sweep --url "$url" --workload sharegpt-like --profile chat \
   --max-input-len "$max_input_len" --max-output-len "$max_output_len" \
-  --rates "$rates" --probe-duration "$probe_duration" --auto-fractions "$auto_fractions" \
-  --min-requests auto --duration "$duration" --warmup "$warmup" --seed 1 \
+  --rates "$rates" --min-requests auto --duration "$duration" --warmup "$warmup" --seed 1 \
   --slo "$slo" --out "$out/sweep" "${extra[@]}"
 ./target/release/loadgen plan "$out/sweep" --slo "$slo" --target-qps 10 --gpus-per-instance 1 --headroom 1.2
 ./target/release/loadgen report "$out/sweep"

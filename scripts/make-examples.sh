@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates reports/examples/: one sweep (--rates auto) + capacity plan + online A/B compare,
+# Regenerates reports/examples/: one knee search (sweep --rates search) + capacity plan + online A/B compare,
 # all against the built-in mock server, and records how long each step took.
 #
 #   scripts/make-examples.sh            # work files in target/examples-work/
@@ -36,9 +36,9 @@ timed() { # timed NAME COMMAND…: runs it, appends "NAME: N s" to the timings
   printf '%s: %.1f s\n' "$name" "$(echo "$end - $start" | bc)" >>"$work/timings.txt"
 }
 
-timed "sweep (--rates auto: probe + levels)" "$bin" sweep --url http://127.0.0.1:18431 \
+timed "sweep (--rates search: probe + levels)" "$bin" sweep --url http://127.0.0.1:18431 \
   --workload random --random-input-len 32 --random-output-len 17 \
-  --rates auto --probe-duration 2s --auto-fractions 0.2,0.4,0.6,0.8,0.9,1.0 \
+  --rates search --probe-duration 2s \
   --warmup 1s --duration 5s --seed 1 --slo ttft:p99:300ms,tpot:p99:20ms \
   --no-progress --out "$work/sweep" >"$work/sweep.txt"
 timed "plan" "$bin" plan "$work/sweep" --target-qps 100 --gpus-per-instance 1 \

@@ -155,15 +155,20 @@ pub struct ProbeStep {
     pub mean_e2el_ms: f64,
     /// Little's law: concurrency / mean E2E latency, requests/s.
     pub little_rate: f64,
+    /// The SLO's verdict on the step's requests, when the sweep has an SLO.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_verdict: Option<reports::slo::SloVerdict>,
 }
 
-/// The saturation probe of `--rates auto`.
+/// The saturation probe of `--rates auto` and `search`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Probe {
     pub steps: Vec<ProbeStep>,
     /// The highest Little's-law rate of the steps (at the knee).
     pub saturation_rate: f64,
     pub knee_concurrency: usize,
+    /// `--auto-fractions`, with `--rates auto`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fractions: Vec<f64>,
     /// Why the probe stopped.
     pub stop_reason: String,
@@ -176,11 +181,14 @@ pub struct SweepFile {
     /// The SLO as given (`--slo`).
     pub slo: Option<String>,
     pub rates: Vec<f64>,
-    /// The saturation probe, with `--rates auto`.
+    /// The saturation probe, with `--rates auto` or `search`.
     #[serde(default)]
     pub probe: Option<Probe>,
+    /// The knee search's path, with `--rates search`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<reports::search::SearchPath>,
     pub levels: Vec<LevelEntry>,
-    /// Why the sweep stopped before the last rate, if it did.
+    /// Why the sweep stopped before the last rate, or why the search ended.
     pub stop_reason: Option<String>,
 }
 
@@ -236,8 +244,13 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
             saturation_rule: entry.saturation.as_ref().map(|s| s.rule.clone()),
         });
     }
-    let conditions = conditions
-        .with_context(|| format!("{}: the sweep has no completed level", dir.display()))?;
+    let conditions = conditions.with_context(|| {
+        let why = file
+            .stop_reason
+            .as_deref()
+            .map_or(String::new(), |r| format!(" ({r})"));
+        format!("{}: the sweep has no completed level{why}", dir.display())
+    })?;
     Ok(LoadedSweep {
         file,
         slo,

@@ -16,6 +16,7 @@ pub mod extra_body;
 pub mod folders;
 pub mod gate;
 pub mod host;
+pub mod knee_search;
 pub mod merge;
 pub mod mock;
 pub mod options;

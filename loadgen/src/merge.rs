@@ -482,6 +482,7 @@ pub fn merge_sweeps(dirs: &[PathBuf], out: &Path) -> Result<Vec<MergedRun>> {
         slo: first.slo.clone(),
         rates: first.rates.clone(),
         probe: None,
+        search: None,
         levels: Vec::new(),
         stop_reason: None,
     };

@@ -1,16 +1,20 @@
-//! The saturation probe of `sweep --rates auto`: closed-loop probes at concurrency 1, 2, 4, …
-//! (each `--probe-duration` long) until the Little's-law rate, concurrency / mean E2E latency,
-//! grows by less than 10% on a doubling; the highest such rate is the saturation estimate and
-//! the levels are `--auto-fractions` of it. Little's law needs whole requests: when a step
+//! The saturation probe of `sweep --rates auto` and `search`: closed-loop probes at
+//! concurrency 1, 2, 4, … (each `--probe-duration` long) until the Little's-law rate,
+//! concurrency / mean E2E latency, grows by less than 10% on a doubling; the highest such rate
+//! is the saturation estimate; `auto`'s levels are `--auto-fractions` of it, and the knee
+//! search starts there. Each step is checked against the SLO too: a miss at concurrency 1 is
+//! a miss unloaded. Little's law needs whole requests: when a step
 //! completes fewer requests than its concurrency, the requests that finished are the short
 //! ones and their mean understates E2E (at concurrency 32 a CPU engine once completed 2
 //! requests in 8 s, whose mean gave 5.9 req/s against a real 1.8), so such a censored step ends
-//! the probe and does not count. The levels are
-//! (25%, 50%, 70%, 85%, 100%, 115%, 130% and 150% by default; the sweep stops after the first level that fails).
+//! the probe and does not count.
 
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+
+use reports::samples::LatencySamples;
+use reports::slo::{SloSpec, SloVerdict};
 
 use crate::execute::{execute_prepared, Execution};
 use crate::folders::{Probe, ProbeStep};
@@ -22,11 +26,15 @@ use crate::stop::never_stop;
 pub const PROBE_MIN_GAIN: f64 = 1.10;
 
 /// Closed-loop probes at concurrency 1, 2, 4, … until the Little's-law rate stops growing
-/// (gain < [`PROBE_MIN_GAIN`]), a step fails requests, or `max_concurrency` is reached.
+/// (gain < [`PROBE_MIN_GAIN`]), a step fails requests, or `max_concurrency` is reached; each
+/// step checked against `slo` when given, and with `end_if_unloaded_misses` the probe ends
+/// after a concurrency-1 step that does not meet it (a knee search has nothing left to find).
 pub async fn probe_saturation(
     run: &RunArgs,
     step_duration: Duration,
     max_concurrency: usize,
+    slo: Option<&SloSpec>,
+    end_if_unloaded_misses: bool,
 ) -> Result<(Vec<ProbeStep>, String)> {
     let mut steps: Vec<ProbeStep> = Vec::new();
     let mut concurrency = 1;
@@ -67,6 +75,10 @@ pub async fn probe_saturation(
             } else {
                 0.0
             },
+            slo_verdict: slo.map(|s| {
+                s.check(&LatencySamples::from_records(&outcome.records))
+                    .verdict
+            }),
         };
         eprintln!(
             "loadgen sweep: probe at concurrency {concurrency}: {:.3} req/s (Little: {:.3}), mean E2E {:.1} ms",
@@ -83,9 +95,16 @@ pub async fn probe_saturation(
                 ),
             ));
         }
+        let missed = step.slo_verdict == Some(SloVerdict::NotMet);
         steps.push(step);
         if completed == 0 {
             bail!("probe at concurrency {concurrency}: no request completed");
+        }
+        if concurrency == 1 && missed && end_if_unloaded_misses {
+            return Ok((
+                steps,
+                "the SLO is not met at concurrency 1 (unloaded)".into(),
+            ));
         }
         if failed > 0 {
             return Ok((
@@ -112,12 +131,8 @@ pub async fn probe_saturation(
     }
 }
 
-/// The probe's saturation estimate and the levels below it.
-pub fn auto_levels(
-    steps: Vec<ProbeStep>,
-    stop_reason: String,
-    fractions: &[f64],
-) -> Result<(Probe, Vec<f64>)> {
+/// The probe's saturation estimate: its step with the highest Little's-law rate.
+pub fn saturation_estimate(steps: Vec<ProbeStep>, stop_reason: String) -> Result<Probe> {
     let knee = steps
         .iter()
         .max_by(|a, b| a.little_rate.total_cmp(&b.little_rate))
@@ -126,6 +141,17 @@ pub fn auto_levels(
     if !(saturation_rate.is_finite() && saturation_rate > 0.0) {
         bail!("the probe found no positive saturation rate");
     }
+    Ok(Probe {
+        knee_concurrency: knee.concurrency,
+        saturation_rate,
+        fractions: Vec::new(),
+        stop_reason,
+        steps,
+    })
+}
+
+/// `--rates auto`'s levels: `fractions` of the saturation rate, rounded to 0.001 req/s.
+pub fn auto_levels(saturation_rate: f64, fractions: &[f64]) -> Result<Vec<f64>> {
     if let Some(bad) = fractions.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
         bail!("--auto-fractions: {bad} is not a positive number");
     }
@@ -136,14 +162,7 @@ pub fn auto_levels(
         .collect();
     rates.sort_by(f64::total_cmp);
     rates.dedup();
-    let probe = Probe {
-        knee_concurrency: knee.concurrency,
-        saturation_rate,
-        fractions: fractions.to_vec(),
-        stop_reason,
-        steps,
-    };
-    Ok((probe, rates))
+    Ok(rates)
 }
 
 #[cfg(test)]
@@ -159,13 +178,15 @@ mod tests {
             throughput: little_rate,
             mean_e2el_ms: concurrency as f64 / little_rate * 1000.0,
             little_rate,
+            slo_verdict: None,
         };
         let steps = vec![step(1, 10.0), step(2, 19.0), step(4, 30.0), step(8, 31.0)];
-        let (probe, rates) =
-            auto_levels(steps, "knee".into(), &[0.2, 0.4, 0.6, 0.8, 0.9, 1.0]).unwrap();
+        let probe = saturation_estimate(steps, "knee".into()).unwrap();
         assert_eq!(probe.knee_concurrency, 8);
         assert_eq!(probe.saturation_rate, 31.0);
+        let rates = auto_levels(probe.saturation_rate, &[0.2, 0.4, 0.6, 0.8, 0.9, 1.0]).unwrap();
         assert_eq!(rates, vec![6.2, 12.4, 18.6, 24.8, 27.9, 31.0]);
-        assert!(auto_levels(Vec::new(), String::new(), &[1.0]).is_err());
+        assert!(saturation_estimate(Vec::new(), String::new()).is_err());
+        assert!(auto_levels(31.0, &[0.5, -1.0]).is_err());
     }
 }

@@ -32,6 +32,7 @@ pub fn sweep_report(dir: &Path) -> Result<Report> {
             levels: sweep.levels,
             slo: sweep.slo,
             plan: read_plan(dir)?,
+            search: sweep.file.search.clone(),
         }),
     })
 }

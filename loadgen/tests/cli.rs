@@ -398,3 +398,60 @@ fn sweep_refuses_the_rates_its_levels_set() {
         assert!(!dir.path().join("sweep").exists(), "{flag}: nothing ran");
     }
 }
+
+/// Options that the chosen `--rates` would not use are refused naming each, before anything
+/// runs; a knee search needs an SLO to search for.
+#[test]
+fn sweep_refuses_options_its_rates_would_not_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &[
+                "--rates",
+                "1,2",
+                "--precision",
+                "0.05",
+                "--probe-duration",
+                "5s",
+            ],
+            &[
+                "--precision is for --rates search",
+                "--probe-duration is for --rates auto or search",
+            ],
+        ),
+        (
+            &["--rates", "auto", "--max-levels", "4", "--min-rate", "1"],
+            &[
+                "--max-levels is for --rates search",
+                "--min-rate is for --rates search",
+            ],
+        ),
+        (
+            &[
+                "--rates",
+                "search",
+                "--auto-fractions",
+                "0.5,1",
+                "--slo",
+                "ttft:p90:1s",
+            ],
+            &["--auto-fractions is for --rates auto"],
+        ),
+        (&["--rates", "search"], &["--rates search", "give --slo"]),
+    ];
+    for (args, needles) in cases {
+        let out = loadgen()
+            .args(["sweep", "--url", "http://127.0.0.1:9"])
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("sweep"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        for needle in needles {
+            assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        }
+        assert!(!dir.path().join("sweep").exists(), "{args:?}: nothing ran");
+    }
+}

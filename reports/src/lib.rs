@@ -8,6 +8,7 @@ pub mod rates;
 pub mod records;
 pub mod render;
 pub mod samples;
+pub mod search;
 pub mod server_metrics;
 pub mod sessions;
 pub mod slo;

@@ -5,7 +5,8 @@
 //! - a level passes when every SLO target holds and it did not saturate;
 //! - max sustainable QPS = the sustained rate ([`crate::rates`]) of the highest passing level;
 //! - the interpolated crossing lies between that level (its sustained rate r1) and the next
-//!   higher level (its sustained rate r2): for each target that the higher level
+//!   higher level that failed, saturated or with the SLO not met (its sustained rate r2; a
+//!   level between them whose verdict is unknown, too few requests, bounds nothing): for each target that the higher level
 //!   breaks, the rate where the straight line through the two levels' percentile values meets
 //!   the limit, clamped to [r1, r2]; the crossing is the smallest over targets. Its CI comes from
 //!   resampling both boundary levels' requests (seeded percentile bootstrap); when the higher
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::samples::LatencySamples;
 use crate::server_metrics::ServerView;
-use crate::slo::{SloCheck, SloSpec};
+use crate::slo::{SloCheck, SloSpec, SloVerdict};
 use crate::stats::{percentile_linear, Bootstrap, ConfidenceInterval, Statistic};
 
 /// Default headroom factor on the target load.
@@ -202,13 +203,27 @@ pub fn capacity_plan(
         output_tokens_per_s: level.output_tokens_per_s,
     };
     plan.max_sustainable = Some(max);
-    match sorted.get(best + 1) {
+    // The next level up that failed: an unknown one (too few requests) bounds nothing.
+    let next = (best + 1..sorted.len())
+        .find(|&i| sorted[i].saturated || plan.levels[i].check.verdict == SloVerdict::NotMet);
+    let unknown_between = plan.levels[best + 1..next.unwrap_or(sorted.len())]
+        .iter()
+        .filter(|v| v.check.verdict == SloVerdict::Unknown)
+        .count();
+    if unknown_between > 0 {
+        plan.notes.push(format!(
+            "{unknown_between} level(s) above {:.3} req/s had too few requests to bound a \
+             percentile: they neither pass nor bound the crossing.",
+            level.offered_rate
+        ));
+    }
+    match next.map(|i| (i, sorted[i])) {
         None => plan.notes.push(format!(
             "Every level up to the highest tested ({:.3} req/s) met the SLO: the true limit \
              is higher; sweep higher rates for a tighter plan.",
             level.offered_rate
         )),
-        Some(next) => {
+        Some((i, next)) => {
             let c = crossing(level, next, slo, options.bootstrap);
             if c.upper > c.lower {
                 plan.crossing = Some(c);
@@ -219,7 +234,7 @@ pub fn capacity_plan(
                     c.estimate
                 ));
             }
-            if !plan.levels[best + 1].check.met {
+            if !plan.levels[i].check.met {
                 plan.notes.push(format!(
                     "The SLO breaks between {:.3} and {:.3} req/s.",
                     level.offered_rate, next.offered_rate

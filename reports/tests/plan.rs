@@ -185,3 +185,23 @@ fn a_level_too_small_for_its_percentile_is_unknown_and_not_the_knee() {
     assert_eq!(verdicts, [Met, Unknown, NotMet]);
     assert_eq!(plan.max_sustainable.unwrap().offered_rate, 1.0);
 }
+
+#[test]
+fn an_unknown_level_neither_passes_nor_bounds_the_crossing() {
+    let slo = SloSpec::parse("ttft:p99:500ms").unwrap();
+    // 6 req/s with 20 requests: its p99 (their maximum) is not bounded, so its verdict is
+    // unknown; the crossing lies between 4 and 8 req/s as without it.
+    let mut unknown = level(6.0, 100.0, false);
+    unknown.samples.requests.truncate(20);
+    let mut levels = sweep();
+    levels.push(unknown);
+    let plan = capacity_plan(&levels, &slo, &options(TargetLoad::Qps(10.0))).unwrap();
+    assert_eq!(plan.max_sustainable.unwrap().offered_rate, 4.0);
+    let crossing = plan.crossing.unwrap();
+    assert!((crossing.estimate - (4.0 + 54.5 / 247.5 * 4.0)).abs() < 1e-9);
+    assert!(plan.notes[0].contains("1 level(s) above 4.000 req/s had too few requests"));
+    assert!(plan
+        .notes
+        .iter()
+        .any(|n| n.contains("breaks between 4.000 and 8.000")));
+}

@@ -15,6 +15,9 @@ use reports::render::{
     write_report, CompareView, Conditions, Report, ReportBody, RunView, SweepView,
 };
 use reports::samples::{LatencySamples, RequestSample};
+use reports::search::{
+    Bracket, BracketEnd, SearchEnd, SearchPath, SearchStep, SearchVerdict, StepReason,
+};
 use reports::slo::SloSpec;
 use reports::stats::Bootstrap;
 
@@ -85,7 +88,59 @@ fn sweep_report(rng: &mut StdRng) -> Report {
             levels,
             slo: Some(slo),
             plan: Some(plan),
+            search: Some(search_path()),
         }),
+    }
+}
+
+/// A knee search that started at 8 req/s (saturated, completing 7.2) and halved to 4.
+fn search_path() -> SearchPath {
+    let end = |dir: &str, rate: f64| {
+        Some(BracketEnd {
+            dir: dir.into(),
+            rate,
+        })
+    };
+    let step = |dir: &str, rate: f64, sustained: f64, reason, verdict, bracket| SearchStep {
+        dir: dir.into(),
+        offered_rate: rate,
+        sustained_rate: sustained,
+        reason,
+        verdict,
+        bracket,
+    };
+    SearchPath {
+        precision: 0.1,
+        max_levels: 2,
+        min_rate: 1.0,
+        max_rate: 32.0,
+        start_rate: 8.0,
+        steps: vec![
+            step(
+                "level-00",
+                8.0,
+                7.2,
+                StepReason::Start,
+                SearchVerdict::Saturated,
+                Bracket {
+                    lower: None,
+                    upper: end("level-00", 7.2),
+                },
+            ),
+            step(
+                "level-01",
+                4.0,
+                3.98,
+                StepReason::Halving,
+                SearchVerdict::Met,
+                Bracket {
+                    lower: end("level-01", 3.98),
+                    upper: end("level-00", 7.2),
+                },
+            ),
+        ],
+        end: Some(SearchEnd::MaxLevels),
+        end_reason: Some("ran --max-levels 2 levels".into()),
     }
 }
 
@@ -269,6 +324,8 @@ fn sweep_compare_and_run_reports_are_self_contained() {
     assert!(text.contains("Capacity plan") && text.contains("max sustainable QPS"));
     assert!(text.contains("SLO p99 500 ms") && text.contains("knee"));
     assert!(text.contains("Sweep &lt;mock&gt;"), "title is escaped");
+    assert!(text.contains("Knee search") && text.contains("bracketing: halving"));
+    assert!(text.contains("[3.98, 7.2] (width 80.9%)") && text.contains("ran --max-levels 2"));
 
     let ab = compare_report(&mut rng);
     let (md, html) = write_report(&output_dir("compare", temp.path()), &ab).unwrap();

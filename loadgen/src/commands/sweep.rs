@@ -1,25 +1,29 @@
-//! `loadgen sweep`: the same seeded workload at a list of offered rates, one level after
-//! another, stopping after the first level that saturates (see `saturation`) or breaks the
-//! SLO. `--rates auto` first finds the saturation rate (see `probe`).
+//! `loadgen sweep`: the same seeded workload at a series of offered rates, one level after
+//! another. A list of rates (or `--rates auto`: fractions of the saturation rate that a
+//! closed-loop probe finds, see `probe`) runs in ascending order and stops after the first
+//! level that saturates (see `saturation`) or breaks the SLO; `--rates search` starts at the
+//! probe's estimate and chooses each next rate from the levels so far (see `knee_search`).
 //!
-//! Layout of the output folder: `sweep.json` (levels and why the sweep stopped, rewritten after
-//! every level so a cut-short sweep stays readable) and one run folder per level
-//! (`level-00/`, …) as `loadgen run --out` writes it.
+//! Layout of the output folder: `sweep.json` (levels, the search path and why the sweep
+//! stopped, rewritten after every level so a cut-short sweep stays readable) and one run
+//! folder per level (`level-00/`, …) as `loadgen run --out` writes it.
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use reports::metrics::PERCENTILE_CI_LEVEL;
 use reports::render::write_report;
-use reports::slo::SloSpec;
+use reports::search::{SearchPath, SearchVerdict, StepReason};
+use reports::slo::{SloCheck, SloSpec, SloVerdict};
 use reports::stats::min_sample_for_quantile;
 
 use crate::execute::prepare_and_execute;
-use crate::folders::{LevelEntry, SweepFile, SWEEP_FILE};
+use crate::folders::{LevelEntry, Probe, SweepFile, SWEEP_FILE};
+use crate::knee_search::{self, Next, SearchArgs};
 use crate::options::{ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
-use crate::probe::{auto_levels, probe_saturation};
+use crate::probe::{auto_levels, probe_saturation, saturation_estimate};
 use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
 use crate::views::sweep_report;
@@ -41,8 +45,10 @@ use crate::views::sweep_report;
 )]
 pub struct SweepArgs {
     /// Offered rates in requests/s, comma-separated (e.g. 1,2,4,8,16), run in ascending order;
-    /// or `auto`: find the saturation rate with a closed-loop probe, then spread levels below it.
-    /// Each level sets --rate (and --target-rate with --arrival trace) itself: both are refused.
+    /// `auto`: find the saturation rate with a closed-loop probe, then run levels at
+    /// --auto-fractions of it; or `search`: after the probe, bracket the SLO's crossing and
+    /// bisect it to --precision (needs --slo). Each level sets --rate (and --target-rate
+    /// with --arrival trace) itself: both are refused.
     #[arg(long, required = true)]
     pub rates: String,
     /// With --fail-on-slo: fail (exit 3) unless the SLO is met at a sustained rate of at
@@ -50,20 +56,18 @@ pub struct SweepArgs {
     #[arg(long, requires = "fail_on_slo")]
     pub require_rate: Option<f64>,
     /// With --rates auto: the levels as fractions of the saturation rate, some just above it
-    /// so that the sweep reaches the knee.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "0.25,0.5,0.7,0.85,1.0,1.15,1.3,1.5"
-    )]
-    pub auto_fractions: Vec<f64>,
-    /// With --rates auto: the measured length of each closed-loop probe step (plus a quarter
-    /// of it as warm-up).
-    #[arg(long, value_parser = duration_arg, default_value = "10s")]
-    pub probe_duration: Duration,
-    /// With --rates auto: the largest probe concurrency.
-    #[arg(long, default_value_t = 256)]
-    pub probe_max_concurrency: usize,
+    /// so that the sweep reaches the knee [default: 0.25,0.5,0.7,0.85,1.0,1.15,1.3,1.5].
+    #[arg(long, value_delimiter = ',')]
+    pub auto_fractions: Option<Vec<f64>>,
+    /// With --rates auto or search: the measured length of each closed-loop probe step (plus
+    /// a quarter of it as warm-up) [default: 10s].
+    #[arg(long, value_parser = duration_arg)]
+    pub probe_duration: Option<Duration>,
+    /// With --rates auto or search: the largest probe concurrency [default: 256].
+    #[arg(long)]
+    pub probe_max_concurrency: Option<usize>,
+    #[command(flatten)]
+    pub search: SearchArgs,
     /// Lengthen each level to hold at least this many measured requests (rate × --duration,
     /// or --num-prompts without --duration); `auto`: as many as the SLO's highest percentile
     /// needs for a 95% interval with an upper bound (p90: 35, p99: 368, p99.9: 3,688): the
@@ -85,18 +89,39 @@ pub struct SweepArgs {
     pub run: RunArgs,
 }
 
-/// The rates of `--rates`: a comma-separated list, or `None` for `auto`.
-pub fn parse_rates(text: &str) -> Result<Option<Vec<f64>>> {
-    if text.trim().eq_ignore_ascii_case("auto") {
-        return Ok(None);
+/// Default `--auto-fractions`.
+const DEFAULT_AUTO_FRACTIONS: [f64; 8] = [0.25, 0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5];
+/// Default `--probe-duration`.
+const DEFAULT_PROBE_DURATION: Duration = Duration::from_secs(10);
+/// Default `--probe-max-concurrency`.
+const DEFAULT_PROBE_MAX_CONCURRENCY: usize = 256;
+
+/// What `--rates` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rates {
+    /// These offered rates, ascending.
+    List(Vec<f64>),
+    /// Fractions of the probed saturation rate.
+    Auto,
+    /// A knee search from the probed saturation rate (`knee_search`).
+    Search,
+}
+
+/// Parses `--rates`: a comma-separated list, `auto` or `search`.
+pub fn parse_rates(text: &str) -> Result<Rates> {
+    let word = text.trim();
+    if word.eq_ignore_ascii_case("auto") {
+        return Ok(Rates::Auto);
+    }
+    if word.eq_ignore_ascii_case("search") {
+        return Ok(Rates::Search);
     }
     let mut rates = text
         .split(',')
         .map(|r| {
-            let rate: f64 = r
-                .trim()
-                .parse()
-                .with_context(|| format!("--rates: `{r}` is not a number (or give `auto`)"))?;
+            let rate: f64 = r.trim().parse().with_context(|| {
+                format!("--rates: `{r}` is not a number (or give `auto` or `search`)")
+            })?;
             if !(rate.is_finite() && rate > 0.0) {
                 bail!("--rates: rate {rate} is not a positive number");
             }
@@ -105,7 +130,41 @@ pub fn parse_rates(text: &str) -> Result<Option<Vec<f64>>> {
         .collect::<Result<Vec<f64>>>()?;
     rates.sort_by(f64::total_cmp);
     rates.dedup();
-    Ok(Some(rates))
+    Ok(Rates::List(rates))
+}
+
+/// Refuses the options that `rates` would not use: nothing given is silently ignored.
+fn refuse_unused(args: &SweepArgs, rates: &Rates) -> Result<()> {
+    let mut unused: Vec<String> = Vec::new();
+    if *rates != Rates::Auto && args.auto_fractions.is_some() {
+        unused.push("--auto-fractions is for --rates auto".into());
+    }
+    if let Rates::List(_) = rates {
+        for (given, flag) in [
+            (args.probe_duration.is_some(), "--probe-duration"),
+            (
+                args.probe_max_concurrency.is_some(),
+                "--probe-max-concurrency",
+            ),
+        ] {
+            if given {
+                unused.push(format!("{flag} is for --rates auto or search"));
+            }
+        }
+    }
+    if *rates != Rates::Search {
+        for flag in args.search.given() {
+            unused.push(format!("{flag} is for --rates search"));
+        }
+    }
+    if !unused.is_empty() {
+        bail!(
+            "loadgen sweep --rates {}: {}",
+            args.rates,
+            unused.join("; ")
+        );
+    }
+    Ok(())
 }
 
 /// When a level is saturated, printed under the sweep beside the rates' definitions.
@@ -158,15 +217,15 @@ fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
 /// With `--shard`: the first level's start instant and the period between level starts.
 /// A sharded sweep runs fixed rates on a fixed timetable: no probe, no early stop, since
 /// no worker can decide those alone.
-fn sharded_timetable(args: &SweepArgs) -> Result<Option<(std::time::SystemTime, Duration)>> {
+fn sharded_timetable(args: &SweepArgs) -> Result<Option<(SystemTime, Duration)>> {
     let Some(shard) = args.run.shard else {
         if args.run.start_at.is_some() {
             bail!("loadgen sweep: --start-at is for the shards of a sweep (--shard I/K): every level of an unsharded sweep starts when the previous one ends");
         }
         return Ok(None);
     };
-    if parse_rates(&args.rates)?.is_none() {
-        bail!("loadgen sweep --shard {shard}: give the rates (--rates 1,2,4): a shard cannot probe the saturation rate alone");
+    if !matches!(parse_rates(&args.rates)?, Rates::List(_)) {
+        bail!("loadgen sweep --shard {shard}: give the rates (--rates 1,2,4): a shard cannot probe the saturation rate or search alone");
     }
     let start = args.run.start_at.with_context(|| {
         format!("loadgen sweep --shard {shard}: every worker needs the same --start-at")
@@ -187,6 +246,96 @@ fn sharded_timetable(args: &SweepArgs) -> Result<Option<(std::time::SystemTime, 
     Ok(Some((start, period)))
 }
 
+/// What every level of one sweep shares.
+struct Levels<'a> {
+    args: &'a SweepArgs,
+    out: &'a Path,
+    slo: Option<&'a SloSpec>,
+    min_requests: Option<u64>,
+    timetable: Option<(SystemTime, Duration)>,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Levels<'_> {
+    /// Runs level `i` at `rate` into `level-NN/` (with `doubled`, twice the requests it would
+    /// hold) and measures it.
+    async fn run(
+        &self,
+        i: usize,
+        rate: f64,
+        doubled: bool,
+    ) -> Result<(LevelEntry, Option<SloCheck>)> {
+        let dir = format!("level-{i:02}");
+        eprintln!(
+            "loadgen sweep: level {} at {rate} req/s → {}",
+            i + 1,
+            self.out.join(&dir).display()
+        );
+        let mut run = self.args.run.clone();
+        run.rate = rate;
+        // A replayed trace is rescaled to each level's rate; otherwise levels are Poisson.
+        match run.arrival {
+            Some(ArrivalKind::Trace) => run.target_rate = Some(rate),
+            None => run.arrival = Some(ArrivalKind::Poisson),
+            Some(_) => {}
+        }
+        run.out = Some(self.out.join(&dir));
+        sized_level(&mut run, rate, self.min_requests);
+        if doubled {
+            double_requests(&mut run);
+        }
+        if let Some((start, period)) = self.timetable {
+            run.start_at = Some(start + period * i as u32);
+        }
+        let outcome = prepare_and_execute(&run, self.stop.clone()).await?;
+        print!("{}", reports::table::render(&outcome.summary));
+        LevelEntry::measure(self.out, dir, rate, self.slo)
+    }
+
+    fn interrupted(&self) -> bool {
+        *self.stop.borrow()
+    }
+}
+
+/// `run` with twice the requests: twice the duration, or twice --num-prompts.
+fn double_requests(run: &mut RunArgs) {
+    match run.duration {
+        Some(d) => run.duration = Some(d * 2),
+        None => run.num_prompts = Some(2 * run.num_prompts.unwrap_or(DEFAULT_NUM_PROMPTS)),
+    }
+}
+
+/// The closed-loop probe of `--rates auto` and `search`.
+async fn probe(args: &SweepArgs, slo: Option<&SloSpec>) -> Result<Probe> {
+    if args.run.turns.is_some() {
+        bail!(
+            "loadgen sweep --rates {} with --turns: the saturation probe is a closed loop of \
+             single requests, which sessions are not; give the session rates (--rates 0.5,1,2)",
+            args.rates
+        );
+    }
+    eprintln!(
+        "loadgen sweep: --rates {}: probing the saturation rate (closed loop)…",
+        args.rates
+    );
+    let (steps, reason) = probe_saturation(
+        &args.run,
+        args.probe_duration.unwrap_or(DEFAULT_PROBE_DURATION),
+        args.probe_max_concurrency
+            .unwrap_or(DEFAULT_PROBE_MAX_CONCURRENCY)
+            .max(1),
+        slo,
+        parse_rates(&args.rates)? == Rates::Search,
+    )
+    .await?;
+    let probe = saturation_estimate(steps, reason)?;
+    eprintln!(
+        "loadgen sweep: saturation ≈ {:.3} req/s (concurrency {} / mean E2E; {})",
+        probe.saturation_rate, probe.knee_concurrency, probe.stop_reason
+    );
+    Ok(probe)
+}
+
 /// `loadgen sweep`.
 pub async fn sweep_command(args: SweepArgs) -> Result<()> {
     let out: PathBuf = args
@@ -197,106 +346,57 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
     if args.run.concurrency.is_some() {
         bail!("loadgen sweep: --concurrency (closed loop) cannot be combined with --rates");
     }
+    let rates = parse_rates(&args.rates)?;
+    refuse_unused(&args, &rates)?;
     let slo = crate::options::slo_spec(&args.run)?;
+    if rates == Rates::Search && slo.is_none() {
+        bail!("loadgen sweep --rates search looks for where the SLO breaks: give --slo (e.g. ttft:p90:2s,tpot:p90:100ms)");
+    }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let timetable = sharded_timetable(&args)?;
-    let (rates, probe) = match parse_rates(&args.rates)? {
-        Some(rates) => (rates, None),
-        None if args.run.turns.is_some() => bail!(
-            "loadgen sweep --rates auto with --turns: the saturation probe is a closed loop of \
-             single requests, which sessions are not; give the session rates (--rates 0.5,1,2)"
-        ),
-        None => {
-            eprintln!("loadgen sweep: --rates auto: probing the saturation rate (closed loop)…");
-            let (steps, reason) = probe_saturation(
-                &args.run,
-                args.probe_duration,
-                args.probe_max_concurrency.max(1),
-            )
-            .await?;
-            let (probe, rates) = auto_levels(steps, reason, &args.auto_fractions)?;
-            eprintln!(
-                "loadgen sweep: saturation ≈ {:.3} req/s (concurrency {} / mean E2E; {}); levels {rates:?}",
-                probe.saturation_rate, probe.knee_concurrency, probe.stop_reason
-            );
-            (rates, Some(probe))
-        }
-    };
+    let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
     let mut file = SweepFile {
         schema_version: 1,
         slo: args.run.slo.clone(),
-        rates: rates.clone(),
-        probe,
+        rates: Vec::new(),
+        probe: None,
+        search: None,
         levels: Vec::new(),
         stop_reason: None,
     };
-    let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
-    if let Some((_, period)) = timetable {
-        // Every level must fit its period, checked before the first one is sent.
-        for &rate in &rates {
-            let mut run = args.run.clone();
-            sized_level(&mut run, rate, min_requests);
-            let span = run.warmup + run.duration.unwrap_or_default() + run.cooldown;
-            if span >= period {
-                bail!("the level at {rate} req/s lasts {span:?} (--min-requests lengthens it), not less than --level-period {period:?}");
-            }
+    let levels = Levels {
+        args: &args,
+        out: &out,
+        slo: slo.as_ref(),
+        min_requests,
+        timetable,
+        stop: stop_on_signals()?,
+    };
+    match rates {
+        Rates::List(rates) => {
+            file.rates = rates;
+            run_fixed_levels(&levels, &mut file).await?;
         }
-    }
-    let stop = stop_on_signals()?;
-    for (i, &rate) in rates.iter().enumerate() {
-        let dir = format!("level-{i:02}");
-        eprintln!(
-            "loadgen sweep: level {}/{} at {rate} req/s → {}",
-            i + 1,
-            rates.len(),
-            out.join(&dir).display()
-        );
-        let mut run = args.run.clone();
-        run.rate = rate;
-        // A replayed trace is rescaled to each level's rate; otherwise levels are Poisson.
-        match run.arrival {
-            Some(ArrivalKind::Trace) => run.target_rate = Some(rate),
-            None => run.arrival = Some(ArrivalKind::Poisson),
-            Some(_) => {}
+        Rates::Auto => {
+            let probe = probe(&args, slo.as_ref()).await?;
+            let fractions = args
+                .auto_fractions
+                .clone()
+                .unwrap_or(DEFAULT_AUTO_FRACTIONS.to_vec());
+            file.rates = auto_levels(probe.saturation_rate, &fractions)?;
+            eprintln!("loadgen sweep: levels {:?} req/s", file.rates);
+            file.probe = Some(Probe { fractions, ..probe });
+            run_fixed_levels(&levels, &mut file).await?;
         }
-        run.out = Some(out.join(&dir));
-        sized_level(&mut run, rate, min_requests);
-        if let Some((start, period)) = timetable {
-            run.start_at = Some(start + period * i as u32);
-        }
-        let outcome = prepare_and_execute(&run, stop.clone()).await?;
-        print!("{}", reports::table::render(&outcome.summary));
-        let (entry, check) = LevelEntry::measure(&out, dir, rate, slo.as_ref())?;
-        let saturated = entry.saturated;
-        let rule = entry
-            .saturation
-            .as_ref()
-            .map(|s| s.rule.clone())
-            .unwrap_or_default();
-        file.levels.push(entry);
-        // A shard cannot stop early alone: every worker runs every level of the timetable.
-        let last = i + 1 == rates.len() || timetable.is_some();
-        if saturated && !last {
-            file.stop_reason = Some(format!("saturated at {rate} req/s: {rule}"));
-        } else if let Some(c) = check
-            .as_ref()
-            .filter(|c| c.verdict == reports::slo::SloVerdict::NotMet)
-        {
-            // Higher rates only break it further: the knee lies below this level.
-            if !last {
-                file.stop_reason = Some(format!(
-                    "SLO broken at {rate} req/s (a percentile at {:.2}× its limit)",
-                    c.worst_ratio()
-                ));
-            }
-        }
-        if *stop.borrow() {
-            file.stop_reason = Some(format!("interrupted during the level at {rate} req/s"));
-        }
-        file.write(&out.join(SWEEP_FILE))?;
-        if let Some(reason) = &file.stop_reason {
-            eprintln!("loadgen sweep: stopping: {reason}");
-            break;
+        Rates::Search => {
+            let probe = probe(&args, slo.as_ref()).await?;
+            let path = args.search.settings(probe.saturation_rate)?;
+            let unloaded_missed = probe
+                .steps
+                .first()
+                .is_some_and(|s| s.concurrency == 1 && s.slo_verdict == Some(SloVerdict::NotMet));
+            file.probe = Some(probe);
+            run_search(&levels, &mut file, path, unloaded_missed).await?;
         }
     }
     println!("{} {SATURATION_RULE}", reports::rates::DEFINITIONS);
@@ -315,16 +415,151 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
             level.slo_verdict.map_or("–".to_string(), |v| v.to_string()),
         );
     }
-    let (_, html) = write_report(&out, &sweep_report(&out)?)?;
-    println!(
-        "sweep: {}  report: {}",
-        out.join(SWEEP_FILE).display(),
-        html.display()
-    );
+    if let Some(search) = &file.search {
+        print_search(search);
+    }
+    if file.levels.is_empty() {
+        println!(
+            "sweep: {}  no level ran: {}",
+            out.join(SWEEP_FILE).display(),
+            file.stop_reason.as_deref().unwrap_or("interrupted")
+        );
+    } else {
+        let (_, html) = write_report(&out, &sweep_report(&out)?)?;
+        println!(
+            "sweep: {}  report: {}",
+            out.join(SWEEP_FILE).display(),
+            html.display()
+        );
+    }
     if args.run.fail_on_slo {
         sweep_gate(&file, args.require_rate)?;
     }
     Ok(())
+}
+
+/// The levels of `file.rates` in order, stopping after the first that saturates or breaks
+/// the SLO (a sharded sweep runs them all: no worker can stop alone).
+async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<()> {
+    let path = levels.out.join(SWEEP_FILE);
+    file.write(&path)?;
+    let rates = file.rates.clone();
+    for (i, &rate) in rates.iter().enumerate() {
+        let (entry, check) = levels.run(i, rate, false).await?;
+        let saturated = entry.saturated;
+        let rule = entry
+            .saturation
+            .as_ref()
+            .map(|s| s.rule.clone())
+            .unwrap_or_default();
+        file.levels.push(entry);
+        let last = i + 1 == rates.len() || levels.timetable.is_some();
+        if saturated && !last {
+            file.stop_reason = Some(format!("saturated at {rate} req/s: {rule}"));
+        } else if let Some(c) = check.as_ref().filter(|c| c.verdict == SloVerdict::NotMet) {
+            // Higher rates only break it further: the knee lies below this level.
+            if !last {
+                file.stop_reason = Some(format!(
+                    "SLO broken at {rate} req/s (a percentile at {:.2}× its limit)",
+                    c.worst_ratio()
+                ));
+            }
+        }
+        if levels.interrupted() {
+            file.stop_reason = Some(format!("interrupted during the level at {rate} req/s"));
+        }
+        file.write(&path)?;
+        if let Some(reason) = &file.stop_reason {
+            eprintln!("loadgen sweep: stopping: {reason}");
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// A level's verdict for the knee search: saturated counts as failing.
+fn search_verdict(entry: &LevelEntry) -> SearchVerdict {
+    if entry.saturated {
+        return SearchVerdict::Saturated;
+    }
+    match entry.slo_verdict {
+        Some(SloVerdict::Met) => SearchVerdict::Met,
+        Some(SloVerdict::NotMet) => SearchVerdict::NotMet,
+        Some(SloVerdict::Unknown) | None => SearchVerdict::Unknown,
+    }
+}
+
+/// The knee search (`knee_search`), `sweep.json` rewritten after every level.
+async fn run_search(
+    levels: &Levels<'_>,
+    file: &mut SweepFile,
+    mut search: SearchPath,
+    unloaded_missed: bool,
+) -> Result<()> {
+    let path = levels.out.join(SWEEP_FILE);
+    let mut next = knee_search::start(&mut search, unloaded_missed);
+    file.search = Some(search.clone());
+    file.stop_reason = search.end_reason.clone();
+    file.write(&path)?;
+    while let Next::Run { rate, reason } = next {
+        let i = file.levels.len();
+        eprintln!("loadgen sweep: search: {reason} → {rate} req/s");
+        let (entry, _) = levels.run(i, rate, reason == StepReason::Rerun).await?;
+        let sustained = reports::rates::sustained(
+            entry.offered_rate,
+            entry.rates.map(|r| r.scheduled),
+            entry.completed_rate,
+        );
+        let verdict = search_verdict(&entry);
+        next = knee_search::record(
+            &mut search,
+            entry.dir.clone(),
+            rate,
+            sustained,
+            reason,
+            verdict,
+        );
+        file.levels.push(entry);
+        if levels.interrupted() {
+            knee_search::interrupt(&mut search, rate);
+            next = Next::End;
+        }
+        eprintln!(
+            "loadgen sweep: search: {verdict} at {rate} req/s (sustained {sustained:.3}); bracket {}",
+            search.bracket()
+        );
+        file.rates = file.levels.iter().map(|l| l.offered_rate).collect();
+        file.rates.sort_by(f64::total_cmp);
+        file.rates.dedup();
+        file.search = Some(search.clone());
+        file.stop_reason = search.end_reason.clone();
+        file.write(&path)?;
+    }
+    if let Some(reason) = &search.end_reason {
+        eprintln!("loadgen sweep: search ended: {reason}");
+    }
+    Ok(())
+}
+
+/// The search path under the levels' table.
+fn print_search(search: &SearchPath) {
+    println!(
+        "knee search (--precision {}, --max-levels {}, rates {:.3}–{:.3} req/s):",
+        search.precision, search.max_levels, search.min_rate, search.max_rate
+    );
+    for (i, step) in search.steps.iter().enumerate() {
+        println!(
+            "  {:>2}. {:>8.3} offered  {:<38} {:<17} bracket {}",
+            i + 1,
+            step.offered_rate,
+            step.reason.to_string(),
+            step.verdict.to_string(),
+            step.bracket
+        );
+    }
+    if let Some(reason) = &search.end_reason {
+        println!("  end: {reason}");
+    }
 }
 
 /// `--fail-on-slo`: not met (3) when no level met the SLO or the best that did sustained
@@ -381,8 +616,12 @@ mod tests {
 
     #[test]
     fn rates_parse_sorted_and_deduplicated() {
-        assert_eq!(parse_rates("auto").unwrap(), None);
-        assert_eq!(parse_rates("4, 1,2,2").unwrap(), Some(vec![1.0, 2.0, 4.0]));
+        assert_eq!(parse_rates("auto").unwrap(), Rates::Auto);
+        assert_eq!(parse_rates(" Search").unwrap(), Rates::Search);
+        assert_eq!(
+            parse_rates("4, 1,2,2").unwrap(),
+            Rates::List(vec![1.0, 2.0, 4.0])
+        );
         assert!(parse_rates("1,x").is_err());
         assert!(parse_rates("0").is_err());
     }

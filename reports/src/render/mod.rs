@@ -167,6 +167,8 @@ pub struct SweepView {
     pub levels: Vec<SweepLevel>,
     pub slo: Option<SloSpec>,
     pub plan: Option<CapacityPlan>,
+    /// The knee search's path, for `--rates search`.
+    pub search: Option<crate::search::SearchPath>,
 }
 
 /// An A/B comparison: the pooled samples of each side and the analysis.

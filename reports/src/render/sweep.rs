@@ -7,6 +7,7 @@ use crate::metrics::SloMetric;
 use crate::metrics::PERCENTILE_CI_LEVEL;
 use crate::plan::{CapacityPlan, SweepLevel};
 use crate::samples::{metric_label, LATENCY_METRICS};
+use crate::search::SearchPath;
 use crate::server_metrics::QuantityView;
 use crate::stats::{min_sample_for_quantile, percentile_nearest_rank, quantile_ci};
 
@@ -19,6 +20,9 @@ pub(super) fn sections(view: &SweepView) -> Vec<Section> {
         .and_then(|p| p.max_sustainable)
         .map(|m| m.offered_rate);
     let mut out = vec![levels_section(view, &levels)];
+    if let Some(search) = &view.search {
+        out.push(search_section(search));
+    }
     if let Some(plan) = &view.plan {
         out.push(plan_section(plan));
     }
@@ -201,6 +205,64 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
         heading: "Sweep levels".into(),
         paragraphs,
         tables: vec![Table { header, rows }],
+        ..Section::default()
+    }
+}
+
+/// The knee search's path: each level in the order run, why its rate, its verdict and the
+/// bracket after it.
+fn search_section(search: &SearchPath) -> Section {
+    let rows = search
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            vec![
+                (i + 1).to_string(),
+                step.dir.clone(),
+                rate(step.offered_rate),
+                step.reason.to_string(),
+                step.verdict.to_string(),
+                rate(step.sustained_rate),
+                step.bracket.to_string(),
+            ]
+        })
+        .collect();
+    let mut paragraphs = vec![format!(
+        "Bracket the SLO crossing with a level that meets the SLO and one that does not \
+         (halving or doubling from the probe's estimate, {} req/s, within {}–{} req/s), then \
+         bisect at the geometric mid-point until the upper end is within {:.0}% of the lower, \
+         at most {} levels. A saturated level counts as not meeting the SLO; an unknown one is \
+         re-run once with twice the requests and is never an end. The lower end is the passing \
+         level's sustained rate; the upper end the failing level's sustained rate (its offered \
+         rate when it sustained no more than the lower end).",
+        rate(search.start_rate),
+        rate(search.min_rate),
+        rate(search.max_rate),
+        search.precision * 100.0,
+        search.max_levels
+    )];
+    paragraphs.push(match &search.end_reason {
+        Some(reason) => format!("The search ended: {reason}."),
+        None => "The search did not end (cut short).".into(),
+    });
+    Section {
+        heading: "Knee search".into(),
+        paragraphs,
+        tables: vec![Table {
+            header: [
+                "#",
+                "level",
+                "offered (req/s)",
+                "why this rate",
+                "verdict",
+                "sustained (req/s)",
+                "bracket after (req/s)",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows,
+        }],
         ..Section::default()
     }
 }
