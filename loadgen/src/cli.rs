@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::commands::{calibrate, compare, merge, mock_server, plan, report, run, sweep};
+use crate::commands::{calibrate, compare, merge, mock_server, plan, report, run, sweep, tune};
 use crate::options::RunArgs;
 
 #[derive(Parser, Debug)]
@@ -25,14 +25,18 @@ pub enum Command {
     MockServer(mock_server::MockArgs),
     /// Measure the client-added TTFT / ITL error against the built-in mock.
     Calibrate(calibrate::CalibrateArgs),
-    /// Run the same seeded workload at a list of rates until it saturates or breaks the SLO.
+    /// Run the same seeded workload at a series of rates: a list, fractions of the probed
+    /// saturation rate, or a knee search that brackets and bisects the SLO's crossing.
     Sweep(Box<sweep::SweepArgs>),
+    /// Find the server configuration that serves the most under the SLO: a fresh server and
+    /// a knee search per configuration of --knob values, the two best then compared.
+    Tune(Box<tune::TuneArgs>),
     /// Capacity plan of a sweep under an SLO: max sustainable QPS, instances, GPUs, cost.
     Plan(plan::PlanArgs),
     /// A/B verdict per latency metric: online (--a/--b URLs or --a-cmd/--b-cmd servers, in
     /// alternating rounds) or offline from saved runs.
     Compare(Box<compare::CompareArgs>),
-    /// Render a run, sweep or comparison folder to report.md and report.html.
+    /// Render a run, sweep, comparison or tune folder to report.md and report.html.
     Report(report::ReportArgs),
     /// Join the folders of the K shards of one schedule (--shard I/K) into one folder.
     Merge(merge::MergeArgs),
@@ -45,6 +49,7 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::MockServer(args) => mock_server::mock_command(args).await,
         Command::Calibrate(args) => calibrate::calibrate_command(args).await,
         Command::Sweep(args) => sweep::sweep_command(*args).await,
+        Command::Tune(args) => tune::tune_command(*args).await,
         Command::Plan(args) => plan::plan_command(args),
         Command::Compare(args) => compare::compare_command(*args).await,
         Command::Report(args) => report::report_command(args),

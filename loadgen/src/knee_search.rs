@@ -207,12 +207,12 @@ fn finish(path: &mut SearchPath, end: SearchEnd, reason: String) {
     path.end_reason = Some(reason);
 }
 
-/// Ends the search when interrupted.
+/// Ends the search when interrupted during (or before) the level at `offered_rate`.
 pub fn interrupt(path: &mut SearchPath, offered_rate: f64) {
     finish(
         path,
         SearchEnd::Interrupted,
-        format!("interrupted during the level at {offered_rate} req/s"),
+        format!("interrupted at the level at {offered_rate} req/s"),
     );
 }
 

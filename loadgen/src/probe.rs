@@ -20,7 +20,6 @@ use crate::execute::{execute_prepared, Execution};
 use crate::folders::{Probe, ProbeStep};
 use crate::options::RunArgs;
 use crate::prepare::prepare_run;
-use crate::stop::never_stop;
 
 /// The probe stops doubling the concurrency when the Little's-law rate grows by less than this.
 pub const PROBE_MIN_GAIN: f64 = 1.10;
@@ -35,6 +34,7 @@ pub async fn probe_saturation(
     max_concurrency: usize,
     slo: Option<&SloSpec>,
     end_if_unloaded_misses: bool,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(Vec<ProbeStep>, String)> {
     let mut steps: Vec<ProbeStep> = Vec::new();
     let mut concurrency = 1;
@@ -57,11 +57,17 @@ pub async fn probe_saturation(
                 server_version: None,
                 extra: Default::default(),
                 progress: false,
-                stop: never_stop(),
+                stop: stop.clone(),
             },
         )
         .await
         .with_context(|| format!("probe at concurrency {concurrency}"))?;
+        if *stop.borrow() {
+            if steps.is_empty() {
+                bail!("interrupted during the probe at concurrency {concurrency}");
+            }
+            return Ok((steps, format!("interrupted at concurrency {concurrency}")));
+        }
         let m = &outcome.metrics;
         let mean_s = m.e2el.mean / 1000.0;
         let step = ProbeStep {

@@ -76,13 +76,19 @@ pub async fn start(command: &str, log: &Path, timeout: Duration) -> Result<Serve
     Ok(server)
 }
 
-fn log_tail(log: &Path) -> String {
+/// The last 20 lines of a server's log.
+pub fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 impl ServerProcess {
+    /// Whether the server has exited.
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
     async fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(2))

@@ -1,4 +1,5 @@
-//! The reports of a run folder and a sweep folder (a comparison's is in `comparison`).
+//! The reports of a run folder, a sweep folder and a tune folder (a comparison's is in
+//! `comparison`).
 
 use std::path::Path;
 
@@ -34,5 +35,29 @@ pub fn sweep_report(dir: &Path) -> Result<Report> {
             plan: read_plan(dir)?,
             search: sweep.file.search.clone(),
         }),
+    })
+}
+
+/// The report of a tune folder: its configurations (`tune.json`), under the conditions of
+/// its first configuration that ran a search.
+pub fn tune_report(dir: &Path) -> Result<Report> {
+    let file = reports::tune::TuneFile::read(&dir.join(reports::tune::TUNE_FILE))?;
+    let mut conditions = file
+        .configurations
+        .iter()
+        .map(|c| dir.join(&c.dir).join("sweep"))
+        .find_map(|sweep| load_sweep(&sweep).ok())
+        .map(|s| s.conditions)
+        .unwrap_or_default();
+    conditions.schedule = format!(
+        "tune ({}): a fresh server and a knee search (sweep --rates search) per \
+         configuration, each level open-loop at the rate the search chose",
+        file.strategy
+    );
+    conditions.server = format!("started per configuration from `{}`", file.template);
+    Ok(Report {
+        title: format!("Tune {}", dir.display()),
+        conditions,
+        body: ReportBody::Tune(Box::new(file)),
     })
 }

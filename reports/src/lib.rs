@@ -16,3 +16,4 @@ pub mod stats;
 pub mod summary;
 pub mod table;
 pub mod timeline;
+pub mod tune;

@@ -1,6 +1,6 @@
 //! One module per subcommand: its arguments and what it does with them. Shared work lives
 //! outside: run preparation in `prepare`, folder formats in `folders`, analyses in
-//! `saturation`, `probe` and `comparison`.
+//! `saturation`, `probe`, `knee_search`, `comparison` and `tune_results`.
 
 pub mod calibrate;
 pub mod compare;
@@ -10,3 +10,4 @@ pub mod plan;
 pub mod report;
 pub mod run;
 pub mod sweep;
+pub mod tune;

@@ -1,4 +1,4 @@
-//! `loadgen report DIR`: renders a run, sweep or comparison folder to `report.md` and a
+//! `loadgen report DIR`: renders a run, sweep, comparison or tune folder to `report.md` and a
 //! self-contained `report.html`.
 
 use std::path::PathBuf;
@@ -9,12 +9,13 @@ use reports::render::write_report;
 
 use crate::comparison::compare_view;
 use crate::folders::{CompareFile, COMPARE_FILE, SWEEP_FILE};
-use crate::views::{run_report, sweep_report};
+use crate::views::{run_report, sweep_report, tune_report};
+use reports::tune::TUNE_FILE;
 
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
-    /// A run folder (records.jsonl + meta.json), a sweep folder (sweep.json) or a comparison
-    /// folder (compare.json).
+    /// A run folder (records.jsonl + meta.json), a sweep folder (sweep.json), a comparison
+    /// folder (compare.json) or a tune folder (tune.json).
     pub dir: PathBuf,
     /// Where to write report.md / report.html (default: DIR).
     #[arg(long)]
@@ -24,7 +25,9 @@ pub struct ReportArgs {
 /// `loadgen report`.
 pub fn report_command(args: ReportArgs) -> Result<()> {
     let dir = &args.dir;
-    let report = if dir.join(COMPARE_FILE).is_file() {
+    let report = if dir.join(TUNE_FILE).is_file() {
+        tune_report(dir)?
+    } else if dir.join(COMPARE_FILE).is_file() {
         compare_view(&CompareFile::read(&dir.join(COMPARE_FILE))?)?
     } else if dir.join(SWEEP_FILE).is_file() {
         sweep_report(dir)?
@@ -32,7 +35,7 @@ pub fn report_command(args: ReportArgs) -> Result<()> {
         run_report(dir)?
     } else {
         bail!(
-            "{}: no {COMPARE_FILE}, {SWEEP_FILE} or records.jsonl: not a comparison, sweep or run folder",
+            "{}: no {TUNE_FILE}, {COMPARE_FILE}, {SWEEP_FILE} or records.jsonl: not a tune, comparison, sweep or run folder",
             dir.display()
         );
     };

@@ -173,7 +173,7 @@ requests in flight keep growing, or TTFT keeps rising; unclear with fewer than 1
 
 /// The requests each level must hold, from `--min-requests` (a count or `auto`, the default
 /// with an SLO).
-fn min_requests(text: Option<&str>, slo: Option<&SloSpec>) -> Result<Option<u64>> {
+pub fn min_requests(text: Option<&str>, slo: Option<&SloSpec>) -> Result<Option<u64>> {
     let text = match (text, slo) {
         (Some(text), _) => text,
         (None, Some(_)) => "auto",
@@ -195,7 +195,7 @@ fn min_requests(text: Option<&str>, slo: Option<&SloSpec>) -> Result<Option<u64>
 }
 
 /// `run` at `rate`, lengthened to hold at least `min` measured requests.
-fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
+pub fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
     let Some(min) = min else {
         return;
     };
@@ -306,7 +306,11 @@ fn double_requests(run: &mut RunArgs) {
 }
 
 /// The closed-loop probe of `--rates auto` and `search`.
-async fn probe(args: &SweepArgs, slo: Option<&SloSpec>) -> Result<Probe> {
+async fn probe(
+    args: &SweepArgs,
+    slo: Option<&SloSpec>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<Probe> {
     if args.run.turns.is_some() {
         bail!(
             "loadgen sweep --rates {} with --turns: the saturation probe is a closed loop of \
@@ -326,6 +330,7 @@ async fn probe(args: &SweepArgs, slo: Option<&SloSpec>) -> Result<Probe> {
             .max(1),
         slo,
         parse_rates(&args.rates)? == Rates::Search,
+        stop,
     )
     .await?;
     let probe = saturation_estimate(steps, reason)?;
@@ -336,8 +341,21 @@ async fn probe(args: &SweepArgs, slo: Option<&SloSpec>) -> Result<Probe> {
     Ok(probe)
 }
 
-/// `loadgen sweep`.
+/// `loadgen sweep`: [`run_sweep`], then the `--fail-on-slo` gate.
 pub async fn sweep_command(args: SweepArgs) -> Result<()> {
+    let file = run_sweep(&args, stop_on_signals()?).await?;
+    if args.run.fail_on_slo {
+        sweep_gate(&file, args.require_rate)?;
+    }
+    Ok(())
+}
+
+/// Runs the sweep into `--out` (`sweep.json`, the level folders, the report) and returns
+/// `sweep.json`'s contents; `stop` ends it early, keeping what finished.
+pub async fn run_sweep(
+    args: &SweepArgs,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<SweepFile> {
     let out: PathBuf = args
         .run
         .out
@@ -347,13 +365,13 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         bail!("loadgen sweep: --concurrency (closed loop) cannot be combined with --rates");
     }
     let rates = parse_rates(&args.rates)?;
-    refuse_unused(&args, &rates)?;
+    refuse_unused(args, &rates)?;
     let slo = crate::options::slo_spec(&args.run)?;
     if rates == Rates::Search && slo.is_none() {
         bail!("loadgen sweep --rates search looks for where the SLO breaks: give --slo (e.g. ttft:p90:2s,tpot:p90:100ms)");
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let timetable = sharded_timetable(&args)?;
+    let timetable = sharded_timetable(args)?;
     let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
     let mut file = SweepFile {
         schema_version: 1,
@@ -365,12 +383,12 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
         stop_reason: None,
     };
     let levels = Levels {
-        args: &args,
+        args,
         out: &out,
         slo: slo.as_ref(),
         min_requests,
         timetable,
-        stop: stop_on_signals()?,
+        stop: stop.clone(),
     };
     match rates {
         Rates::List(rates) => {
@@ -378,7 +396,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
             run_fixed_levels(&levels, &mut file).await?;
         }
         Rates::Auto => {
-            let probe = probe(&args, slo.as_ref()).await?;
+            let probe = probe(args, slo.as_ref(), stop.clone()).await?;
             let fractions = args
                 .auto_fractions
                 .clone()
@@ -389,7 +407,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
             run_fixed_levels(&levels, &mut file).await?;
         }
         Rates::Search => {
-            let probe = probe(&args, slo.as_ref()).await?;
+            let probe = probe(args, slo.as_ref(), stop.clone()).await?;
             let path = args.search.settings(probe.saturation_rate)?;
             let unloaded_missed = probe
                 .steps
@@ -432,10 +450,7 @@ pub async fn sweep_command(args: SweepArgs) -> Result<()> {
             html.display()
         );
     }
-    if args.run.fail_on_slo {
-        sweep_gate(&file, args.require_rate)?;
-    }
-    Ok(())
+    Ok(file)
 }
 
 /// The levels of `file.rates` in order, stopping after the first that saturates or breaks
@@ -445,6 +460,11 @@ async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<(
     file.write(&path)?;
     let rates = file.rates.clone();
     for (i, &rate) in rates.iter().enumerate() {
+        if levels.interrupted() {
+            file.stop_reason = Some(format!("interrupted before the level at {rate} req/s"));
+            file.write(&path)?;
+            break;
+        }
         let (entry, check) = levels.run(i, rate, false).await?;
         let saturated = entry.saturated;
         let rule = entry
@@ -502,6 +522,13 @@ async fn run_search(
     file.stop_reason = search.end_reason.clone();
     file.write(&path)?;
     while let Next::Run { rate, reason } = next {
+        if levels.interrupted() {
+            knee_search::interrupt(&mut search, rate);
+            file.search = Some(search.clone());
+            file.stop_reason = search.end_reason.clone();
+            file.write(&path)?;
+            break;
+        }
         let i = file.levels.len();
         eprintln!("loadgen sweep: search: {reason} → {rate} req/s");
         let (entry, _) = levels.run(i, rate, reason == StepReason::Rerun).await?;

@@ -1,5 +1,6 @@
 //! Reports people can read: `report.md` and a self-contained `report.html` (inline SVG plots,
-//! no scripts, no network) for a run, a sweep (with its capacity plan) or an A/B comparison.
+//! no scripts, no network) for a run, a sweep (with its capacity plan), an A/B comparison or
+//! a tune.
 //! Every page states the conditions (workload, schedule, server, hardware) and the metric
 //! definitions used.
 //!
@@ -11,6 +12,7 @@ mod markdown;
 mod run;
 pub mod svg;
 mod sweep;
+mod tune;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -187,6 +189,7 @@ pub enum ReportBody {
     Run(Box<RunView>),
     Sweep(SweepView),
     Compare(CompareView),
+    Tune(Box<crate::tune::TuneFile>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -254,6 +257,7 @@ pub(crate) fn sections(report: &Report) -> Vec<Section> {
         ReportBody::Run(view) => run::sections(view),
         ReportBody::Sweep(view) => sweep::sections(view),
         ReportBody::Compare(view) => compare::sections(view),
+        ReportBody::Tune(file) => tune::sections(file),
     });
     all.push(Section {
         heading: "Metric definitions".into(),

@@ -267,7 +267,7 @@ fn search_section(search: &SearchPath) -> Section {
     }
 }
 
-fn plan_section(plan: &CapacityPlan) -> Section {
+pub(super) fn plan_section(plan: &CapacityPlan) -> Section {
     let mut rows = Vec::new();
     if let Some(max) = plan.max_sustainable {
         rows.push(vec![

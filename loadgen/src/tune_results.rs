@@ -1,0 +1,212 @@
+//! What `loadgen tune` makes of each configuration and of the two best: a configuration's
+//! capacity, crossing interval and numbers at capacity from its knee search's folder; the
+//! ranking; and the verdict of the paired comparison between the winner and the runner-up.
+
+use std::path::Path;
+
+use anyhow::Result;
+use reports::ab::{AbReport, Verdict};
+use reports::plan::{capacity_plan, CapacityPlan, PlanOptions, SweepLevel, TargetLoad};
+use reports::samples::metric_label;
+use reports::slo::SloSpec;
+use reports::stats::{percentile_nearest_rank, Bootstrap};
+use reports::tune::{ConfigStatus, Configuration, LevelPoint, Separation, TuneFile};
+
+use crate::folders::{load_sweep, SweepFile, SWEEP_FILE};
+use reports::metrics::SloMetric;
+
+/// The knee search's results in `sweep_dir`, filled into `config`; returns the capacity
+/// plan under `options` (its crossing is the capacity's interval), or `None` when the search
+/// ran no level (not met even unloaded).
+pub fn measure(
+    config: &mut Configuration,
+    sweep_dir: &Path,
+    slo: &SloSpec,
+    options: &PlanOptions,
+) -> Result<Option<CapacityPlan>> {
+    let file = SweepFile::read(&sweep_dir.join(SWEEP_FILE))?;
+    config.search_end = file.stop_reason.clone();
+    config.search = file.search.clone();
+    if file.levels.is_empty() {
+        return Ok(None);
+    }
+    let sweep = load_sweep(sweep_dir)?;
+    let plan = capacity_plan(&sweep.levels, slo, options)?;
+    config.levels = sweep
+        .levels
+        .iter()
+        .map(|l| LevelPoint {
+            offered_rate: l.offered_rate,
+            sustained_rate: l.sustained_rate(),
+            output_tok_per_s: l.output_tokens_per_s,
+            per_user_tok_per_s: percentile_nearest_rank(&l.samples.values(SloMetric::Tpot), 50.0)
+                .filter(|t| *t > 0.0)
+                .map(|t| 1000.0 / t),
+            passed: slo.check(&l.samples).met && !l.saturated,
+        })
+        .collect();
+    let Some(max) = plan.max_sustainable else {
+        return Ok(Some(plan));
+    };
+    config.capacity = Some(max.sustained_rate);
+    config.capacity_offered_rate = Some(max.offered_rate);
+    if let Some(c) = plan.crossing {
+        config.capacity_low = Some(c.lower);
+        config.capacity_high = Some(c.upper);
+    }
+    let level: Option<&SweepLevel> = sweep
+        .levels
+        .iter()
+        .find(|l| l.offered_rate == max.offered_rate);
+    if let Some(level) = level {
+        let p = config.latency_percentile;
+        config.ttft_ms = percentile_nearest_rank(&level.samples.values(SloMetric::Ttft), p);
+        config.tpot_ms = percentile_nearest_rank(&level.samples.values(SloMetric::Tpot), p);
+        config.output_tok_per_s = Some(level.output_tokens_per_s);
+        let server = level.server.as_ref();
+        config.server_running_mean = server
+            .and_then(|s| s.get("requests running"))
+            .map(|q| q.mean);
+        config.server_kv_usage_max = server
+            .and_then(|s| s.get("KV-cache usage (fraction)"))
+            .map(|q| q.max);
+    }
+    Ok(Some(plan))
+}
+
+/// Plan options that size nothing the tune reports: a stand-in target for a configuration's
+/// own plan, whose max sustainable level and crossing are all it uses.
+pub fn measuring_options(seed: u64) -> PlanOptions {
+    PlanOptions {
+        target: TargetLoad::Qps(1.0),
+        gpus_per_instance: 1,
+        headroom: 1.0,
+        gpu_hour_usd: None,
+        bootstrap: Bootstrap {
+            seed,
+            ..Bootstrap::default()
+        },
+    }
+}
+
+/// The configurations that met the SLO, best first: by capacity, a tie to the one whose
+/// values come first in the knob lists.
+pub fn ranking(file: &TuneFile) -> Vec<usize> {
+    let mut ranked: Vec<usize> = (0..file.configurations.len())
+        .filter(|&i| {
+            let c = &file.configurations[i];
+            c.status == ConfigStatus::Ok && c.capacity.is_some()
+        })
+        .collect();
+    ranked.sort_by(|&a, &b| {
+        let (ca, cb) = (&file.configurations[a], &file.configurations[b]);
+        cb.capacity
+            .unwrap_or_default()
+            .total_cmp(&ca.capacity.unwrap_or_default())
+            .then_with(|| {
+                file.value_order(&ca.knobs)
+                    .cmp(&file.value_order(&cb.knobs))
+            })
+    });
+    ranked
+}
+
+/// A (the higher capacity) against B (the runner-up) on the SLO's metrics. At the
+/// runner-up's capacity both meet the SLO, so a better configuration may show only in the
+/// tail: a metric favours A when its verdict is "B slower" (medians) or when the 95%
+/// bootstrap CI of B's p99 over A's lies wholly beyond 1 + the margin; it favours B the other
+/// way round. Better: some SLO metric favours A and none B; else indistinguishable.
+pub fn separation(analysis: &AbReport, slo: &SloSpec) -> (Separation, Vec<(String, String)>) {
+    let judged: Vec<_> = analysis
+        .metrics
+        .iter()
+        .filter(|m| slo.targets.iter().any(|t| t.metric == m.metric))
+        .collect();
+    let tail = |m: &reports::ab::MetricVerdict| -> (bool, bool) {
+        match (m.p99_ratio, m.margin) {
+            (Some(ci), Some(margin)) => (ci.lower > 1.0 + margin, ci.upper < 1.0 - margin),
+            _ => (false, false),
+        }
+    };
+    let verdicts = judged
+        .iter()
+        .map(|m| {
+            let p99 = m.p99_ratio.map_or("–".into(), |c| {
+                format!("p99 B/A {:.3} [{:.3}, {:.3}]", c.estimate, c.lower, c.upper)
+            });
+            (
+                metric_label(m.metric).to_string(),
+                format!("median: {}; {p99}", m.verdict_text()),
+            )
+        })
+        .collect();
+    let favours_a = judged
+        .iter()
+        .any(|m| m.verdict == Verdict::BSlower || tail(m).0);
+    let favours_b = judged
+        .iter()
+        .any(|m| m.verdict == Verdict::BFaster || tail(m).1);
+    let separation = if favours_a && !favours_b {
+        Separation::Better
+    } else {
+        Separation::Indistinguishable
+    };
+    (separation, verdicts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reports::tune::Knobs;
+
+    fn config(slots: &str, capacity: Option<f64>, status: ConfigStatus) -> Configuration {
+        Configuration {
+            knobs: Knobs::from([("slots".to_string(), slots.to_string())]),
+            command: format!("mock --slots {slots}"),
+            dir: format!("config-{slots}"),
+            status,
+            log_tail: None,
+            capacity,
+            capacity_low: None,
+            capacity_high: None,
+            capacity_offered_rate: None,
+            latency_percentile: 90.0,
+            ttft_ms: None,
+            tpot_ms: None,
+            output_tok_per_s: None,
+            server_running_mean: None,
+            server_kv_usage_max: None,
+            search_end: None,
+            search: None,
+            levels: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn ranking_is_by_capacity_then_by_the_knob_lists_order() {
+        let file = TuneFile {
+            schema_version: 1,
+            slo: "ttft:p90:1s".into(),
+            strategy: "grid".into(),
+            template: "mock --slots {slots}".into(),
+            knobs: vec![(
+                "slots".into(),
+                vec!["1".into(), "2".into(), "4".into(), "8".into()],
+            )],
+            winner: None,
+            runner_up: None,
+            winner_vs_runner_up: Separation::NotCompared,
+            duel: None,
+            configurations: vec![
+                config("1", Some(10.0), ConfigStatus::Ok),
+                config("8", Some(30.0), ConfigStatus::Ok),
+                config("4", Some(30.0), ConfigStatus::Ok),
+                config("2", None, ConfigStatus::Ok),
+                config("16", Some(99.0), ConfigStatus::Died),
+            ],
+            plan: None,
+            stop_reason: None,
+        };
+        assert_eq!(ranking(&file), vec![2, 1, 0]);
+    }
+}

@@ -1,0 +1,309 @@
+//! `loadgen tune` over the built-in mock started from a command template (`loadgen
+//! mock-server … --slots {slots}`; K slots of a fixed 100 ms service time saturate at
+//! K / 0.1 s): it picks the configuration with the most capacity, and each configuration's
+//! crossing interval holds the crossing a dense grid of levels finds on the same seeded mock;
+//! two configurations that differ only in a value the mock ignores (its fault-injection
+//! seed) are indistinguishable, and the one listed first wins; a configuration whose command
+//! fails to start is recorded with its log and skipped; no configuration meeting the SLO
+//! exits 3; SIGTERM mid-tune stops the server and leaves a readable report.
+
+mod capacity;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use capacity::{four_slot_mock, Plan, Sweep, SATURATION};
+use clap::Parser;
+use loadgen::commands::plan::plan_command;
+use loadgen::commands::sweep::sweep_command;
+use loadgen::commands::tune::{tune_command, TuneArgs};
+use loadgen::folders::PLAN_FILE;
+use loadgen::mock::{self, MockConfig};
+use reports::plan::CapacityPlan;
+use reports::tune::{ConfigStatus, Separation, TuneFile, TUNE_FILE};
+
+#[derive(Parser)]
+struct Tune {
+    #[command(flatten)]
+    args: TuneArgs,
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_loadgen");
+
+/// TTFT p90 ≤ 60 ms (20 ms unqueued).
+const SLO: &str = "ttft:p90:60ms";
+
+/// The workload and timing options every search here shares (seed 4).
+fn workload(out: &Path) -> Vec<String> {
+    [
+        "--model",
+        "loadgen-mock",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "17",
+        "--warmup",
+        "300ms",
+        "--duration",
+        "1s",
+        "--seed",
+        "4",
+        "--no-progress",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn tune_argv(template: &str, knobs: &[&str], extra: &[&str], out: &Path) -> Vec<String> {
+    let mut argv = vec!["tune".to_string(), "--server-cmd".into(), template.into()];
+    for knob in knobs {
+        argv.push("--knob".into());
+        argv.push(knob.to_string());
+    }
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    argv.extend(workload(out));
+    argv
+}
+
+/// The crossing that a grid of `rates` on a mock with `slots` slots finds (its plan's
+/// interpolated crossing).
+async fn grid_crossing(slots: usize, rates: &str, out: &Path) -> f64 {
+    let (addr, handle) = mock::spawn(MockConfig {
+        slots,
+        ..four_slot_mock()
+    })
+    .await
+    .unwrap();
+    let mut argv = vec![
+        "sweep".to_string(),
+        "--url".into(),
+        format!("http://{addr}"),
+        "--rates".into(),
+        rates.into(),
+        "--slo".into(),
+        SLO.into(),
+    ];
+    argv.extend(workload(out));
+    sweep_command(Sweep::try_parse_from(argv).unwrap().args)
+        .await
+        .unwrap();
+    handle.shutdown().await;
+    let plan = Plan::try_parse_from(["plan", out.to_str().unwrap(), "--target-qps", "1"]).unwrap();
+    plan_command(plan.args).unwrap();
+    let plan: CapacityPlan =
+        serde_json::from_str(&std::fs::read_to_string(out.join(PLAN_FILE)).unwrap()).unwrap();
+    plan.crossing.expect("the grid crosses the SLO").estimate
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tune_picks_the_largest_capacity_and_brackets_each_crossing() {
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("tune");
+    let template =
+        format!("{BIN} mock-server --ttft 20ms --itl 5ms --slots {{slots}} --port {{port}}");
+    let argv = tune_argv(
+        &template,
+        &["slots=4,8"],
+        &[
+            "--slo",
+            SLO,
+            "--probe-duration",
+            "800ms",
+            "--rounds",
+            "2",
+            "--target-qps",
+            "100",
+        ],
+        &out,
+    );
+    tune_command(Tune::try_parse_from(argv).unwrap().args)
+        .await
+        .unwrap();
+    let file = TuneFile::read(&out.join(TUNE_FILE)).unwrap();
+    assert_eq!(file.configurations.len(), 2);
+    let winner = file.winner.as_ref().expect("both meet the SLO somewhere");
+    assert_eq!(winner.knobs["slots"], "8", "{file:#?}");
+    assert_eq!(
+        file.winner_vs_runner_up,
+        Separation::Better,
+        "{:#?}",
+        file.duel
+    );
+    assert!(winner.command.contains("--slots 8 --port {port}"));
+    assert!(file.plan.as_ref().unwrap().sizing.is_some());
+
+    // Each configuration's crossing interval holds the grid's crossing (widened by the
+    // grid's ~6% spacing, as the grid's own crossing may be that far off).
+    for (config, (slots, rates)) in file.configurations.iter().zip([
+        (4, "24,26,28,30,32,34,36,38,40"),
+        (8, "60,64,68,72,76,80,84"),
+    ]) {
+        assert_eq!(config.status, ConfigStatus::Ok);
+        assert_eq!(config.knobs["slots"], slots.to_string());
+        let grid = grid_crossing(slots, rates, &temp.path().join(format!("grid-{slots}"))).await;
+        let (low, high) = (config.capacity_low.unwrap(), config.capacity_high.unwrap());
+        assert!(
+            (0.94 * low..=1.06 * high).contains(&grid),
+            "slots {slots}: grid crossing {grid} outside {low}–{high}"
+        );
+        assert!(config.capacity.unwrap() <= high);
+        assert!(config.capacity.unwrap() <= SATURATION * slots as f64 / 4.0);
+        assert!(config.ttft_ms.unwrap() <= 60.0, "{config:?}");
+        assert!(!config.levels.is_empty() && config.search.is_some());
+        assert!(out.join(&config.dir).join("server.log").is_file());
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("## Winner") && report.contains("--slots 8 --port {port}"));
+    assert!(report.contains("Capacity plan (the winner)"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ignored_knob_is_indistinguishable_and_a_bad_value_fails_to_start() {
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("tune");
+    // `--seed` only seeds the mock's fault injection, off here; `--slots x` is refused.
+    let template = format!(
+        "{BIN} mock-server --ttft 20ms --itl 5ms --seed {{seed}} --slots {{slots}} --port {{port}}"
+    );
+    let argv = tune_argv(
+        &template,
+        &["seed=1,2", "slots=4,x"],
+        &[
+            "--slo",
+            SLO,
+            "--probe-duration",
+            "800ms",
+            "--rounds",
+            "2",
+            "--min-effect",
+            "20%",
+            "--server-timeout",
+            "20s",
+        ],
+        &out,
+    );
+    tune_command(Tune::try_parse_from(argv).unwrap().args)
+        .await
+        .unwrap();
+    let file = TuneFile::read(&out.join(TUNE_FILE)).unwrap();
+    let statuses: Vec<(String, String, ConfigStatus)> = file
+        .configurations
+        .iter()
+        .map(|c| (c.knobs["seed"].clone(), c.knobs["slots"].clone(), c.status))
+        .collect();
+    assert_eq!(statuses.len(), 3, "{statuses:?}");
+    assert_eq!(
+        statuses[..2],
+        [
+            ("1".into(), "4".into(), ConfigStatus::Ok),
+            ("2".into(), "4".into(), ConfigStatus::Ok)
+        ]
+    );
+    assert_eq!(statuses[2].1, "x");
+    assert_eq!(statuses[2].2, ConfigStatus::FailedToStart);
+    let tail = file.configurations[2].log_tail.as_deref().unwrap();
+    assert!(tail.contains("--slots"), "{tail}");
+    assert_eq!(
+        file.winner_vs_runner_up,
+        Separation::Indistinguishable,
+        "{:#?}",
+        file.duel
+    );
+    assert_eq!(
+        file.winner.unwrap().knobs["seed"],
+        "1",
+        "the first listed is kept"
+    );
+    assert_eq!(file.runner_up.unwrap().knobs["seed"], "2");
+}
+
+#[test]
+fn no_configuration_meeting_the_slo_exits_3() {
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("tune");
+    // 20 ms to the first token against a 5 ms limit: missed unloaded, so no level runs.
+    let template =
+        format!("{BIN} mock-server --ttft 20ms --itl 1ms --slots {{slots}} --port {{port}}");
+    let mut argv = tune_argv(
+        &template,
+        &["slots=1,2"],
+        &["--slo", "ttft:p90:5ms", "--probe-duration", "1500ms"],
+        &out,
+    );
+    let i = argv.iter().position(|a| a == "17").unwrap();
+    argv[i] = "2".into();
+    let status = Command::new(BIN).args(&argv[..]).output().unwrap();
+    assert_eq!(
+        status.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let file = TuneFile::read(&out.join(TUNE_FILE)).unwrap();
+    assert!(file.winner.is_none() && file.configurations.len() == 2);
+    for c in &file.configurations {
+        assert_eq!(c.capacity, None);
+        assert!(c
+            .search_end
+            .as_deref()
+            .unwrap()
+            .starts_with("not met even unloaded"));
+    }
+    assert!(out.join("report.html").is_file());
+}
+
+#[test]
+fn sigterm_stops_the_server_and_keeps_what_finished() {
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("tune");
+    // A TTFT no other test uses marks this tune's servers among the processes.
+    let template =
+        format!("{BIN} mock-server --ttft 21ms --itl 5ms --slots {{slots}} --port {{port}}");
+    let argv = tune_argv(
+        &template,
+        &["slots=4,8,16"],
+        &["--slo", SLO, "--probe-duration", "800ms"],
+        &out,
+    );
+    let mut child = Command::new(BIN).args(&argv[..]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = TuneFile::read(&out.join(TUNE_FILE)).is_ok_and(|f| !f.configurations.is_empty());
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no configuration finished in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Let the second configuration's server start and its search begin.
+    std::thread::sleep(Duration::from_secs(3));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1));
+    let file = TuneFile::read(&out.join(TUNE_FILE)).unwrap();
+    assert_eq!(file.configurations[0].status, ConfigStatus::Ok);
+    assert!(file.configurations.len() < 3);
+    assert!(file.stop_reason.as_deref().unwrap().contains("interrupted"));
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("## Configurations") && report.contains("slots=4"));
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let running = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        !running
+            .lines()
+            .any(|l| l.contains("mock-server --ttft 21ms")),
+        "a server outlived the tune:\n{running}"
+    );
+}
