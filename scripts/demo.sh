@@ -9,8 +9,9 @@
 #   ./scripts/demo.sh                      # against our own engine (CPU)
 #   ./scripts/demo.sh --url http://HOST:PORT [--model NAME]   # against any OpenAI-compatible server
 #
-# Environment knobs: RATES (default search; or auto, fractions of the probed saturation rate;
-# or a list such as 0.4,0.8,1.6), PRECISION (0.10) and MAX_LEVELS (8) of the search,
+# Environment knobs: RATES (default search; or auto, AUTO_FRACTIONS of the probed saturation
+# rate, 0.5,0.8,1.0,1.2,1.5; or a list such as 0.4,0.8,1.6), PRECISION (0.10) and MAX_LEVELS
+# (8) of the search,
 # PROBE_DURATION (8s), DURATION (default 25s per level, lengthened to hold the 35 requests a p90 needs, plus a margin for the Poisson draw), WARMUP (5s),
 # SLO (default ttft:p90:2s,tpot:p90:100ms: p90, because a 2-core demo's levels hold tens of
 # requests, not the 368 a p99 needs),
@@ -61,7 +62,7 @@ fi
 
 case "$rates" in
   search) extra+=(--precision "${PRECISION:-0.10}" --max-levels "${MAX_LEVELS:-8}" --probe-duration "$probe_duration") ;;
-  auto) extra+=(--probe-duration "$probe_duration") ;;
+  auto) extra+=(--probe-duration "$probe_duration" --auto-fractions "${AUTO_FRACTIONS:-0.5,0.8,1.0,1.2,1.5}") ;;
 esac
 ./target/release/loadgen sweep --url "$url" --workload sharegpt-like --profile chat \
   --max-input-len "$max_input_len" --max-output-len "$max_output_len" \

@@ -66,6 +66,14 @@ impl ModelRunner for NullRunner {
     fn block_size(&self) -> usize {
         BLOCK_SIZE
     }
+
+    fn footprint(&self) -> engine::model::Footprint {
+        engine::model::Footprint {
+            weight_bytes: 0,
+            parameters: 0,
+            kv_bytes_per_token: 0,
+        }
+    }
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {

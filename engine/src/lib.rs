@@ -3,6 +3,7 @@
 //! server. See `../shared/ARCHITECTURE.md`.
 
 pub mod backend;
+pub mod bandwidth;
 pub mod config;
 pub mod engine;
 pub mod grammar;

@@ -115,6 +115,8 @@ pub struct LoadedEngine {
     pub device: Device,
     pub kv_capacity_tokens: usize,
     pub max_model_len: usize,
+    /// What a decode step reads and a token caches, for the bandwidth bound.
+    pub footprint: crate::model::Footprint,
 }
 
 /// Loads the model and builds the engine from the shared flags: the one place where the
@@ -154,6 +156,7 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
         }
         None => positions,
     };
+    let footprint = loaded.runner.footprint();
     let engine = LlmEngine::new(
         loaded.runner,
         loaded.tokenizer.clone(),
@@ -171,6 +174,7 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
         device: loaded.device,
         kv_capacity_tokens,
         max_model_len,
+        footprint,
     })
 }
 

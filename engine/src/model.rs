@@ -55,6 +55,20 @@ pub trait ModelRunner: Send {
     fn num_blocks(&self) -> usize;
     /// Tokens per KV block.
     fn block_size(&self) -> usize;
+    /// What a decode step reads and a token caches, for the bandwidth bound.
+    fn footprint(&self) -> Footprint;
+}
+
+/// The sizes behind the bandwidth bound (`GET /version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    /// Bytes one decode step reads for the weights, as stored at run time: every layer's
+    /// matrices and parameters, the final norm and the output head (the embedding table
+    /// itself is only gathered from, one row a token).
+    pub weight_bytes: usize,
+    /// The model's parameters (the embedding table once, twice when the head is untied).
+    pub parameters: usize,
+    pub kv_bytes_per_token: usize,
 }
 
 /// How a runner sizes its KV cache.
@@ -632,6 +646,40 @@ impl<B: Backend> ModelRunner for Model<B> {
 
     fn block_size(&self) -> usize {
         self.state.block_size
+    }
+
+    fn footprint(&self) -> Footprint {
+        let (b, s) = (&self.backend, &self.state);
+        let c = &s.config;
+        // 1-D parameters are stored as f32 on every backend.
+        let mut vector_params = c.hidden_size;
+        let mut weight_bytes = 0;
+        for l in &s.layers {
+            weight_bytes += b.weight_bytes(&l.qkv)
+                + b.weight_bytes(&l.o_proj)
+                + b.weight_bytes(&l.gate_up)
+                + b.weight_bytes(&l.down);
+            vector_params += 2 * c.hidden_size;
+            if l.qkv_bias.is_some() {
+                vector_params += (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+            }
+            if l.qk_norm.is_some() {
+                vector_params += 2 * c.head_dim;
+            }
+        }
+        weight_bytes += b.weight_bytes(s.lm_head.as_ref().unwrap_or(&s.embed))
+            + vector_params * std::mem::size_of::<f32>();
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let matrices = c.num_layers
+            * (c.hidden_size * (q + 2 * kv)
+                + q * c.hidden_size
+                + 3 * c.hidden_size * c.intermediate_size);
+        let tables = if s.lm_head.is_some() { 2 } else { 1 };
+        Footprint {
+            weight_bytes,
+            parameters: matrices + tables * c.vocab_size * c.hidden_size + vector_params,
+            kv_bytes_per_token: kv_bytes_per_token(c, b.kv_value_bytes()),
+        }
     }
 }
 

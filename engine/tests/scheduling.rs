@@ -172,6 +172,14 @@ impl ModelRunner for MockRunner {
     fn block_size(&self) -> usize {
         self.block_size
     }
+
+    fn footprint(&self) -> engine::model::Footprint {
+        engine::model::Footprint {
+            weight_bytes: 0,
+            parameters: 0,
+            kv_bytes_per_token: 0,
+        }
+    }
 }
 
 struct Setup {

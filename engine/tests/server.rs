@@ -954,6 +954,22 @@ async fn version_says_who_is_serving() {
     assert_eq!(info["max_num_seqs"], 7);
     assert!(info["kv_capacity_tokens"].as_u64().unwrap() > 0, "{info}");
     assert!(info["dtype"].as_str().unwrap().contains("f32"), "{info}");
+    // The bandwidth bound's inputs. The tiny Llama (hidden 64, 2 layers, 4 heads and 2 KV
+    // heads of 16, MLP 128, vocabulary 49,152, untied head) keeps its bf16 matrices as they
+    // are: a layer's qkv 128 × 64, o 64 × 64, gate_up 256 × 64 and down 64 × 128 are 36,864
+    // values, 73,728 bytes, plus two f32 norms of 64 (512 bytes); the head 49,152 × 64 in
+    // bf16 is 6,291,456 bytes and the final norm 256: 2 × 74,240 + 6,291,456 + 256.
+    assert_eq!(info["weight_bytes"], 6_440_192, "{info}");
+    // 2 × 36,864 matrix values + two 49,152 × 64 tables + 5 norms of 64.
+    assert_eq!(info["parameters"], 73_728 + 2 * 3_145_728 + 320, "{info}");
+    // K and V of 2 layers × 2 KV heads × 16, in the CPU's default f16 KV cache.
+    assert_eq!(info["kv_bytes_per_token"], 2 * 2 * 2 * 16 * 2, "{info}");
+    let bw = info["memory_bandwidth_bytes_per_s"].as_f64().unwrap();
+    assert!((1e9..1e13).contains(&bw), "{info}");
+    assert!(info["memory_bandwidth_source"]
+        .as_str()
+        .unwrap()
+        .starts_with("measured at start-up"));
 }
 
 /// `loadgen run` against `engine serve`: the run folder records who was measured (the

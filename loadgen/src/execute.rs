@@ -76,6 +76,12 @@ pub async fn execute_prepared(
             identity.version
         }
     };
+    // Resolved once the server has said what it is: recorded so reports can recompute.
+    let bound_inputs = crate::bound_inputs::resolve(&args.bound, extra.get("server_info"))?;
+    extra.insert(
+        "bound_inputs".into(),
+        serde_json::to_value(&bound_inputs).context("recording the bound's inputs")?,
+    );
     let target = Target {
         base_url: exec.url.clone(),
         backend: args.backend,
@@ -153,7 +159,7 @@ pub async fn execute_prepared(
     if let Some(scraper) = scraper {
         scraper.finish().await;
     }
-    let outcome = outcome?;
+    let mut outcome = outcome?;
     if let Some(dir) = &exec.out {
         meta.start_time = outcome.start_time.to_rfc3339();
         meta.complete = true;
@@ -169,6 +175,15 @@ pub async fn execute_prepared(
             outcome.start_time,
             args.slice,
         )?;
+        crate::diagnose::diagnose_run(
+            dir,
+            &outcome.records,
+            &outcome.metrics,
+            crate::options::slo_spec(args)?.as_ref(),
+            &bound_inputs,
+            &mut outcome.summary,
+        )?;
+        outcome.summary.write(&dir.join("summary.json"))?;
     }
     Ok(outcome)
 }

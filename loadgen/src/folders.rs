@@ -158,6 +158,10 @@ pub struct ProbeStep {
     /// The SLO's verdict on the step's requests, when the sweep has an SLO.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_verdict: Option<reports::slo::SloVerdict>,
+    /// A target's percentile lies above its limit beyond doubt (its 95% interval's lower
+    /// end), which a step too short to bound it from above can still show.
+    #[serde(default)]
+    pub slo_missed: bool,
 }
 
 /// The saturation probe of `--rates auto` and `search`.
@@ -242,6 +246,7 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
             timeline: reports::timeline::Timeline::read(&dir.join(&entry.dir))?,
             scheduled_rate: entry.rates.map(|r| r.scheduled),
             saturation_rule: entry.saturation.as_ref().map(|s| s.rule.clone()),
+            diagnosis: run_diagnosis(&dir.join(&entry.dir))?,
         });
     }
     let conditions = conditions.with_context(|| {
@@ -257,6 +262,15 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
         levels,
         conditions,
     })
+}
+
+/// The diagnosis a run folder's `summary.json` holds, if any.
+pub fn run_diagnosis(dir: &Path) -> Result<Option<reports::diagnosis::Diagnosis>> {
+    let path = dir.join("summary.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    Ok(Summary::read(&path)?.diagnosis)
 }
 
 /// The capacity plan written by `loadgen plan` into a sweep folder, if there is one.

@@ -20,18 +20,18 @@ use reports::search::{
 /// The options of a knee search (shared by `sweep --rates search` and `tune`).
 #[derive(Args, Debug, Clone, Default)]
 pub struct SearchArgs {
-    /// With --rates search: stop when the bracket's upper end is within this fraction of its
-    /// lower end [default: 0.10].
+    /// Knee search: stop when the bracket's upper end is within this fraction of its lower
+    /// end [default: 0.10].
     #[arg(long)]
     pub precision: Option<f64>,
-    /// With --rates search: run at most this many levels, re-runs included [default: 8].
+    /// Knee search: run at most this many levels, re-runs included [default: 8].
     #[arg(long)]
     pub max_levels: Option<usize>,
-    /// With --rates search: halve no lower than this rate (req/s) [default: the probe's
-    /// saturation estimate / 8].
+    /// Knee search: halve no lower than this rate (req/s) [default: the probe's saturation
+    /// estimate / 8].
     #[arg(long)]
     pub min_rate: Option<f64>,
-    /// With --rates search: offer no more than this rate (req/s) [default: 4 × the probe's
+    /// Knee search: offer no more than this rate (req/s) [default: 4 × the probe's
     /// saturation estimate].
     #[arg(long)]
     pub max_rate: Option<f64>,
@@ -77,7 +77,18 @@ impl SearchArgs {
             }
         }
         if min_rate >= max_rate {
-            bail!("--min-rate {min_rate} must be below --max-rate {max_rate} req/s");
+            let named = |flag: &str, given: bool, what: &str| {
+                if given {
+                    flag.to_string()
+                } else {
+                    format!("{flag} (by default {what} of the probe's {estimate:.3} req/s)")
+                }
+            };
+            bail!(
+                "{} {min_rate} must be below {} {max_rate} req/s",
+                named("--min-rate", self.min_rate.is_some(), "1/8"),
+                named("--max-rate", self.max_rate.is_some(), "4×")
+            );
         }
         Ok(SearchPath {
             precision,
@@ -112,15 +123,17 @@ fn round_rate(rate: f64) -> f64 {
 
 /// The bracket of `steps` (see `reports::search`).
 pub fn bracket(steps: &[SearchStep]) -> Bracket {
-    let lower = steps
+    let passing = steps
         .iter()
         .filter(|s| s.verdict.passes())
-        .max_by(|a, b| a.sustained_rate.total_cmp(&b.sustained_rate))
-        .map(|s| BracketEnd {
-            dir: s.dir.clone(),
-            rate: s.sustained_rate,
-        });
+        .max_by(|a, b| a.sustained_rate.total_cmp(&b.sustained_rate));
+    let lower = passing.map(|s| BracketEnd {
+        dir: s.dir.clone(),
+        rate: s.sustained_rate,
+    });
     let floor = lower.as_ref().map_or(0.0, |l| l.rate);
+    // The passing level's sustained / offered: what its seeded draw held of the rate asked.
+    let held = passing.map_or(1.0, |s| s.sustained_rate / s.offered_rate);
     let upper = steps
         .iter()
         .filter(|s| s.verdict.fails())
@@ -128,7 +141,7 @@ pub fn bracket(steps: &[SearchStep]) -> Bracket {
             let rate = if s.sustained_rate > floor {
                 s.sustained_rate
             } else {
-                s.offered_rate
+                s.offered_rate * held
             };
             BracketEnd {
                 dir: s.dir.clone(),
@@ -207,8 +220,12 @@ fn finish(path: &mut SearchPath, end: SearchEnd, reason: String) {
     path.end_reason = Some(reason);
 }
 
-/// Ends the search when interrupted during (or before) the level at `offered_rate`.
+/// Ends the search when interrupted during (or before) the level at `offered_rate`, unless
+/// it had already ended.
 pub fn interrupt(path: &mut SearchPath, offered_rate: f64) {
+    if path.end.is_some() {
+        return;
+    }
     finish(
         path,
         SearchEnd::Interrupted,
@@ -231,6 +248,44 @@ fn next(path: &mut SearchPath) -> Next {
             );
             return Next::End;
         }
+    }
+    // A limit reached while bracketing ends the search whatever the levels left.
+    let highest_pass = path
+        .steps
+        .iter()
+        .filter(|s| s.verdict.passes())
+        .map(|s| s.offered_rate)
+        .fold(0.0, f64::max);
+    let lowest_fail = path
+        .steps
+        .iter()
+        .filter(|s| s.verdict.fails())
+        .map(|s| s.offered_rate)
+        .fold(f64::INFINITY, f64::min);
+    match (&bracket.lower, &bracket.upper) {
+        (Some(_), None) if highest_pass >= path.max_rate => {
+            finish(
+                path,
+                SearchEnd::MetAtMaxRate,
+                format!(
+                    "met at the highest rate tried ({highest_pass} req/s, --max-rate): the knee \
+                     lies higher"
+                ),
+            );
+            return Next::End;
+        }
+        (None, Some(_)) if lowest_fail <= path.min_rate => {
+            finish(
+                path,
+                SearchEnd::NotMetAtMinRate,
+                format!(
+                    "not met at the lowest rate tried ({lowest_fail} req/s, --min-rate): the \
+                     knee lies lower, if anywhere"
+                ),
+            );
+            return Next::End;
+        }
+        _ => {}
     }
     if last.verdict == SearchVerdict::Unknown && last.reason == StepReason::Rerun {
         finish(
@@ -262,30 +317,34 @@ fn next(path: &mut SearchPath) -> Next {
         };
     }
     match (&bracket.lower, &bracket.upper) {
-        (Some(lower), Some(upper)) => Next::Run {
-            rate: round_rate(bisecting_offer(&path.steps, lower, upper)),
-            reason: StepReason::Bisecting,
-        },
-        (Some(_), None) => {
-            let highest = path
-                .steps
-                .iter()
-                .filter(|s| s.verdict.passes())
-                .map(|s| s.offered_rate)
-                .fold(0.0, f64::max);
-            if highest >= path.max_rate {
+        (Some(lower), Some(upper)) => {
+            let rate = round_rate(bisecting_offer(&path.steps, lower, upper));
+            let offered = |dir: &str| {
+                path.steps
+                    .iter()
+                    .find(|s| s.dir == dir)
+                    .map_or(f64::NAN, |s| s.offered_rate)
+            };
+            let inside = rate > offered(&lower.dir) && rate < offered(&upper.dir);
+            if !inside || path.steps.iter().any(|s| s.offered_rate == rate) {
                 finish(
                     path,
-                    SearchEnd::MetAtMaxRate,
+                    SearchEnd::Unresolved,
                     format!(
-                        "met at the highest rate tried ({highest} req/s, --max-rate): the knee \
-                         lies higher"
+                        "the bracket {bracket} cannot be narrowed: the next rate, {rate} req/s, \
+                         is not between its ends' offered rates or already ran"
                     ),
                 );
                 return Next::End;
             }
+            Next::Run {
+                rate,
+                reason: StepReason::Bisecting,
+            }
+        }
+        (Some(_), None) => {
             // A doubling that would leave --max-rate within the precision goes there.
-            let doubled = 2.0 * highest;
+            let doubled = 2.0 * highest_pass;
             Next::Run {
                 rate: if doubled * (1.0 + path.precision) >= path.max_rate {
                     path.max_rate
@@ -296,24 +355,7 @@ fn next(path: &mut SearchPath) -> Next {
             }
         }
         (None, _) => {
-            let lowest = path
-                .steps
-                .iter()
-                .filter(|s| s.verdict.fails())
-                .map(|s| s.offered_rate)
-                .fold(f64::INFINITY, f64::min);
-            if lowest <= path.min_rate {
-                finish(
-                    path,
-                    SearchEnd::NotMetAtMinRate,
-                    format!(
-                        "not met at the lowest rate tried ({lowest} req/s, --min-rate): the \
-                         knee lies lower, if anywhere"
-                    ),
-                );
-                return Next::End;
-            }
-            let halved = lowest / 2.0;
+            let halved = lowest_fail / 2.0;
             Next::Run {
                 rate: if halved <= path.min_rate * (1.0 + path.precision) {
                     path.min_rate
@@ -480,7 +522,8 @@ mod tests {
                 reason: StepReason::Bisecting
             }
         );
-        // A failing level that completed no more than the passing one bounds by its offered rate.
+        // A failing level that sustained no more than the passing one bounds by its offered
+        // rate scaled by what the passing level's draw held (4.5 of 5 offered): 9 × 0.9.
         let steps = vec![
             SearchStep {
                 dir: "a".into(),
@@ -492,14 +535,14 @@ mod tests {
             },
             SearchStep {
                 dir: "b".into(),
-                offered_rate: 4.5,
+                offered_rate: 5.0,
                 sustained_rate: 4.5,
                 reason: StepReason::Halving,
                 verdict: SearchVerdict::Met,
                 bracket: Bracket::default(),
             },
         ];
-        assert_eq!(bracket(&steps).upper.unwrap().rate, 9.0);
+        assert!((bracket(&steps).upper.unwrap().rate - 8.1).abs() < 1e-12);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod bound_inputs;
 pub mod calibrate;
 pub mod cli;
 pub mod client;
@@ -11,6 +12,7 @@ pub mod clock;
 pub mod commands;
 pub mod comparison;
 pub mod connections;
+pub mod diagnose;
 pub mod execute;
 pub mod extra_body;
 pub mod folders;

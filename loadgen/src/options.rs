@@ -195,6 +195,8 @@ pub struct RunArgs {
     /// (warm-up + duration + cool-down) before the rest are cut; default 60s.
     #[arg(long, value_parser = duration_arg)]
     pub session_drain: Option<Duration>,
+    #[command(flatten)]
+    pub bound: crate::bound_inputs::BoundArgs,
     /// Calibrate against the built-in mock at this run's rate first; recorded in meta.json.
     #[arg(long)]
     pub calibrate: bool,

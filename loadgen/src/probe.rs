@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use reports::metrics::PERCENTILE_CI_LEVEL;
 use reports::samples::LatencySamples;
 use reports::slo::{SloSpec, SloVerdict};
+use reports::stats::quantile_ci;
 
 use crate::execute::{execute_prepared, Execution};
 use crate::folders::{Probe, ProbeStep};
@@ -85,6 +87,8 @@ pub async fn probe_saturation(
                 s.check(&LatencySamples::from_records(&outcome.records))
                     .verdict
             }),
+            slo_missed: slo
+                .is_some_and(|s| surely_missed(s, &LatencySamples::from_records(&outcome.records))),
         };
         eprintln!(
             "loadgen sweep: probe at concurrency {concurrency}: {:.3} req/s (Little: {:.3}), mean E2E {:.1} ms",
@@ -101,7 +105,7 @@ pub async fn probe_saturation(
                 ),
             ));
         }
-        let missed = step.slo_verdict == Some(SloVerdict::NotMet);
+        let missed = step.slo_verdict == Some(SloVerdict::NotMet) || step.slo_missed;
         steps.push(step);
         if completed == 0 {
             bail!("probe at concurrency {concurrency}: no request completed");
@@ -135,6 +139,20 @@ pub async fn probe_saturation(
         }
         concurrency = (concurrency * 2).min(max_concurrency);
     }
+}
+
+/// Whether `samples` miss a target of `slo` beyond doubt: the target percentile's 95%
+/// interval lies wholly above its limit. A short step cannot bound a high percentile from
+/// above (the "p99" of 20 requests is their maximum), but it can from below: when the 4th
+/// smallest of 5 values already exceeds the limit, so does the p99.
+pub fn surely_missed(slo: &SloSpec, samples: &LatencySamples) -> bool {
+    slo.targets.iter().any(|t| {
+        let mut values = samples.values(t.metric);
+        values.sort_by(f64::total_cmp);
+        quantile_ci(&values, t.percentile / 100.0, PERCENTILE_CI_LEVEL)
+            .lower
+            .is_some_and(|low| low > t.limit_ms)
+    })
 }
 
 /// The probe's saturation estimate: its step with the highest Little's-law rate.
@@ -185,6 +203,7 @@ mod tests {
             mean_e2el_ms: concurrency as f64 / little_rate * 1000.0,
             little_rate,
             slo_verdict: None,
+            slo_missed: false,
         };
         let steps = vec![step(1, 10.0), step(2, 19.0), step(4, 30.0), step(8, 31.0)];
         let probe = saturation_estimate(steps, "knee".into()).unwrap();
@@ -194,5 +213,41 @@ mod tests {
         assert_eq!(rates, vec![6.2, 12.4, 18.6, 24.8, 27.9, 31.0]);
         assert!(saturation_estimate(Vec::new(), String::new()).is_err());
         assert!(auto_levels(31.0, &[0.5, -1.0]).is_err());
+    }
+
+    #[test]
+    fn a_short_step_surely_misses_when_even_its_low_values_do() {
+        let slo = SloSpec::parse("ttft:p99:100ms").unwrap();
+        let samples = |ttfts: &[f64]| LatencySamples {
+            requests: ttfts
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| reports::samples::RequestSample {
+                    id: i as u64,
+                    ttft_ms: t,
+                    ttfa_ms: Some(t),
+                    tpot_ms: None,
+                    e2el_ms: t,
+                })
+                .collect(),
+            schedule_lag_ms: Vec::new(),
+        };
+        // 5 values: the p99's 95% interval starts at the 4th smallest.
+        assert!(surely_missed(
+            &slo,
+            &samples(&[90.0, 120.0, 130.0, 140.0, 150.0])
+        ));
+        assert!(!surely_missed(
+            &slo,
+            &samples(&[90.0, 95.0, 99.0, 100.0, 150.0])
+        ));
+        // Even 2 values both above the limit put a p99 above it (0.01² chance otherwise),
+        // but not a p50 (a 1 in 4 chance).
+        assert!(surely_missed(&slo, &samples(&[150.0, 160.0])));
+        let p50 = SloSpec::parse("ttft:p50:100ms").unwrap();
+        assert!(
+            !surely_missed(&p50, &samples(&[150.0, 160.0])),
+            "too few to say"
+        );
     }
 }

@@ -50,14 +50,16 @@ pub fn measure(
     };
     config.capacity = Some(max.sustained_rate);
     config.capacity_offered_rate = Some(max.offered_rate);
-    if let Some(c) = plan.crossing {
-        config.capacity_low = Some(c.lower);
-        config.capacity_high = Some(c.upper);
+    config.crossing = plan.crossing;
+    if let Some(search) = &file.search {
+        let bracket = search.bracket();
+        config.capacity_low = bracket.lower.map(|e| e.rate);
+        config.capacity_high = bracket.upper.map(|e| e.rate);
     }
-    let level: Option<&SweepLevel> = sweep
-        .levels
-        .iter()
-        .find(|l| l.offered_rate == max.offered_rate);
+    // `level_index` counts the levels sorted by offered rate (a stable sort, as the plan's).
+    let mut sorted: Vec<&SweepLevel> = sweep.levels.iter().collect();
+    sorted.sort_by(|a, b| a.offered_rate.total_cmp(&b.offered_rate));
+    let level = sorted.get(max.level_index).copied();
     if let Some(level) = level {
         let p = config.latency_percentile;
         config.ttft_ms = percentile_nearest_rank(&level.samples.values(SloMetric::Ttft), p);
@@ -169,6 +171,7 @@ mod tests {
             capacity,
             capacity_low: None,
             capacity_high: None,
+            crossing: None,
             capacity_offered_rate: None,
             latency_percentile: 90.0,
             ttft_ms: None,

@@ -19,6 +19,7 @@ pub fn run_report(dir: &Path) -> Result<Report> {
             samples: run.samples,
             server: run.server,
             timeline: reports::timeline::Timeline::read(dir)?,
+            diagnosis: crate::folders::run_diagnosis(dir)?,
         })),
     })
 }

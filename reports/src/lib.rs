@@ -1,5 +1,7 @@
 //! Statistics, SLO checks, capacity plans, A/B tests and renderers for loadgen runs.
 pub mod ab;
+pub mod bound;
+pub mod diagnosis;
 pub mod histograms;
 pub mod latency;
 pub mod metrics;

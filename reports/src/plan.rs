@@ -57,6 +57,9 @@ pub struct SweepLevel {
     /// The level over time (its `timeline.json`), when its folder has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<crate::timeline::Timeline>,
+    /// What limited the level (its `summary.json`'s diagnosis), when diagnosed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<crate::diagnosis::Diagnosis>,
 }
 
 impl SweepLevel {

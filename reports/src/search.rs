@@ -3,10 +3,11 @@
 //! and the bracket after it, then why the search ended.
 //!
 //! The bracket's lower end is the passing level with the highest sustained rate
-//! ([`crate::rates`]); its upper end is the failing level with the lowest rate above that
-//! (a failing level's sustained rate, or its offered rate where the sustained one is no
-//! higher than the lower end: a server that completes less under overload than it did at the
-//! passing level says nothing about where between the two the SLO breaks).
+//! ([`crate::rates`]); its upper end is the failing level with the lowest rate above that: a
+//! failing level's sustained rate, or, where that is no higher than the lower end (a server
+//! that completes less under overload says nothing about where the SLO breaks), its offered
+//! rate times the passing level's sustained / offered (what the seeded draw held of the rate
+//! asked), so that both ends are in the same units.
 
 use std::fmt;
 
@@ -142,6 +143,8 @@ pub enum SearchEnd {
     MetAtMaxRate,
     /// A re-run with twice the requests was still unknown.
     StillUnknown,
+    /// The next bisecting rate would not lie between the ends' offered rates, or already ran.
+    Unresolved,
     /// Interrupted (Ctrl-C or SIGTERM).
     Interrupted,
 }

@@ -108,6 +108,15 @@ pub struct Summary {
     /// `ttft_from_scheduled`, `e2el_from_scheduled`, `schedule_lag`, `queue_time`, `connect`
     /// (requests that opened a connection during the window; its `count` is how many).
     pub metrics: BTreeMap<String, DistStats>,
+    /// What limited the run (`crate::diagnosis`), once diagnosed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regime: Option<crate::diagnosis::Regime>,
+    /// The sentence of numbers behind `regime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regime_evidence: Option<String>,
+    /// The whole diagnosis: the bound beside the measurement and what was missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<crate::diagnosis::Diagnosis>,
 }
 
 impl Summary {
@@ -178,6 +187,9 @@ impl Summary {
             cached_prompt_share: m.cached_prompt_share,
             sessions: m.sessions.clone(),
             metrics,
+            regime: None,
+            regime_evidence: None,
+            diagnosis: None,
         }
     }
 

@@ -242,6 +242,9 @@ pub fn render(summary: &Summary) -> String {
             summary.client_bound_reasons.join("; "),
         );
     }
+    if let (Some(regime), Some(evidence)) = (summary.regime, &summary.regime_evidence) {
+        row(&mut out, "Regime:", format!("{regime}: {evidence}"));
+    }
     let _ = writeln!(out, "{}", "=".repeat(WIDTH));
     out
 }

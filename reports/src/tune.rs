@@ -30,6 +30,10 @@ pub enum ConfigStatus {
     /// The server exited during its search.
     #[serde(rename = "died")]
     Died,
+    /// The server stayed up but its search failed (for example every request answered
+    /// with an error); `log_tail` holds the error and the end of the server's log.
+    #[serde(rename = "search failed")]
+    SearchFailed,
     /// Ctrl-C or SIGTERM stopped the tune during this configuration.
     #[serde(rename = "interrupted")]
     Interrupted,
@@ -62,9 +66,14 @@ pub struct Configuration {
     /// Requests/s: the sustained rate of the highest level that met the SLO (the knee
     /// search's lower bracket end); `None` when the search found none.
     pub capacity: Option<f64>,
-    /// The interval of the SLO crossing inside the search's final bracket.
+    /// Where the SLO crossing lies: the search's final bracket, from the highest level that
+    /// met the SLO (its sustained rate, `capacity`) to the lowest that did not above it.
     pub capacity_low: Option<f64>,
     pub capacity_high: Option<f64>,
+    /// The crossing interpolated inside the bracket, with its bootstrap interval (which
+    /// resamples the two boundary levels' requests, not their seeded schedules, and so is
+    /// narrower than the bracket's own uncertainty).
+    pub crossing: Option<crate::stats::ConfidenceInterval>,
     /// The offered rate of the level that sustained `capacity`.
     pub capacity_offered_rate: Option<f64>,
     /// The SLO's highest percentile, at which `ttft_ms` and `tpot_ms` are given.

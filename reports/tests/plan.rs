@@ -30,6 +30,7 @@ fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
         timeline: None,
         scheduled_rate: None,
         saturation_rule: None,
+        diagnosis: None,
     }
 }
 

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reports::ab::{compare, AbInput};
+use reports::bound::DecodeBound;
+use reports::diagnosis::{Diagnosis, Regime};
 use reports::metrics::{DistStats, Metrics};
 use reports::plan::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
 use reports::render::{
@@ -69,6 +71,7 @@ fn sweep_report(rng: &mut StdRng) -> Report {
                 timeline: Some(timeline()),
                 scheduled_rate: None,
                 saturation_rule: None,
+                diagnosis: None,
             }
         })
         .collect();
@@ -244,6 +247,20 @@ fn run_report(rng: &mut StdRng) -> Report {
             samples,
             server: None,
             timeline: Some(timeline()),
+            diagnosis: Some(Diagnosis {
+                regime: Regime::DecodeMemoryBound,
+                evidence: "the TPOT median, 3.00 ms, is 1.47× the bandwidth bound".into(),
+                bound: Some(DecodeBound {
+                    batch: 2.0,
+                    context: 210.0,
+                    bytes_per_step: 2.042e9,
+                    tpot_ms: 2.042,
+                    output_tok_per_s: 979.4,
+                }),
+                tpot_over_bound: Some(1.47),
+                throughput_over_bound: Some(0.2),
+                missing: vec!["parameters and FLOP/s".into()],
+            }),
         })),
     }
 }
@@ -343,6 +360,12 @@ fn sweep_compare_and_run_reports_are_self_contained() {
     assert!(
         text.contains("<td>75.0%</td>"),
         "turn 4's prefix-cache share"
+    );
+    assert!(text.contains("What limited this run") && text.contains("decode-memory-bound"));
+    assert!(
+        text.contains("2.042 GB")
+            && text.contains("1.47×")
+            && text.contains("Not known: parameters")
     );
     assert!(text.contains("The run over time") && text.contains(">warm-up</text>"));
     assert!(text.contains(">cool-down</text>"));

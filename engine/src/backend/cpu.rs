@@ -327,6 +327,10 @@ impl Backend for CpuBackend {
         self.kv_cache_dtype.bytes()
     }
 
+    fn weight_bytes(&self, w: &CpuWeight) -> usize {
+        w.bytes()
+    }
+
     fn new_kv_cache(
         &self,
         num_blocks: usize,

@@ -29,7 +29,8 @@ use cudarc::driver::{
 use half::bf16;
 
 pub use device::{
-    cuda_available, device_name, driver_present, gpu_count, resolve_device, Device, NO_DRIVER,
+    cuda_available, device_name, driver_present, gpu_count, memory_bandwidth, resolve_device,
+    Device, NO_DRIVER,
 };
 pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
@@ -930,6 +931,10 @@ impl Backend for CudaBackend {
 
     fn kv_value_bytes(&self) -> usize {
         std::mem::size_of::<bf16>()
+    }
+
+    fn weight_bytes(&self, w: &CudaWeight) -> usize {
+        w.rows * w.cols * std::mem::size_of::<bf16>()
     }
 
     fn new_kv_cache(

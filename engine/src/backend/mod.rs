@@ -185,6 +185,8 @@ pub trait Backend: Send + Sync {
     fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Param>;
     /// Bytes of one cached K or V value.
     fn kv_value_bytes(&self) -> usize;
+    /// Bytes `w` occupies as stored for the matmuls: what one pass over it reads.
+    fn weight_bytes(&self, w: &Self::Weight) -> usize;
     /// Allocates one layer's KV cache of `num_blocks` blocks of `block_size` tokens.
     fn new_kv_cache(
         &self,

@@ -475,6 +475,14 @@ mod tests {
         fn block_size(&self) -> usize {
             16
         }
+
+        fn footprint(&self) -> crate::model::Footprint {
+            crate::model::Footprint {
+                weight_bytes: 0,
+                parameters: 0,
+                kv_bytes_per_token: 0,
+            }
+        }
     }
 
     fn add(commands: &std::sync::mpsc::Sender<Command>) -> mpsc::Receiver<SeqOutput> {

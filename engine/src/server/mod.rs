@@ -89,6 +89,24 @@ struct Loaded {
     grammar: Result<Arc<GrammarCompiler>, String>,
     kv_capacity_tokens: usize,
     device: crate::backend::cuda::Device,
+    footprint: crate::model::Footprint,
+    /// Peak memory bandwidth (bytes/s) and how it was found, or why it is unknown.
+    bandwidth: Result<(f64, &'static str), String>,
+}
+
+/// The memory bandwidth of `device` for `GET /version` (see `bandwidth`).
+fn memory_bandwidth(device: crate::backend::cuda::Device) -> Result<(f64, &'static str), String> {
+    match device {
+        crate::backend::cuda::Device::Cuda => crate::backend::cuda::memory_bandwidth(0)
+            .map(|bw| (bw, "the device's attributes: 2 × memory clock × bus width")),
+        crate::backend::cuda::Device::Cpu => {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Ok((
+                crate::bandwidth::cpu_copy_bandwidth(threads),
+                "measured at start-up: a copy on every core, read + written, best of 5",
+            ))
+        }
+    }
 }
 
 fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
@@ -119,6 +137,8 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         grammar,
         kv_capacity_tokens: loaded.kv_capacity_tokens,
         device: loaded.device,
+        footprint: loaded.footprint,
+        bandwidth: memory_bandwidth(loaded.device),
     })
 }
 
@@ -144,6 +164,14 @@ fn server_info(args: &ServeArgs, loaded: &Loaded) -> serde_json::Value {
         "max_model_len": loaded.info.max_model_len,
         "kv_capacity_tokens": loaded.kv_capacity_tokens,
         "max_num_seqs": args.engine.max_num_seqs,
+        "weight_bytes": loaded.footprint.weight_bytes,
+        "kv_bytes_per_token": loaded.footprint.kv_bytes_per_token,
+        "parameters": loaded.footprint.parameters,
+        "memory_bandwidth_bytes_per_s": loaded.bandwidth.as_ref().ok().map(|b| b.0),
+        "memory_bandwidth_source": match &loaded.bandwidth {
+            Ok((_, source)) => source.to_string(),
+            Err(why) => format!("unknown: {why}"),
+        },
     })
 }
 

@@ -92,9 +92,9 @@ pub struct SweepArgs {
 /// Default `--auto-fractions`.
 const DEFAULT_AUTO_FRACTIONS: [f64; 8] = [0.25, 0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5];
 /// Default `--probe-duration`.
-const DEFAULT_PROBE_DURATION: Duration = Duration::from_secs(10);
+pub const DEFAULT_PROBE_DURATION: Duration = Duration::from_secs(10);
 /// Default `--probe-max-concurrency`.
-const DEFAULT_PROBE_MAX_CONCURRENCY: usize = 256;
+pub const DEFAULT_PROBE_MAX_CONCURRENCY: usize = 256;
 
 /// What `--rates` asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -409,10 +409,9 @@ pub async fn run_sweep(
         Rates::Search => {
             let probe = probe(args, slo.as_ref(), stop.clone()).await?;
             let path = args.search.settings(probe.saturation_rate)?;
-            let unloaded_missed = probe
-                .steps
-                .first()
-                .is_some_and(|s| s.concurrency == 1 && s.slo_verdict == Some(SloVerdict::NotMet));
+            let unloaded_missed = probe.steps.first().is_some_and(|s| {
+                s.concurrency == 1 && (s.slo_verdict == Some(SloVerdict::NotMet) || s.slo_missed)
+            });
             file.probe = Some(probe);
             run_search(&levels, &mut file, path, unloaded_missed).await?;
         }

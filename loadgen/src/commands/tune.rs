@@ -25,7 +25,10 @@ use reports::tune::{
 };
 
 use crate::commands::compare::{run_rounds, CompareArgs, ServerSpec};
-use crate::commands::sweep::{min_requests, run_sweep, sized_level, SweepArgs};
+use crate::commands::sweep::{
+    min_requests, run_sweep, sized_level, SweepArgs, DEFAULT_PROBE_DURATION,
+    DEFAULT_PROBE_MAX_CONCURRENCY,
+};
 use crate::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use crate::folders::load_sweep;
 use crate::knee_search::{SearchArgs, DEFAULT_MAX_LEVELS};
@@ -47,6 +50,14 @@ use crate::views::tune_report;
     mut_arg("rate", |a| a
         .conflicts_with("server_cmd")
         .help("Set by each level of the knee search: refused here")
+        .long_help(None::<&str>)),
+    mut_arg("target_rate", |a| a
+        .conflicts_with("server_cmd")
+        .help("Set by each level of the knee search with --arrival trace: refused here")
+        .long_help(None::<&str>)),
+    mut_arg("fail_on_slo", |a| a
+        .conflicts_with("server_cmd")
+        .help("tune always exits 3 when no configuration meets the SLO: refused here")
         .long_help(None::<&str>)),
     mut_arg("concurrency", |a| a
         .conflicts_with("server_cmd")
@@ -173,6 +184,10 @@ pub async fn tune_command(args: TuneArgs) -> Result<()> {
             }
         };
         let Some(next) = next else { break };
+        if *stop.borrow() {
+            file.stop_reason = Some("interrupted (Ctrl-C or SIGTERM)".into());
+            break;
+        }
         let result = run_configuration(&args, &out, &file, next, &stop, &slo).await;
         match result {
             Ok(config) => {
@@ -193,7 +208,11 @@ pub async fn tune_command(args: TuneArgs) -> Result<()> {
     }
     let interrupted = file.stop_reason.is_some();
     finish(&args, &out, &mut file, &slo, &plan_options, !interrupted).await?;
-    if interrupted {
+    if *stop.borrow() && !interrupted {
+        file.stop_reason = Some("interrupted during the comparison of the two best".into());
+        file.write(&out.join(TUNE_FILE))?;
+    }
+    if file.stop_reason.is_some() {
         bail!(
             "loadgen tune: interrupted after {} configuration(s); results in {}",
             file.configurations.len(),
@@ -236,9 +255,12 @@ fn print_budget(args: &TuneArgs, knobs: &[Knob]) {
     let n = knobs::count(args.strategy, knobs);
     let probe_step = args
         .probe_duration
-        .unwrap_or(Duration::from_secs(10))
+        .unwrap_or(DEFAULT_PROBE_DURATION)
         .mul_f64(1.25);
-    let probe_steps = (args.probe_max_concurrency.unwrap_or(256).max(1) as f64)
+    let probe_steps = (args
+        .probe_max_concurrency
+        .unwrap_or(DEFAULT_PROBE_MAX_CONCURRENCY)
+        .max(1) as f64)
         .log2()
         .ceil() as u32
         + 1;
@@ -247,14 +269,18 @@ fn print_budget(args: &TuneArgs, knobs: &[Knob]) {
     let per_config = probe_step * probe_steps + level * levels;
     let duel = (args.run.warmup + args.run.duration.unwrap_or_default()) * (2 * args.rounds as u32);
     let total = per_config * n as u32 + duel;
+    let per_level = if args.run.duration.is_some() {
+        format!("{:.0} s", level.as_secs_f64())
+    } else {
+        "--num-prompts requests".into()
+    };
     eprintln!(
         "loadgen tune: {n} configuration(s) ({}); each at most a probe of {probe_steps} steps of \
-         {:.0} s and {levels} levels of {:.0} s (a level lengthened to hold the SLO's \
-         percentile at a low rate takes longer), plus a comparison of {} runs: at most about \
-         {:.0} min, server start-ups aside",
+         {:.0} s and {levels} levels of {per_level} (a level lengthened to hold the SLO's \
+         percentile at a low rate takes longer), plus a comparison of {} runs: about {:.0} min \
+         with levels of that length, server start-ups aside",
         args.strategy.name(),
         probe_step.as_secs_f64(),
-        level.as_secs_f64(),
         2 * args.rounds,
         total.as_secs_f64() / 60.0
     );
@@ -282,6 +308,7 @@ async fn run_configuration(
         capacity: None,
         capacity_low: None,
         capacity_high: None,
+        crossing: None,
         capacity_offered_rate: None,
         latency_percentile: percentile,
         ttft_ms: None,
@@ -302,6 +329,11 @@ async fn run_configuration(
     let mut server = match server_proc::start(&command, &log, args.server_timeout).await {
         Ok(server) => server,
         Err(e) => {
+            // Ctrl-C reaches a starting server too: then it did not fail, the tune stopped.
+            if *stop.borrow() {
+                config.status = ConfigStatus::Interrupted;
+                return Ok(config);
+            }
             eprintln!(
                 "loadgen tune: configuration {} failed to start: {e:#}",
                 index + 1
@@ -322,20 +354,27 @@ async fn run_configuration(
         config.status = ConfigStatus::Died;
         config.log_tail = Some(server_proc::log_tail(&log));
     }
-    match result {
-        Ok(_) if config.status == ConfigStatus::Ok => {
-            measure(
-                &mut config,
-                &sweep_dir,
-                slo,
-                &measuring_options(args.run.seed),
-            )?;
+    let measured = match result {
+        Ok(_) if config.status == ConfigStatus::Ok => measure(
+            &mut config,
+            &sweep_dir,
+            slo,
+            &measuring_options(args.run.seed),
+        )
+        .map(|_| ()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = measured {
+        eprintln!("loadgen tune: configuration {}: {e:#}", index + 1);
+        if config.status == ConfigStatus::Ok {
+            config.status = ConfigStatus::SearchFailed;
         }
-        Ok(_) => {}
-        Err(e) if config.status != ConfigStatus::Ok => {
-            eprintln!("loadgen tune: configuration {}: {e:#}", index + 1);
-        }
-        Err(e) => return Err(e.context(format!("configuration {} ({command})", index + 1))),
+        config.log_tail = Some(format!(
+            "{e:#}\n--- the end of {} ---\n{}",
+            log.display(),
+            server_proc::log_tail(&log)
+        ));
     }
     Ok(config)
 }
@@ -345,7 +384,6 @@ fn search_args(args: &TuneArgs, url: &str, sweep_dir: &Path) -> SweepArgs {
     let mut run = args.run.clone();
     run.url = url.to_string();
     run.out = Some(sweep_dir.to_path_buf());
-    run.fail_on_slo = false;
     SweepArgs {
         rates: "search".into(),
         require_rate: None,
@@ -416,9 +454,13 @@ async fn duel(
     let dir: PathBuf = out.join("duel");
     let mut run = args.run.clone();
     run.rate = rate;
-    run.arrival = Some(run.arrival.unwrap_or(ArrivalKind::Poisson));
+    // A replayed trace is rescaled to the rate, as a search level is; otherwise Poisson.
+    match run.arrival {
+        Some(ArrivalKind::Trace) => run.target_rate = Some(rate),
+        None => run.arrival = Some(ArrivalKind::Poisson),
+        Some(_) => {}
+    }
     run.out = Some(dir.clone());
-    run.fail_on_slo = false;
     run.slo = None;
     // Each round holds as many requests as a level of the search: enough for the SLO's
     // percentile.
@@ -499,7 +541,7 @@ fn print_summary(file: &TuneFile) {
             .filter_map(|(name, _)| c.knobs.get(name).map(|v| format!("{name}={v}")))
             .collect();
         let interval = match (c.capacity_low, c.capacity_high) {
-            (Some(low), Some(high)) => format!(" (crossing {low:.3}–{high:.3})"),
+            (Some(low), Some(high)) => format!(" (bracket {low:.3}–{high:.3})"),
             _ => String::new(),
         };
         println!(

@@ -7,6 +7,7 @@
 //! The views are turned into [`Section`]s once; the Markdown and HTML writers only lay them out.
 
 mod compare;
+mod diagnosis;
 mod html;
 mod markdown;
 mod run;
@@ -161,6 +162,8 @@ pub struct RunView {
     pub server: Option<ServerView>,
     /// The run over time (`timeline.json`), when the folder has one.
     pub timeline: Option<crate::timeline::Timeline>,
+    /// What limited the run, when diagnosed.
+    pub diagnosis: Option<crate::diagnosis::Diagnosis>,
 }
 
 /// A sweep, with its SLO and capacity plan when given.

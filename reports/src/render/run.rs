@@ -104,6 +104,7 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
         plots,
         ..Section::default()
     }];
+    sections.extend(view.diagnosis.as_ref().map(super::diagnosis::section));
     sections.extend(view.timeline.as_ref().map(timeline_section));
     sections.extend(m.sessions.as_ref().map(sessions_section));
     sections.extend(view.server.as_ref().map(server_section));

@@ -20,6 +20,7 @@ pub(super) fn sections(view: &SweepView) -> Vec<Section> {
         .and_then(|p| p.max_sustainable)
         .map(|m| m.offered_rate);
     let mut out = vec![levels_section(view, &levels)];
+    out.extend(regimes_section(&levels));
     if let Some(search) = &view.search {
         out.push(search_section(search));
     }
@@ -207,6 +208,41 @@ fn levels_section(view: &SweepView, levels: &[&SweepLevel]) -> Section {
         tables: vec![Table { header, rows }],
         ..Section::default()
     }
+}
+
+/// What limited each level (its diagnosis), when the levels were diagnosed.
+fn regimes_section(levels: &[&SweepLevel]) -> Option<Section> {
+    let rows: Vec<Vec<String>> = levels
+        .iter()
+        .filter_map(|l| {
+            let d = l.diagnosis.as_ref()?;
+            Some(vec![
+                rate(l.offered_rate),
+                d.regime.to_string(),
+                d.tpot_over_bound.map_or("–".into(), |r| format!("{r:.2}×")),
+                d.evidence.clone(),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    Some(Section {
+        heading: "What limited each level".into(),
+        paragraphs: vec![
+            "Each level's regime (see the run reports' definitions) with the numbers that decided \
+             it; TPOT / bound: the observed TPOT median over the bandwidth bound at the level's \
+             batch and context."
+                .into(),
+        ],
+        tables: vec![Table {
+            header: ["offered (req/s)", "regime", "TPOT / bound", "evidence"]
+                .map(String::from)
+                .to_vec(),
+            rows,
+        }],
+        ..Section::default()
+    })
 }
 
 /// The knee search's path: each level in the order run, why its rate, its verdict and the

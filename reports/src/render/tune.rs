@@ -18,7 +18,7 @@ pub(super) fn sections(file: &TuneFile) -> Vec<Section> {
         heading: "Plots".into(),
         paragraphs: vec![
             "Capacity: the sustained rate of the highest level that met the SLO; the bars, the \
-             95% interval of the SLO crossing inside the search's final bracket."
+             search's final bracket, where the SLO crossing lies."
                 .into(),
         ],
         plots: vec![capacity_plot(file), interactivity_plot(file)],
@@ -40,6 +40,7 @@ fn status_text(status: ConfigStatus) -> &'static str {
         ConfigStatus::Ok => "ok",
         ConfigStatus::FailedToStart => "failed to start",
         ConfigStatus::Died => "died",
+        ConfigStatus::SearchFailed => "search failed",
         ConfigStatus::Interrupted => "interrupted",
     }
 }
@@ -58,7 +59,8 @@ fn configurations_section(file: &TuneFile) -> Section {
         "knobs".into(),
         "status".into(),
         "capacity (req/s)".into(),
-        "crossing interval (req/s)".into(),
+        "bracket (req/s)".into(),
+        "interpolated crossing (req/s)".into(),
         format!("TTFT p{percentile} (ms)"),
         format!("TPOT p{percentile} (ms)"),
         "output (tok/s)".into(),
@@ -81,6 +83,9 @@ fn configurations_section(file: &TuneFile) -> Section {
                     (Some(low), Some(high)) => format!("{low:.3}–{high:.3}"),
                     _ => "–".into(),
                 },
+                c.crossing.map_or("–".into(), |x| {
+                    format!("{:.3} ({:.3}–{:.3})", x.estimate, x.lower, x.upper)
+                }),
                 fmt_ms(c.ttft_ms),
                 fmt_ms(c.tpot_ms),
                 c.output_tok_per_s.map_or("–".into(), |t| format!("{t:.1}")),
@@ -206,7 +211,7 @@ fn capacity_plot(file: &TuneFile) -> Plot {
         name: "tune-capacity".into(),
         svg: svg::chart(&Chart {
             title: format!(
-                "Capacity per configuration (95% crossing interval): {}",
+                "Capacity per configuration (bars: the final bracket): {}",
                 names.join("; ")
             ),
             x_label: "configuration #".into(),

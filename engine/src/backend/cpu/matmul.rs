@@ -40,6 +40,16 @@ pub struct CpuWeight {
 }
 
 impl CpuWeight {
+    /// Bytes of its data as stored (quantised panels with their scales).
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            WeightData::F32(v) => std::mem::size_of_val(v.as_slice()),
+            WeightData::F16(v) => std::mem::size_of_val(v.as_slice()),
+            WeightData::BF16(v) => std::mem::size_of_val(v.as_slice()),
+            WeightData::Quant(q) => q.bytes(),
+        }
+    }
+
     /// Copies row `r` into `dst` as f32 (`dst.len() == cols`).
     pub fn row_to_f32(&self, r: usize, dst: &mut [f32]) {
         let range = r * self.cols..(r + 1) * self.cols;

@@ -293,6 +293,11 @@ fn row_scales(format: Format, panel: &[u8], b: usize, r: usize) -> RowScales {
 }
 
 impl QuantMatrix {
+    /// Bytes of its repacked panels, scales included.
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.data.len()).sum()
+    }
+
     /// Repacks GGUF blocks (`rows` rows of `cols / block size` blocks each); `name` is for
     /// errors.
     pub fn from_gguf(

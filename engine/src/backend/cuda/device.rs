@@ -52,6 +52,20 @@ pub fn device_name(ordinal: usize) -> Result<String, String> {
         .map_err(|e| format!("{e:?}"))
 }
 
+/// The device's peak memory bandwidth in bytes/s from its attributes: 2 (double data rate)
+/// × memory clock × bus width.
+pub fn memory_bandwidth(ordinal: usize) -> Result<f64, String> {
+    use cudarc::driver::sys::CUdevice_attribute;
+    if !driver_present() {
+        return Err(NO_DRIVER.to_string());
+    }
+    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| format!("{e:?}"))?;
+    let attribute = |a| ctx.attribute(a).map_err(|e| format!("{e:?}"));
+    let clock_khz = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?;
+    let bus_bits = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?;
+    Ok(2.0 * clock_khz as f64 * 1e3 * bus_bits as f64 / 8.0)
+}
+
 /// Number of CUDA devices, or why there are none usable.
 pub fn gpu_count() -> Result<usize, String> {
     if !driver_present() {

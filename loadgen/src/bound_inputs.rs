@@ -1,0 +1,199 @@
+//! The inputs of the bandwidth bound (`reports::bound`) for a run: from the flags, a Hugging
+//! Face `config.json`, the hardware table, and what the server says of itself (`engine
+//! serve`'s `/version`: `weight_bytes`, `kv_bytes_per_token`, `parameters`,
+//! `memory_bandwidth_bytes_per_s`). A flag wins over the config, the config over the server;
+//! what none gives stays unknown and the diagnosis names it.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use reports::bound::{dtype_bytes, hardware, BoundInputs, ModelShape};
+use serde_json::Value;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct BoundArgs {
+    /// For the bandwidth bound: the model's Hugging Face config.json (layer shapes →
+    /// parameters, weight bytes a decode step reads, KV bytes per token).
+    #[arg(long)]
+    pub model_config: Option<PathBuf>,
+    /// With --model-config: the weights' dtype as served (bf16, f16, fp8, int8, int4, fp4)
+    /// [default: bf16].
+    #[arg(long, requires = "model_config")]
+    pub weight_dtype: Option<String>,
+    /// With --model-config: the KV cache's dtype [default: bf16].
+    #[arg(long, requires = "model_config")]
+    pub kv_dtype: Option<String>,
+    /// For the bandwidth bound: the bytes one decode step reads for the weights.
+    #[arg(long)]
+    pub weight_bytes: Option<f64>,
+    /// For the bandwidth bound: the KV-cache bytes of one token.
+    #[arg(long)]
+    pub kv_bytes_per_token: Option<f64>,
+    /// For the bandwidth bound: the server's accelerator from the built-in table (h100-sxm,
+    /// h100-pcie, h200, a100-40gb, a100-80gb, l40s, l4).
+    #[arg(long)]
+    pub hardware: Option<String>,
+    /// For the bandwidth bound: the memory bandwidth in bytes/s (e.g. 3.35e12).
+    #[arg(long)]
+    pub bandwidth: Option<f64>,
+    /// For the prefill floor: dense FLOP/s (e.g. 989e12).
+    #[arg(long)]
+    pub flops: Option<f64>,
+}
+
+fn positive(flag: &str, value: Option<f64>) -> Result<Option<f64>> {
+    match value {
+        Some(v) if !(v.is_finite() && v > 0.0) => bail!("{flag} {v}: expected a positive number"),
+        v => Ok(v),
+    }
+}
+
+/// The bound's inputs from `args` and the server's self-description `server_info`.
+pub fn resolve(args: &BoundArgs, server_info: Option<&Value>) -> Result<BoundInputs> {
+    let mut inputs = BoundInputs::default();
+    let server_number = |key: &str| {
+        server_info
+            .and_then(|i| i[key].as_f64())
+            .filter(|v| *v > 0.0)
+    };
+    inputs.weight_bytes = positive("--weight-bytes", args.weight_bytes)?;
+    inputs.kv_bytes_per_token = positive("--kv-bytes-per-token", args.kv_bytes_per_token)?;
+    inputs.bandwidth_bytes_per_s = positive("--bandwidth", args.bandwidth)?;
+    inputs.flops = positive("--flops", args.flops)?;
+    for (given, what) in [
+        (inputs.weight_bytes.is_some(), "weight bytes"),
+        (inputs.kv_bytes_per_token.is_some(), "KV bytes per token"),
+        (inputs.bandwidth_bytes_per_s.is_some(), "bandwidth"),
+        (inputs.flops.is_some(), "FLOP/s"),
+    ] {
+        if given {
+            inputs.sources.push(format!("{what}: the command line"));
+        }
+    }
+    if let Some(path) = &args.model_config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--model-config {}", path.display()))?;
+        let config: Value = serde_json::from_str(&text)
+            .with_context(|| format!("--model-config {}: not JSON", path.display()))?;
+        let shape = ModelShape::from_hf_config(&config)
+            .with_context(|| format!("--model-config {}", path.display()))?;
+        let weight = dtype_bytes(args.weight_dtype.as_deref().unwrap_or("bf16"))
+            .context("--weight-dtype")?;
+        let kv = dtype_bytes(args.kv_dtype.as_deref().unwrap_or("bf16")).context("--kv-dtype")?;
+        let source = format!(
+            "{} ({} weights, {} KV)",
+            path.display(),
+            args.weight_dtype.as_deref().unwrap_or("bf16"),
+            args.kv_dtype.as_deref().unwrap_or("bf16")
+        );
+        if inputs.weight_bytes.is_none() {
+            inputs.weight_bytes = Some(shape.decode_parameters * weight);
+            inputs.sources.push(format!("weight bytes: {source}"));
+        }
+        if inputs.kv_bytes_per_token.is_none() {
+            inputs.kv_bytes_per_token = Some(shape.kv_values_per_token * kv);
+            inputs.sources.push(format!("KV bytes per token: {source}"));
+        }
+        inputs.parameters = Some(shape.parameters);
+        inputs.sources.push(format!("parameters: {source}"));
+    }
+    if let Some(name) = &args.hardware {
+        let h = hardware(name)?;
+        if inputs.bandwidth_bytes_per_s.is_none() {
+            inputs.bandwidth_bytes_per_s = Some(h.bandwidth_bytes_per_s);
+            inputs
+                .sources
+                .push(format!("bandwidth: the {} datasheet", h.name));
+        }
+        if inputs.flops.is_none() {
+            inputs.flops = Some(h.bf16_flops);
+            inputs
+                .sources
+                .push(format!("FLOP/s: the {} datasheet (dense BF16)", h.name));
+        }
+    }
+    for (slot, key, what) in [
+        (&mut inputs.weight_bytes, "weight_bytes", "weight bytes"),
+        (
+            &mut inputs.kv_bytes_per_token,
+            "kv_bytes_per_token",
+            "KV bytes per token",
+        ),
+        (&mut inputs.parameters, "parameters", "parameters"),
+        (
+            &mut inputs.bandwidth_bytes_per_s,
+            "memory_bandwidth_bytes_per_s",
+            "bandwidth",
+        ),
+    ] {
+        if slot.is_none() {
+            if let Some(v) = server_number(key) {
+                *slot = Some(v);
+                inputs
+                    .sources
+                    .push(format!("{what}: the server's /version"));
+            }
+        }
+    }
+    Ok(inputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_config_and_the_config_over_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        std::fs::write(
+            &config,
+            r#"{"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+                "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
+                "vocab_size": 151936, "tie_word_embeddings": true}"#,
+        )
+        .unwrap();
+        let server = serde_json::json!({"weight_bytes": 5.0, "kv_bytes_per_token": 7.0,
+            "parameters": 9.0, "memory_bandwidth_bytes_per_s": 1e10});
+        let args = BoundArgs {
+            model_config: Some(config),
+            kv_dtype: Some("fp8".into()),
+            kv_bytes_per_token: None,
+            hardware: Some("h100-sxm".into()),
+            flops: Some(1e15),
+            ..BoundArgs::default()
+        };
+        let inputs = resolve(&args, Some(&server)).unwrap();
+        assert_eq!(inputs.weight_bytes, Some(1_192_085_504.0));
+        assert_eq!(
+            inputs.kv_bytes_per_token,
+            Some(57_344.0),
+            "fp8: one byte a value"
+        );
+        assert_eq!(inputs.parameters, Some(596_042_752.0));
+        assert_eq!(inputs.bandwidth_bytes_per_s, Some(3.35e12));
+        assert_eq!(inputs.flops, Some(1e15));
+        // The server alone.
+        let inputs = resolve(&BoundArgs::default(), Some(&server)).unwrap();
+        assert_eq!(inputs.weight_bytes, Some(5.0));
+        assert_eq!(inputs.bandwidth_bytes_per_s, Some(1e10));
+        assert_eq!(inputs.flops, None, "nothing says it: unknown, not guessed");
+        assert!(resolve(
+            &BoundArgs {
+                bandwidth: Some(-1.0),
+                ..BoundArgs::default()
+            },
+            None
+        )
+        .is_err());
+        assert!(resolve(
+            &BoundArgs {
+                hardware: Some("tpu".into()),
+                ..BoundArgs::default()
+            },
+            None
+        )
+        .is_err());
+    }
+}

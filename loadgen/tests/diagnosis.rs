@@ -1,0 +1,102 @@
+//! Every run folder's `summary.json` says what limited the run (`regime`, `regime_evidence`)
+//! with the bandwidth bound beside the measurement, from the bound's inputs on the command
+//! line; without them the diagnosis names what was missing.
+
+use clap::Parser;
+use loadgen::mock::{self, MockConfig};
+use reports::diagnosis::Regime;
+use reports::summary::Summary;
+use std::time::Duration;
+
+async fn run(extra: &[&str]) -> Summary {
+    // 5 ms between tokens, 20 ms to the first: decode dominates.
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(5),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("run");
+    let url = format!("http://{addr}");
+    let mut argv = vec![
+        "loadgen",
+        "run",
+        "--url",
+        &url,
+        "--model",
+        "loadgen-mock",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "17",
+        "--rate",
+        "20",
+        "--duration",
+        "2s",
+        "--seed",
+        "3",
+        "--scrape-interval",
+        "0s",
+        "--no-progress",
+        "--out",
+    ];
+    let out_text = out.to_str().unwrap().to_string();
+    argv.push(&out_text);
+    argv.extend_from_slice(extra);
+    loadgen::cli::main(loadgen::cli::Cli::try_parse_from(argv).unwrap())
+        .await
+        .unwrap();
+    handle.shutdown().await;
+    Summary::read(&out.join("summary.json")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_near_its_bound_is_memory_bound_and_the_bound_is_beside_it() {
+    // 4 GB a step at 1 TB/s: 4 ms plus the KV (a few hundred sequences' worth of 1 kB a
+    // token, negligible); the mock's TPOT is 5 ms, 1.25× the bound.
+    let summary = run(&[
+        "--weight-bytes",
+        "4e9",
+        "--kv-bytes-per-token",
+        "1000",
+        "--bandwidth",
+        "1e12",
+    ])
+    .await;
+    assert_eq!(
+        summary.regime,
+        Some(Regime::DecodeMemoryBound),
+        "{:?}",
+        summary.diagnosis
+    );
+    let d = summary.diagnosis.unwrap();
+    let bound = d.bound.unwrap();
+    assert!((bound.tpot_ms - 4.0).abs() < 0.01, "{bound:?}");
+    let ratio = d.tpot_over_bound.unwrap();
+    assert!((1.2..1.35).contains(&ratio), "{ratio}");
+    assert!(summary
+        .regime_evidence
+        .unwrap()
+        .contains("the bandwidth bound of 4.00 ms"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_bounds_inputs_the_regime_is_undetermined_and_says_why() {
+    let summary = run(&[]).await;
+    assert_eq!(summary.regime, Some(Regime::Undetermined));
+    let d = summary.diagnosis.unwrap();
+    assert!(
+        d.missing.iter().any(|m| m.contains("memory bandwidth")),
+        "{:?}",
+        d.missing
+    );
+    assert!(
+        d.missing.iter().any(|m| m.contains("gauges")),
+        "{:?}",
+        d.missing
+    );
+}

@@ -1,0 +1,605 @@
+//! What limited a run: one regime and the sentence of numbers that shows it, from the
+//! measured requests, the server's gauges, the SLO and the bandwidth bound ([`crate::bound`]).
+//!
+//! The rules, in the order they are tried (the first that holds decides):
+//! - **client-bound**: the load generator itself fell behind (the metrics' client-bound rules:
+//!   its CPU, its send lag against TTFT, its sent rate against the scheduled one): the
+//!   numbers describe the client, not the server;
+//! - **kv-pressure**: the KV cache nearly full (usage ≥ 95%) or requests preempted;
+//! - **queueing**: requests waited in the server's queue (its waiting gauge ≥ 1 on average),
+//!   or, without the gauge, the TTFT median of the last third of the sends is over twice the
+//!   first third's (and 100 ms above it) while the TPOT median holds within 25%;
+//! - **cold-cache**: the requests sent in the first tenth of the window (at least 5) have a
+//!   TTFT median over 1.5 × the rest's, significantly (Mann–Whitney p < 0.01, the A/B test);
+//! - **tail**: an SLO target whose median meets its limit while the target percentile's 95%
+//!   interval lies wholly above it;
+//! - **decode-memory-bound**: the TPOT median within [`DECODE_FACTOR`] of the bandwidth bound
+//!   at the observed batch and context;
+//! - **prefill-compute-bound**: the TTFT median within [`PREFILL_FACTOR`] of the compute floor
+//!   of the mean prompt;
+//! - **undetermined**: none holds, with the telemetry that was missing named.
+//!
+//! The batch is the server's mean running requests when scraped, else Little's law (completed
+//! rate × mean E2E); the context, the mean prompt plus half the mean output.
+
+use serde::{Deserialize, Serialize};
+
+use crate::bound::{BoundInputs, DecodeBound};
+use crate::latency::request_latency;
+use crate::records::{Phase, RequestRecord};
+use crate::server_metrics::ServerView;
+use crate::slo::SloSpec;
+use crate::stats::{mann_whitney_u, median, quantile_ci};
+
+/// Decode is memory-bound when its TPOT median is at most this many times the bound.
+pub const DECODE_FACTOR: f64 = 2.0;
+/// Prefill is compute-bound when its TTFT median is at most this many times the floor.
+pub const PREFILL_FACTOR: f64 = 3.0;
+
+/// What limited a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Regime {
+    DecodeMemoryBound,
+    PrefillComputeBound,
+    Queueing,
+    KvPressure,
+    ColdCache,
+    Tail,
+    ClientBound,
+    Undetermined,
+}
+
+impl std::fmt::Display for Regime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        f.write_str(&text)
+    }
+}
+
+/// The regime, its evidence, and the bound beside the measurement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    pub regime: Regime,
+    /// A sentence with the numbers that decided.
+    pub evidence: String,
+    /// The bound at the observed batch and context, when its inputs are known.
+    pub bound: Option<DecodeBound>,
+    /// Observed TPOT median / bound TPOT.
+    pub tpot_over_bound: Option<f64>,
+    /// Observed output tok/s / bound output tok/s at the same batch.
+    pub throughput_over_bound: Option<f64>,
+    /// The telemetry the rules lacked.
+    pub missing: Vec<String>,
+}
+
+/// What the rules look at.
+pub struct Observation<'a> {
+    /// The run's records (warm-up and cool-down are left out here).
+    pub records: &'a [RequestRecord],
+    pub server: Option<&'a ServerView>,
+    pub slo: Option<&'a SloSpec>,
+    pub bound_inputs: &'a BoundInputs,
+    /// Completed requests/s and output tok/s over the window.
+    pub completed_rate: Option<f64>,
+    pub output_tok_per_s: f64,
+    /// Why the metrics call the run client-bound (empty when they do not).
+    pub client_bound_reasons: &'a [String],
+}
+
+struct Measured {
+    sent: Vec<f64>,
+    ttft: Vec<f64>,
+    tpot: Vec<Option<f64>>,
+    e2e: Vec<f64>,
+    prompt: f64,
+    output: f64,
+}
+
+fn measured(records: &[RequestRecord]) -> Measured {
+    let mut m = Measured {
+        sent: Vec::new(),
+        ttft: Vec::new(),
+        tpot: Vec::new(),
+        e2e: Vec::new(),
+        prompt: 0.0,
+        output: 0.0,
+    };
+    let mut n = 0.0;
+    for r in records.iter().filter(|r| r.phase == Phase::Measured) {
+        let Some(latency) = request_latency(r) else {
+            continue;
+        };
+        m.sent.push(r.sent_ms);
+        m.ttft.push(latency.ttft);
+        m.tpot.push(latency.tpot);
+        m.e2e.push(latency.e2el);
+        m.prompt += r.prompt_tokens as f64;
+        m.output += r.output_tokens as f64;
+        n += 1.0;
+    }
+    if n > 0.0 {
+        m.prompt /= n;
+        m.output /= n;
+    }
+    m
+}
+
+/// Medians of `values` over the requests sent in the first and the last third of the sends.
+fn thirds(sent: &[f64], values: &[f64]) -> Option<(f64, f64)> {
+    let start = sent.iter().copied().reduce(f64::min)?;
+    let end = sent.iter().copied().reduce(f64::max)?;
+    let third = (end - start) / 3.0;
+    let pick = |lo: f64, hi: f64| -> Vec<f64> {
+        sent.iter()
+            .zip(values)
+            .filter(|(s, _)| **s >= lo && **s <= hi)
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    Some((
+        median(&pick(start, start + third))?,
+        median(&pick(end - third, end))?,
+    ))
+}
+
+fn gauge(server: Option<&ServerView>, label: &str) -> Option<crate::server_metrics::QuantityView> {
+    server.and_then(|s| s.get(label)).cloned()
+}
+
+/// The regime of a run (see the module doc).
+pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
+    let m = measured(o.records);
+    let mut missing: Vec<String> = Vec::new();
+    let ttft_p50 = median(&m.ttft);
+    let tpots: Vec<f64> = m.tpot.iter().flatten().copied().collect();
+    let tpot_p50 = median(&tpots);
+    let running = gauge(o.server, "requests running");
+    let waiting = gauge(o.server, "requests waiting");
+    let kv = gauge(o.server, "KV-cache usage (fraction)");
+    let preemptions = gauge(o.server, "preemptions");
+    if o.server.is_none() {
+        missing.push("the server's gauges (no /metrics scraped)".into());
+    }
+    let batch = running.as_ref().map(|q| q.mean).or_else(|| {
+        let mean_e2e_s = m.e2e.iter().sum::<f64>() / m.e2e.len().max(1) as f64 / 1000.0;
+        o.completed_rate.map(|r| r * mean_e2e_s)
+    });
+    let context = m.prompt + m.output / 2.0;
+    let bound = batch.and_then(|b| o.bound_inputs.decode(b, context));
+    if bound.is_none() {
+        missing.extend(
+            o.bound_inputs
+                .missing_for_decode()
+                .iter()
+                .map(|s| s.to_string()),
+        );
+    }
+    let tpot_over_bound = bound.zip(tpot_p50).map(|(b, t)| t / b.tpot_ms);
+    let throughput_over_bound = bound.map(|b| o.output_tok_per_s / b.output_tok_per_s);
+    let verdict = |regime: Regime, evidence: String, missing: Vec<String>| Diagnosis {
+        regime,
+        evidence,
+        bound,
+        tpot_over_bound,
+        throughput_over_bound,
+        missing,
+    };
+
+    // Client-bound.
+    if !o.client_bound_reasons.is_empty() {
+        return verdict(
+            Regime::ClientBound,
+            format!(
+                "the load generator fell behind ({}): it, not the server, may have set the pace",
+                o.client_bound_reasons.join("; ")
+            ),
+            missing,
+        );
+    }
+    // KV pressure.
+    let preempted = preemptions
+        .as_ref()
+        .map(|q| q.last - q.first)
+        .filter(|d| *d > 0.0);
+    if let Some(p) = preempted {
+        return verdict(
+            Regime::KvPressure,
+            format!(
+                "the server preempted {p:.0} requests (KV usage max {})",
+                kv.as_ref()
+                    .map_or("unknown".into(), |q| format!("{:.0}%", q.max * 100.0))
+            ),
+            missing,
+        );
+    }
+    if let Some(k) = kv.as_ref().filter(|q| q.max >= 0.95) {
+        return verdict(
+            Regime::KvPressure,
+            format!("the KV cache reached {:.0}% of its capacity", k.max * 100.0),
+            missing,
+        );
+    }
+    // Queueing.
+    if let Some(w) = waiting.as_ref().filter(|q| q.mean >= 1.0) {
+        return verdict(
+            Regime::Queueing,
+            format!(
+                "requests waited in the server's queue: {:.1} on average, {:.0} at most, with {} running (KV usage max {})",
+                w.mean,
+                w.max,
+                running.as_ref().map_or("an unknown number".into(), |q| format!("{:.1}", q.mean)),
+                kv.as_ref().map_or("unknown".into(), |q| format!("{:.0}%", q.max * 100.0)),
+            ),
+            missing,
+        );
+    }
+    let tpot_by_send: Vec<(f64, f64)> = m
+        .sent
+        .iter()
+        .zip(&m.tpot)
+        .filter_map(|(s, t)| Some((*s, (*t)?)))
+        .collect();
+    let (tpot_sent, tpot_values): (Vec<f64>, Vec<f64>) = tpot_by_send.into_iter().unzip();
+    if waiting.is_none() {
+        if let (Some((first, last)), Some((t_first, t_last))) =
+            (thirds(&m.sent, &m.ttft), thirds(&tpot_sent, &tpot_values))
+        {
+            let holds = (t_last / t_first - 1.0).abs() <= 0.25;
+            if last > 2.0 * first && last - first >= 100.0 && holds {
+                return verdict(
+                    Regime::Queueing,
+                    format!("TTFT rose from a median of {first:.0} ms in the first third of the sends to {last:.0} ms in the last while TPOT held ({t_first:.1} → {t_last:.1} ms): a queue built up"),
+                    missing,
+                );
+            }
+        }
+    }
+    // Cold cache.
+    if let (Some(start), Some(end)) = (
+        m.sent.iter().copied().reduce(f64::min),
+        m.sent.iter().copied().reduce(f64::max),
+    ) {
+        let cut = start + (end - start) / 10.0;
+        let ttft_sent = |early: bool| -> Vec<f64> {
+            m.sent
+                .iter()
+                .zip(&m.ttft)
+                .filter(|(s, _)| (**s <= cut) == early)
+                .map(|(_, t)| *t)
+                .collect()
+        };
+        let (early, rest) = (ttft_sent(true), ttft_sent(false));
+        if early.len() >= 5 && rest.len() >= 5 {
+            if let (Some(e), Some(r), Some(test)) =
+                (median(&early), median(&rest), mann_whitney_u(&early, &rest))
+            {
+                if e > 1.5 * r && test.p_value < 0.01 {
+                    return verdict(
+                        Regime::ColdCache,
+                        format!("the {} requests sent in the first tenth of the window had a TTFT median of {e:.0} ms against {r:.0} ms for the rest (Mann–Whitney p = {:.1e}): a warm-up the window did not exclude", early.len(), test.p_value),
+                        missing,
+                    );
+                }
+            }
+        }
+    }
+    // Tail.
+    if let Some(slo) = o.slo {
+        let samples = crate::samples::LatencySamples::from_records(o.records);
+        for t in &slo.targets {
+            let mut values = samples.values(t.metric);
+            values.sort_by(f64::total_cmp);
+            let ci = quantile_ci(&values, t.percentile / 100.0, 0.95);
+            if let (Some(p50), Some(low)) = (median(&values), ci.lower) {
+                if p50 <= t.limit_ms && low > t.limit_ms {
+                    return verdict(
+                        Regime::Tail,
+                        format!("{} meets its {:.0} ms limit at the median ({p50:.1} ms) but its p{} is above it beyond doubt (95% interval from {low:.1} ms)", crate::samples::metric_label(t.metric), t.limit_ms, t.percentile),
+                        missing,
+                    );
+                }
+            }
+        }
+    } else {
+        missing.push("an SLO (for the tail rule)".into());
+    }
+    // Decode memory-bound.
+    if let (Some(b), Some(ratio), Some(tpot)) = (bound, tpot_over_bound, tpot_p50) {
+        if ratio <= DECODE_FACTOR {
+            return verdict(
+                Regime::DecodeMemoryBound,
+                format!("the TPOT median, {tpot:.2} ms, is {ratio:.2}× the bandwidth bound of {:.2} ms at a batch of {:.1} and a context of {:.0} tokens ({:.2} GB a step)", b.tpot_ms, b.batch, b.context, b.bytes_per_step / 1e9),
+                missing,
+            );
+        }
+    }
+    // Prefill compute-bound.
+    let floor = o.bound_inputs.prefill_floor_ms(m.prompt);
+    if floor.is_none() {
+        missing.push("parameters and FLOP/s (for the prefill floor: --model-config and --hardware or --flops)".into());
+    }
+    if let (Some(floor), Some(ttft)) = (floor, ttft_p50) {
+        if ttft <= PREFILL_FACTOR * floor {
+            return verdict(
+                Regime::PrefillComputeBound,
+                format!("the TTFT median, {ttft:.1} ms, is {:.2}× the compute floor of {floor:.1} ms for a {:.0}-token prompt", ttft / floor, m.prompt),
+                missing,
+            );
+        }
+    }
+    let evidence = match (tpot_over_bound, bound) {
+        (Some(ratio), Some(b)) => format!(
+            "no rule holds: the queue was empty, and the TPOT median is {ratio:.2}× the bandwidth bound of {:.2} ms at a batch of {:.1}: more than the hardware's bandwidth explains (the engine's own time per step?)",
+            b.tpot_ms, b.batch
+        ),
+        _ => format!("no rule holds; missing: {}", if missing.is_empty() { "nothing".into() } else { missing.join("; ") }),
+    };
+    verdict(Regime::Undetermined, evidence, missing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{ChunkTokensSource, CountSource};
+    use crate::server_metrics::{Kind, QuantityView};
+
+    /// `n` measured requests sent every 100 ms, 200 prompt and 20 output tokens, TTFT and
+    /// TPOT from the functions of the request's index.
+    fn records(n: u64, ttft: impl Fn(u64) -> f64, tpot: impl Fn(u64) -> f64) -> Vec<RequestRecord> {
+        (0..n)
+            .map(|i| {
+                let sent = i as f64 * 100.0;
+                let first = sent + ttft(i);
+                let chunks: Vec<f64> = (0..20).map(|k| first + k as f64 * tpot(i)).collect();
+                RequestRecord {
+                    id: i,
+                    phase: Phase::Measured,
+                    scheduled_ms: sent,
+                    queue_ms: 0.0,
+                    sent_ms: sent,
+                    first_token_ms: Some(first),
+                    first_answer_ms: Some(first),
+                    end_ms: *chunks.last().unwrap(),
+                    chunk_tokens: vec![1; chunks.len()],
+                    chunk_ms: chunks,
+                    chunk_tokens_source: ChunkTokensSource::ContinuousUsage,
+                    prompt_tokens: 200,
+                    prompt_tokens_source: CountSource::Usage,
+                    output_tokens: 20,
+                    output_tokens_source: CountSource::Usage,
+                    reasoning_tokens: 0,
+                    reasoning_tokens_source: CountSource::Counted,
+                    requested_output_tokens: 20,
+                    short_output: false,
+                    prefix_group: None,
+                    cached_tokens: None,
+                    session: None,
+                    connect_ms: None,
+                    http_status: Some(200),
+                    error: None,
+                }
+            })
+            .collect()
+    }
+
+    fn server(gauges: &[(&str, Kind, f64, f64, f64)]) -> ServerView {
+        ServerView {
+            scrapes: 10,
+            span_s: 10.0,
+            quantities: gauges
+                .iter()
+                .map(|&(label, kind, first, mean, max)| QuantityView {
+                    label: label.into(),
+                    name: label.into(),
+                    kind,
+                    first,
+                    mean,
+                    max,
+                    last: max,
+                })
+                .collect(),
+            other_names: Vec::new(),
+            window_prefix_cache: None,
+        }
+    }
+
+    /// Gauges of a calm server: 2 running, none waiting, KV 30%, no preemption.
+    fn calm() -> ServerView {
+        server(&[
+            ("requests running", Kind::Gauge, 2.0, 2.0, 3.0),
+            ("requests waiting", Kind::Gauge, 0.0, 0.0, 0.0),
+            ("KV-cache usage (fraction)", Kind::Gauge, 0.2, 0.25, 0.3),
+            ("preemptions", Kind::Counter, 0.0, 0.0, 0.0),
+        ])
+    }
+
+    /// 2 GB of weights and 100 kB of KV a token at 1 TB/s: 2.04 ms a step at batch 2 and a
+    /// context of 210 tokens (200 prompt + 20 / 2 output).
+    fn inputs() -> BoundInputs {
+        BoundInputs {
+            weight_bytes: Some(2e9),
+            kv_bytes_per_token: Some(1e5),
+            parameters: Some(1e9),
+            bandwidth_bytes_per_s: Some(1e12),
+            flops: Some(1e13),
+            sources: Vec::new(),
+        }
+    }
+
+    fn run(
+        records: &[RequestRecord],
+        server: Option<&ServerView>,
+        slo: Option<&SloSpec>,
+        client_bound: &[String],
+    ) -> Diagnosis {
+        let inputs = inputs();
+        diagnose(&Observation {
+            records,
+            server,
+            slo,
+            bound_inputs: &inputs,
+            completed_rate: Some(10.0),
+            output_tok_per_s: 200.0,
+            client_bound_reasons: client_bound,
+        })
+    }
+
+    #[test]
+    fn decode_memory_bound_at_the_bound() {
+        // TPOT 3 ms against a 2.042 ms bound (2e9 + 2 × 210 × 1e5 bytes at 1e12 B/s).
+        let recs = records(100, |_| 300.0, |_| 3.0);
+        let d = run(&recs, Some(&calm()), None, &[]);
+        assert_eq!(d.regime, Regime::DecodeMemoryBound, "{d:?}");
+        let b = d.bound.unwrap();
+        assert!((b.tpot_ms - 2.042).abs() < 1e-9, "{b:?}");
+        assert!((d.tpot_over_bound.unwrap() - 3.0 / 2.042).abs() < 1e-6);
+        // Four times the bound: not memory-bound, and nothing else holds either.
+        let slow = records(100, |_| 300.0, |_| 8.2);
+        let d = run(&slow, Some(&calm()), None, &[]);
+        assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
+        assert!(
+            d.evidence.contains("4.02× the bandwidth bound"),
+            "{}",
+            d.evidence
+        );
+    }
+
+    #[test]
+    fn prefill_compute_bound_near_the_floor() {
+        // The floor: 2 × 1e9 × 200 / 1e13 = 40 ms; TTFT 100 ms; TPOT far from its bound.
+        let recs = records(100, |_| 100.0, |_| 10.0);
+        let d = run(&recs, Some(&calm()), None, &[]);
+        assert_eq!(d.regime, Regime::PrefillComputeBound, "{d:?}");
+        assert!(
+            d.evidence.contains("2.50× the compute floor of 40.0 ms"),
+            "{}",
+            d.evidence
+        );
+    }
+
+    #[test]
+    fn queueing_from_the_gauge_or_the_ttft_trend() {
+        let queued = server(&[
+            ("requests running", Kind::Gauge, 16.0, 16.0, 16.0),
+            ("requests waiting", Kind::Gauge, 0.0, 6.5, 22.0),
+            ("KV-cache usage (fraction)", Kind::Gauge, 0.1, 0.15, 0.2),
+        ]);
+        let recs = records(100, |_| 300.0, |_| 3.0);
+        let d = run(&recs, Some(&queued), None, &[]);
+        assert_eq!(d.regime, Regime::Queueing, "{d:?}");
+        assert!(
+            d.evidence.contains("6.5 on average, 22 at most"),
+            "{}",
+            d.evidence
+        );
+        // Without gauges: TTFT climbs 10 ms a request while TPOT holds.
+        let rising = records(100, |i| 50.0 + 10.0 * i as f64, |_| 3.0);
+        let d = run(&rising, None, None, &[]);
+        assert_eq!(d.regime, Regime::Queueing, "{d:?}");
+        // TTFT and TPOT climbing together is not a queue.
+        let both = records(100, |i| 50.0 + 10.0 * i as f64, |i| 3.0 + 0.1 * i as f64);
+        assert_ne!(run(&both, None, None, &[]).regime, Regime::Queueing);
+    }
+
+    #[test]
+    fn kv_pressure_from_usage_or_preemptions() {
+        let full = server(&[
+            ("requests running", Kind::Gauge, 30.0, 30.0, 32.0),
+            ("KV-cache usage (fraction)", Kind::Gauge, 0.5, 0.9, 0.97),
+        ]);
+        let recs = records(100, |_| 300.0, |_| 3.0);
+        assert_eq!(
+            run(&recs, Some(&full), None, &[]).regime,
+            Regime::KvPressure
+        );
+        let preempting = server(&[
+            ("KV-cache usage (fraction)", Kind::Gauge, 0.5, 0.8, 0.9),
+            ("preemptions", Kind::Counter, 3.0, 5.0, 7.0),
+        ]);
+        let d = run(&recs, Some(&preempting), None, &[]);
+        assert_eq!(d.regime, Regime::KvPressure);
+        assert!(
+            d.evidence.contains("preempted 4 requests"),
+            "{}",
+            d.evidence
+        );
+    }
+
+    #[test]
+    fn cold_cache_when_the_first_tenth_is_slower() {
+        let recs = records(
+            100,
+            |i| {
+                if i < 10 {
+                    900.0 + i as f64
+                } else {
+                    300.0 + (i % 7) as f64
+                }
+            },
+            |_| 10.0,
+        );
+        let d = run(&recs, Some(&calm()), None, &[]);
+        assert_eq!(d.regime, Regime::ColdCache, "{d:?}");
+    }
+
+    #[test]
+    fn tail_when_the_median_meets_and_the_percentile_does_not() {
+        // 400 requests: TTFT 300 ms except every 10th at 3 s; SLO p99 ≤ 1 s.
+        let recs = records(
+            400,
+            |i| {
+                if i % 10 == 9 {
+                    3000.0
+                } else {
+                    300.0 + (i % 7) as f64
+                }
+            },
+            |_| 10.0,
+        );
+        let slo = SloSpec::parse("ttft:p99:1s").unwrap();
+        let d = run(&recs, Some(&calm()), Some(&slo), &[]);
+        assert_eq!(d.regime, Regime::Tail, "{d:?}");
+        // Without the SLO the rule cannot fire.
+        assert_ne!(run(&recs, Some(&calm()), None, &[]).regime, Regime::Tail);
+    }
+
+    #[test]
+    fn client_bound_when_the_metrics_say_so() {
+        let recs = records(100, |_| 300.0, |_| 3.0);
+        let reasons = ["client CPU 95% of its cores".to_string()];
+        let d = run(&recs, Some(&calm()), None, &reasons);
+        assert_eq!(d.regime, Regime::ClientBound, "{d:?}");
+        assert!(d.evidence.contains("client CPU 95%"), "{}", d.evidence);
+    }
+
+    #[test]
+    fn undetermined_names_what_is_missing() {
+        let recs = records(100, |_| 300.0, |_| 3.0);
+        let none = BoundInputs::default();
+        let d = diagnose(&Observation {
+            records: &recs,
+            server: None,
+            slo: None,
+            bound_inputs: &none,
+            completed_rate: Some(10.0),
+            output_tok_per_s: 200.0,
+            client_bound_reasons: &[],
+        });
+        assert_eq!(d.regime, Regime::Undetermined);
+        assert!(
+            d.missing.iter().any(|m| m.contains("gauges")),
+            "{:?}",
+            d.missing
+        );
+        assert!(
+            d.missing.iter().any(|m| m.contains("memory bandwidth")),
+            "{:?}",
+            d.missing
+        );
+        assert!(d.evidence.contains("missing"), "{}", d.evidence);
+    }
+}

@@ -1,0 +1,54 @@
+//! The "what limited this run" section: the regime and its evidence, the bandwidth bound
+//! beside the measurement, and the telemetry that was missing.
+
+use super::{Section, Table};
+use crate::diagnosis::Diagnosis;
+
+pub(super) fn section(d: &Diagnosis) -> Section {
+    let mut paragraphs = vec![format!("**{}**: {}.", d.regime, d.evidence)];
+    let mut tables = Vec::new();
+    if let Some(b) = d.bound {
+        let ratio = |r: Option<f64>| r.map_or("–".into(), |r| format!("{r:.2}×"));
+        tables.push(Table {
+            header: vec!["bandwidth bound".into(), "value".into()],
+            rows: vec![
+                vec![
+                    "batch (running requests) and mean context".into(),
+                    format!("{:.1} sequences × {:.0} tokens", b.batch, b.context),
+                ],
+                vec![
+                    "bytes a decode step reads".into(),
+                    format!("{:.3} GB", b.bytes_per_step / 1e9),
+                ],
+                vec!["bound TPOT".into(), format!("{:.3} ms", b.tpot_ms)],
+                vec![
+                    "observed TPOT median / bound".into(),
+                    ratio(d.tpot_over_bound),
+                ],
+                vec![
+                    "bound output tok/s at that batch".into(),
+                    format!("{:.1}", b.output_tok_per_s),
+                ],
+                vec![
+                    "observed output tok/s / bound".into(),
+                    ratio(d.throughput_over_bound),
+                ],
+            ],
+        });
+        paragraphs.push(
+            "The bound assumes no efficiency factor: a decode step reads the weights once and \
+             every sequence's cached K and V at the memory's peak bandwidth. Observed / bound is \
+             the finding: near 1 the hardware limits, far above it the engine or the workload."
+                .into(),
+        );
+    }
+    if !d.missing.is_empty() {
+        paragraphs.push(format!("Not known: {}.", d.missing.join("; ")));
+    }
+    Section {
+        heading: "What limited this run".into(),
+        paragraphs,
+        tables,
+        ..Section::default()
+    }
+}
