@@ -1,14 +1,14 @@
 //! The memory bandwidth `GET /version` reports, for the bandwidth bound a load generator sets
 //! beside its measurement: on the CPU measured at start-up (every core copying its share of
 //! a buffer four times the last-level cache, at least 256 MiB; bytes read plus written over
-//! the best of five passes), on CUDA from the device's attributes (2 × memory clock × bus
+//! the best of ten passes), on CUDA from the device's attributes (2 × memory clock × bus
 //! width: the double data rate's peak).
 
 use std::time::Instant;
 
 /// The smallest buffer copied: larger than any cache this runs on.
 const MIN_BUFFER_BYTES: usize = 256 << 20;
-const PASSES: usize = 5;
+const PASSES: usize = 10;
 
 /// The last-level cache's size from sysfs, where the kernel says it.
 fn last_level_cache_bytes() -> Option<usize> {

@@ -67,7 +67,7 @@ pub fn load_run(dir: &Path, slos: &[Slo]) -> Result<LoadedRun> {
 }
 
 /// The measurement window in Unix ms: the first measured send to the last measured end.
-fn measured_window_unix_ms(meta: &RunMeta, records: &[RequestRecord]) -> Option<(f64, f64)> {
+pub fn measured_window_unix_ms(meta: &RunMeta, records: &[RequestRecord]) -> Option<(f64, f64)> {
     let origin = chrono::DateTime::parse_from_rfc3339(&meta.start_time)
         .ok()?
         .timestamp_micros() as f64

@@ -6,8 +6,9 @@
 //!   its CPU, its send lag against TTFT, its sent rate against the scheduled one): the
 //!   numbers describe the client, not the server;
 //! - **kv-pressure**: the KV cache nearly full (usage ≥ 95%) or requests preempted;
-//! - **queueing**: requests waited in the server's queue (its waiting gauge ≥ 1 on average),
-//!   or, without the gauge, the TTFT median of the last third of the sends is over twice the
+//! - **queueing**: the run saturated (the sweep's saturation rules: completed rate, backlog,
+//!   TTFT trend), or requests waited in the server's queue (its waiting gauge ≥ 1 on
+//!   average), or, without the gauge, the TTFT median of the last third of the sends is over twice the
 //!   first third's (and 100 ms above it) while the TPOT median holds within 25%;
 //! - **cold-cache**: the requests sent in the first tenth of the window (at least 5) have a
 //!   TTFT median over 1.5 × the rest's, significantly (Mann–Whitney p < 0.01, the A/B test);
@@ -88,6 +89,9 @@ pub struct Observation<'a> {
     pub output_tok_per_s: f64,
     /// Why the metrics call the run client-bound (empty when they do not).
     pub client_bound_reasons: &'a [String],
+    /// The rule by which the run saturated (completed rate, backlog or TTFT trend), when it
+    /// did.
+    pub saturated: Option<&'a str>,
 }
 
 struct Measured {
@@ -224,6 +228,20 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
         );
     }
     // Queueing.
+    if let Some(rule) = o.saturated {
+        return verdict(
+            Regime::Queueing,
+            format!(
+                "the run saturated ({rule}): requests arrived faster than the server finished \
+                 them{}",
+                waiting.as_ref().map_or(String::new(), |w| format!(
+                    ", {:.1} waiting on average and {:.0} at most",
+                    w.mean, w.max
+                ))
+            ),
+            missing,
+        );
+    }
     if let Some(w) = waiting.as_ref().filter(|q| q.mean >= 1.0) {
         return verdict(
             Regime::Queueing,
@@ -333,7 +351,7 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
     }
     let evidence = match (tpot_over_bound, bound) {
         (Some(ratio), Some(b)) => format!(
-            "no rule holds: the queue was empty, and the TPOT median is {ratio:.2}× the bandwidth bound of {:.2} ms at a batch of {:.1}: more than the hardware's bandwidth explains (the engine's own time per step?)",
+            "no rule holds: the queue was empty, and the TPOT median is {ratio:.2}× the bandwidth bound of {:.2} ms at a batch of {:.1}: more than the memory's bandwidth explains (prefill chunks sharing the decode steps, or the engine's own time per step)",
             b.tpot_ms, b.batch
         ),
         _ => format!("no rule holds; missing: {}", if missing.is_empty() { "nothing".into() } else { missing.join("; ") }),
@@ -445,6 +463,7 @@ mod tests {
             completed_rate: Some(10.0),
             output_tok_per_s: 200.0,
             client_bound_reasons: client_bound,
+            saturated: None,
         })
     }
 
@@ -500,6 +519,24 @@ mod tests {
         let rising = records(100, |i| 50.0 + 10.0 * i as f64, |_| 3.0);
         let d = run(&rising, None, None, &[]);
         assert_eq!(d.regime, Regime::Queueing, "{d:?}");
+        // A saturated run is queueing whatever the gauges say.
+        let inputs = inputs();
+        let d = diagnose(&Observation {
+            records: &recs,
+            server: Some(&calm()),
+            slo: None,
+            bound_inputs: &inputs,
+            completed_rate: Some(10.0),
+            output_tok_per_s: 200.0,
+            client_bound_reasons: &[],
+            saturated: Some("completed 3.1 req/s < 95% of the 4.0 req/s scheduled"),
+        });
+        assert_eq!(d.regime, Regime::Queueing, "{d:?}");
+        assert!(
+            d.evidence.contains("the run saturated (completed 3.1"),
+            "{}",
+            d.evidence
+        );
         // TTFT and TPOT climbing together is not a queue.
         let both = records(100, |i| 50.0 + 10.0 * i as f64, |i| 3.0 + 0.1 * i as f64);
         assert_ne!(run(&both, None, None, &[]).regime, Regime::Queueing);
@@ -588,6 +625,7 @@ mod tests {
             completed_rate: Some(10.0),
             output_tok_per_s: 200.0,
             client_bound_reasons: &[],
+            saturated: None,
         });
         assert_eq!(d.regime, Regime::Undetermined);
         assert!(

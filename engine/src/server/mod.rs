@@ -103,7 +103,7 @@ fn memory_bandwidth(device: crate::backend::cuda::Device) -> Result<(f64, &'stat
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             Ok((
                 crate::bandwidth::cpu_copy_bandwidth(threads),
-                "measured at start-up: a copy on every core, read + written, best of 5",
+                "measured at start-up: a copy on every core, read + written, best of 10",
             ))
         }
     }
