@@ -162,27 +162,15 @@ mod tests {
     use reports::tune::Knobs;
 
     fn config(slots: &str, capacity: Option<f64>, status: ConfigStatus) -> Configuration {
-        Configuration {
-            knobs: Knobs::from([("slots".to_string(), slots.to_string())]),
-            command: format!("mock --slots {slots}"),
-            dir: format!("config-{slots}"),
-            status,
-            log_tail: None,
-            capacity,
-            capacity_low: None,
-            capacity_high: None,
-            crossing: None,
-            capacity_offered_rate: None,
-            latency_percentile: 90.0,
-            ttft_ms: None,
-            tpot_ms: None,
-            output_tok_per_s: None,
-            server_running_mean: None,
-            server_kv_usage_max: None,
-            search_end: None,
-            search: None,
-            levels: Vec::new(),
-        }
+        let mut c = Configuration::new(
+            Knobs::from([("slots".to_string(), slots.to_string())]),
+            format!("mock --slots {slots}"),
+            format!("config-{slots}"),
+            90.0,
+        );
+        c.status = status;
+        c.capacity = capacity;
+        c
     }
 
     #[test]

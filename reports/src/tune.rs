@@ -91,6 +91,33 @@ pub struct Configuration {
     pub levels: Vec<LevelPoint>,
 }
 
+impl Configuration {
+    /// A configuration about to run: status ok, nothing measured yet.
+    pub fn new(knobs: Knobs, command: String, dir: String, latency_percentile: f64) -> Self {
+        Configuration {
+            knobs,
+            command,
+            dir,
+            status: ConfigStatus::Ok,
+            log_tail: None,
+            capacity: None,
+            capacity_low: None,
+            capacity_high: None,
+            crossing: None,
+            capacity_offered_rate: None,
+            latency_percentile,
+            ttft_ms: None,
+            tpot_ms: None,
+            output_tok_per_s: None,
+            server_running_mean: None,
+            server_kv_usage_max: None,
+            search_end: None,
+            search: None,
+            levels: Vec::new(),
+        }
+    }
+}
+
 /// A configuration named by its knobs and command.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pick {

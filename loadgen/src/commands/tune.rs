@@ -299,27 +299,7 @@ async fn run_configuration(
     let dir = format!("config-{index:02}");
     let command = knobs::fill(&args.server_cmd, &knobs);
     let percentile = slo.targets.iter().map(|t| t.percentile).fold(0.0, f64::max);
-    let mut config = Configuration {
-        knobs,
-        command: command.clone(),
-        dir: dir.clone(),
-        status: ConfigStatus::Ok,
-        log_tail: None,
-        capacity: None,
-        capacity_low: None,
-        capacity_high: None,
-        crossing: None,
-        capacity_offered_rate: None,
-        latency_percentile: percentile,
-        ttft_ms: None,
-        tpot_ms: None,
-        output_tok_per_s: None,
-        server_running_mean: None,
-        server_kv_usage_max: None,
-        search_end: None,
-        search: None,
-        levels: Vec::new(),
-    };
+    let mut config = Configuration::new(knobs, command.clone(), dir.clone(), percentile);
     let log = out.join(&dir).join("server.log");
     eprintln!(
         "loadgen tune: configuration {} → {}: {command}",
