@@ -931,6 +931,57 @@ async fn smollm2_answers_a_chat_question() {
     let answer = body["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(answer.contains("Paris"), "{answer}");
     assert_eq!(body["model"], "smollm2");
+    // The bandwidth bound's weight bytes, counted by hand: dequantised, every matrix is f16.
+    // A layer's qkv 960 × 576, o 576 × 576, gate_up 3,072 × 576 and down 576 × 1,536 are
+    // 3,538,944 values, × 30 layers; the tied head 49,152 × 576; and 61 f32 norms of 576.
+    let info = version(&client, &server).await;
+    assert_eq!(
+        info["weight_bytes"],
+        2 * (30 * 3_538_944 + 49_152 * 576) + 61 * 576 * 4,
+        "{info}"
+    );
+    // SmolLM2-135M: 30 layers, 3 KV heads of 64, in the f16 KV cache.
+    assert_eq!(info["kv_bytes_per_token"], 2 * 30 * 3 * 64 * 2, "{info}");
+}
+
+async fn version(client: &reqwest::Client, server: &Server) -> Value {
+    client
+        .get(server.url("/version"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The weight bytes of the default model on the integer kernels, counted by hand from the
+/// file: its 210 Q4_1 matrices and 61 f32 norms stay as in the file (a Q4_1 panel keeps
+/// the 16 nibble bytes and the f16 d and m of 32 values, GGUF's 20 bytes), 96,576,768 file
+/// bytes in all; the Q8_0 embedding, read whole as the tied head, is repacked with a 4-byte
+/// tail per 32 values (d and an unused m) instead of GGUF's 2: + 49,152 rows × 18 blocks
+/// × 2 bytes. The embedding is not counted twice: a step only gathers its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_weight_bytes_are_the_integer_panels() {
+    let mut server = Server::start(
+        &smollm2_gguf(),
+        &[
+            "--quantized-weights",
+            "integer",
+            "--max-model-len",
+            "512",
+            "--kv-cache-memory",
+            "32MiB",
+        ],
+    );
+    server.wait_ready().await;
+    let info = version(&reqwest::Client::new(), &server).await;
+    assert_eq!(info["weight_bytes"], 96_576_768 + 49_152 * 18 * 2, "{info}");
+    assert_eq!(
+        info["parameters"],
+        30 * 3_538_944 + 49_152 * 576 + 61 * 576,
+        "{info}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
