@@ -305,10 +305,12 @@ fn double_requests(run: &mut RunArgs) {
     }
 }
 
-/// The closed-loop probe of `--rates auto` and `search`.
+/// The closed-loop probe of `--rates auto` and `search` (`for_search`: it ends early when
+/// the SLO is missed unloaded).
 async fn probe(
     args: &SweepArgs,
     slo: Option<&SloSpec>,
+    for_search: bool,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Probe> {
     if args.run.turns.is_some() {
@@ -329,7 +331,7 @@ async fn probe(
             .unwrap_or(DEFAULT_PROBE_MAX_CONCURRENCY)
             .max(1),
         slo,
-        parse_rates(&args.rates)? == Rates::Search,
+        for_search,
         stop,
     )
     .await?;
@@ -396,7 +398,7 @@ pub async fn run_sweep(
             run_fixed_levels(&levels, &mut file).await?;
         }
         Rates::Auto => {
-            let probe = probe(args, slo.as_ref(), stop.clone()).await?;
+            let probe = probe(args, slo.as_ref(), false, stop.clone()).await?;
             let fractions = args
                 .auto_fractions
                 .clone()
@@ -407,7 +409,7 @@ pub async fn run_sweep(
             run_fixed_levels(&levels, &mut file).await?;
         }
         Rates::Search => {
-            let probe = probe(args, slo.as_ref(), stop.clone()).await?;
+            let probe = probe(args, slo.as_ref(), true, stop.clone()).await?;
             let path = args.search.settings(probe.saturation_rate)?;
             let unloaded_missed = probe.steps.first().is_some_and(|s| {
                 s.concurrency == 1 && (s.slo_verdict == Some(SloVerdict::NotMet) || s.slo_missed)
