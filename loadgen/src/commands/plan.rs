@@ -21,12 +21,19 @@ pub struct PlanArgs {
     /// SLO to plan under (default: the sweep's --slo), e.g. ttft:p99:500ms,tpot:p99:50ms.
     #[arg(long)]
     pub slo: Option<String>,
+    #[command(flatten)]
+    pub sizing: SizingArgs,
+    /// Seed of the bootstrap CI of the interpolated crossing.
+    #[arg(long, default_value_t = 0x5eed)]
+    pub seed: u64,
+}
+
+/// The load to plan for and what an instance costs (`plan`, and `tune`'s plan from its
+/// winner).
+#[derive(Args, Debug, Clone)]
+pub struct SizingArgs {
     /// Peak load to serve, requests/s.
-    #[arg(
-        long,
-        conflicts_with = "daily_requests",
-        required_unless_present = "daily_requests"
-    )]
+    #[arg(long, conflicts_with = "daily_requests")]
     pub target_qps: Option<f64>,
     /// Requests per day; peak QPS = daily / 86400 × --peak-factor.
     #[arg(long)]
@@ -41,9 +48,30 @@ pub struct PlanArgs {
     /// Price of one GPU-hour in USD, for the cost per million output tokens.
     #[arg(long)]
     pub gpu_hour_usd: Option<f64>,
-    /// Seed of the bootstrap CI of the interpolated crossing.
-    #[arg(long, default_value_t = 0x5eed)]
-    pub seed: u64,
+}
+
+impl SizingArgs {
+    /// The plan's options, or `None` when no target load was given.
+    pub fn options(&self, seed: u64) -> Option<PlanOptions> {
+        let target = match (self.target_qps, self.daily_requests) {
+            (Some(qps), _) => TargetLoad::Qps(qps),
+            (None, Some(requests)) => TargetLoad::Daily {
+                requests,
+                peak_factor: self.peak_factor,
+            },
+            (None, None) => return None,
+        };
+        Some(PlanOptions {
+            target,
+            gpus_per_instance: self.gpus_per_instance,
+            headroom: self.headroom,
+            gpu_hour_usd: self.gpu_hour_usd,
+            bootstrap: Bootstrap {
+                seed,
+                ..Bootstrap::default()
+            },
+        })
+    }
 }
 
 /// `loadgen plan`.
@@ -57,24 +85,10 @@ pub fn plan_command(args: PlanArgs) -> Result<()> {
             args.dir.display()
         ),
     };
-    let target = match (args.target_qps, args.daily_requests) {
-        (Some(qps), _) => TargetLoad::Qps(qps),
-        (None, Some(requests)) => TargetLoad::Daily {
-            requests,
-            peak_factor: args.peak_factor,
-        },
-        (None, None) => bail!("loadgen plan: give --target-qps or --daily-requests"),
-    };
-    let options = PlanOptions {
-        target,
-        gpus_per_instance: args.gpus_per_instance,
-        headroom: args.headroom,
-        gpu_hour_usd: args.gpu_hour_usd,
-        bootstrap: Bootstrap {
-            seed: args.seed,
-            ..Bootstrap::default()
-        },
-    };
+    let options = args
+        .sizing
+        .options(args.seed)
+        .context("loadgen plan: give --target-qps or --daily-requests")?;
     let plan = capacity_plan(&sweep.levels, &slo, &options)?;
     print!("{}", plan_text(&plan));
     let path = args.dir.join(PLAN_FILE);

@@ -16,15 +16,15 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use reports::ab::DEFAULT_ALPHA;
-use reports::plan::{capacity_plan, PlanOptions, TargetLoad, DEFAULT_HEADROOM};
+use reports::plan::{capacity_plan, PlanOptions};
 use reports::render::write_report;
 use reports::slo::SloSpec;
-use reports::stats::Bootstrap;
 use reports::tune::{
     ConfigStatus, Configuration, Duel, Knobs, Pick, Separation, TuneFile, TUNE_FILE,
 };
 
 use crate::commands::compare::{run_rounds, CompareArgs, ServerSpec};
+use crate::commands::plan::SizingArgs;
 use crate::commands::sweep::{
     min_requests, run_sweep, sized_level, SweepArgs, DEFAULT_PROBE_DURATION,
     DEFAULT_PROBE_MAX_CONCURRENCY,
@@ -102,20 +102,9 @@ pub struct TuneArgs {
     pub min_effect: f64,
     #[arg(long, default_value_t = DEFAULT_ALPHA)]
     pub alpha: f64,
-    /// The winner's capacity plan: peak load to serve, requests/s.
-    #[arg(long, conflicts_with = "daily_requests")]
-    pub target_qps: Option<f64>,
-    /// The winner's capacity plan: requests per day (peak = daily / 86400 × --peak-factor).
-    #[arg(long)]
-    pub daily_requests: Option<f64>,
-    #[arg(long, default_value_t = 1.0)]
-    pub peak_factor: f64,
-    #[arg(long, default_value_t = 1)]
-    pub gpus_per_instance: u32,
-    #[arg(long, default_value_t = DEFAULT_HEADROOM)]
-    pub headroom: f64,
-    #[arg(long)]
-    pub gpu_hour_usd: Option<f64>,
+    /// The winner's capacity plan (none without --target-qps or --daily-requests).
+    #[command(flatten)]
+    pub sizing: SizingArgs,
     /// Every `loadgen run` option applies to each configuration's knee search (the workload,
     /// --model, --backend, --warmup, --duration, --seed, --slo, …) but --url, --rate and
     /// --concurrency; `--out` (required) is the tune's folder.
@@ -148,7 +137,7 @@ pub async fn tune_command(args: TuneArgs) -> Result<()> {
         .map(|k| knobs::parse_knob(k))
         .collect::<Result<_>>()?;
     knobs::check_template(&args.server_cmd, &knobs)?;
-    let plan_options = plan_options(&args)?;
+    let plan_options = args.sizing.options(args.run.seed);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     print_budget(&args, &knobs);
 
@@ -227,27 +216,6 @@ pub async fn tune_command(args: TuneArgs) -> Result<()> {
         .into());
     }
     Ok(())
-}
-
-fn plan_options(args: &TuneArgs) -> Result<Option<PlanOptions>> {
-    let target = match (args.target_qps, args.daily_requests) {
-        (Some(qps), _) => TargetLoad::Qps(qps),
-        (None, Some(requests)) => TargetLoad::Daily {
-            requests,
-            peak_factor: args.peak_factor,
-        },
-        (None, None) => return Ok(None),
-    };
-    Ok(Some(PlanOptions {
-        target,
-        gpus_per_instance: args.gpus_per_instance,
-        headroom: args.headroom,
-        gpu_hour_usd: args.gpu_hour_usd,
-        bootstrap: Bootstrap {
-            seed: args.run.seed,
-            ..Bootstrap::default()
-        },
-    }))
 }
 
 /// Prints how many configurations will run and how long that may take at most.
