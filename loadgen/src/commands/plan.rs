@@ -76,6 +76,10 @@ impl SizingArgs {
 
 /// `loadgen plan`.
 pub fn plan_command(args: PlanArgs) -> Result<()> {
+    let options = args
+        .sizing
+        .options(args.seed)
+        .context("loadgen plan: give --target-qps or --daily-requests")?;
     let sweep = load_sweep(&args.dir)?;
     let slo = match (&args.slo, &sweep.slo) {
         (Some(text), _) => SloSpec::parse(text)?,
@@ -85,10 +89,6 @@ pub fn plan_command(args: PlanArgs) -> Result<()> {
             args.dir.display()
         ),
     };
-    let options = args
-        .sizing
-        .options(args.seed)
-        .context("loadgen plan: give --target-qps or --daily-requests")?;
     let plan = capacity_plan(&sweep.levels, &slo, &options)?;
     print!("{}", plan_text(&plan));
     let path = args.dir.join(PLAN_FILE);
