@@ -3,7 +3,9 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::commands::{calibrate, compare, merge, mock_server, plan, report, run, sweep, tune};
+use crate::commands::{
+    calibrate, compare, matrix, merge, mock_server, plan, report, run, sweep, tune,
+};
 use crate::options::RunArgs;
 
 #[derive(Parser, Debug)]
@@ -31,15 +33,38 @@ pub enum Command {
     /// Find the server configuration that serves the most under the SLO: a fresh server and
     /// a knee search per configuration of --knob values, the two best then compared.
     Tune(Box<tune::TuneArgs>),
+    /// A benchmark as an experiment: the rows of a matrix file (or --preset methodology),
+    /// each a workload with its question, hypothesis and refutable expectations, run one
+    /// after another against one server; a verdict, regime and cost per row.
+    Matrix(Box<matrix::MatrixArgs>),
     /// Capacity plan of a sweep under an SLO: max sustainable QPS, instances, GPUs, cost.
     Plan(plan::PlanArgs),
     /// A/B verdict per latency metric: online (--a/--b URLs or --a-cmd/--b-cmd servers, in
     /// alternating rounds) or offline from saved runs.
     Compare(Box<compare::CompareArgs>),
-    /// Render a run, sweep, comparison or tune folder to report.md and report.html.
+    /// Render a run, sweep, comparison, tune or matrix folder to report.md and report.html.
     Report(report::ReportArgs),
     /// Join the folders of the K shards of one schedule (--shard I/K) into one folder.
     Merge(merge::MergeArgs),
+}
+
+impl Cli {
+    /// Parses `argv` (its first word the program's name); `matrix` also keeps the run
+    /// options given on its command line as words, its rows' defaults.
+    pub fn try_parse_args<I, T>(argv: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = <Cli as clap::CommandFactory>::command().try_get_matches_from(argv)?;
+        let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
+        if let (Command::Matrix(args), Some(("matrix", sub))) =
+            (&mut cli.command, matches.subcommand())
+        {
+            args.defaults = crate::matrix_file::given_run_options(sub);
+        }
+        Ok(cli)
+    }
 }
 
 /// Runs the parsed command line.
@@ -50,6 +75,7 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::Calibrate(args) => calibrate::calibrate_command(args).await,
         Command::Sweep(args) => sweep::sweep_command(*args).await,
         Command::Tune(args) => tune::tune_command(*args).await,
+        Command::Matrix(args) => matrix::matrix_command(*args).await,
         Command::Plan(args) => plan::plan_command(args),
         Command::Compare(args) => compare::compare_command(*args).await,
         Command::Report(args) => report::report_command(args),

@@ -175,6 +175,21 @@ pub struct RunArgs {
     /// worker not ready to send by then fails instead of sending late.
     #[arg(long, value_parser = crate::clock::parse_instant)]
     pub start_at: Option<SystemTime>,
+    /// Multiply every drawn request length (prompt, shared prefix and output) by this factor,
+    /// rounded, at least 1 token: the same seeded workload, smaller or larger. Literal-text
+    /// prompts (a ShareGPT file's) have no length to change and are refused.
+    #[arg(long, default_value_t = 1.0)]
+    pub length_scale: f64,
+    /// Shorten each request whose prompt + output would pass this many tokens (the server's
+    /// context): its prompt first, from the end, then its output. With --backend chat the
+    /// server's chat template adds a few tokens more: leave room for them.
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// Mixed into every synthetic prompt's words: the same lengths, prefix groups and
+    /// schedule with other tokens, so that nothing a server cached from an earlier run
+    /// matches (0: none). Literal-text prompts are sent as they are.
+    #[arg(long, default_value_t = 0)]
+    pub prompt_salt: u64,
     /// Multi-turn sessions (chat backend): turns per session, geometric with mean N,
     /// `constant:N`, or `all` (a ShareGPT file's own turns). `--rate` then counts new
     /// sessions per second; each later turn re-sends the whole history.

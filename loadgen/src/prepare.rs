@@ -16,6 +16,7 @@ use crate::options::{
 use crate::plan::{LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits};
 use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
 use crate::tls::TlsSettings;
+use crate::workload::lengths::{clip_to_context, scale_lengths};
 use crate::workload::prompt::PromptBuilder;
 use crate::workload::sessions::{SessionSpec, ThinkTime, TurnCount};
 use crate::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
@@ -227,12 +228,13 @@ fn finish_plan(
     if n == 0 {
         bail!("the schedule has no requests (rate too low for the duration?)");
     }
-    let specs: Vec<RequestSpec> = match &trace_rows {
+    let mut specs: Vec<RequestSpec> = match &trace_rows {
         Some(rows) => (0..n)
             .map(|i| row_spec(args.seed, i as u64, &rows[i % rows.len()]))
             .collect(),
         None => synthetic_specs(args, n, &mut workload_meta)?,
     };
+    reshape(args, &mut specs, &mut workload_meta)?;
     let mut specs = specs.into_iter();
     let mut next = |_| specs.next().expect("one spec per request");
     let plan = match sends {
@@ -251,6 +253,27 @@ fn finish_plan(
     schedule_meta["cooldown_s"] = json!(plan.cooldown_s);
     schedule_meta["max_concurrency"] = json!(plan.max_concurrency);
     Ok((plan, workload_meta, schedule_meta))
+}
+
+/// `--length-scale`, `--max-model-len` and `--prompt-salt` applied to the drawn requests
+/// (the salt acts when prompts are built) and recorded in `workload_meta`.
+fn reshape(
+    args: &RunArgs,
+    specs: &mut [RequestSpec],
+    workload_meta: &mut serde_json::Value,
+) -> Result<()> {
+    if args.length_scale != 1.0 {
+        scale_lengths(specs, args.length_scale)?;
+        workload_meta["length_scale"] = json!(args.length_scale);
+    }
+    if let Some(limit) = args.max_model_len {
+        let clipped = clip_to_context(specs, limit)?;
+        workload_meta["max_model_len"] = json!({"limit": limit, "clipped_requests": clipped});
+    }
+    if args.prompt_salt != 0 {
+        workload_meta["prompt_salt"] = json!(args.prompt_salt);
+    }
+    Ok(())
 }
 
 /// `n` requests of the synthetic workload `args` asks for; their length model in
@@ -289,6 +312,9 @@ fn build_session_plan(
     prompts: &PromptBuilder,
     spec: SessionSpec,
 ) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if args.length_scale != 1.0 || args.max_model_len.is_some() {
+        bail!("--length-scale and --max-model-len reshape single requests; a session's prompt grows with its history: shape sessions with --max-history-tokens");
+    }
     if args.backend != Backend::Chat {
         bail!("--turns needs --backend chat: a session re-sends its history as chat messages, which the {} API has no place for", args.backend.name());
     }
@@ -449,10 +475,13 @@ pub struct PreparedRun {
 
 /// Builds the prompts, SLOs, headers and plan of `args` (no network).
 pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
-    let prompts = Arc::new(match &args.tokenizer {
-        Some(p) => PromptBuilder::from_tokenizer(p)?,
-        None => PromptBuilder::approximate(),
-    });
+    let prompts = Arc::new(
+        match &args.tokenizer {
+            Some(p) => PromptBuilder::from_tokenizer(p)?,
+            None => PromptBuilder::approximate(),
+        }
+        .with_salt(args.prompt_salt),
+    );
     let slos = args
         .slo
         .as_deref()
@@ -526,6 +555,7 @@ fn schedule_digest(
         "timeout_s": args.timeout.as_secs_f64(),
         "slo": args.slo,
         "approximate_lengths": prompts.is_approximate(),
+        "prompt_salt": args.prompt_salt,
         "extra_body": extra_body.map(ExtraBody::to_value),
     });
     Ok(format!("{:016x}", fnv1a(&serde_json::to_vec(&shape)?)))
@@ -571,7 +601,42 @@ mod tests {
         assert_ne!(digest(&["--seed", "1"]).0, d0);
         assert_ne!(digest(&["--rate", "2"]).0, d0);
         assert_ne!(digest(&["--extra-body", r#"{"temperature": 0}"#]).0, d0);
+        assert_ne!(digest(&["--prompt-salt", "3"]).0, d0);
+        assert_ne!(digest(&["--length-scale", "0.5"]).0, d0);
         assert_eq!(d0.len(), 16);
+    }
+
+    #[test]
+    fn lengths_scale_then_clip_to_the_context_and_are_recorded() {
+        let base = [
+            "--workload",
+            "random",
+            "--random-input-len",
+            "1000",
+            "--random-output-len",
+            "100",
+            "--num-prompts",
+            "4",
+        ];
+        let with = |extra: &[&str]| {
+            let mut argv = base.to_vec();
+            argv.extend_from_slice(extra);
+            build_plan(&run_args(&argv), &PromptBuilder::approximate()).unwrap()
+        };
+        let lengths = |plan: &Plan| -> Vec<(u32, u32)> {
+            plan.requests
+                .iter()
+                .map(|r| (r.spec.input_len, r.spec.output_len))
+                .collect()
+        };
+        let (plan, meta, _) = with(&["--length-scale", "0.5"]);
+        assert_eq!(lengths(&plan), [(500, 50); 4]);
+        assert_eq!(meta["length_scale"], 0.5);
+        let (plan, meta, _) = with(&["--length-scale", "0.5", "--max-model-len", "300"]);
+        assert_eq!(lengths(&plan), [(250, 50); 4]);
+        assert_eq!(meta["max_model_len"]["clipped_requests"], 4);
+        let (plain, _, _) = with(&[]);
+        assert_eq!(lengths(&plain), [(1000, 100); 4]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The reports of a run folder, a sweep folder and a tune folder (a comparison's is in
-//! `comparison`).
+//! The reports of a run folder, a sweep folder, a tune folder and a matrix folder (a
+//! comparison's is in `comparison`).
 
 use std::path::Path;
 
@@ -60,5 +60,40 @@ pub fn tune_report(dir: &Path) -> Result<Report> {
         title: format!("Tune {}", dir.display()),
         conditions,
         body: ReportBody::Tune(Box::new(file)),
+    })
+}
+
+/// The report of a matrix folder: `matrix.json`, then each row's run or sweep report, under
+/// the conditions of its first row that ran.
+pub fn matrix_report(dir: &Path) -> Result<Report> {
+    let file = reports::matrix::MatrixFile::read(&dir.join(reports::matrix::MATRIX_FILE))?;
+    let reports: Vec<Option<Report>> = file
+        .rows
+        .iter()
+        .map(|row| {
+            if row.error.is_some() {
+                return None;
+            }
+            let folder = dir.join(&row.folder);
+            if row.capacity.is_some() {
+                sweep_report(&folder).ok()
+            } else {
+                run_report(&folder).ok()
+            }
+        })
+        .collect();
+    let mut conditions = reports
+        .iter()
+        .flatten()
+        .next()
+        .map(|r| r.conditions.clone())
+        .unwrap_or_default();
+    conditions.workload = format!("{} rows, each its own (see each row)", file.rows.len());
+    conditions.schedule = "each row its own load, one row after another".into();
+    conditions.server = file.server.clone();
+    Ok(Report {
+        title: format!("Matrix {}", dir.display()),
+        conditions,
+        body: ReportBody::Matrix(Box::new(reports::render::MatrixView { file, reports })),
     })
 }

@@ -4,6 +4,7 @@ pub mod bound;
 pub mod diagnosis;
 pub mod histograms;
 pub mod latency;
+pub mod matrix;
 pub mod metrics;
 pub mod plan;
 pub mod rates;

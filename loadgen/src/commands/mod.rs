@@ -4,6 +4,7 @@
 
 pub mod calibrate;
 pub mod compare;
+pub mod matrix;
 pub mod merge;
 pub mod mock_server;
 pub mod plan;

@@ -1,5 +1,5 @@
-//! `loadgen report DIR`: renders a run, sweep, comparison or tune folder to `report.md` and a
-//! self-contained `report.html`.
+//! `loadgen report DIR`: renders a run, sweep, comparison, tune or matrix folder to
+//! `report.md` and a self-contained `report.html`.
 
 use std::path::PathBuf;
 
@@ -9,13 +9,14 @@ use reports::render::write_report;
 
 use crate::comparison::compare_view;
 use crate::folders::{CompareFile, COMPARE_FILE, SWEEP_FILE};
-use crate::views::{run_report, sweep_report, tune_report};
+use crate::views::{matrix_report, run_report, sweep_report, tune_report};
+use reports::matrix::MATRIX_FILE;
 use reports::tune::TUNE_FILE;
 
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
     /// A run folder (records.jsonl + meta.json), a sweep folder (sweep.json), a comparison
-    /// folder (compare.json) or a tune folder (tune.json).
+    /// folder (compare.json), a tune folder (tune.json) or a matrix folder (matrix.json).
     pub dir: PathBuf,
     /// Where to write report.md / report.html (default: DIR).
     #[arg(long)]
@@ -25,7 +26,9 @@ pub struct ReportArgs {
 /// `loadgen report`.
 pub fn report_command(args: ReportArgs) -> Result<()> {
     let dir = &args.dir;
-    let report = if dir.join(TUNE_FILE).is_file() {
+    let report = if dir.join(MATRIX_FILE).is_file() {
+        matrix_report(dir)?
+    } else if dir.join(TUNE_FILE).is_file() {
         tune_report(dir)?
     } else if dir.join(COMPARE_FILE).is_file() {
         compare_view(&CompareFile::read(&dir.join(COMPARE_FILE))?)?
@@ -35,7 +38,7 @@ pub fn report_command(args: ReportArgs) -> Result<()> {
         run_report(dir)?
     } else {
         bail!(
-            "{}: no {TUNE_FILE}, {COMPARE_FILE}, {SWEEP_FILE} or records.jsonl: not a tune, comparison, sweep or run folder",
+            "{}: no {MATRIX_FILE}, {TUNE_FILE}, {COMPARE_FILE}, {SWEEP_FILE} or records.jsonl: not a matrix, tune, comparison, sweep or run folder",
             dir.display()
         );
     };

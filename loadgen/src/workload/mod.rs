@@ -1,6 +1,7 @@
 //! Workloads: what each request asks for (prompt, exact input length, target output length,
 //! optional shared-prefix group). Sources: the synthetic generators and trace files.
 
+pub mod lengths;
 pub mod prompt;
 pub mod sessions;
 pub mod synthetic;

@@ -39,6 +39,8 @@ pub struct PromptBuilder {
     /// Token id of each word.
     ids: Vec<u32>,
     tokenizer: Option<Tokenizer>,
+    /// Mixed into every block's key (`--prompt-salt`); 0 leaves the keys as they are.
+    salt: u64,
 }
 
 impl PromptBuilder {
@@ -54,6 +56,7 @@ impl PromptBuilder {
             words,
             ids,
             tokenizer: None,
+            salt: 0,
         }
     }
 
@@ -107,6 +110,7 @@ impl PromptBuilder {
             words,
             ids,
             tokenizer: Some(tokenizer),
+            salt: 0,
         };
         builder.check_additive(path)?;
         Ok(builder)
@@ -131,10 +135,21 @@ impl PromptBuilder {
         self.tokenizer.is_none()
     }
 
+    /// The same builder with every block's words drawn from its key mixed with `salt`: equal
+    /// keys still give equal words, so shared prefixes stay shared.
+    pub fn with_salt(self, salt: u64) -> PromptBuilder {
+        PromptBuilder { salt, ..self }
+    }
+
     fn word_indices<'a>(&'a self, blocks: &'a [Block]) -> impl Iterator<Item = usize> + 'a {
         let n = self.words.len();
         blocks.iter().flat_map(move |b| {
-            let mut rng = StdRng::seed_from_u64(b.key);
+            let key = if self.salt == 0 {
+                b.key
+            } else {
+                super::mix(b.key, self.salt)
+            };
+            let mut rng = StdRng::seed_from_u64(key);
             (0..b.len).map(move |_| rng.random_range(0..n))
         })
     }
@@ -189,6 +204,27 @@ mod tests {
         assert_eq!(text, b.text(&blocks), "deterministic");
         assert!(text.starts_with(&b.text(&blocks[..1])), "shared prefix");
         assert!(b.is_approximate());
+    }
+
+    #[test]
+    fn a_salt_changes_the_words_but_keeps_lengths_and_shared_prefixes() {
+        let plain = PromptBuilder::approximate();
+        let salted = PromptBuilder::approximate().with_salt(7);
+        let blocks = [Block { key: 5, len: 50 }, Block { key: 6, len: 10 }];
+        let other = [Block { key: 5, len: 50 }, Block { key: 9, len: 10 }];
+        assert_ne!(plain.text(&blocks), salted.text(&blocks));
+        assert_eq!(salted.ids(&blocks).len(), 60);
+        assert_eq!(
+            salted.text(&blocks[..1]),
+            salted.text(&other[..1]),
+            "equal keys, equal words"
+        );
+        assert!(salted.text(&blocks).starts_with(&salted.text(&other[..1])));
+        assert_eq!(
+            PromptBuilder::approximate().with_salt(0).text(&blocks),
+            plain.text(&blocks),
+            "0 is no salt"
+        );
     }
 
     #[test]

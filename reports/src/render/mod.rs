@@ -10,6 +10,7 @@ mod compare;
 mod diagnosis;
 mod html;
 mod markdown;
+mod matrix;
 mod run;
 pub mod svg;
 mod sweep;
@@ -186,6 +187,13 @@ pub struct CompareView {
     pub analysis: AbReport,
 }
 
+/// A matrix: `matrix.json` and the report of each row that ran (`None` where it failed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatrixView {
+    pub file: crate::matrix::MatrixFile,
+    pub reports: Vec<Option<Report>>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReportBody {
     /// Boxed: the run metrics dwarf the other variants.
@@ -193,6 +201,7 @@ pub enum ReportBody {
     Sweep(SweepView),
     Compare(CompareView),
     Tune(Box<crate::tune::TuneFile>),
+    Matrix(Box<MatrixView>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -261,6 +270,7 @@ pub(crate) fn sections(report: &Report) -> Vec<Section> {
         ReportBody::Sweep(view) => sweep::sections(view),
         ReportBody::Compare(view) => compare::sections(view),
         ReportBody::Tune(file) => tune::sections(file),
+        ReportBody::Matrix(view) => matrix::sections(view),
     });
     all.push(Section {
         heading: "Metric definitions".into(),
