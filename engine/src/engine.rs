@@ -351,8 +351,19 @@ impl LlmEngine {
     /// One scheduler step + one forward that samples on the device. Returns the updates of
     /// this step.
     pub fn step(&mut self) -> anyhow::Result<Vec<SeqUpdate>> {
+        self.step_observed(|_| {})
+    }
+
+    /// [`Engine::step`], showing `scheduled` the statistics once the step is scheduled and
+    /// before its forward: the sequences it runs count as running for the whole forward (as
+    /// vLLM's gauges count a request in its prefill), not only from the next step on.
+    pub fn step_observed(
+        &mut self,
+        scheduled: impl FnOnce(EngineStats),
+    ) -> anyhow::Result<Vec<SeqUpdate>> {
         let started = Instant::now();
         let chunks = self.scheduler.schedule()?;
+        scheduled(self.stats());
         if chunks.is_empty() {
             ensure!(
                 !self.has_unfinished(),

@@ -725,3 +725,17 @@ fn the_decoder_is_flushed_when_a_sequence_ends() {
     assert_eq!(out[0].token_ids, vec![lead]);
     assert_eq!(out[0].text, "\u{fffd}");
 }
+
+#[test]
+fn a_step_shows_its_sequences_running_before_its_forward() {
+    let tok = tokenizer();
+    let (mut e, _) = engine(&ROOMY, &tok);
+    e.add_request((3..40).collect(), greedy(2)).unwrap();
+    e.add_request((3..20).collect(), greedy(2)).unwrap();
+    let before = e.stats();
+    assert_eq!((before.num_running, before.num_waiting), (0, 2));
+    let mut seen = None;
+    e.step_observed(|stats| seen = Some((stats.num_running, stats.num_waiting)))
+        .unwrap();
+    assert_eq!(seen, Some((2, 0)), "both prefills run in this step");
+}

@@ -366,32 +366,33 @@ fn parse_row(row: &toml::Table, position: usize) -> Result<RowSpec> {
                 let in_run = run
                     .get_arguments()
                     .find(|a| a.get_long() == Some(key.as_str()));
-                let (command, arg, is_search) =
-                    match in_run {
-                        Some(arg) => (&run, arg, false),
-                        None if SEARCH_KEYS.contains(&key.as_str()) => {
-                            if !spec.search {
-                                return Err(fail(
-                                    raw_key,
-                                    anyhow::anyhow!(
-                                        "a knee-search option: give `rates = \"search\"` too"
-                                    ),
-                                ));
-                            }
-                            let arg = search
-                                .get_arguments()
-                                .find(|a| a.get_long() == Some(key.as_str()))
-                                .expect("every search key is a sweep option");
-                            (&search, arg, true)
+                let (command, arg, is_search) = match in_run {
+                    Some(arg) => (&run, arg, false),
+                    None if SEARCH_KEYS.contains(&key.as_str()) => {
+                        if !spec.search {
+                            return Err(fail(
+                                raw_key,
+                                anyhow::anyhow!(
+                                    "a knee-search option: give `rates = \"search\"` too"
+                                ),
+                            ));
                         }
-                        None => return Err(fail(
+                        let arg = search
+                            .get_arguments()
+                            .find(|a| a.get_long() == Some(key.as_str()))
+                            .expect("every search key is a sweep option");
+                        (&search, arg, true)
+                    }
+                    None => {
+                        return Err(fail(
                             raw_key,
                             anyhow::anyhow!(
                                 "unknown key: neither a matrix key ({}) nor a `loadgen run` option",
                                 ROW_KEYS.join(", ")
                             ),
-                        )),
-                    };
+                        ))
+                    }
+                };
                 let words = value_words(arg, &key, value).map_err(|e| fail(raw_key, e))?;
                 for word in &words {
                     check_value(command, word, is_search).map_err(|e| fail(raw_key, e))?;

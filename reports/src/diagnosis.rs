@@ -20,8 +20,8 @@
 //!   of the mean prompt;
 //! - **undetermined**: none holds, with the telemetry that was missing named.
 //!
-//! The batch is the server's mean running requests when scraped, else Little's law (completed
-//! rate × mean E2E); the context, the mean prompt plus half the mean output.
+//! The batch is the server's mean running requests when scraped (and above 0), else Little's
+//! law (completed rate × mean E2E); the context, the mean prompt plus half the mean output.
 
 use serde::{Deserialize, Serialize};
 
@@ -168,10 +168,16 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
     if o.server.is_none() {
         missing.push("the server's gauges (no /metrics scraped)".into());
     }
-    let batch = running.as_ref().map(|q| q.mean).or_else(|| {
-        let mean_e2e_s = m.e2e.iter().sum::<f64>() / m.e2e.len().max(1) as f64 / 1000.0;
-        o.completed_rate.map(|r| r * mean_e2e_s)
-    });
+    // A running gauge that averaged 0 over a window in which requests completed was
+    // sampled between them: Little's law then.
+    let batch = running
+        .as_ref()
+        .map(|q| q.mean)
+        .filter(|&b| b > 0.0)
+        .or_else(|| {
+            let mean_e2e_s = m.e2e.iter().sum::<f64>() / m.e2e.len().max(1) as f64 / 1000.0;
+            o.completed_rate.map(|r| r * mean_e2e_s)
+        });
     let context = m.prompt + m.output / 2.0;
     let bound = batch.and_then(|b| o.bound_inputs.decode(b, context));
     if bound.is_none() {

@@ -395,7 +395,18 @@ impl Expectation {
                         .map(|b| k * b.tpot_ms),
                 };
                 let Some(limit_ms) = limit_ms else {
-                    decided.reason = "the bandwidth bound is unknown (give --hardware or --bandwidth, and the model's bytes, or serve with `engine`)".into();
+                    decided.reason = match evidence.diagnosis {
+                        Some(d) if !d.missing.is_empty() => format!(
+                            "the bandwidth bound is unknown; the diagnosis lacked: {}",
+                            d.missing.join("; ")
+                        ),
+                        Some(_) => {
+                            "the bandwidth bound was not worked out: no batch was measured".into()
+                        }
+                        None => {
+                            "the run was not diagnosed, so the bandwidth bound is unknown".into()
+                        }
+                    };
                     return decided;
                 };
                 decided.limit = Some(limit_ms);
@@ -621,7 +632,11 @@ mod tests {
         // The bound unknown: nothing to compare with.
         let unknown = e("tpot:p50 < 2 * bound", &tight);
         assert_eq!(unknown.verdict, Verdict::Inconclusive);
-        assert!(unknown.reason.contains("bound is unknown"));
+        assert!(
+            unknown.reason.contains("not diagnosed"),
+            "{}",
+            unknown.reason
+        );
     }
 
     #[test]

@@ -126,7 +126,8 @@ impl EngineLoop {
             self.reap_disconnected();
             if self.engine.has_unfinished() {
                 let step_start = Instant::now();
-                match self.engine.step() {
+                let metrics = &self.metrics;
+                match self.engine.step_observed(|stats| metrics.set_stats(stats)) {
                     Ok(updates) => self.dispatch(&updates, step_start),
                     Err(e) => self.fail_all(&e),
                 }
