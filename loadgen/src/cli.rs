@@ -61,7 +61,7 @@ impl Cli {
         if let (Command::Matrix(args), Some(("matrix", sub))) =
             (&mut cli.command, matches.subcommand())
         {
-            args.defaults = crate::matrix_file::given_run_options(sub);
+            args.defaults = crate::commands::matrix::file::given_run_options(sub);
         }
         Ok(cli)
     }

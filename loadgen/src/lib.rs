@@ -20,7 +20,6 @@ pub mod gate;
 pub mod host;
 pub mod knee_search;
 pub mod knobs;
-pub mod matrix_file;
 pub mod merge;
 pub mod mock;
 pub mod options;

@@ -1,5 +1,5 @@
 //! `loadgen matrix`: a benchmark run as an experiment. Each `[[row]]` of the matrix file (see
-//! `matrix_file`) is a workload with its question, hypothesis and expectations; the rows run
+//! `file`) is a workload with its question, hypothesis and expectations; the rows run
 //! one after another against one server (`--url`, or `--server-cmd` started once), each into
 //! its own run folder (a knee-search row: its sweep folder), and each expectation is decided
 //! by the row's intervals (`reports::matrix`).
@@ -23,7 +23,8 @@ use reports::summary::Summary;
 
 use crate::commands::sweep::{run_sweep, DEFAULT_PROBE_DURATION};
 use crate::execute::{execute_prepared, prepare_and_execute, Execution};
-use crate::matrix_file::{parse_matrix, read_matrix, Prefix, RowArgs, RowSpec, METHODOLOGY_PRESET};
+pub mod file;
+
 use crate::options::RunArgs;
 use crate::plan::Plan;
 use crate::prepare::prepare_run;
@@ -32,6 +33,7 @@ use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
 use crate::views::matrix_report;
 use crate::workload::{mix, PromptSource, RequestSpec};
+use file::{parse_matrix, read_matrix, Prefix, RowArgs, RowSpec, METHODOLOGY_PRESET};
 
 /// A matrix loadgen carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -259,6 +261,8 @@ fn check_rows(args: &MatrixArgs, rows: Vec<RowSpec>) -> Result<Vec<PreparedRow>>
             let run = row_args.run();
             let prepared =
                 prepare_run(run).with_context(|| format!("{}: its workload", spec.label()))?;
+            crate::bound_inputs::resolve(&run.bound, None)
+                .with_context(|| format!("{}: the bound's inputs", spec.label()))?;
             if spec.prefix == Prefix::Warm && prefixes(&prepared.plan).is_empty() {
                 bail!("{}, key `prefix`: `warm` sends the row's shared prefixes before its window, but its requests share none (give `prefix-len` and `prefix-groups`)", spec.label());
             }

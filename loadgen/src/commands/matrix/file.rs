@@ -19,7 +19,7 @@ use crate::commands::sweep::SweepArgs;
 use crate::options::RunArgs;
 
 /// The matrix the `methodology` preset writes and runs.
-pub const METHODOLOGY_PRESET: &str = include_str!("../presets/methodology.toml");
+pub const METHODOLOGY_PRESET: &str = include_str!("../../../presets/methodology.toml");
 
 /// Whether a row's prefixes are in the server's cache when its window opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,258 @@
+//! `loadgen matrix` against the built-in mock of known timing (TTFT 40 ms, 5 ms per token):
+//! true expectations are confirmed, false ones refuted, and one the sample cannot bound is
+//! inconclusive; the bandwidth bound given on the matrix's command line reaches every row;
+//! cost follows each row's sustained output rate; the methodology preset writes six rows
+//! that parse and run; a bad file is refused before anything runs.
+
+use std::path::Path;
+use std::time::Duration;
+
+use loadgen::cli::{main, Cli};
+use loadgen::mock::{self, MockConfig};
+use reports::matrix::{MatrixFile, Verdict, MATRIX_FILE};
+use reports::summary::Summary;
+
+async fn matrix(argv: &[&str]) -> anyhow::Result<()> {
+    let mut full = vec!["loadgen", "matrix"];
+    full.extend_from_slice(argv);
+    main(Cli::try_parse_args(full)?).await
+}
+
+fn mock_config() -> MockConfig {
+    MockConfig {
+        ttft: Duration::from_millis(40),
+        itl: Duration::from_millis(5),
+        ..MockConfig::default()
+    }
+}
+
+const KNOWN: &str = r#"
+[[row]]
+name = "known"
+question = "Does the mock answer as configured?"
+hypothesis = "TTFT 40 ms and TPOT 5 ms: under 100 ms, over 2 bounds of 2 ms, under 3."
+workload = "random"
+random-input-len = 16
+random-output-len = 16
+rate = 40
+warmup = "200ms"
+duration = "1500ms"
+expect = [
+  "ttft:p50 < 100ms",       # true
+  "ttft:p50 > 100ms",       # false
+  "ttft:p99 < 1s",          # ~60 requests cannot bound a p99 from above
+  "tpot:p50 < 3 * bound",   # 5 ms < 6 ms
+  "tpot:p50 < 2 * bound",   # 5 ms > 4 ms
+]
+
+[[row]]
+name = "closed"
+workload = "random"
+random-input-len = 8
+random-output-len = 32
+concurrency = 2
+num-prompts = 20
+seed = 9
+expect = "e2e:p50 < 1s"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expectations_are_decided_by_intervals_on_a_mock_of_known_timing() {
+    let (addr, handle) = mock::spawn(mock_config()).await.unwrap();
+    let url = format!("http://{addr}");
+    let temp = tempfile::tempdir().unwrap();
+    let file = temp.path().join("m.toml");
+    std::fs::write(&file, KNOWN).unwrap();
+    let out = temp.path().join("out");
+    // The bound on the matrix's command line (2 MB a step at 1 GB/s, the KV cache's bytes
+    // negligible: 2 ms a token) and the
+    // seed are defaults of every row; the second row's own seed wins.
+    matrix(&[
+        file.to_str().unwrap(),
+        "--url",
+        &url,
+        "--model",
+        "loadgen-mock",
+        "--seed",
+        "5",
+        "--weight-bytes",
+        "2e6",
+        "--kv-bytes-per-token",
+        "1",
+        "--bandwidth",
+        "1e9",
+        "--gpu-hour-usd",
+        "3",
+        "--gpus-per-instance",
+        "2",
+        "--no-progress",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .await
+    .unwrap();
+    handle.shutdown().await;
+    let file = MatrixFile::read(&out.join(MATRIX_FILE)).unwrap();
+    assert_eq!(file.rows.len(), 2);
+    let known = &file.rows[0];
+    let verdicts: Vec<Verdict> = known.expectations.iter().map(|e| e.verdict).collect();
+    use Verdict::*;
+    assert_eq!(
+        verdicts,
+        [Confirmed, Refuted, Inconclusive, Confirmed, Refuted],
+        "{:#?}",
+        known.expectations
+    );
+    assert_eq!(
+        known.verdict, Refuted,
+        "one refuted statement refutes the row"
+    );
+    assert!((known.bound_tpot_ms.unwrap() - 2.0).abs() < 1e-3);
+    let [lower, upper] = known.expectations[0].interval.unwrap();
+    let (lower, upper) = (lower.unwrap(), upper.unwrap());
+    assert!(
+        (40.0..=upper).contains(&lower) && upper < 100.0,
+        "the mock waits 40 ms: [{lower}, {upper}]"
+    );
+    assert_eq!(
+        known.expectations[2].interval.unwrap()[1],
+        None,
+        "beyond the sample"
+    );
+    assert_eq!(known.load, "rate 40 req/s");
+    assert_eq!(known.folder, "row-01-known/run");
+    let closed = &file.rows[1];
+    assert_eq!(
+        (closed.verdict, closed.load.as_str()),
+        (Confirmed, "concurrency 2")
+    );
+    for row in &file.rows {
+        let dir = out.join(&row.folder);
+        let summary = Summary::read(&dir.join("summary.json")).unwrap();
+        // $3 × 2 GPUs an hour over the tokens per hour the row sustained.
+        let expected = 6.0 / 3600.0 / summary.output_throughput * 1e6;
+        let cost = row.usd_per_million_output_tokens.unwrap();
+        assert!(
+            (cost - expected).abs() < 1e-9 * expected,
+            "{cost} vs {expected}"
+        );
+        assert_eq!(row.output_tok_per_s, Some(summary.output_throughput));
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+        let salt = &meta["workload"]["prompt_salt"];
+        assert!(salt.as_u64().unwrap() != 0, "a cold row's words are fresh");
+        assert_eq!(meta["seed"], if row.name == "known" { 5 } else { 9 });
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for text in [
+        "## Matrix",
+        "## Expectations",
+        "## Row known",
+        "## known: Run summary",
+    ] {
+        assert!(report.contains(text), "report lacks {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_methodology_preset_writes_six_rows_that_run() {
+    let temp = tempfile::tempdir().unwrap();
+    let file = temp.path().join("methodology.toml");
+    let path = file.to_str().unwrap();
+    matrix(&["--preset", "methodology", "--write", path])
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.matches("[[row]]").count(), 6);
+    let again = matrix(&["--preset", "methodology", "--write", path]).await;
+    assert!(format!("{:#}", again.unwrap_err()).contains("exists"));
+
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let out = temp.path().join("out");
+    matrix(&[
+        path,
+        "--scale",
+        "0.01",
+        "--url",
+        &format!("http://{addr}"),
+        "--no-progress",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .await
+    .unwrap();
+    handle.shutdown().await;
+    let file = MatrixFile::read(&out.join(MATRIX_FILE)).unwrap();
+    assert_eq!(file.rows.len(), 6);
+    assert_eq!(file.scale, 0.01);
+    for row in &file.rows {
+        assert_eq!(row.error, None, "{}", row.name);
+        assert!(out.join(&row.folder).join("summary.json").is_file());
+        assert!(!row.expectations.is_empty());
+    }
+    // E: its one shared prefix sent alone before its window, 36 of its 41 tokens.
+    let warmup =
+        Summary::read(&out.join("row-05-E-warm-prefix/prefix-warmup/summary.json")).unwrap();
+    assert_eq!((warmup.completed, warmup.total_input_tokens), (1, 36));
+    // Scaled: A's 256 / 128 tokens are 3 / 1 at 0.01, its 120 s window 1.2 s.
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("row-01-A-short-chat/run/meta.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(meta["workload"]["length_scale"], 0.01);
+    assert_eq!(meta["schedule"]["duration_s"], 1.2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_file_is_refused_before_anything_runs() {
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("out");
+    let good = "[[row]]\nname = \"ok\"\nrate = 1\nduration = \"1s\"\n";
+    for (bad, says) in [
+        (
+            "[[row]]\nname = \"neg\"\nrate = 1\nduration = \"1s\"\nrandom-input-len = -3\n",
+            "row `neg`, key `random-input-len`",
+        ),
+        (
+            "[[row]]\nrate = 1\nduration = \"1s\"\nexpect = [\"ttft:p95 ≈ 1s\"]\n",
+            "row 2, key `expect`",
+        ),
+        (
+            "[[row]]\nname = \"typo\"\nrate = 1\nduration = \"1s\"\nrandom-inptu-len = 3\n",
+            "row `typo`, key `random-inptu-len`: unknown key",
+        ),
+        (
+            "[[row]]\nname = \"kv\"\nrate = 1\nduration = \"1s\"\nkv-bytes-per-token = 0\n",
+            "row `kv`: the bound's inputs",
+        ),
+        (
+            "[[row]]\nname = \"w\"\nconcurrency = 1\nduration = \"1s\"\nprefix = \"warm\"\n",
+            "row `w`, key `prefix`: `warm` sends the row's shared prefixes",
+        ),
+    ] {
+        let file = temp.path().join("bad.toml");
+        std::fs::write(&file, format!("{good}{bad}")).unwrap();
+        // No server listens there: a refusal must come before any request.
+        let err = matrix(&[
+            file.to_str().unwrap(),
+            "--url",
+            "http://127.0.0.1:9",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .await
+        .unwrap_err();
+        let err = format!("{err:#}");
+        assert!(err.contains(says), "{says}: {err}");
+        assert!(
+            !Path::new(&out).exists(),
+            "nothing ran, nothing was written"
+        );
+    }
+}
