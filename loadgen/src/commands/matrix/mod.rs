@@ -8,6 +8,8 @@
 //! what ran), `row-NN-NAME/` per row (with `prefix-warmup/` for a warm row), `server.log`
 //! with `--server-cmd`, and the report: one line per row, then each row's own report.
 
+pub mod file;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +25,6 @@ use reports::summary::Summary;
 
 use crate::commands::sweep::{run_sweep, DEFAULT_PROBE_DURATION};
 use crate::execute::{execute_prepared, prepare_and_execute, Execution};
-pub mod file;
-
 use crate::options::RunArgs;
 use crate::plan::Plan;
 use crate::prepare::prepare_run;
@@ -33,6 +33,7 @@ use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
 use crate::views::matrix_report;
 use crate::workload::{mix, PromptSource, RequestSpec};
+
 use file::{parse_matrix, read_matrix, Prefix, RowArgs, RowSpec, METHODOLOGY_PRESET};
 
 /// A matrix loadgen carries.
