@@ -144,6 +144,22 @@ impl RowSpec {
             defaults.to_vec()
         };
         words.extend(self.options.iter().cloned());
+        let given = |flag: &str| {
+            words
+                .iter()
+                .any(|w| w == flag || w.starts_with(&format!("{flag}=")))
+        };
+        let label = self.label();
+        let replay = words.iter().any(|w| w == "--arrival=trace");
+        if !self.search && !given("--rate") && !given("--concurrency") && !replay {
+            bail!("{label}: no load: give `rate` (requests/s), `concurrency` or `rates = \"search\"` (in the row, or as the matrix's --rate / --concurrency)");
+        }
+        if self.search && !given("--slo") {
+            bail!("{label}: a knee search needs an SLO: the row's `slo` (e.g. \"ttft:p90:2s,tpot:p90:100ms\") or the matrix's --slo");
+        }
+        if !given("--duration") && !given("--num-prompts") {
+            bail!("{label}: give `duration` or `num-prompts` (in the row, or as the matrix's --duration / --num-prompts): how much of the load to measure");
+        }
         let parsed = if self.search {
             words.push("--rates=search".into());
             search_command()
@@ -406,21 +422,8 @@ fn parse_row(row: &toml::Table, position: usize) -> Result<RowSpec> {
         .iter()
         .filter(|k| has(k))
         .count();
-    let replay = row
-        .get("arrival")
-        .and_then(|v| v.as_str())
-        .is_some_and(|a| a == "trace");
     if loads > 1 {
         bail!("{label}: give one load: `rate`, `concurrency` or `rates = \"search\"`");
-    }
-    if loads == 0 && !replay {
-        bail!("{label}: no load: give `rate` (requests/s), `concurrency` or `rates = \"search\"`");
-    }
-    if spec.search && !has("slo") {
-        bail!("{label}: a knee search needs the row's `slo` (e.g. \"ttft:p90:2s,tpot:p90:100ms\")");
-    }
-    if !has("duration") && !has("num-prompts") {
-        bail!("{label}: give `duration` or `num-prompts`: how much of the load to measure");
     }
     if let Some(e) = spec.expect.iter().find(|e| e.is_capacity() && !spec.search) {
         bail!("{label}, key `expect`: `{e}` is about a knee search's capacity: give `rates = \"search\"` too");
@@ -518,10 +521,22 @@ min-tokens = false
         }
         let err = refused("[[row]]\nrate = 1\nduration = \"1s\"\nbogus = 1\n");
         assert!(err.contains("row 1, key `bogus`"), "{err}");
-        assert!(refused("[[row]]\nrate = 1\n").contains("row 1: give `duration`"));
-        assert!(refused("[[row]]\nduration = \"1s\"\n").contains("row 1: no load"));
-        assert!(refused("[[row]]\nrates = \"search\"\nduration = \"1s\"\n")
-            .contains("needs the row's `slo`"));
+        let row_refused = |text: &str, defaults: &[&str]| {
+            let defaults: Vec<String> = defaults.iter().map(|d| d.to_string()).collect();
+            let rows = parse_matrix(text, "m.toml").unwrap();
+            rows[0].args(&defaults).err().map(|e| format!("{e:#}"))
+        };
+        let no_length = row_refused("[[row]]\nrate = 1\n", &[]).unwrap();
+        assert!(no_length.contains("row 1: give `duration`"), "{no_length}");
+        assert!(row_refused("[[row]]\nrate = 1\n", &["--duration=5s"]).is_none());
+        let no_load = row_refused("[[row]]\nduration = \"1s\"\n", &[]).unwrap();
+        assert!(no_load.contains("row 1: no load"), "{no_load}");
+        assert!(row_refused("[[row]]\nduration = \"1s\"\n", &["--rate=3"]).is_none());
+        let search = "[[row]]\nrates = \"search\"\nduration = \"1s\"\n";
+        assert!(row_refused(search, &[])
+            .unwrap()
+            .contains("a knee search needs an SLO"));
+        assert!(row_refused(search, &["--slo=ttft:p90:1s"]).is_none());
         assert!(refused("[[rows]]\nrate = 1\n").contains("unknown top-level key `rows`"));
         assert!(refused("x = 1").contains("unknown top-level key `x`"));
         assert!(refused("").contains("no [[row]] table"));
