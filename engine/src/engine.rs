@@ -354,7 +354,7 @@ impl LlmEngine {
         self.step_observed(|_| {})
     }
 
-    /// [`Engine::step`], showing `scheduled` the statistics once the step is scheduled and
+    /// [`LlmEngine::step`], showing `scheduled` the statistics once the step is scheduled and
     /// before its forward: the sequences it runs count as running for the whole forward (as
     /// vLLM's gauges count a request in its prefill), not only from the next step on.
     pub fn step_observed(

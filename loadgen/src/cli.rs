@@ -36,7 +36,7 @@ pub enum Command {
     /// A benchmark as an experiment: the rows of a matrix file (or --preset methodology),
     /// each a workload with its question, hypothesis and refutable expectations, run one
     /// after another against one server; a verdict, regime and cost per row.
-    Matrix(Box<matrix::MatrixArgs>),
+    Matrix(Box<matrix::MatrixCommand>),
     /// Capacity plan of a sweep under an SLO: max sustainable QPS, instances, GPUs, cost.
     Plan(plan::PlanArgs),
     /// A/B verdict per latency metric: online (--a/--b URLs or --a-cmd/--b-cmd servers, in
@@ -48,25 +48,6 @@ pub enum Command {
     Merge(merge::MergeArgs),
 }
 
-impl Cli {
-    /// Parses `argv` (its first word the program's name); `matrix` also keeps the run
-    /// options given on its command line as words, its rows' defaults.
-    pub fn try_parse_args<I, T>(argv: I) -> Result<Cli, clap::Error>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let matches = <Cli as clap::CommandFactory>::command().try_get_matches_from(argv)?;
-        let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
-        if let (Command::Matrix(args), Some(("matrix", sub))) =
-            (&mut cli.command, matches.subcommand())
-        {
-            args.defaults = crate::commands::matrix::file::given_run_options(sub);
-        }
-        Ok(cli)
-    }
-}
-
 /// Runs the parsed command line.
 pub async fn main(cli: Cli) -> Result<()> {
     match cli.command {
@@ -75,7 +56,7 @@ pub async fn main(cli: Cli) -> Result<()> {
         Command::Calibrate(args) => calibrate::calibrate_command(args).await,
         Command::Sweep(args) => sweep::sweep_command(*args).await,
         Command::Tune(args) => tune::tune_command(*args).await,
-        Command::Matrix(args) => matrix::matrix_command(*args).await,
+        Command::Matrix(args) => matrix::matrix_command(args.0).await,
         Command::Plan(args) => plan::plan_command(args),
         Command::Compare(args) => compare::compare_command(*args).await,
         Command::Report(args) => report::report_command(args),

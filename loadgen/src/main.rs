@@ -1,6 +1,8 @@
+use clap::Parser;
+
 #[tokio::main]
 async fn main() {
-    let cli = loadgen::cli::Cli::try_parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    let cli = loadgen::cli::Cli::parse();
     if let Err(e) = loadgen::cli::main(cli).await {
         if let Some(gate) = e.downcast_ref::<loadgen::gate::Gate>() {
             eprintln!("loadgen: {gate}");

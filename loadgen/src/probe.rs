@@ -22,6 +22,7 @@ use crate::execute::{execute_prepared, Execution};
 use crate::folders::{Probe, ProbeStep};
 use crate::options::RunArgs;
 use crate::prepare::prepare_run;
+use crate::workload::prompt::{salt_for, SaltFor};
 
 /// The probe stops doubling the concurrency when the Little's-law rate grows by less than this.
 pub const PROBE_MIN_GAIN: f64 = 1.10;
@@ -49,6 +50,7 @@ pub async fn probe_saturation(
         args.duration = Some(step_duration);
         args.cooldown = Duration::ZERO;
         args.slo = None;
+        args.prompt_salt = salt_for(run.prompt_salt, SaltFor::ProbeStep, steps.len());
         let prepared = prepare_run(&args)?;
         let outcome = execute_prepared(
             &args,

@@ -165,6 +165,27 @@ pub struct ServerIdentity {
     pub hardware: Option<String>,
 }
 
+impl ServerIdentity {
+    /// The context of `model` (the first listed when `None`) in tokens: its `max_model_len`
+    /// in /v1/models (vLLM, SGLang, `engine`), else llama.cpp's `n_ctx` in /props.
+    pub fn context_len(&self, model: Option<&str>) -> Option<u32> {
+        let listed = self
+            .models
+            .as_ref()
+            .and_then(|m| m["data"].as_array())
+            .and_then(|models| match model {
+                Some(name) => models.iter().find(|m| m["id"].as_str() == Some(name)),
+                None => models.first(),
+            })
+            .and_then(|m| m["max_model_len"].as_u64());
+        let props = self
+            .info
+            .as_ref()
+            .and_then(|i| i["default_generation_settings"]["n_ctx"].as_u64());
+        listed.or(props).and_then(|n| u32::try_from(n).ok())
+    }
+}
+
 /// Asks `url` for `/v1/models`, `/version`, `/props` and `/info`; a missing route leaves
 /// its field empty.
 pub async fn identify(

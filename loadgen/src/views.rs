@@ -67,19 +67,20 @@ pub fn tune_report(dir: &Path) -> Result<Report> {
 /// the conditions of its first row that ran.
 pub fn matrix_report(dir: &Path) -> Result<Report> {
     let file = reports::matrix::MatrixFile::read(&dir.join(reports::matrix::MATRIX_FILE))?;
-    let reports: Vec<Option<Report>> = file
+    let reports: Vec<Result<Report, String>> = file
         .rows
         .iter()
         .map(|row| {
-            if row.error.is_some() {
-                return None;
+            if let Some(error) = &row.error {
+                return Err(error.clone());
             }
             let folder = dir.join(&row.folder);
-            if row.capacity.is_some() {
-                sweep_report(&folder).ok()
+            let report = if row.capacity.is_some() {
+                sweep_report(&folder)
             } else {
-                run_report(&folder).ok()
-            }
+                run_report(&folder)
+            };
+            report.map_err(|e| format!("{e:#}"))
         })
         .collect();
     let mut conditions = reports

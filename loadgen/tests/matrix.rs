@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use clap::Parser;
 use loadgen::cli::{main, Cli};
 use loadgen::mock::{self, MockConfig};
 use reports::matrix::{MatrixFile, Verdict, MATRIX_FILE};
@@ -15,7 +16,7 @@ use reports::summary::Summary;
 async fn matrix(argv: &[&str]) -> anyhow::Result<()> {
     let mut full = vec!["loadgen", "matrix"];
     full.extend_from_slice(argv);
-    main(Cli::try_parse_args(full)?).await
+    main(Cli::try_parse_from(full)?).await
 }
 
 fn mock_config() -> MockConfig {
@@ -122,6 +123,10 @@ async fn expectations_are_decided_by_intervals_on_a_mock_of_known_timing() {
     assert_eq!(known.load, "rate 40 req/s");
     assert_eq!(known.folder, "row-01-known/run");
     let closed = &file.rows[1];
+    assert!(
+        (closed.bound_tpot_ms.unwrap() - 2.0).abs() < 1e-3,
+        "the matrix's bound reaches every row"
+    );
     assert_eq!(
         (closed.verdict, closed.load.as_str()),
         (Confirmed, "concurrency 2")
@@ -191,10 +196,15 @@ async fn the_methodology_preset_writes_six_rows_that_run() {
     let file = MatrixFile::read(&out.join(MATRIX_FILE)).unwrap();
     assert_eq!(file.rows.len(), 6);
     assert_eq!(file.scale, 0.01);
+    let decided: Vec<usize> = file.rows.iter().map(|r| r.expectations.len()).collect();
+    assert_eq!(
+        decided,
+        [2, 2, 2, 2, 2, 3],
+        "every statement of the preset decided"
+    );
     for row in &file.rows {
         assert_eq!(row.error, None, "{}", row.name);
         assert!(out.join(&row.folder).join("summary.json").is_file());
-        assert!(!row.expectations.is_empty());
     }
     // E: its one shared prefix sent alone before its window, 36 of its 41 tokens.
     let warmup =
@@ -226,6 +236,10 @@ async fn a_bad_file_is_refused_before_anything_runs() {
         (
             "[[row]]\nname = \"typo\"\nrate = 1\nduration = \"1s\"\nrandom-inptu-len = 3\n",
             "row `typo`, key `random-inptu-len`: unknown key",
+        ),
+        (
+            "[[row]]\nname = \"short\"\nrate = 1\n",
+            "row `short`: give `duration` or `num-prompts`",
         ),
         (
             "[[row]]\nname = \"kv\"\nrate = 1\nduration = \"1s\"\nkv-bytes-per-token = 0\n",

@@ -14,8 +14,11 @@
 //! - `capacity OP RATE`: for knee-search rows, the rate (requests/s, `req/s` optional) at
 //!   which the SLO breaks. Example: `capacity > 2 req/s`.
 //!
-//! A statement is decided by an interval, never by a point: a percentile by its 95%
-//! distribution-free interval (order statistics), the capacity by the search's bracket.
+//! A latency or capacity statement is decided by an interval, never by a point: a
+//! percentile by its 95% distribution-free interval (order statistics), the capacity by the
+//! search's bracket (whose upper end failed, so the capacity lies strictly below it). A
+//! regime statement is decided by the diagnosis's verdict, a rule applied to the run's
+//! medians whose evidence is reported beside it; an undetermined regime decides nothing.
 //! It is **confirmed** when the whole interval satisfies it, **refuted** when the whole
 //! interval violates it, and **inconclusive** otherwise (an interval across the limit, a
 //! sample too small to bound the percentile, an unknown bound, an undetermined regime).
@@ -31,6 +34,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::diagnosis::{Diagnosis, Regime};
 use crate::latency::DistStats;
+use crate::plan::usd_per_million_tokens;
+use crate::slo::parse_limit_ms;
 
 /// The file a matrix writes into its folder.
 pub const MATRIX_FILE: &str = "matrix.json";
@@ -200,14 +205,7 @@ fn parse_limit(text: &str) -> Result<Limit> {
         }
         return Ok(Limit::TimesBound(number(factor, "the factor")?));
     }
-    let ms = if let Some(v) = text.strip_suffix("ms") {
-        number(v, "the limit")?
-    } else if let Some(v) = text.strip_suffix('s') {
-        number(v, "the limit")? * 1000.0
-    } else {
-        number(text, "the limit (ms)")?
-    };
-    Ok(Limit::Ms(ms))
+    Ok(Limit::Ms(parse_limit_ms(text)?))
 }
 
 /// The percentiles a statement may name: those a summary reports with their intervals.
@@ -239,18 +237,21 @@ impl Expectation {
     /// Parses one statement; the error says what is wrong with it.
     pub fn parse(text: &str) -> Result<Expectation> {
         let text = text.trim();
-        for (symbol, equal) in [("!=", false), ("=", true)] {
-            if let Some((left, right)) = text.split_once(symbol) {
-                if left.trim() == "regime" {
-                    let name = right.trim();
-                    let regime: Regime = serde_json::from_value(serde_json::json!(name))
-                        .map_err(|_| anyhow::anyhow!("unknown regime `{name}` (decode-memory-bound, prefill-compute-bound, queueing, kv-pressure, cold-cache, tail, client-bound)"))?;
-                    if regime == Regime::Undetermined {
-                        bail!("`regime = undetermined` states nothing the run could refute");
-                    }
-                    return Ok(Expectation::Regime { equal, regime });
-                }
+        if let Some(rest) = text.strip_prefix("regime") {
+            let rest = rest.trim_start();
+            let (equal, name) = if let Some(name) = rest.strip_prefix("!=") {
+                (false, name.trim())
+            } else if let Some(name) = rest.strip_prefix('=') {
+                (true, name.trim())
+            } else {
+                bail!("`{text}`: a regime is compared with = or !=, e.g. `regime = decode-memory-bound`");
+            };
+            let regime: Regime = serde_json::from_value(serde_json::json!(name))
+                .map_err(|_| anyhow::anyhow!("unknown regime `{name}` (decode-memory-bound, prefill-compute-bound, queueing, kv-pressure, cold-cache, tail, client-bound)"))?;
+            if regime == Regime::Undetermined {
+                bail!("`{text}`: `undetermined` is no regime the run could show or rule out");
             }
+            return Ok(Expectation::Regime { equal, regime });
         }
         // Two-character operators first, so that `<=` is not read as `<`.
         let (left, comparison, right) = [
@@ -459,7 +460,13 @@ impl Expectation {
                 let lower = bracket.lower.or(Some(0.0));
                 decided.interval = Some([lower, bracket.upper]);
                 decided.observed = bracket.lower;
-                decided.verdict = comparison.decide(lower, bracket.upper, *rate);
+                // The upper end failed: the capacity lies strictly below it.
+                let below = bracket.upper.is_some_and(|upper| upper <= *rate);
+                decided.verdict = match comparison {
+                    Comparison::Less | Comparison::LessOrEqual if below => Verdict::Confirmed,
+                    Comparison::Greater | Comparison::GreaterOrEqual if below => Verdict::Refuted,
+                    _ => comparison.decide(lower, bracket.upper, *rate),
+                };
                 decided.reason = format!(
                     "the SLO breaks between {} and {} req/s (the search's bracket)",
                     fmt_end(lower),
@@ -490,7 +497,7 @@ pub fn usd_per_million_output_tokens(
     output_tok_per_s: f64,
 ) -> Option<f64> {
     (output_tok_per_s > 0.0)
-        .then(|| gpu_hour_usd * f64::from(gpus) / 3600.0 / output_tok_per_s * 1e6)
+        .then(|| usd_per_million_tokens(gpu_hour_usd * f64::from(gpus), output_tok_per_s))
 }
 
 /// What one row found.
@@ -591,7 +598,9 @@ mod tests {
             ("ttft:p95 < -1s", "positive"),
             ("tpot:p50 ~ 3ms", "expected"),
             ("regime = fast", "unknown regime `fast`"),
-            ("regime = undetermined", "nothing the run could refute"),
+            ("regime = undetermined", "no regime the run could show"),
+            ("regime != undetermined", "`regime != undetermined`"),
+            ("regime <= queueing", "compared with = or !="),
             ("latency:p50 < 1s", "unknown metric `latency`"),
             ("tpot:p50 < 2 * bandwidth", "F * bound"),
         ] {

@@ -289,6 +289,11 @@ fn validate(levels: &[SweepLevel], options: &PlanOptions) -> Result<()> {
     Ok(())
 }
 
+/// USD per million tokens produced at `tokens_per_s` by what costs `usd_per_hour`.
+pub fn usd_per_million_tokens(usd_per_hour: f64, tokens_per_s: f64) -> f64 {
+    usd_per_hour / (tokens_per_s * 3600.0) * 1e6
+}
+
 fn sizing(max: &MaxSustainable, options: &PlanOptions) -> Sizing {
     let target_qps = options.target.peak_qps();
     // The small epsilon keeps 6.000000001 (float noise) from becoming 7 instances.
@@ -303,13 +308,15 @@ fn sizing(max: &MaxSustainable, options: &PlanOptions) -> Sizing {
         let target_tokens_per_s = target_qps * tokens_per_request;
         Cost {
             gpu_hour_usd: price,
-            usd_per_million_output_tokens_at_capacity: per_instance_hour
-                / (max.output_tokens_per_s * 3600.0)
-                * 1e6,
+            usd_per_million_output_tokens_at_capacity: usd_per_million_tokens(
+                per_instance_hour,
+                max.output_tokens_per_s,
+            ),
             fleet_usd_per_hour,
-            usd_per_million_output_tokens_at_target: fleet_usd_per_hour
-                / (target_tokens_per_s * 3600.0)
-                * 1e6,
+            usd_per_million_output_tokens_at_target: usd_per_million_tokens(
+                fleet_usd_per_hour,
+                target_tokens_per_s,
+            ),
         }
     });
     Sizing {

@@ -234,7 +234,8 @@ fn parse_percentile(text: &str) -> Result<f64> {
     Ok(value)
 }
 
-fn parse_limit_ms(text: &str) -> Result<f64> {
+/// A limit in ms from `250ms`, `1.5s` or a bare number of milliseconds.
+pub(crate) fn parse_limit_ms(text: &str) -> Result<f64> {
     let (number, scale) = if let Some(v) = text.strip_suffix("ms") {
         (v, 1.0)
     } else if let Some(v) = text.strip_suffix('s') {

@@ -4,6 +4,11 @@
 //! level that saturates (see `saturation`) or breaks the SLO; `--rates search` starts at the
 //! probe's estimate and chooses each next rate from the levels so far (see `knee_search`).
 //!
+//! Every probe step and level sends the seeded workload with words of its own (the
+//! `--prompt-salt` mixed with its index), so that none finds an earlier one's prompts in
+//! the server's prefix cache: the seed alone would send request i the same prompt at every
+//! level.
+//!
 //! Layout of the output folder: `sweep.json` (levels, the search path and why the sweep
 //! stopped, rewritten after every level so a cut-short sweep stays readable) and one run
 //! folder per level (`level-00/`, …) as `loadgen run --out` writes it.
@@ -27,6 +32,7 @@ use crate::probe::{auto_levels, probe_saturation, saturation_estimate};
 use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
 use crate::views::sweep_report;
+use crate::workload::prompt::{salt_for, SaltFor};
 
 /// `--rate` and `--target-rate` are each level's to set: given here they are refused as a
 /// usage error (exit 2), never silently replaced.
@@ -280,6 +286,7 @@ impl Levels<'_> {
             Some(_) => {}
         }
         run.out = Some(self.out.join(&dir));
+        run.prompt_salt = salt_for(self.args.run.prompt_salt, SaltFor::SweepLevel, i);
         sized_level(&mut run, rate, self.min_requests);
         if doubled {
             double_requests(&mut run);

@@ -32,6 +32,22 @@ system point point road land side hand head open field right light past story po
 /// of at least ~1,300 entries).
 const APPROX_ID_BASE: u32 = 1000;
 
+/// What a salt is for: several runs of one seeded workload that must not share prompts.
+#[derive(Debug, Clone, Copy)]
+pub enum SaltFor {
+    ProbeStep = 1,
+    SweepLevel = 2,
+    MatrixRow = 3,
+}
+
+/// The `--prompt-salt` of the `index`-th of several runs of one workload (a sweep's probe
+/// steps and levels, a matrix's rows), from `base`: each run's prompts get words no other
+/// run sent, so that none finds another's prompts in the server's prefix cache (the seed
+/// alone would give request i the same prompt in every run).
+pub fn salt_for(base: u64, kind: SaltFor, index: usize) -> u64 {
+    super::mix(super::mix(base, kind as u64), index as u64 + 1)
+}
+
 /// Builds prompts from [`Block`]s.
 pub struct PromptBuilder {
     /// Words with a leading space, each one token.

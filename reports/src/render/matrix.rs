@@ -11,8 +11,13 @@ const SHARED_SECTIONS: [&str; 1] = ["Metric definitions"];
 pub(super) fn sections(view: &MatrixView) -> Vec<Section> {
     let mut out = vec![rows_section(&view.file), expectations_section(&view.file)];
     for (i, row) in view.file.rows.iter().enumerate() {
-        out.push(row_section(row));
-        let Some(report) = view.reports.get(i).and_then(Option::as_ref) else {
+        let report = view.reports.get(i);
+        let mut section = row_section(row);
+        if let Some(Err(why)) = report.filter(|_| row.error.is_none()) {
+            section.paragraphs.push(format!("No report: {why}"));
+        }
+        out.push(section);
+        let Some(Ok(report)) = report else {
             continue;
         };
         for mut section in report_sections(report) {

@@ -187,11 +187,11 @@ pub struct CompareView {
     pub analysis: AbReport,
 }
 
-/// A matrix: `matrix.json` and the report of each row that ran (`None` where it failed).
+/// A matrix: `matrix.json` and each row's own report, or why it has none.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MatrixView {
     pub file: crate::matrix::MatrixFile,
-    pub reports: Vec<Option<Report>>,
+    pub reports: Vec<Result<Report, String>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

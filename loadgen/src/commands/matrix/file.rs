@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use clap::{ArgMatches, Args, Command, FromArgMatches};
+use clap::{Args, Command, FromArgMatches};
 use reports::matrix::Expectation;
 
 use crate::commands::sweep::SweepArgs;
@@ -53,9 +53,12 @@ pub struct RowSpec {
     pub search: bool,
     /// The row's run (and search) options as command-line words, `--key=value`.
     pub options: Vec<String>,
+    /// The long names of the options the row sets (a flag set false too).
+    pub set: Vec<String>,
 }
 
 /// A row's options, parsed with the matrix's defaults.
+#[derive(Clone)]
 pub enum RowArgs {
     Run(Box<RunArgs>),
     Search(Box<SweepArgs>),
@@ -108,16 +111,33 @@ const MATRIX_SET: [(&str, &str); 5] = [
     ),
 ];
 
-fn run_command() -> Command {
-    RunArgs::augment_args(Command::new("row"))
+/// The command that parses a row's words as `A`'s flags, a later word overriding an earlier.
+pub(super) fn row_command<A: Args>() -> Command {
+    A::augment_args(Command::new("row"))
         .no_binary_name(true)
         .args_override_self(true)
 }
 
-fn search_command() -> Command {
-    SweepArgs::augment_args(Command::new("row"))
-        .no_binary_name(true)
-        .args_override_self(true)
+/// The two loads, one of which a row that sets either replaces whole.
+const LOAD_KEYS: [&str; 2] = ["rate", "concurrency"];
+
+/// A row's options parsed with the matrix's defaults, and the flags given either way.
+pub struct ParsedRow {
+    pub args: RowArgs,
+    /// The long names of the flags given, by the row or as the matrix's defaults.
+    pub given: Vec<String>,
+}
+
+impl ParsedRow {
+    pub fn gave(&self, long: &str) -> bool {
+        self.given.iter().any(|g| g == long)
+    }
+}
+
+/// The long name of a `--long` or `--long=value` word.
+fn long_of(word: &str) -> &str {
+    let flag = word.trim_start_matches("--");
+    flag.split_once('=').map_or(flag, |(long, _)| long)
 }
 
 impl RowSpec {
@@ -126,53 +146,55 @@ impl RowSpec {
         label(&self.name, self.position)
     }
 
-    /// The row's options after `defaults` (the matrix's own run options as words), parsed
-    /// as `loadgen run` (or `sweep --rates search`) would parse them.
-    pub fn args(&self, defaults: &[String]) -> Result<RowArgs> {
-        let mut words: Vec<String> = if self.search {
-            // A search sets each level's rate: a default rate would conflict.
-            defaults
-                .iter()
-                .filter(|w| {
-                    !["--rate=", "--target-rate=", "--concurrency="]
-                        .iter()
-                        .any(|f| w.starts_with(f))
-                })
-                .cloned()
-                .collect()
+    /// The row's name, or "row N" where it has none.
+    pub fn display_name(&self) -> String {
+        if self.name.is_empty() {
+            format!("row {}", self.position)
         } else {
-            defaults.to_vec()
-        };
+            self.name.clone()
+        }
+    }
+
+    /// The row's options after `defaults` (the matrix's own run options as words), parsed
+    /// as `loadgen run` (or `sweep --rates search`) would parse them. A key the row sets
+    /// replaces the default whole (a list of headers too, a flag set false too); a row that
+    /// sets `rate` or `concurrency`, or searches, replaces the default load.
+    pub fn args(&self, defaults: &[String]) -> Result<ParsedRow> {
+        let sets_load = self.search || self.set.iter().any(|k| LOAD_KEYS.contains(&k.as_str()));
+        let mut words: Vec<String> = defaults
+            .iter()
+            .filter(|w| {
+                let long = long_of(w);
+                let replaced = self.set.iter().any(|k| k == long)
+                    || (sets_load && LOAD_KEYS.contains(&long))
+                    || (self.search && long == "target-rate");
+                !replaced
+            })
+            .cloned()
+            .collect();
         words.extend(self.options.iter().cloned());
-        let given = |flag: &str| {
-            words
-                .iter()
-                .any(|w| w == flag || w.starts_with(&format!("{flag}=")))
-        };
-        let label = self.label();
-        let replay = words.iter().any(|w| w == "--arrival=trace");
-        if !self.search && !given("--rate") && !given("--concurrency") && !replay {
-            bail!("{label}: no load: give `rate` (requests/s), `concurrency` or `rates = \"search\"` (in the row, or as the matrix's --rate / --concurrency)");
-        }
-        if self.search && !given("--slo") {
-            bail!("{label}: a knee search needs an SLO: the row's `slo` (e.g. \"ttft:p90:2s,tpot:p90:100ms\") or the matrix's --slo");
-        }
-        if !given("--duration") && !given("--num-prompts") {
-            bail!("{label}: give `duration` or `num-prompts` (in the row, or as the matrix's --duration / --num-prompts): how much of the load to measure");
-        }
+        let given: Vec<String> = words.iter().map(|w| long_of(w).to_string()).collect();
         let parsed = if self.search {
             words.push("--rates=search".into());
-            search_command()
+            row_command::<SweepArgs>()
                 .try_get_matches_from(&words)
                 .and_then(|m| SweepArgs::from_arg_matches(&m))
                 .map(|a| RowArgs::Search(Box::new(a)))
         } else {
-            run_command()
+            row_command::<RunArgs>()
                 .try_get_matches_from(&words)
                 .and_then(|m| RunArgs::from_arg_matches(&m))
                 .map(|a| RowArgs::Run(Box::new(a)))
         };
-        parsed.map_err(|e| anyhow::anyhow!("{}: {}", self.label(), clap_message(&e)))
+        let args = parsed.map_err(|e| {
+            let key = e
+                .get(clap::error::ContextKind::InvalidArg)
+                .map(|arg| arg.to_string())
+                .map(|arg| format!(", key `{}`", long_of(arg.split(' ').next().unwrap_or(""))))
+                .unwrap_or_default();
+            anyhow::anyhow!("{}{key}: {}", self.label(), clap_message(&e))
+        })?;
+        Ok(ParsedRow { args, given })
     }
 }
 
@@ -184,45 +206,17 @@ fn label(name: &str, position: usize) -> String {
     }
 }
 
-/// clap's message without its "error: " and usage lines.
+/// clap's message without its "error: " prefix and its usage and help lines.
 fn clap_message(e: &clap::Error) -> String {
     let text = e.to_string();
-    let first = text.lines().next().unwrap_or_default();
-    first.trim_start_matches("error: ").to_string()
-}
-
-/// The words of the run options given on the matrix's own command line (`matches`), which
-/// every row starts from; `--url` and `--out` are the matrix's and are left out.
-pub fn given_run_options(matches: &ArgMatches) -> Vec<String> {
-    let command = run_command();
-    let mut words = Vec::new();
-    for arg in command.get_arguments() {
-        let id = arg.get_id().as_str();
-        let Some(long) = arg.get_long() else { continue };
-        if matches!(long, "url" | "out")
-            || !matches!(
-                matches.value_source(id),
-                Some(
-                    clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable
-                )
-            )
-        {
-            continue;
-        }
-        if !arg.get_action().takes_values() {
-            words.push(format!("--{long}"));
-            continue;
-        }
-        let Ok(Some(occurrences)) = matches.try_get_raw_occurrences(id) else {
-            continue;
-        };
-        for values in occurrences {
-            for value in values {
-                words.push(format!("--{long}={}", value.to_string_lossy()));
-            }
-        }
-    }
-    words
+    text.lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information")
+        })
+        .map(|l| l.trim_start_matches("error: "))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A TOML value as the words of `--long`: `None` for a flag set to false.
@@ -262,11 +256,12 @@ fn check_value(command: &Command, word: &str, search: bool) -> Result<()> {
     if search {
         words.push("--rates=search");
     }
-    command
-        .clone()
-        .try_get_matches_from(words)
-        .map(|_| ())
-        .map_err(|e| anyhow::anyhow!("{}", clap_message(&e)))
+    match command.clone().try_get_matches_from(words) {
+        // Relations between flags (`requires`) are checked when the row is parsed whole.
+        Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("{}", clap_message(&e))),
+        Ok(_) => Ok(()),
+    }
 }
 
 fn string(value: &toml::Value) -> Result<String> {
@@ -323,6 +318,7 @@ fn parse_row(row: &toml::Table, position: usize) -> Result<RowSpec> {
         expect: Vec::new(),
         search: false,
         options: Vec::new(),
+        set: Vec::new(),
     };
     let label = spec.label();
     let fail = |key: &str, e: anyhow::Error| anyhow::anyhow!("{label}, key `{key}`: {e:#}");
@@ -338,8 +334,8 @@ fn parse_row(row: &toml::Table, position: usize) -> Result<RowSpec> {
             }
         },
     };
-    let run = run_command();
-    let search = search_command();
+    let run = row_command::<RunArgs>();
+    let search = row_command::<SweepArgs>();
     let mut keys: Vec<String> = Vec::new();
     for (raw_key, value) in row {
         let key = raw_key.replace('_', "-");
@@ -414,6 +410,7 @@ fn parse_row(row: &toml::Table, position: usize) -> Result<RowSpec> {
                     check_value(command, word, is_search).map_err(|e| fail(raw_key, e))?;
                 }
                 spec.options.extend(words);
+                spec.set.push(key.clone());
             }
         }
     }
@@ -475,15 +472,34 @@ min-tokens = false
         assert_eq!(rows[0].expect.len(), 2);
         let args = rows[0]
             .args(&["--seed=7".into(), "--rate=9".into()])
-            .unwrap();
+            .unwrap()
+            .args;
         let run = args.run();
         assert_eq!((run.random_input_len, run.random_output_len), (16, 8));
         assert_eq!(run.rate, 2.5, "the row's value wins over the default");
         assert_eq!(run.seed, 7, "the default holds where the row is silent");
-        let second = rows[1].args(&["--header=X-Z: 0".into()]).unwrap();
-        assert_eq!(second.run().headers, ["X-Z: 0", "X-A: 1", "X-B: 2"]);
-        assert!(second.run().no_ignore_eos && !second.run().min_tokens);
-        assert_eq!(second.run().concurrency, Some(4));
+        let defaults: Vec<String> = ["--header=X-Z: 0", "--min-tokens", "--rate=3", "--seed=1"]
+            .iter()
+            .map(|w| w.to_string())
+            .collect();
+        let second = rows[1].args(&defaults).unwrap();
+        let run = second.args.run();
+        assert_eq!(
+            run.headers,
+            ["X-A: 1", "X-B: 2"],
+            "the row's list replaces the default's"
+        );
+        assert!(run.no_ignore_eos);
+        assert!(!run.min_tokens, "a flag the row sets false is off");
+        assert_eq!(run.concurrency, Some(4));
+        assert!(
+            !second.gave("rate"),
+            "the row's load replaces the default load"
+        );
+        assert!(second.gave("seed") && second.gave("concurrency"));
+        // A default closed loop does not override a row's rate.
+        let first = rows[0].args(&["--concurrency=8".into()]).unwrap();
+        assert_eq!(first.args.run().concurrency, None);
     }
 
     #[test]
@@ -521,37 +537,27 @@ min-tokens = false
         }
         let err = refused("[[row]]\nrate = 1\nduration = \"1s\"\nbogus = 1\n");
         assert!(err.contains("row 1, key `bogus`"), "{err}");
-        let row_refused = |text: &str, defaults: &[&str]| {
-            let defaults: Vec<String> = defaults.iter().map(|d| d.to_string()).collect();
-            let rows = parse_matrix(text, "m.toml").unwrap();
-            rows[0].args(&defaults).err().map(|e| format!("{e:#}"))
-        };
-        let no_length = row_refused("[[row]]\nrate = 1\n", &[]).unwrap();
-        assert!(no_length.contains("row 1: give `duration`"), "{no_length}");
-        assert!(row_refused("[[row]]\nrate = 1\n", &["--duration=5s"]).is_none());
-        let no_load = row_refused("[[row]]\nduration = \"1s\"\n", &[]).unwrap();
-        assert!(no_load.contains("row 1: no load"), "{no_load}");
-        assert!(row_refused("[[row]]\nduration = \"1s\"\n", &["--rate=3"]).is_none());
-        let search = "[[row]]\nrates = \"search\"\nduration = \"1s\"\n";
-        assert!(row_refused(search, &[])
-            .unwrap()
-            .contains("a knee search needs an SLO"));
-        assert!(row_refused(search, &["--slo=ttft:p90:1s"]).is_none());
-        assert!(refused("[[rows]]\nrate = 1\n").contains("unknown top-level key `rows`"));
-        assert!(refused("x = 1").contains("unknown top-level key `x`"));
-        assert!(refused("").contains("no [[row]] table"));
-        let twice = format!("{base}{base}");
-        assert!(refused(&twice).contains("used by an earlier row"));
         // Cross-option problems surface when the row is parsed with the defaults.
         let rows = parse_matrix(
             "[[row]]\nname = \"s\"\nrates = \"search\"\nslo = \"ttft:p90:1s\"\nduration = \"1s\"\nprecision = 0.2\n",
             "m.toml",
         )
         .unwrap();
-        let RowArgs::Search(sweep) = rows[0].args(&["--rate=3".into()]).unwrap() else {
+        let RowArgs::Search(sweep) = rows[0].args(&["--rate=3".into()]).unwrap().args else {
             panic!("a search row");
         };
         assert_eq!(sweep.search.precision, Some(0.2));
+        // A flag that requires another is checked with the row whole.
+        let dtype = "[[row]]\nrate = 1\nduration = \"1s\"\nweight-dtype = \"fp8\"\n";
+        let rows = parse_matrix(dtype, "m.toml").unwrap();
+        let err = format!("{:#}", rows[0].args(&[]).err().unwrap());
+        assert!(
+            err.contains("row 1") && err.contains("--model-config"),
+            "{err}"
+        );
+        let with_config = format!("{dtype}model-config = \"c.json\"\n");
+        let rows = parse_matrix(&with_config, "m.toml").unwrap();
+        assert!(rows[0].args(&[]).is_ok());
         assert_eq!(sweep.rates, "search");
     }
 
@@ -565,8 +571,8 @@ min-tokens = false
             .all(|r| !r.question.is_empty() && !r.hypothesis.is_empty() && !r.expect.is_empty()));
         assert_eq!(rows.iter().filter(|r| r.prefix == Prefix::Warm).count(), 1);
         for row in &rows {
-            let args = row.args(&[]).unwrap();
-            assert!(args.run().duration.is_some(), "{}", row.label());
+            let parsed = row.args(&[]).unwrap();
+            assert!(parsed.args.run().duration.is_some(), "{}", row.label());
         }
     }
 }

@@ -9,13 +9,14 @@
 //! with `--server-cmd`, and the report: one line per row, then each row's own report.
 
 pub mod file;
+mod warm;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
+use reports::diagnosis::Regime;
 use reports::matrix::{
     row_verdict, usd_per_million_output_tokens, CapacityBracket, Evidence, MatrixFile, MatrixRow,
     Verdict, MATRIX_FILE,
@@ -24,17 +25,17 @@ use reports::render::write_report;
 use reports::summary::Summary;
 
 use crate::commands::sweep::{run_sweep, DEFAULT_PROBE_DURATION};
-use crate::execute::{execute_prepared, prepare_and_execute, Execution};
+use crate::execute::prepare_and_execute;
 use crate::options::RunArgs;
-use crate::plan::Plan;
 use crate::prepare::prepare_run;
 use crate::server_proc;
 use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
 use crate::views::matrix_report;
-use crate::workload::{mix, PromptSource, RequestSpec};
+use crate::workload::prompt::{salt_for, SaltFor};
+use crate::workload::PromptSource;
 
-use file::{parse_matrix, read_matrix, Prefix, RowArgs, RowSpec, METHODOLOGY_PRESET};
+use file::{parse_matrix, read_matrix, row_command, Prefix, RowArgs, RowSpec, METHODOLOGY_PRESET};
 
 /// A matrix loadgen carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -45,8 +46,8 @@ pub enum Preset {
     Methodology,
 }
 
-/// The chat template's tokens around a prompt, kept free under the server's context when
-/// requests are clipped to it (`--backend chat`).
+/// The chat template's tokens around a prompt (a system prompt, role markers), kept free
+/// under the server's context when requests are clipped to it (`--backend chat`).
 const CHAT_TEMPLATE_ROOM: u32 = 64;
 
 #[derive(Args, Debug, Clone)]
@@ -87,41 +88,132 @@ pub struct MatrixArgs {
     /// GPUs the server runs on, for the cost.
     #[arg(long, default_value_t = 1)]
     pub gpus_per_instance: u32,
+    /// Exit 3 when a row's hypothesis is refuted (after every row ran and the report is
+    /// written).
+    #[arg(long)]
+    pub fail_on_refuted: bool,
     /// Every `loadgen run` option given here is each row's default (--model, --backend,
     /// --header, --api-key, TLS, --tokenizer, --seed, --slo, …); a row's own keys win.
     /// `--out` (required) is the matrix's folder.
     #[command(flatten)]
     pub run: RunArgs,
-    /// The run options given on the command line, as words (filled by `cli::parse`).
+    /// The run options given on the command line, as words (filled by [`MatrixCommand`]).
     #[arg(skip)]
     pub defaults: Vec<String>,
+}
+
+/// [`MatrixArgs`] as parsed from a command line: the run options given there kept as words,
+/// every row's defaults. Every way of parsing the command line fills them.
+#[derive(Debug, Clone)]
+pub struct MatrixCommand(pub MatrixArgs);
+
+impl FromArgMatches for MatrixCommand {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut args = MatrixArgs::from_arg_matches(matches)?;
+        args.defaults = given_run_options(matches);
+        Ok(MatrixCommand(args))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)?;
+        self.0.defaults = given_run_options(matches);
+        Ok(())
+    }
+}
+
+impl Args for MatrixCommand {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        MatrixArgs::augment_args(command)
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        MatrixArgs::augment_args_for_update(command)
+    }
+}
+
+/// The words of the run options given on the matrix's own command line (`matches`), which
+/// every row starts from; `--url` and `--out` are the matrix's and are left out.
+fn given_run_options(matches: &ArgMatches) -> Vec<String> {
+    let command = row_command::<RunArgs>();
+    let mut words = Vec::new();
+    for arg in command.get_arguments() {
+        let id = arg.get_id().as_str();
+        let Some(long) = arg.get_long() else { continue };
+        if matches!(long, "url" | "out")
+            || matches.value_source(id) != Some(clap::parser::ValueSource::CommandLine)
+        {
+            continue;
+        }
+        if !arg.get_action().takes_values() {
+            words.push(format!("--{long}"));
+            continue;
+        }
+        let Ok(Some(occurrences)) = matches.try_get_raw_occurrences(id) else {
+            continue;
+        };
+        for values in occurrences {
+            for value in values {
+                words.push(format!("--{long}={}", value.to_string_lossy()));
+            }
+        }
+    }
+    words
 }
 
 /// One row ready to run.
 struct PreparedRow {
     spec: RowSpec,
     args: RowArgs,
+    /// Its folder, relative to the matrix's.
     folder: String,
+    /// The load in words.
+    load: String,
+    /// `cold`, `warm`, or why cold cannot be promised.
+    prefix: String,
+}
+
+/// `--write`: the preset to a file, nothing run.
+fn write_preset(args: &MatrixArgs, path: &Path) -> Result<()> {
+    let mut ignored: Vec<String> = args.defaults.clone();
+    if args.run.out.is_some() {
+        ignored.push("--out".into());
+    }
+    if args.scale != 1.0 {
+        ignored.push("--scale".into());
+    }
+    if args.server_cmd.is_some() {
+        ignored.push("--server-cmd".into());
+    }
+    if args.gpu_hour_usd.is_some() {
+        ignored.push("--gpu-hour-usd".into());
+    }
+    if !ignored.is_empty() {
+        bail!(
+            "--write writes the preset's rows and runs nothing: {} would be ignored; give them when running the file",
+            ignored.join(", ")
+        );
+    }
+    if path.exists() {
+        bail!(
+            "--write {}: the file exists; remove it or name another",
+            path.display()
+        );
+    }
+    std::fs::write(path, METHODOLOGY_PRESET)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "wrote the methodology matrix (6 rows) to {}",
+        path.display()
+    );
+    Ok(())
 }
 
 /// `loadgen matrix`.
 pub async fn matrix_command(args: MatrixArgs) -> Result<()> {
-    if let (Some(Preset::Methodology), Some(path)) = (args.preset, &args.write) {
-        if path.exists() {
-            bail!(
-                "--write {}: the file exists; remove it or name another",
-                path.display()
-            );
-        }
-        std::fs::write(path, METHODOLOGY_PRESET)
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!(
-            "wrote the methodology matrix (6 rows) to {}",
-            path.display()
-        );
-        return Ok(());
+    if let Some(path) = &args.write {
+        return write_preset(&args, path);
     }
-    let (rows, source) = match (&args.file, args.preset) {
+    let (specs, source) = match (&args.file, args.preset) {
         (Some(path), _) => (read_matrix(path)?, path.display().to_string()),
         (None, Some(Preset::Methodology)) => (
             parse_matrix(METHODOLOGY_PRESET, "preset methodology")?,
@@ -135,18 +227,26 @@ pub async fn matrix_command(args: MatrixArgs) -> Result<()> {
         (args.run.fail_on_slo, "--fail-on-slo"),
     ] {
         if given {
-            bail!("loadgen matrix: {flag} is for run and sweep; a matrix's rows are judged by their `expect`");
+            bail!("loadgen matrix: {flag} is for run and sweep; a matrix's rows are judged by their `expect` (--fail-on-refuted gates on them)");
         }
     }
     if !(args.scale.is_finite() && args.scale > 0.0) {
         bail!("--scale must be a positive number, not {}", args.scale);
+    }
+    if let Some(price) = args.gpu_hour_usd {
+        if !(price.is_finite() && price > 0.0) {
+            bail!("--gpu-hour-usd must be a positive price, not {price}");
+        }
+    }
+    if args.gpus_per_instance == 0 {
+        bail!("--gpus-per-instance must be at least 1");
     }
     let out = args
         .run
         .out
         .clone()
         .context("loadgen matrix: --out FOLDER is required")?;
-    let rows = check_rows(&args, rows)?;
+    let mut rows = check_rows(&args, specs)?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let stop = stop_on_signals()?;
     let mut server = match &args.server_cmd {
@@ -159,9 +259,11 @@ pub async fn matrix_command(args: MatrixArgs) -> Result<()> {
     let url = server
         .as_ref()
         .map_or(args.run.url.clone(), |s| s.url.clone());
-    let max_model_len = server_context(&args.run, &url).await;
-    if let Some(len) = max_model_len {
-        eprintln!("loadgen matrix: the server's context is {len} tokens; longer requests are clipped to it");
+    if let Err(e) = fit_rows(&mut rows, &url).await {
+        if let Some(server) = server {
+            server.stop().await?;
+        }
+        return Err(e);
     }
     let mut file = MatrixFile {
         schema_version: 1,
@@ -175,10 +277,8 @@ pub async fn matrix_command(args: MatrixArgs) -> Result<()> {
     };
     let path = out.join(MATRIX_FILE);
     file.write(&path)?;
-    // Fresh words for every invocation: a cold row shares nothing with what the server saw.
-    let nonce = chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default() as u64;
     let total = rows.len();
-    for (i, mut row) in rows.into_iter().enumerate() {
+    for (i, row) in rows.into_iter().enumerate() {
         if *stop.borrow() {
             file.stop_reason = Some(format!("interrupted before {}", row.spec.label()));
             break;
@@ -191,35 +291,19 @@ pub async fn matrix_command(args: MatrixArgs) -> Result<()> {
             ));
             break;
         }
-        let run = row.args.run_mut();
-        run.url = url.clone();
-        if run.prompt_salt == 0 {
-            run.prompt_salt = mix(nonce, i as u64 + 1);
-        }
-        if run.turns.is_none() {
-            if let Some(len) = max_model_len {
-                let room = if run.backend == crate::backend::Backend::Chat {
-                    CHAT_TEMPLATE_ROOM
-                } else {
-                    0
-                };
-                let limit = len.saturating_sub(room);
-                run.max_model_len = Some(run.max_model_len.map_or(limit, |own| own.min(limit)));
-            }
-        }
         eprintln!(
-            "loadgen matrix: {} ({}/{}) → {}",
+            "loadgen matrix: {} ({}/{total}) → {}",
             row.spec.label(),
             i + 1,
-            total,
             out.join(&row.folder).display()
         );
-        let result = run_row(&args, &out, &row, &stop).await;
-        let entry = match result {
+        let entry = match run_row(&args, &out, &row, &stop).await {
+            // A row cut short by Ctrl-C measured part of its window: no verdict on it.
+            Ok(_) if *stop.borrow() => unmeasured(&row, "interrupted (Ctrl-C or SIGTERM)".into()),
             Ok(entry) => entry,
             Err(e) => {
                 eprintln!("loadgen matrix: {}: {e:#}", row.spec.label());
-                failed_row(&row, format!("{e:#}"))
+                unmeasured(&row, format!("{e:#}"))
             }
         };
         print_row(&entry);
@@ -235,46 +319,146 @@ pub async fn matrix_command(args: MatrixArgs) -> Result<()> {
     file.write(&path)?;
     let (_, html) = write_report(&out, &matrix_report(&out)?)?;
     println!("matrix: {}  report: {}", path.display(), html.display());
-    let failed = file.rows.iter().filter(|r| r.error.is_some()).count();
     if let Some(reason) = &file.stop_reason {
         bail!(
             "loadgen matrix: stopped after {} row(s): {reason}",
             file.rows.len()
         );
     }
+    let failed = file.rows.iter().filter(|r| r.error.is_some()).count();
     if failed > 0 {
         bail!(
             "loadgen matrix: {failed} row(s) failed to run: see {}",
             path.display()
         );
     }
+    let refuted: Vec<&str> = file
+        .rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Refuted)
+        .map(|r| r.name.as_str())
+        .collect();
+    if args.fail_on_refuted && !refuted.is_empty() {
+        return Err(crate::gate::Gate {
+            code: crate::gate::SLO_NOT_MET,
+            message: format!("loadgen matrix: refuted: {}", refuted.join(", ")),
+        }
+        .into());
+    }
     Ok(())
 }
 
 /// Each row parsed with the matrix's defaults, scaled, and its plan built once (no
 /// network), so that a bad row is refused before anything runs.
-fn check_rows(args: &MatrixArgs, rows: Vec<RowSpec>) -> Result<Vec<PreparedRow>> {
-    rows.into_iter()
-        .map(|spec| {
-            let mut row_args = spec.args(&args.defaults)?;
+fn check_rows(args: &MatrixArgs, specs: Vec<RowSpec>) -> Result<Vec<PreparedRow>> {
+    specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let parsed = spec.args(&args.defaults)?;
+            let label = spec.label();
+            let mut row_args = parsed.args.clone();
             scale_row(&mut row_args, args.scale)
-                .with_context(|| format!("{} with --scale {}", spec.label(), args.scale))?;
-            let run = row_args.run();
-            let prepared =
-                prepare_run(run).with_context(|| format!("{}: its workload", spec.label()))?;
+                .with_context(|| format!("{label} with --scale {}", args.scale))?;
+            let run = row_args.run_mut();
+            // Words of this row's own: nothing an earlier row (or matrix) sent matches.
+            let base = if run.prompt_salt == 0 {
+                chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default() as u64
+            } else {
+                run.prompt_salt
+            };
+            run.prompt_salt = salt_for(base, SaltFor::MatrixRow, i);
+            let prepared = prepare_run(run).with_context(|| format!("{label}: its workload"))?;
             crate::bound_inputs::resolve(&run.bound, None)
-                .with_context(|| format!("{}: the bound's inputs", spec.label()))?;
-            if spec.prefix == Prefix::Warm && prefixes(&prepared.plan).is_empty() {
-                bail!("{}, key `prefix`: `warm` sends the row's shared prefixes before its window, but its requests share none (give `prefix-len` and `prefix-groups`)", spec.label());
+                .with_context(|| format!("{label}: the bound's inputs"))?;
+            let replay = prepared.schedule_meta["arrival"] == "trace";
+            if !spec.search && !parsed.gave("rate") && !parsed.gave("concurrency") && !replay {
+                bail!("{label}: no load: give `rate` (requests/s), `concurrency` or `rates = \"search\"` (in the row, or as the matrix's --rate / --concurrency)");
             }
-            let folder = folder_name(&spec);
+            if spec.search && !parsed.gave("slo") {
+                bail!("{label}: a knee search needs an SLO: the row's `slo` (e.g. \"ttft:p90:2s,tpot:p90:100ms\") or the matrix's --slo");
+            }
+            if !parsed.gave("duration") && !parsed.gave("num-prompts") && !replay {
+                bail!("{label}: give `duration` or `num-prompts` (in the row, or as the matrix's --duration / --num-prompts): how much of the load to measure");
+            }
+            if spec.prefix == Prefix::Warm && warm::prefixes(&prepared.plan).is_empty() {
+                bail!("{label}, key `prefix`: `warm` sends the row's shared prefixes before its window, but its requests share none (give `prefix-len` and `prefix-groups`)");
+            }
+            let load = match (&row_args, prepared.schedule_meta["mode"].as_str()) {
+                (RowArgs::Search(sweep), _) => {
+                    format!("knee search under {}", sweep.run.slo.as_deref().unwrap_or(""))
+                }
+                (RowArgs::Run(run), Some("closed")) => {
+                    format!("concurrency {}", run.concurrency.unwrap_or(1))
+                }
+                (_, _) if replay => "the trace's timestamps".into(),
+                (RowArgs::Run(run), _) => format!("rate {} req/s", run.rate),
+            };
+            let text_prompts = prepared
+                .plan
+                .requests
+                .iter()
+                .any(|r| matches!(r.spec.prompt, PromptSource::Text(_)));
+            let prefix = match spec.prefix {
+                Prefix::Cold if text_prompts => {
+                    "cold, except literal-text prompts (sent as they are)".into()
+                }
+                p => p.name().to_string(),
+            };
             Ok(PreparedRow {
+                folder: folder_name(&spec),
                 spec,
                 args: row_args,
-                folder,
+                load,
+                prefix,
             })
         })
         .collect()
+}
+
+/// The tokens kept free under the server's context when a request is clipped to it: a
+/// chat template's tokens around the prompt, or a BOS.
+fn context_room(run: &RunArgs) -> u32 {
+    if run.backend == crate::backend::Backend::Chat {
+        CHAT_TEMPLATE_ROOM
+    } else {
+        1
+    }
+}
+
+/// Clips every row's requests to its model's context on the server at `url` (where the
+/// server says it), and builds each plan again so that a row that cannot fit fails here,
+/// before the first row runs.
+async fn fit_rows(rows: &mut [PreparedRow], url: &str) -> Result<()> {
+    let Some(first) = rows.first() else {
+        return Ok(());
+    };
+    let run = first.args.run();
+    let headers = crate::options::parse_headers(&run.headers)?;
+    let tls = crate::tls::TlsSettings::new(&run.tls)?;
+    let identity = server_proc::identify(url, &headers, run.api_key.as_deref(), Some(&tls)).await;
+    for row in rows.iter_mut() {
+        let label = row.spec.label();
+        let run = row.args.run_mut();
+        run.url = url.to_string();
+        if run.turns.is_some() {
+            continue;
+        }
+        let Some(context) = identity.context_len(run.model.as_deref()) else {
+            continue;
+        };
+        let mut limit = context.saturating_sub(context_room(run));
+        // Without the model's tokenizer a prompt's length is approximate: a margin of 10%.
+        if run.tokenizer.is_none() {
+            limit = limit / 10 * 9;
+        }
+        run.max_model_len = Some(run.max_model_len.map_or(limit, |own| own.min(limit)));
+        prepare_run(run).with_context(|| {
+            format!("{label}: its workload clipped to the server's context of {context} tokens")
+        })?;
+        eprintln!("loadgen matrix: {label}: requests clipped to {limit} of the server's {context} tokens where longer");
+    }
+    Ok(())
 }
 
 /// `row-03-NAME`: the position keeps folders apart and in order.
@@ -297,7 +481,8 @@ fn folder_name(spec: &RowSpec) -> String {
     }
 }
 
-/// `--scale`: lengths through `--length-scale`, durations multiplied here.
+/// `--scale`: lengths through `--length-scale`, request counts and durations multiplied
+/// here. A trace's own timestamps are not: scaling them would change the rate.
 fn scale_row(args: &mut RowArgs, scale: f64) -> Result<()> {
     if scale == 1.0 {
         return Ok(());
@@ -311,6 +496,9 @@ fn scale_row(args: &mut RowArgs, scale: f64) -> Result<()> {
     run.cooldown = run.cooldown.mul_f64(scale);
     run.duration = run.duration.map(|d| d.mul_f64(scale));
     run.ramp_up = run.ramp_up.map(|d| d.mul_f64(scale));
+    run.num_prompts = run
+        .num_prompts
+        .map(|n| ((n as f64 * scale).ceil() as usize).max(1));
     if let RowArgs::Search(sweep) = args {
         sweep.probe_duration = Some(
             sweep
@@ -322,96 +510,6 @@ fn scale_row(args: &mut RowArgs, scale: f64) -> Result<()> {
     Ok(())
 }
 
-/// The server's context in tokens: `max_model_len` of the model in /v1/models (vLLM,
-/// SGLang, `engine`), else llama.cpp's `n_ctx` in /props.
-async fn server_context(run: &RunArgs, url: &str) -> Option<u32> {
-    let headers = crate::options::parse_headers(&run.headers).ok()?;
-    let tls = crate::tls::TlsSettings::new(&run.tls).ok();
-    let identity = server_proc::identify(url, &headers, run.api_key.as_deref(), tls.as_ref()).await;
-    let models = identity
-        .models
-        .as_ref()
-        .and_then(|m| m["data"].as_array().cloned());
-    let listed = models.and_then(|models| {
-        let model = match &run.model {
-            Some(name) => models
-                .iter()
-                .find(|m| m["id"].as_str() == Some(name.as_str())),
-            None => models.first(),
-        }?;
-        model["max_model_len"].as_u64()
-    });
-    let props = identity
-        .info
-        .as_ref()
-        .and_then(|i| i["default_generation_settings"]["n_ctx"].as_u64());
-    listed.or(props).and_then(|n| u32::try_from(n).ok())
-}
-
-/// The distinct shared prefixes of a plan's requests, each as a request of its own.
-fn prefixes(plan: &Plan) -> Vec<RequestSpec> {
-    let mut seen = std::collections::HashSet::new();
-    plan.requests
-        .iter()
-        .filter(|r| r.spec.prefix_group.is_some())
-        .filter_map(|r| match &r.spec.prompt {
-            PromptSource::Blocks(blocks) => blocks.first().copied(),
-            PromptSource::Text(_) => None,
-        })
-        .filter(|block| seen.insert(block.key))
-        .map(|block| RequestSpec {
-            input_len: block.len,
-            output_len: 1,
-            prefix_group: None,
-            prompt: PromptSource::Blocks(vec![block]),
-        })
-        .collect()
-}
-
-/// A warm row's prefixes, sent once each, one at a time, into `dir` (a run folder of its
-/// own, so that what warmed the cache is on record).
-async fn warm_prefixes(
-    run: &RunArgs,
-    dir: PathBuf,
-    stop: &tokio::sync::watch::Receiver<bool>,
-) -> Result<usize> {
-    let mut prepared = prepare_run(run)?;
-    let specs = prefixes(&prepared.plan);
-    let n = specs.len();
-    let mut specs = specs.into_iter();
-    prepared.plan = Arc::new(Plan::closed(1, n, |_| {
-        specs.next().expect("one prefix per request")
-    }));
-    let mut args = run.clone();
-    args.slo = None;
-    args.out = Some(dir.clone());
-    eprintln!(
-        "loadgen matrix: warming {n} shared prefix(es) → {}",
-        dir.display()
-    );
-    let outcome = execute_prepared(
-        &args,
-        &prepared,
-        Execution {
-            url: run.url.clone(),
-            out: Some(dir),
-            server_version: None,
-            extra: Default::default(),
-            progress: false,
-            stop: stop.clone(),
-        },
-    )
-    .await?;
-    if outcome.summary.failed > 0 {
-        bail!(
-            "{} of the {n} prefix warm-up requests failed: {:?}",
-            outcome.summary.failed,
-            outcome.summary.errors
-        );
-    }
-    Ok(n)
-}
-
 /// Runs one row (its prefixes first when warm) and decides its expectations.
 async fn run_row(
     args: &MatrixArgs,
@@ -421,19 +519,16 @@ async fn run_row(
 ) -> Result<MatrixRow> {
     let dir = out.join(&row.folder);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut row_args = match &row.args {
-        RowArgs::Run(run) => RowArgs::Run(run.clone()),
-        RowArgs::Search(sweep) => RowArgs::Search(sweep.clone()),
-    };
+    let mut row_args = row.args.clone();
     if row.spec.prefix == Prefix::Warm {
-        warm_prefixes(row_args.run(), dir.join("prefix-warmup"), stop).await?;
+        warm::warm_prefixes(row_args.run(), dir.join("prefix-warmup"), stop).await?;
     }
-    let (summary, capacity, load) = match &mut row_args {
+    let (summary, capacity, folder) = match &mut row_args {
         RowArgs::Run(run) => {
             run.out = Some(dir.join("run"));
             let outcome = prepare_and_execute(run, stop.clone()).await?;
             print!("{}", reports::table::render(&outcome.summary));
-            (Some(outcome.summary), None, load_text(run))
+            (Some(outcome.summary), None, format!("{}/run", row.folder))
         }
         RowArgs::Search(sweep) => {
             let sweep_dir = dir.join("sweep");
@@ -454,31 +549,10 @@ async fn run_row(
                 lower: bracket.lower.map(|e| e.rate),
                 upper: bracket.upper.map(|e| e.rate),
             };
-            let slo = sweep.run.slo.clone().unwrap_or_default();
-            (knee, Some(capacity), format!("knee search under {slo}"))
+            (knee, Some(capacity), format!("{}/sweep", row.folder))
         }
     };
-    let folder = match &row.args {
-        RowArgs::Run(_) => format!("{}/run", row.folder),
-        RowArgs::Search(_) => format!("{}/sweep", row.folder),
-    };
-    Ok(measured_row(
-        args,
-        row,
-        folder,
-        load,
-        summary.as_ref(),
-        capacity,
-    ))
-}
-
-/// The load of a one-run row in words.
-fn load_text(run: &RunArgs) -> String {
-    match (run.concurrency, run.arrival) {
-        (Some(c), _) => format!("concurrency {c}"),
-        (None, Some(crate::options::ArrivalKind::Trace)) => "the trace's timestamps".into(),
-        (None, _) => format!("rate {} req/s", run.rate),
-    }
+    Ok(measured_row(args, row, folder, summary.as_ref(), capacity))
 }
 
 /// The row's entry from its summary (a knee search: its knee level's) and bracket.
@@ -486,7 +560,6 @@ fn measured_row(
     args: &MatrixArgs,
     row: &PreparedRow,
     folder: String,
-    load: String,
     summary: Option<&Summary>,
     capacity: Option<CapacityBracket>,
 ) -> MatrixRow {
@@ -505,15 +578,10 @@ fn measured_row(
         .collect();
     let output = summary.map(|s| s.output_throughput);
     MatrixRow {
-        name: row.spec.name.clone(),
-        question: row.spec.question.clone(),
-        hypothesis: row.spec.hypothesis.clone(),
         folder,
-        load,
-        prefix: row.spec.prefix.name().into(),
         verdict: row_verdict(&expectations),
         expectations,
-        regime: diagnosis.map_or(reports::diagnosis::Regime::Undetermined, |d| d.regime),
+        regime: diagnosis.map_or(Regime::Undetermined, |d| d.regime),
         regime_evidence: diagnosis.map_or_else(
             || "no measured level to diagnose".to_string(),
             |d| d.evidence.clone(),
@@ -529,30 +597,30 @@ fn measured_row(
             usd_per_million_output_tokens(price, args.gpus_per_instance, tok)
         }),
         capacity,
-        error: None,
+        ..unmeasured(row, String::new())
     }
 }
 
-/// The entry of a row that did not run to its end.
-fn failed_row(row: &PreparedRow, error: String) -> MatrixRow {
+/// The entry of a row without a measurement (`error` says why; empty when one follows).
+fn unmeasured(row: &PreparedRow, error: String) -> MatrixRow {
     MatrixRow {
-        name: row.spec.name.clone(),
+        name: row.spec.display_name(),
         question: row.spec.question.clone(),
         hypothesis: row.spec.hypothesis.clone(),
         folder: row.folder.clone(),
-        load: String::new(),
-        prefix: row.spec.prefix.name().into(),
+        load: row.load.clone(),
+        prefix: row.prefix.clone(),
         verdict: Verdict::Inconclusive,
         expectations: Vec::new(),
-        regime: reports::diagnosis::Regime::Undetermined,
-        regime_evidence: "the row failed before a measurement".into(),
+        regime: Regime::Undetermined,
+        regime_evidence: "the row has no measurement".into(),
         tpot_p50_ms: None,
         bound_tpot_ms: None,
         tpot_over_bound: None,
         output_tok_per_s: None,
         usd_per_million_output_tokens: None,
         capacity: None,
-        error: Some(error),
+        error: (!error.is_empty()).then_some(error),
     }
 }
 
