@@ -13,8 +13,9 @@ use std::time::Instant;
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::config::{Arch, ModelConfig};
+use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::load_cpu_runner_with;
-use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::model::{ModelRunner, SeqInput};
 use engine::sampler::SampleSpec;
 use engine::weights::{open_model, HostTensor, TensorData, WeightSource};
 

@@ -4,8 +4,6 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 
-use crate::weights::gguf::GgufFile;
-
 /// Model family: decides norms, biases and weight names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -222,87 +220,6 @@ impl ModelConfig {
     }
 }
 
-impl ModelConfig {
-    /// Reads the hyper-parameters from GGUF metadata (`{arch}.*` keys); the vocab
-    /// size is the length of `tokenizer.ggml.tokens`, and embeddings are tied
-    /// when the file has no `output.weight`.
-    pub fn from_gguf(file: &GgufFile) -> anyhow::Result<ModelConfig> {
-        let arch_name = file.get_str("general.architecture")?;
-        let arch = Arch::from_gguf_name(arch_name).with_context(|| {
-            format!(
-                "unsupported architecture {arch_name} in {} (general.architecture)",
-                file.path().display()
-            )
-        })?;
-        let key = |suffix: &str| format!("{arch_name}.{suffix}");
-        let scaling_key = key("rope.scaling.type");
-        if file.metadata.contains_key(&scaling_key) {
-            let kind = file.get_str(&scaling_key)?;
-            if kind != "none" {
-                bail!(
-                    "unsupported rope scaling `{kind}` ({scaling_key}) in {}",
-                    file.path().display()
-                );
-            }
-        }
-        let hidden_size = file.get_usize(&key("embedding_length"))?;
-        let num_heads = file.get_usize(&key("attention.head_count"))?;
-        let head_dim = match file.opt(&key("attention.key_length"), GgufFile::get_usize)? {
-            Some(head_dim) => head_dim,
-            None if num_heads > 0 && hidden_size.is_multiple_of(num_heads) => {
-                hidden_size / num_heads
-            }
-            None => bail!(
-                "{} {num_heads} does not divide {} {hidden_size} in {}",
-                key("attention.head_count"),
-                key("embedding_length"),
-                file.path().display()
-            ),
-        };
-        let rope_theta = file
-            .opt(&key("rope.freq_base"), GgufFile::get_f64)?
-            .unwrap_or(10_000.0) as f32;
-        let rope_scaling = if file.tensors.contains_key(ROPE_FREQS_TENSOR) {
-            let factors = file.read_tensor(ROPE_FREQS_TENSOR)?.into_f32();
-            Some(
-                llama3_scaling_from_factors(&factors, rope_theta, head_dim).with_context(|| {
-                    format!(
-                        "tensor `{ROPE_FREQS_TENSOR}` in {} does not match Llama 3 rope scaling",
-                        file.path().display()
-                    )
-                })?,
-            )
-        } else {
-            None
-        };
-        let eos = file.opt("tokenizer.ggml.eos_token_id", GgufFile::get_usize)?;
-        Ok(ModelConfig {
-            arch,
-            vocab_size: file.get_str_array("tokenizer.ggml.tokens")?.len(),
-            hidden_size,
-            intermediate_size: file.get_usize(&key("feed_forward_length"))?,
-            num_layers: file.get_usize(&key("block_count"))?,
-            num_heads,
-            num_kv_heads: file
-                .opt(&key("attention.head_count_kv"), GgufFile::get_usize)?
-                .unwrap_or(num_heads),
-            head_dim,
-            rope_theta,
-            rope_scaling,
-            rms_norm_eps: file.get_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
-            max_position_embeddings: file.get_usize(&key("context_length"))?,
-            tie_word_embeddings: !file.tensors.contains_key("output.weight"),
-            bos_token_id: file
-                .opt("tokenizer.ggml.bos_token_id", GgufFile::get_usize)?
-                .map(|id| id as u32),
-            eos_token_ids: eos.map(|id| id as u32).into_iter().collect(),
-        })
-    }
-}
-
-/// The GGUF tensor in which llama.cpp stores Llama 3.1+ per-frequency rope factors.
-const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
-
 /// The per-frequency divisors that Llama 3 rope scaling applies (llama.cpp
 /// stores exactly these in `rope_freqs.weight`).
 pub fn llama3_rope_factors(
@@ -333,7 +250,7 @@ pub fn llama3_rope_factors(
 /// Recovers Llama 3 rope scaling from llama.cpp's factor table: `factor` is the
 /// largest entry; the other parameters are those of every Llama 3.1/3.2/3.3
 /// release (low 1, high 4, original context 8192), checked against the table.
-fn llama3_scaling_from_factors(
+pub(crate) fn llama3_scaling_from_factors(
     factors: &[f32],
     rope_theta: f32,
     head_dim: usize,

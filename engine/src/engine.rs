@@ -81,6 +81,38 @@ pub struct SeqUpdate {
     pub num_reasoning_tokens: usize,
 }
 
+impl SeqUpdate {
+    /// `seq`'s counts with no token and no text: a prefill chunk's update, the base of a
+    /// sampled token's, or (with `finish`) a failed sequence's last.
+    fn counts(
+        id: SeqId,
+        seq: Option<&Sequence>,
+        num_reasoning_tokens: usize,
+        finish: Option<FinishReason>,
+    ) -> SeqUpdate {
+        let (num_prompt_tokens, num_output_tokens, num_cached_prompt_tokens) =
+            seq.map_or((0, 0, 0), |s| {
+                (
+                    s.num_prompt_tokens,
+                    s.num_output_tokens(),
+                    s.num_cached_prompt_tokens,
+                )
+            });
+        SeqUpdate {
+            id,
+            token: None,
+            text: String::new(),
+            reasoning_text: String::new(),
+            logprob: None,
+            finish,
+            num_prompt_tokens,
+            num_output_tokens,
+            num_cached_prompt_tokens,
+            num_reasoning_tokens,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct EngineStats {
     pub num_running: usize,
@@ -381,22 +413,12 @@ impl LlmEngine {
         for chunk in &chunks {
             let seq = self.seq(chunk.id)?;
             if seq.num_computed_tokens < seq.num_tokens() {
-                updates.push(SeqUpdate {
-                    id: chunk.id,
-                    token: None,
-                    text: String::new(),
-                    reasoning_text: String::new(),
-                    logprob: None,
-                    finish: None,
-                    num_prompt_tokens: seq.num_prompt_tokens,
-                    num_output_tokens: seq.num_output_tokens(),
-                    num_cached_prompt_tokens: seq.num_cached_prompt_tokens,
-                    num_reasoning_tokens: self
-                        .requests
-                        .get(&chunk.id)
-                        .and_then(|r| r.reasoning.as_ref())
-                        .map_or(0, ReasoningState::reasoning_tokens),
-                });
+                let reasoning = self
+                    .requests
+                    .get(&chunk.id)
+                    .and_then(|r| r.reasoning.as_ref())
+                    .map_or(0, ReasoningState::reasoning_tokens);
+                updates.push(SeqUpdate::counts(chunk.id, Some(seq), reasoning, None));
                 continue;
             }
             let row = results
@@ -431,25 +453,7 @@ impl LlmEngine {
             .and_then(|r| r.reasoning)
             .map_or(0, |r| r.reasoning_tokens());
         let seq = self.scheduler.remove(id);
-        let (prompt, output, cached) = seq.map_or((0, 0, 0), |s| {
-            (
-                s.num_prompt_tokens,
-                s.num_output_tokens(),
-                s.num_cached_prompt_tokens,
-            )
-        });
-        SeqUpdate {
-            id,
-            token: None,
-            text: String::new(),
-            reasoning_text: String::new(),
-            logprob: None,
-            finish: Some(FinishReason::Error),
-            num_prompt_tokens: prompt,
-            num_output_tokens: output,
-            num_cached_prompt_tokens: cached,
-            num_reasoning_tokens: reasoning,
-        }
+        SeqUpdate::counts(id, seq.as_ref(), reasoning, Some(FinishReason::Error))
     }
 
     fn seq(&self, id: SeqId) -> anyhow::Result<&Sequence> {
@@ -591,8 +595,9 @@ impl LlmEngine {
         let token = sampled.token;
         self.scheduler.append_token(id, token)?;
         let seq = self.seq(id)?;
-        let (num_prompt, num_output) = (seq.num_prompt_tokens, seq.num_output_tokens());
-        let (num_cached, num_tokens) = (seq.num_cached_prompt_tokens, seq.num_tokens());
+        let counts = SeqUpdate::counts(id, Some(seq), 0, None);
+        let (num_prompt, num_output) = (counts.num_prompt_tokens, counts.num_output_tokens);
+        let num_tokens = seq.num_tokens();
         self.generation_tokens_total += 1;
         if num_output == 1 {
             self.prompt_tokens_total += num_prompt as u64;
@@ -691,16 +696,13 @@ impl LlmEngine {
             self.scheduler.remove(id);
         }
         Ok(SeqUpdate {
-            id,
             token: Some(token),
             text,
             reasoning_text,
             logprob,
             finish,
-            num_prompt_tokens: num_prompt,
-            num_output_tokens: num_output,
-            num_cached_prompt_tokens: num_cached,
             num_reasoning_tokens: num_reasoning,
+            ..counts
         })
     }
 

@@ -1,6 +1,6 @@
 //! The engine: model loading, tokenizer, the forward pass over CPU and CUDA backends,
 //! paged KV cache, continuous-batching scheduler, sampler and the OpenAI-compatible
-//! server. See `../shared/ARCHITECTURE.md`.
+//! server. See `docs/ARCHITECTURE.md`.
 
 pub mod backend;
 pub mod bandwidth;
@@ -8,6 +8,7 @@ pub mod config;
 pub mod engine;
 pub mod grammar;
 pub mod kv_cache;
+pub mod kv_sizing;
 pub mod loader;
 pub mod model;
 pub mod reasoning;

@@ -9,11 +9,13 @@ use anyhow::{bail, Context};
 
 use crate::backend::cpu::{CpuBackend, CpuOptions, KvCacheDtype, QuantizedWeights};
 use crate::backend::cuda::{
-    open_cuda_backend, resolve_device, CudaOptions, DecodeAttention, Device, PrefillAttention,
+    open_cuda_backend, resolve_device, CudaOptions, DecodeAttention, PrefillAttention,
 };
+use crate::backend::Device;
 use crate::config::ModelConfig;
 use crate::engine::{EngineConfig, LlmEngine};
-use crate::model::{Model, ModelRunner, RunnerOptions};
+use crate::kv_sizing::RunnerOptions;
+use crate::model::{Model, ModelRunner};
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightSource;
 

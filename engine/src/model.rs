@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::backend::{check_block_table, AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
 use crate::config::{Arch, Llama3RopeScaling, ModelConfig};
+use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::SampleSpec;
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
 
@@ -69,20 +70,6 @@ pub struct Footprint {
     /// The model's parameters (the embedding table once, twice when the head is untied).
     pub parameters: usize,
     pub kv_bytes_per_token: usize,
-}
-
-/// How a runner sizes its KV cache.
-#[derive(Debug, Clone, Copy)]
-pub struct RunnerOptions {
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// Memory budget for the KV cache in bytes; the runner allocates as many blocks as fit.
-    pub kv_cache_bytes: usize,
-}
-
-/// KV-cache bytes per token: K and V of every layer, `value_bytes` each.
-pub fn kv_bytes_per_token(config: &ModelConfig, value_bytes: usize) -> usize {
-    2 * config.num_layers * config.num_kv_heads * config.head_dim * value_bytes
 }
 
 /// RoPE inverse frequencies (`head_dim / 2` of them), with Llama 3 scaling when configured.
@@ -358,15 +345,7 @@ impl<B: Backend> Model<B> {
             c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers > 0,
             "empty model dimensions in the config"
         );
-        ensure!(opts.block_size > 0, "KV block size must be positive");
-        let block_bytes = kv_bytes_per_token(c, backend.kv_value_bytes()) * opts.block_size;
-        let num_blocks = opts.kv_cache_bytes / block_bytes;
-        ensure!(
-            num_blocks >= 1,
-            "KV cache budget of {} bytes is less than one block ({block_bytes} bytes for {} tokens)",
-            opts.kv_cache_bytes,
-            opts.block_size
-        );
+        let num_blocks = opts.num_blocks(kv_bytes_per_token(c, backend.kv_value_bytes()))?;
         let embed_name = "model.embed_tokens.weight";
         let embed = backend.upload_weight(
             embed_name,

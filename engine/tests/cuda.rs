@@ -8,10 +8,12 @@ use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::backend::cuda::{
     all_kernel_names, cuda_available, decode_async_smem_bytes, decode_kernel_name, driver_present,
     prefill_kernel_name, prefill_mma_kernel_name, resolve_device, CudaBackend, CudaOptions,
-    DecodeAttention, Device, PrefillAttention, NO_DRIVER, SOURCES,
+    DecodeAttention, PrefillAttention, NO_DRIVER, SOURCES,
 };
+use engine::backend::Device;
+use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::{load_cpu_runner_with, load_cuda_runner};
-use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::model::{ModelRunner, SeqInput};
 use engine::sampler::SampleSpec;
 use engine::weights::open_model;
 

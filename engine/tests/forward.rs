@@ -6,8 +6,9 @@ mod common;
 use std::path::Path;
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
+use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with};
-use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions, SeqInput};
+use engine::model::{ModelRunner, SeqInput};
 use engine::sampler::SampleSpec;
 use engine::weights::open_model;
 use serde_json::Value;

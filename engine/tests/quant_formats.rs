@@ -17,8 +17,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
+use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::load_cpu_runner_with;
-use engine::model::{kv_bytes_per_token, ModelRunner, RunnerOptions};
+use engine::model::ModelRunner;
 use engine::weights::ggml_quants::dequantize;
 use engine::weights::gguf::GgufFile;
 use engine::weights::{open_model, TensorData};

@@ -6,10 +6,11 @@
 mod common;
 
 use engine::backend::cpu::{CpuAct, CpuBackend, CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::backend::cuda::{DecodeAttention, Device, PrefillAttention};
+use engine::backend::cuda::{DecodeAttention, PrefillAttention};
+use engine::backend::Device;
 use engine::engine::{EngineConfig, LlmEngine};
+use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with, load_engine, DeviceArgs, EngineArgs};
-use engine::model::{kv_bytes_per_token, RunnerOptions};
 use engine::sampler::SamplingParams;
 use engine::tokenizer::Tokenizer;
 use engine::weights::open_model;

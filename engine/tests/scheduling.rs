@@ -590,8 +590,8 @@ fn add_request_rejects_bad_input_clearly() {
 #[test]
 fn llama_tiny_greedy_is_batch_invariant() {
     use engine::backend::cpu::KvCacheDtype;
+    use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
     use engine::loader::load_cpu_runner;
-    use engine::model::{kv_bytes_per_token, RunnerOptions};
 
     let dir = golden("llama-tiny");
     let tok = tokenizer();

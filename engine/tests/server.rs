@@ -1118,7 +1118,7 @@ impl ReasoningFixture {
 
     fn new() -> ReasoningFixture {
         use engine::backend::cpu::QuantizedWeights;
-        use engine::backend::cuda::Device;
+        use engine::backend::Device;
         use engine::loader::{load_engine, DeviceArgs, EngineArgs};
 
         let golden = tiny_model();

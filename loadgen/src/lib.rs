@@ -1,5 +1,5 @@
 //! `loadgen`: an open-loop load generator for OpenAI-compatible LLM servers, with a
-//! built-in mock server for self-calibration. See ARCHITECTURE.md ("Load generator").
+//! built-in mock server for self-calibration. See docs/ARCHITECTURE.md ("loadgen's pipeline").
 
 pub mod api;
 pub mod backend;

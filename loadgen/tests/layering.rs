@@ -1,4 +1,5 @@
-//! Layers point one way: no import cycle between the modules of `loadgen` or of `reports`.
+//! Layers point one way: no import cycle between the modules of `engine`, `loadgen` or
+//! `reports`.
 //!
 //! Every `crate::`, `super::` and `self::` path in non-test code is an edge from the file it
 //! is written in to the module it names (the longest prefix of the path that is a module
@@ -419,4 +420,9 @@ fn the_checker_finds_cycles_and_ignores_tests() {
     // A path through the re-export is an edge to the re-exporting module.
     std::fs::write(src.join("a.rs"), "use crate::b::Thing;\n").unwrap();
     assert_eq!(edges(src)["a"], ["b".to_string()].into());
+}
+
+#[test]
+fn engine_modules_import_one_way() {
+    assert_no_cycles("engine");
 }

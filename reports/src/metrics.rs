@@ -1,4 +1,5 @@
-//! Metrics from request records, exactly as defined in ARCHITECTURE.md ("Metrics").
+//! Metrics from request records, exactly as defined in docs/ARCHITECTURE.md ("Metric
+//! definitions").
 //!
 //! Latencies are taken from successful requests of the measurement window only; failed
 //! requests are counted by [`ErrorKind`] and never enter a latency distribution.

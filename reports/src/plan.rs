@@ -1,7 +1,7 @@
 //! Capacity plans from a sweep: the max sustainable QPS under an SLO, and the instances, GPUs
 //! and cost needed for a target load.
 //!
-//! Definitions (ARCHITECTURE.md, "Sweeps and capacity plans", made precise):
+//! Definitions (the rates of docs/ARCHITECTURE.md, made precise):
 //! - a level passes when every SLO target holds and it did not saturate;
 //! - max sustainable QPS = the sustained rate ([`crate::rates`]) of the highest passing level;
 //! - the interpolated crossing lies between that level (its sustained rate r1) and the next

@@ -14,6 +14,7 @@ mod matmul;
 mod ops;
 mod path_choice;
 mod quant;
+mod quant_layout;
 mod quant_simd;
 mod simd;
 

@@ -30,7 +30,7 @@ use half::bf16;
 
 pub use device::{
     cuda_available, device_name, driver_present, gpu_count, memory_bandwidth, resolve_device,
-    Device, NO_DRIVER,
+    NO_DRIVER,
 };
 pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
@@ -43,7 +43,7 @@ pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
 use super::{Backend, QkvLayout, RowSample, StepMeta};
 use crate::config::ModelConfig;
-use crate::model::{kv_bytes_per_token, RunnerOptions};
+use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData};
 

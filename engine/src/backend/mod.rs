@@ -8,10 +8,40 @@
 pub mod cpu;
 pub mod cuda;
 
+use std::fmt;
+
 use anyhow::{bail, ensure};
 
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
+
+/// The device a model runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        })
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda),
+            other => anyhow::bail!("unknown device `{other}` (expected `cpu` or `cuda`)"),
+        }
+    }
+}
 
 /// Where the heads sit in a fused QKV activation row: `[q heads | k heads | v heads]`,
 /// each head `head_dim` wide. Query head `h` uses KV head `h / (num_heads / num_kv_heads)`.

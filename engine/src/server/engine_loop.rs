@@ -40,6 +40,9 @@ pub struct AddRequest {
     /// `Ok` once queued; 429 when too many sequences are waiting.
     pub admitted: oneshot::Sender<Result<(), ApiError>>,
     pub arrival: Instant,
+    /// The request field the prompts came from, which a refusal names: `prompt`, or
+    /// `messages` for a chat request.
+    pub prompt_field: &'static str,
 }
 
 /// New output of one choice; several steps are merged when the client reads slowly.
@@ -225,9 +228,10 @@ impl EngineLoop {
                     for slot in &slots {
                         self.engine.abort(slot.id);
                     }
-                    let _ = request
-                        .admitted
-                        .send(Err(ApiError::invalid("prompt", format!("{e:#}"))));
+                    let _ = request.admitted.send(Err(ApiError::invalid(
+                        request.prompt_field,
+                        format!("{e:#}"),
+                    )));
                     return;
                 }
             }
@@ -486,7 +490,13 @@ mod tests {
         }
     }
 
-    fn add(commands: &std::sync::mpsc::Sender<Command>) -> mpsc::Receiver<SeqOutput> {
+    /// Sends `prompt` (as from the request field `field`); the admission's answer and the
+    /// request's outputs.
+    fn send(
+        commands: &std::sync::mpsc::Sender<Command>,
+        prompt: Vec<u32>,
+        field: &'static str,
+    ) -> (Result<(), ApiError>, mpsc::Receiver<SeqOutput>) {
         let (events, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
         let (admitted, admitted_rx) = oneshot::channel();
         let params = SamplingParams {
@@ -497,14 +507,48 @@ mod tests {
         };
         commands
             .send(Command::Add(AddRequest {
-                seqs: vec![(vec![5, 6, 7], params, None)],
+                seqs: vec![(prompt, params, None)],
                 events,
                 admitted,
                 arrival: Instant::now(),
+                prompt_field: field,
             }))
             .unwrap();
-        admitted_rx.blocking_recv().unwrap().unwrap();
+        (admitted_rx.blocking_recv().unwrap(), rx)
+    }
+
+    fn add(commands: &std::sync::mpsc::Sender<Command>) -> mpsc::Receiver<SeqOutput> {
+        let (admitted, rx) = send(commands, vec![5, 6, 7], "prompt");
+        admitted.unwrap();
         rx
+    }
+
+    /// The engine refuses a prompt it cannot run by the field the client sent it in.
+    #[test]
+    fn an_engine_side_refusal_names_the_field_of_the_prompt() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
+        let tokenizer = Arc::new(crate::tokenizer::Tokenizer::from_model_path(&dir).unwrap());
+        let engine = LlmEngine::new(
+            Box::new(FlakyRunner { fail_steps: 0 }),
+            tokenizer,
+            crate::engine::EngineConfig::default(),
+        );
+        let (commands, commands_rx) = std::sync::mpsc::channel();
+        let looping = EngineLoop::new(engine, commands_rx, Arc::new(Metrics::new("m")), 8);
+        let thread = std::thread::spawn(move || looping.run());
+        for field in ["messages", "prompt"] {
+            let (admitted, _) = send(&commands, vec![5, 99_999], field);
+            let error = admitted.unwrap_err();
+            assert_eq!(error.param.as_deref(), Some(field));
+            assert!(
+                error.message.contains("out of vocabulary"),
+                "{}",
+                error.message
+            );
+        }
+        commands.send(Command::Shutdown).unwrap();
+        thread.join().unwrap();
     }
 
     /// A step that fails as a whole ends the requests it was running (their channels close

@@ -88,18 +88,18 @@ struct Loaded {
     /// Structured output's grammar compiler, or why this tokenizer cannot have one.
     grammar: Result<Arc<GrammarCompiler>, String>,
     kv_capacity_tokens: usize,
-    device: crate::backend::cuda::Device,
+    device: crate::backend::Device,
     footprint: crate::model::Footprint,
     /// Peak memory bandwidth (bytes/s) and how it was found, or why it is unknown.
     bandwidth: Result<(f64, &'static str), String>,
 }
 
 /// The memory bandwidth of `device` for `GET /version` (see `bandwidth`).
-fn memory_bandwidth(device: crate::backend::cuda::Device) -> Result<(f64, &'static str), String> {
+fn memory_bandwidth(device: crate::backend::Device) -> Result<(f64, &'static str), String> {
     match device {
-        crate::backend::cuda::Device::Cuda => crate::backend::cuda::memory_bandwidth(0)
+        crate::backend::Device::Cuda => crate::backend::cuda::memory_bandwidth(0)
             .map(|bw| (bw, "the device's attributes: 2 × memory clock × bus width")),
-        crate::backend::cuda::Device::Cpu => {
+        crate::backend::Device::Cpu => {
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             Ok((
                 crate::bandwidth::cpu_copy_bandwidth(threads),
@@ -123,6 +123,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             tracing::warn!("structured output and tool choices are unavailable: {e:#}");
             format!("{e:#}")
         });
+    let template_reads_tools = validate::template_reads_tools(&loaded.tokenizer);
     Ok(Loaded {
         engine: loaded.engine,
         tokenizer: loaded.tokenizer,
@@ -133,6 +134,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             default_chat_template_kwargs: args.default_chat_template_kwargs.clone(),
             split_reasoning: args.reasoning_parser.is_some(),
             tool_call_parser: args.tool_call_parser,
+            template_reads_tools,
         },
         grammar,
         kv_capacity_tokens: loaded.kv_capacity_tokens,
@@ -145,11 +147,11 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
 /// The facts `GET /version` reports.
 fn server_info(args: &ServeArgs, loaded: &Loaded) -> serde_json::Value {
     let (device_name, dtype) = match loaded.device {
-        crate::backend::cuda::Device::Cuda => (
+        crate::backend::Device::Cuda => (
             crate::backend::cuda::device_name(0).unwrap_or_else(|e| format!("CUDA device 0 ({e})")),
             "bf16 weights and activations, f32 accumulation",
         ),
-        crate::backend::cuda::Device::Cpu => (
+        crate::backend::Device::Cpu => (
             cpu_name(),
             "weights in their file dtype (quantised GGUF tensors as f16), f32 activations",
         ),

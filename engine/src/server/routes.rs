@@ -276,6 +276,10 @@ async fn start(
             events: events_tx,
             admitted: admitted_tx,
             arrival,
+            prompt_field: match endpoint {
+                Endpoint::Completions => "prompt",
+                Endpoint::Chat => "messages",
+            },
         }))
         .map_err(|_| ApiError::unavailable("The engine has stopped."))?;
     admitted_rx

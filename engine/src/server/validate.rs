@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use super::constraints::{request_constraint, Constraint, CONSTRAINT_FIELDS};
 use super::protocol::ApiError;
 use super::tools::{self, CallFormat, ToolCallParser};
-use crate::sampler::SamplingParams;
+use crate::sampler::{SamplingParams, MAX_LOGPROBS};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// Most choices (`n`) one request may ask for.
@@ -15,9 +15,6 @@ const MAX_PROMPTS: usize = 1024;
 /// Most stop strings, and the longest one, in bytes.
 const MAX_STOP_STRINGS: usize = 16;
 const MAX_STOP_LEN: usize = 256;
-/// Most top logprobs per position (OpenAI's limit).
-const MAX_LOGPROBS: i64 = 20;
-
 /// Request fields accepted at the top level of either endpoint that change nothing in the
 /// answer here (listed in the README). Any field neither honoured nor listed is a 400 that
 /// names it, as OpenAI's API answers an unrecognised argument.
@@ -154,6 +151,9 @@ pub struct ModelInfo {
     pub split_reasoning: bool,
     /// How `tool_choice: "auto"` reads the model's calls (`--tool-call-parser`).
     pub tool_call_parser: Option<ToolCallParser>,
+    /// The chat template renders `tools` itself (else the Hermes prompt carries them):
+    /// decided once, when the template is loaded.
+    pub template_reads_tools: bool,
 }
 
 /// A checked request: its prompts as token ids and how to sample them.
@@ -751,7 +751,9 @@ pub fn completion_request(
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
     let mut params = sampling_params(&fields, info.vocab_size)?;
-    params.logprobs = fields.int("logprobs", 0, MAX_LOGPROBS)?.map(|k| k as usize);
+    params.logprobs = fields
+        .int("logprobs", 0, MAX_LOGPROBS as i64)?
+        .map(|k| k as usize);
     let (stream, include_usage, continuous_usage) = stream_options(&fields)?;
     let n = fields.int("n", 1, MAX_N)?.unwrap_or(1) as usize;
     let prompts = completion_prompts(&fields, info, tokenizer)?;
@@ -789,7 +791,7 @@ pub fn chat_request(
     let model = check_model(&fields, info)?;
     let mut params = sampling_params(&fields, info.vocab_size)?;
     let want_logprobs = fields.bool("logprobs")?.unwrap_or(false);
-    let top = fields.int("top_logprobs", 0, MAX_LOGPROBS)?;
+    let top = fields.int("top_logprobs", 0, MAX_LOGPROBS as i64)?;
     if top.is_some() && !want_logprobs {
         return Err(ApiError::invalid(
             "top_logprobs",
@@ -826,7 +828,7 @@ pub fn chat_request(
             });
         }
     }
-    if template_reads_tools(tokenizer) {
+    if info.template_reads_tools {
         if let Some(tools) = &tools {
             if kwargs.contains_key("tools") {
                 return Err(ApiError::invalid(
@@ -864,7 +866,7 @@ pub fn chat_request(
 }
 
 /// Whether the chat template renders `tools` itself (else the Hermes prompt carries them).
-fn template_reads_tools(tokenizer: &Tokenizer) -> bool {
+pub fn template_reads_tools(tokenizer: &Tokenizer) -> bool {
     tokenizer
         .chat_template()
         .is_some_and(|source| source.contains("tools"))
@@ -1013,6 +1015,7 @@ mod tests {
             default_chat_template_kwargs: Map::new(),
             split_reasoning: false,
             tool_call_parser: None,
+            template_reads_tools: false,
         };
         let prompts = vec![vec![1; 6]];
         let v = serde_json::json!({"max_tokens": 5});

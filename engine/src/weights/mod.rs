@@ -7,6 +7,7 @@
 
 pub mod ggml_quants;
 pub mod gguf;
+pub mod gguf_config;
 pub mod gguf_weights;
 pub mod safetensors;
 

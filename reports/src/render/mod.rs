@@ -233,7 +233,7 @@ pub(crate) struct Plot {
     pub svg: String,
 }
 
-/// How the metrics are defined (ARCHITECTURE.md, "Metrics").
+/// How the metrics are defined (docs/ARCHITECTURE.md, "Metric definitions").
 const METRIC_DEFINITIONS: [&str; 8] = [
     "All times come from a monotonic clock on the client; latencies are measured from the actual send time s.",
     "TTFT = f − s, where f is the first chunk carrying output of any kind: answer text, reasoning text (delta.reasoning or delta.reasoning_content), a tool call or tokens; not a role-only prelude or an empty chunk.",

@@ -26,149 +26,18 @@ use anyhow::ensure;
 use half::f16;
 use rayon::prelude::*;
 
+use super::quant_layout::{
+    row_scales, value_at, value_offset, BlockScale, Format, QuantRows, RowScales, BLOCK, PANEL,
+    SUPER_BLOCK, TILE_ROWS,
+};
 use super::quant_simd::{self, Isa};
 use super::simd::SendPtr;
-use crate::weights::ggml_quants::{
-    affine_group, f16_at, k_group, q6_k_group, super_block_scales, GROUP,
-};
+use crate::weights::ggml_quants::{affine_group, k_group, q6_k_group, super_block_scales, GROUP};
 use crate::weights::QuantType;
 
-/// Values per quantisation block (weights and activations).
-pub const BLOCK: usize = 32;
-/// Output rows per packed panel (one 512-bit vector of i32 / f32 lanes).
-pub const PANEL: usize = 16;
-/// Activation rows of one micro-tile.
-pub const TILE_ROWS: usize = 8;
 /// Activation rows whose quantised copy is walked per pass over a task's panels
 /// (keeps that copy in L2 while the panels stream past it).
 const ROW_CHUNK: usize = 128;
-/// Values per K-quant super-block, and per activation scale for the K-quants (llama.cpp's
-/// Q8_K).
-const SUPER_BLOCK: usize = 256;
-
-/// How a type's values and scales sit in a panel's blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// 4-bit values, two per byte; f16 `d` and `m` per block (Q4_0, Q4_1).
-    Nibbles,
-    /// 8-bit values; f16 `d` and `m` per block (Q8_0; Q5_0 and Q5_1's 5 bits).
-    Bytes,
-    /// Q4_K: 4-bit values; a 6-bit scale and min per block; f16 `d`, `dmin` per
-    /// super-block.
-    KNibbles,
-    /// Q5_K: 5-bit values in bytes; scales as [`Format::KNibbles`].
-    KBytes,
-    /// Q6_K: 6-bit values in bytes; a signed scale per 16 values; f16 `d` per super-block.
-    Q6K,
-}
-
-impl Format {
-    /// The layout of a type.
-    pub fn of(kind: QuantType) -> Format {
-        match kind {
-            QuantType::Q4_0 | QuantType::Q4_1 => Format::Nibbles,
-            QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0 => Format::Bytes,
-            QuantType::Q4_K => Format::KNibbles,
-            QuantType::Q5_K => Format::KBytes,
-            QuantType::Q6_K => Format::Q6K,
-        }
-    }
-
-    /// The kernels' const tag.
-    pub const fn tag(self) -> u8 {
-        self as u8
-    }
-
-    /// The format of a tag.
-    pub const fn from_tag(tag: u8) -> Format {
-        match tag {
-            0 => Format::Nibbles,
-            1 => Format::Bytes,
-            2 => Format::KNibbles,
-            3 => Format::KBytes,
-            _ => Format::Q6K,
-        }
-    }
-
-    /// Whether values are 4-bit pairs in bytes.
-    pub const fn nibbles(self) -> bool {
-        matches!(self, Format::Nibbles | Format::KNibbles)
-    }
-
-    /// Whether the format is a K-quant's (super-blocks with a header).
-    pub const fn k_quant(self) -> bool {
-        matches!(self, Format::KNibbles | Format::KBytes | Format::Q6K)
-    }
-
-    /// Bytes of one block of one panel's weights (16 rows × 32 values).
-    pub const fn weight_bytes(self) -> usize {
-        if self.nibbles() {
-            PANEL * BLOCK / 2
-        } else {
-            PANEL * BLOCK
-        }
-    }
-
-    /// Bytes of one block of one panel: its weights, then its tail: 16 f16 `d`, then 16
-    /// f16 `m` (32-weight types); the 16 rows' u8 scales (Q4_K, Q5_K); their i8 scales of
-    /// the first 16 values, then of the last 16 (Q6_K).
-    pub const fn block_stride(self) -> usize {
-        self.weight_bytes()
-            + match self {
-                Format::Nibbles | Format::Bytes => 4 * PANEL,
-                Format::KNibbles | Format::KBytes => PANEL,
-                Format::Q6K => 2 * PANEL,
-            }
-    }
-
-    /// Blocks per super-block (1: the 32-weight types have none).
-    pub const fn super_blocks(self) -> usize {
-        if self.k_quant() {
-            SUPER_BLOCK / BLOCK
-        } else {
-            1
-        }
-    }
-
-    /// Bytes before each super-block's blocks: 16 f16 `d`; Q4_K and Q5_K then 16 f16
-    /// `dmin` and the 8 blocks' u8 mins, as 4 pairs of blocks of 16 rows of 2 (the
-    /// `(min₂ₚ, min₂ₚ₊₁)` of a row are one i16 pair for `vpdpwssd` / `vpmaddwd` once
-    /// widened; see [`Format::min_offset`]).
-    pub const fn header_bytes(self) -> usize {
-        match self {
-            Format::Nibbles | Format::Bytes => 0,
-            Format::KNibbles | Format::KBytes => 4 * PANEL + SUPER_BLOCK / BLOCK * PANEL,
-            Format::Q6K => 2 * PANEL,
-        }
-    }
-
-    /// Offset in a Q4_K / Q5_K header of row `r`'s min of block `g` of the super-block.
-    pub const fn min_offset(r: usize, g: usize) -> usize {
-        4 * PANEL + (g / 2) * 2 * PANEL + 2 * r + g % 2
-    }
-
-    /// Bytes of a panel's row of `nb` blocks.
-    pub const fn panel_bytes(self, nb: usize) -> usize {
-        nb * self.block_stride() + nb / self.super_blocks() * self.header_bytes()
-    }
-
-    /// Offset of block `b` in a panel.
-    pub const fn block_offset(self, b: usize) -> usize {
-        let per = self.super_blocks();
-        (b / per) * self.super_stride() + self.header_bytes() + (b % per) * self.block_stride()
-    }
-
-    /// Offset of the header of the super-block holding block `b` in a panel.
-    pub const fn header_offset(self, b: usize) -> usize {
-        (b / self.super_blocks()) * self.super_stride()
-    }
-
-    /// Bytes of one super-block of a panel, header included.
-    const fn super_stride(self) -> usize {
-        self.header_bytes() + self.super_blocks() * self.block_stride()
-    }
-}
-
 /// How activations are quantised for a weight type: as llama.cpp quantises them (its
 /// activation types' names), so that both engines round the same products the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,66 +99,6 @@ struct Part {
     format: Format,
     act: ActScales,
     data: Vec<u8>,
-}
-
-/// Offset of row `r`'s value at column `c` in a block's weight bytes, and whether it is
-/// the high nibble.
-fn value_offset(format: Format, r: usize, c: usize) -> (usize, bool) {
-    let (step, lane) = (c / 4, c % 4);
-    if format.nibbles() {
-        ((step / 2) * 64 + 4 * r + lane, step % 2 == 1)
-    } else {
-        (step * 64 + 4 * r + lane, false)
-    }
-}
-
-/// Row `r`'s value at column `c` of a packed block.
-fn value_at(format: Format, block: &[u8], r: usize, c: usize) -> u8 {
-    match value_offset(format, r, c) {
-        (off, _) if !format.nibbles() => block[off],
-        (off, false) => block[off] & 0x0f,
-        (off, true) => block[off] >> 4,
-    }
-}
-
-/// One panel row's scales for one block, as stored.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum RowScales {
-    /// value = `d·u + m` (the 32-weight types).
-    Affine { d: f32, m: f32 },
-    /// Q4_K, Q5_K: value = `d·scale·u − dmin·min`.
-    ScaleMin {
-        d: f32,
-        dmin: f32,
-        scale: i32,
-        min: i32,
-    },
-    /// Q6_K: value = `d·scaleₕ·(u − 32)` in half `h`.
-    Halves { d: f32, scales: [i32; 2] },
-}
-
-/// Row `r`'s scales of block `b` of a panel.
-fn row_scales(format: Format, panel: &[u8], b: usize, r: usize) -> RowScales {
-    let (head, tail) = (
-        format.header_offset(b),
-        format.block_offset(b) + format.weight_bytes(),
-    );
-    match format {
-        Format::Nibbles | Format::Bytes => RowScales::Affine {
-            d: f16_at(panel, tail + 2 * r),
-            m: f16_at(panel, tail + 2 * PANEL + 2 * r),
-        },
-        Format::KNibbles | Format::KBytes => RowScales::ScaleMin {
-            d: f16_at(panel, head + 2 * r),
-            dmin: f16_at(panel, head + 2 * PANEL + 2 * r),
-            scale: i32::from(panel[tail + r]),
-            min: i32::from(panel[head + Format::min_offset(r, b % format.super_blocks())]),
-        },
-        Format::Q6K => RowScales::Halves {
-            d: f16_at(panel, head + 2 * r),
-            scales: std::array::from_fn(|h| i32::from(panel[tail + PANEL * h + r] as i8)),
-        },
-    }
 }
 
 impl QuantMatrix {
@@ -502,28 +311,6 @@ impl Part {
     }
 }
 
-/// One quantised activation block's scale and sums.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct BlockScale {
-    /// `dₓ`.
-    pub d: f32,
-    /// `dₓ·Σq` (the 32-weight types' offset term; zero for [`ActScales::Q8_K`], whose
-    /// kernels take the offsets from `qsum`).
-    pub s: f32,
-    /// `Σq` (the AVX2 byte kernel's `128·Σq`, Q6_K's `32·Σq`, the Q4_K / Q5_K mins).
-    pub qsum: i32,
-    /// `Σq` of the block's first 16 values (Q6_K's halves).
-    pub qsum_low: i32,
-}
-
-/// Activation rows quantised per block: `x ≈ q·d`.
-#[derive(Debug, Default)]
-pub struct QuantRows {
-    pub q: Vec<i8>,
-    /// One per 32 values.
-    pub scales: Vec<BlockScale>,
-}
-
 impl QuantRows {
     /// Quantises `x[m, k]` (k a multiple of `act`'s span), reusing the buffers.
     pub fn quantize(&mut self, x: &[f32], m: usize, k: usize, act: ActScales, isa: Isa) {
@@ -585,25 +372,6 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale], act: Act
             };
         }
     }
-}
-
-/// Largest `|x|`.
-pub fn amax_scalar(x: &[f32]) -> f32 {
-    x.iter().fold(0.0f32, |a, v| a.max(v.abs()))
-}
-
-/// `q = round(x·inv)` (ties to even) for one block; returns `Σq` and `Σq` of the first 16.
-pub fn quantize_block_scalar(x: &[f32], q: &mut [i8], inv: f32) -> (i32, i32) {
-    let (mut sum, mut low) = (0i32, 0i32);
-    for (c, (qv, &xv)) in q.iter_mut().zip(x).enumerate() {
-        let v = (xv * inv).round_ties_even() as i32;
-        *qv = v as i8;
-        sum += v;
-        if c < BLOCK / 2 {
-            low += v;
-        }
-    }
-    (sum, low)
 }
 
 thread_local! {
@@ -694,68 +462,10 @@ fn matmul_part(
         });
 }
 
-/// The reference kernel: the same sum in plain integer and float arithmetic. The
-/// K-quants sum `scale·Σu·q` and `min·Σq` over a super-block in integers and scale the two
-/// sums once, as llama.cpp does: `acc += f32(Σ)·(d·dₓ) − f32(Σₘ)·(dmin·dₓ)`.
-///
-/// # Safety
-/// `tile.out` is writable for `tile.rows` rows of `tile.cols` values at stride `tile.ldo`.
-pub unsafe fn tile_scalar(tile: &quant_simd::Tile<'_>) {
-    let format = tile.format;
-    let nb = tile.blocks;
-    debug_assert!(nb.is_multiple_of(format.super_blocks()));
-    for i in 0..tile.rows {
-        let row = tile.row0 + i;
-        for r in 0..tile.cols {
-            let mut acc = 0.0f32;
-            let (mut sum, mut min_sum) = (0i32, 0i32);
-            for b in 0..nb {
-                let blk = &tile.panel[format.block_offset(b)..];
-                let mut dots = [0i32; 2];
-                for c in 0..BLOCK {
-                    let u = value_at(format, blk, r, c);
-                    let q = tile.x.q[row * tile.k + b * BLOCK + c];
-                    dots[c / (BLOCK / 2)] += i32::from(u) * i32::from(q);
-                }
-                let sc = tile.x.scales[row * nb + b];
-                let last = b % format.super_blocks() == format.super_blocks() - 1;
-                match row_scales(format, tile.panel, b, r) {
-                    RowScales::Affine { d, m } => {
-                        acc += (dots[0] + dots[1]) as f32 * (d * sc.d) + m * sc.s
-                    }
-                    RowScales::ScaleMin {
-                        d,
-                        dmin,
-                        scale,
-                        min,
-                    } => {
-                        sum += scale * (dots[0] + dots[1]);
-                        min_sum += min * sc.qsum;
-                        if last {
-                            acc += sum as f32 * (d * sc.d) - min_sum as f32 * (dmin * sc.d);
-                            (sum, min_sum) = (0, 0);
-                        }
-                    }
-                    RowScales::Halves { d, scales } => {
-                        let low = dots[0] - 32 * sc.qsum_low;
-                        let high = dots[1] - 32 * (sc.qsum - sc.qsum_low);
-                        sum += scales[0] * low + scales[1] * high;
-                        if last {
-                            acc += sum as f32 * (d * sc.d);
-                            sum = 0;
-                        }
-                    }
-                }
-            }
-            *tile.out.add(i * tile.ldo + r) = acc;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::ggml_quants::dequantize;
+    use crate::weights::ggml_quants::{dequantize, f16_at};
 
     fn lcg(seed: &mut u64) -> u32 {
         *seed = seed

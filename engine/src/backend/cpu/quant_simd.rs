@@ -2,9 +2,8 @@
 //! of 16 output rows, with AVX-512 VNNI (`vpdpbusd`: 64 u8·i8 products per instruction)
 //! or AVX2 (`vpmaddubsw`, 8 columns at a time), chosen at run time.
 
-use super::quant::{
-    amax_scalar, quantize_block_scalar, tile_scalar, BlockScale, Format, QuantRows, BLOCK, PANEL,
-    TILE_ROWS,
+use super::quant_layout::{
+    row_scales, value_at, BlockScale, Format, QuantRows, RowScales, BLOCK, PANEL, TILE_ROWS,
 };
 
 /// A kernel set.
@@ -513,4 +512,81 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
 fn qsum_pair(a: &BlockScale, b: &BlockScale) -> i32 {
     let half = |s: &BlockScale| u32::from(s.qsum as i16 as u16);
     (half(a) | (half(b) << 16)) as i32
+}
+
+/// Largest `|x|`.
+pub fn amax_scalar(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |a, v| a.max(v.abs()))
+}
+
+/// `q = round(x·inv)` (ties to even) for one block; returns `Σq` and `Σq` of the first 16.
+pub fn quantize_block_scalar(x: &[f32], q: &mut [i8], inv: f32) -> (i32, i32) {
+    let (mut sum, mut low) = (0i32, 0i32);
+    for (c, (qv, &xv)) in q.iter_mut().zip(x).enumerate() {
+        let v = (xv * inv).round_ties_even() as i32;
+        *qv = v as i8;
+        sum += v;
+        if c < BLOCK / 2 {
+            low += v;
+        }
+    }
+    (sum, low)
+}
+
+/// The reference kernel: the same sum in plain integer and float arithmetic. The
+/// K-quants sum `scale·Σu·q` and `min·Σq` over a super-block in integers and scale the two
+/// sums once, as llama.cpp does: `acc += f32(Σ)·(d·dₓ) − f32(Σₘ)·(dmin·dₓ)`.
+///
+/// # Safety
+/// `tile.out` is writable for `tile.rows` rows of `tile.cols` values at stride `tile.ldo`.
+pub unsafe fn tile_scalar(tile: &Tile<'_>) {
+    let format = tile.format;
+    let nb = tile.blocks;
+    debug_assert!(nb.is_multiple_of(format.super_blocks()));
+    for i in 0..tile.rows {
+        let row = tile.row0 + i;
+        for r in 0..tile.cols {
+            let mut acc = 0.0f32;
+            let (mut sum, mut min_sum) = (0i32, 0i32);
+            for b in 0..nb {
+                let blk = &tile.panel[format.block_offset(b)..];
+                let mut dots = [0i32; 2];
+                for c in 0..BLOCK {
+                    let u = value_at(format, blk, r, c);
+                    let q = tile.x.q[row * tile.k + b * BLOCK + c];
+                    dots[c / (BLOCK / 2)] += i32::from(u) * i32::from(q);
+                }
+                let sc = tile.x.scales[row * nb + b];
+                let last = b % format.super_blocks() == format.super_blocks() - 1;
+                match row_scales(format, tile.panel, b, r) {
+                    RowScales::Affine { d, m } => {
+                        acc += (dots[0] + dots[1]) as f32 * (d * sc.d) + m * sc.s
+                    }
+                    RowScales::ScaleMin {
+                        d,
+                        dmin,
+                        scale,
+                        min,
+                    } => {
+                        sum += scale * (dots[0] + dots[1]);
+                        min_sum += min * sc.qsum;
+                        if last {
+                            acc += sum as f32 * (d * sc.d) - min_sum as f32 * (dmin * sc.d);
+                            (sum, min_sum) = (0, 0);
+                        }
+                    }
+                    RowScales::Halves { d, scales } => {
+                        let low = dots[0] - 32 * sc.qsum_low;
+                        let high = dots[1] - 32 * (sc.qsum - sc.qsum_low);
+                        sum += scales[0] * low + scales[1] * high;
+                        if last {
+                            acc += sum as f32 * (d * sc.d);
+                            sum = 0;
+                        }
+                    }
+                }
+            }
+            *tile.out.add(i * tile.ldo + r) = acc;
+        }
+    }
 }

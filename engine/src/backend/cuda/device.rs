@@ -3,35 +3,7 @@
 //! Every probe checks that `libcuda` can be loaded before calling into the driver:
 //! cudarc's `CudaContext::new` panics when the library is missing.
 
-use std::fmt;
-
-/// The device a model runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Device {
-    Cpu,
-    Cuda,
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Device::Cpu => "cpu",
-            Device::Cuda => "cuda",
-        })
-    }
-}
-
-impl std::str::FromStr for Device {
-    type Err = anyhow::Error;
-
-    fn from_str(s: &str) -> anyhow::Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "cpu" => Ok(Device::Cpu),
-            "cuda" | "gpu" => Ok(Device::Cuda),
-            other => anyhow::bail!("unknown device `{other}` (expected `cpu` or `cuda`)"),
-        }
-    }
-}
+use crate::backend::Device;
 
 /// The error `--device cuda` gives on a machine without a driver.
 pub const NO_DRIVER: &str = "--device cuda: no CUDA driver found (libcuda.so not loadable)";

@@ -453,10 +453,15 @@ async fn fit_rows(rows: &mut [PreparedRow], url: &str) -> Result<()> {
             limit = limit / 10 * 9;
         }
         run.max_model_len = Some(run.max_model_len.map_or(limit, |own| own.min(limit)));
-        prepare_run(run).with_context(|| {
+        let prepared = prepare_run(run).with_context(|| {
             format!("{label}: its workload clipped to the server's context of {context} tokens")
         })?;
-        eprintln!("loadgen matrix: {label}: requests clipped to {limit} of the server's {context} tokens where longer");
+        let clipped = prepared.workload_meta["max_model_len"]["clipped_requests"]
+            .as_u64()
+            .unwrap_or(0);
+        if clipped > 0 {
+            eprintln!("loadgen matrix: {label}: {clipped} request(s) shortened to {limit} tokens, within the server's context of {context}");
+        }
     }
     Ok(())
 }
