@@ -19,6 +19,14 @@ async fn matrix(argv: &[&str]) -> anyhow::Result<()> {
     main(Cli::try_parse_from(full)?).await
 }
 
+/// `loadgen matrix ARGV --no-progress --out OUT`, then its `matrix.json`.
+async fn matrix_into(out: &Path, argv: &[&str]) -> MatrixFile {
+    let mut full = argv.to_vec();
+    full.extend(["--no-progress", "--out", out.to_str().unwrap()]);
+    matrix(&full).await.unwrap();
+    MatrixFile::read(&out.join(MATRIX_FILE)).unwrap()
+}
+
 fn mock_config() -> MockConfig {
     MockConfig {
         ttft: Duration::from_millis(40),
@@ -68,7 +76,7 @@ async fn expectations_are_decided_by_intervals_on_a_mock_of_known_timing() {
     // The bound on the matrix's command line (2 MB a step at 1 GB/s, the KV cache's bytes
     // negligible: 2 ms a token) and the
     // seed are defaults of every row; the second row's own seed wins.
-    matrix(&[
+    let argv = [
         file.to_str().unwrap(),
         "--url",
         &url,
@@ -86,14 +94,9 @@ async fn expectations_are_decided_by_intervals_on_a_mock_of_known_timing() {
         "3",
         "--gpus-per-instance",
         "2",
-        "--no-progress",
-        "--out",
-        out.to_str().unwrap(),
-    ])
-    .await
-    .unwrap();
+    ];
+    let file = matrix_into(&out, &argv).await;
     handle.shutdown().await;
-    let file = MatrixFile::read(&out.join(MATRIX_FILE)).unwrap();
     assert_eq!(file.rows.len(), 2);
     let known = &file.rows[0];
     let verdicts: Vec<Verdict> = known.expectations.iter().map(|e| e.verdict).collect();
@@ -180,20 +183,9 @@ async fn the_methodology_preset_writes_six_rows_that_run() {
     .await
     .unwrap();
     let out = temp.path().join("out");
-    matrix(&[
-        path,
-        "--scale",
-        "0.01",
-        "--url",
-        &format!("http://{addr}"),
-        "--no-progress",
-        "--out",
-        out.to_str().unwrap(),
-    ])
-    .await
-    .unwrap();
+    let url = format!("http://{addr}");
+    let file = matrix_into(&out, &[path, "--scale", "0.01", "--url", &url]).await;
     handle.shutdown().await;
-    let file = MatrixFile::read(&out.join(MATRIX_FILE)).unwrap();
     assert_eq!(file.rows.len(), 6);
     assert_eq!(file.scale, 0.01);
     let decided: Vec<usize> = file.rows.iter().map(|r| r.expectations.len()).collect();

@@ -523,20 +523,33 @@ mod tests {
         rx
     }
 
-    /// The engine refuses a prompt it cannot run by the field the client sent it in.
-    #[test]
-    fn an_engine_side_refusal_names_the_field_of_the_prompt() {
+    /// An engine loop on its own thread over the tiny model's tokenizer and a runner whose
+    /// first `fail_steps` steps fail; its command channel, thread and metrics.
+    fn start_loop(
+        fail_steps: usize,
+    ) -> (
+        std::sync::mpsc::Sender<Command>,
+        std::thread::JoinHandle<()>,
+        Arc<Metrics>,
+    ) {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
         let tokenizer = Arc::new(crate::tokenizer::Tokenizer::from_model_path(&dir).unwrap());
         let engine = LlmEngine::new(
-            Box::new(FlakyRunner { fail_steps: 0 }),
+            Box::new(FlakyRunner { fail_steps }),
             tokenizer,
             crate::engine::EngineConfig::default(),
         );
+        let metrics = Arc::new(Metrics::new("m"));
         let (commands, commands_rx) = std::sync::mpsc::channel();
-        let looping = EngineLoop::new(engine, commands_rx, Arc::new(Metrics::new("m")), 8);
-        let thread = std::thread::spawn(move || looping.run());
+        let looping = EngineLoop::new(engine, commands_rx, metrics.clone(), 8);
+        (commands, std::thread::spawn(move || looping.run()), metrics)
+    }
+
+    /// The engine refuses a prompt it cannot run by the field the client sent it in.
+    #[test]
+    fn an_engine_side_refusal_names_the_field_of_the_prompt() {
+        let (commands, thread, _) = start_loop(0);
         for field in ["messages", "prompt"] {
             let (admitted, _) = send(&commands, vec![5, 99_999], field);
             let error = admitted.unwrap_err();
@@ -555,18 +568,7 @@ mod tests {
     /// without a finish, which the routes turn into a 500), and the loop serves the next one.
     #[test]
     fn a_failed_step_ends_its_requests_and_the_loop_serves_the_next() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
-        let tokenizer = Arc::new(crate::tokenizer::Tokenizer::from_model_path(&dir).unwrap());
-        let engine = LlmEngine::new(
-            Box::new(FlakyRunner { fail_steps: 1 }),
-            tokenizer,
-            crate::engine::EngineConfig::default(),
-        );
-        let metrics = Arc::new(Metrics::new("m"));
-        let (commands, commands_rx) = std::sync::mpsc::channel();
-        let looping = EngineLoop::new(engine, commands_rx, metrics.clone(), 8);
-        let thread = std::thread::spawn(move || looping.run());
+        let (commands, thread, metrics) = start_loop(1);
 
         let mut first = add(&commands);
         let mut finishes = Vec::new();
