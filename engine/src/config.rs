@@ -1,4 +1,4 @@
-//! Model hyper-parameters, read from HF `config.json` or GGUF metadata.
+//! Model hyper-parameters, read from HF `config.json` (GGUF metadata: `weights::gguf_config`).
 
 use std::path::Path;
 

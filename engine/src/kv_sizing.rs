@@ -1,7 +1,7 @@
 //! How big the KV cache is, for every backend: bytes per token from the model's shape, and
 //! blocks from a byte budget.
 
-use anyhow::ensure;
+use anyhow::{ensure, Context};
 
 use crate::config::ModelConfig;
 
@@ -24,8 +24,11 @@ impl RunnerOptions {
     /// at least one, or an error that says why not.
     pub fn num_blocks(&self, bytes_per_token: usize) -> anyhow::Result<usize> {
         ensure!(self.block_size > 0, "KV block size must be positive");
-        let block_bytes = bytes_per_token * self.block_size;
-        let num_blocks = self.kv_cache_bytes / block_bytes.max(1);
+        ensure!(bytes_per_token > 0, "a KV-cache token must take some bytes");
+        let block_bytes = bytes_per_token
+            .checked_mul(self.block_size)
+            .context("a KV block's bytes overflow")?;
+        let num_blocks = self.kv_cache_bytes / block_bytes;
         ensure!(
             num_blocks >= 1,
             "KV cache budget of {} bytes is less than one block ({block_bytes} bytes for {} tokens)",
@@ -33,5 +36,50 @@ impl RunnerOptions {
             self.block_size
         );
         Ok(num_blocks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Arch;
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            arch: Arch::Llama,
+            vocab_size: 8,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_layers: 2,
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 128,
+            rope_theta: 500_000.0,
+            rope_scaling: None,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 131_072,
+            tie_word_embeddings: true,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+        }
+    }
+
+    #[test]
+    fn kv_bytes_count_k_and_v_of_every_layer() {
+        assert_eq!(kv_bytes_per_token(&config(), 2), 2 * 2 * 128 * 2);
+    }
+
+    #[test]
+    fn a_budget_holds_whole_blocks_or_says_why_not() {
+        let options = |block_size, kv_cache_bytes| RunnerOptions {
+            block_size,
+            kv_cache_bytes,
+        };
+        assert_eq!(options(16, 16 * 100 * 3).num_blocks(100).unwrap(), 3);
+        assert_eq!(options(16, 16 * 100 * 3 - 1).num_blocks(100).unwrap(), 2);
+        let below = options(16, 1599).num_blocks(100).unwrap_err().to_string();
+        assert!(below.contains("less than one block"), "{below}");
+        assert!(options(0, 1 << 20).num_blocks(100).is_err());
+        assert!(options(16, 1 << 20).num_blocks(0).is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! The engine: model loading, tokenizer, the forward pass over CPU and CUDA backends,
 //! paged KV cache, continuous-batching scheduler, sampler and the OpenAI-compatible
-//! server. See `docs/ARCHITECTURE.md`.
+//! server. See the workspace's `docs/ARCHITECTURE.md`.
 
 pub mod backend;
 pub mod bandwidth;

@@ -753,9 +753,4 @@ mod tests {
         }
         assert!(regimes.iter().all(|&n| n > 0), "{regimes:?}");
     }
-
-    #[test]
-    fn kv_bytes_count_k_and_v_of_every_layer() {
-        assert_eq!(kv_bytes_per_token(&config(None), 2), 2 * 2 * 128 * 2);
-    }
 }

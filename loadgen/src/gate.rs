@@ -1,7 +1,8 @@
 //! Exit codes a CI pipeline can gate on. 0: success; 1: an error (bad input, server
-//! unreachable); 2: a usage error (clap's); 3: the SLO was not met (`--fail-on-slo`);
-//! 4: a regression (`compare --fail-on-regression`); 5: the SLO is unknown, the sample too
-//! small to bound its percentile (`--fail-on-slo`).
+//! unreachable); 2: a usage error (clap's); 3: the SLO was not met (`--fail-on-slo`; `tune`:
+//! no configuration meets it; `matrix --fail-on-refuted`: a row refuted); 4: a regression
+//! (`compare --fail-on-regression`, and an inconclusive metric with `--fail-on-inconclusive`);
+//! 5: the SLO is unknown, the sample too small to bound its percentile (`--fail-on-slo`).
 
 use reports::slo::{SloCheck, SloVerdict};
 

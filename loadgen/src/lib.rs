@@ -1,5 +1,6 @@
 //! `loadgen`: an open-loop load generator for OpenAI-compatible LLM servers, with a
-//! built-in mock server for self-calibration. See docs/ARCHITECTURE.md ("loadgen's pipeline").
+//! built-in mock server for self-calibration. See the workspace's docs/ARCHITECTURE.md
+//! ("loadgen's pipeline").
 
 pub mod api;
 pub mod backend;

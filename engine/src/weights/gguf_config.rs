@@ -1,5 +1,5 @@
 //! The model's hyper-parameters from a GGUF file's metadata (`{arch}.*` keys), beside the
-//! GGUF reader: `config` knows nothing of file formats.
+//! GGUF reader, so that `config` does not depend on it.
 
 use anyhow::{bail, Context};
 

@@ -13,7 +13,7 @@ pub const PANEL: usize = 16;
 pub const TILE_ROWS: usize = 8;
 /// Values per K-quant super-block, and per activation scale for the K-quants (llama.cpp's
 /// Q8_K).
-pub const SUPER_BLOCK: usize = 256;
+pub(super) const SUPER_BLOCK: usize = 256;
 
 /// How a type's values and scales sit in a panel's blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +140,7 @@ impl Format {
 
 /// Offset of row `r`'s value at column `c` in a block's weight bytes, and whether it is
 /// the high nibble.
-pub fn value_offset(format: Format, r: usize, c: usize) -> (usize, bool) {
+pub(super) fn value_offset(format: Format, r: usize, c: usize) -> (usize, bool) {
     let (step, lane) = (c / 4, c % 4);
     if format.nibbles() {
         ((step / 2) * 64 + 4 * r + lane, step % 2 == 1)
@@ -150,7 +150,7 @@ pub fn value_offset(format: Format, r: usize, c: usize) -> (usize, bool) {
 }
 
 /// Row `r`'s value at column `c` of a packed block.
-pub fn value_at(format: Format, block: &[u8], r: usize, c: usize) -> u8 {
+pub(super) fn value_at(format: Format, block: &[u8], r: usize, c: usize) -> u8 {
     match value_offset(format, r, c) {
         (off, _) if !format.nibbles() => block[off],
         (off, false) => block[off] & 0x0f,
@@ -160,7 +160,7 @@ pub fn value_at(format: Format, block: &[u8], r: usize, c: usize) -> u8 {
 
 /// One panel row's scales for one block, as stored.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RowScales {
+pub(super) enum RowScales {
     /// value = `d·u + m` (the 32-weight types).
     Affine { d: f32, m: f32 },
     /// Q4_K, Q5_K: value = `d·scale·u − dmin·min`.
@@ -175,7 +175,7 @@ pub enum RowScales {
 }
 
 /// Row `r`'s scales of block `b` of a panel.
-pub fn row_scales(format: Format, panel: &[u8], b: usize, r: usize) -> RowScales {
+pub(super) fn row_scales(format: Format, panel: &[u8], b: usize, r: usize) -> RowScales {
     let (head, tail) = (
         format.header_offset(b),
         format.block_offset(b) + format.weight_bytes(),
@@ -203,7 +203,7 @@ pub fn row_scales(format: Format, panel: &[u8], b: usize, r: usize) -> RowScales
 pub struct BlockScale {
     /// `dₓ`.
     pub d: f32,
-    /// `dₓ·Σq` (the 32-weight types' offset term; zero for [`ActScales::Q8_K`], whose
+    /// `dₓ·Σq` (the 32-weight types' offset term; zero for `ActScales::Q8_K`, whose
     /// kernels take the offsets from `qsum`).
     pub s: f32,
     /// `Σq` (the AVX2 byte kernel's `128·Σq`, Q6_K's `32·Σq`, the Q4_K / Q5_K mins).

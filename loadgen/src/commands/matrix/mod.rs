@@ -460,7 +460,8 @@ async fn fit_rows(rows: &mut [PreparedRow], url: &str) -> Result<()> {
             .as_u64()
             .unwrap_or(0);
         if clipped > 0 {
-            eprintln!("loadgen matrix: {label}: {clipped} request(s) shortened to {limit} tokens, within the server's context of {context}");
+            let applied = run.max_model_len.unwrap_or(limit);
+            eprintln!("loadgen matrix: {label}: {clipped} request(s) shortened to {applied} tokens (the server's context: {context})");
         }
     }
     Ok(())
