@@ -272,3 +272,26 @@ pub(crate) fn llama3_scaling_from_factors(
     }
     Ok(scaling)
 }
+
+/// A two-layer Llama of head dimension 128 (RoPE base 500,000), for the unit tests of the
+/// modules that read a config.
+#[cfg(test)]
+pub(crate) fn test_llama(rope_scaling: Option<Llama3RopeScaling>) -> ModelConfig {
+    ModelConfig {
+        arch: Arch::Llama,
+        vocab_size: 8,
+        hidden_size: 8,
+        intermediate_size: 8,
+        num_layers: 2,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 128,
+        rope_theta: 500_000.0,
+        rope_scaling,
+        rms_norm_eps: 1e-5,
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: true,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    }
+}

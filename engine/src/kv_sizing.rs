@@ -42,31 +42,11 @@ impl RunnerOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Arch;
-
-    fn config() -> ModelConfig {
-        ModelConfig {
-            arch: Arch::Llama,
-            vocab_size: 8,
-            hidden_size: 8,
-            intermediate_size: 8,
-            num_layers: 2,
-            num_heads: 1,
-            num_kv_heads: 1,
-            head_dim: 128,
-            rope_theta: 500_000.0,
-            rope_scaling: None,
-            rms_norm_eps: 1e-5,
-            max_position_embeddings: 131_072,
-            tie_word_embeddings: true,
-            bos_token_id: None,
-            eos_token_ids: vec![],
-        }
-    }
 
     #[test]
     fn kv_bytes_count_k_and_v_of_every_layer() {
-        assert_eq!(kv_bytes_per_token(&config(), 2), 2 * 2 * 128 * 2);
+        let config = crate::config::test_llama(None);
+        assert_eq!(kv_bytes_per_token(&config, 2), 2 * 2 * 128 * 2);
     }
 
     #[test]

@@ -704,23 +704,7 @@ mod tests {
     }
 
     fn config(scaling: Option<Llama3RopeScaling>) -> ModelConfig {
-        ModelConfig {
-            arch: Arch::Llama,
-            vocab_size: 8,
-            hidden_size: 8,
-            intermediate_size: 8,
-            num_layers: 2,
-            num_heads: 1,
-            num_kv_heads: 1,
-            head_dim: 128,
-            rope_theta: 500_000.0,
-            rope_scaling: scaling,
-            rms_norm_eps: 1e-5,
-            max_position_embeddings: 131_072,
-            tie_word_embeddings: true,
-            bos_token_id: None,
-            eos_token_ids: vec![],
-        }
+        crate::config::test_llama(scaling)
     }
 
     #[test]
