@@ -136,7 +136,11 @@ impl EngineLoop {
                 }
             }
             self.flush();
-            self.metrics.set_stats(self.engine.stats());
+            // A busy engine's next step sets the gauges once it is scheduled; an idle one
+            // shows its last requests gone here.
+            if !self.engine.has_unfinished() {
+                self.metrics.set_stats(self.engine.stats());
+            }
         }
         self.abort_all();
         self.metrics.set_stats(self.engine.stats());
