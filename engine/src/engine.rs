@@ -6,19 +6,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
-use llguidance::toktrie::SimpleVob;
 use rayon::prelude::*;
 
 use crate::backend::RowSample;
 use crate::grammar::TokenMatcher;
 use crate::kv_cache::BlockManager;
 use crate::model::{ModelRunner, SeqInput};
-use crate::reasoning::{ReasoningState, ThinkMarkers, TokenRole};
-use crate::sampler::{min_tokens_mask, SampleSpec, Sampled, Sampler, SamplingParams, TokenCounts};
+use crate::reasoning::ThinkMarkers;
+pub use crate::request::FinishReason;
+use crate::request::Request;
+use crate::sampler::{Sampled, SamplingParams};
 use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig};
 pub use crate::sequence::SeqId;
 use crate::sequence::Sequence;
-use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -40,16 +41,6 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
         }
     }
-}
-
-/// Stop = EOS / stop id / stop string; Length = max_tokens or max_model_len; Abort = the
-/// client went away; Error = this sequence failed alone (the others of its step went on).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum FinishReason {
-    Stop,
-    Length,
-    Abort,
-    Error,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -177,41 +168,12 @@ pub struct GenerationOutput {
     pub num_cached_prompt_tokens: usize,
 }
 
-/// Per-request state the scheduler does not need.
-struct Request {
-    params: SamplingParams,
-    sampler: Sampler,
-    /// EOS and stop ids, masked while fewer than `min_tokens` tokens are generated.
-    min_tokens_mask: Vec<u32>,
-    /// Token history for the penalties (only when the request has penalties).
-    counts: Option<TokenCounts>,
-    decoder: IncrementalDecoder,
-    /// Decoded text not emitted yet because it could be the start of a stop string.
-    held: String,
-    /// Where the output is relative to the think markers (with `split_reasoning`).
-    reasoning: Option<ReasoningState>,
-    /// Structured output: where the answer is in its grammar.
-    grammar: Option<TokenMatcher>,
-    /// The grammar's mask for the token being sampled this step.
-    allowed: Option<SimpleVob>,
-    /// Why the grammar could not give this step's mask: the sequence fails with it.
-    grammar_failure: Option<anyhow::Error>,
-}
-
-impl Request {
-    /// Whether the grammar constrains the next token: it has one, and no think block is
-    /// open (a reasoning model's thinking is never constrained).
-    fn constrained(&self) -> bool {
-        self.grammar.is_some() && self.reasoning.as_ref().is_none_or(|r| !r.inside())
-    }
-}
-
 pub struct LlmEngine {
     runner: Box<dyn ModelRunner>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
-    scheduler: Scheduler,
-    requests: HashMap<SeqId, Request>,
+    /// The sequences, each with its request's generation state.
+    scheduler: Scheduler<Request>,
     /// The model's think markers, when the server splits reasoning (`--reasoning-parser`).
     think_markers: Option<ThinkMarkers>,
     next_id: SeqId,
@@ -243,7 +205,6 @@ impl LlmEngine {
             tokenizer,
             config,
             scheduler,
-            requests: HashMap::new(),
             think_markers: None,
             next_id: 0,
             prompt_tokens_total: 0,
@@ -314,32 +275,21 @@ impl LlmEngine {
         params.validate()?;
         let id = self.next_id;
         self.next_id += 1;
-        let request = Request {
-            sampler: Sampler::new(&params),
-            min_tokens_mask: min_tokens_mask(&params, self.tokenizer.eos_token_ids()),
-            counts: params
-                .has_penalties()
-                .then(|| TokenCounts::new(&prompt_ids)),
-            decoder: IncrementalDecoder::new(self.tokenizer.clone(), params.skip_special_tokens),
-            reasoning: self
-                .think_markers
-                .filter(|_| params.split_reasoning)
-                .map(|markers| ReasoningState::new(markers, &prompt_ids)),
+        let request = Request::new(
+            &prompt_ids,
             params,
-            held: String::new(),
             grammar,
-            allowed: None,
-            grammar_failure: None,
-        };
-        self.requests.insert(id, request);
-        self.scheduler.add(Sequence::new(id, id, prompt_ids));
+            self.tokenizer.clone(),
+            self.think_markers,
+        );
+        self.scheduler
+            .add(Sequence::new(id, id, prompt_ids), request);
         Ok(id)
     }
 
     /// Removes a waiting or running sequence and frees its blocks at once; returns false
     /// if unknown or finished.
     pub fn abort(&mut self, id: SeqId) -> bool {
-        self.requests.remove(&id);
         self.scheduler.remove(id).is_some()
     }
 
@@ -411,13 +361,9 @@ impl LlmEngine {
         let mut results = sampled.into_iter();
         let mut updates = Vec::with_capacity(chunks.len());
         for chunk in &chunks {
-            let seq = self.seq(chunk.id)?;
+            let (seq, request) = self.entry(chunk.id)?;
             if seq.num_computed_tokens < seq.num_tokens() {
-                let reasoning = self
-                    .requests
-                    .get(&chunk.id)
-                    .and_then(|r| r.reasoning.as_ref())
-                    .map_or(0, ReasoningState::reasoning_tokens);
+                let reasoning = request.reasoning_tokens();
                 updates.push(SeqUpdate::counts(chunk.id, Some(seq), reasoning, None));
                 continue;
             }
@@ -447,18 +393,16 @@ impl LlmEngine {
     /// update says `FinishReason::Error`.
     fn fail_sequence(&mut self, id: SeqId, error: &anyhow::Error) -> SeqUpdate {
         tracing::warn!("sequence {id} failed and was finished with an error: {error:#}");
-        let reasoning = self
-            .requests
-            .remove(&id)
-            .and_then(|r| r.reasoning)
-            .map_or(0, |r| r.reasoning_tokens());
-        let seq = self.scheduler.remove(id);
-        SeqUpdate::counts(id, seq.as_ref(), reasoning, Some(FinishReason::Error))
+        let removed = self.scheduler.remove(id);
+        let reasoning = removed.as_ref().map_or(0, |(_, r)| r.reasoning_tokens());
+        let seq = removed.as_ref().map(|(s, _)| s);
+        SeqUpdate::counts(id, seq, reasoning, Some(FinishReason::Error))
     }
 
-    fn seq(&self, id: SeqId) -> anyhow::Result<&Sequence> {
+    /// A live sequence with its request.
+    fn entry(&self, id: SeqId) -> anyhow::Result<(&Sequence, &Request)> {
         self.scheduler
-            .seq(id)
+            .get(id)
             .with_context(|| format!("unknown sequence {id}"))
     }
 
@@ -473,55 +417,25 @@ impl LlmEngine {
         // need the requests mutably, the specs borrow them).
         let mut uniforms = Vec::with_capacity(chunks.len());
         for c in chunks {
-            let seq = self
+            let (seq, request) = self
                 .scheduler
-                .seq(c.id)
+                .get_mut(c.id)
                 .with_context(|| format!("scheduled sequence {} vanished", c.id))?;
             let samples = c.start + c.len == seq.num_tokens();
-            let request = self
-                .requests
-                .get_mut(&c.id)
-                .with_context(|| format!("no request state for sequence {}", c.id))?;
-            uniforms.push(samples.then(|| request.sampler.next_uniform(&request.params)));
+            uniforms.push(samples.then(|| request.next_uniform()));
         }
         self.compute_grammar_masks(chunks, &uniforms);
         let mut inputs = Vec::with_capacity(chunks.len());
         for (c, uniform) in chunks.iter().zip(uniforms) {
-            let seq = self
+            let (seq, request) = self
                 .scheduler
-                .seq(c.id)
+                .get(c.id)
                 .with_context(|| format!("scheduled sequence {} vanished", c.id))?;
-            let sample = match uniform {
-                Some(u) => {
-                    let r = self
-                        .requests
-                        .get(&c.id)
-                        .with_context(|| format!("no request state for sequence {}", c.id))?;
-                    let generated = seq.num_output_tokens();
-                    let masked: &[u32] = if generated < r.params.min_tokens {
-                        &r.min_tokens_mask
-                    } else {
-                        &[]
-                    };
-                    Some(
-                        SampleSpec::new(
-                            &r.params,
-                            r.sampler.seed(),
-                            generated as u64,
-                            u,
-                            masked,
-                            r.counts.as_ref(),
-                        )
-                        .with_allowed(r.allowed.as_ref()),
-                    )
-                }
-                None => None,
-            };
             inputs.push(SeqInput {
                 tokens: &seq.token_ids[c.start..c.start + c.len],
                 start_pos: c.start,
                 block_table: &seq.block_table,
-                sample,
+                sample: uniform.map(|u| request.sample_spec(seq.num_output_tokens(), u)),
             });
         }
         let wanted = inputs.iter().filter(|i| i.sample.is_some()).count();
@@ -546,7 +460,11 @@ impl LlmEngine {
             .iter()
             .zip(samples)
             .filter(|(c, u)| {
-                u.is_some() && self.requests.get(&c.id).is_some_and(Request::constrained)
+                u.is_some()
+                    && self
+                        .scheduler
+                        .get(c.id)
+                        .is_some_and(|(_, r)| r.constrained())
             })
             .map(|(c, _)| c.id)
             .collect();
@@ -554,154 +472,48 @@ impl LlmEngine {
             return;
         }
         let mut constrained: Vec<&mut Request> = self
-            .requests
-            .iter_mut()
+            .scheduler
+            .requests_mut()
             .filter(|(id, _)| ids.contains(id))
             .map(|(_, r)| r)
             .collect();
-        let secs: f64 = constrained
-            .par_iter_mut()
-            .map(|r| {
-                let Some(grammar) = r.grammar.as_mut() else {
-                    return 0.0;
-                };
-                match grammar.allowed() {
-                    Ok((mut mask, secs)) => {
-                        // The markers are the reasoning split's, never grammar text; the start
-                        // marker may still open a block before the answer begins.
-                        if let Some(reasoning) = &r.reasoning {
-                            let markers = reasoning.markers();
-                            mask.disallow_token(markers.end);
-                            mask.set(markers.start as usize, reasoning.may_open());
-                        }
-                        r.allowed = Some(mask);
-                        secs
-                    }
-                    Err(e) => {
-                        r.grammar_failure = Some(e);
-                        0.0
-                    }
-                }
-            })
-            .sum();
+        let secs: f64 = constrained.par_iter_mut().map(|r| r.compute_mask()).sum();
         self.timings.grammar_masks += constrained.len() as u64;
         self.timings.grammar_mask_secs += secs;
     }
 
-    /// Appends a sampled token to its sequence: detokenise, check stop conditions, and
-    /// finish the sequence when one holds.
+    /// Appends a sampled token to its sequence and hands it to the request, which
+    /// releases its text and decides whether the sequence ends; a finished sequence's
+    /// blocks are freed at once.
     fn append_sampled(&mut self, id: SeqId, sampled: Sampled) -> anyhow::Result<SeqUpdate> {
-        let eos_ids = self.tokenizer.eos_token_ids();
         let token = sampled.token;
         self.scheduler.append_token(id, token)?;
-        let seq = self.seq(id)?;
+        let (seq, request) = self
+            .scheduler
+            .get_mut(id)
+            .with_context(|| format!("unknown sequence {id}"))?;
         let counts = SeqUpdate::counts(id, Some(seq), 0, None);
-        let (num_prompt, num_output) = (counts.num_prompt_tokens, counts.num_output_tokens);
-        let num_tokens = seq.num_tokens();
+        let outcome = request.on_token(token, counts.num_output_tokens)?;
+        let num_reasoning_tokens = request.reasoning_tokens();
         self.generation_tokens_total += 1;
-        if num_output == 1 {
-            self.prompt_tokens_total += num_prompt as u64;
+        if counts.num_output_tokens == 1 {
+            self.prompt_tokens_total += counts.num_prompt_tokens as u64;
         }
-
-        let request = self
-            .requests
-            .get_mut(&id)
-            .with_context(|| format!("no request state for sequence {id}"))?;
-        if let Some(e) = request.grammar_failure.take() {
-            return Err(e);
-        }
-        if let Some(counts) = request.counts.as_mut() {
-            counts.push_output(token);
-        }
-        // Text released by this token belongs to the side of the markers it was decoded on.
-        let in_reasoning = request
-            .reasoning
-            .as_ref()
-            .is_some_and(ReasoningState::inside);
-        let marker = request
-            .reasoning
-            .as_mut()
-            .is_some_and(|r| r.on_token(token) == TokenRole::Marker);
-        let params = &request.params;
-        let may_stop = num_output >= params.min_tokens;
-        let stop_token = (!params.ignore_eos && eos_ids.contains(&token))
-            || params.stop_token_ids.contains(&token);
-        // A token drawn from a grammar's mask advances it; a complete grammar ends the answer.
-        let grammar_done = match (request.allowed.take(), request.grammar.as_mut()) {
-            (Some(_), Some(grammar)) if !stop_token && !marker => {
-                self.timings.grammar_accept_secs += grammar.accept(token)?;
-                grammar.is_finished()
-            }
-            _ => false,
-        };
-        let (text, mut finish) = if stop_token && may_stop {
-            // Bytes of an unfinished character before the stop token are text too.
-            let tail = request.decoder.flush().context("detokenising the end")?;
-            request.held.push_str(&tail);
-            (std::mem::take(&mut request.held), Some(FinishReason::Stop))
-        } else if marker {
-            // A marker has no text; whatever came before it is released on its own side.
-            let tail = request
-                .decoder
-                .flush()
-                .context("detokenising before a marker")?;
-            request.held.push_str(&tail);
-            (std::mem::take(&mut request.held), None)
-        } else {
-            let new_text = request
-                .decoder
-                .push(token)
-                .with_context(|| format!("detokenising token {token}"))?;
-            request.held.push_str(&new_text);
-            let stops: &[String] = if may_stop { &params.stop } else { &[] };
-            match release_text(&mut request.held, stops) {
-                (text, true) => (text, Some(FinishReason::Stop)),
-                (text, false) => (text, None),
-            }
-        };
-        let mut text = text;
-        if finish.is_none()
-            && (grammar_done
-                || num_output >= params.max_tokens
-                || num_tokens >= self.config.max_model_len)
-        {
-            let tail = request.decoder.flush().context("detokenising the end")?;
-            request.held.push_str(&tail);
-            let stops: &[String] = if may_stop { &params.stop } else { &[] };
-            let (released, stopped) = release_text(&mut request.held, stops);
-            text.push_str(&released);
-            text.push_str(&std::mem::take(&mut request.held));
-            finish = Some(if stopped || grammar_done {
-                FinishReason::Stop
-            } else {
-                FinishReason::Length
-            });
-        }
-        let logprob = sampled.logprobs.map(|l| TokenLogprob {
-            token,
-            logprob: l.logprob,
-            top: l.top,
-        });
-        let num_reasoning = request
-            .reasoning
-            .as_ref()
-            .map_or(0, ReasoningState::reasoning_tokens);
-        let (text, reasoning_text) = if in_reasoning {
-            (String::new(), text)
-        } else {
-            (text, String::new())
-        };
-        if finish.is_some() {
-            self.requests.remove(&id);
+        self.timings.grammar_accept_secs += outcome.grammar_accept_secs;
+        if outcome.finish.is_some() {
             self.scheduler.remove(id);
         }
         Ok(SeqUpdate {
             token: Some(token),
-            text,
-            reasoning_text,
-            logprob,
-            finish,
-            num_reasoning_tokens: num_reasoning,
+            text: outcome.text,
+            reasoning_text: outcome.reasoning_text,
+            logprob: sampled.logprobs.map(|l| TokenLogprob {
+                token,
+                logprob: l.logprob,
+                top: l.top,
+            }),
+            finish: outcome.finish,
+            num_reasoning_tokens,
             ..counts
         })
     }
@@ -795,82 +607,4 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".to_string())
-}
-
-/// Moves the part of `held` that can no longer start a stop string into the returned
-/// text. Returns true when a stop string matched: the text is then cut before the
-/// earliest match and nothing is held any more.
-fn release_text(held: &mut String, stops: &[String]) -> (String, bool) {
-    let first_match = stops.iter().filter_map(|s| held.find(s.as_str())).min();
-    if let Some(pos) = first_match {
-        held.truncate(pos);
-        return (std::mem::take(held), true);
-    }
-    let keep = stops
-        .iter()
-        .map(|s| longest_suffix_prefix(held, s))
-        .max()
-        .unwrap_or(0);
-    let released = held[..held.len() - keep].to_string();
-    held.drain(..held.len() - keep);
-    (released, false)
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of `stop`.
-fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
-    (1..stop.len())
-        .rev()
-        .find(|&k| stop.is_char_boundary(k) && text.ends_with(&stop[..k]))
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn feed(pieces: &[&str], stops: &[&str]) -> (String, bool) {
-        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut held = String::new();
-        let mut out = String::new();
-        for piece in pieces {
-            held.push_str(piece);
-            let (text, stopped) = release_text(&mut held, &stops);
-            out.push_str(&text);
-            if stopped {
-                return (out, true);
-            }
-        }
-        out.push_str(&held);
-        (out, false)
-    }
-
-    #[test]
-    fn stop_string_across_token_boundaries_is_cut() {
-        assert_eq!(
-            feed(&["Hel", "lo ST", "O", "P more"], &["STOP"]),
-            ("Hello ".into(), true)
-        );
-    }
-
-    #[test]
-    fn partial_stop_prefix_is_released_when_it_fails_to_match() {
-        assert_eq!(feed(&["a S", "T", "x"], &["STOP"]), ("a STx".into(), false));
-    }
-
-    #[test]
-    fn earliest_of_several_stop_strings_wins() {
-        assert_eq!(
-            feed(&["one two three"], &["three", "two"]),
-            ("one ".into(), true)
-        );
-    }
-
-    #[test]
-    fn held_text_respects_utf8_boundaries() {
-        assert_eq!(longest_suffix_prefix("ab\u{e9}", "\u{e9}x"), 2);
-        assert_eq!(
-            feed(&["caf\u{e9}", "!"], &["\u{e9}t\u{e9}"]),
-            ("caf\u{e9}!".into(), false)
-        );
-    }
 }

@@ -12,6 +12,7 @@ pub mod kv_sizing;
 pub mod loader;
 pub mod model;
 pub mod reasoning;
+pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;

@@ -30,18 +30,26 @@ pub struct ScheduledChunk {
     pub is_prefill: bool,
 }
 
-pub struct Scheduler {
+/// A live sequence and the record its owner keeps beside it (the engine's per-request
+/// state: sampler, detokeniser, stop state); added and removed together, so the two can
+/// never disagree about which sequences exist.
+struct Entry<R> {
+    seq: Sequence,
+    request: R,
+}
+
+pub struct Scheduler<R> {
     config: SchedulerConfig,
     block_manager: BlockManager,
-    seqs: HashMap<SeqId, Sequence>,
+    seqs: HashMap<SeqId, Entry<R>>,
     waiting: VecDeque<SeqId>,
     /// Sorted by arrival, so the tail is always the preemption victim.
     running: Vec<SeqId>,
     num_preemptions: u64,
 }
 
-impl Scheduler {
-    pub fn new(config: SchedulerConfig, block_manager: BlockManager) -> Scheduler {
+impl<R> Scheduler<R> {
+    pub fn new(config: SchedulerConfig, block_manager: BlockManager) -> Scheduler<R> {
         Scheduler {
             config: SchedulerConfig {
                 max_num_seqs: config.max_num_seqs.max(1),
@@ -76,25 +84,41 @@ impl Scheduler {
     }
 
     pub fn seq(&self, id: SeqId) -> Option<&Sequence> {
-        self.seqs.get(&id)
+        self.seqs.get(&id).map(|e| &e.seq)
     }
 
-    /// Queues a new sequence (its arrival must be later than every queued one).
-    pub fn add(&mut self, seq: Sequence) {
+    /// A live sequence with its request record.
+    pub fn get(&self, id: SeqId) -> Option<(&Sequence, &R)> {
+        self.seqs.get(&id).map(|e| (&e.seq, &e.request))
+    }
+
+    /// A live sequence with its request record, which the caller may change.
+    pub fn get_mut(&mut self, id: SeqId) -> Option<(&Sequence, &mut R)> {
+        self.seqs.get_mut(&id).map(|e| (&e.seq, &mut e.request))
+    }
+
+    /// Every live sequence's request record, which the caller may change.
+    pub fn requests_mut(&mut self) -> impl Iterator<Item = (SeqId, &mut R)> {
+        self.seqs.iter_mut().map(|(&id, e)| (id, &mut e.request))
+    }
+
+    /// Queues a new sequence with its request record (its arrival must be later than every
+    /// queued one).
+    pub fn add(&mut self, seq: Sequence, request: R) {
         let id = seq.id;
-        self.seqs.insert(id, seq);
+        self.seqs.insert(id, Entry { seq, request });
         self.waiting.push_back(id);
     }
 
-    /// Removes a sequence wherever it is and frees its blocks.
-    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
-        let mut seq = self.seqs.remove(&id)?;
+    /// Removes a sequence wherever it is and frees its blocks; returns it with its record.
+    pub fn remove(&mut self, id: SeqId) -> Option<(Sequence, R)> {
+        let Entry { mut seq, request } = self.seqs.remove(&id)?;
         match seq.status {
             SeqStatus::Waiting => self.waiting.retain(|&w| w != id),
             SeqStatus::Running => self.running.retain(|&r| r != id),
         }
         self.block_manager.free(&mut seq);
-        Some(seq)
+        Some((seq, request))
     }
 
     /// Picks this step's work.
@@ -103,7 +127,7 @@ impl Scheduler {
         let mut out = Vec::new();
         let preempted = self.schedule_decodes(&mut budget, &mut out)?;
         for &id in &self.running {
-            let seq = &self.seqs[&id];
+            let seq = &self.seqs[&id].seq;
             let remaining = seq.num_uncomputed_tokens();
             if remaining > 1 && budget > 0 {
                 let len = remaining.min(budget);
@@ -129,11 +153,11 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
-            if self.seqs[&id].num_uncomputed_tokens() != 1 {
+            if self.seqs[&id].seq.num_uncomputed_tokens() != 1 {
                 i += 1;
                 continue;
             }
-            while !self.block_manager.can_append(&self.seqs[&id]) {
+            while !self.block_manager.can_append(&self.seqs[&id].seq) {
                 preempted = true;
                 if self.running.len() - 1 > i {
                     let victim = self.running.pop().context("running queue is empty")?;
@@ -144,7 +168,11 @@ impl Scheduler {
                     return Ok(true);
                 }
             }
-            let seq = self.seqs.get_mut(&id).context("running sequence missing")?;
+            let seq = &mut self
+                .seqs
+                .get_mut(&id)
+                .context("running sequence missing")?
+                .seq;
             self.block_manager.append_slots(seq)?;
             out.push(chunk(seq, 1));
             *budget -= 1;
@@ -154,7 +182,7 @@ impl Scheduler {
     }
 
     fn preempt(&mut self, id: SeqId) {
-        if let Some(seq) = self.seqs.get_mut(&id) {
+        if let Some(Entry { seq, .. }) = self.seqs.get_mut(&id) {
             tracing::debug!(id, tokens = seq.num_tokens(), "preempting by recompute");
             self.block_manager.free(seq);
             seq.status = SeqStatus::Waiting;
@@ -172,7 +200,11 @@ impl Scheduler {
             if self.running.len() >= self.config.max_num_seqs || *budget == 0 {
                 break;
             }
-            let seq = self.seqs.get_mut(&id).context("waiting sequence missing")?;
+            let seq = &mut self
+                .seqs
+                .get_mut(&id)
+                .context("waiting sequence missing")?
+                .seq;
             if !self.block_manager.can_allocate(seq) {
                 break;
             }
@@ -192,7 +224,7 @@ impl Scheduler {
             let arrival = seq.arrival;
             let pos = self
                 .running
-                .partition_point(|r| self.seqs[r].arrival < arrival);
+                .partition_point(|r| self.seqs[r].seq.arrival < arrival);
             self.running.insert(pos, id);
         }
         Ok(())
@@ -201,10 +233,11 @@ impl Scheduler {
     /// Records that the chunks' K/V is now in the cache and registers newly full blocks.
     pub fn on_computed(&mut self, chunks: &[ScheduledChunk]) -> anyhow::Result<()> {
         for c in chunks {
-            let seq = self
+            let seq = &mut self
                 .seqs
                 .get_mut(&c.id)
-                .with_context(|| format!("scheduled sequence {} vanished", c.id))?;
+                .with_context(|| format!("scheduled sequence {} vanished", c.id))?
+                .seq;
             ensure!(
                 seq.num_computed_tokens == c.start,
                 "sequence {} computed {} tokens, chunk started at {}",
@@ -220,11 +253,11 @@ impl Scheduler {
 
     /// Appends a sampled token to a running sequence.
     pub fn append_token(&mut self, id: SeqId, token: u32) -> anyhow::Result<()> {
-        let seq = self
+        let entry = self
             .seqs
             .get_mut(&id)
             .with_context(|| format!("unknown sequence {id}"))?;
-        seq.token_ids.push(token);
+        entry.seq.token_ids.push(token);
         Ok(())
     }
 
@@ -232,7 +265,7 @@ impl Scheduler {
     /// against its state.
     pub fn check_invariants(&self) -> anyhow::Result<()> {
         let bm = &self.block_manager;
-        for seq in self.seqs.values() {
+        for Entry { seq, .. } in self.seqs.values() {
             match seq.status {
                 SeqStatus::Waiting => ensure!(
                     seq.block_table.is_empty() && seq.num_computed_tokens == 0,
@@ -258,7 +291,7 @@ impl Scheduler {
             self.seqs.len()
         );
         let arrivals = |ids: &mut dyn Iterator<Item = &SeqId>| -> Vec<u64> {
-            ids.map(|id| self.seqs[id].arrival).collect()
+            ids.map(|id| self.seqs[id].seq.arrival).collect()
         };
         ensure!(
             arrivals(&mut self.running.iter()).is_sorted(),
@@ -271,7 +304,7 @@ impl Scheduler {
         let tables: Vec<&[u32]> = self
             .seqs
             .values()
-            .map(|s| s.block_table.as_slice())
+            .map(|e| e.seq.block_table.as_slice())
             .collect();
         bm.check_invariants(&tables)
     }
@@ -290,7 +323,7 @@ fn chunk(seq: &Sequence, len: usize) -> ScheduledChunk {
 mod tests {
     use super::*;
 
-    fn scheduler(num_blocks: usize, max_seqs: usize, budget: usize) -> Scheduler {
+    fn scheduler(num_blocks: usize, max_seqs: usize, budget: usize) -> Scheduler<()> {
         Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: max_seqs,
@@ -302,7 +335,7 @@ mod tests {
 
     /// Schedules one step, marks it computed, and appends `token` to every sequence
     /// whose tokens are all computed (as sampling would).
-    fn step(s: &mut Scheduler, token: u32) -> Vec<ScheduledChunk> {
+    fn step(s: &mut Scheduler<()>, token: u32) -> Vec<ScheduledChunk> {
         let chunks = s.schedule().unwrap();
         s.on_computed(&chunks).unwrap();
         for c in &chunks {
@@ -322,9 +355,9 @@ mod tests {
     #[test]
     fn chunked_prefill_runs_after_decodes_within_the_budget() {
         let mut s = scheduler(64, 8, 8);
-        s.add(Sequence::new(0, 0, (0..3).collect()));
+        s.add(Sequence::new(0, 0, (0..3).collect()), ());
         assert_eq!(lens(&step(&mut s, 1)), vec![(0, 3)]);
-        s.add(Sequence::new(1, 1, (100..120).collect()));
+        s.add(Sequence::new(1, 1, (100..120).collect()), ());
         // Decode of 0 first, then 7 prompt tokens of 1.
         assert_eq!(lens(&step(&mut s, 1)), vec![(0, 1), (1, 7)]);
         assert_eq!(lens(&step(&mut s, 1)), vec![(0, 1), (1, 7)]);
@@ -339,7 +372,7 @@ mod tests {
     fn max_num_seqs_caps_running() {
         let mut s = scheduler(64, 2, 100);
         for id in 0..3 {
-            s.add(Sequence::new(id, id, vec![1, 2, 3]));
+            s.add(Sequence::new(id, id, vec![1, 2, 3]), ());
         }
         assert_eq!(lens(&step(&mut s, 9)), vec![(0, 3), (1, 3)]);
         assert_eq!((s.num_running(), s.num_waiting()), (2, 1));
@@ -352,8 +385,8 @@ mod tests {
     fn preemption_frees_the_latest_arrival_which_reprefills_from_the_cache() {
         // 4 blocks of 4 tokens: two 7-token prompts take 2 blocks each.
         let mut s = scheduler(4, 8, 64);
-        s.add(Sequence::new(0, 0, (0..7).collect()));
-        s.add(Sequence::new(1, 1, (10..17).collect()));
+        s.add(Sequence::new(0, 0, (0..7).collect()), ());
+        s.add(Sequence::new(1, 1, (10..17).collect()), ());
         step(&mut s, 50);
         // Both now have 8 tokens; the next decode of 0 needs a third block.
         step(&mut s, 51);
@@ -385,8 +418,8 @@ mod tests {
     #[test]
     fn the_last_running_sequence_preempts_itself() {
         let mut s = scheduler(3, 8, 64);
-        s.add(Sequence::new(0, 0, vec![0, 1]));
-        s.add(Sequence::new(1, 1, (10..18).collect()));
+        s.add(Sequence::new(0, 0, vec![0, 1]), ());
+        s.add(Sequence::new(1, 1, (10..18).collect()), ());
         assert_eq!(lens(&step(&mut s, 50)), vec![(0, 2), (1, 8)]);
         // 1 needs a third block for position 8 and is the tail: it preempts itself.
         assert_eq!(lens(&step(&mut s, 51)), vec![(0, 1)]);
