@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use rayon::prelude::*;
 
 use crate::backend::RowSample;
@@ -15,7 +15,7 @@ use crate::model::{ModelRunner, SeqInput};
 use crate::reasoning::ThinkMarkers;
 pub use crate::request::FinishReason;
 use crate::request::Request;
-use crate::sampler::{Sampled, SamplingParams};
+use crate::sampler::{InvalidParam, Sampled, SamplingParams};
 use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig};
 pub use crate::sequence::SeqId;
 use crate::sequence::Sequence;
@@ -101,6 +101,62 @@ impl SeqUpdate {
             num_cached_prompt_tokens,
             num_reasoning_tokens,
         }
+    }
+}
+
+/// Why the engine refused a request.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdmissionError {
+    #[error("prompt is empty")]
+    EmptyPrompt,
+    /// A prompt id (`param` is `prompt`) or stop id (`stop_token_ids`) past the vocabulary.
+    #[error("token id {id} is out of vocabulary (size {vocab})")]
+    OutOfVocabulary {
+        param: &'static str,
+        id: u32,
+        vocab: usize,
+    },
+    #[error("prompt ({prompt} tokens) leaves no room for an answer in max_model_len ({limit})")]
+    PromptTooLong { prompt: usize, limit: usize },
+    #[error(
+        "prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({limit})"
+    )]
+    ContextLength {
+        prompt: usize,
+        max_tokens: usize,
+        limit: usize,
+    },
+    #[error("prompt ({prompt} tokens) + max_tokens ({max_tokens}) needs {blocks} KV cache blocks but the cache has only {capacity}")]
+    KvCapacity {
+        prompt: usize,
+        max_tokens: usize,
+        blocks: usize,
+        capacity: usize,
+    },
+    #[error(transparent)]
+    Param(#[from] InvalidParam),
+}
+
+impl AdmissionError {
+    /// The request field at fault, by its engine name: `prompt`, or a `SamplingParams` field.
+    pub fn param(&self) -> &'static str {
+        match self {
+            AdmissionError::OutOfVocabulary { param, .. } => param,
+            AdmissionError::ContextLength { .. } => "max_tokens",
+            AdmissionError::Param(e) => e.param,
+            AdmissionError::EmptyPrompt
+            | AdmissionError::PromptTooLong { .. }
+            | AdmissionError::KvCapacity { .. } => "prompt",
+        }
+    }
+
+    /// The prompt and the answer do not fit the model's context (OpenAI's
+    /// `context_length_exceeded`).
+    pub fn exceeds_context(&self) -> bool {
+        matches!(
+            self,
+            AdmissionError::PromptTooLong { .. } | AdmissionError::ContextLength { .. }
+        )
     }
 }
 
@@ -231,13 +287,14 @@ impl LlmEngine {
         self.tokenizer.vocab_size().min(self.runner.vocab_size())
     }
 
-    /// Validates (empty prompt, ids >= vocab, prompt + max_tokens > max_model_len or
-    /// beyond the KV cache, bad sampling parameters) and queues.
+    /// Validates (empty prompt, ids >= vocab, a prompt with no room in `max_model_len`, bad
+    /// sampling parameters, prompt + max_tokens beyond `max_model_len` or the KV cache) and
+    /// queues: the one place these limits are checked.
     pub fn add_request(
         &mut self,
         prompt_ids: Vec<u32>,
         params: SamplingParams,
-    ) -> anyhow::Result<SeqId> {
+    ) -> Result<SeqId, AdmissionError> {
         self.add_constrained_request(prompt_ids, params, None)
     }
 
@@ -249,30 +306,54 @@ impl LlmEngine {
         prompt_ids: Vec<u32>,
         params: SamplingParams,
         grammar: Option<TokenMatcher>,
-    ) -> anyhow::Result<SeqId> {
-        ensure!(!prompt_ids.is_empty(), "prompt is empty");
-        let vocab = self.vocab_size();
-        if let Some(&bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
-            bail!("token id {bad} is out of vocabulary (size {vocab})");
+    ) -> Result<SeqId, AdmissionError> {
+        if prompt_ids.is_empty() {
+            return Err(AdmissionError::EmptyPrompt);
         }
-        let total = prompt_ids.len() + params.max_tokens;
-        ensure!(
-            total <= self.config.max_model_len,
-            "prompt ({} tokens) + max_tokens ({}) exceeds max_model_len ({})",
-            prompt_ids.len(),
-            params.max_tokens,
-            self.config.max_model_len
-        );
-        let bm = self.scheduler.block_manager();
-        ensure!(
-            bm.blocks_for(total) <= bm.num_blocks(),
-            "prompt ({} tokens) + max_tokens ({}) needs {} KV cache blocks but the cache has only {}",
-            prompt_ids.len(),
-            params.max_tokens,
-            bm.blocks_for(total),
-            bm.num_blocks()
-        );
+        let vocab = self.vocab_size();
+        let out_of_vocabulary = |param, ids: &[u32]| {
+            ids.iter()
+                .find(|&&id| id as usize >= vocab)
+                .map(|&id| AdmissionError::OutOfVocabulary { param, id, vocab })
+        };
+        if let Some(e) = out_of_vocabulary("prompt", &prompt_ids) {
+            return Err(e);
+        }
+        let (prompt, limit) = (prompt_ids.len(), self.config.max_model_len);
+        if prompt >= limit {
+            return Err(AdmissionError::PromptTooLong { prompt, limit });
+        }
         params.validate()?;
+        if let Some(e) = out_of_vocabulary("stop_token_ids", &params.stop_token_ids) {
+            return Err(e);
+        }
+        if params.top_k > vocab {
+            return Err(AdmissionError::Param(InvalidParam {
+                param: "top_k",
+                message: format!(
+                    "`top_k` must be at most the vocabulary size ({vocab}), got {}",
+                    params.top_k
+                ),
+            }));
+        }
+        let max_tokens = params.max_tokens;
+        let total = prompt + max_tokens;
+        if total > limit {
+            return Err(AdmissionError::ContextLength {
+                prompt,
+                max_tokens,
+                limit,
+            });
+        }
+        let bm = self.scheduler.block_manager();
+        if bm.blocks_for(total) > bm.num_blocks() {
+            return Err(AdmissionError::KvCapacity {
+                prompt,
+                max_tokens,
+                blocks: bm.blocks_for(total),
+                capacity: bm.num_blocks(),
+            });
+        }
         let id = self.next_id;
         self.next_id += 1;
         let request = Request::new(
@@ -565,7 +646,7 @@ impl LlmEngine {
                     for &id in &ids {
                         self.abort(id);
                     }
-                    return Err(e.context(format!("prompt {i}")));
+                    return Err(anyhow::Error::new(e).context(format!("prompt {i}")));
                 }
             }
         }

@@ -1,13 +1,27 @@
 //! Per-request sampling: logits processors (min_tokens, penalties), greedy or seeded
 //! random sampling with temperature, top-k, top-p and min-p, and logprobs.
 
-use anyhow::ensure;
 use llguidance::toktrie::SimpleVob;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// Most top logprobs a request may ask for (OpenAI's limit).
 pub const MAX_LOGPROBS: usize = 20;
+/// Highest temperature accepted (OpenAI's API takes 0 to 2; vLLM more).
+const MAX_TEMPERATURE: f32 = 100.0;
+const MAX_REPETITION_PENALTY: f32 = 10.0;
+/// Most stop strings, and the longest one, in bytes.
+const MAX_STOP_STRINGS: usize = 16;
+const MAX_STOP_LEN: usize = 256;
+
+/// A sampling parameter outside its range: which one (by its `SamplingParams` name, which
+/// is also the API's) and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidParam {
+    pub param: &'static str,
+    pub message: String,
+}
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -68,56 +82,92 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
-    /// Rejects values outside their documented ranges, naming the field.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        ensure!(self.max_tokens >= 1, "max_tokens must be at least 1");
-        ensure!(
+    /// Rejects values outside their documented ranges, naming the field: the one check of
+    /// these ranges, for the server's requests and the command line's alike.
+    pub fn validate(&self) -> Result<(), InvalidParam> {
+        let check = |ok: bool, param: &'static str, message: String| {
+            if ok {
+                Ok(())
+            } else {
+                Err(InvalidParam { param, message })
+            }
+        };
+        check(
+            self.max_tokens >= 1,
+            "max_tokens",
+            "`max_tokens` must be at least 1".into(),
+        )?;
+        check(
             self.min_tokens <= self.max_tokens,
-            "min_tokens ({}) exceeds max_tokens ({})",
-            self.min_tokens,
-            self.max_tokens
-        );
-        ensure!(
-            self.temperature.is_finite() && self.temperature >= 0.0,
-            "temperature must be a finite number >= 0, got {}",
-            self.temperature
-        );
-        ensure!(
+            "min_tokens",
+            format!(
+                "`min_tokens` ({}) exceeds `max_tokens` ({})",
+                self.min_tokens, self.max_tokens
+            ),
+        )?;
+        let in_range = |x: f32, lo: f32, hi: f32| x.is_finite() && (lo..=hi).contains(&x);
+        check(
+            in_range(self.temperature, 0.0, MAX_TEMPERATURE),
+            "temperature",
+            format!(
+                "`temperature` must be between 0 and {MAX_TEMPERATURE}, got {}",
+                self.temperature
+            ),
+        )?;
+        check(
             self.top_p > 0.0 && self.top_p <= 1.0,
-            "top_p must be in (0, 1], got {}",
-            self.top_p
-        );
-        ensure!(
-            (0.0..=1.0).contains(&self.min_p),
-            "min_p must be in [0, 1], got {}",
-            self.min_p
-        );
-        ensure!(
-            self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
-            "repetition_penalty must be a finite number > 0, got {}",
-            self.repetition_penalty
-        );
-        ensure!(
-            self.presence_penalty.is_finite() && self.presence_penalty.abs() <= 2.0,
-            "presence_penalty must be in [-2, 2], got {}",
-            self.presence_penalty
-        );
-        ensure!(
-            self.frequency_penalty.is_finite() && self.frequency_penalty.abs() <= 2.0,
-            "frequency_penalty must be in [-2, 2], got {}",
-            self.frequency_penalty
-        );
+            "top_p",
+            format!("`top_p` must be in (0, 1], got {}", self.top_p),
+        )?;
+        check(
+            in_range(self.min_p, 0.0, 1.0),
+            "min_p",
+            format!("`min_p` must be in [0, 1], got {}", self.min_p),
+        )?;
+        check(
+            in_range(self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY)
+                && self.repetition_penalty > 0.0,
+            "repetition_penalty",
+            format!(
+                "`repetition_penalty` must be in (0, {MAX_REPETITION_PENALTY}], got {}",
+                self.repetition_penalty
+            ),
+        )?;
+        check(
+            in_range(self.presence_penalty, -2.0, 2.0),
+            "presence_penalty",
+            format!(
+                "`presence_penalty` must be in [-2, 2], got {}",
+                self.presence_penalty
+            ),
+        )?;
+        check(
+            in_range(self.frequency_penalty, -2.0, 2.0),
+            "frequency_penalty",
+            format!(
+                "`frequency_penalty` must be in [-2, 2], got {}",
+                self.frequency_penalty
+            ),
+        )?;
         if let Some(n) = self.logprobs {
-            ensure!(
+            check(
                 n <= MAX_LOGPROBS,
-                "logprobs must be at most {MAX_LOGPROBS}, got {n}"
-            );
+                "logprobs",
+                format!("`logprobs` must be at most {MAX_LOGPROBS}, got {n}"),
+            )?;
         }
-        ensure!(
-            self.stop.iter().all(|s| !s.is_empty()),
-            "stop strings must not be empty"
-        );
-        Ok(())
+        check(
+            self.stop.len() <= MAX_STOP_STRINGS,
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} stop strings are allowed"),
+        )?;
+        check(
+            self.stop
+                .iter()
+                .all(|s| !s.is_empty() && s.len() <= MAX_STOP_LEN),
+            "stop",
+            format!("stop strings must be 1 to {MAX_STOP_LEN} bytes long"),
+        )
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -759,7 +809,9 @@ mod tests {
             top_p: 0.0,
             ..SamplingParams::default()
         };
-        assert!(bad.validate().unwrap_err().to_string().contains("top_p"));
+        let e = bad.validate().unwrap_err();
+        assert_eq!(e.param, "top_p");
+        assert!(e.to_string().contains("top_p"));
         assert!(SamplingParams::default().validate().is_ok());
     }
 

@@ -1,7 +1,7 @@
 //! Structured output requests: OpenAI's `response_format`, vLLM's `structured_outputs` and
 //! its older `guided_*` fields, read into one [`GrammarSpec`] (or an error naming the field).
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::protocol::ApiError;
 use crate::grammar::GrammarSpec;
@@ -13,35 +13,34 @@ pub struct Constraint {
     pub param: String,
 }
 
-/// vLLM's older top-level fields and the `structured_outputs` key each one became.
-const GUIDED_FIELDS: [(&str, &str); 4] = [
-    ("guided_json", "json"),
-    ("guided_regex", "regex"),
-    ("guided_choice", "choice"),
-    ("guided_grammar", "grammar"),
-];
+/// The structured-output fields of a generation request (both routes, as vLLM's).
+#[derive(Debug, serde::Deserialize)]
+pub struct ConstraintFields {
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Value>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
+}
 
-/// Fields of the request body this module reads.
-pub const CONSTRAINT_FIELDS: &[&str] = &[
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-];
-
-/// The constraint of a request body, if any (both endpoints, as vLLM's); two constraints
-/// at once are refused.
-pub fn request_constraint(body: &Map<String, Value>) -> Result<Option<Constraint>, ApiError> {
+/// The constraint the fields ask for, if any; two constraints at once are refused.
+pub fn request_constraint(fields: &ConstraintFields) -> Result<Option<Constraint>, ApiError> {
     let mut found: Vec<Constraint> = Vec::new();
-    if let Some(format) = body.get("response_format").filter(|v| !v.is_null()) {
+    if let Some(format) = &fields.response_format {
         found.extend(response_format(format)?);
     }
-    if let Some(outputs) = body.get("structured_outputs").filter(|v| !v.is_null()) {
+    if let Some(outputs) = &fields.structured_outputs {
         found.extend(structured_outputs(outputs)?);
     }
-    for (field, key) in GUIDED_FIELDS {
-        if let Some(value) = body.get(field).filter(|v| !v.is_null()) {
+    let guided = [
+        (&fields.guided_json, "guided_json", "json"),
+        (&fields.guided_regex, "guided_regex", "regex"),
+        (&fields.guided_choice, "guided_choice", "choice"),
+        (&fields.guided_grammar, "guided_grammar", "grammar"),
+    ];
+    for (value, field, key) in guided {
+        if let Some(value) = value {
             found.push(structured_key(key, value, field)?);
         }
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::{Metrics, SeqTimings};
-use super::protocol::ApiError;
+use super::protocol::{ApiError, RequestFields};
 use crate::engine::{FinishReason, LlmEngine, SeqId, SeqUpdate, TokenLogprob};
 use crate::grammar::TokenMatcher;
 use crate::sampler::SamplingParams;
@@ -40,9 +40,8 @@ pub struct AddRequest {
     /// `Ok` once queued; 429 when too many sequences are waiting.
     pub admitted: oneshot::Sender<Result<(), ApiError>>,
     pub arrival: Instant,
-    /// The request field the prompts came from, which a refusal names: `prompt`, or
-    /// `messages` for a chat request.
-    pub prompt_field: &'static str,
+    /// The names of the fields an engine-side refusal names.
+    pub fields: RequestFields,
 }
 
 /// New output of one choice; several steps are merged when the client reads slowly.
@@ -232,10 +231,7 @@ impl EngineLoop {
                     for slot in &slots {
                         self.engine.abort(slot.id);
                     }
-                    let _ = request.admitted.send(Err(ApiError::invalid(
-                        request.prompt_field,
-                        format!("{e:#}"),
-                    )));
+                    let _ = request.admitted.send(Err(request.fields.refusal(&e)));
                     return;
                 }
             }
@@ -499,30 +495,39 @@ mod tests {
     fn send(
         commands: &std::sync::mpsc::Sender<Command>,
         prompt: Vec<u32>,
-        field: &'static str,
+        fields: RequestFields,
     ) -> (Result<(), ApiError>, mpsc::Receiver<SeqOutput>) {
-        let (events, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
-        let (admitted, admitted_rx) = oneshot::channel();
         let params = SamplingParams {
             max_tokens: 3,
             temperature: 0.0,
             ignore_eos: true,
             ..SamplingParams::default()
         };
+        send_with(commands, prompt, params, fields)
+    }
+
+    fn send_with(
+        commands: &std::sync::mpsc::Sender<Command>,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        fields: RequestFields,
+    ) -> (Result<(), ApiError>, mpsc::Receiver<SeqOutput>) {
+        let (events, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+        let (admitted, admitted_rx) = oneshot::channel();
         commands
             .send(Command::Add(AddRequest {
                 seqs: vec![(prompt, params, None)],
                 events,
                 admitted,
                 arrival: Instant::now(),
-                prompt_field: field,
+                fields,
             }))
             .unwrap();
         (admitted_rx.blocking_recv().unwrap(), rx)
     }
 
     fn add(commands: &std::sync::mpsc::Sender<Command>) -> mpsc::Receiver<SeqOutput> {
-        let (admitted, rx) = send(commands, vec![5, 6, 7], "prompt");
+        let (admitted, rx) = send(commands, vec![5, 6, 7], RequestFields::COMPLETION);
         admitted.unwrap();
         rx
     }
@@ -550,12 +555,17 @@ mod tests {
         (commands, std::thread::spawn(move || looping.run()), metrics)
     }
 
-    /// The engine refuses a prompt it cannot run by the field the client sent it in.
+    /// The engine refuses a request it cannot run by the field as the client sent it:
+    /// `messages` for a chat prompt, `top_logprobs` for chat's logprobs count, the length
+    /// limit it gave (with OpenAI's `context_length_exceeded`).
     #[test]
-    fn an_engine_side_refusal_names_the_field_of_the_prompt() {
+    fn an_engine_side_refusal_names_the_field_the_client_sent() {
         let (commands, thread, _) = start_loop(0);
-        for field in ["messages", "prompt"] {
-            let (admitted, _) = send(&commands, vec![5, 99_999], field);
+        for (fields, field) in [
+            (RequestFields::CHAT, "messages"),
+            (RequestFields::COMPLETION, "prompt"),
+        ] {
+            let (admitted, _) = send(&commands, vec![5, 99_999], fields);
             let error = admitted.unwrap_err();
             assert_eq!(error.param.as_deref(), Some(field));
             assert!(
@@ -564,6 +574,30 @@ mod tests {
                 error.message
             );
         }
+        let many_logprobs = SamplingParams {
+            logprobs: Some(21),
+            ..SamplingParams::default()
+        };
+        let (admitted, _) = send_with(&commands, vec![5], many_logprobs, RequestFields::CHAT);
+        assert_eq!(admitted.unwrap_err().param.as_deref(), Some("top_logprobs"));
+        let too_long = SamplingParams {
+            max_tokens: 1 << 20,
+            ..SamplingParams::default()
+        };
+        let chat_limit = RequestFields {
+            max_tokens: "max_completion_tokens",
+            ..RequestFields::CHAT
+        };
+        let error = send_with(&commands, vec![5], too_long, chat_limit)
+            .0
+            .unwrap_err();
+        assert_eq!(
+            (error.param.as_deref(), error.code),
+            (
+                Some("max_completion_tokens"),
+                Some("context_length_exceeded")
+            )
+        );
         commands.send(Command::Shutdown).unwrap();
         thread.join().unwrap();
     }

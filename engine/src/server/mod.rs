@@ -4,12 +4,14 @@
 //! the engine thread, which then runs [`engine_loop::EngineLoop`]. SIGTERM / Ctrl-C stop
 //! accepting connections and let in-flight requests finish for up to `--shutdown-grace`.
 
+pub mod bodies;
 pub mod constraints;
 pub mod engine_loop;
 pub mod metrics;
 pub mod protocol;
 pub mod routes;
 pub mod tools;
+pub mod typed_body;
 pub mod validate;
 
 use std::net::SocketAddr;

@@ -1,11 +1,11 @@
-//! OpenAI wire types: responses, stream chunks, usage, logprobs and the error body.
-//!
-//! Requests are not deserialised into structs here: `validate` reads them field by field
-//! so that every error can name the offending field.
+//! OpenAI wire types: responses, stream chunks, usage, logprobs and the error body (request
+//! bodies are typed in `bodies`).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+
+use crate::engine::AdmissionError;
 
 /// Token counts of a request (or of one choice so far, in continuous usage stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -244,6 +244,44 @@ pub struct DetokenizeResponse {
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelCard>,
+}
+
+/// The names a request gave the fields an engine-side refusal names: its prompt (`prompt`,
+/// or `messages` for chat), its length limit (`max_tokens`, or chat's
+/// `max_completion_tokens`) and its logprobs count (chat's `top_logprobs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFields {
+    pub prompt: &'static str,
+    pub max_tokens: &'static str,
+    pub logprobs: &'static str,
+}
+
+impl RequestFields {
+    pub const COMPLETION: RequestFields = RequestFields {
+        prompt: "prompt",
+        max_tokens: "max_tokens",
+        logprobs: "logprobs",
+    };
+    pub const CHAT: RequestFields = RequestFields {
+        prompt: "messages",
+        max_tokens: "max_tokens",
+        logprobs: "top_logprobs",
+    };
+
+    /// The engine's refusal as the client's error, naming the field as the client sent it.
+    pub fn refusal(&self, e: &AdmissionError) -> ApiError {
+        let param = match e.param() {
+            "prompt" => self.prompt,
+            "max_tokens" => self.max_tokens,
+            "logprobs" => self.logprobs,
+            other => other,
+        };
+        if e.exceeds_context() {
+            ApiError::context_length(param, e.to_string())
+        } else {
+            ApiError::invalid(param, e.to_string())
+        }
+    }
 }
 
 /// An error answered with OpenAI's body `{"error": {"message", "type", "param", "code"}}`.

@@ -276,10 +276,7 @@ async fn start(
             events: events_tx,
             admitted: admitted_tx,
             arrival,
-            prompt_field: match endpoint {
-                Endpoint::Completions => "prompt",
-                Endpoint::Chat => "messages",
-            },
+            fields: request.fields,
         }))
         .map_err(|_| ApiError::unavailable("The engine has stopped."))?;
     admitted_rx

@@ -71,13 +71,9 @@ const TOOLS_HELP: &str =
 pub fn parse_tools(
     tools: Option<&Value>,
     choice: Option<&Value>,
-    parallel: Option<&Value>,
+    parallel: Option<bool>,
 ) -> Result<Option<Tools>, ApiError> {
-    let parallel = match parallel {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ApiError::wrong_type("parallel_tool_calls", "a boolean")),
-    };
+    let parallel = parallel.unwrap_or(true);
     let Some(tools) = tools else {
         return match choice.map(Value::as_str) {
             None | Some(Some("none")) | Some(Some("auto")) => Ok(None),
@@ -884,7 +880,7 @@ mod tests {
             Some(&json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
                          {"type": "function", "function": {"name": "g"}}])),
             Some(&json!("required")),
-            Some(&json!(false)),
+            Some(false),
         )
         .unwrap()
         .unwrap();

@@ -1,141 +1,29 @@
 //! Turns a raw request body into a checked generation job, or an `ApiError` naming the field.
+//! The body is read once into the typed structs of `bodies` (which decide what is accepted);
+//! this module checks what only the server knows (the model's name, `n`, the number of
+//! prompts, unsupported values) and builds the engine's job. The limits that need the
+//! engine (ranges of the sampling parameters, the vocabulary, the context and the KV
+//! cache) are checked once, when the engine admits the job (`LlmEngine::add_request`).
 
 use serde_json::{Map, Value};
 
-use super::constraints::{request_constraint, Constraint, CONSTRAINT_FIELDS};
-use super::protocol::ApiError;
+use super::bodies::{
+    ChatFields, CompletionFields, DetokenizeBody, MessageBody, NoEffectFields, SharedFields,
+    StreamOptions, TokenizeBody,
+};
+use super::constraints::{request_constraint, Constraint, ConstraintFields};
+use super::protocol::{ApiError, RequestFields};
 use super::tools::{self, CallFormat, ToolCallParser};
-use crate::sampler::{SamplingParams, MAX_LOGPROBS};
+use super::typed_body::Body;
+use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// Most choices (`n`) one request may ask for.
-const MAX_N: i64 = 128;
+const MAX_N: u64 = 128;
 /// Most prompts in one completions request.
 const MAX_PROMPTS: usize = 1024;
-/// Most stop strings, and the longest one, in bytes.
-const MAX_STOP_STRINGS: usize = 16;
-const MAX_STOP_LEN: usize = 256;
-/// Request fields accepted at the top level of either endpoint that change nothing in the
-/// answer here (listed in the README). Any field neither honoured nor listed is a 400 that
-/// names it, as OpenAI's API answers an unrecognised argument.
-pub const NO_EFFECT_FIELDS: &[&str] = &[
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "safety_identifier",
-    "prompt_cache_key",
-];
-
-/// Fields honoured by both endpoints.
-const SHARED_FIELDS: &[&str] = &[
-    "model",
-    "max_tokens",
-    "min_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "skip_special_tokens",
-    "stream",
-    "stream_options",
-    "n",
-    "best_of",
-    "logit_bias",
-    "response_format",
-];
-/// Fields honoured by `/v1/completions` besides [`SHARED_FIELDS`].
-const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "suffix"];
-/// Fields honoured by `/v1/chat/completions` besides [`SHARED_FIELDS`].
-const CHAT_FIELDS: &[&str] = &[
-    "messages",
-    "max_completion_tokens",
-    "logprobs",
-    "top_logprobs",
-    "chat_template_kwargs",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-];
-/// OpenAI's deprecated function-calling fields and what replaced them: refused, naming it.
-const REPLACED_FIELDS: &[(&str, &str)] =
-    &[("functions", "tools"), ("function_call", "tool_choice")];
-/// Fields of a message: `name` changes nothing here; `reasoning_content` (or `reasoning`) of
-/// an earlier assistant turn reaches the template, as Qwen3's reads it; `tool_calls` of an
-/// assistant turn and `tool_call_id` of a tool result too.
-const MESSAGE_FIELDS: &[&str] = &[
-    "role",
-    "content",
-    "name",
-    "reasoning_content",
-    "reasoning",
-    "tool_calls",
-    "tool_call_id",
-];
-const REPLACED_MESSAGE_FIELDS: &[(&str, &str)] = &[("function_call", "tool_calls")];
-/// Fields of `stream_options`; `include_obfuscation` (OpenAI's padding) changes nothing.
-const STREAM_OPTION_FIELDS: &[&str] = &[
-    "include_usage",
-    "continuous_usage_stats",
-    "include_obfuscation",
-];
-
-/// Fails on the first field of `obj` (`path` is where it sits, e.g. `messages[2].`) that is
-/// neither honoured (`known`) nor without effect (`no_effect`); a `replaced` field names its
-/// successor. A field set to `null` counts as absent.
-fn check_fields(
-    obj: &Map<String, Value>,
-    path: &str,
-    known: &[&[&str]],
-    replaced: &[(&str, &str)],
-    no_effect: &[&str],
-) -> Result<(), ApiError> {
-    for (key, value) in obj {
-        if value.is_null() || known.iter().any(|k| k.contains(&key.as_str())) {
-            continue;
-        }
-        let param = format!("{path}{key}");
-        if let Some((_, successor)) = replaced.iter().find(|(old, _)| old == key) {
-            return Err(ApiError::invalid(
-                &param,
-                format!("`{param}` is OpenAI's deprecated form of `{path}{successor}`: use `{path}{successor}`"),
-            ));
-        }
-        if !no_effect.contains(&key.as_str()) {
-            return Err(ApiError::invalid(
-                &param,
-                format!("Unrecognized request argument supplied: {param}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// `best_of` other than 1 and a non-empty `logit_bias` would change the answer: refused.
-fn check_unsupported_values(fields: &Fields) -> Result<(), ApiError> {
-    if fields.int("best_of", 1, i64::MAX)?.is_some_and(|b| b != 1) {
-        return Err(ApiError::invalid(
-            "best_of",
-            "`best_of` other than 1 is not supported",
-        ));
-    }
-    match fields.get("logit_bias") {
-        None => Ok(()),
-        Some(Value::Object(bias)) if bias.is_empty() => Ok(()),
-        Some(Value::Object(_)) => Err(ApiError::invalid(
-            "logit_bias",
-            "`logit_bias` is not supported",
-        )),
-        Some(_) => Err(ApiError::wrong_type("logit_bias", "an object")),
-    }
-}
+/// A completion's `max_tokens` when absent (OpenAI's default).
+const DEFAULT_COMPLETION_TOKENS: usize = 16;
 
 /// What validation needs to know about the served model.
 #[derive(Debug, Clone)]
@@ -175,6 +63,8 @@ pub struct GenerateRequest {
     pub constraint: Option<Constraint>,
     /// How answers are read as tool calls (chat requests with tools).
     pub tool_calls: Option<CallFormat>,
+    /// The names the request gave its fields, which an engine-side refusal names.
+    pub fields: RequestFields,
 }
 
 impl GenerateRequest {
@@ -192,149 +82,49 @@ impl GenerateRequest {
     }
 }
 
-/// Typed access to the fields of a JSON object; `null` counts as absent.
-struct Fields<'a>(&'a Map<String, Value>);
-
-impl<'a> Fields<'a> {
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.0.get(key).filter(|v| !v.is_null())
-    }
-
-    fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| ApiError::wrong_type(key, "a boolean")),
-        }
-    }
-
-    fn str(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| ApiError::wrong_type(key, "a string")),
-        }
-    }
-
-    /// An integer within `min..=max`.
-    fn int(&self, key: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
-        let n = match (v.as_i64(), v.as_u64()) {
-            (Some(n), _) => n,
-            (None, Some(_)) => i64::MAX,
-            _ => return Err(ApiError::wrong_type(key, "an integer")),
-        };
-        if n < min || n > max {
-            return Err(ApiError::invalid(
-                key,
-                format!("`{key}` must be between {min} and {max}, got {v}"),
-            ));
-        }
-        Ok(Some(n))
-    }
-
-    /// A finite number within `min..=max`.
-    fn float(&self, key: &str, min: f64, max: f64) -> Result<Option<f32>, ApiError> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
-        let x = v
-            .as_f64()
-            .ok_or_else(|| ApiError::wrong_type(key, "a number"))?;
-        if !(min..=max).contains(&x) {
-            return Err(ApiError::invalid(
-                key,
-                format!("`{key}` must be between {min} and {max}, got {v}"),
-            ));
-        }
-        Ok(Some(x as f32))
-    }
-
-    /// A seed: any integer, negative ones wrap to `u64`.
-    fn seed(&self, key: &str) -> Result<Option<u64>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => match (v.as_u64(), v.as_i64()) {
-                (Some(n), _) => Ok(Some(n)),
-                (None, Some(n)) => Ok(Some(n as u64)),
-                _ => Err(ApiError::wrong_type(key, "an integer")),
-            },
-        }
-    }
-}
-
-fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::malformed(format!("The request body is not valid JSON: {e}")))?;
-    match value {
-        Value::Object(map) => Ok(map),
-        _ => Err(ApiError::malformed(
-            "The request body must be a JSON object.",
-        )),
-    }
-}
-
 /// The `model` field: absent means the served model, an unknown name is a 404.
-fn check_model(fields: &Fields, info: &ModelInfo) -> Result<String, ApiError> {
-    match fields.str("model")? {
+fn check_model(model: Option<String>, info: &ModelInfo) -> Result<String, ApiError> {
+    match model {
         None => Ok(info.served_names[0].clone()),
-        Some(name) if info.served_names.iter().any(|n| n == name) => Ok(name.to_string()),
-        Some(name) => Err(ApiError::model_not_found(name)),
+        Some(name) if info.served_names.contains(&name) => Ok(name),
+        Some(name) => Err(ApiError::model_not_found(&name)),
     }
 }
 
-/// `stop`: a string or a list of strings.
-fn stop_strings(fields: &Fields) -> Result<Vec<String>, ApiError> {
-    let list = match fields.get("stop") {
-        None => return Ok(Vec::new()),
-        Some(Value::String(s)) => vec![s.clone()],
+/// `best_of` other than 1 and a non-empty `logit_bias` would change the answer: refused.
+fn check_unsupported_values(shared: &SharedFields) -> Result<(), ApiError> {
+    if shared.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::invalid(
+            "best_of",
+            "`best_of` other than 1 is not supported",
+        ));
+    }
+    if shared.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "`logit_bias` is not supported",
+        ));
+    }
+    Ok(())
+}
+
+/// `stop`: a string or a list of strings (their number and lengths are the engine's to check).
+fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    const EXPECTED: &str = "a string or a list of strings";
+    match stop {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(items)) => items
             .iter()
             .map(|v| v.as_str().map(str::to_string))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| ApiError::wrong_type("stop", "a string or a list of strings"))?,
-        Some(_) => {
-            return Err(ApiError::wrong_type(
-                "stop",
-                "a string or a list of strings",
-            ))
-        }
-    };
-    if list.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid(
-            "stop",
-            format!("at most {MAX_STOP_STRINGS} stop strings are allowed"),
-        ));
+            .ok_or_else(|| ApiError::wrong_type("stop", EXPECTED)),
+        Some(_) => Err(ApiError::wrong_type("stop", EXPECTED)),
     }
-    if list.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_LEN) {
-        return Err(ApiError::invalid(
-            "stop",
-            format!("stop strings must be 1 to {MAX_STOP_LEN} bytes long"),
-        ));
-    }
-    Ok(list)
 }
 
-fn token_id(v: &Value, vocab_size: usize, param: &str) -> Result<u32, ApiError> {
-    let id = v
-        .as_u64()
-        .ok_or_else(|| ApiError::wrong_type(param, "a list of non-negative integer token ids"))?;
-    if id >= vocab_size as u64 {
-        return Err(ApiError::invalid(
-            param,
-            format!("token id {id} is out of the vocabulary (size {vocab_size})"),
-        ));
-    }
-    Ok(id as u32)
-}
-
-fn token_ids(items: &[Value], vocab_size: usize, param: &str) -> Result<Vec<u32>, ApiError> {
+/// A non-empty list of token ids (the engine checks them against the vocabulary).
+fn token_ids(items: &[Value], param: &str) -> Result<Vec<u32>, ApiError> {
     if items.is_empty() {
         return Err(ApiError::invalid(
             param,
@@ -343,7 +133,13 @@ fn token_ids(items: &[Value], vocab_size: usize, param: &str) -> Result<Vec<u32>
     }
     items
         .iter()
-        .map(|v| token_id(v, vocab_size, param))
+        .map(|v| {
+            v.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| {
+                    ApiError::wrong_type(param, "a list of non-negative integer token ids")
+                })
+        })
         .collect()
 }
 
@@ -373,13 +169,12 @@ fn encode(
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
 fn completion_prompts(
-    fields: &Fields,
-    info: &ModelInfo,
+    prompt: Option<&Value>,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     const EXPECTED: &str =
         "a string, a list of strings, a list of token ids or a list of lists of token ids";
-    let prompts = match fields.get("prompt") {
+    let prompts = match prompt {
         None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
         Some(Value::String(text)) => vec![encode(tokenizer, text, "prompt", true)?],
         Some(Value::Array(items)) if items.is_empty() => {
@@ -393,11 +188,11 @@ fn completion_prompts(
                     _ => Err(ApiError::wrong_type("prompt", EXPECTED)),
                 })
                 .collect::<Result<_, _>>()?,
-            Value::Number(_) => vec![token_ids(items, info.vocab_size, "prompt")?],
+            Value::Number(_) => vec![token_ids(items, "prompt")?],
             Value::Array(_) => items
                 .iter()
                 .map(|v| match v {
-                    Value::Array(ids) => token_ids(ids, info.vocab_size, "prompt"),
+                    Value::Array(ids) => token_ids(ids, "prompt"),
                     _ => Err(ApiError::wrong_type("prompt", EXPECTED)),
                 })
                 .collect::<Result<_, _>>()?,
@@ -414,179 +209,96 @@ fn completion_prompts(
     Ok(prompts)
 }
 
-/// `messages`, checked field by field.
-fn chat_messages(fields: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
-    let items = match fields.get("messages") {
+/// `messages`, checked message by message.
+fn chat_messages(messages: Option<Vec<MessageBody>>) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = match messages {
         None => return Err(ApiError::invalid("messages", "`messages` is required")),
-        Some(Value::Array(items)) if items.is_empty() => {
+        Some(items) if items.is_empty() => {
             return Err(ApiError::invalid(
                 "messages",
                 "`messages` must not be empty",
             ))
         }
-        Some(Value::Array(items)) => items,
+        Some(items) => items,
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| chat_message(m, &format!("messages[{i}]")))
+        .collect()
+}
+
+/// One message at `path` (`messages[2]`).
+fn chat_message(m: MessageBody, path: &str) -> Result<ChatMessage, ApiError> {
+    if m.function_call.is_some() {
+        let param = format!("{path}.function_call");
+        return Err(ApiError::invalid(
+            &param,
+            format!("`{param}` is OpenAI's deprecated form of `{path}.tool_calls`: use `{path}.tool_calls`"),
+        ));
+    }
+    let role_param = format!("{path}.role");
+    let role = m
+        .role
+        .ok_or_else(|| ApiError::invalid(&role_param, "every message needs a `role`"))?;
+    if !["system", "developer", "user", "assistant", "tool"].contains(&role.as_str()) {
+        return Err(ApiError::invalid(
+            &role_param,
+            format!("unknown role `{role}`"),
+        ));
+    }
+    let content_param = format!("{path}.content");
+    let content = match m.content {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s,
+        Some(Value::Array(parts)) => text_parts(&parts, &content_param)?,
         Some(_) => {
             return Err(ApiError::wrong_type(
-                "messages",
-                "a list of message objects",
+                &content_param,
+                "a string or a list of text parts",
             ))
         }
     };
-    let mut messages = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let Value::Object(obj) = item else {
-            return Err(ApiError::wrong_type(&format!("messages[{i}]"), "an object"));
-        };
-        check_fields(
-            obj,
-            &format!("messages[{i}]."),
-            &[MESSAGE_FIELDS],
-            REPLACED_MESSAGE_FIELDS,
-            &[],
-        )?;
-        let msg = Fields(obj);
-        let role_param = format!("messages[{i}].role");
-        let role = match msg.get("role") {
-            Some(Value::String(r)) => r.clone(),
-            Some(_) => return Err(ApiError::wrong_type(&role_param, "a string")),
-            None => {
-                return Err(ApiError::invalid(
-                    &role_param,
-                    "every message needs a `role`",
-                ))
-            }
-        };
-        if !["system", "developer", "user", "assistant", "tool"].contains(&role.as_str()) {
+    let reasoning_content = match (m.reasoning_content, m.reasoning) {
+        (Some(a), Some(b)) if a != b => {
             return Err(ApiError::invalid(
-                &role_param,
-                format!("unknown role `{role}`"),
-            ));
+                &format!("{path}.reasoning"),
+                "`reasoning` and `reasoning_content` are the same field under two names; \
+                 they differ here",
+            ))
         }
-        let content_param = format!("messages[{i}].content");
-        let content = match msg.get("content") {
-            None => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => text_parts(parts, &content_param)?,
-            Some(_) => {
-                return Err(ApiError::wrong_type(
-                    &content_param,
-                    "a string or a list of text parts",
-                ))
-            }
-        };
-        let reasoning_content = match (msg.str("reasoning_content"), msg.str("reasoning")) {
-            (Err(e), _) | (_, Err(e)) => return Err(prefixed(e, &format!("messages[{i}]."))),
-            (Ok(Some(a)), Ok(Some(b))) if a != b => {
-                return Err(ApiError::invalid(
-                    &format!("messages[{i}].reasoning"),
-                    "`reasoning` and `reasoning_content` are the same field under two names; \
-                     they differ here",
-                ))
-            }
-            (Ok(a), Ok(b)) => a.or(b).map(str::to_string),
-        };
-        if reasoning_content.is_some() && role != "assistant" {
+        (a, b) => a.or(b),
+    };
+    if reasoning_content.is_some() && role != "assistant" {
+        return Err(ApiError::invalid(
+            &format!("{path}.reasoning_content"),
+            "only an assistant message carries reasoning",
+        ));
+    }
+    let calls_param = format!("{path}.tool_calls");
+    let tool_calls = match m.tool_calls {
+        None => None,
+        Some(_) if role != "assistant" => {
             return Err(ApiError::invalid(
-                &format!("messages[{i}].reasoning_content"),
-                "only an assistant message carries reasoning",
-            ));
+                &calls_param,
+                "only an assistant message carries tool calls",
+            ))
         }
-        let tool_calls = match msg.get("tool_calls") {
-            None => None,
-            Some(_) if role != "assistant" => {
-                return Err(ApiError::invalid(
-                    &format!("messages[{i}].tool_calls"),
-                    "only an assistant message carries tool calls",
-                ))
-            }
-            Some(calls) => Some(tools::message_tool_calls(
-                calls,
-                &format!("messages[{i}].tool_calls"),
-            )?),
-        };
-        let tool_call_id = match msg.get("tool_call_id") {
-            None => None,
-            Some(_) if role != "tool" => {
-                return Err(ApiError::invalid(
-                    &format!("messages[{i}].tool_call_id"),
-                    "only a `tool` message answers a tool call",
-                ))
-            }
-            Some(Value::String(id)) => Some(id.clone()),
-            Some(_) => {
-                return Err(ApiError::wrong_type(
-                    &format!("messages[{i}].tool_call_id"),
-                    "a string",
-                ))
-            }
-        };
-        messages.push(ChatMessage {
-            role,
-            content,
-            reasoning_content,
-            tool_calls,
-            tool_call_id,
-        });
+        Some(calls) => Some(tools::message_tool_calls(&calls, &calls_param)?),
+    };
+    if m.tool_call_id.is_some() && role != "tool" {
+        return Err(ApiError::invalid(
+            &format!("{path}.tool_call_id"),
+            "only a `tool` message answers a tool call",
+        ));
     }
-    Ok(messages)
-}
-
-/// `e` with its parameter placed under `path` (e.g. `messages[2].`).
-fn prefixed(mut e: ApiError, path: &str) -> ApiError {
-    if let Some(param) = e.param.take() {
-        e.message = e
-            .message
-            .replace(&format!("`{param}`"), &format!("`{path}{param}`"));
-        e.param = Some(format!("{path}{param}"));
-    }
-    e
-}
-
-/// Template variables the server sets itself, which `chat_template_kwargs` may not replace.
-pub const SERVER_TEMPLATE_VARIABLES: [&str; 4] = [
-    "messages",
-    "add_generation_prompt",
-    "bos_token",
-    "eos_token",
-];
-
-/// The template variables of a chat request: the server's defaults, overridden key by key
-/// by the request's `chat_template_kwargs`.
-fn template_kwargs(fields: &Fields, info: &ModelInfo) -> Result<Map<String, Value>, ApiError> {
-    let mut kwargs = info.default_chat_template_kwargs.clone();
-    match fields.get("chat_template_kwargs") {
-        None => {}
-        Some(Value::Object(own)) => {
-            if let Some(key) = SERVER_TEMPLATE_VARIABLES
-                .iter()
-                .find(|k| own.contains_key(**k))
-            {
-                return Err(ApiError::invalid(
-                    &format!("chat_template_kwargs.{key}"),
-                    format!("`{key}` is set by the server, not by chat_template_kwargs"),
-                ));
-            }
-            kwargs.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
-        }
-        Some(_) => return Err(ApiError::wrong_type("chat_template_kwargs", "an object")),
-    }
-    Ok(kwargs)
-}
-
-/// `messages` rendered with the chat template and tokenized.
-fn render_chat(
-    tokenizer: &Tokenizer,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
-    kwargs: &Map<String, Value>,
-    add_special: bool,
-) -> Result<Vec<u32>, ApiError> {
-    let text = tokenizer
-        .apply_chat_template(messages, add_generation_prompt, kwargs)
-        .map_err(|e| {
-            ApiError::invalid("messages", format!("cannot apply the chat template: {e:#}"))
-        })?;
-    encode(tokenizer, &text, "messages", add_special)
+    Ok(ChatMessage {
+        role,
+        content,
+        reasoning_content,
+        tool_calls,
+        tool_call_id: m.tool_call_id,
+    })
 }
 
 /// Concatenates `[{"type": "text", "text": ...}, ...]`.
@@ -609,66 +321,103 @@ fn text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
     Ok(text)
 }
 
-/// Sampling fields shared by both endpoints (everything but `max_tokens` and logprobs).
-fn sampling_params(fields: &Fields, vocab_size: usize) -> Result<SamplingParams, ApiError> {
-    let mut p = SamplingParams::default();
-    if let Some(t) = fields.float("temperature", 0.0, 100.0)? {
-        p.temperature = t;
-    }
-    if let Some(v) = fields.float("top_p", 0.0, 1.0)? {
-        if v <= 0.0 {
-            return Err(ApiError::invalid("top_p", "`top_p` must be in (0, 1]"));
-        }
-        p.top_p = v;
-    }
-    if let Some(k) = fields.int("top_k", -1, vocab_size as i64)? {
-        p.top_k = k.max(0) as usize;
-    }
-    if let Some(v) = fields.float("min_p", 0.0, 1.0)? {
-        p.min_p = v;
-    }
-    if let Some(v) = fields.float("presence_penalty", -2.0, 2.0)? {
-        p.presence_penalty = v;
-    }
-    if let Some(v) = fields.float("frequency_penalty", -2.0, 2.0)? {
-        p.frequency_penalty = v;
-    }
-    if let Some(v) = fields.float("repetition_penalty", 0.0, 10.0)? {
-        if v <= 0.0 {
-            return Err(ApiError::invalid(
-                "repetition_penalty",
-                "`repetition_penalty` must be > 0",
-            ));
-        }
-        p.repetition_penalty = v;
-    }
-    p.seed = fields.seed("seed")?;
-    p.stop = stop_strings(fields)?;
-    if let Some(v) = fields.get("stop_token_ids") {
-        let Value::Array(items) = v else {
-            return Err(ApiError::wrong_type(
-                "stop_token_ids",
-                "a list of token ids",
-            ));
-        };
-        p.stop_token_ids = items
+/// Template variables the server sets itself, which `chat_template_kwargs` may not replace.
+pub const SERVER_TEMPLATE_VARIABLES: [&str; 4] = [
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// The template variables of a chat request: the server's defaults, overridden key by key
+/// by the request's `chat_template_kwargs`.
+fn template_kwargs(
+    own: Option<Map<String, Value>>,
+    info: &ModelInfo,
+) -> Result<Map<String, Value>, ApiError> {
+    let mut kwargs = info.default_chat_template_kwargs.clone();
+    if let Some(own) = own {
+        if let Some(key) = SERVER_TEMPLATE_VARIABLES
             .iter()
-            .map(|v| token_id(v, vocab_size, "stop_token_ids"))
-            .collect::<Result<_, _>>()?;
+            .find(|k| own.contains_key(**k))
+        {
+            return Err(ApiError::invalid(
+                &format!("chat_template_kwargs.{key}"),
+                format!("`{key}` is set by the server, not by chat_template_kwargs"),
+            ));
+        }
+        kwargs.extend(own);
     }
-    p.ignore_eos = fields.bool("ignore_eos")?.unwrap_or(false);
-    p.skip_special_tokens = fields.bool("skip_special_tokens")?.unwrap_or(true);
-    Ok(p)
+    Ok(kwargs)
 }
 
-/// Stream flags; `stream_options` only with `stream: true`.
-fn stream_options(fields: &Fields) -> Result<(bool, bool, bool), ApiError> {
-    let stream = fields.bool("stream")?.unwrap_or(false);
-    let Some(options) = fields.get("stream_options") else {
-        return Ok((stream, false, false));
+/// `messages` rendered with the chat template and tokenized.
+fn render_chat(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    kwargs: &Map<String, Value>,
+    add_special: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let text = tokenizer
+        .apply_chat_template(messages, add_generation_prompt, kwargs)
+        .map_err(|e| {
+            ApiError::invalid("messages", format!("cannot apply the chat template: {e:#}"))
+        })?;
+    encode(tokenizer, &text, "messages", add_special)
+}
+
+/// The sampling parameters of the fields shared by both routes (`max_tokens`, `min_tokens`
+/// and logprobs are set by the route). Their ranges are the engine's to check.
+fn sampling_params(shared: &SharedFields) -> Result<SamplingParams, ApiError> {
+    let defaults = SamplingParams::default();
+    let float = |v: Option<f64>, default: f32| v.map_or(default, |x| x as f32);
+    let top_k = match shared.top_k {
+        None | Some(-1) => 0,
+        Some(k) => usize::try_from(k).map_err(|_| {
+            ApiError::invalid(
+                "top_k",
+                format!("`top_k` must be -1 (off) or at least 0, got {k}"),
+            )
+        })?,
     };
-    let Value::Object(obj) = options else {
-        return Err(ApiError::wrong_type("stream_options", "an object"));
+    let seed = shared.seed.as_ref().map(|n| {
+        n.as_u64()
+            .or_else(|| n.as_i64().map(|i| i as u64))
+            .ok_or_else(|| ApiError::wrong_type("seed", "an integer"))
+    });
+    Ok(SamplingParams {
+        temperature: float(shared.temperature, defaults.temperature),
+        top_p: float(shared.top_p, defaults.top_p),
+        top_k,
+        min_p: float(shared.min_p, defaults.min_p),
+        presence_penalty: float(shared.presence_penalty, defaults.presence_penalty),
+        frequency_penalty: float(shared.frequency_penalty, defaults.frequency_penalty),
+        repetition_penalty: float(shared.repetition_penalty, defaults.repetition_penalty),
+        seed: seed.transpose()?,
+        stop: stop_strings(shared.stop.as_ref())?,
+        stop_token_ids: shared.stop_token_ids.clone().unwrap_or_default(),
+        ignore_eos: shared.ignore_eos.unwrap_or(false),
+        skip_special_tokens: shared.skip_special_tokens.unwrap_or(true),
+        min_tokens: count(shared.min_tokens),
+        ..defaults
+    })
+}
+
+/// A count from the body, saturating (the engine refuses one too large for the context).
+fn count(n: Option<u64>) -> usize {
+    n.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// Stream flags `(stream, include_usage, continuous_usage)`; `stream_options` only with
+/// `stream: true`.
+fn stream_flags(
+    stream: Option<bool>,
+    options: Option<&StreamOptions>,
+) -> Result<(bool, bool, bool), ApiError> {
+    let stream = stream.unwrap_or(false);
+    let Some(options) = options else {
+        return Ok((stream, false, false));
     };
     if !stream {
         return Err(ApiError::invalid(
@@ -676,55 +425,29 @@ fn stream_options(fields: &Fields) -> Result<(bool, bool, bool), ApiError> {
             "`stream_options` is only allowed with `stream: true`",
         ));
     }
-    check_fields(obj, "stream_options.", &[STREAM_OPTION_FIELDS], &[], &[])?;
-    let opts = Fields(obj);
-    let include_usage = opts
-        .bool("include_usage")
-        .map_err(|_| ApiError::wrong_type("stream_options.include_usage", "a boolean"))?
-        .unwrap_or(false);
-    let continuous = opts
-        .bool("continuous_usage_stats")
-        .map_err(|_| ApiError::wrong_type("stream_options.continuous_usage_stats", "a boolean"))?
-        .unwrap_or(false);
-    Ok((stream, include_usage, continuous))
+    Ok((
+        stream,
+        options.include_usage.unwrap_or(false),
+        options.continuous_usage_stats.unwrap_or(false),
+    ))
 }
 
-/// `max_tokens` against the context window; `default_rest` fills the context when absent (chat).
-fn max_tokens(
-    fields: &Fields,
-    keys: &[&str],
-    prompts: &[Vec<u32>],
-    prompt_param: &str,
-    info: &ModelInfo,
-    default_rest: bool,
-) -> Result<usize, ApiError> {
-    let limit = info.max_model_len;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    if longest >= limit {
-        return Err(ApiError::context_length(
-            prompt_param,
-            format!("This model's maximum context length is {limit} tokens, but the prompt has {longest} tokens."),
-        ));
-    }
-    let mut requested = None;
-    for key in keys {
-        if let Some(v) = fields.int(key, 1, i64::MAX)? {
-            requested = Some((*key, v as usize));
-            break;
-        }
-    }
-    match requested {
-        Some((key, n)) if longest.saturating_add(n) > limit => Err(ApiError::context_length(
-            key,
-            format!(
-                "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({longest} in the prompt, {n} in the completion).",
-                longest.saturating_add(n)
-            ),
+/// `n`, within `1..=MAX_N`.
+fn choices(n: Option<u64>) -> Result<usize, ApiError> {
+    match n.unwrap_or(1) {
+        n @ 1..=MAX_N => Ok(n as usize),
+        n => Err(ApiError::invalid(
+            "n",
+            format!("`n` must be between 1 and {MAX_N}, got {n}"),
         )),
-        Some((_, n)) => Ok(n),
-        None if default_rest => Ok(limit - longest),
-        None => Ok(16.min(limit - longest)),
     }
+}
+
+/// What fills the context after the longest prompt (zero when it is already full, which
+/// the engine refuses naming the prompt).
+fn room_after(prompts: &[Vec<u32>], info: &ModelInfo) -> usize {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    info.max_model_len.saturating_sub(longest)
 }
 
 /// Validates a `/v1/completions` body.
@@ -733,32 +456,30 @@ pub fn completion_request(
     info: &ModelInfo,
     tokenizer: &Tokenizer,
 ) -> Result<GenerateRequest, ApiError> {
-    let map = parse_object(body)?;
-    check_fields(
-        &map,
-        "",
-        &[SHARED_FIELDS, COMPLETION_FIELDS, CONSTRAINT_FIELDS],
-        &[],
-        NO_EFFECT_FIELDS,
-    )?;
-    let fields = Fields(&map);
-    check_unsupported_values(&fields)?;
-    let model = check_model(&fields, info)?;
-    if fields.bool("echo")?.unwrap_or(false) {
+    let mut body = Body::parse(body)?;
+    let shared: SharedFields = body.read()?;
+    let own: CompletionFields = body.read()?;
+    let constraint_fields: ConstraintFields = body.read()?;
+    body.read::<NoEffectFields>()?;
+    body.finish()?;
+    check_unsupported_values(&shared)?;
+    let model = check_model(shared.model.clone(), info)?;
+    if own.echo == Some(true) {
         return Err(ApiError::invalid("echo", "`echo: true` is not supported"));
     }
-    if fields.get("suffix").is_some() {
+    if own.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
-    let mut params = sampling_params(&fields, info.vocab_size)?;
-    params.logprobs = fields
-        .int("logprobs", 0, MAX_LOGPROBS as i64)?
-        .map(|k| k as usize);
-    let (stream, include_usage, continuous_usage) = stream_options(&fields)?;
-    let n = fields.int("n", 1, MAX_N)?.unwrap_or(1) as usize;
-    let prompts = completion_prompts(&fields, info, tokenizer)?;
-    params.max_tokens = max_tokens(&fields, &["max_tokens"], &prompts, "prompt", info, false)?;
-    params.min_tokens = min_tokens(&fields, params.max_tokens)?;
+    let mut params = sampling_params(&shared)?;
+    params.logprobs = own.logprobs.map(|k| count(Some(k)));
+    let (stream, include_usage, continuous_usage) =
+        stream_flags(shared.stream, shared.stream_options.as_ref())?;
+    let n = choices(shared.n)?;
+    let prompts = completion_prompts(own.prompt.as_ref(), tokenizer)?;
+    params.max_tokens = match shared.max_tokens {
+        Some(n) => count(Some(n)),
+        None => DEFAULT_COMPLETION_TOKENS.min(room_after(&prompts, info)),
+    };
     Ok(GenerateRequest {
         model,
         prompts,
@@ -767,8 +488,9 @@ pub fn completion_request(
         stream,
         include_usage,
         continuous_usage,
-        constraint: request_constraint(&map)?,
+        constraint: request_constraint(&constraint_fields)?,
         tool_calls: None,
+        fields: RequestFields::COMPLETION,
     })
 }
 
@@ -778,37 +500,47 @@ pub fn chat_request(
     info: &ModelInfo,
     tokenizer: &Tokenizer,
 ) -> Result<GenerateRequest, ApiError> {
-    let map = parse_object(body)?;
-    check_fields(
-        &map,
-        "",
-        &[SHARED_FIELDS, CHAT_FIELDS, CONSTRAINT_FIELDS],
-        REPLACED_FIELDS,
-        NO_EFFECT_FIELDS,
-    )?;
-    let fields = Fields(&map);
-    check_unsupported_values(&fields)?;
-    let model = check_model(&fields, info)?;
-    let mut params = sampling_params(&fields, info.vocab_size)?;
-    let want_logprobs = fields.bool("logprobs")?.unwrap_or(false);
-    let top = fields.int("top_logprobs", 0, MAX_LOGPROBS as i64)?;
-    if top.is_some() && !want_logprobs {
+    let mut body = Body::parse(body)?;
+    let shared: SharedFields = body.read()?;
+    let own: ChatFields = body.read()?;
+    let constraint_fields: ConstraintFields = body.read()?;
+    body.read::<NoEffectFields>()?;
+    body.finish()?;
+    for (given, field, successor) in [
+        (&own.functions, "functions", "tools"),
+        (&own.function_call, "function_call", "tool_choice"),
+    ] {
+        if given.is_some() {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "`{field}` is OpenAI's deprecated form of `{successor}`: use `{successor}`"
+                ),
+            ));
+        }
+    }
+    check_unsupported_values(&shared)?;
+    let model = check_model(shared.model.clone(), info)?;
+    let mut params = sampling_params(&shared)?;
+    let want_logprobs = own.logprobs.unwrap_or(false);
+    if own.top_logprobs.is_some() && !want_logprobs {
         return Err(ApiError::invalid(
             "top_logprobs",
             "`top_logprobs` needs `logprobs: true`",
         ));
     }
-    params.logprobs = want_logprobs.then(|| top.unwrap_or(0) as usize);
-    let (stream, include_usage, continuous_usage) = stream_options(&fields)?;
-    let n = fields.int("n", 1, MAX_N)?.unwrap_or(1) as usize;
-    let mut messages = chat_messages(&fields)?;
-    let mut kwargs = template_kwargs(&fields, info)?;
+    params.logprobs = want_logprobs.then(|| count(own.top_logprobs));
+    let (stream, include_usage, continuous_usage) =
+        stream_flags(shared.stream, shared.stream_options.as_ref())?;
+    let n = choices(shared.n)?;
+    let mut messages = chat_messages(own.messages)?;
+    let mut kwargs = template_kwargs(own.chat_template_kwargs, info)?;
     let tools = tools::parse_tools(
-        fields.get("tools"),
-        fields.get("tool_choice"),
-        fields.get("parallel_tool_calls"),
+        own.tools.as_ref(),
+        own.tool_choice.as_ref(),
+        own.parallel_tool_calls,
     )?;
-    let mut constraint = request_constraint(&map)?;
+    let mut constraint = request_constraint(&constraint_fields)?;
     let mut tool_calls = None;
     if let Some(tools) = &tools {
         tool_calls = tools.call_format(info.tool_call_parser)?;
@@ -843,15 +575,13 @@ pub fn chat_request(
     }
     let prompts = vec![render_chat(tokenizer, &messages, true, &kwargs, false)?];
     params.split_reasoning = info.split_reasoning;
-    params.max_tokens = max_tokens(
-        &fields,
-        &["max_completion_tokens", "max_tokens"],
-        &prompts,
-        "messages",
-        info,
-        true,
-    )?;
-    params.min_tokens = min_tokens(&fields, params.max_tokens)?;
+    // OpenAI's newer name wins; without either, the answer may fill the context.
+    let (max_tokens_field, max_tokens) = match (own.max_completion_tokens, shared.max_tokens) {
+        (Some(n), _) => ("max_completion_tokens", count(Some(n))),
+        (None, Some(n)) => ("max_tokens", count(Some(n))),
+        (None, None) => ("max_tokens", room_after(&prompts, info)),
+    };
+    params.max_tokens = max_tokens;
     Ok(GenerateRequest {
         model,
         prompts,
@@ -862,26 +592,20 @@ pub fn chat_request(
         continuous_usage,
         constraint,
         tool_calls,
+        fields: RequestFields {
+            max_tokens: max_tokens_field,
+            ..RequestFields::CHAT
+        },
     })
 }
 
-/// Whether the chat template renders `tools` itself (else the Hermes prompt carries them).
+/// Whether the chat template renders `tools` itself (else the Hermes prompt carries them):
+/// decided once, when the model loads.
 pub fn template_reads_tools(tokenizer: &Tokenizer) -> bool {
     tokenizer
         .chat_template()
         .is_some_and(|source| source.contains("tools"))
 }
-
-/// Fields of a `/tokenize` body (vLLM's shapes: a `prompt`, or chat `messages`).
-const TOKENIZE_FIELDS: &[&str] = &[
-    "model",
-    "prompt",
-    "messages",
-    "add_special_tokens",
-    "add_generation_prompt",
-    "chat_template_kwargs",
-    "return_token_strs",
-];
 
 /// A checked `/tokenize` body.
 #[derive(Debug, Clone, PartialEq)]
@@ -900,46 +624,39 @@ pub fn tokenize_request(
     info: &ModelInfo,
     tokenizer: &Tokenizer,
 ) -> Result<TokenizeRequest, ApiError> {
-    let map = parse_object(body)?;
-    check_fields(&map, "", &[TOKENIZE_FIELDS], &[], &[])?;
-    let fields = Fields(&map);
-    check_model(&fields, info)?;
-    let token_strs = fields.bool("return_token_strs")?.unwrap_or(false);
-    let tokens = match (fields.get("prompt"), fields.get("messages")) {
+    let mut body = Body::parse(body)?;
+    let b: TokenizeBody = body.read()?;
+    body.finish()?;
+    check_model(b.model, info)?;
+    let token_strs = b.return_token_strs.unwrap_or(false);
+    let tokens = match (b.prompt, b.messages) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
                 "messages",
                 "give `prompt` or `messages`, not both",
             ))
         }
-        (Some(_), None) => {
-            if fields.get("add_generation_prompt").is_some()
-                || fields.get("chat_template_kwargs").is_some()
-            {
+        (Some(text), None) => {
+            if b.add_generation_prompt.is_some() || b.chat_template_kwargs.is_some() {
                 return Err(ApiError::invalid(
                     "prompt",
                     "`add_generation_prompt` and `chat_template_kwargs` go with `messages`",
                 ));
             }
-            let text = fields
-                .str("prompt")?
-                .ok_or_else(|| ApiError::wrong_type("prompt", "a string"))?;
-            let add_special = fields.bool("add_special_tokens")?.unwrap_or(true);
-            tokenizer.encode(text, add_special).map_err(|e| {
+            let add_special = b.add_special_tokens.unwrap_or(true);
+            tokenizer.encode(&text, add_special).map_err(|e| {
                 ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}"))
             })?
         }
-        (None, Some(_)) => {
-            let messages = chat_messages(&fields)?;
-            let kwargs = template_kwargs(&fields, info)?;
-            let add_generation_prompt = fields.bool("add_generation_prompt")?.unwrap_or(true);
-            let add_special = fields.bool("add_special_tokens")?.unwrap_or(false);
+        (None, Some(messages)) => {
+            let messages = chat_messages(Some(messages))?;
+            let kwargs = template_kwargs(b.chat_template_kwargs, info)?;
             render_chat(
                 tokenizer,
                 &messages,
-                add_generation_prompt,
+                b.add_generation_prompt.unwrap_or(true),
                 &kwargs,
-                add_special,
+                b.add_special_tokens.unwrap_or(false),
             )?
         }
         (None, None) => {
@@ -954,60 +671,70 @@ pub fn tokenize_request(
 
 /// Validates a `/detokenize` body (`tokens`, a list of ids of the vocabulary).
 pub fn detokenize_request(body: &[u8], info: &ModelInfo) -> Result<Vec<u32>, ApiError> {
-    let map = parse_object(body)?;
-    check_fields(&map, "", &[&["model", "tokens"]], &[], &[])?;
-    let fields = Fields(&map);
-    check_model(&fields, info)?;
-    match fields.get("tokens") {
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| token_id(v, info.vocab_size, "tokens"))
-            .collect(),
-        Some(_) => Err(ApiError::wrong_type("tokens", "a list of token ids")),
-        None => Err(ApiError::invalid("tokens", "`tokens` is required")),
-    }
-}
-
-fn min_tokens(fields: &Fields, max_tokens: usize) -> Result<usize, ApiError> {
-    Ok(fields.int("min_tokens", 0, max_tokens as i64)?.unwrap_or(0) as usize)
+    let mut body = Body::parse(body)?;
+    let b: DetokenizeBody = body.read()?;
+    body.finish()?;
+    check_model(b.model, info)?;
+    let vocab = info.vocab_size;
+    let tokens = b
+        .tokens
+        .ok_or_else(|| ApiError::invalid("tokens", "`tokens` is required"))?;
+    tokens
+        .into_iter()
+        .map(|id| match u32::try_from(id) {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => Err(ApiError::invalid(
+                "tokens",
+                format!("token id {id} is out of the vocabulary (size {vocab})"),
+            )),
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn fields(v: &Value) -> Fields<'_> {
-        Fields(v.as_object().expect("object"))
+    fn shared(body: serde_json::Value) -> Result<SharedFields, ApiError> {
+        Body::parse(body.to_string().as_bytes())?.read()
     }
 
     #[test]
-    fn wrong_types_and_ranges_name_the_field() {
-        let v = serde_json::json!({"temperature": "hot", "n": 0, "top_p": 0.0, "seed": -1, "stop": ["a", 3]});
-        let f = fields(&v);
-        let e = f.float("temperature", 0.0, 100.0).unwrap_err();
+    fn wrong_types_and_values_name_the_field() {
+        let e = shared(serde_json::json!({"temperature": "hot"})).unwrap_err();
         assert_eq!(
             (e.param.as_deref(), e.code),
             (Some("temperature"), Some("invalid_type"))
         );
-        let e = f.int("n", 1, MAX_N).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("n"));
-        assert_eq!(f.seed("seed").unwrap(), Some(u64::MAX));
-        assert_eq!(stop_strings(&f).unwrap_err().param.as_deref(), Some("stop"));
-        let e = sampling_params(&fields(&serde_json::json!({"top_p": 0.0})), 10).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("top_p"));
+        assert_eq!(choices(Some(0)).unwrap_err().param.as_deref(), Some("n"));
+        assert_eq!(choices(Some(MAX_N)).unwrap(), MAX_N as usize);
+        let p = sampling_params(&shared(serde_json::json!({"seed": -1, "top_k": -1})).unwrap())
+            .unwrap();
+        assert_eq!((p.seed, p.top_k), (Some(u64::MAX), 0));
+        let e = sampling_params(&shared(serde_json::json!({"top_k": -2})).unwrap()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_k"));
+        let e =
+            sampling_params(&shared(serde_json::json!({"stop": ["a", 3]})).unwrap()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        let p = sampling_params(&shared(serde_json::json!({"stop": "x", "top_p": 0.5})).unwrap())
+            .unwrap();
+        assert_eq!((p.stop, p.top_p), (vec!["x".to_string()], 0.5));
     }
 
     #[test]
-    fn token_ids_are_checked_against_the_vocabulary() {
+    fn token_ids_must_be_a_non_empty_list_of_non_negative_integers() {
         let ids = [serde_json::json!(3), serde_json::json!(10)];
-        let e = token_ids(&ids, 10, "prompt").unwrap_err();
-        assert!(e.message.contains("token id 10"), "{}", e.message);
-        assert_eq!(token_ids(&ids[..1], 10, "prompt").unwrap(), vec![3]);
-        assert!(token_ids(&[], 10, "prompt").is_err());
+        assert_eq!(token_ids(&ids, "prompt").unwrap(), vec![3, 10]);
+        assert!(token_ids(&[], "prompt").is_err());
+        let e = token_ids(&[serde_json::json!(-1)], "prompt").unwrap_err();
+        assert_eq!(
+            (e.param.as_deref(), e.code),
+            (Some("prompt"), Some("invalid_type"))
+        );
     }
 
     #[test]
-    fn context_overflow_names_max_tokens() {
+    fn an_absent_length_limit_fills_what_the_longest_prompt_leaves() {
         let info = ModelInfo {
             served_names: vec!["m".into()],
             vocab_size: 100,
@@ -1017,57 +744,8 @@ mod tests {
             tool_call_parser: None,
             template_reads_tools: false,
         };
-        let prompts = vec![vec![1; 6]];
-        let v = serde_json::json!({"max_tokens": 5});
-        let e = max_tokens(
-            &fields(&v),
-            &["max_tokens"],
-            &prompts,
-            "prompt",
-            &info,
-            false,
-        )
-        .unwrap_err();
-        assert_eq!(
-            (e.param.as_deref(), e.code),
-            (Some("max_tokens"), Some("context_length_exceeded"))
-        );
-        let v = serde_json::json!({"max_tokens": 4});
-        assert_eq!(
-            max_tokens(
-                &fields(&v),
-                &["max_tokens"],
-                &prompts,
-                "prompt",
-                &info,
-                false
-            )
-            .unwrap(),
-            4
-        );
-        let v = serde_json::json!({});
-        assert_eq!(
-            max_tokens(
-                &fields(&v),
-                &["max_tokens"],
-                &prompts,
-                "prompt",
-                &info,
-                true
-            )
-            .unwrap(),
-            4
-        );
-        let e = max_tokens(
-            &fields(&v),
-            &["max_tokens"],
-            &[vec![1; 10]],
-            "prompt",
-            &info,
-            false,
-        )
-        .unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert_eq!(room_after(&[vec![1; 6], vec![1; 2]], &info), 4);
+        assert_eq!(room_after(&[vec![1; 12]], &info), 0);
     }
 
     #[test]
@@ -1085,6 +763,7 @@ mod tests {
             continuous_usage: false,
             constraint: None,
             tool_calls: None,
+            fields: RequestFields::COMPLETION,
         };
         let seqs = req.sequences();
         let got: Vec<(u32, Option<u64>)> = seqs.iter().map(|(p, s)| (p[0], s.seed)).collect();
