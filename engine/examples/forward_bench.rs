@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::config::{Arch, ModelConfig};
+use engine::config::{AttentionSpan, Family, LayerSpec, ModelConfig, RopeSpec};
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::load_cpu_runner_with;
 use engine::model::{ModelRunner, SeqInput};
@@ -28,7 +28,7 @@ struct RandomWeights {
 impl RandomWeights {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         let c = &self.config;
-        let (h, i, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
+        let (h, i, hd) = (c.hidden_size, c.layers[0].intermediate_size, c.head_dim);
         let (q, kv) = (c.num_heads * hd, c.num_kv_heads * hd);
         let suffix = name
             .rsplit_once("layers.")
@@ -114,21 +114,30 @@ fn report(what: &str, tokens: usize, t: Instant, cpu: f64, threads: usize) {
 
 fn smollm2_config() -> ModelConfig {
     ModelConfig {
-        arch: Arch::Llama,
+        family: Family::Llama,
         vocab_size: 49152,
         hidden_size: 576,
-        intermediate_size: 1536,
-        num_layers: 30,
         num_heads: 9,
         num_kv_heads: 3,
         head_dim: 64,
-        rope_theta: 100000.0,
-        rope_scaling: None,
         rms_norm_eps: 1e-5,
         max_position_embeddings: 8192,
         tie_word_embeddings: true,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        layers: vec![
+            LayerSpec {
+                attention: AttentionSpan::Full,
+                rope: RopeSpec {
+                    theta: 100000.0,
+                    scaling: None,
+                },
+                qk_norm: false,
+                qkv_bias: false,
+                intermediate_size: 1536,
+            };
+            30
+        ],
     }
 }
 

@@ -16,7 +16,7 @@ pub struct RunnerOptions {
 
 /// KV-cache bytes per token: K and V of every layer, `value_bytes` each.
 pub fn kv_bytes_per_token(config: &ModelConfig, value_bytes: usize) -> usize {
-    2 * config.num_layers * config.num_kv_heads * config.head_dim * value_bytes
+    2 * config.num_layers() * config.num_kv_heads * config.head_dim * value_bytes
 }
 
 impl RunnerOptions {
@@ -45,7 +45,7 @@ mod tests {
 
     #[test]
     fn kv_bytes_count_k_and_v_of_every_layer() {
-        let config = crate::config::test_llama(None);
+        let config = crate::config::test_llama();
         assert_eq!(kv_bytes_per_token(&config, 2), 2 * 2 * 128 * 2);
     }
 

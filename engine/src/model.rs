@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, ensure, Context};
 use std::time::Instant;
 
 use crate::backend::{check_block_table, AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
-use crate::config::{Arch, Llama3RopeScaling, ModelConfig};
+use crate::config::{AttentionSpan, LayerSpec, ModelConfig, RopeSpec};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::SampleSpec;
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
@@ -72,36 +72,12 @@ pub struct Footprint {
     pub kv_bytes_per_token: usize,
 }
 
-/// RoPE inverse frequencies (`head_dim / 2` of them), with Llama 3 scaling when configured.
-pub fn rope_inv_freq(config: &ModelConfig) -> Vec<f32> {
-    let hd = config.head_dim;
-    let base = (0..hd / 2)
-        .map(|i| 1.0f32 / (config.rope_theta as f64).powf((2 * i) as f64 / hd as f64) as f32);
-    match config.rope_scaling {
-        None => base.collect(),
-        Some(s) => base.map(|f| llama3_scale(f, &s)).collect(),
-    }
-}
-
-/// Llama 3 frequency scaling (transformers' `_compute_llama3_parameters`).
-fn llama3_scale(inv_freq: f32, s: &Llama3RopeScaling) -> f32 {
-    let old_ctx = s.original_max_position_embeddings as f32;
-    let low_freq_wavelen = old_ctx / s.low_freq_factor;
-    let high_freq_wavelen = old_ctx / s.high_freq_factor;
-    let wavelen = 2.0 * std::f32::consts::PI / inv_freq;
-    if wavelen < high_freq_wavelen {
-        inv_freq
-    } else if wavelen > low_freq_wavelen {
-        inv_freq / s.factor
-    } else {
-        let smooth =
-            (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq
-    }
-}
-
-/// One decoder layer's weights. Q/K/V and gate/up are fused row-wise at load time.
+/// One decoder layer: its description and its weights (Q/K/V and gate/up fused row-wise at
+/// load time).
 struct Layer<B: Backend> {
+    spec: LayerSpec,
+    /// Which of the model's RoPE tables it reads.
+    rope: usize,
     attn_norm: B::Param,
     qkv: B::Weight,
     qkv_bias: Option<B::Param>,
@@ -171,14 +147,14 @@ struct ModelState<B: Backend> {
     num_blocks: usize,
     block_size: usize,
     rope_positions: usize,
-    rope_cos: B::Param,
-    rope_sin: B::Param,
+    /// RoPE cosine and sine tables, one pair per distinct [`RopeSpec`] of the layers.
+    ropes: Vec<(B::Param, B::Param)>,
     bufs: Buffers<B>,
     host: HostScratch,
     profile: StepProfile,
 }
 
-/// A Llama / Qwen2 / Qwen3 decoder on a [`Backend`], with its paged KV cache.
+/// A decoder of any described family on a [`Backend`], with its paged KV cache.
 pub struct Model<B: Backend> {
     backend: B,
     state: ModelState<B>,
@@ -259,9 +235,11 @@ impl<B: Backend> Layer<B> {
         c: &ModelConfig,
         w: &mut dyn WeightSource,
         i: usize,
+        rope: usize,
     ) -> anyhow::Result<Self> {
         let p = format!("model.layers.{i}");
-        let (h, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let spec = c.layers[i];
+        let (h, hd, inter) = (c.hidden_size, c.head_dim, spec.intermediate_size);
         let (qw, kvw) = (c.num_heads * hd, c.num_kv_heads * hd);
         let param =
             |w: &mut dyn WeightSource, name: String, len: usize| -> anyhow::Result<B::Param> {
@@ -275,11 +253,7 @@ impl<B: Backend> Layer<B> {
         }
         let qkv_name = format!("{p}.self_attn.qkv");
         let qkv = backend.upload_weight(&qkv_name, concat_rows(&qkv_name, parts))?;
-        let has_bias: Vec<bool> = qkv_names
-            .iter()
-            .map(|n| w.contains(&format!("{n}.bias")))
-            .collect();
-        let qkv_bias = if has_bias.iter().any(|&b| b) {
+        let qkv_bias = if spec.qkv_bias {
             let mut parts = Vec::new();
             for (n, &rows) in qkv_names.iter().zip(&widths) {
                 parts.push(read(w, &format!("{n}.bias"), &[rows])?);
@@ -287,15 +261,15 @@ impl<B: Backend> Layer<B> {
             let name = format!("{p}.self_attn.qkv.bias");
             Some(backend.upload_param(&name, concat_rows(&name, parts))?)
         } else {
+            refuse_undescribed(w, qkv_names.iter().map(|n| format!("{n}.bias")), c)?;
             None
         };
         let q_norm = format!("{p}.self_attn.q_norm.weight");
-        let qk_norm = if c.arch == Arch::Qwen3 || w.contains(&q_norm) {
-            Some((
-                param(w, q_norm, hd)?,
-                param(w, format!("{p}.self_attn.k_norm.weight"), hd)?,
-            ))
+        let k_norm = format!("{p}.self_attn.k_norm.weight");
+        let qk_norm = if spec.qk_norm {
+            Some((param(w, q_norm, hd)?, param(w, k_norm, hd)?))
         } else {
+            refuse_undescribed(w, [q_norm, k_norm].into_iter(), c)?;
             None
         };
         let o_name = format!("{p}.self_attn.o_proj.weight");
@@ -308,6 +282,8 @@ impl<B: Backend> Layer<B> {
         let down_name = format!("{p}.mlp.down_proj.weight");
         let down = backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?;
         Ok(Layer {
+            spec,
+            rope,
             attn_norm: param(w, format!("{p}.input_layernorm.weight"), h)?,
             qkv,
             qkv_bias,
@@ -317,6 +293,22 @@ impl<B: Backend> Layer<B> {
             gate_up,
             down,
         })
+    }
+}
+
+/// Fails on the first of `names` that the weights hold although the family's description
+/// has no place for it: a tensor the forward would silently leave out.
+fn refuse_undescribed(
+    w: &dyn WeightSource,
+    mut names: impl Iterator<Item = String>,
+    c: &ModelConfig,
+) -> anyhow::Result<()> {
+    match names.find(|n| w.contains(n)) {
+        Some(name) => bail!(
+            "tensor `{name}` is not part of the {:?} layer description: the forward would ignore it",
+            c.family
+        ),
+        None => Ok(()),
     }
 }
 
@@ -342,9 +334,21 @@ impl<B: Backend> Model<B> {
             c.head_dim
         );
         ensure!(
-            c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers > 0,
+            c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers() > 0,
             "empty model dimensions in the config"
         );
+        if !backend.runs_sliding_windows() {
+            if let Some(i) = c
+                .layers
+                .iter()
+                .position(|l| l.attention != AttentionSpan::Full)
+            {
+                bail!(
+                    "layer {i} attends through a sliding window, which this device's attention \
+                     kernels do not run yet: serve the model with `--device cpu`"
+                );
+            }
+        }
         let num_blocks = opts.num_blocks(kv_bytes_per_token(c, backend.kv_value_bytes()))?;
         let embed_name = "model.embed_tokens.weight";
         let embed = backend.upload_weight(
@@ -361,10 +365,19 @@ impl<B: Backend> Model<B> {
             "model.norm.weight",
             read(weights, "model.norm.weight", &[c.hidden_size])?,
         )?;
-        let mut layers = Vec::with_capacity(c.num_layers);
-        let mut caches = Vec::with_capacity(c.num_layers);
-        for i in 0..c.num_layers {
-            layers.push(Layer::load(&backend, c, weights, i)?);
+        // One RoPE table per distinct spec (most models have one; some one per layer kind).
+        let mut ropes: Vec<RopeSpec> = Vec::new();
+        let mut layers = Vec::with_capacity(c.num_layers());
+        let mut caches = Vec::with_capacity(c.num_layers());
+        for (i, spec) in c.layers.iter().enumerate() {
+            let rope = match ropes.iter().position(|r| *r == spec.rope) {
+                Some(k) => k,
+                None => {
+                    ropes.push(spec.rope);
+                    ropes.len() - 1
+                }
+            };
+            layers.push(Layer::load(&backend, c, weights, i, rope)?);
             caches.push(backend.new_kv_cache(
                 num_blocks,
                 opts.block_size,
@@ -385,18 +398,23 @@ impl<B: Backend> Model<B> {
             logits: backend.new_act(),
         };
         let rope_positions = max_positions(c);
-        let (cos, sin) = rope_tables(&rope_inv_freq(c), rope_positions);
-        let table = |name: &str, v: Vec<f32>| {
+        let table = |name: String, v: Vec<f32>| {
             backend.upload_param(
-                name,
+                &name,
                 HostTensor {
                     shape: vec![v.len()],
                     data: TensorData::F32(v),
                 },
             )
         };
-        let rope_cos = table("rope.cos", cos)?;
-        let rope_sin = table("rope.sin", sin)?;
+        let mut rope_tables_on_device = Vec::with_capacity(ropes.len());
+        for (k, rope) in ropes.iter().enumerate() {
+            let (cos, sin) = rope_tables(&rope.inv_freq(c.head_dim), rope_positions);
+            rope_tables_on_device.push((
+                table(format!("rope.{k}.cos"), cos)?,
+                table(format!("rope.{k}.sin"), sin)?,
+            ));
+        }
         let state = ModelState {
             config: c.clone(),
             layout: QkvLayout {
@@ -412,8 +430,7 @@ impl<B: Backend> Model<B> {
             num_blocks,
             block_size: opts.block_size,
             rope_positions,
-            rope_cos,
-            rope_sin,
+            ropes: rope_tables_on_device,
             bufs,
             host: HostScratch::default(),
             profile: StepProfile::default(),
@@ -535,8 +552,9 @@ impl<B: Backend> ModelState<B> {
             if let Some((q_w, k_w)) = &layer.qk_norm {
                 b.qk_head_norm(qkv, layout, q_w, k_w, eps)?;
             }
-            b.rope(qkv, layout, &self.rope_cos, &self.rope_sin, step)?;
-            b.attention(qkv, layout, cache, step, attn)?;
+            let (cos, sin) = &self.ropes[layer.rope];
+            b.rope(qkv, layout, cos, sin, step)?;
+            b.attention(qkv, layout, layer.spec.attention, cache, step, attn)?;
             b.matmul(attn, &layer.o_proj, None, o)?;
             b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?;
             b.matmul(h, &layer.gate_up, None, gate_up)?;
@@ -649,10 +667,15 @@ impl<B: Backend> ModelRunner for Model<B> {
         weight_bytes += b.weight_bytes(s.lm_head.as_ref().unwrap_or(&s.embed))
             + vector_params * std::mem::size_of::<f32>();
         let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let matrices = c.num_layers
-            * (c.hidden_size * (q + 2 * kv)
-                + q * c.hidden_size
-                + 3 * c.hidden_size * c.intermediate_size);
+        let matrices: usize = c
+            .layers
+            .iter()
+            .map(|l| {
+                c.hidden_size * (q + 2 * kv)
+                    + q * c.hidden_size
+                    + 3 * c.hidden_size * l.intermediate_size
+            })
+            .sum();
         let tables = if s.lm_head.is_some() { 2 } else { 1 };
         Footprint {
             weight_bytes,
@@ -701,40 +724,5 @@ mod tests {
             ])
         );
         assert_eq!(mixed.data.len(), 6 * 256);
-    }
-
-    fn config(scaling: Option<Llama3RopeScaling>) -> ModelConfig {
-        crate::config::test_llama(scaling)
-    }
-
-    #[test]
-    fn llama3_scaling_keeps_high_divides_low_and_blends_medium_frequencies() {
-        let scaling = Llama3RopeScaling {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 8192,
-        };
-        let plain = rope_inv_freq(&config(None));
-        let scaled = rope_inv_freq(&config(Some(scaling)));
-        assert_eq!(plain.len(), 64);
-        assert!((plain[1] - 500_000f32.powf(-2.0 / 128.0)).abs() < 1e-7);
-        let mut regimes = [0; 3];
-        for (&p, &s) in plain.iter().zip(&scaled) {
-            let wavelen = 2.0 * std::f32::consts::PI / p;
-            if wavelen < 8192.0 / 4.0 {
-                assert_eq!(s, p);
-                regimes[0] += 1;
-            } else if wavelen > 8192.0 {
-                assert!((s - p / 8.0).abs() <= 1e-6 * p);
-                regimes[1] += 1;
-            } else {
-                let smooth = (8192.0 / wavelen - 1.0) / 3.0;
-                let want = (1.0 - smooth) * p / 8.0 + smooth * p;
-                assert!((s - want).abs() <= 1e-6 * p);
-                regimes[2] += 1;
-            }
-        }
-        assert!(regimes.iter().all(|&n| n > 0), "{regimes:?}");
     }
 }

@@ -1,11 +1,13 @@
 //! Forward pass on the CPU backend against the HF transformers goldens in `../shared/golden`
-//! (see its README), plus consistency of chunked prefill, prefix reuse and batching.
+//! (see its README) and the families' references in `tests/fixtures/families`, plus
+//! consistency of chunked prefill, prefix reuse and batching.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
+use engine::config::AttentionSpan;
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with};
 use engine::model::{ModelRunner, SeqInput};
@@ -114,8 +116,26 @@ impl MaxErr {
 /// (relative), and 24 greedy tokens exactly.
 fn check_tiny_golden(rel: &str, kv: KvCacheDtype, tolerance: f32) {
     let dir = golden_dir_with(rel, "reference.json");
-    let golden = reference(&dir);
-    let mut r = load_with_cache(&dir, Weights::AsStored, kv);
+    check_golden(&dir, &dir, rel, kv, tolerance);
+}
+
+/// A model of the families' references (`tests/fixtures/families`, made by
+/// `scripts/make-references.py`), loaded from `file` in its folder (the folder itself: its
+/// safetensors).
+fn family(name: &str, file: Option<&str>) -> (PathBuf, PathBuf) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/families")
+        .join(name);
+    let model = file.map_or(dir.clone(), |f| dir.join(f));
+    (model, dir)
+}
+
+/// The model at `model` against the reference in `reference_dir`: top-20 logits of one
+/// prefill, every greedy token with the KV cache, and the logits of ids 0..63 at the end of
+/// each chunk of a chunked prefill.
+fn check_golden(model: &Path, reference_dir: &Path, rel: &str, kv: KvCacheDtype, tolerance: f32) {
+    let golden = reference(reference_dir);
+    let mut r = load_with_cache(model, Weights::AsStored, kv);
     let cases = golden["runs"]["float32"]["cases"]
         .as_array()
         .expect("float32 cases");
@@ -197,6 +217,30 @@ fn qwen3_tiny_bf16_weights_match_golden() {
 #[test]
 fn llama_tiny_matches_golden() {
     check_tiny_golden("llama-tiny", KvCacheDtype::F32, 1e-3);
+}
+
+/// Mistral without a window, from safetensors and from the `llama` GGUF llama.cpp's
+/// converter writes for it (q/k rows permuted).
+#[test]
+fn mistral_tiny_matches_its_reference_from_safetensors_and_gguf() {
+    for file in [None, Some("model.gguf")] {
+        let (model, dir) = family("mistral-tiny", file);
+        let what = format!("mistral-tiny {}", file.unwrap_or("safetensors"));
+        check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
+    }
+}
+
+/// Mistral with a 5-token window, shorter than the prompts: prefill, chunked prefill and 24
+/// decode steps all attend through it.
+#[test]
+fn mistral_tiny_with_a_sliding_window_matches_its_reference() {
+    let (model, dir) = family("mistral-tiny-window", None);
+    check_golden(&model, &dir, "mistral-tiny-window", KvCacheDtype::F32, 1e-3);
+    let (config, _) = open_model(&model).unwrap();
+    assert!(config
+        .layers
+        .iter()
+        .all(|l| l.attention == AttentionSpan::Sliding { window: 5 }));
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -4,7 +4,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use engine::config::{llama3_rope_factors, Arch, Llama3RopeScaling, ModelConfig};
+use engine::config::{
+    llama3_rope_factors, AttentionSpan, Family, LayerSpec, Llama3RopeScaling, ModelConfig, RopeSpec,
+};
 use engine::weights::ggml_quants::dequantize;
 use engine::weights::gguf::GgufFile;
 use engine::weights::QuantType;
@@ -25,21 +27,30 @@ fn qwen3_tiny_config_parses() {
     assert_eq!(
         config,
         ModelConfig {
-            arch: Arch::Qwen3,
+            family: Family::Qwen3,
             vocab_size: 49152,
             hidden_size: 64,
-            intermediate_size: 128,
-            num_layers: 2,
             num_heads: 4,
             num_kv_heads: 2,
             head_dim: 16,
-            rope_theta: 1_000_000.0,
-            rope_scaling: None,
             rms_norm_eps: 1e-6,
             max_position_embeddings: 2048,
             tie_word_embeddings: true,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            layers: vec![
+                LayerSpec {
+                    attention: AttentionSpan::Full,
+                    rope: RopeSpec {
+                        theta: 1_000_000.0,
+                        scaling: None,
+                    },
+                    qk_norm: true,
+                    qkv_bias: false,
+                    intermediate_size: 128,
+                };
+                2
+            ],
         }
     );
 }
@@ -47,8 +58,8 @@ fn qwen3_tiny_config_parses() {
 #[test]
 fn llama_tiny_config_parses() {
     let config = ModelConfig::from_hf_config(&golden("llama-tiny/config.json")).unwrap();
-    assert_eq!(config.arch, Arch::Llama);
-    assert_eq!(config.rope_theta, 10_000.0);
+    assert_eq!(config.family, Family::Llama);
+    assert_eq!(config.layers[0].rope.theta, 10_000.0);
     assert_eq!(config.rms_norm_eps, 1e-5);
     assert!(!config.tie_word_embeddings);
     assert_eq!(
@@ -121,11 +132,14 @@ fn smollm2_gguf_config_matches_golden() {
     let file = GgufFile::open(&smollm2_gguf()).unwrap();
     let config = ModelConfig::from_gguf(&file).unwrap();
     let usize_of = |key: &str| want[key].as_u64().unwrap() as usize;
-    assert_eq!(config.arch, Arch::Llama);
+    assert_eq!(config.family, Family::Llama);
     assert_eq!(config.vocab_size, usize_of("vocab_size"));
     assert_eq!(config.hidden_size, usize_of("hidden_size"));
-    assert_eq!(config.intermediate_size, usize_of("intermediate_size"));
-    assert_eq!(config.num_layers, usize_of("num_hidden_layers"));
+    assert_eq!(
+        config.layers[0].intermediate_size,
+        usize_of("intermediate_size")
+    );
+    assert_eq!(config.num_layers(), usize_of("num_hidden_layers"));
     assert_eq!(config.num_heads, usize_of("num_attention_heads"));
     assert_eq!(config.num_kv_heads, usize_of("num_key_value_heads"));
     assert_eq!(config.head_dim, usize_of("head_dim"));
@@ -134,7 +148,7 @@ fn smollm2_gguf_config_matches_golden() {
         usize_of("max_position_embeddings")
     );
     assert_eq!(
-        config.rope_theta,
+        config.layers[0].rope.theta,
         want["rope_theta"].as_f64().unwrap() as f32
     );
     assert_eq!(
@@ -145,7 +159,7 @@ fn smollm2_gguf_config_matches_golden() {
         config.tie_word_embeddings,
         want["tie_word_embeddings"].as_bool().unwrap()
     );
-    assert_eq!(config.rope_scaling, None);
+    assert_eq!(config.layers[0].rope.scaling, None);
     assert_eq!(config.bos_token_id, Some(1));
     assert_eq!(config.eos_token_ids, vec![2]);
 }
@@ -389,7 +403,7 @@ fn gguf_llama_qk_permutation_is_undone() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_temp(dir.path(), "tiny.gguf", &tiny_llama_gguf(&q_hf, &k_hf));
     let (config, mut weights) = open_model(&path).unwrap();
-    assert_eq!(config.arch, Arch::Llama);
+    assert_eq!(config.family, Family::Llama);
     assert_eq!(
         (
             config.hidden_size,
@@ -402,12 +416,12 @@ fn gguf_llama_qk_permutation_is_undone() {
     assert_eq!(
         (
             config.vocab_size,
-            config.intermediate_size,
-            config.num_layers
+            config.layers[0].intermediate_size,
+            config.num_layers()
         ),
         (3, 32, 1)
     );
-    assert_eq!(config.rope_theta, 500_000.0);
+    assert_eq!(config.layers[0].rope.theta, 500_000.0);
     assert_eq!(config.max_position_embeddings, 128);
     assert!(config.tie_word_embeddings);
     let q = weights
@@ -588,10 +602,10 @@ fn truncated_safetensors_is_an_error_naming_the_file() {
 
 #[test]
 fn unknown_architecture_is_an_error_naming_the_file() {
-    let dir = tiny_config_dir("MistralForCausalLM");
+    let dir = tiny_config_dir("GPTNeoXForCausalLM");
     let msg = error_of(open_model(dir.path()));
     assert!(
-        msg.contains("unsupported architecture MistralForCausalLM"),
+        msg.contains("unsupported architecture GPTNeoXForCausalLM"),
         "{msg}"
     );
     assert!(msg.contains("config.json"), "{msg}");
@@ -614,10 +628,10 @@ fn hf_config_key_variants() {
     .unwrap();
     let config = ModelConfig::from_hf_config(&file).unwrap();
     assert_eq!(config.head_dim, 64);
-    assert_eq!(config.rope_theta, 500_000.0);
+    assert_eq!(config.layers[0].rope.theta, 500_000.0);
     assert_eq!(config.eos_token_ids, vec![128001, 128008, 128009]);
     assert_eq!(
-        config.rope_scaling,
+        config.layers[0].rope.scaling,
         Some(Llama3RopeScaling {
             factor: 32.0,
             low_freq_factor: 1.0,
@@ -677,7 +691,7 @@ fn reference_logits(config: &ModelConfig, weights: &mut dyn WeightSource, ids: &
         .iter()
         .map(|&id| embed[id as usize * h..(id as usize + 1) * h].to_vec())
         .collect();
-    for layer in 0..config.num_layers {
+    for layer in 0..config.num_layers() {
         let p = |name: &str| format!("model.layers.{layer}.{name}.weight");
         let (wq, wk, wv, wo) = (
             load(&p("self_attn.q_proj")),
@@ -700,8 +714,8 @@ fn reference_logits(config: &ModelConfig, weights: &mut dyn WeightSource, ids: &
         for (pos, x) in xs.iter().enumerate() {
             let n = rms_norm(x, &norm1, eps);
             let (mut q, mut k) = (matvec(&wq, &n), matvec(&wk, &n));
-            rope(&mut q, hd, pos, config.rope_theta);
-            rope(&mut k, hd, pos, config.rope_theta);
+            rope(&mut q, hd, pos, config.layers[0].rope.theta);
+            rope(&mut k, hd, pos, config.layers[0].rope.theta);
             qs.push(q);
             ks.push(k);
             vs.push(matvec(&wv, &n));
@@ -804,7 +818,9 @@ fn gguf_rope_freqs_become_llama3_scaling() {
         .build();
     let file = GgufFile::open(&write_temp(dir.path(), "good.gguf", &good)).unwrap();
     assert_eq!(
-        ModelConfig::from_gguf(&file).unwrap().rope_scaling,
+        ModelConfig::from_gguf(&file).unwrap().layers[0]
+            .rope
+            .scaling,
         Some(want)
     );
 

@@ -1015,6 +1015,9 @@ async fn version_says_who_is_serving() {
     assert_eq!(info["parameters"], 73_728 + 2 * 3_145_728 + 320, "{info}");
     // K and V of 2 layers × 2 KV heads × 16, in the CPU's default f16 KV cache.
     assert_eq!(info["kv_bytes_per_token"], 2 * 2 * 2 * 16 * 2, "{info}");
+    assert_eq!(info["architecture"]["family"], "Llama", "{info}");
+    assert_eq!(info["architecture"]["layers"], 2, "{info}");
+    assert_eq!(info["architecture"]["sliding_window_layers"], 0, "{info}");
     let bw = info["memory_bandwidth_bytes_per_s"].as_f64().unwrap();
     assert!((1e9..1e13).contains(&bw), "{info}");
     assert!(info["memory_bandwidth_source"]

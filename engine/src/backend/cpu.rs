@@ -29,6 +29,7 @@ pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
 
 use super::{AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
+use crate::config::AttentionSpan;
 use crate::sampler::{sample_row, SampleSpec};
 use crate::weights::ggml_quants::dequantize;
 use crate::weights::{HostTensor, QuantType, TensorData};
@@ -525,6 +526,7 @@ impl Backend for CpuBackend {
         &self,
         qkv: &CpuAct,
         layout: QkvLayout,
+        span: AttentionSpan,
         cache: &mut CpuKvCache,
         step: &CpuStep,
         out: &mut CpuAct,
@@ -535,7 +537,19 @@ impl Backend for CpuBackend {
         );
         let seqs = step.attn_seqs();
         let out_data = out.reshape(qkv.rows, layout.q_width());
-        attention::attention(&qkv.data, layout, cache, &seqs, &step.slots, out_data)
+        let window = match span {
+            AttentionSpan::Full => None,
+            AttentionSpan::Sliding { window } => Some(window),
+        };
+        attention::attention(
+            &qkv.data,
+            layout,
+            window,
+            cache,
+            &seqs,
+            &step.slots,
+            out_data,
+        )
     }
 
     fn silu_mul(&self, gate_up: &CpuAct, out: &mut CpuAct) -> anyhow::Result<()> {

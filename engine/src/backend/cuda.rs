@@ -42,7 +42,7 @@ pub use kernels::{
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
 use super::{Backend, QkvLayout, RowSample, StepMeta};
-use crate::config::ModelConfig;
+use crate::config::{AttentionSpan, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData};
@@ -1428,14 +1428,24 @@ impl Backend for CudaBackend {
         })
     }
 
+    /// The windowed attention kernels have not run on a GPU yet (issue 45).
+    fn runs_sliding_windows(&self) -> bool {
+        false
+    }
+
     fn attention(
         &self,
         qkv: &CudaAct,
         layout: QkvLayout,
+        span: AttentionSpan,
         cache: &mut CudaKvCache,
         step: &CudaStep,
         out: &mut CudaAct,
     ) -> anyhow::Result<()> {
+        ensure!(
+            span == AttentionSpan::Full,
+            "attention: sliding windows are not run on CUDA yet"
+        );
         ensure!(
             qkv.cols == layout.qkv_width() && qkv.rows == step.rows,
             "attention: qkv is {}x{}",

@@ -12,6 +12,7 @@ use std::fmt;
 
 use anyhow::{bail, ensure};
 
+use crate::config::AttentionSpan;
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
 
@@ -281,13 +282,20 @@ pub trait Backend: Send + Sync {
         sin: &Self::Param,
         step: &Self::Step,
     ) -> anyhow::Result<()>;
+    /// Whether [`attention`](Self::attention) runs [`AttentionSpan::Sliding`] layers (a
+    /// backend whose windowed kernels have not been verified refuses such a model at load).
+    fn runs_sliding_windows(&self) -> bool {
+        true
+    }
     /// Writes every row's K and V into `cache` at its slot, then computes causal
-    /// attention of every query row over positions `0..=pos` of its sequence, read
-    /// through the block table. `out` is `[T, num_heads * head_dim]`.
+    /// attention of every query row over positions `0..=pos` of its sequence (only the
+    /// last `window` of them for a sliding `span`), read through the block table. `out` is
+    /// `[T, num_heads * head_dim]`.
     fn attention(
         &self,
         qkv: &Self::Act,
         layout: QkvLayout,
+        span: AttentionSpan,
         cache: &mut Self::KvCache,
         step: &Self::Step,
         out: &mut Self::Act,

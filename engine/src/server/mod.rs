@@ -22,6 +22,7 @@ use anyhow::{bail, Context};
 use axum::serve::ListenerExt;
 use tokio::sync::oneshot;
 
+use crate::config::AttentionSpan;
 use crate::engine::LlmEngine;
 use crate::grammar::GrammarCompiler;
 use crate::loader::{load_engine, EngineArgs};
@@ -94,6 +95,8 @@ struct Loaded {
     footprint: crate::model::Footprint,
     /// Peak memory bandwidth (bytes/s) and how it was found, or why it is unknown.
     bandwidth: Result<(f64, &'static str), String>,
+    /// The model's family and layers' attention, for `GET /version`.
+    architecture: serde_json::Value,
 }
 
 /// The memory bandwidth of `device` for `GET /version` (see `bandwidth`).
@@ -143,6 +146,34 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         device: loaded.device,
         footprint: loaded.footprint,
         bandwidth: memory_bandwidth(loaded.device),
+        architecture: architecture(&loaded.config),
+    })
+}
+
+/// The family and what its layers attend to: how many use a sliding window and which
+/// windows, and that the KV blocks outside every window are kept (not freed) for now.
+fn architecture(config: &crate::config::ModelConfig) -> serde_json::Value {
+    let mut windows: Vec<usize> = config
+        .layers
+        .iter()
+        .filter_map(|l| match l.attention {
+            AttentionSpan::Sliding { window } => Some(window),
+            AttentionSpan::Full => None,
+        })
+        .collect();
+    let sliding = windows.len();
+    windows.sort_unstable();
+    windows.dedup();
+    serde_json::json!({
+        "family": format!("{:?}", config.family),
+        "layers": config.num_layers(),
+        "sliding_window_layers": sliding,
+        "sliding_windows": windows,
+        "kv_blocks_outside_windows": if sliding > 0 {
+            "kept: a sequence holds blocks for its whole context (freeing the blocks every layer's window has passed is not built yet)"
+        } else {
+            "none: every layer attends to the whole context"
+        },
     })
 }
 
@@ -171,6 +202,7 @@ fn server_info(args: &ServeArgs, loaded: &Loaded) -> serde_json::Value {
         "weight_bytes": loaded.footprint.weight_bytes,
         "kv_bytes_per_token": loaded.footprint.kv_bytes_per_token,
         "parameters": loaded.footprint.parameters,
+        "architecture": loaded.architecture,
         "memory_bandwidth_bytes_per_s": loaded.bandwidth.as_ref().ok().map(|b| b.0),
         "memory_bandwidth_source": match &loaded.bandwidth {
             Ok((_, source)) => source.to_string(),
@@ -373,5 +405,28 @@ mod tests {
         assert_eq!(parse_memory("4096").unwrap(), 4096);
         assert!(parse_memory("0.9").is_err());
         assert!(parse_memory("12 parsecs").is_err());
+    }
+
+    /// `/version` counts the windowed layers, lists their windows once, and says that the
+    /// blocks outside them are kept.
+    #[test]
+    fn the_architecture_reports_sliding_windows() {
+        let mut config = crate::config::test_llama();
+        let full = super::architecture(&config);
+        assert_eq!(full["sliding_window_layers"], 0);
+        assert!(full["kv_blocks_outside_windows"]
+            .as_str()
+            .unwrap()
+            .starts_with("none"));
+        for layer in &mut config.layers {
+            layer.attention = super::AttentionSpan::Sliding { window: 4096 };
+        }
+        let windowed = super::architecture(&config);
+        assert_eq!(windowed["sliding_window_layers"], 2);
+        assert_eq!(windowed["sliding_windows"], serde_json::json!([4096]));
+        assert!(windowed["kv_blocks_outside_windows"]
+            .as_str()
+            .unwrap()
+            .starts_with("kept"));
     }
 }

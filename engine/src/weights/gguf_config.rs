@@ -1,10 +1,26 @@
 //! The model's hyper-parameters from a GGUF file's metadata (`{arch}.*` keys), beside the
 //! GGUF reader, so that `config` does not depend on it.
 
+use std::path::Path;
+
 use anyhow::{bail, Context};
 
 use super::gguf::GgufFile;
-use crate::config::{llama3_scaling_from_factors, Arch, ModelConfig};
+use crate::config::{gguf_layers, CommonLayer, Family, GgufMetadata, ModelConfig, RopeSpec};
+
+impl GgufMetadata for GgufFile {
+    fn path(&self) -> &Path {
+        GgufFile::path(self)
+    }
+
+    fn has_tensor(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>> {
+        Ok(self.read_tensor(name)?.into_f32())
+    }
+}
 
 impl ModelConfig {
     /// Reads the hyper-parameters from GGUF metadata (`{arch}.*` keys); the vocab
@@ -12,7 +28,7 @@ impl ModelConfig {
     /// when the file has no `output.weight`.
     pub fn from_gguf(file: &GgufFile) -> anyhow::Result<ModelConfig> {
         let arch_name = file.get_str("general.architecture")?;
-        let arch = Arch::from_gguf_name(arch_name).with_context(|| {
+        let family = Family::from_gguf_name(arch_name).with_context(|| {
             format!(
                 "unsupported architecture {arch_name} in {} (general.architecture)",
                 file.path().display()
@@ -43,36 +59,26 @@ impl ModelConfig {
                 file.path().display()
             ),
         };
-        let rope_theta = file
-            .opt(&key("rope.freq_base"), GgufFile::get_f64)?
-            .unwrap_or(10_000.0) as f32;
-        let rope_scaling = if file.tensors.contains_key(ROPE_FREQS_TENSOR) {
-            let factors = file.read_tensor(ROPE_FREQS_TENSOR)?.into_f32();
-            Some(
-                llama3_scaling_from_factors(&factors, rope_theta, head_dim).with_context(|| {
-                    format!(
-                        "tensor `{ROPE_FREQS_TENSOR}` in {} does not match Llama 3 rope scaling",
-                        file.path().display()
-                    )
-                })?,
-            )
-        } else {
-            None
+        let common = CommonLayer {
+            num_layers: file.get_usize(&key("block_count"))?,
+            rope: RopeSpec {
+                theta: file
+                    .opt(&key("rope.freq_base"), GgufFile::get_f64)?
+                    .unwrap_or(10_000.0) as f32,
+                scaling: None,
+            },
+            intermediate_size: file.get_usize(&key("feed_forward_length"))?,
         };
         let eos = file.opt("tokenizer.ggml.eos_token_id", GgufFile::get_usize)?;
         Ok(ModelConfig {
-            arch,
+            family,
             vocab_size: file.get_str_array("tokenizer.ggml.tokens")?.len(),
             hidden_size,
-            intermediate_size: file.get_usize(&key("feed_forward_length"))?,
-            num_layers: file.get_usize(&key("block_count"))?,
             num_heads,
             num_kv_heads: file
                 .opt(&key("attention.head_count_kv"), GgufFile::get_usize)?
                 .unwrap_or(num_heads),
             head_dim,
-            rope_theta,
-            rope_scaling,
             rms_norm_eps: file.get_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
             max_position_embeddings: file.get_usize(&key("context_length"))?,
             tie_word_embeddings: !file.tensors.contains_key("output.weight"),
@@ -80,9 +86,7 @@ impl ModelConfig {
                 .opt("tokenizer.ggml.bos_token_id", GgufFile::get_usize)?
                 .map(|id| id as u32),
             eos_token_ids: eos.map(|id| id as u32).into_iter().collect(),
+            layers: gguf_layers(family, file, &common, head_dim)?,
         })
     }
 }
-
-/// The GGUF tensor in which llama.cpp stores Llama 3.1+ per-frequency rope factors.
-const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";

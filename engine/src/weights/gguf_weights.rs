@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use super::gguf::GgufFile;
 use super::{HostTensor, TensorData, WeightSource};
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 
 /// Per-layer GGUF tensor stems and their HF counterparts.
 const LAYER_NAMES: &[(&str, &str)] = &[
@@ -84,7 +84,7 @@ impl GgufWeights {
             .map(|g| (hf_name(g).unwrap_or_else(|| g.clone()), g.clone()))
             .collect();
         let unpermute =
-            (config.arch == Arch::Llama).then_some((config.num_heads, config.num_kv_heads));
+            (config.family.gguf_permutes_qk()).then_some((config.num_heads, config.num_kv_heads));
         GgufWeights {
             file,
             names,

@@ -176,10 +176,12 @@ fn write_rows<E: Elem>(
 }
 
 /// Writes K/V of every row to its slot, then `out[t, q heads] = softmax(q kᵀ / √d) v`
-/// over positions `0..=pos(t)` of the row's sequence.
+/// over positions `0..=pos(t)` of the row's sequence, or with a `window` over its last
+/// `window` of them (`pos(t) - window < k <= pos(t)`).
 pub fn attention(
     qkv: &[f32],
     layout: QkvLayout,
+    window: Option<usize>,
     cache: &mut CpuKvCache,
     seqs: &[AttnSeq<'_>],
     slots: &[usize],
@@ -199,7 +201,17 @@ pub fn attention(
         "attention: output shape"
     );
     let threads = rayon::current_num_threads();
-    attention_with(qkv, layout, cache, seqs, slots, out, threads, Isa::detect())
+    attention_with(
+        qkv,
+        layout,
+        window,
+        cache,
+        seqs,
+        slots,
+        out,
+        threads,
+        Isa::detect(),
+    )
 }
 
 /// [`attention`] with the kernel set `isa`, splitting contexts for `threads` threads.
@@ -207,6 +219,7 @@ pub fn attention(
 fn attention_with(
     qkv: &[f32],
     layout: QkvLayout,
+    window: Option<usize>,
     cache: &mut CpuKvCache,
     seqs: &[AttnSeq<'_>],
     slots: &[usize],
@@ -215,7 +228,7 @@ fn attention_with(
     isa: Isa,
 ) -> anyhow::Result<()> {
     cache.write(qkv, layout, slots)?;
-    let mut items = work_items(seqs, layout, slots.len(), cache)?;
+    let mut items = work_items(seqs, layout, window, slots.len(), cache)?;
     let splits = split_contexts(&mut items, cache.block_size, threads);
     let group = layout.group_size();
     let part_len = group * (layout.head_dim + 2);
@@ -223,6 +236,7 @@ fn attention_with(
     let run = Run {
         qkv,
         layout,
+        window,
         cache: &*cache,
         seqs,
         out: SendPtr(out.as_mut_ptr()),
@@ -239,11 +253,13 @@ fn attention_with(
     Ok(())
 }
 
-/// One item per (sequence, KV head, block of query rows), over the whole causal context;
+/// One item per (sequence, KV head, block of query rows), over the causal context from the
+/// page that holds its first row's earliest key in the `window` (every key without one);
 /// checks that each sequence's rows are in the batch of `rows` and its block table fits.
 fn work_items(
     seqs: &[AttnSeq<'_>],
     layout: QkvLayout,
+    window: Option<usize>,
     rows: usize,
     cache: &CpuKvCache,
 ) -> anyhow::Result<Vec<Work>> {
@@ -263,18 +279,25 @@ fn work_items(
         for h in 0..layout.num_kv_heads {
             for q0 in (0..s.n_tokens).step_by(QUERY_BLOCK) {
                 let q1 = (q0 + QUERY_BLOCK).min(s.n_tokens);
+                let earliest = earliest_key(s.start_pos + q0, window);
+                let first = earliest - earliest % cache.block_size;
                 items.push(Work {
                     seq: si,
                     kv_head: h,
                     q0,
                     q1,
-                    keys: (0, s.start_pos + q1),
+                    keys: (first, s.start_pos + q1),
                     partial: None,
                 });
             }
         }
     }
     Ok(items)
+}
+
+/// The earliest position a query at `pos` attends to.
+fn earliest_key(pos: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w))
 }
 
 /// A work item: query rows `q0..q1` of sequence `seq`, the query heads of `kv_head`,
@@ -312,16 +335,20 @@ fn split_contexts(items: &mut Vec<Work>, block_size: usize, threads: usize) -> V
     let mut out = Vec::with_capacity(items.len() * want);
     let mut next = 0;
     for w in items.drain(..) {
-        let ctx = w.keys.1;
-        let pages = ctx.div_ceil(block_size);
-        let parts = want.min(ctx / MIN_SPLIT_KEYS).min(pages);
+        let (start, ctx) = w.keys;
+        let first_page = start / block_size;
+        let pages = ctx.div_ceil(block_size) - first_page;
+        let parts = want.min((ctx - start) / MIN_SPLIT_KEYS).min(pages);
         if w.q1 - w.q0 > 1 || parts < 2 {
             out.push(w);
             continue;
         }
         let first = next;
         for i in 0..parts {
-            let (p0, p1) = (i * pages / parts, (i + 1) * pages / parts);
+            let (p0, p1) = (
+                first_page + i * pages / parts,
+                first_page + (i + 1) * pages / parts,
+            );
             out.push(Work {
                 keys: (p0 * block_size, (p1 * block_size).min(ctx)),
                 partial: Some(next),
@@ -379,6 +406,8 @@ fn merge_parts(
 struct Run<'a> {
     qkv: &'a [f32],
     layout: QkvLayout,
+    /// Sliding window: each row attends to its last `window` positions only.
+    window: Option<usize>,
     cache: &'a CpuKvCache,
     seqs: &'a [AttnSeq<'a>],
     out: SendPtr<f32>,
@@ -529,16 +558,20 @@ impl<E: Elem> Item<'_, E> {
                 }
             }
         }
-        // Softmax over each row's own causal context within the item's keys; later keys
-        // get probability 0. A part of a split context keeps its max and sum instead.
+        // Softmax over each row's own causal context (within its window) among the item's
+        // keys; other keys get probability 0. A part of a split context keeps its max and
+        // sum instead. Every part holds at least one key of the row's window: the item's
+        // keys start on the page of its first row's earliest key.
         for w in 0..rows {
-            let ctx = (self.seq.start_pos + q0 + w / group + 1).min(k1) - k0;
+            let pos = self.seq.start_pos + q0 + w / group;
+            let ctx = (pos + 1).min(k1) - k0;
+            let lo = earliest_key(pos, self.run.window).max(k0) - k0;
             let s = &mut scores[w * span..(w + 1) * span];
-            let max = s[..ctx].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            for v in s[..ctx].iter_mut() {
+            let max = s[lo..ctx].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            for v in s[lo..ctx].iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            let total = sum::<FMA>(&s[..ctx]);
+            let total = sum::<FMA>(&s[lo..ctx]);
             match part {
                 Some(p) => {
                     *p.add(rows * hd + w) = max;
@@ -546,11 +579,12 @@ impl<E: Elem> Item<'_, E> {
                 }
                 None => {
                     let inv = 1.0 / total;
-                    for v in s[..ctx].iter_mut() {
+                    for v in s[lo..ctx].iter_mut() {
                         *v *= inv;
                     }
                 }
             }
+            s[..lo].fill(0.0);
             s[ctx..].fill(0.0);
         }
         // out = P·V, 16 dimensions of R work rows per tile.
@@ -828,6 +862,7 @@ mod tests {
             attention_with(
                 &first,
                 layout,
+                None,
                 &mut cache,
                 &[seq_a],
                 &slots,
@@ -854,7 +889,7 @@ mod tests {
             slots.extend((0..37).map(|p| table_b[p / bs] as usize * bs + p % bs));
             let mut out2 = vec![0.0; 38 * layout.q_width()];
             attention_with(
-                &second, layout, &mut cache, &seqs, &slots, &mut out2, 1, isa,
+                &second, layout, None, &mut cache, &seqs, &slots, &mut out2, 1, isa,
             )
             .unwrap();
             // (rows of qkv holding the sequence's history, row to check, its output)
@@ -998,6 +1033,7 @@ mod tests {
                 attention_with(
                     &qkv[..(n - 1) * width],
                     LAYOUT,
+                    None,
                     &mut cache,
                     &[prefill],
                     &slots,
@@ -1013,7 +1049,7 @@ mod tests {
                     block_table: &table,
                 };
                 // The decode step's two items split into four parts each on 4 threads.
-                let mut items = work_items(&[decode], LAYOUT, 1, &cache).unwrap();
+                let mut items = work_items(&[decode], LAYOUT, None, 1, &cache).unwrap();
                 let splits = split_contexts(&mut items, 16, 4);
                 assert_eq!(splits.iter().map(|s| s.parts).collect::<Vec<_>>(), [4, 4]);
                 let mut out = vec![0.0; LAYOUT.q_width()];
@@ -1021,6 +1057,7 @@ mod tests {
                 attention_with(
                     last,
                     LAYOUT,
+                    None,
                     &mut cache,
                     &[decode],
                     &[n - 1],
@@ -1032,6 +1069,70 @@ mod tests {
                 let hist: Vec<&[f32]> = qkv.chunks(width).collect();
                 assert_like_plain(&hist, &out, dtype, &format!("{isa:?} {dtype:?}"));
             }
+        }
+    }
+
+    /// A window of 520 keys (not a whole number of 16-key pages) over a 1,101-token
+    /// sequence prefilled in two chunks, then decoded with its context split for 4 threads:
+    /// every row equals plain attention over its last 520 positions, for every kernel set.
+    #[test]
+    fn a_sliding_window_attends_to_the_last_window_positions() {
+        let (width, n, window) = (LAYOUT.qkv_width(), 1101, 520);
+        let mut seed = 11u64;
+        let qkv: Vec<f32> = (0..n * width)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect();
+        let hist: Vec<&[f32]> = qkv.chunks(width).collect();
+        let last_window = |t: usize| &hist[(t + 1).saturating_sub(window)..=t];
+        let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
+        for isa in Isa::available() {
+            let dtype = KvCacheDtype::F32;
+            let mut cache = CpuKvCache::new(dtype, table.len(), 16, 2, 32).unwrap();
+            // Two prefill chunks (rows 0..600, then 600..1100), then the decode of row 1100.
+            for (start, end, threads) in [(0, 600, 1), (600, n - 1, 2), (n - 1, n, 4)] {
+                let seq = AttnSeq {
+                    row_start: 0,
+                    n_tokens: end - start,
+                    start_pos: start,
+                    block_table: &table,
+                };
+                let slots: Vec<usize> = (start..end).collect();
+                let mut out = vec![0.0; (end - start) * LAYOUT.q_width()];
+                attention_with(
+                    &qkv[start * width..end * width],
+                    LAYOUT,
+                    Some(window),
+                    &mut cache,
+                    &[seq],
+                    &slots,
+                    &mut out,
+                    threads,
+                    isa,
+                )
+                .unwrap();
+                for t in [0, 10, 518, 519, 520, 521, 599, 600, 601, 999, n - 1] {
+                    if (start..end).contains(&t) {
+                        let row = &out[(t - start) * LAYOUT.q_width()..][..LAYOUT.q_width()];
+                        assert_like_plain(last_window(t), row, dtype, &format!("{isa:?} row {t}"));
+                    }
+                }
+            }
+            // The decode's items start on the page of the window's first key, and split.
+            let decode = AttnSeq {
+                row_start: 0,
+                n_tokens: 1,
+                start_pos: n - 1,
+                block_table: &table,
+            };
+            let mut items = work_items(&[decode], LAYOUT, Some(window), 1, &cache).unwrap();
+            assert_eq!(items[0].keys, (576, n));
+            assert!(!split_contexts(&mut items, 16, 4).is_empty());
+            assert!(items.iter().all(|w| w.keys.0 >= 576 && w.keys.0 % 16 == 0));
         }
     }
 

@@ -5,11 +5,15 @@ use crate::config::ModelConfig;
 /// Bytes of the bf16 weights the model uploads (linear layers and embeddings; norms are
 /// negligible and covered by the reserve).
 pub fn weight_bytes_bf16(c: &ModelConfig, separate_lm_head: bool) -> usize {
-    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let h = c.hidden_size;
     let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    let per_layer = h * (q + 2 * kv) + q * h + 3 * h * i;
+    let layers: usize = c
+        .layers
+        .iter()
+        .map(|l| h * (q + 2 * kv) + q * h + 3 * h * l.intermediate_size)
+        .sum();
     let embed = c.vocab_size * h * if separate_lm_head { 2 } else { 1 };
-    2 * (embed + c.num_layers * per_layer)
+    2 * (embed + layers)
 }
 
 /// Activation memory of the largest step, plus the logits rows and a fixed headroom for
@@ -20,8 +24,13 @@ pub fn activation_reserve_bytes(
     max_num_seqs: usize,
 ) -> usize {
     let qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
-    let per_token =
-        2 * (4 * c.hidden_size + qkv + c.num_heads * c.head_dim + 3 * c.intermediate_size);
+    let widest_ffn = c
+        .layers
+        .iter()
+        .map(|l| l.intermediate_size)
+        .max()
+        .unwrap_or(0);
+    let per_token = 2 * (4 * c.hidden_size + qkv + c.num_heads * c.head_dim + 3 * widest_ffn);
     let logits = max_num_seqs * c.vocab_size * (2 + 4);
     max_batched_tokens * per_token + logits + (512 << 20)
 }

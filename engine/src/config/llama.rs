@@ -1,0 +1,99 @@
+//! Llama 1–3, SmolLM2 and Mistral: pre-norm SwiGLU layers, rotate-half RoPE (Llama 3's
+//! scaling), no biases; Mistral's sliding window on every layer.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use super::hf_json::{layer_types, opt_field};
+use super::rope::llama3_scaling_from_factors;
+use super::{AttentionSpan, CommonLayer, Family, GgufMetadata, LayerSpec};
+
+/// `max_position_embeddings` when a config leaves it out (transformers' defaults).
+pub fn default_max_positions(family: Family) -> usize {
+    match family {
+        Family::Mistral => 4096 * 32,
+        _ => 2048,
+    }
+}
+
+/// The layers an HF config describes.
+pub fn hf_layers(
+    family: Family,
+    json: &Value,
+    common: &CommonLayer,
+    file: &Path,
+) -> anyhow::Result<Vec<LayerSpec>> {
+    for key in ["attention_bias", "mlp_bias"] {
+        if opt_field::<bool>(json, key, file)? == Some(true) {
+            bail!(
+                "`{key}: true` (biases on the projections) is not supported for {family:?} in {}",
+                file.display()
+            );
+        }
+    }
+    let mut layers = common.uniform();
+    if family == Family::Mistral {
+        // Mistral's attention takes `sliding_window` on every layer, whatever `layer_types`
+        // says (transformers' `MistralAttention`): a config whose list disagrees is refused.
+        let span = match opt_field::<usize>(json, "sliding_window", file)? {
+            Some(window) if window > 0 => AttentionSpan::Sliding { window },
+            _ => AttentionSpan::Full,
+        };
+        if let Some(listed) = layer_types(json, layers.len(), file)? {
+            if listed.iter().any(|s| *s != span) {
+                bail!(
+                    "`layer_types` disagrees with `sliding_window`, which Mistral applies to every layer, in {}",
+                    file.display()
+                );
+            }
+        }
+        for layer in &mut layers {
+            layer.attention = span;
+        }
+    }
+    Ok(layers)
+}
+
+/// The GGUF tensor in which llama.cpp stores Llama 3.1+ per-frequency rope factors.
+const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
+
+/// The layers of a `llama` GGUF file: Llama 3 scaling when the file has llama.cpp's factor
+/// table; q/k/v biases when the file has them (some converted fine-tunes do).
+pub fn gguf_layers(
+    file: &dyn GgufMetadata,
+    common: &CommonLayer,
+    head_dim: usize,
+) -> anyhow::Result<Vec<LayerSpec>> {
+    for stem in ["attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
+        if file.has_tensor(&format!("blk.0.{stem}.bias")) {
+            bail!(
+                "tensor `blk.0.{stem}.bias` in {}: biases outside q/k/v are not supported",
+                file.path().display()
+            );
+        }
+    }
+    let mut rope = common.rope;
+    if file.has_tensor(ROPE_FREQS_TENSOR) {
+        let factors = file.tensor_f32(ROPE_FREQS_TENSOR)?;
+        rope.scaling = Some(
+            llama3_scaling_from_factors(&factors, rope.theta, head_dim).with_context(|| {
+                format!(
+                    "tensor `{ROPE_FREQS_TENSOR}` in {} does not match Llama 3 rope scaling",
+                    file.path().display()
+                )
+            })?,
+        );
+    }
+    let qkv_bias = file.has_tensor("blk.0.attn_q.bias");
+    Ok(common
+        .uniform()
+        .into_iter()
+        .map(|layer| LayerSpec {
+            rope,
+            qkv_bias,
+            ..layer
+        })
+        .collect())
+}

@@ -1,0 +1,253 @@
+//! What the forward runs: the model's dimensions and a description of every decoder layer
+//! (its attention span, RoPE table, QK-norm, biases and FFN width), read from HF
+//! `config.json` here and from GGUF metadata in `weights::gguf_config`. One module per
+//! family (`llama`, `qwen`) maps its keys onto the description, as llama.cpp's
+//! per-architecture builders sit over shared pieces; the forward is written once over it.
+
+pub mod hf_json;
+mod llama;
+mod qwen;
+pub mod rope;
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+
+use hf_json::{opt_field, req_field, token_id_list};
+pub use rope::{llama3_rope_factors, llama3_scaling_from_factors, Llama3RopeScaling, RopeSpec};
+
+/// Model family: which module reads its config, and the GGUF conventions of its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Llama 1/2/3, SmolLM2: plain attention, no biases.
+    Llama,
+    /// Mistral: Llama's layers, with a sliding window on every layer when set.
+    Mistral,
+    /// Qwen2: q/k/v projections carry a bias.
+    Qwen2,
+    /// Qwen3: per-head RMSNorm on q and k before RoPE.
+    Qwen3,
+}
+
+impl Family {
+    /// From an HF `architectures` entry.
+    pub fn from_hf_class(class: &str) -> Option<Family> {
+        match class {
+            "LlamaForCausalLM" => Some(Family::Llama),
+            "MistralForCausalLM" => Some(Family::Mistral),
+            "Qwen2ForCausalLM" => Some(Family::Qwen2),
+            "Qwen3ForCausalLM" => Some(Family::Qwen3),
+            _ => None,
+        }
+    }
+
+    /// From a GGUF `general.architecture` value (llama.cpp writes Mistral as `llama`).
+    pub fn from_gguf_name(name: &str) -> Option<Family> {
+        match name {
+            "llama" => Some(Family::Llama),
+            "qwen2" => Some(Family::Qwen2),
+            "qwen3" => Some(Family::Qwen3),
+            _ => None,
+        }
+    }
+
+    /// Whether llama.cpp's converter interleaved the rows of each q and k head for its
+    /// GGUF files (the reader restores HF's rotate-half order).
+    pub fn gguf_permutes_qk(self) -> bool {
+        matches!(self, Family::Llama | Family::Mistral)
+    }
+}
+
+/// How far back a layer's queries attend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionSpan {
+    /// Every earlier position.
+    Full,
+    /// The last `window` positions, the query's own included (transformers' and vLLM's
+    /// `sliding_window`: key `k` is seen from query `q` when `q - window < k <= q`).
+    Sliding { window: usize },
+}
+
+/// What one decoder layer computes, as the forward reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerSpec {
+    pub attention: AttentionSpan,
+    pub rope: RopeSpec,
+    /// Per-head RMSNorm on q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Biases on the q, k and v projections (Qwen2).
+    pub qkv_bias: bool,
+    /// Width of the SwiGLU FFN.
+    pub intermediate_size: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// One per decoder layer, in order.
+    pub layers: Vec<LayerSpec>,
+}
+
+/// What every family's layers share, read before the family's own keys.
+#[derive(Debug, Clone, Copy)]
+pub struct CommonLayer {
+    pub num_layers: usize,
+    pub rope: RopeSpec,
+    pub intermediate_size: usize,
+}
+
+impl CommonLayer {
+    /// `num_layers` layers with full attention, no QK-norm and no biases.
+    pub fn uniform(&self) -> Vec<LayerSpec> {
+        vec![
+            LayerSpec {
+                attention: AttentionSpan::Full,
+                rope: self.rope,
+                qk_norm: false,
+                qkv_bias: false,
+                intermediate_size: self.intermediate_size,
+            };
+            self.num_layers
+        ]
+    }
+}
+
+/// What a family reads from a GGUF file's metadata and tensor list, implemented by
+/// `weights::gguf::GgufFile` (so that `config` does not depend on `weights`).
+pub trait GgufMetadata {
+    /// The file, for error messages.
+    fn path(&self) -> &Path;
+    fn has_tensor(&self, name: &str) -> bool;
+    /// A tensor's values as f32 (small tables such as `rope_freqs.weight`).
+    fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>>;
+}
+
+impl ModelConfig {
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Reads an HF `config.json` (transformers 4 and 5 key styles). When a
+    /// `generation_config.json` sits beside it, its `eos_token_id`s are added.
+    pub fn from_hf_config(file: &Path) -> anyhow::Result<ModelConfig> {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("invalid JSON in {}", file.display()))?;
+        let classes: Vec<String> = req_field(&json, "architectures", file)?;
+        let class = classes
+            .first()
+            .with_context(|| format!("empty `architectures` in {}", file.display()))?;
+        let family = Family::from_hf_class(class)
+            .with_context(|| format!("unsupported architecture {class} in {}", file.display()))?;
+
+        let hidden_size: usize = req_field(&json, "hidden_size", file)?;
+        let num_heads: usize = req_field(&json, "num_attention_heads", file)?;
+        let head_dim = match opt_field(&json, "head_dim", file)? {
+            Some(head_dim) => head_dim,
+            None if num_heads > 0 && hidden_size.is_multiple_of(num_heads) => {
+                hidden_size / num_heads
+            }
+            None => bail!(
+                "num_attention_heads {num_heads} does not divide hidden_size {hidden_size} in {}",
+                file.display()
+            ),
+        };
+        let common = CommonLayer {
+            num_layers: req_field(&json, "num_hidden_layers", file)?,
+            rope: hf_json::rope(&json, file)?,
+            intermediate_size: req_field(&json, "intermediate_size", file)?,
+        };
+        let (layers, default_max_pos) = match family {
+            Family::Llama | Family::Mistral => (
+                llama::hf_layers(family, &json, &common, file)?,
+                llama::default_max_positions(family),
+            ),
+            Family::Qwen2 | Family::Qwen3 => (
+                qwen::hf_layers(family, &json, &common, file)?,
+                qwen::DEFAULT_MAX_POSITIONS,
+            ),
+        };
+
+        let mut eos_token_ids = token_id_list(&json, "eos_token_id", file)?;
+        let generation_file = file.with_file_name("generation_config.json");
+        if generation_file.is_file() {
+            let text = std::fs::read_to_string(&generation_file)
+                .with_context(|| format!("cannot read {}", generation_file.display()))?;
+            let generation: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("invalid JSON in {}", generation_file.display()))?;
+            for id in token_id_list(&generation, "eos_token_id", &generation_file)? {
+                if !eos_token_ids.contains(&id) {
+                    eos_token_ids.push(id);
+                }
+            }
+        }
+
+        Ok(ModelConfig {
+            family,
+            vocab_size: req_field(&json, "vocab_size", file)?,
+            hidden_size,
+            num_heads,
+            num_kv_heads: opt_field(&json, "num_key_value_heads", file)?.unwrap_or(num_heads),
+            head_dim,
+            rms_norm_eps: opt_field::<f64>(&json, "rms_norm_eps", file)?.unwrap_or(1e-6) as f32,
+            max_position_embeddings: opt_field(&json, "max_position_embeddings", file)?
+                .unwrap_or(default_max_pos),
+            tie_word_embeddings: opt_field(&json, "tie_word_embeddings", file)?.unwrap_or(false),
+            bos_token_id: opt_field(&json, "bos_token_id", file)?,
+            eos_token_ids,
+            layers,
+        })
+    }
+}
+
+/// The layers of a GGUF file of `family` whose shared keys gave `common`.
+pub fn gguf_layers(
+    family: Family,
+    file: &dyn GgufMetadata,
+    common: &CommonLayer,
+    head_dim: usize,
+) -> anyhow::Result<Vec<LayerSpec>> {
+    match family {
+        Family::Llama | Family::Mistral => llama::gguf_layers(file, common, head_dim),
+        Family::Qwen2 | Family::Qwen3 => Ok(qwen::gguf_layers(family, common)),
+    }
+}
+
+/// A two-layer Llama of head dimension 128 (RoPE base 500,000), for the unit tests of the
+/// modules that read a config.
+#[cfg(test)]
+pub(crate) fn test_llama() -> ModelConfig {
+    let common = CommonLayer {
+        num_layers: 2,
+        rope: RopeSpec {
+            theta: 500_000.0,
+            scaling: None,
+        },
+        intermediate_size: 8,
+    };
+    ModelConfig {
+        family: Family::Llama,
+        vocab_size: 8,
+        hidden_size: 8,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 128,
+        rms_norm_eps: 1e-5,
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: true,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+        layers: common.uniform(),
+    }
+}

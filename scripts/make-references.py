@@ -1,0 +1,178 @@
+"""Makes the tiny random models of the model families and their references with transformers:
+engine/tests/fixtures/families/<name>/ holds config.json, model.safetensors (f32), the GGUF
+copy as llama.cpp's converter writes it where llama.cpp has one (model.gguf), and
+reference.json (top-20 logits at the last prompt position, logits of ids 0..63 at three
+positions, 24 greedy tokens and their margins, for five prompts), in the format of
+../shared/golden (see its README).
+
+Needs torch, transformers and gguf (CI does not run it: torch is not installed there):
+    python3 -m venv /tmp/refenv && /tmp/refenv/bin/pip install torch transformers gguf
+    /tmp/refenv/bin/python scripts/make-references.py
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import save_file
+
+import gguf
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine", "tests", "fixtures",
+                   "families")
+VOCAB = 256
+LENGTHS = [1, 7, 33, 60, 90]
+GREEDY_STEPS = 24
+MIN_MARGIN = 1e-3
+
+SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+             bos_token_id=1, eos_token_id=2)
+
+
+def randomise(model):
+    """As ../shared/golden's tiny models: linear and embedding weights times 8 (logits spread,
+    greedy moves between tokens), every RMSNorm weight uniform in [0.5, 1.5]."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.02)
+                p.mul_(8.0)
+
+
+def reference(model, seed):
+    """The five cases; the input seed is the first from `seed` whose every greedy margin is
+    at least MIN_MARGIN (so an exact f32 engine must reproduce every token)."""
+    for attempt in range(seed, seed + 50):
+        g = torch.Generator().manual_seed(attempt)
+        cases = []
+        for n in LENGTHS:
+            ids = torch.randint(0, VOCAB, (1, n), generator=g)
+            with torch.no_grad():
+                logits = model(ids).logits[0]
+            last = logits[-1]
+            top = torch.topk(last, 20)
+            positions = [0, n // 2, n - 1]
+            greedy, margins = [], []
+            seq = ids
+            with torch.no_grad():
+                out = model(seq, use_cache=True)
+                for _ in range(GREEDY_STEPS):
+                    step = out.logits[0, -1]
+                    tok = int(torch.argmax(step))
+                    others = step.clone()
+                    others[tok] = -float("inf")
+                    margins.append(float(step[tok] - others.max()))
+                    greedy.append(tok)
+                    out = model(torch.tensor([[tok]]), past_key_values=out.past_key_values,
+                                use_cache=True)
+            cases.append({
+                "n_input": n,
+                "input_ids": ids[0].tolist(),
+                "last_top20": [[int(i), float(v)] for v, i in zip(top.values, top.indices)],
+                "first64_positions": positions,
+                "first64_logits": [logits[p, :64].tolist() for p in positions],
+                "greedy_ids": greedy,
+                "greedy_margins": margins,
+            })
+        if min(m for c in cases for m in c["greedy_margins"]) >= MIN_MARGIN:
+            return attempt, cases
+    sys.exit("no input seed gave greedy margins above the threshold")
+
+
+def write_llama_gguf(model, config, path):
+    """A `llama` GGUF file as llama.cpp's converter writes one (q/k rows permuted to its
+    interleaved RoPE order, f32 tensors, a byte-level vocabulary of VOCAB tokens)."""
+    w = gguf.GGUFWriter(path, "llama")
+    c = config
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_rope_dimension_count(c.head_dim)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None)
+                         else c.rope_theta)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"<{i}>" for i in range(VOCAB)])
+    w.add_token_types([1] * VOCAB)
+    w.add_token_merges([])
+    w.add_bos_token_id(c.bos_token_id)
+    w.add_eos_token_id(c.eos_token_id)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+
+    def permute(t, heads):
+        return (t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:])
+                .swapaxes(1, 2).reshape(t.shape))
+
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for i in range(c.num_hidden_layers):
+        for hf, gg in names.items():
+            t = sd[f"model.layers.{i}.{hf}.weight"]
+            if gg == "attn_q":
+                t = permute(t, c.num_attention_heads)
+            elif gg == "attn_k":
+                t = permute(t, c.num_key_value_heads)
+            w.add_tensor(f"blk.{i}.{gg}.weight", np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def make(name, config_class, model_class, extra, seed, gguf_writer=None):
+    config = config_class(**SHAPE, **extra)
+    config.architectures = [model_class.__name__]
+    model = model_class(config).eval()
+    randomise(model)
+    folder = os.path.join(OUT, name)
+    os.makedirs(folder, exist_ok=True)
+    config.save_pretrained(folder)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    input_seed, cases = reference(model, seed)
+    if gguf_writer:
+        gguf_writer(model, config, os.path.join(folder, "model.gguf"))
+    ref = {
+        "model": name,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "gguf": getattr(gguf, "__version__", "unknown")},
+        "construction": {"weights_seed": 0, "scale": 8, "norms": "U(0.5, 1.5)",
+                         "input_seed": input_seed, "min_greedy_margin": MIN_MARGIN},
+        "greedy_steps": GREEDY_STEPS,
+        "runs": {"float32": {"compute_dtype": "float32", "cases": cases}},
+    }
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(ref, f)
+    print(name, "input seed", input_seed,
+          "smallest margin", min(m for c in cases for m in c["greedy_margins"]))
+
+
+def main():
+    torch.set_num_threads(2)
+    from transformers import MistralConfig, MistralForCausalLM
+    # Mistral without a window (as Mistral 7B v0.2+), and with a window of 5: shorter than
+    # four of the five prompts, so every case but the 1-token one attends through it.
+    make("mistral-tiny", MistralConfig, MistralForCausalLM, dict(sliding_window=None), 1237,
+         write_llama_gguf)
+    make("mistral-tiny-window", MistralConfig, MistralForCausalLM, dict(sliding_window=5), 1237)
+
+
+if __name__ == "__main__":
+    main()
