@@ -86,54 +86,69 @@ def reference(model, seed):
     sys.exit("no input seed gave greedy margins above the threshold")
 
 
-def write_llama_gguf(model, config, path):
-    """A `llama` GGUF file as llama.cpp's converter writes one (q/k rows permuted to its
-    interleaved RoPE order, f32 tensors, a byte-level vocabulary of VOCAB tokens)."""
-    w = gguf.GGUFWriter(path, "llama")
-    c = config
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_rope_dimension_count(c.head_dim)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None)
-                         else c.rope_theta)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"<{i}>" for i in range(VOCAB)])
-    w.add_token_types([1] * VOCAB)
-    w.add_token_merges([])
-    w.add_bos_token_id(c.bos_token_id)
-    w.add_eos_token_id(c.eos_token_id)
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+def gguf_writer_for(arch, permute_qk):
+    """A writer of an `arch` GGUF file as llama.cpp's converter writes one: f32 tensors under
+    its names (q/k rows permuted to its interleaved RoPE order for `llama`), the RoPE
+    scaling keys, and a vocabulary of VOCAB tokens."""
+    def write(model, config, path):
+        c = config
+        w = gguf.GGUFWriter(path, arch)
+        rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}
+        w.add_context_length(c.max_position_embeddings)
+        w.add_embedding_length(c.hidden_size)
+        w.add_block_count(c.num_hidden_layers)
+        w.add_feed_forward_length(c.intermediate_size)
+        w.add_rope_dimension_count(c.head_dim)
+        w.add_head_count(c.num_attention_heads)
+        w.add_head_count_kv(c.num_key_value_heads)
+        w.add_layer_norm_rms_eps(c.rms_norm_eps)
+        w.add_rope_freq_base(rope["rope_theta"])
+        if rope.get("rope_type") == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rope["factor"])
+            w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list([f"<{i}>" for i in range(VOCAB)])
+        w.add_token_types([1] * VOCAB)
+        w.add_token_merges([])
+        w.add_bos_token_id(c.bos_token_id)
+        w.add_eos_token_id(c.eos_token_id)
+        sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
-    def permute(t, heads):
-        return (t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:])
-                .swapaxes(1, 2).reshape(t.shape))
+        def permute(t, heads):
+            if not permute_qk:
+                return t
+            return (t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:])
+                    .swapaxes(1, 2).reshape(t.shape))
 
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-    for i in range(c.num_hidden_layers):
-        for hf, gg in names.items():
-            t = sd[f"model.layers.{i}.{hf}.weight"]
-            if gg == "attn_q":
-                t = permute(t, c.num_attention_heads)
-            elif gg == "attn_k":
-                t = permute(t, c.num_key_value_heads)
-            w.add_tensor(f"blk.{i}.{gg}.weight", np.ascontiguousarray(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+        w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+        if "lm_head.weight" in sd and not c.tie_word_embeddings:
+            w.add_tensor("output.weight", sd["lm_head.weight"])
+        names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+                 "post_attention_layernorm": "ffn_norm"}
+        for i in range(c.num_hidden_layers):
+            for hf, gg in names.items():
+                for part in ("weight", "bias"):
+                    key = f"model.layers.{i}.{hf}.{part}"
+                    if key not in sd:
+                        continue
+                    t = sd[key]
+                    if gg == "attn_q":
+                        t = permute(t, c.num_attention_heads)
+                    elif gg == "attn_k":
+                        t = permute(t, c.num_key_value_heads)
+                    w.add_tensor(f"blk.{i}.{gg}.{part}", np.ascontiguousarray(t))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return write
 
 
 def make(name, config_class, model_class, extra, seed, gguf_writer=None):
@@ -170,8 +185,15 @@ def main():
     # Mistral without a window (as Mistral 7B v0.2+), and with a window of 5: shorter than
     # four of the five prompts, so every case but the 1-token one attends through it.
     make("mistral-tiny", MistralConfig, MistralForCausalLM, dict(sliding_window=None), 1237,
-         write_llama_gguf)
+         gguf_writer_for("llama", permute_qk=True))
     make("mistral-tiny-window", MistralConfig, MistralForCausalLM, dict(sliding_window=5), 1237)
+    # Qwen2 with YaRN (factor 4 over an original context of 32, so the ramp falls inside the
+    # tiny head's frequencies), written in transformers 5's `rope_parameters`.
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 32}
+    make("qwen2-tiny-yarn", Qwen2Config, Qwen2ForCausalLM, dict(rope_parameters=yarn), 1237,
+         gguf_writer_for("qwen2", permute_qk=False))
 
 
 if __name__ == "__main__":

@@ -137,6 +137,96 @@ pub enum AdmissionError {
     Param(#[from] InvalidParam),
 }
 
+/// The limits a request must meet to be queued, fixed when the engine is built. They are
+/// checked once, by [`AdmissionLimits::check`], whose [`CheckedRequest`] the engine then
+/// trusts (the server checks before it queues, so a bad request is a 400 even when the
+/// queue is full).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionLimits {
+    /// Ids a prompt may hold: those both the model's embedding table and the tokenizer know.
+    pub vocab_size: usize,
+    pub max_model_len: usize,
+    pub kv_blocks: usize,
+    pub block_size: usize,
+}
+
+/// A request that met the engine's limits: only [`AdmissionLimits::check`] makes one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedRequest {
+    prompt_ids: Vec<u32>,
+    params: SamplingParams,
+}
+
+impl CheckedRequest {
+    pub fn prompt_ids(&self) -> &[u32] {
+        &self.prompt_ids
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+}
+
+impl AdmissionLimits {
+    /// Checks, in order: an empty prompt, prompt ids past the vocabulary, a prompt with no
+    /// room in `max_model_len`, the sampling parameters' ranges, stop ids and `top_k` past
+    /// the vocabulary, prompt + `max_tokens` beyond `max_model_len`, then beyond the KV cache.
+    pub fn check(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<CheckedRequest, AdmissionError> {
+        if prompt_ids.is_empty() {
+            return Err(AdmissionError::EmptyPrompt);
+        }
+        let vocab = self.vocab_size;
+        let out_of_vocabulary = |param, ids: &[u32]| {
+            ids.iter()
+                .find(|&&id| id as usize >= vocab)
+                .map(|&id| AdmissionError::OutOfVocabulary { param, id, vocab })
+        };
+        if let Some(e) = out_of_vocabulary("prompt", &prompt_ids) {
+            return Err(e);
+        }
+        let (prompt, limit) = (prompt_ids.len(), self.max_model_len);
+        if prompt >= limit {
+            return Err(AdmissionError::PromptTooLong { prompt, limit });
+        }
+        params.validate()?;
+        if let Some(e) = out_of_vocabulary("stop_token_ids", &params.stop_token_ids) {
+            return Err(e);
+        }
+        if params.top_k > vocab {
+            return Err(AdmissionError::Param(InvalidParam {
+                param: "top_k",
+                message: format!(
+                    "`top_k` must be at most the vocabulary size ({vocab}), got {}",
+                    params.top_k
+                ),
+            }));
+        }
+        let max_tokens = params.max_tokens;
+        let total = prompt + max_tokens;
+        if total > limit {
+            return Err(AdmissionError::ContextLength {
+                prompt,
+                max_tokens,
+                limit,
+            });
+        }
+        let blocks = total.div_ceil(self.block_size);
+        if blocks > self.kv_blocks {
+            return Err(AdmissionError::KvCapacity {
+                prompt,
+                max_tokens,
+                blocks,
+                capacity: self.kv_blocks,
+            });
+        }
+        Ok(CheckedRequest { prompt_ids, params })
+    }
+}
+
 impl AdmissionError {
     /// The request field at fault, by its engine name: `prompt`, or a `SamplingParams` field.
     pub fn param(&self) -> &'static str {
@@ -230,6 +320,7 @@ pub struct LlmEngine {
     config: EngineConfig,
     /// The sequences, each with its request's generation state.
     scheduler: Scheduler<Request>,
+    limits: AdmissionLimits,
     /// The model's think markers, when the server splits reasoning (`--reasoning-parser`).
     think_markers: Option<ThinkMarkers>,
     next_id: SeqId,
@@ -256,11 +347,18 @@ impl LlmEngine {
             },
             block_manager,
         );
+        let limits = AdmissionLimits {
+            vocab_size: tokenizer.vocab_size().min(runner.vocab_size()),
+            max_model_len: config.max_model_len,
+            kv_blocks: runner.num_blocks(),
+            block_size: runner.block_size(),
+        };
         LlmEngine {
             runner,
             tokenizer,
             config,
             scheduler,
+            limits,
             think_markers: None,
             next_id: 0,
             prompt_tokens_total: 0,
@@ -284,76 +382,30 @@ impl LlmEngine {
 
     /// Ids a prompt may hold: those both the model's embedding table and the tokenizer know.
     pub fn vocab_size(&self) -> usize {
-        self.tokenizer.vocab_size().min(self.runner.vocab_size())
+        self.limits.vocab_size
     }
 
-    /// Validates (empty prompt, ids >= vocab, a prompt with no room in `max_model_len`, bad
-    /// sampling parameters, prompt + max_tokens beyond `max_model_len` or the KV cache) and
-    /// queues: the one place these limits are checked.
+    /// The limits a request must meet, for a caller that checks requests before handing
+    /// them over (the server, before it queues them).
+    pub fn limits(&self) -> AdmissionLimits {
+        self.limits
+    }
+
+    /// Checks the request against [`limits`](Self::limits) and queues it.
     pub fn add_request(
         &mut self,
         prompt_ids: Vec<u32>,
         params: SamplingParams,
     ) -> Result<SeqId, AdmissionError> {
-        self.add_constrained_request(prompt_ids, params, None)
+        let checked = self.limits.check(prompt_ids, params)?;
+        Ok(self.add_checked(checked, None))
     }
 
-    /// [`add_request`](Self::add_request) whose answer follows `grammar` (structured
-    /// output): every sampled answer token is drawn from the grammar's mask, and the
-    /// sequence stops as soon as the grammar is complete.
-    pub fn add_constrained_request(
-        &mut self,
-        prompt_ids: Vec<u32>,
-        params: SamplingParams,
-        grammar: Option<TokenMatcher>,
-    ) -> Result<SeqId, AdmissionError> {
-        if prompt_ids.is_empty() {
-            return Err(AdmissionError::EmptyPrompt);
-        }
-        let vocab = self.vocab_size();
-        let out_of_vocabulary = |param, ids: &[u32]| {
-            ids.iter()
-                .find(|&&id| id as usize >= vocab)
-                .map(|&id| AdmissionError::OutOfVocabulary { param, id, vocab })
-        };
-        if let Some(e) = out_of_vocabulary("prompt", &prompt_ids) {
-            return Err(e);
-        }
-        let (prompt, limit) = (prompt_ids.len(), self.config.max_model_len);
-        if prompt >= limit {
-            return Err(AdmissionError::PromptTooLong { prompt, limit });
-        }
-        params.validate()?;
-        if let Some(e) = out_of_vocabulary("stop_token_ids", &params.stop_token_ids) {
-            return Err(e);
-        }
-        if params.top_k > vocab {
-            return Err(AdmissionError::Param(InvalidParam {
-                param: "top_k",
-                message: format!(
-                    "`top_k` must be at most the vocabulary size ({vocab}), got {}",
-                    params.top_k
-                ),
-            }));
-        }
-        let max_tokens = params.max_tokens;
-        let total = prompt + max_tokens;
-        if total > limit {
-            return Err(AdmissionError::ContextLength {
-                prompt,
-                max_tokens,
-                limit,
-            });
-        }
-        let bm = self.scheduler.block_manager();
-        if bm.blocks_for(total) > bm.num_blocks() {
-            return Err(AdmissionError::KvCapacity {
-                prompt,
-                max_tokens,
-                blocks: bm.blocks_for(total),
-                capacity: bm.num_blocks(),
-            });
-        }
+    /// Queues a checked request; with `grammar` (structured output) every sampled answer
+    /// token is drawn from the grammar's mask, and the sequence stops as soon as the grammar
+    /// is complete.
+    pub fn add_checked(&mut self, request: CheckedRequest, grammar: Option<TokenMatcher>) -> SeqId {
+        let CheckedRequest { prompt_ids, params } = request;
         let id = self.next_id;
         self.next_id += 1;
         let request = Request::new(
@@ -365,7 +417,7 @@ impl LlmEngine {
         );
         self.scheduler
             .add(Sequence::new(id, id, prompt_ids), request);
-        Ok(id)
+        id
     }
 
     /// Removes a waiting or running sequence and frees its blocks at once; returns false

@@ -231,7 +231,8 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             Some((compiler, spec)) => Some(compiler.compile(spec)?),
             None => None,
         };
-        engine.add_constrained_request(prompt, params, matcher)?;
+        let checked = engine.limits().check(prompt, params)?;
+        engine.add_checked(checked, matcher);
     }
     let mut num_output_tokens = 0usize;
     while engine.has_unfinished() {

@@ -121,20 +121,6 @@ pub fn max_positions(config: &ModelConfig) -> usize {
     config.max_position_embeddings.clamp(1, MAX_ROPE_POSITIONS)
 }
 
-/// RoPE cosine and sine tables `[positions, head_dim / 2]`, angle `pos * inv_freq[i]` in f32.
-fn rope_tables(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
-    let mut cos = Vec::with_capacity(positions * inv_freq.len());
-    let mut sin = Vec::with_capacity(positions * inv_freq.len());
-    for pos in 0..positions {
-        for &f in inv_freq {
-            let angle = pos as f32 * f;
-            cos.push(angle.cos());
-            sin.push(angle.sin());
-        }
-    }
-    (cos, sin)
-}
-
 /// Everything but the backend (split so the backend can run the forward in its context).
 struct ModelState<B: Backend> {
     config: ModelConfig,
@@ -409,7 +395,7 @@ impl<B: Backend> Model<B> {
         };
         let mut rope_tables_on_device = Vec::with_capacity(ropes.len());
         for (k, rope) in ropes.iter().enumerate() {
-            let (cos, sin) = rope_tables(&rope.inv_freq(c.head_dim), rope_positions);
+            let (cos, sin) = rope.tables(c.head_dim, rope_positions);
             rope_tables_on_device.push((
                 table(format!("rope.{k}.cos"), cos)?,
                 table(format!("rope.{k}.sin"), sin)?,

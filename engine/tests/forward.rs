@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::config::AttentionSpan;
+use engine::config::{AttentionSpan, RopeScaling};
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with};
 use engine::model::{ModelRunner, SeqInput};
@@ -241,6 +241,23 @@ fn mistral_tiny_with_a_sliding_window_matches_its_reference() {
         .layers
         .iter()
         .all(|l| l.attention == AttentionSpan::Sliding { window: 5 }));
+}
+
+/// Qwen2 with YaRN (factor 4 over an original context of 32): the scaled frequencies and
+/// the attention factor on the RoPE tables, from safetensors and from the `qwen2` GGUF with
+/// llama.cpp's scaling keys.
+#[test]
+fn qwen2_tiny_with_yarn_matches_its_reference_from_safetensors_and_gguf() {
+    for file in [None, Some("model.gguf")] {
+        let (model, dir) = family("qwen2-tiny-yarn", file);
+        let (config, _) = open_model(&model).unwrap();
+        assert!(
+            matches!(config.layers[0].rope.scaling, Some(RopeScaling::Yarn(_))),
+            "{config:?}"
+        );
+        let what = format!("qwen2-tiny-yarn {}", file.unwrap_or("safetensors"));
+        check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
+    }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

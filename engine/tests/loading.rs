@@ -5,7 +5,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::config::{
-    llama3_rope_factors, AttentionSpan, Family, LayerSpec, Llama3RopeScaling, ModelConfig, RopeSpec,
+    llama3_rope_factors, AttentionSpan, Family, LayerSpec, Llama3RopeScaling, ModelConfig,
+    RopeScaling, RopeSpec,
 };
 use engine::weights::ggml_quants::dequantize;
 use engine::weights::gguf::GgufFile;
@@ -632,12 +633,12 @@ fn hf_config_key_variants() {
     assert_eq!(config.eos_token_ids, vec![128001, 128008, 128009]);
     assert_eq!(
         config.layers[0].rope.scaling,
-        Some(Llama3RopeScaling {
+        Some(RopeScaling::Llama3(Llama3RopeScaling {
             factor: 32.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,
-        })
+        }))
     );
     // A missing required field names the field and the file.
     std::fs::write(
@@ -821,7 +822,7 @@ fn gguf_rope_freqs_become_llama3_scaling() {
         ModelConfig::from_gguf(&file).unwrap().layers[0]
             .rope
             .scaling,
-        Some(want)
+        Some(RopeScaling::Llama3(want))
     );
 
     let mut odd = factors.clone();

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde_json::Value;
 
-use super::rope::{Llama3RopeScaling, RopeSpec};
+use super::rope::{Llama3RopeScaling, RopeScaling, RopeSpec, YarnRopeScaling};
 use super::AttentionSpan;
 
 /// Reads an optional JSON field, failing when it exists with the wrong type.
@@ -47,13 +47,13 @@ pub fn token_id_list(obj: &serde_json::Value, key: &str, file: &Path) -> anyhow:
     }
 }
 
-/// Parses a `rope_scaling` / `rope_parameters` object. `default` means none;
-/// `llama3` is supported; any other scaling type is an error.
+/// Parses a `rope_scaling` / `rope_parameters` object. `default` means none; `llama3` and
+/// `yarn` are supported; any other scaling type is an error.
 fn parse_rope_scaling(
     obj: &serde_json::Value,
     key: &str,
     file: &Path,
-) -> anyhow::Result<Option<Llama3RopeScaling>> {
+) -> anyhow::Result<Option<RopeScaling>> {
     let Some(scaling) = obj.get(key).filter(|v| !v.is_null()) else {
         return Ok(None);
     };
@@ -70,12 +70,41 @@ fn parse_rope_scaling(
                     format!("missing field `{}` in {}", ctx(field), file.display())
                 })
             };
-            Ok(Some(Llama3RopeScaling {
+            Ok(Some(RopeScaling::Llama3(Llama3RopeScaling {
                 factor: get("factor")? as f32,
                 low_freq_factor: get("low_freq_factor")? as f32,
                 high_freq_factor: get("high_freq_factor")? as f32,
                 original_max_position_embeddings: get("original_max_position_embeddings")? as usize,
-            }))
+            })))
+        }
+        Some("yarn") => {
+            let get = |field: &str| -> anyhow::Result<f64> {
+                opt_field::<f64>(scaling, field, file)?.with_context(|| {
+                    format!("missing field `{}` in {}", ctx(field), file.display())
+                })
+            };
+            let or = |field: &str, default: f64| -> anyhow::Result<f64> {
+                Ok(opt_field::<f64>(scaling, field, file)?.unwrap_or(default))
+            };
+            if scaling.get("mscale").is_some_and(|v| !v.is_null()) {
+                bail!(
+                    "`{}` (DeepSeek's YaRN variant) is not supported in {}",
+                    ctx("mscale"),
+                    file.display()
+                );
+            }
+            let factor = get("factor")? as f32;
+            Ok(Some(RopeScaling::Yarn(YarnRopeScaling {
+                factor,
+                original_max_position_embeddings: get("original_max_position_embeddings")? as usize,
+                beta_fast: or("beta_fast", 32.0)? as f32,
+                beta_slow: or("beta_slow", 1.0)? as f32,
+                attention_factor: match opt_field::<f64>(scaling, "attention_factor", file)? {
+                    Some(a) => a as f32,
+                    None => YarnRopeScaling::default_attention_factor(factor),
+                },
+                truncate: opt_field(scaling, "truncate", file)?.unwrap_or(true),
+            })))
         }
         Some(other) => bail!(
             "unsupported rope type `{other}` in field `{key}` of {}",
@@ -145,4 +174,38 @@ pub fn layer_types(
         })
         .collect::<anyhow::Result<_>>()
         .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Qwen's transformers-4 YaRN block (`type`, no betas) and transformers 5's
+    /// (`rope_parameters` with `rope_type` and the base inside) read alike; the attention
+    /// factor defaults to `0.1 ln(factor) + 1`.
+    #[test]
+    fn yarn_reads_from_either_key_style() {
+        let file = Path::new("config.json");
+        let v4 = serde_json::json!({"rope_theta": 1e6, "rope_scaling":
+            {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}});
+        let v5 = serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6,
+            "factor": 4.0, "original_max_position_embeddings": 32768}});
+        let want = RopeSpec {
+            theta: 1e6,
+            scaling: Some(RopeScaling::Yarn(YarnRopeScaling {
+                factor: 4.0,
+                original_max_position_embeddings: 32768,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: 0.1 * 4f32.ln() + 1.0,
+                truncate: true,
+            })),
+        };
+        assert_eq!(rope(&v4, file).unwrap(), want);
+        assert_eq!(rope(&v5, file).unwrap(), want);
+        let deepseek = serde_json::json!({"rope_scaling": {"type": "yarn", "factor": 40.0,
+            "original_max_position_embeddings": 4096, "mscale": 1.0}});
+        let e = rope(&deepseek, file).unwrap_err().to_string();
+        assert!(e.contains("mscale"), "{e}");
+    }
 }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 
 use super::hf_json::{layer_types, opt_field};
-use super::rope::llama3_scaling_from_factors;
+use super::rope::{llama3_scaling_from_factors, RopeScaling};
 use super::{AttentionSpan, CommonLayer, Family, GgufMetadata, LayerSpec};
 
 /// `max_position_embeddings` when a config leaves it out (transformers' defaults).
@@ -77,14 +77,14 @@ pub fn gguf_layers(
     let mut rope = common.rope;
     if file.has_tensor(ROPE_FREQS_TENSOR) {
         let factors = file.tensor_f32(ROPE_FREQS_TENSOR)?;
-        rope.scaling = Some(
+        let scaling =
             llama3_scaling_from_factors(&factors, rope.theta, head_dim).with_context(|| {
                 format!(
                     "tensor `{ROPE_FREQS_TENSOR}` in {} does not match Llama 3 rope scaling",
                     file.path().display()
                 )
-            })?,
-        );
+            })?;
+        rope.scaling = Some(RopeScaling::Llama3(scaling));
     }
     let qkv_bias = file.has_tensor("blk.0.attn_q.bias");
     Ok(common

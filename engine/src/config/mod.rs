@@ -14,7 +14,10 @@ use std::path::Path;
 use anyhow::{bail, Context};
 
 use hf_json::{opt_field, req_field, token_id_list};
-pub use rope::{llama3_rope_factors, llama3_scaling_from_factors, Llama3RopeScaling, RopeSpec};
+pub use rope::{
+    llama3_rope_factors, llama3_scaling_from_factors, Llama3RopeScaling, RopeScaling, RopeSpec,
+    YarnRopeScaling,
+};
 
 /// Model family: which module reads its config, and the GGUF conventions of its files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

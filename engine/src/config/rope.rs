@@ -1,5 +1,5 @@
-//! Rotary position embeddings as a layer uses them: the base, the scaling, and the inverse
-//! frequencies both are turned into.
+//! Rotary position embeddings as a layer uses them: the base, the scaling (Llama 3's or
+//! YaRN's), and the cosine and sine tables they are turned into.
 
 use anyhow::bail;
 
@@ -12,11 +12,46 @@ pub struct Llama3RopeScaling {
     pub original_max_position_embeddings: usize,
 }
 
+/// YaRN (`rope_type = "yarn"`, Qwen's long-context configs), as transformers'
+/// `_compute_yarn_parameters` computes it: frequencies between extrapolation (high ones
+/// kept) and interpolation (low ones divided by `factor`) along a linear ramp over the
+/// dimensions between `beta_fast` and `beta_slow` rotations, and the cosine and sine
+/// multiplied by `attention_factor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnRopeScaling {
+    pub factor: f32,
+    pub original_max_position_embeddings: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// `0.1 ln(factor) + 1` unless the config gives it.
+    pub attention_factor: f32,
+    /// Round the ramp's ends outwards to whole dimensions (transformers' default).
+    pub truncate: bool,
+}
+
+impl YarnRopeScaling {
+    /// The attention factor the paper suggests for `factor`.
+    pub fn default_attention_factor(factor: f32) -> f32 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * factor.ln() + 1.0
+        }
+    }
+}
+
+/// How a layer's RoPE frequencies are scaled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    Llama3(Llama3RopeScaling),
+    Yarn(YarnRopeScaling),
+}
+
 /// One layer's RoPE table: rotate-half over the whole head.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeSpec {
     pub theta: f32,
-    pub scaling: Option<Llama3RopeScaling>,
+    pub scaling: Option<RopeScaling>,
 }
 
 impl RopeSpec {
@@ -26,9 +61,61 @@ impl RopeSpec {
             .map(|i| 1.0f32 / (self.theta as f64).powf((2 * i) as f64 / head_dim as f64) as f32);
         match self.scaling {
             None => base.collect(),
-            Some(s) => base.map(|f| llama3_scale(f, &s)).collect(),
+            Some(RopeScaling::Llama3(s)) => base.map(|f| llama3_scale(f, &s)).collect(),
+            Some(RopeScaling::Yarn(y)) => {
+                let ramp = yarn_ramp(&y, self.theta, head_dim);
+                base.zip(ramp)
+                    .map(|(f, extrapolate)| f / y.factor * (1.0 - extrapolate) + f * extrapolate)
+                    .collect()
+            }
         }
     }
+
+    /// The factor the cosine and sine tables carry (YaRN's attention factor; 1 otherwise).
+    pub fn attention_factor(&self) -> f32 {
+        match self.scaling {
+            Some(RopeScaling::Yarn(y)) => y.attention_factor,
+            _ => 1.0,
+        }
+    }
+
+    /// Cosine and sine tables `[positions, head_dim / 2]` of the angles `pos * inv_freq[i]`
+    /// (in f32), times the attention factor.
+    pub fn tables(&self, head_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
+        let inv_freq = self.inv_freq(head_dim);
+        let scale = self.attention_factor();
+        let mut cos = Vec::with_capacity(positions * inv_freq.len());
+        let mut sin = Vec::with_capacity(positions * inv_freq.len());
+        for pos in 0..positions {
+            for &f in &inv_freq {
+                let angle = pos as f32 * f;
+                cos.push(angle.cos() * scale);
+                sin.push(angle.sin() * scale);
+            }
+        }
+        (cos, sin)
+    }
+}
+
+/// Per frequency, how much of it is extrapolated (kept): 1 above the ramp, 0 below it.
+fn yarn_ramp(y: &YarnRopeScaling, theta: f32, head_dim: usize) -> Vec<f32> {
+    // The dimension at which a frequency turns `rotations` times over the original context.
+    let dim_of = |rotations: f32| {
+        let dim = head_dim as f64;
+        dim * (y.original_max_position_embeddings as f64
+            / (f64::from(rotations) * 2.0 * std::f64::consts::PI))
+            .ln()
+            / (2.0 * f64::from(theta).ln())
+    };
+    let (mut low, mut high) = (dim_of(y.beta_fast), dim_of(y.beta_slow));
+    if y.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, high) = (low.max(0.0), high.min(head_dim as f64 - 1.0));
+    let span = if low == high { 0.001 } else { high - low };
+    (0..head_dim / 2)
+        .map(|i| 1.0 - ((i as f64 - low) / span).clamp(0.0, 1.0) as f32)
+        .collect()
 }
 
 /// Llama 3 frequency scaling (transformers' `_compute_llama3_parameters`).
@@ -118,7 +205,7 @@ mod tests {
             scaling,
         };
         let plain = rope(None).inv_freq(128);
-        let scaled = rope(Some(scaling)).inv_freq(128);
+        let scaled = rope(Some(RopeScaling::Llama3(scaling))).inv_freq(128);
         assert_eq!(plain.len(), 64);
         assert!((plain[1] - 500_000f32.powf(-2.0 / 128.0)).abs() < 1e-7);
         let mut regimes = [0; 3];

@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::{Metrics, SeqTimings};
-use super::protocol::{ApiError, RequestFields};
-use crate::engine::{FinishReason, LlmEngine, SeqId, SeqUpdate, TokenLogprob};
+use super::protocol::ApiError;
+use crate::engine::{CheckedRequest, FinishReason, LlmEngine, SeqId, SeqUpdate, TokenLogprob};
 use crate::grammar::TokenMatcher;
-use crate::sampler::SamplingParams;
 
 /// Outputs buffered per request before the loop starts merging them.
 pub const EVENT_CHANNEL_CAPACITY: usize = 64;
@@ -34,14 +33,12 @@ pub enum Command {
 
 /// One HTTP request: its sequences in choice-index order.
 pub struct AddRequest {
-    /// Each choice's prompt, parameters and grammar matcher (structured output).
-    pub seqs: Vec<(Vec<u32>, SamplingParams, Option<TokenMatcher>)>,
+    /// Each choice's checked request and grammar matcher (structured output).
+    pub seqs: Vec<(CheckedRequest, Option<TokenMatcher>)>,
     pub events: mpsc::Sender<SeqOutput>,
     /// `Ok` once queued; 429 when too many sequences are waiting.
     pub admitted: oneshot::Sender<Result<(), ApiError>>,
     pub arrival: Instant,
-    /// The names of the fields an engine-side refusal names.
-    pub fields: RequestFields,
 }
 
 /// New output of one choice; several steps are merged when the client reads slowly.
@@ -216,26 +213,18 @@ impl EngineLoop {
                 .send(Err(ApiError::overloaded(waiting, RETRY_AFTER_SECONDS)));
             return;
         }
-        let mut slots = Vec::with_capacity(request.seqs.len());
-        for (prompt, params, grammar) in request.seqs {
-            match self.engine.add_constrained_request(prompt, params, grammar) {
-                Ok(id) => slots.push(SeqSlot {
-                    id,
-                    pending: None,
-                    finished: false,
-                    scheduled: None,
-                    first_token: None,
-                    last_token: None,
-                }),
-                Err(e) => {
-                    for slot in &slots {
-                        self.engine.abort(slot.id);
-                    }
-                    let _ = request.admitted.send(Err(request.fields.refusal(&e)));
-                    return;
-                }
-            }
-        }
+        let slots: Vec<SeqSlot> = request
+            .seqs
+            .into_iter()
+            .map(|(checked, grammar)| SeqSlot {
+                id: self.engine.add_checked(checked, grammar),
+                pending: None,
+                finished: false,
+                scheduled: None,
+                first_token: None,
+                last_token: None,
+            })
+            .collect();
         if request.admitted.send(Ok(())).is_err() {
             for slot in &slots {
                 self.engine.abort(slot.id);
@@ -490,45 +479,32 @@ mod tests {
         }
     }
 
-    /// Sends `prompt` (as from the request field `field`); the admission's answer and the
-    /// request's outputs.
-    fn send(
-        commands: &std::sync::mpsc::Sender<Command>,
-        prompt: Vec<u32>,
-        fields: RequestFields,
-    ) -> (Result<(), ApiError>, mpsc::Receiver<SeqOutput>) {
-        let params = SamplingParams {
+    /// Queues a 3-token greedy request; its outputs.
+    fn add(commands: &std::sync::mpsc::Sender<Command>) -> mpsc::Receiver<SeqOutput> {
+        let params = crate::sampler::SamplingParams {
             max_tokens: 3,
             temperature: 0.0,
             ignore_eos: true,
-            ..SamplingParams::default()
+            ..crate::sampler::SamplingParams::default()
         };
-        send_with(commands, prompt, params, fields)
-    }
-
-    fn send_with(
-        commands: &std::sync::mpsc::Sender<Command>,
-        prompt: Vec<u32>,
-        params: SamplingParams,
-        fields: RequestFields,
-    ) -> (Result<(), ApiError>, mpsc::Receiver<SeqOutput>) {
+        let limits = crate::engine::AdmissionLimits {
+            vocab_size: 1000,
+            max_model_len: 2048,
+            kv_blocks: 64,
+            block_size: 16,
+        };
+        let checked = limits.check(vec![5, 6, 7], params).unwrap();
         let (events, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
         let (admitted, admitted_rx) = oneshot::channel();
         commands
             .send(Command::Add(AddRequest {
-                seqs: vec![(prompt, params, None)],
+                seqs: vec![(checked, None)],
                 events,
                 admitted,
                 arrival: Instant::now(),
-                fields,
             }))
             .unwrap();
-        (admitted_rx.blocking_recv().unwrap(), rx)
-    }
-
-    fn add(commands: &std::sync::mpsc::Sender<Command>) -> mpsc::Receiver<SeqOutput> {
-        let (admitted, rx) = send(commands, vec![5, 6, 7], RequestFields::COMPLETION);
-        admitted.unwrap();
+        admitted_rx.blocking_recv().unwrap().unwrap();
         rx
     }
 
@@ -553,53 +529,6 @@ mod tests {
         let (commands, commands_rx) = std::sync::mpsc::channel();
         let looping = EngineLoop::new(engine, commands_rx, metrics.clone(), 8);
         (commands, std::thread::spawn(move || looping.run()), metrics)
-    }
-
-    /// The engine refuses a request it cannot run by the field as the client sent it:
-    /// `messages` for a chat prompt, `top_logprobs` for chat's logprobs count, the length
-    /// limit it gave (with OpenAI's `context_length_exceeded`).
-    #[test]
-    fn an_engine_side_refusal_names_the_field_the_client_sent() {
-        let (commands, thread, _) = start_loop(0);
-        for (fields, field) in [
-            (RequestFields::CHAT, "messages"),
-            (RequestFields::COMPLETION, "prompt"),
-        ] {
-            let (admitted, _) = send(&commands, vec![5, 99_999], fields);
-            let error = admitted.unwrap_err();
-            assert_eq!(error.param.as_deref(), Some(field));
-            assert!(
-                error.message.contains("out of vocabulary"),
-                "{}",
-                error.message
-            );
-        }
-        let many_logprobs = SamplingParams {
-            logprobs: Some(21),
-            ..SamplingParams::default()
-        };
-        let (admitted, _) = send_with(&commands, vec![5], many_logprobs, RequestFields::CHAT);
-        assert_eq!(admitted.unwrap_err().param.as_deref(), Some("top_logprobs"));
-        let too_long = SamplingParams {
-            max_tokens: 1 << 20,
-            ..SamplingParams::default()
-        };
-        let chat_limit = RequestFields {
-            max_tokens: "max_completion_tokens",
-            ..RequestFields::CHAT
-        };
-        let error = send_with(&commands, vec![5], too_long, chat_limit)
-            .0
-            .unwrap_err();
-        assert_eq!(
-            (error.param.as_deref(), error.code),
-            (
-                Some("max_completion_tokens"),
-                Some("context_length_exceeded")
-            )
-        );
-        commands.send(Command::Shutdown).unwrap();
-        thread.join().unwrap();
     }
 
     /// A step that fails as a whole ends the requests it was running (their channels close

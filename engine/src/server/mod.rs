@@ -120,8 +120,6 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         let markers = ThinkMarkers::resolve(parser, &loaded.tokenizer)?;
         loaded.engine.set_think_markers(markers);
     }
-    // Ids must index both the embedding table and the tokenizer.
-    let vocab_size = loaded.config.vocab_size.min(loaded.tokenizer.vocab_size());
     let grammar = GrammarCompiler::new(loaded.tokenizer.clone(), loaded.config.vocab_size)
         .map(Arc::new)
         .map_err(|e| {
@@ -129,13 +127,13 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             format!("{e:#}")
         });
     let template_reads_tools = validate::template_reads_tools(&loaded.tokenizer);
+    let limits = loaded.engine.limits();
     Ok(Loaded {
         engine: loaded.engine,
         tokenizer: loaded.tokenizer,
         info: ModelInfo {
             served_names,
-            vocab_size,
-            max_model_len: loaded.max_model_len,
+            limits,
             default_chat_template_kwargs: args.default_chat_template_kwargs.clone(),
             split_reasoning: args.reasoning_parser.is_some(),
             tool_call_parser: args.tool_call_parser,
@@ -196,7 +194,7 @@ fn server_info(args: &ServeArgs, loaded: &Loaded) -> serde_json::Value {
         "model": args.engine.model.display().to_string(),
         "served_model_names": loaded.info.served_names,
         "dtype": dtype,
-        "max_model_len": loaded.info.max_model_len,
+        "max_model_len": loaded.info.limits.max_model_len,
         "kv_capacity_tokens": loaded.kv_capacity_tokens,
         "max_num_seqs": args.engine.max_num_seqs,
         "weight_bytes": loaded.footprint.weight_bytes,
@@ -304,7 +302,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
                 engine_args.engine.model.display(),
                 loaded.device,
                 loaded.kv_capacity_tokens,
-                loaded.info.max_model_len,
+                loaded.info.limits.max_model_len,
             );
             let server_info = server_info(&engine_args, &loaded);
             let _ = engine_state.ready.set(Ready {

@@ -113,7 +113,7 @@ async fn version(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
-    let max_model_len = state.ready()?.info.max_model_len;
+    let max_model_len = state.ready()?.info.limits.max_model_len;
     let data = state
         .served_names
         .iter()
@@ -173,7 +173,7 @@ async fn tokenize(
         });
         Ok(Json(TokenizeResponse {
             count: request.tokens.len(),
-            max_model_len: info.max_model_len,
+            max_model_len: info.limits.max_model_len,
             tokens: request.tokens,
             token_strs,
         }))
@@ -251,6 +251,7 @@ async fn start(
     let ready = state.ready()?;
     let tokenizer = ready.tokenizer.clone();
     let info = ready.info.clone();
+    let limits = info.limits;
     let compiler = ready.grammar.clone();
     let (request, matcher) = tokio::task::spawn_blocking(move || {
         let request = match endpoint {
@@ -263,9 +264,9 @@ async fn start(
     .await
     .map_err(|e| ApiError::internal(format!("request validation failed: {e}")))??;
     let seqs = request
-        .sequences()
+        .sequences(&limits)?
         .into_iter()
-        .map(|(prompt, params)| (prompt, params, matcher.clone()))
+        .map(|checked| (checked, matcher.clone()))
         .collect();
     let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
     let (admitted_tx, admitted_rx) = oneshot::channel();
@@ -276,7 +277,6 @@ async fn start(
             events: events_tx,
             admitted: admitted_tx,
             arrival,
-            fields: request.fields,
         }))
         .map_err(|_| ApiError::unavailable("The engine has stopped."))?;
     admitted_rx

@@ -15,6 +15,7 @@ use super::constraints::{request_constraint, Constraint, ConstraintFields};
 use super::protocol::{ApiError, RequestFields};
 use super::tools::{self, CallFormat, ToolCallParser};
 use super::typed_body::Body;
+use crate::engine::{AdmissionLimits, CheckedRequest};
 use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -30,8 +31,8 @@ const DEFAULT_COMPLETION_TOKENS: usize = 16;
 pub struct ModelInfo {
     /// Names accepted in `model`; the first is reported in responses.
     pub served_names: Vec<String>,
-    pub vocab_size: usize,
-    pub max_model_len: usize,
+    /// The engine's limits, which every choice is checked against before it is queued.
+    pub limits: AdmissionLimits,
     /// `--default-chat-template-kwargs`: template variables of every chat request, which a
     /// request's own `chat_template_kwargs` override key by key.
     pub default_chat_template_kwargs: Map<String, Value>,
@@ -68,17 +69,22 @@ pub struct GenerateRequest {
 }
 
 impl GenerateRequest {
-    /// One `(prompt, params)` per choice, in choice-index order (`prompt_index * n + i`).
-    pub fn sequences(&self) -> Vec<(Vec<u32>, SamplingParams)> {
+    /// One checked request per choice, in choice-index order (`prompt_index * n + i`):
+    /// the engine's limits are checked here, once, before anything is queued; a refusal
+    /// names the field as the client sent it.
+    pub fn sequences(&self, limits: &AdmissionLimits) -> Result<Vec<CheckedRequest>, ApiError> {
         let mut out = Vec::with_capacity(self.prompts.len() * self.n);
         for prompt in &self.prompts {
             for i in 0..self.n {
                 let mut params = self.params.clone();
                 params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
-                out.push((prompt.clone(), params));
+                let checked = limits
+                    .check(prompt.clone(), params)
+                    .map_err(|e| self.fields.refusal(&e))?;
+                out.push(checked);
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -447,7 +453,7 @@ fn choices(n: Option<u64>) -> Result<usize, ApiError> {
 /// the engine refuses naming the prompt).
 fn room_after(prompts: &[Vec<u32>], info: &ModelInfo) -> usize {
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    info.max_model_len.saturating_sub(longest)
+    info.limits.max_model_len.saturating_sub(longest)
 }
 
 /// Validates a `/v1/completions` body.
@@ -675,7 +681,7 @@ pub fn detokenize_request(body: &[u8], info: &ModelInfo) -> Result<Vec<u32>, Api
     let b: DetokenizeBody = body.read()?;
     body.finish()?;
     check_model(b.model, info)?;
-    let vocab = info.vocab_size;
+    let vocab = info.limits.vocab_size;
     let tokens = b
         .tokens
         .ok_or_else(|| ApiError::invalid("tokens", "`tokens` is required"))?;
@@ -737,8 +743,12 @@ mod tests {
     fn an_absent_length_limit_fills_what_the_longest_prompt_leaves() {
         let info = ModelInfo {
             served_names: vec!["m".into()],
-            vocab_size: 100,
-            max_model_len: 10,
+            limits: AdmissionLimits {
+                vocab_size: 100,
+                max_model_len: 10,
+                kv_blocks: 16,
+                block_size: 16,
+            },
             default_chat_template_kwargs: Map::new(),
             split_reasoning: false,
             tool_call_parser: None,
@@ -746,6 +756,64 @@ mod tests {
         };
         assert_eq!(room_after(&[vec![1; 6], vec![1; 2]], &info), 4);
         assert_eq!(room_after(&[vec![1; 12]], &info), 0);
+    }
+
+    /// The engine's limits, checked before a request is queued, refuse a chat request by
+    /// the fields the client sent: its prompt as `messages`, its logprobs count as
+    /// `top_logprobs`, its length limit as `max_completion_tokens` (with OpenAI's
+    /// `context_length_exceeded`).
+    #[test]
+    fn an_engine_side_refusal_of_a_chat_request_names_the_fields_the_client_sent() {
+        let limits = AdmissionLimits {
+            vocab_size: 100,
+            max_model_len: 64,
+            kv_blocks: 16,
+            block_size: 16,
+        };
+        let chat = |prompt: Vec<u32>, params: SamplingParams, max_tokens_field| GenerateRequest {
+            model: "m".into(),
+            prompts: vec![prompt],
+            params,
+            n: 1,
+            stream: false,
+            include_usage: false,
+            continuous_usage: false,
+            constraint: None,
+            tool_calls: None,
+            fields: RequestFields {
+                max_tokens: max_tokens_field,
+                ..RequestFields::CHAT
+            },
+        };
+        let refusal = |request: GenerateRequest| request.sequences(&limits).unwrap_err();
+        let e = refusal(chat(vec![5, 100], SamplingParams::default(), "max_tokens"));
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(e.message.contains("out of vocabulary"), "{}", e.message);
+        let e = refusal(chat(vec![5; 64], SamplingParams::default(), "max_tokens"));
+        assert_eq!(
+            (e.param.as_deref(), e.code),
+            (Some("messages"), Some("context_length_exceeded"))
+        );
+        let many = SamplingParams {
+            logprobs: Some(21),
+            ..SamplingParams::default()
+        };
+        let e = refusal(chat(vec![5], many, "max_tokens"));
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        let long = SamplingParams {
+            max_tokens: 64,
+            ..SamplingParams::default()
+        };
+        let e = refusal(chat(vec![5], long, "max_completion_tokens"));
+        assert_eq!(
+            (e.param.as_deref(), e.code),
+            (
+                Some("max_completion_tokens"),
+                Some("context_length_exceeded")
+            )
+        );
+        let fits = chat(vec![5; 10], SamplingParams::default(), "max_tokens");
+        assert_eq!(fits.sequences(&limits).unwrap()[0].prompt_ids(), &[5; 10]);
     }
 
     #[test]
@@ -765,8 +833,17 @@ mod tests {
             tool_calls: None,
             fields: RequestFields::COMPLETION,
         };
-        let seqs = req.sequences();
-        let got: Vec<(u32, Option<u64>)> = seqs.iter().map(|(p, s)| (p[0], s.seed)).collect();
+        let limits = AdmissionLimits {
+            vocab_size: 100,
+            max_model_len: 64,
+            kv_blocks: 16,
+            block_size: 16,
+        };
+        let seqs = req.sequences(&limits).unwrap();
+        let got: Vec<(u32, Option<u64>)> = seqs
+            .iter()
+            .map(|c| (c.prompt_ids()[0], c.params().seed))
+            .collect();
         assert_eq!(
             got,
             vec![(1, Some(7)), (1, Some(8)), (2, Some(7)), (2, Some(8))]

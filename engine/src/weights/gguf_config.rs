@@ -6,7 +6,10 @@ use std::path::Path;
 use anyhow::{bail, Context};
 
 use super::gguf::GgufFile;
-use crate::config::{gguf_layers, CommonLayer, Family, GgufMetadata, ModelConfig, RopeSpec};
+use crate::config::{
+    gguf_layers, CommonLayer, Family, GgufMetadata, ModelConfig, RopeScaling, RopeSpec,
+    YarnRopeScaling,
+};
 
 impl GgufMetadata for GgufFile {
     fn path(&self) -> &Path {
@@ -35,16 +38,7 @@ impl ModelConfig {
             )
         })?;
         let key = |suffix: &str| format!("{arch_name}.{suffix}");
-        let scaling_key = key("rope.scaling.type");
-        if file.metadata.contains_key(&scaling_key) {
-            let kind = file.get_str(&scaling_key)?;
-            if kind != "none" {
-                bail!(
-                    "unsupported rope scaling `{kind}` ({scaling_key}) in {}",
-                    file.path().display()
-                );
-            }
-        }
+        let scaling = rope_scaling(file, &key)?;
         let hidden_size = file.get_usize(&key("embedding_length"))?;
         let num_heads = file.get_usize(&key("attention.head_count"))?;
         let head_dim = match file.opt(&key("attention.key_length"), GgufFile::get_usize)? {
@@ -65,7 +59,7 @@ impl ModelConfig {
                 theta: file
                     .opt(&key("rope.freq_base"), GgufFile::get_f64)?
                     .unwrap_or(10_000.0) as f32,
-                scaling: None,
+                scaling,
             },
             intermediate_size: file.get_usize(&key("feed_forward_length"))?,
         };
@@ -89,4 +83,51 @@ impl ModelConfig {
             layers: gguf_layers(family, file, &common, head_dim)?,
         })
     }
+}
+
+/// The RoPE scaling llama.cpp's converter wrote (`{arch}.rope.scaling.*`): none, or YaRN
+/// with its factor, original context and optional betas and attention factor (llama.cpp's
+/// default attention factor is transformers' `0.1 ln(factor) + 1`). Llama 3's scaling is a
+/// tensor instead, read by the family.
+fn rope_scaling(
+    file: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+) -> anyhow::Result<Option<RopeScaling>> {
+    let type_key = key("rope.scaling.type");
+    if !file.metadata.contains_key(&type_key) {
+        return Ok(None);
+    }
+    let kind = file.get_str(&type_key)?;
+    if kind == "none" {
+        return Ok(None);
+    }
+    if kind != "yarn" {
+        bail!(
+            "unsupported rope scaling `{kind}` ({type_key}) in {}",
+            file.path().display()
+        );
+    }
+    let opt_f64 = |suffix: &str| file.opt(&key(suffix), GgufFile::get_f64);
+    let ext_key = key("rope.scaling.yarn_ext_factor");
+    if let Some(ext) = opt_f64("rope.scaling.yarn_ext_factor")? {
+        if ext != 1.0 {
+            bail!(
+                "{ext_key} = {ext} in {}: only YaRN's full ramp (1) is supported",
+                file.path().display()
+            );
+        }
+    }
+    let factor = file.get_f64(&key("rope.scaling.factor"))? as f32;
+    Ok(Some(RopeScaling::Yarn(YarnRopeScaling {
+        factor,
+        original_max_position_embeddings: file
+            .get_usize(&key("rope.scaling.original_context_length"))?,
+        beta_fast: opt_f64("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0) as f32,
+        beta_slow: opt_f64("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0) as f32,
+        attention_factor: match opt_f64("rope.scaling.yarn_attn_factor")? {
+            Some(a) => a as f32,
+            None => YarnRopeScaling::default_attention_factor(factor),
+        },
+        truncate: true,
+    })))
 }
