@@ -1,6 +1,7 @@
 """Makes the tiny random models of the model families and their references with transformers:
-engine/tests/fixtures/families/<name>/ holds config.json, model.safetensors (f32), the GGUF
-copy as llama.cpp's converter writes it where llama.cpp has one (model.gguf), and
+engine/tests/fixtures/families/<name>/ holds config.json, model.safetensors (f32), a GGUF copy
+written with PyPI gguf under the tensor names and metadata keys llama.cpp's converter uses for
+the family (model.gguf, where llama.cpp has the family), and
 reference.json (top-20 logits at the last prompt position, logits of ids 0..63 at three
 positions, 24 greedy tokens and their margins, for five prompts), in the format of
 ../shared/golden (see its README).
@@ -188,7 +189,9 @@ def main():
          gguf_writer_for("llama", permute_qk=True))
     make("mistral-tiny-window", MistralConfig, MistralForCausalLM, dict(sliding_window=5), 1237)
     # Qwen2 with YaRN (factor 4 over an original context of 32, so the ramp falls inside the
-    # tiny head's frequencies), written in transformers 5's `rope_parameters`.
+    # tiny head's frequencies), written in transformers 5's `rope_parameters`. The factor is
+    # used as written (transformers 5, vLLM); transformers 4.5x derived it from
+    # max_position_embeddings / original_max_position_embeddings (16 here) instead.
     from transformers import Qwen2Config, Qwen2ForCausalLM
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
             "original_max_position_embeddings": 32}

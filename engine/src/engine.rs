@@ -135,6 +135,9 @@ pub enum AdmissionError {
     },
     #[error(transparent)]
     Param(#[from] InvalidParam),
+    /// A request checked against another engine's limits.
+    #[error("the request was checked against other limits than this engine's")]
+    OtherLimits,
 }
 
 /// The limits a request must meet to be queued, fixed when the engine is built. They are
@@ -143,11 +146,10 @@ pub enum AdmissionError {
 /// queue is full).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdmissionLimits {
-    /// Ids a prompt may hold: those both the model's embedding table and the tokenizer know.
-    pub vocab_size: usize,
-    pub max_model_len: usize,
-    pub kv_blocks: usize,
-    pub block_size: usize,
+    vocab_size: usize,
+    max_model_len: usize,
+    kv_blocks: usize,
+    block_size: usize,
 }
 
 /// A request that met the engine's limits: only [`AdmissionLimits::check`] makes one.
@@ -155,6 +157,8 @@ pub struct AdmissionLimits {
 pub struct CheckedRequest {
     prompt_ids: Vec<u32>,
     params: SamplingParams,
+    /// The limits it met (the engine takes only a request checked against its own).
+    limits: AdmissionLimits,
 }
 
 impl CheckedRequest {
@@ -168,6 +172,32 @@ impl CheckedRequest {
 }
 
 impl AdmissionLimits {
+    /// The limits of an engine (or of a test's pretend one): its vocabulary, context and KV
+    /// cache. Outside this crate only an engine makes them.
+    pub(crate) fn new(
+        vocab_size: usize,
+        max_model_len: usize,
+        kv_blocks: usize,
+        block_size: usize,
+    ) -> AdmissionLimits {
+        AdmissionLimits {
+            vocab_size,
+            max_model_len,
+            kv_blocks,
+            block_size: block_size.max(1),
+        }
+    }
+
+    /// Ids a prompt may hold: those both the model's embedding table and the tokenizer know.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The longest sequence (prompt + answer).
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
     /// Checks, in order: an empty prompt, prompt ids past the vocabulary, a prompt with no
     /// room in `max_model_len`, the sampling parameters' ranges, stop ids and `top_k` past
     /// the vocabulary, prompt + `max_tokens` beyond `max_model_len`, then beyond the KV cache.
@@ -206,14 +236,16 @@ impl AdmissionLimits {
             }));
         }
         let max_tokens = params.max_tokens;
-        let total = prompt + max_tokens;
-        if total > limit {
-            return Err(AdmissionError::ContextLength {
-                prompt,
-                max_tokens,
-                limit,
-            });
-        }
+        let total = match prompt.checked_add(max_tokens) {
+            Some(total) if total <= limit => total,
+            _ => {
+                return Err(AdmissionError::ContextLength {
+                    prompt,
+                    max_tokens,
+                    limit,
+                })
+            }
+        };
         let blocks = total.div_ceil(self.block_size);
         if blocks > self.kv_blocks {
             return Err(AdmissionError::KvCapacity {
@@ -223,7 +255,11 @@ impl AdmissionLimits {
                 capacity: self.kv_blocks,
             });
         }
-        Ok(CheckedRequest { prompt_ids, params })
+        Ok(CheckedRequest {
+            prompt_ids,
+            params,
+            limits: *self,
+        })
     }
 }
 
@@ -236,7 +272,8 @@ impl AdmissionError {
             AdmissionError::Param(e) => e.param,
             AdmissionError::EmptyPrompt
             | AdmissionError::PromptTooLong { .. }
-            | AdmissionError::KvCapacity { .. } => "prompt",
+            | AdmissionError::KvCapacity { .. }
+            | AdmissionError::OtherLimits => "prompt",
         }
     }
 
@@ -347,12 +384,12 @@ impl LlmEngine {
             },
             block_manager,
         );
-        let limits = AdmissionLimits {
-            vocab_size: tokenizer.vocab_size().min(runner.vocab_size()),
-            max_model_len: config.max_model_len,
-            kv_blocks: runner.num_blocks(),
-            block_size: runner.block_size(),
-        };
+        let limits = AdmissionLimits::new(
+            tokenizer.vocab_size().min(runner.vocab_size()),
+            config.max_model_len,
+            runner.num_blocks(),
+            runner.block_size(),
+        );
         LlmEngine {
             runner,
             tokenizer,
@@ -398,14 +435,26 @@ impl LlmEngine {
         params: SamplingParams,
     ) -> Result<SeqId, AdmissionError> {
         let checked = self.limits.check(prompt_ids, params)?;
-        Ok(self.add_checked(checked, None))
+        self.add_checked(checked, None)
     }
 
-    /// Queues a checked request; with `grammar` (structured output) every sampled answer
-    /// token is drawn from the grammar's mask, and the sequence stops as soon as the grammar
-    /// is complete.
-    pub fn add_checked(&mut self, request: CheckedRequest, grammar: Option<TokenMatcher>) -> SeqId {
-        let CheckedRequest { prompt_ids, params } = request;
+    /// Queues a request checked against this engine's [`limits`](Self::limits) (one checked
+    /// against other limits is refused); with `grammar` (structured output) every sampled
+    /// answer token is drawn from the grammar's mask, and the sequence stops as soon as the
+    /// grammar is complete.
+    pub fn add_checked(
+        &mut self,
+        request: CheckedRequest,
+        grammar: Option<TokenMatcher>,
+    ) -> Result<SeqId, AdmissionError> {
+        let CheckedRequest {
+            prompt_ids,
+            params,
+            limits,
+        } = request;
+        if limits != self.limits {
+            return Err(AdmissionError::OtherLimits);
+        }
         let id = self.next_id;
         self.next_id += 1;
         let request = Request::new(
@@ -417,7 +466,7 @@ impl LlmEngine {
         );
         self.scheduler
             .add(Sequence::new(id, id, prompt_ids), request);
-        id
+        Ok(id)
     }
 
     /// Removes a waiting or running sequence and frees its blocks at once; returns false
@@ -626,12 +675,13 @@ impl LlmEngine {
             .get_mut(id)
             .with_context(|| format!("unknown sequence {id}"))?;
         let counts = SeqUpdate::counts(id, Some(seq), 0, None);
-        let outcome = request.on_token(token, counts.num_output_tokens)?;
-        let num_reasoning_tokens = request.reasoning_tokens();
+        // Counted before the request takes it: a token whose handling fails was generated.
         self.generation_tokens_total += 1;
         if counts.num_output_tokens == 1 {
             self.prompt_tokens_total += counts.num_prompt_tokens as u64;
         }
+        let outcome = request.on_token(token, counts.num_output_tokens)?;
+        let num_reasoning_tokens = request.reasoning_tokens();
         self.timings.grammar_accept_secs += outcome.grammar_accept_secs;
         if outcome.finish.is_some() {
             self.scheduler.remove(id);

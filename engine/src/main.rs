@@ -232,7 +232,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             None => None,
         };
         let checked = engine.limits().check(prompt, params)?;
-        engine.add_checked(checked, matcher);
+        engine.add_checked(checked, matcher)?;
     }
     let mut num_output_tokens = 0usize;
     while engine.has_unfinished() {

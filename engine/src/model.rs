@@ -258,6 +258,14 @@ impl<B: Backend> Layer<B> {
             refuse_undescribed(w, [q_norm, k_norm].into_iter(), c)?;
             None
         };
+        // Biases no family here has.
+        let biases = [
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ];
+        refuse_undescribed(w, biases.iter().map(|n| format!("{p}.{n}.bias")), c)?;
         let o_name = format!("{p}.self_attn.o_proj.weight");
         let o_proj = backend.upload_weight(&o_name, read(w, &o_name, &[h, qw])?)?;
         let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;

@@ -339,6 +339,77 @@ mod tests {
         );
     }
 
+    /// Feeds `tokens` to a request with `params` over the tiny golden Llama's tokenizer (EOS
+    /// id 2); the answer text, how it finished and after how many tokens.
+    fn run(params: SamplingParams, tokens: &[u32]) -> (String, Option<FinishReason>, usize) {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
+        let tokenizer = Arc::new(Tokenizer::from_model_path(&dir).unwrap());
+        let mut request = Request::new(&[1], params, None, tokenizer, None);
+        let mut text = String::new();
+        for (i, &token) in tokens.iter().enumerate() {
+            let out = request.on_token(token, i + 1).unwrap();
+            text.push_str(&out.text);
+            if out.finish.is_some() {
+                return (text, out.finish, i + 1);
+            }
+        }
+        (text, None, tokens.len())
+    }
+
+    fn words() -> Vec<u32> {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
+        let tokenizer = Tokenizer::from_model_path(&dir).unwrap();
+        tokenizer.encode("Hello world STOP more", false).unwrap()
+    }
+
+    #[test]
+    fn a_stop_string_cuts_the_text_and_ends_the_answer() {
+        let params = SamplingParams {
+            stop: vec!["STOP".into()],
+            max_tokens: 100,
+            ..SamplingParams::default()
+        };
+        let (text, finish, _) = run(params, &words());
+        assert_eq!(
+            (text.as_str(), finish),
+            ("Hello world ", Some(FinishReason::Stop))
+        );
+    }
+
+    #[test]
+    fn max_tokens_ends_the_answer_with_all_its_text() {
+        let ids = words();
+        let params = SamplingParams {
+            max_tokens: 2,
+            ..SamplingParams::default()
+        };
+        let (text, finish, n) = run(params, &ids);
+        assert_eq!((finish, n), (Some(FinishReason::Length), 2));
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
+        let tokenizer = Tokenizer::from_model_path(&dir).unwrap();
+        assert_eq!(text, tokenizer.decode(&ids[..2], true).unwrap());
+    }
+
+    #[test]
+    fn eos_ends_the_answer_only_past_min_tokens() {
+        let first = words()[0];
+        let stop_at_eos = SamplingParams {
+            max_tokens: 10,
+            ..SamplingParams::default()
+        };
+        let (_, finish, n) = run(stop_at_eos.clone(), &[first, 2, first]);
+        assert_eq!((finish, n), (Some(FinishReason::Stop), 2));
+        let held = SamplingParams {
+            min_tokens: 3,
+            ..stop_at_eos
+        };
+        let (_, finish, n) = run(held, &[first, 2, first, 2]);
+        assert_eq!((finish, n), (Some(FinishReason::Stop), 4));
+    }
+
     fn facts(may_stop: bool, stop_token: bool, grammar_done: bool, at_length: bool) -> TokenFacts {
         TokenFacts {
             may_stop,

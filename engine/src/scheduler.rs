@@ -83,10 +83,6 @@ impl<R> Scheduler<R> {
         !self.seqs.is_empty()
     }
 
-    pub fn seq(&self, id: SeqId) -> Option<&Sequence> {
-        self.seqs.get(&id).map(|e| &e.seq)
-    }
-
     /// A live sequence with its request record.
     pub fn get(&self, id: SeqId) -> Option<(&Sequence, &R)> {
         self.seqs.get(&id).map(|e| (&e.seq, &e.request))
@@ -339,7 +335,7 @@ mod tests {
         let chunks = s.schedule().unwrap();
         s.on_computed(&chunks).unwrap();
         for c in &chunks {
-            let seq = s.seq(c.id).unwrap();
+            let seq = s.get(c.id).unwrap().0;
             if seq.num_computed_tokens == seq.num_tokens() {
                 s.append_token(c.id, token).unwrap();
             }
@@ -365,7 +361,7 @@ mod tests {
         assert_eq!(lens(&last), vec![(0, 1), (1, 6)]);
         assert!(last[1].is_prefill && !last[0].is_prefill);
         assert_eq!(lens(&step(&mut s, 1)), vec![(0, 1), (1, 1)]);
-        assert_eq!(s.seq(1).unwrap().num_output_tokens(), 2);
+        assert_eq!(s.get(1).unwrap().0.num_output_tokens(), 2);
     }
 
     #[test]
@@ -394,7 +390,7 @@ mod tests {
         assert_eq!(s.num_preemptions(), 1);
         assert_eq!(lens(&chunks), vec![(0, 1)]);
         assert_eq!((s.num_running(), s.num_waiting()), (1, 1));
-        let victim = s.seq(1).unwrap();
+        let victim = s.get(1).unwrap().0;
         assert_eq!(victim.num_output_tokens(), 2, "generated tokens are kept");
         assert!(victim.block_table.is_empty());
         // 0's third block evicted the tail of 1's cached blocks, the head survives.
@@ -407,7 +403,7 @@ mod tests {
         assert!(chunks[0].is_prefill);
         let cache = s.block_manager().prefix_cache_stats();
         assert_eq!((cache.hits, cache.preempted_hits), (0, 4));
-        let seq = s.seq(1).unwrap();
+        let seq = s.get(1).unwrap().0;
         assert_eq!(seq.output_tokens(), &[50, 51, 53]);
         assert_eq!(
             seq.num_cached_prompt_tokens, 0,
@@ -424,7 +420,7 @@ mod tests {
         // 1 needs a third block for position 8 and is the tail: it preempts itself.
         assert_eq!(lens(&step(&mut s, 51)), vec![(0, 1)]);
         assert_eq!(s.num_preemptions(), 1);
-        assert_eq!(s.seq(1).unwrap().output_tokens(), &[50]);
+        assert_eq!(s.get(1).unwrap().0.output_tokens(), &[50]);
         // 1 cannot come back while 0 holds a block; 0 then evicts 1's tail block.
         assert_eq!(lens(&step(&mut s, 52)), vec![(0, 1)]);
         assert_eq!(lens(&step(&mut s, 53)), vec![(0, 1)]);
@@ -433,7 +429,7 @@ mod tests {
         assert_eq!(chunks.len(), 1);
         assert_eq!((chunks[0].id, chunks[0].start, chunks[0].len), (1, 4, 5));
         assert!(chunks[0].is_prefill);
-        assert_eq!(s.seq(1).unwrap().output_tokens(), &[50, 54]);
+        assert_eq!(s.get(1).unwrap().0.output_tokens(), &[50, 54]);
         s.remove(1).unwrap();
         s.check_invariants().unwrap();
         assert_eq!(s.block_manager().num_used_blocks(), 0);

@@ -345,6 +345,19 @@ async fn bad_inputs_get_openai_errors_naming_the_field() {
             400,
             json!("max_tokens"),
         ),
+        // A count that overflows `prompt + max_tokens` is still past the context.
+        (
+            &completions,
+            json!({"prompt": [1, 2, 3], "max_tokens": u64::MAX, "min_tokens": u64::MAX}),
+            400,
+            json!("max_tokens"),
+        ),
+        (
+            &chat,
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}),
+            400,
+            json!("max_completion_tokens"),
+        ),
         (
             &completions,
             json!({"prompt": vec![7; 64]}),

@@ -86,22 +86,34 @@ fn parse_rope_scaling(
             let or = |field: &str, default: f64| -> anyhow::Result<f64> {
                 Ok(opt_field::<f64>(scaling, field, file)?.unwrap_or(default))
             };
-            if scaling.get("mscale").is_some_and(|v| !v.is_null()) {
-                bail!(
-                    "`{}` (DeepSeek's YaRN variant) is not supported in {}",
-                    ctx("mscale"),
-                    file.display()
-                );
-            }
             let factor = get("factor")? as f32;
+            // As transformers: `mscale` and `mscale_all_dim` (DeepSeek's) set the attention
+            // factor only when both are non-zero; a zero beta takes its default.
+            let mscales = (or("mscale", 0.0)?, or("mscale_all_dim", 0.0)?);
+            let default = match mscales {
+                (m, all) if m != 0.0 && all != 0.0 => {
+                    let mscale = |m: f64| match f64::from(factor) {
+                        f if f <= 1.0 => 1.0,
+                        f => 0.1 * m * f.ln() + 1.0,
+                    };
+                    (mscale(m) / mscale(all)) as f32
+                }
+                _ => YarnRopeScaling::default_attention_factor(factor),
+            };
+            let beta = |field: &str, default: f64| -> anyhow::Result<f32> {
+                Ok(match or(field, default)? {
+                    0.0 => default,
+                    b => b,
+                } as f32)
+            };
             Ok(Some(RopeScaling::Yarn(YarnRopeScaling {
                 factor,
                 original_max_position_embeddings: get("original_max_position_embeddings")? as usize,
-                beta_fast: or("beta_fast", 32.0)? as f32,
-                beta_slow: or("beta_slow", 1.0)? as f32,
+                beta_fast: beta("beta_fast", 32.0)?,
+                beta_slow: beta("beta_slow", 1.0)?,
                 attention_factor: match opt_field::<f64>(scaling, "attention_factor", file)? {
                     Some(a) => a as f32,
-                    None => YarnRopeScaling::default_attention_factor(factor),
+                    None => default,
                 },
                 truncate: opt_field(scaling, "truncate", file)?.unwrap_or(true),
             })))
@@ -203,9 +215,12 @@ mod tests {
         };
         assert_eq!(rope(&v4, file).unwrap(), want);
         assert_eq!(rope(&v5, file).unwrap(), want);
+        // DeepSeek's pair: the attention factor is their ratio (1 when they are equal).
         let deepseek = serde_json::json!({"rope_scaling": {"type": "yarn", "factor": 40.0,
-            "original_max_position_embeddings": 4096, "mscale": 1.0}});
-        let e = rope(&deepseek, file).unwrap_err().to_string();
-        assert!(e.contains("mscale"), "{e}");
+            "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 1.0}});
+        let Some(RopeScaling::Yarn(y)) = rope(&deepseek, file).unwrap().scaling else {
+            panic!("yarn");
+        };
+        assert_eq!(y.attention_factor, 1.0);
     }
 }

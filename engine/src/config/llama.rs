@@ -60,7 +60,9 @@ pub fn hf_layers(
 const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
 
 /// The layers of a `llama` GGUF file: Llama 3 scaling when the file has llama.cpp's factor
-/// table; q/k/v biases when the file has them (some converted fine-tunes do).
+/// table; q/k/v biases when the file has them (some converted fine-tunes do); a window on
+/// every layer when the file has `llama.attention.sliding_window` (llama.cpp's converter
+/// writes Mistral as `llama` without it, and llama.cpp then runs full attention, as here).
 pub fn gguf_layers(
     file: &dyn GgufMetadata,
     common: &CommonLayer,
@@ -87,10 +89,15 @@ pub fn gguf_layers(
         rope.scaling = Some(RopeScaling::Llama3(scaling));
     }
     let qkv_bias = file.has_tensor("blk.0.attn_q.bias");
+    let attention = match file.usize_key("llama.attention.sliding_window")? {
+        Some(window) if window > 0 => AttentionSpan::Sliding { window },
+        _ => AttentionSpan::Full,
+    };
     Ok(common
         .uniform()
         .into_iter()
         .map(|layer| LayerSpec {
+            attention,
             rope,
             qkv_bias,
             ..layer

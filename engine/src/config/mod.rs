@@ -131,6 +131,8 @@ pub trait GgufMetadata {
     /// The file, for error messages.
     fn path(&self) -> &Path;
     fn has_tensor(&self, name: &str) -> bool;
+    /// An integer key, if the file has it.
+    fn usize_key(&self, key: &str) -> anyhow::Result<Option<usize>>;
     /// A tensor's values as f32 (small tables such as `rope_freqs.weight`).
     fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>>;
 }

@@ -58,9 +58,9 @@ pub struct NoEffectFields {
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
     pub continuous_usage_stats: Option<bool>,
-    /// OpenAI's padding of stream chunks: changes nothing here.
+    /// OpenAI's padding of stream chunks: changes nothing here (any value).
     #[serde(rename = "include_obfuscation")]
-    _include_obfuscation: Option<bool>,
+    _include_obfuscation: Option<Value>,
 }
 
 /// `/v1/completions`'s own fields.
@@ -99,9 +99,9 @@ pub struct MessageBody {
     pub role: Option<String>,
     /// A string or a list of text parts.
     pub content: Option<Value>,
-    /// Changes nothing here.
+    /// Changes nothing here (any value).
     #[serde(rename = "name")]
-    _name: Option<String>,
+    _name: Option<Value>,
     /// An earlier assistant turn's reasoning, which reaches the template (as Qwen3's reads
     /// it); `reasoning` is the same field under vLLM's newer name.
     pub reasoning_content: Option<String>,

@@ -213,18 +213,29 @@ impl EngineLoop {
                 .send(Err(ApiError::overloaded(waiting, RETRY_AFTER_SECONDS)));
             return;
         }
-        let slots: Vec<SeqSlot> = request
-            .seqs
-            .into_iter()
-            .map(|(checked, grammar)| SeqSlot {
-                id: self.engine.add_checked(checked, grammar),
-                pending: None,
-                finished: false,
-                scheduled: None,
-                first_token: None,
-                last_token: None,
-            })
-            .collect();
+        let mut slots = Vec::with_capacity(request.seqs.len());
+        for (checked, grammar) in request.seqs {
+            match self.engine.add_checked(checked, grammar) {
+                Ok(id) => slots.push(SeqSlot {
+                    id,
+                    pending: None,
+                    finished: false,
+                    scheduled: None,
+                    first_token: None,
+                    last_token: None,
+                }),
+                // Requests are checked against this engine's limits before they are sent.
+                Err(e) => {
+                    for slot in &slots {
+                        self.engine.abort(slot.id);
+                    }
+                    let _ = request
+                        .admitted
+                        .send(Err(ApiError::internal(format!("{e}"))));
+                    return;
+                }
+            }
+        }
         if request.admitted.send(Ok(())).is_err() {
             for slot in &slots {
                 self.engine.abort(slot.id);
@@ -479,19 +490,17 @@ mod tests {
         }
     }
 
-    /// Queues a 3-token greedy request; its outputs.
-    fn add(commands: &std::sync::mpsc::Sender<Command>) -> mpsc::Receiver<SeqOutput> {
+    /// Queues a 3-token greedy request checked against the loop's engine's `limits`; its
+    /// outputs.
+    fn add(
+        commands: &std::sync::mpsc::Sender<Command>,
+        limits: &crate::engine::AdmissionLimits,
+    ) -> mpsc::Receiver<SeqOutput> {
         let params = crate::sampler::SamplingParams {
             max_tokens: 3,
             temperature: 0.0,
             ignore_eos: true,
             ..crate::sampler::SamplingParams::default()
-        };
-        let limits = crate::engine::AdmissionLimits {
-            vocab_size: 1000,
-            max_model_len: 2048,
-            kv_blocks: 64,
-            block_size: 16,
         };
         let checked = limits.check(vec![5, 6, 7], params).unwrap();
         let (events, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
@@ -509,13 +518,15 @@ mod tests {
     }
 
     /// An engine loop on its own thread over the tiny model's tokenizer and a runner whose
-    /// first `fail_steps` steps fail; its command channel, thread and metrics.
+    /// first `fail_steps` steps fail; its command channel, thread, metrics and the engine's
+    /// limits.
     fn start_loop(
         fail_steps: usize,
     ) -> (
         std::sync::mpsc::Sender<Command>,
         std::thread::JoinHandle<()>,
         Arc<Metrics>,
+        crate::engine::AdmissionLimits,
     ) {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
@@ -525,19 +536,21 @@ mod tests {
             tokenizer,
             crate::engine::EngineConfig::default(),
         );
+        let limits = engine.limits();
         let metrics = Arc::new(Metrics::new("m"));
         let (commands, commands_rx) = std::sync::mpsc::channel();
         let looping = EngineLoop::new(engine, commands_rx, metrics.clone(), 8);
-        (commands, std::thread::spawn(move || looping.run()), metrics)
+        let thread = std::thread::spawn(move || looping.run());
+        (commands, thread, metrics, limits)
     }
 
     /// A step that fails as a whole ends the requests it was running (their channels close
     /// without a finish, which the routes turn into a 500), and the loop serves the next one.
     #[test]
     fn a_failed_step_ends_its_requests_and_the_loop_serves_the_next() {
-        let (commands, thread, metrics) = start_loop(1);
+        let (commands, thread, metrics, limits) = start_loop(1);
 
-        let mut first = add(&commands);
+        let mut first = add(&commands, &limits);
         let mut finishes = Vec::new();
         while let Some(out) = first.blocking_recv() {
             finishes.extend(out.finish);
@@ -547,7 +560,7 @@ mod tests {
             "the failed request got no finish: {finishes:?}"
         );
 
-        let mut second = add(&commands);
+        let mut second = add(&commands, &limits);
         let mut last = None;
         while let Some(out) = second.blocking_recv() {
             if out.finish.is_some() {

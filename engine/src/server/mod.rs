@@ -194,7 +194,7 @@ fn server_info(args: &ServeArgs, loaded: &Loaded) -> serde_json::Value {
         "model": args.engine.model.display().to_string(),
         "served_model_names": loaded.info.served_names,
         "dtype": dtype,
-        "max_model_len": loaded.info.limits.max_model_len,
+        "max_model_len": loaded.info.limits.max_model_len(),
         "kv_capacity_tokens": loaded.kv_capacity_tokens,
         "max_num_seqs": args.engine.max_num_seqs,
         "weight_bytes": loaded.footprint.weight_bytes,
@@ -302,7 +302,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
                 engine_args.engine.model.display(),
                 loaded.device,
                 loaded.kv_capacity_tokens,
-                loaded.info.limits.max_model_len,
+                loaded.info.limits.max_model_len(),
             );
             let server_info = server_info(&engine_args, &loaded);
             let _ = engine_state.ready.set(Ready {

@@ -268,18 +268,47 @@ impl RequestFields {
         logprobs: "top_logprobs",
     };
 
-    /// The engine's refusal as the client's error, naming the field as the client sent it.
+    /// The engine's refusal as the client's error, naming the fields as the client sent
+    /// them, in the param and in the message; a context overflow in OpenAI's words (which
+    /// clients match on) with its `context_length_exceeded` code.
     pub fn refusal(&self, e: &AdmissionError) -> ApiError {
-        let param = match e.param() {
+        let rename = |engine_name: &'static str| match engine_name {
             "prompt" => self.prompt,
             "max_tokens" => self.max_tokens,
             "logprobs" => self.logprobs,
             other => other,
         };
-        if e.exceeds_context() {
-            ApiError::context_length(param, e.to_string())
-        } else {
-            ApiError::invalid(param, e.to_string())
+        let param = rename(e.param());
+        match *e {
+            AdmissionError::PromptTooLong { prompt, limit } => ApiError::context_length(
+                param,
+                format!(
+                    "This model's maximum context length is {limit} tokens. However, your request has {prompt} input tokens. Please reduce the length of the {}.",
+                    self.prompt
+                ),
+            ),
+            AdmissionError::ContextLength {
+                prompt,
+                max_tokens,
+                limit,
+            } => ApiError::context_length(
+                param,
+                format!(
+                    "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt} in the {}, {max_tokens} in the completion). Please reduce the length of the {} or completion.",
+                    prompt.saturating_add(max_tokens),
+                    self.prompt,
+                    self.prompt
+                ),
+            ),
+            _ => {
+                // The engine's messages name its own fields in backticks.
+                let mut message = e.to_string();
+                for engine_name in ["max_tokens", "logprobs"] {
+                    let sent = rename(engine_name);
+                    message = message.replace(&format!("`{engine_name}`"), &format!("`{sent}`"));
+                }
+                ApiError::invalid(param, message)
+            }
         }
     }
 }

@@ -113,7 +113,7 @@ async fn version(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
-    let max_model_len = state.ready()?.info.limits.max_model_len;
+    let max_model_len = state.ready()?.info.limits.max_model_len();
     let data = state
         .served_names
         .iter()
@@ -173,7 +173,7 @@ async fn tokenize(
         });
         Ok(Json(TokenizeResponse {
             count: request.tokens.len(),
-            max_model_len: info.limits.max_model_len,
+            max_model_len: info.limits.max_model_len(),
             tokens: request.tokens,
             token_strs,
         }))
@@ -251,20 +251,20 @@ async fn start(
     let ready = state.ready()?;
     let tokenizer = ready.tokenizer.clone();
     let info = ready.info.clone();
-    let limits = info.limits;
     let compiler = ready.grammar.clone();
-    let (request, matcher) = tokio::task::spawn_blocking(move || {
+    let (request, checked, matcher) = tokio::task::spawn_blocking(move || {
         let request = match endpoint {
             Endpoint::Completions => validate::completion_request(&body, &info, &tokenizer),
             Endpoint::Chat => validate::chat_request(&body, &info, &tokenizer),
         }?;
+        // The engine's limits before the grammar, whose compilation costs more.
+        let checked = request.sequences(&info.limits)?;
         let matcher = compile_constraint(&request, &compiler)?;
-        Ok::<_, ApiError>((request, matcher))
+        Ok::<_, ApiError>((request, checked, matcher))
     })
     .await
     .map_err(|e| ApiError::internal(format!("request validation failed: {e}")))??;
-    let seqs = request
-        .sequences(&limits)?
+    let seqs = checked
         .into_iter()
         .map(|checked| (checked, matcher.clone()))
         .collect();

@@ -121,29 +121,35 @@ fn display(path: &[Segment]) -> String {
 }
 
 /// serde's message about the field at `path`, in the API's words: a wrong JSON type is
-/// `invalid_type` ("`temperature` must be a number, got string \"hot\""), anything else
-/// (a negative count, an unknown role) `invalid_value`.
+/// `invalid_type` ("`temperature` must be a number, got string \"hot\""), a value out of
+/// the type's range (`-3` for a count) `invalid_value`, in the same form.
 fn type_error(path: &str, message: &str) -> ApiError {
-    match message
-        .strip_prefix("invalid type: ")
-        .and_then(|rest| rest.split_once(", expected "))
-    {
-        Some((got, expected)) => ApiError {
+    let split = |prefix: &str| {
+        message
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split_once(", expected "))
+    };
+    let reworded =
+        |got: &str, expected: &str| format!("`{path}` must be {}, got {got}", json_type(expected));
+    if let Some((got, expected)) = split("invalid type: ") {
+        ApiError {
             code: Some("invalid_type"),
-            ..ApiError::invalid(
-                path,
-                format!("`{path}` must be {}, got {got}", json_type(expected)),
-            )
-        },
-        None => ApiError::invalid(path, format!("`{path}`: {message}")),
+            ..ApiError::invalid(path, reworded(got, expected))
+        }
+    } else if let Some((got, expected)) = split("invalid value: ") {
+        ApiError::invalid(path, reworded(got, expected))
+    } else {
+        ApiError::invalid(path, format!("`{path}`: {message}"))
     }
 }
 
 /// A Rust type as serde names it, as a JSON type.
 fn json_type(expected: &str) -> &str {
     match expected {
-        "f32" | "f64" => "a number",
-        "u8" | "u16" | "u32" | "u64" | "usize" | "i32" | "i64" => "an integer",
+        "f32" | "f64" | "a JSON number" => "a number",
+        "u8" | "u16" | "u32" => "a non-negative integer below 2^32",
+        "u64" | "usize" => "a non-negative integer",
+        "i32" | "i64" => "an integer",
         "a sequence" => "a list",
         "a map" => "an object",
         s if s.starts_with("struct ") => "an object",

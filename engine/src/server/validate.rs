@@ -3,7 +3,8 @@
 //! this module checks what only the server knows (the model's name, `n`, the number of
 //! prompts, unsupported values) and builds the engine's job. The limits that need the
 //! engine (ranges of the sampling parameters, the vocabulary, the context and the KV
-//! cache) are checked once, when the engine admits the job (`LlmEngine::add_request`).
+//! cache) are checked once, against the engine's `AdmissionLimits`, by
+//! [`GenerateRequest::sequences`] before anything is queued.
 
 use serde_json::{Map, Value};
 
@@ -410,7 +411,7 @@ fn sampling_params(shared: &SharedFields) -> Result<SamplingParams, ApiError> {
     })
 }
 
-/// A count from the body, saturating (the engine refuses one too large for the context).
+/// A count from the body, saturating at `usize::MAX` (the engine's limits refuse it).
 fn count(n: Option<u64>) -> usize {
     n.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
@@ -453,7 +454,7 @@ fn choices(n: Option<u64>) -> Result<usize, ApiError> {
 /// the engine refuses naming the prompt).
 fn room_after(prompts: &[Vec<u32>], info: &ModelInfo) -> usize {
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    info.limits.max_model_len.saturating_sub(longest)
+    info.limits.max_model_len().saturating_sub(longest)
 }
 
 /// Validates a `/v1/completions` body.
@@ -681,7 +682,7 @@ pub fn detokenize_request(body: &[u8], info: &ModelInfo) -> Result<Vec<u32>, Api
     let b: DetokenizeBody = body.read()?;
     body.finish()?;
     check_model(b.model, info)?;
-    let vocab = info.limits.vocab_size;
+    let vocab = info.limits.vocab_size();
     let tokens = b
         .tokens
         .ok_or_else(|| ApiError::invalid("tokens", "`tokens` is required"))?;
@@ -743,12 +744,7 @@ mod tests {
     fn an_absent_length_limit_fills_what_the_longest_prompt_leaves() {
         let info = ModelInfo {
             served_names: vec!["m".into()],
-            limits: AdmissionLimits {
-                vocab_size: 100,
-                max_model_len: 10,
-                kv_blocks: 16,
-                block_size: 16,
-            },
+            limits: AdmissionLimits::new(100, 10, 16, 16),
             default_chat_template_kwargs: Map::new(),
             split_reasoning: false,
             tool_call_parser: None,
@@ -764,12 +760,7 @@ mod tests {
     /// `context_length_exceeded`).
     #[test]
     fn an_engine_side_refusal_of_a_chat_request_names_the_fields_the_client_sent() {
-        let limits = AdmissionLimits {
-            vocab_size: 100,
-            max_model_len: 64,
-            kv_blocks: 16,
-            block_size: 16,
-        };
+        let limits = AdmissionLimits::new(100, 64, 16, 16);
         let chat = |prompt: Vec<u32>, params: SamplingParams, max_tokens_field| GenerateRequest {
             model: "m".into(),
             prompts: vec![prompt],
@@ -800,6 +791,11 @@ mod tests {
         };
         let e = refusal(chat(vec![5], many, "max_tokens"));
         assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        assert!(
+            e.message.contains("`top_logprobs` must be at most 20"),
+            "{}",
+            e.message
+        );
         let long = SamplingParams {
             max_tokens: 64,
             ..SamplingParams::default()
@@ -811,6 +807,14 @@ mod tests {
                 Some("max_completion_tokens"),
                 Some("context_length_exceeded")
             )
+        );
+        assert!(
+            e.message.starts_with(
+                "This model's maximum context length is 64 tokens. However, you requested 65 \
+                 tokens (1 in the messages, 64 in the completion)"
+            ),
+            "{}",
+            e.message
         );
         let fits = chat(vec![5; 10], SamplingParams::default(), "max_tokens");
         assert_eq!(fits.sequences(&limits).unwrap()[0].prompt_ids(), &[5; 10]);
@@ -833,12 +837,7 @@ mod tests {
             tool_calls: None,
             fields: RequestFields::COMPLETION,
         };
-        let limits = AdmissionLimits {
-            vocab_size: 100,
-            max_model_len: 64,
-            kv_blocks: 16,
-            block_size: 16,
-        };
+        let limits = AdmissionLimits::new(100, 64, 16, 16);
         let seqs = req.sequences(&limits).unwrap();
         let got: Vec<(u32, Option<u64>)> = seqs
             .iter()

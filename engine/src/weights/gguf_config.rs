@@ -20,6 +20,10 @@ impl GgufMetadata for GgufFile {
         self.tensors.contains_key(name)
     }
 
+    fn usize_key(&self, key: &str) -> anyhow::Result<Option<usize>> {
+        self.opt(key, GgufFile::get_usize)
+    }
+
     fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>> {
         Ok(self.read_tensor(name)?.into_f32())
     }
@@ -117,17 +121,28 @@ fn rope_scaling(
             );
         }
     }
+    let log_mul_key = key("rope.scaling.yarn_log_multiplier");
+    if file.metadata.contains_key(&log_mul_key) {
+        bail!(
+            "{log_mul_key} (DeepSeek's YaRN variant) is not supported, in {}",
+            file.path().display()
+        );
+    }
     let factor = file.get_f64(&key("rope.scaling.factor"))? as f32;
+    // The converter writes transformers' `attention_factor` as `yarn_attn_factor`; llama.cpp
+    // multiplies the result by `rope.scaling.attn_factor` (1 when absent).
+    let extra = opt_f64("rope.scaling.attn_factor")?.unwrap_or(1.0) as f32;
     Ok(Some(RopeScaling::Yarn(YarnRopeScaling {
         factor,
         original_max_position_embeddings: file
             .get_usize(&key("rope.scaling.original_context_length"))?,
         beta_fast: opt_f64("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0) as f32,
         beta_slow: opt_f64("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0) as f32,
-        attention_factor: match opt_f64("rope.scaling.yarn_attn_factor")? {
-            Some(a) => a as f32,
-            None => YarnRopeScaling::default_attention_factor(factor),
-        },
+        attention_factor: extra
+            * match opt_f64("rope.scaling.yarn_attn_factor")? {
+                Some(a) => a as f32,
+                None => YarnRopeScaling::default_attention_factor(factor),
+            },
         truncate: true,
     })))
 }
