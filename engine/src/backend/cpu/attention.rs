@@ -1004,20 +1004,24 @@ mod tests {
         assert_eq!(items.len(), 8);
     }
 
-    /// One decoding sequence split for 4 threads: its 2 items split into 4 parts each (1,101
-    /// keys over pages of 16), merged to plain attention, for every kernel set and cache type.
-    #[test]
-    fn a_split_context_merges_to_plain_attention() {
-        let (width, n) = (LAYOUT.qkv_width(), 1101);
-        let mut seed = 7u64;
-        let qkv: Vec<f32> = (0..n * width)
+    /// `len` values uniform in [-2, 2) from a linear congruential stream seeded with `seed`.
+    fn random_rows(len: usize, mut seed: u64) -> Vec<f32> {
+        (0..len)
             .map(|_| {
                 seed = seed
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 ((seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
             })
-            .collect();
+            .collect()
+    }
+
+    /// One decoding sequence split for 4 threads: its 2 items split into 4 parts each (1,101
+    /// keys over pages of 16), merged to plain attention, for every kernel set and cache type.
+    #[test]
+    fn a_split_context_merges_to_plain_attention() {
+        let (width, n) = (LAYOUT.qkv_width(), 1101);
+        let qkv = random_rows(n * width, 7);
         let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
         for isa in Isa::available() {
             for dtype in [KvCacheDtype::F16, KvCacheDtype::F32] {
@@ -1078,15 +1082,7 @@ mod tests {
     #[test]
     fn a_sliding_window_attends_to_the_last_window_positions() {
         let (width, n, window) = (LAYOUT.qkv_width(), 1101, 520);
-        let mut seed = 11u64;
-        let qkv: Vec<f32> = (0..n * width)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-            })
-            .collect();
+        let qkv = random_rows(n * width, 11);
         let hist: Vec<&[f32]> = qkv.chunks(width).collect();
         let last_window = |t: usize| &hist[(t + 1).saturating_sub(window)..=t];
         let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
