@@ -349,11 +349,14 @@ impl<B: Backend> Model<B> {
             embed_name,
             read(weights, embed_name, &[c.vocab_size, c.hidden_size])?,
         )?;
-        let lm_head = if weights.contains("lm_head.weight") {
-            let t = read(weights, "lm_head.weight", &[c.vocab_size, c.hidden_size])?;
-            Some(backend.upload_weight("lm_head.weight", t)?)
-        } else {
+        // The head is the embedding table when the config ties them (as transformers ties
+        // them, whatever else the file holds), else its own tensor, which must be there.
+        let lm_head = if c.tie_word_embeddings {
             None
+        } else {
+            let t = read(weights, "lm_head.weight", &[c.vocab_size, c.hidden_size])
+                .context("the config does not tie the output head to the embeddings")?;
+            Some(backend.upload_weight("lm_head.weight", t)?)
         };
         let final_norm = backend.upload_param(
             "model.norm.weight",

@@ -260,6 +260,62 @@ fn qwen2_tiny_with_yarn_matches_its_reference_from_safetensors_and_gguf() {
     }
 }
 
+/// The output head follows `tie_word_embeddings`: tied, the embedding table is the head
+/// (one table fewer counted, the file's `lm_head.weight` unread); untied, the file must
+/// have `lm_head.weight`, and a load without it says so.
+#[test]
+fn the_output_head_follows_tie_word_embeddings() {
+    let (mistral, _) = family("mistral-tiny", None);
+    let untied = load(&mistral, Weights::AsStored).footprint().parameters;
+    let tied_dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        mistral.join("model.safetensors"),
+        tied_dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(mistral.join("config.json"))
+        .unwrap()
+        .replace(
+            "\"tie_word_embeddings\": false",
+            "\"tie_word_embeddings\": true",
+        );
+    std::fs::write(tied_dir.path().join("config.json"), config).unwrap();
+    let tied = load(tied_dir.path(), Weights::AsStored)
+        .footprint()
+        .parameters;
+    assert_eq!(untied - tied, 256 * 64);
+
+    let qwen3 = golden_dir_with("qwen3-tiny/f32", "model.safetensors");
+    let untied_dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        qwen3.join("model.safetensors"),
+        untied_dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(qwen3.join("config.json"))
+        .unwrap()
+        .replace(
+            "\"tie_word_embeddings\": true",
+            "\"tie_word_embeddings\": false",
+        );
+    std::fs::write(untied_dir.path().join("config.json"), config).unwrap();
+    let (config, mut weights) = open_model(untied_dir.path()).unwrap();
+    let opts = RunnerOptions {
+        block_size: BLOCK_SIZE,
+        kv_cache_bytes: kv_bytes_per_token(&config, 4) * BLOCK_SIZE * NUM_BLOCKS,
+    };
+    let err = format!(
+        "{:#}",
+        load_cpu_runner(&config, weights.as_mut(), &opts, 1)
+            .err()
+            .unwrap()
+    );
+    assert!(
+        err.contains("lm_head.weight") && err.contains("does not tie"),
+        "{err}"
+    );
+}
+
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
