@@ -260,6 +260,23 @@ fn qwen2_tiny_with_yarn_matches_its_reference_from_safetensors_and_gguf() {
     }
 }
 
+/// A copy of the model folder `dir` (its weights linked) whose `config.json` has the key
+/// and value `key_value` set to `value` instead.
+fn with_config_edit(dir: &Path, key_value: &str, value: &str) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        dir.join("model.safetensors"),
+        copy.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    assert!(config.contains(key_value), "{config}");
+    let key = key_value.split(':').next().unwrap();
+    let edited = config.replace(key_value, &format!("{key}: {value}"));
+    std::fs::write(copy.path().join("config.json"), edited).unwrap();
+    copy
+}
+
 /// The output head follows `tie_word_embeddings`: tied, the embedding table is the head
 /// (one table fewer counted, the file's `lm_head.weight` unread); untied, the file must
 /// have `lm_head.weight`, and a load without it says so.
@@ -267,38 +284,14 @@ fn qwen2_tiny_with_yarn_matches_its_reference_from_safetensors_and_gguf() {
 fn the_output_head_follows_tie_word_embeddings() {
     let (mistral, _) = family("mistral-tiny", None);
     let untied = load(&mistral, Weights::AsStored).footprint().parameters;
-    let tied_dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(
-        mistral.join("model.safetensors"),
-        tied_dir.path().join("model.safetensors"),
-    )
-    .unwrap();
-    let config = std::fs::read_to_string(mistral.join("config.json"))
-        .unwrap()
-        .replace(
-            "\"tie_word_embeddings\": false",
-            "\"tie_word_embeddings\": true",
-        );
-    std::fs::write(tied_dir.path().join("config.json"), config).unwrap();
+    let tied_dir = with_config_edit(&mistral, "\"tie_word_embeddings\": false", "true");
     let tied = load(tied_dir.path(), Weights::AsStored)
         .footprint()
         .parameters;
     assert_eq!(untied - tied, 256 * 64);
 
     let qwen3 = golden_dir_with("qwen3-tiny/f32", "model.safetensors");
-    let untied_dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(
-        qwen3.join("model.safetensors"),
-        untied_dir.path().join("model.safetensors"),
-    )
-    .unwrap();
-    let config = std::fs::read_to_string(qwen3.join("config.json"))
-        .unwrap()
-        .replace(
-            "\"tie_word_embeddings\": true",
-            "\"tie_word_embeddings\": false",
-        );
-    std::fs::write(untied_dir.path().join("config.json"), config).unwrap();
+    let untied_dir = with_config_edit(&qwen3, "\"tie_word_embeddings\": true", "false");
     let (config, mut weights) = open_model(untied_dir.path()).unwrap();
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,

@@ -61,7 +61,7 @@ impl RopeSpec {
             .map(|i| 1.0f32 / (self.theta as f64).powf((2 * i) as f64 / head_dim as f64) as f32);
         match self.scaling {
             None => base.collect(),
-            Some(RopeScaling::Llama3(s)) => base.map(|f| llama3_scale(f, &s)).collect(),
+            Some(RopeScaling::Llama3(s)) => base.map(|f| f / llama3_divisor(f, &s)).collect(),
             Some(RopeScaling::Yarn(y)) => {
                 let ramp = yarn_ramp(&y, self.theta, head_dim);
                 base.zip(ramp)
@@ -118,20 +118,22 @@ fn yarn_ramp(y: &YarnRopeScaling, theta: f32, head_dim: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Llama 3 frequency scaling (transformers' `_compute_llama3_parameters`).
-fn llama3_scale(inv_freq: f32, s: &Llama3RopeScaling) -> f32 {
+/// The divisor Llama 3 scaling applies to the frequency `inv_freq` (transformers'
+/// `_compute_llama3_parameters`): 1 for high frequencies, `factor` for low ones, a blend
+/// between. llama.cpp stores these divisors in `rope_freqs.weight`.
+fn llama3_divisor(inv_freq: f32, s: &Llama3RopeScaling) -> f32 {
     let old_ctx = s.original_max_position_embeddings as f32;
     let low_freq_wavelen = old_ctx / s.low_freq_factor;
     let high_freq_wavelen = old_ctx / s.high_freq_factor;
     let wavelen = 2.0 * std::f32::consts::PI / inv_freq;
     if wavelen < high_freq_wavelen {
-        inv_freq
+        1.0
     } else if wavelen > low_freq_wavelen {
-        inv_freq / s.factor
+        s.factor
     } else {
         let smooth =
             (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq
+        1.0 / ((1.0 - smooth) / s.factor + smooth)
     }
 }
 
@@ -142,22 +144,10 @@ pub fn llama3_rope_factors(
     rope_theta: f32,
     head_dim: usize,
 ) -> Vec<f32> {
-    let old_context = scaling.original_max_position_embeddings as f32;
-    let low_freq_wavelen = old_context / scaling.low_freq_factor;
-    let high_freq_wavelen = old_context / scaling.high_freq_factor;
     (0..head_dim / 2)
         .map(|i| {
             let freq = 1.0 / rope_theta.powf(2.0 * i as f32 / head_dim as f32);
-            let wavelen = 2.0 * std::f32::consts::PI / freq;
-            if wavelen < high_freq_wavelen {
-                1.0
-            } else if wavelen > low_freq_wavelen {
-                scaling.factor
-            } else {
-                let smooth = (old_context / wavelen - scaling.low_freq_factor)
-                    / (scaling.high_freq_factor - scaling.low_freq_factor);
-                1.0 / ((1.0 - smooth) / scaling.factor + smooth)
-            }
+            llama3_divisor(freq, scaling)
         })
         .collect()
 }
