@@ -205,11 +205,6 @@ async fn open_loop_keeps_schedule_while_server_queues() {
     let out = against_mock(cfg, poisson_plan(40.0, 1.5, 16), Backend::Completions).await;
     let m = &out.metrics;
     assert_eq!(m.failed, 0);
-    assert!(
-        m.schedule_lag.p99 < 5.0,
-        "send lag p99 {}",
-        m.schedule_lag.p99
-    );
     let ttfts: Vec<f64> = out
         .records
         .iter()
@@ -221,6 +216,15 @@ async fn open_loop_keeps_schedule_while_server_queues() {
     assert!(
         last > first + 200.0,
         "TTFT should grow with the queue: {first} → {last}"
+    );
+    // A send that waited for the queue would lag by about the queueing delay; an open loop's
+    // lag is scheduler noise only. A quarter of the delay's growth leaves room for a loaded
+    // CI machine (13 ms seen there) and still fails any loop that waits for a free slot.
+    let queueing_growth = last - first;
+    assert!(
+        m.schedule_lag.p99 < queueing_growth / 4.0,
+        "send lag p99 {} against a queueing delay that grew {queueing_growth} ms",
+        m.schedule_lag.p99
     );
 }
 
@@ -335,7 +339,13 @@ async fn closed_loop_keeps_concurrency_and_caps_queue() {
     let out = against_mock(cfg, plan, Backend::Completions).await;
     let m = &out.metrics;
     assert!(m.queue_time.max > 100.0, "queue time {}", m.queue_time.max);
-    assert!(m.schedule_lag.p99 < 5.0, "lag {}", m.schedule_lag.p99);
+    // Lag is scheduler noise only, far below the queue waits (see the open-loop test).
+    assert!(
+        m.schedule_lag.p99 < m.queue_time.max / 4.0,
+        "lag {} beside queue time {}",
+        m.schedule_lag.p99,
+        m.queue_time.max
+    );
     assert!(m.ttft_from_scheduled.p99 > m.ttft.p99 + 100.0);
 }
 
