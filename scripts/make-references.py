@@ -11,6 +11,7 @@ Needs torch, transformers and gguf (CI does not run it: torch is not installed t
     /tmp/refenv/bin/python scripts/make-references.py
 """
 import json
+import math
 import os
 import sys
 
@@ -152,16 +153,68 @@ def gguf_writer_for(arch, permute_qk):
     return write
 
 
+def phi3_gguf_writer(model, config, path):
+    """A `phi3` GGUF file as llama.cpp's converter (`Phi3MiniModel`) writes one: q/k/v in
+    `attn_qkv` and gate/up in `ffn_up` as stored, the rotated dimensions as the RoPE
+    dimension count, LongRoPE's lists as the `rope_factors_long/short` tensors with the
+    original context and the attention factor as keys, and the window (0 for none)."""
+    c = config
+    rope = c.rope_parameters
+    w = gguf.GGUFWriter(path, "phi3")
+    orig = rope["original_max_position_embeddings"]
+    rope_dims = int(rope.get("partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
+    w.add_context_length(c.max_position_embeddings)
+    w.add_rope_scaling_orig_ctx_len(orig)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_dimension_count(rope_dims)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_sliding_window(c.sliding_window or 0)
+    scale = c.max_position_embeddings / orig
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig))
+                                    if scale > 1.0 else 1.0)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"<{i}>" for i in range(VOCAB)])
+    w.add_token_types([1] * VOCAB)
+    w.add_token_merges([])
+    w.add_bos_token_id(c.bos_token_id)
+    w.add_eos_token_id(c.eos_token_id)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    if not c.tie_word_embeddings:
+        w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    names = {"self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
+             "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for i in range(c.num_hidden_layers):
+        for hf, gg in names.items():
+            w.add_tensor(f"blk.{i}.{gg}.weight",
+                         np.ascontiguousarray(sd[f"model.layers.{i}.{hf}.weight"]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def make(name, config_class, model_class, extra, seed, gguf_writer=None):
-    config = config_class(**SHAPE, **extra)
+    config = config_class(**dict(SHAPE, **extra))
     config.architectures = [model_class.__name__]
     model = model_class(config).eval()
     randomise(model)
     folder = os.path.join(OUT, name)
     os.makedirs(folder, exist_ok=True)
     config.save_pretrained(folder)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-              os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    # A tied head is the embedding table: written once, as save_pretrained writes it.
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()
+               if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     input_seed, cases = reference(model, seed)
     if gguf_writer:
         gguf_writer(model, config, os.path.join(folder, "model.gguf"))
@@ -197,6 +250,19 @@ def main():
             "original_max_position_embeddings": 32}
     make("qwen2-tiny-yarn", Qwen2Config, Qwen2ForCausalLM, dict(rope_parameters=yarn), 1237,
          gguf_writer_for("qwen2", permute_qk=False))
+    # Phi-3 / Phi-4-mini's layout: fused q/k/v and gate/up, three quarters of each 16-wide
+    # head rotated (6 frequencies), LongRoPE over an original context of 32 in a 512-position
+    # model, and the head tied to the embeddings. transformers picks the short factors while
+    # a sequence is within 32 positions (the 1- and 7-token cases, 24 steps included) and
+    # the long ones past it (the others).
+    from transformers import Phi3Config, Phi3ForCausalLM
+    longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 20.0]}
+    make("phi3-tiny-longrope", Phi3Config, Phi3ForCausalLM,
+         dict(rope_parameters=longrope, original_max_position_embeddings=32,
+              tie_word_embeddings=True, pad_token_id=None, sliding_window=None), 1237,
+         phi3_gguf_writer)
 
 
 if __name__ == "__main__":

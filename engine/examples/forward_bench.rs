@@ -130,6 +130,7 @@ fn smollm2_config() -> ModelConfig {
                 attention: AttentionSpan::Full,
                 rope: RopeSpec {
                     theta: 100000.0,
+                    rotary_dim: 64,
                     scaling: None,
                 },
                 qk_norm: false,
@@ -158,6 +159,7 @@ fn main() -> anyhow::Result<()> {
     let opts = RunnerOptions {
         block_size: bs,
         kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F16.bytes()) * 16 * 512,
+        max_model_len: None,
     };
     let cpu = CpuOptions {
         threads,

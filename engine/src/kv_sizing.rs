@@ -5,13 +5,16 @@ use anyhow::{ensure, Context};
 
 use crate::config::ModelConfig;
 
-/// How a runner sizes its KV cache.
+/// How a runner sizes its KV cache and its RoPE tables.
 #[derive(Debug, Clone, Copy)]
 pub struct RunnerOptions {
     /// Tokens per KV block.
     pub block_size: usize,
     /// Memory budget for the KV cache in bytes; the runner allocates as many blocks as fit.
     pub kv_cache_bytes: usize,
+    /// The longest sequence served (`--max-model-len`); `None`: the model's maximum
+    /// position. The RoPE tables cover it, and LongRoPE picks its factors by it.
+    pub max_model_len: Option<usize>,
 }
 
 /// KV-cache bytes per token: K and V of every layer, `value_bytes` each.
@@ -54,6 +57,7 @@ mod tests {
         let options = |block_size, kv_cache_bytes| RunnerOptions {
             block_size,
             kv_cache_bytes,
+            max_model_len: None,
         };
         assert_eq!(options(16, 16 * 100 * 3).num_blocks(100).unwrap(), 3);
         assert_eq!(options(16, 16 * 100 * 3 - 1).num_blocks(100).unwrap(), 2);

@@ -119,6 +119,8 @@ pub struct LoadedEngine {
     pub max_model_len: usize,
     /// What a decode step reads and a token caches, for the bandwidth bound.
     pub footprint: crate::model::Footprint,
+    /// The positions the RoPE tables cover (LongRoPE's factors follow it).
+    pub rope_positions: usize,
 }
 
 /// Loads the model and builds the engine from the shared flags: the one place where the
@@ -130,6 +132,7 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
         kv_cache_bytes: parse_memory(&args.kv_cache_memory)?,
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
+        max_model_len: args.max_model_len,
     };
     let mut loaded = load_model(&args.model, &args.device, &sizing)?;
     if let Some(path) = &args.chat_template {
@@ -141,11 +144,8 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
     }
     let kv_capacity_tokens = loaded.kv_capacity_tokens();
     let positions = crate::model::max_positions(&loaded.config);
+    // The runner refused a --max-model-len past the model's positions when it loaded.
     let max_model_len = match args.max_model_len {
-        Some(len) if len > positions => anyhow::bail!(
-            "--max-model-len {len} exceeds the {positions} positions the model serves (max_position_embeddings {})",
-            loaded.config.max_position_embeddings
-        ),
         Some(len) if len > kv_capacity_tokens => anyhow::bail!(
             "--max-model-len {len} exceeds the KV cache capacity of {kv_capacity_tokens} tokens: raise --kv-cache-memory or lower --max-model-len"
         ),
@@ -159,6 +159,7 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
         None => positions,
     };
     let footprint = loaded.runner.footprint();
+    let rope_positions = crate::model::rope_positions(&loaded.config, args.max_model_len)?;
     let engine = LlmEngine::new(
         loaded.runner,
         loaded.tokenizer.clone(),
@@ -177,6 +178,7 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
         kv_capacity_tokens,
         max_model_len,
         footprint,
+        rope_positions,
     })
 }
 
@@ -217,6 +219,8 @@ pub struct RunnerSizing {
     pub kv_cache_bytes: usize,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// The user's `--max-model-len`, if given.
+    pub max_model_len: Option<usize>,
 }
 
 /// A model ready for an [`crate::engine::LlmEngine`].
@@ -264,6 +268,7 @@ pub fn load_model(
             let options = RunnerOptions {
                 block_size: sizing.block_size,
                 kv_cache_bytes: sizing.kv_cache_bytes,
+                max_model_len: sizing.max_model_len,
             };
             // GGUF's quantised weights stay quantised (integer kernels); its f32 tensors
             // other than norms become f16, which halves the bytes every decode step reads
@@ -291,6 +296,7 @@ pub fn load_model(
                 enforce_eager: device.enforce_eager,
                 prefill_attention: device.prefill_attention,
                 decode_attention: device.decode_attention,
+                max_model_len: sizing.max_model_len,
                 ..CudaOptions::default()
             };
             load_cuda_runner(&config, weights.as_mut(), &options)?

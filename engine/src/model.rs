@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, ensure, Context};
 use std::time::Instant;
 
 use crate::backend::{check_block_table, AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
-use crate::config::{AttentionSpan, LayerSpec, ModelConfig, RopeSpec};
+use crate::config::{LayerSpec, ModelConfig, RopeSpec};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::SampleSpec;
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
@@ -121,6 +121,22 @@ pub fn max_positions(config: &ModelConfig) -> usize {
     config.max_position_embeddings.clamp(1, MAX_ROPE_POSITIONS)
 }
 
+/// The positions a model loaded from `config` to serve sequences of up to `max_model_len`
+/// tokens (`None`: as long as it can) builds its RoPE tables for; LongRoPE picks its
+/// factors by it.
+pub fn rope_positions(config: &ModelConfig, max_model_len: Option<usize>) -> anyhow::Result<usize> {
+    match max_model_len {
+        Some(len) if len > max_positions(config) => bail!(
+            "--max-model-len {len} exceeds the {} positions the model serves \
+             (max_position_embeddings {})",
+            max_positions(config),
+            config.max_position_embeddings
+        ),
+        Some(len) => Ok(len.max(1)),
+        None => Ok(max_positions(config)),
+    }
+}
+
 /// Everything but the backend (split so the backend can run the forward in its context).
 struct ModelState<B: Backend> {
     config: ModelConfig,
@@ -224,7 +240,7 @@ impl<B: Backend> Layer<B> {
         rope: usize,
     ) -> anyhow::Result<Self> {
         let p = format!("model.layers.{i}");
-        let spec = c.layers[i];
+        let spec = c.layers[i].clone();
         let (h, hd, inter) = (c.hidden_size, c.head_dim, spec.intermediate_size);
         let (qw, kvw) = (c.num_heads * hd, c.num_kv_heads * hd);
         let param =
@@ -233,12 +249,22 @@ impl<B: Backend> Layer<B> {
             };
         let qkv_names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{p}.self_attn.{n}"));
         let widths = [qw, kvw, kvw];
-        let mut parts = Vec::new();
-        for (n, &rows) in qkv_names.iter().zip(&widths) {
-            parts.push(read(w, &format!("{n}.weight"), &[rows, h])?);
-        }
+        let fused = c.family.stores_fused_projections();
         let qkv_name = format!("{p}.self_attn.qkv");
-        let qkv = backend.upload_weight(&qkv_name, concat_rows(&qkv_name, parts))?;
+        let qkv = if fused {
+            read(
+                w,
+                &format!("{p}.self_attn.qkv_proj.weight"),
+                &[qw + 2 * kvw, h],
+            )?
+        } else {
+            let mut parts = Vec::new();
+            for (n, &rows) in qkv_names.iter().zip(&widths) {
+                parts.push(read(w, &format!("{n}.weight"), &[rows, h])?);
+            }
+            concat_rows(&qkv_name, parts)
+        };
+        let qkv = backend.upload_weight(&qkv_name, qkv)?;
         let qkv_bias = if spec.qkv_bias {
             let mut parts = Vec::new();
             for (n, &rows) in qkv_names.iter().zip(&widths) {
@@ -260,19 +286,25 @@ impl<B: Backend> Layer<B> {
         };
         // Biases no family here has.
         let biases = [
+            "self_attn.qkv_proj",
             "self_attn.o_proj",
             "mlp.gate_proj",
             "mlp.up_proj",
+            "mlp.gate_up_proj",
             "mlp.down_proj",
         ];
         refuse_undescribed(w, biases.iter().map(|n| format!("{p}.{n}.bias")), c)?;
         let o_name = format!("{p}.self_attn.o_proj.weight");
         let o_proj = backend.upload_weight(&o_name, read(w, &o_name, &[h, qw])?)?;
-        let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-        let up = read(w, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
         let gate_up_name = format!("{p}.mlp.gate_up");
-        let gate_up =
-            backend.upload_weight(&gate_up_name, concat_rows(&gate_up_name, vec![gate, up]))?;
+        let gate_up = if fused {
+            read(w, &format!("{p}.mlp.gate_up_proj.weight"), &[2 * inter, h])?
+        } else {
+            let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+            let up = read(w, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+            concat_rows(&gate_up_name, vec![gate, up])
+        };
+        let gate_up = backend.upload_weight(&gate_up_name, gate_up)?;
         let down_name = format!("{p}.mlp.down_proj.weight");
         let down = backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?;
         Ok(Layer {
@@ -331,15 +363,11 @@ impl<B: Backend> Model<B> {
             c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers() > 0,
             "empty model dimensions in the config"
         );
-        if !backend.runs_sliding_windows() {
-            if let Some(i) = c
-                .layers
-                .iter()
-                .position(|l| l.attention != AttentionSpan::Full)
-            {
+        for (i, spec) in c.layers.iter().enumerate() {
+            if let Some(missing) = backend.lacks(spec, c.head_dim) {
                 bail!(
-                    "layer {i} attends through a sliding window, which this device's attention \
-                     kernels do not run yet: serve the model with `--device cpu`"
+                    "layer {i} needs {missing}, which this device's kernels do not run yet: \
+                     serve the model with `--device cpu`"
                 );
             }
         }
@@ -363,14 +391,14 @@ impl<B: Backend> Model<B> {
             read(weights, "model.norm.weight", &[c.hidden_size])?,
         )?;
         // One RoPE table per distinct spec (most models have one; some one per layer kind).
-        let mut ropes: Vec<RopeSpec> = Vec::new();
+        let mut ropes: Vec<&RopeSpec> = Vec::new();
         let mut layers = Vec::with_capacity(c.num_layers());
         let mut caches = Vec::with_capacity(c.num_layers());
         for (i, spec) in c.layers.iter().enumerate() {
-            let rope = match ropes.iter().position(|r| *r == spec.rope) {
+            let rope = match ropes.iter().position(|r| **r == spec.rope) {
                 Some(k) => k,
                 None => {
-                    ropes.push(spec.rope);
+                    ropes.push(&spec.rope);
                     ropes.len() - 1
                 }
             };
@@ -394,7 +422,7 @@ impl<B: Backend> Model<B> {
             last: backend.new_act(),
             logits: backend.new_act(),
         };
-        let rope_positions = max_positions(c);
+        let rope_positions = rope_positions(c, opts.max_model_len)?;
         let table = |name: String, v: Vec<f32>| {
             backend.upload_param(
                 &name,
@@ -406,7 +434,7 @@ impl<B: Backend> Model<B> {
         };
         let mut rope_tables_on_device = Vec::with_capacity(ropes.len());
         for (k, rope) in ropes.iter().enumerate() {
-            let (cos, sin) = rope.tables(c.head_dim, rope_positions);
+            let (cos, sin) = rope.tables(rope_positions);
             rope_tables_on_device.push((
                 table(format!("rope.{k}.cos"), cos)?,
                 table(format!("rope.{k}.sin"), sin)?,
@@ -550,7 +578,7 @@ impl<B: Backend> ModelState<B> {
                 b.qk_head_norm(qkv, layout, q_w, k_w, eps)?;
             }
             let (cos, sin) = &self.ropes[layer.rope];
-            b.rope(qkv, layout, cos, sin, step)?;
+            b.rope(qkv, layout, layer.spec.rope.rotary_dim, cos, sin, step)?;
             b.attention(qkv, layout, layer.spec.attention, cache, step, attn)?;
             b.matmul(attn, &layer.o_proj, None, o)?;
             b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?;

@@ -207,6 +207,7 @@ fn runners_at(
         kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes())
             * BLOCK_SIZE
             * NUM_BLOCKS,
+        max_model_len: None,
     };
     let cpu_opts = CpuOptions {
         threads: 2,

@@ -42,11 +42,23 @@ fn load(path: &Path, weights_as: Weights) -> Box<dyn ModelRunner> {
 
 /// Loads a model with a 64-block cache of `kv`.
 fn load_with_cache(path: &Path, weights_as: Weights, kv: KvCacheDtype) -> Box<dyn ModelRunner> {
+    load_serving(path, weights_as, kv, None)
+}
+
+/// Loads a model with a 64-block cache of `kv`, serving sequences of up to `max_model_len`
+/// tokens (`None`: its maximum position).
+fn load_serving(
+    path: &Path,
+    weights_as: Weights,
+    kv: KvCacheDtype,
+    max_model_len: Option<usize>,
+) -> Box<dyn ModelRunner> {
     let (config, mut weights) =
         open_model(path).unwrap_or_else(|e| panic!("open {}: {e:#}", path.display()));
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
         kv_cache_bytes: kv_bytes_per_token(&config, kv.bytes()) * BLOCK_SIZE * NUM_BLOCKS,
+        max_model_len,
     };
     let (f32_weights_as_f16, quantized) = match weights_as {
         Weights::DequantisedF16 => (true, QuantizedWeights::Dequantize),
@@ -134,14 +146,40 @@ fn family(name: &str, file: Option<&str>) -> (PathBuf, PathBuf) {
 /// prefill, every greedy token with the KV cache, and the logits of ids 0..63 at the end of
 /// each chunk of a chunked prefill.
 fn check_golden(model: &Path, reference_dir: &Path, rel: &str, kv: KvCacheDtype, tolerance: f32) {
+    let serving = Serving {
+        max_model_len: None,
+        cases: &[0, 1, 2, 3, 4],
+    };
+    check_golden_serving(model, reference_dir, rel, kv, tolerance, serving);
+}
+
+/// Which reference cases a model loaded for sequences of up to `max_model_len` tokens is
+/// checked on.
+struct Serving<'a> {
+    max_model_len: Option<usize>,
+    cases: &'a [usize],
+}
+
+/// [`check_golden`] on the cases of `serving`.
+fn check_golden_serving(
+    model: &Path,
+    reference_dir: &Path,
+    rel: &str,
+    kv: KvCacheDtype,
+    tolerance: f32,
+    serving: Serving<'_>,
+) {
     let golden = reference(reference_dir);
-    let mut r = load_with_cache(model, Weights::AsStored, kv);
+    let mut r = load_serving(model, Weights::AsStored, kv, serving.max_model_len);
     let cases = golden["runs"]["float32"]["cases"]
         .as_array()
         .expect("float32 cases");
     assert_eq!(cases.len(), 5);
     let mut err = MaxErr::default();
     for (ci, case) in cases.iter().enumerate() {
+        if !serving.cases.contains(&ci) {
+            continue;
+        }
         let input = ids(&case["input_ids"]);
         let n = input.len();
         let table: Vec<u32> = (0..(n + 24).div_ceil(BLOCK_SIZE) as u32).collect();
@@ -260,6 +298,39 @@ fn qwen2_tiny_with_yarn_matches_its_reference_from_safetensors_and_gguf() {
     }
 }
 
+/// Phi-3's layout (fused q/k/v and gate/up, a tied head) with three quarters of each head
+/// rotated and LongRoPE over an original context of 32, from safetensors and from the
+/// `phi3` GGUF. transformers picks the factors per sequence (short within 32 positions);
+/// the engine picks them once by the context it serves, as vLLM and llama.cpp do: loaded
+/// for 32 tokens it must match the short cases (1 and 7 tokens, 24 steps included), loaded
+/// for the model's 512 the long ones.
+#[test]
+fn phi3_tiny_with_partial_rotary_and_longrope_matches_its_reference() {
+    for file in [None, Some("model.gguf")] {
+        let (model, dir) = family("phi3-tiny-longrope", file);
+        let (config, _) = open_model(&model).unwrap();
+        let rope = &config.layers[0].rope;
+        assert_eq!(rope.rotary_dim, 12, "{config:?}");
+        assert!(
+            matches!(rope.scaling, Some(RopeScaling::LongRope(_))),
+            "{config:?}"
+        );
+        assert!(config.tie_word_embeddings);
+        let what = file.unwrap_or("safetensors");
+        for (max_model_len, cases, kind) in [
+            (Some(32), &[0, 1][..], "short"),
+            (None, &[2, 3, 4][..], "long"),
+        ] {
+            let serving = Serving {
+                max_model_len,
+                cases,
+            };
+            let rel = format!("phi3-tiny-longrope {what} ({kind} factors)");
+            check_golden_serving(&model, &dir, &rel, KvCacheDtype::F32, 1e-3, serving);
+        }
+    }
+}
+
 /// A copy of the model folder `dir` (its weights linked) whose `config.json` has the key
 /// and value `key_value` set to `value` instead.
 fn with_config_edit(dir: &Path, key_value: &str, value: &str) -> tempfile::TempDir {
@@ -296,6 +367,7 @@ fn the_output_head_follows_tie_word_embeddings() {
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
         kv_cache_bytes: kv_bytes_per_token(&config, 4) * BLOCK_SIZE * NUM_BLOCKS,
+        max_model_len: None,
     };
     let err = format!(
         "{:#}",
@@ -490,6 +562,7 @@ fn bad_inputs_are_errors() {
     let opts = RunnerOptions {
         block_size: 16,
         kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * 15,
+        max_model_len: None,
     };
     let err = load_cpu_runner(&config, weights.as_mut(), &opts, 1)
         .err()

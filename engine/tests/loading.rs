@@ -44,6 +44,7 @@ fn qwen3_tiny_config_parses() {
                     attention: AttentionSpan::Full,
                     rope: RopeSpec {
                         theta: 1_000_000.0,
+                        rotary_dim: 16,
                         scaling: None,
                     },
                     qk_norm: true,

@@ -48,6 +48,7 @@ fn load(path: &Path, quantized: QuantizedWeights) -> Box<dyn ModelRunner> {
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
         kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * BLOCK_SIZE * 64,
+        max_model_len: None,
     };
     let cpu = CpuOptions {
         threads: 2,

@@ -38,6 +38,7 @@ fn cpu_runner_samples_its_own_logits() {
     let opts = RunnerOptions {
         block_size: 16,
         kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * 16 * 16,
+        max_model_len: None,
     };
     let mut r = load_cpu_runner(&config, w.as_mut(), &opts, 2).expect("load");
     common::check_runner_samples_its_logits(r.as_mut());
@@ -55,6 +56,7 @@ fn seeded_cpu_sampling_draws_the_same_tokens_as_before() {
     let opts = RunnerOptions {
         block_size: 16,
         kv_cache_bytes: 64 << 20,
+        max_model_len: None,
     };
     let cpu = CpuOptions {
         threads: 2,

@@ -602,6 +602,7 @@ fn llama_tiny_greedy_is_batch_invariant() {
         let options = RunnerOptions {
             block_size: 4,
             kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * 4 * num_blocks,
+            max_model_len: None,
         };
         let runner = load_cpu_runner(&config, weights.as_mut(), &options, 2).unwrap();
         assert_eq!(runner.num_blocks(), num_blocks);

@@ -493,12 +493,18 @@ impl Backend for CpuBackend {
         &self,
         qkv: &mut CpuAct,
         layout: QkvLayout,
+        rotary_dim: usize,
         cos: &Vec<f32>,
         sin: &Vec<f32>,
         step: &CpuStep,
     ) -> anyhow::Result<()> {
         ensure!(qkv.cols == layout.qkv_width(), "rope: width {}", qkv.cols);
-        let half = layout.head_dim / 2;
+        ensure!(
+            rotary_dim > 0 && rotary_dim <= layout.head_dim && rotary_dim.is_multiple_of(2),
+            "rope: {rotary_dim} rotated dimensions of heads {} wide",
+            layout.head_dim
+        );
+        let half = rotary_dim / 2;
         let positions = cos.len() / half.max(1);
         ensure!(
             step.positions.len() == qkv.rows && sin.len() == cos.len(),
@@ -514,7 +520,7 @@ impl Backend for CpuBackend {
         ops::rope(
             &mut qkv.data,
             cols,
-            heads,
+            (heads, layout.head_dim),
             half,
             &step.positions,
             (cos, sin),

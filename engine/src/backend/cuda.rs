@@ -42,7 +42,7 @@ pub use kernels::{
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
 use super::{Backend, QkvLayout, RowSample, StepMeta};
-use crate::config::{AttentionSpan, ModelConfig};
+use crate::config::{AttentionSpan, LayerSpec, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData};
@@ -79,6 +79,8 @@ pub struct CudaOptions {
     pub prefill_attention: Option<PrefillAttention>,
     /// The decode attention kernel; `None` picks the pipelined one where it can run.
     pub decode_attention: Option<DecodeAttention>,
+    /// The longest sequence served (`--max-model-len`); `None`: the model's maximum position.
+    pub max_model_len: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -93,6 +95,7 @@ impl Default for CudaOptions {
             enforce_eager: false,
             prefill_attention: None,
             decode_attention: None,
+            max_model_len: None,
         }
     }
 }
@@ -152,9 +155,14 @@ pub fn open_cuda_backend(
     let runner_opts = RunnerOptions {
         block_size: opts.block_size,
         kv_cache_bytes: tokens * kv_bytes_per_token(config, backend.kv_value_bytes()),
+        max_model_len: opts.max_model_len,
     };
     let max_blocks_per_seq = tokens
-        .min(config.max_position_embeddings.max(1))
+        .min(
+            opts.max_model_len
+                .unwrap_or(config.max_position_embeddings)
+                .max(1),
+        )
         .div_ceil(opts.block_size);
     backend.reserve_step_buffers(
         opts.max_num_batched_tokens,
@@ -1392,6 +1400,7 @@ impl Backend for CudaBackend {
         &self,
         qkv: &mut CudaAct,
         layout: QkvLayout,
+        rotary_dim: usize,
         cos: &CudaParam,
         sin: &CudaParam,
         step: &CudaStep,
@@ -1401,6 +1410,11 @@ impl Backend for CudaBackend {
             "rope: qkv is {}x{}",
             qkv.rows,
             qkv.cols
+        );
+        ensure!(
+            rotary_dim == layout.head_dim,
+            "rope: the kernel rotates whole heads ({}), not {rotary_dim} dimensions",
+            layout.head_dim
         );
         ensure!(
             layout.head_dim <= 256,
@@ -1428,9 +1442,16 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// The windowed attention kernels have not run on a GPU yet (issue 45).
-    fn runs_sliding_windows(&self) -> bool {
-        false
+    /// The windowed attention and partial-rotary kernels have not run on a GPU yet (issue
+    /// 45).
+    fn lacks(&self, spec: &LayerSpec, head_dim: usize) -> Option<&'static str> {
+        if spec.attention != AttentionSpan::Full {
+            Some("a sliding attention window")
+        } else if spec.rope.rotary_dim != head_dim {
+            Some("rotary embeddings on part of each head")
+        } else {
+            None
+        }
     }
 
     fn attention(

@@ -12,7 +12,7 @@ use std::fmt;
 
 use anyhow::{bail, ensure};
 
-use crate::config::AttentionSpan;
+use crate::config::{AttentionSpan, LayerSpec};
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
 
@@ -272,20 +272,24 @@ pub trait Backend: Send + Sync {
         k_w: &Self::Param,
         eps: f32,
     ) -> anyhow::Result<()>;
-    /// In place: rotate-half (NEOX) RoPE on the q and k heads of a fused QKV matrix. `cos`
-    /// and `sin` are `[positions, head_dim / 2]` tables, read at each row's position.
+    /// In place: rotate-half (NEOX) RoPE on the first `rotary_dim` dimensions of the q and
+    /// k heads of a fused QKV matrix (the rest pass through). `cos` and `sin` are
+    /// `[positions, rotary_dim / 2]` tables, read at each row's position.
     fn rope(
         &self,
         qkv: &mut Self::Act,
         layout: QkvLayout,
+        rotary_dim: usize,
         cos: &Self::Param,
         sin: &Self::Param,
         step: &Self::Step,
     ) -> anyhow::Result<()>;
-    /// Whether [`attention`](Self::attention) runs [`AttentionSpan::Sliding`] layers (a
-    /// backend whose windowed kernels have not been verified refuses such a model at load).
-    fn runs_sliding_windows(&self) -> bool {
-        true
+    /// What of a layer of heads `head_dim` wide this backend's kernels do not run, if
+    /// anything (a backend whose kernels for it have not been verified refuses the model
+    /// at load).
+    fn lacks(&self, spec: &LayerSpec, head_dim: usize) -> Option<&'static str> {
+        let _ = (spec, head_dim);
+        None
     }
     /// Writes every row's K and V into `cache` at its slot, then computes causal
     /// attention of every query row over positions `0..=pos` of its sequence (only the

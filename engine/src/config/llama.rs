@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde_json::Value;
 
-use super::hf_json::{layer_types, opt_field};
+use super::hf_json::{opt_field, window_on_every_layer};
 use super::rope::{llama3_scaling_from_factors, RopeScaling};
 use super::{AttentionSpan, CommonLayer, Family, GgufMetadata, LayerSpec};
 
@@ -35,20 +35,7 @@ pub fn hf_layers(
     }
     let mut layers = common.uniform();
     if family == Family::Mistral {
-        // Mistral's attention takes `sliding_window` on every layer, whatever `layer_types`
-        // says (transformers' `MistralAttention`): a config whose list disagrees is refused.
-        let span = match opt_field::<usize>(json, "sliding_window", file)? {
-            Some(window) if window > 0 => AttentionSpan::Sliding { window },
-            _ => AttentionSpan::Full,
-        };
-        if let Some(listed) = layer_types(json, layers.len(), file)? {
-            if listed.iter().any(|s| *s != span) {
-                bail!(
-                    "`layer_types` disagrees with `sliding_window`, which Mistral applies to every layer, in {}",
-                    file.display()
-                );
-            }
-        }
+        let span = window_on_every_layer(json, layers.len(), "Mistral", file)?;
         for layer in &mut layers {
             layer.attention = span;
         }
@@ -66,7 +53,6 @@ const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
 pub fn gguf_layers(
     file: &dyn GgufMetadata,
     common: &CommonLayer,
-    head_dim: usize,
 ) -> anyhow::Result<Vec<LayerSpec>> {
     for stem in ["attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
         if file.has_tensor(&format!("blk.0.{stem}.bias")) {
@@ -76,11 +62,11 @@ pub fn gguf_layers(
             );
         }
     }
-    let mut rope = common.rope;
+    let mut rope = common.rope.clone();
     if file.has_tensor(ROPE_FREQS_TENSOR) {
         let factors = file.tensor_f32(ROPE_FREQS_TENSOR)?;
-        let scaling =
-            llama3_scaling_from_factors(&factors, rope.theta, head_dim).with_context(|| {
+        let scaling = llama3_scaling_from_factors(&factors, rope.theta, rope.rotary_dim)
+            .with_context(|| {
                 format!(
                     "tensor `{ROPE_FREQS_TENSOR}` in {} does not match Llama 3 rope scaling",
                     file.path().display()
@@ -98,7 +84,7 @@ pub fn gguf_layers(
         .into_iter()
         .map(|layer| LayerSpec {
             attention,
-            rope,
+            rope: rope.clone(),
             qkv_bias,
             ..layer
         })

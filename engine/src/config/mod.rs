@@ -1,11 +1,12 @@
 //! What the forward runs: the model's dimensions and a description of every decoder layer
 //! (its attention span, RoPE table, QK-norm, biases and FFN width), read from HF
 //! `config.json` here and from GGUF metadata in `weights::gguf_config`. One module per
-//! family (`llama`, `qwen`) maps its keys onto the description, as llama.cpp's
+//! family (`llama`, `qwen`, `phi3`) maps its keys onto the description, as llama.cpp's
 //! per-architecture builders sit over shared pieces; the forward is written once over it.
 
 pub mod hf_json;
 mod llama;
+mod phi3;
 mod qwen;
 pub mod rope;
 
@@ -15,8 +16,8 @@ use anyhow::{bail, Context};
 
 use hf_json::{opt_field, req_field, token_id_list};
 pub use rope::{
-    llama3_rope_factors, llama3_scaling_from_factors, Llama3RopeScaling, RopeScaling, RopeSpec,
-    YarnRopeScaling,
+    llama3_rope_factors, llama3_scaling_from_factors, Llama3RopeScaling, LongRopeScaling,
+    RopeScaling, RopeSpec, YarnRopeScaling,
 };
 
 /// Model family: which module reads its config, and the GGUF conventions of its files.
@@ -30,6 +31,9 @@ pub enum Family {
     Qwen2,
     /// Qwen3: per-head RMSNorm on q and k before RoPE.
     Qwen3,
+    /// Phi-3 and Phi-4: Llama's layers stored with q/k/v and gate/up fused, partial rotary
+    /// embeddings and LongRoPE, a sliding window on every layer when set.
+    Phi3,
 }
 
 impl Family {
@@ -40,6 +44,7 @@ impl Family {
             "MistralForCausalLM" => Some(Family::Mistral),
             "Qwen2ForCausalLM" => Some(Family::Qwen2),
             "Qwen3ForCausalLM" => Some(Family::Qwen3),
+            "Phi3ForCausalLM" => Some(Family::Phi3),
             _ => None,
         }
     }
@@ -50,6 +55,7 @@ impl Family {
             "llama" => Some(Family::Llama),
             "qwen2" => Some(Family::Qwen2),
             "qwen3" => Some(Family::Qwen3),
+            "phi3" => Some(Family::Phi3),
             _ => None,
         }
     }
@@ -58,6 +64,13 @@ impl Family {
     /// GGUF files (the reader restores HF's rotate-half order).
     pub fn gguf_permutes_qk(self) -> bool {
         matches!(self, Family::Llama | Family::Mistral)
+    }
+
+    /// Whether the family's files store q, k and v as one `qkv_proj` (GGUF `attn_qkv`)
+    /// and the gate and up projections as one `gate_up_proj` (GGUF `ffn_up`, twice the
+    /// FFN width), in the order the forward fuses them.
+    pub fn stores_fused_projections(self) -> bool {
+        self == Family::Phi3
     }
 }
 
@@ -72,7 +85,7 @@ pub enum AttentionSpan {
 }
 
 /// What one decoder layer computes, as the forward reads it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LayerSpec {
     pub attention: AttentionSpan,
     pub rope: RopeSpec,
@@ -102,7 +115,7 @@ pub struct ModelConfig {
 }
 
 /// What every family's layers share, read before the family's own keys.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CommonLayer {
     pub num_layers: usize,
     pub rope: RopeSpec,
@@ -115,7 +128,7 @@ impl CommonLayer {
         vec![
             LayerSpec {
                 attention: AttentionSpan::Full,
-                rope: self.rope,
+                rope: self.rope.clone(),
                 qk_norm: false,
                 qkv_bias: false,
                 intermediate_size: self.intermediate_size,
@@ -133,6 +146,8 @@ pub trait GgufMetadata {
     fn has_tensor(&self, name: &str) -> bool;
     /// An integer key, if the file has it.
     fn usize_key(&self, key: &str) -> anyhow::Result<Option<usize>>;
+    /// A float key, if the file has it.
+    fn f64_key(&self, key: &str) -> anyhow::Result<Option<f64>>;
     /// A tensor's values as f32 (small tables such as `rope_freqs.weight`).
     fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>>;
 }
@@ -170,7 +185,7 @@ impl ModelConfig {
         };
         let common = CommonLayer {
             num_layers: req_field(&json, "num_hidden_layers", file)?,
-            rope: hf_json::rope(&json, file)?,
+            rope: hf_json::rope(&json, head_dim, file)?,
             intermediate_size: req_field(&json, "intermediate_size", file)?,
         };
         let (layers, default_max_pos) = match family {
@@ -181,6 +196,10 @@ impl ModelConfig {
             Family::Qwen2 | Family::Qwen3 => (
                 qwen::hf_layers(family, &json, &common, file)?,
                 qwen::DEFAULT_MAX_POSITIONS,
+            ),
+            Family::Phi3 => (
+                phi3::hf_layers(&json, &common, file)?,
+                phi3::DEFAULT_MAX_POSITIONS,
             ),
         };
 
@@ -221,11 +240,11 @@ pub fn gguf_layers(
     family: Family,
     file: &dyn GgufMetadata,
     common: &CommonLayer,
-    head_dim: usize,
 ) -> anyhow::Result<Vec<LayerSpec>> {
     match family {
-        Family::Llama | Family::Mistral => llama::gguf_layers(file, common, head_dim),
+        Family::Llama | Family::Mistral => llama::gguf_layers(file, common),
         Family::Qwen2 | Family::Qwen3 => Ok(qwen::gguf_layers(family, common)),
+        Family::Phi3 => phi3::gguf_layers(file, common),
     }
 }
 
@@ -237,6 +256,7 @@ pub(crate) fn test_llama() -> ModelConfig {
         num_layers: 2,
         rope: RopeSpec {
             theta: 500_000.0,
+            rotary_dim: 128,
             scaling: None,
         },
         intermediate_size: 8,

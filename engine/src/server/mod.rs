@@ -144,13 +144,33 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         device: loaded.device,
         footprint: loaded.footprint,
         bandwidth: memory_bandwidth(loaded.device),
-        architecture: architecture(&loaded.config),
+        architecture: architecture(&loaded.config, loaded.rope_positions),
     })
 }
 
 /// The family and what its layers attend to: how many use a sliding window and which
-/// windows, and that the KV blocks outside every window are kept (not freed) for now.
-fn architecture(config: &crate::config::ModelConfig) -> serde_json::Value {
+/// windows, and that the KV blocks outside every window are kept (not freed) for now; and
+/// each distinct RoPE with the layers that use it, as tables of `rope_positions` apply it.
+fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> serde_json::Value {
+    let mut ropes: Vec<(&crate::config::RopeSpec, usize)> = Vec::new();
+    for layer in &config.layers {
+        match ropes.iter_mut().find(|(r, _)| **r == layer.rope) {
+            Some((_, layers)) => *layers += 1,
+            None => ropes.push((&layer.rope, 1)),
+        }
+    }
+    let rope: Vec<serde_json::Value> = ropes
+        .iter()
+        .map(|(r, layers)| {
+            serde_json::json!({
+                "layers": layers,
+                "theta": r.theta,
+                "rotary_dim": r.rotary_dim,
+                "head_dim": config.head_dim,
+                "scaling": r.describe_scaling(rope_positions),
+            })
+        })
+        .collect();
     let mut windows: Vec<usize> = config
         .layers
         .iter()
@@ -172,6 +192,7 @@ fn architecture(config: &crate::config::ModelConfig) -> serde_json::Value {
         } else {
             "none: every layer attends to the whole context"
         },
+        "rope": rope,
     })
 }
 
@@ -410,7 +431,7 @@ mod tests {
     #[test]
     fn the_architecture_reports_sliding_windows() {
         let mut config = crate::config::test_llama();
-        let full = super::architecture(&config);
+        let full = super::architecture(&config, 4096);
         assert_eq!(full["sliding_window_layers"], 0);
         assert!(full["kv_blocks_outside_windows"]
             .as_str()
@@ -419,12 +440,43 @@ mod tests {
         for layer in &mut config.layers {
             layer.attention = super::AttentionSpan::Sliding { window: 4096 };
         }
-        let windowed = super::architecture(&config);
+        let windowed = super::architecture(&config, 4096);
         assert_eq!(windowed["sliding_window_layers"], 2);
         assert_eq!(windowed["sliding_windows"], serde_json::json!([4096]));
+        assert_eq!(
+            windowed["rope"],
+            serde_json::json!([{"layers": 2, "theta": 500000.0, "rotary_dim": 128,
+                "head_dim": 128, "scaling": "none"}])
+        );
         assert!(windowed["kv_blocks_outside_windows"]
             .as_str()
             .unwrap()
             .starts_with("kept"));
+    }
+
+    /// LongRoPE's factor list follows the served context: short within the original one.
+    #[test]
+    fn the_architecture_says_which_longrope_factors_serve() {
+        let mut config = crate::config::test_llama();
+        for layer in &mut config.layers {
+            layer.rope.scaling = Some(crate::config::RopeScaling::LongRope(
+                crate::config::LongRopeScaling {
+                    short_factor: vec![1.0; 64],
+                    long_factor: vec![2.0; 64],
+                    original_max_position_embeddings: 4096,
+                    attention_factor: 1.2,
+                },
+            ));
+        }
+        let scaling =
+            |positions| super::architecture(&config, positions)["rope"][0]["scaling"].clone();
+        assert_eq!(
+            scaling(4096),
+            "longrope: the short factors, as the served context (4096) is within the original 4096"
+        );
+        assert_eq!(
+            scaling(4097),
+            "longrope: the long factors, as the served context (4097) exceeds the original 4096"
+        );
     }
 }

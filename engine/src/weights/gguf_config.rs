@@ -24,6 +24,10 @@ impl GgufMetadata for GgufFile {
         self.opt(key, GgufFile::get_usize)
     }
 
+    fn f64_key(&self, key: &str) -> anyhow::Result<Option<f64>> {
+        self.opt(key, GgufFile::get_f64)
+    }
+
     fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>> {
         Ok(self.read_tensor(name)?.into_f32())
     }
@@ -57,12 +61,23 @@ impl ModelConfig {
                 file.path().display()
             ),
         };
+        let rotary_dim = file
+            .opt(&key("rope.dimension_count"), GgufFile::get_usize)?
+            .unwrap_or(head_dim);
+        if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
+            bail!(
+                "{} {rotary_dim} must be a positive even number at most the head dimension {head_dim} in {}",
+                key("rope.dimension_count"),
+                file.path().display()
+            );
+        }
         let common = CommonLayer {
             num_layers: file.get_usize(&key("block_count"))?,
             rope: RopeSpec {
                 theta: file
                     .opt(&key("rope.freq_base"), GgufFile::get_f64)?
                     .unwrap_or(10_000.0) as f32,
+                rotary_dim,
                 scaling,
             },
             intermediate_size: file.get_usize(&key("feed_forward_length"))?,
@@ -84,7 +99,7 @@ impl ModelConfig {
                 .opt("tokenizer.ggml.bos_token_id", GgufFile::get_usize)?
                 .map(|id| id as u32),
             eos_token_ids: eos.map(|id| id as u32).into_iter().collect(),
-            layers: gguf_layers(family, file, &common, head_dim)?,
+            layers: gguf_layers(family, file, &common)?,
         })
     }
 }

@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use super::gguf::GgufFile;
 use super::{HostTensor, TensorData, WeightSource};
-use crate::config::ModelConfig;
+use crate::config::{Family, ModelConfig};
 
 /// Per-layer GGUF tensor stems and their HF counterparts.
 const LAYER_NAMES: &[(&str, &str)] = &[
@@ -25,8 +25,10 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
-/// The HF name of a GGUF tensor, or `None` for tensors without one (e.g. `rope_freqs.weight`).
-pub fn hf_name(gguf_name: &str) -> Option<String> {
+/// The HF name of a GGUF tensor of a `family` file, or `None` for tensors without one
+/// (e.g. `rope_freqs.weight`). A family that stores fused projections keeps q/k/v in
+/// `attn_qkv` and gate/up in `ffn_up`.
+pub fn hf_name(gguf_name: &str, family: Family) -> Option<String> {
     let (stem, suffix) = gguf_name.rsplit_once('.')?;
     if suffix != "weight" && suffix != "bias" {
         return None;
@@ -39,7 +41,11 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
             let rest = stem.strip_prefix("blk.")?;
             let (layer, part) = rest.split_once('.')?;
             let layer: usize = layer.parse().ok()?;
-            let (_, hf_part) = LAYER_NAMES.iter().find(|(g, _)| *g == part)?;
+            let hf_part = match (part, family.stores_fused_projections()) {
+                ("attn_qkv", true) => "self_attn.qkv_proj",
+                ("ffn_up", true) => "mlp.gate_up_proj",
+                _ => LAYER_NAMES.iter().find(|(g, _)| *g == part)?.1,
+            };
             format!("model.layers.{layer}.{hf_part}")
         }
     };
@@ -81,7 +87,10 @@ impl GgufWeights {
         let names = file
             .tensors
             .keys()
-            .map(|g| (hf_name(g).unwrap_or_else(|| g.clone()), g.clone()))
+            .map(|g| {
+                let hf = hf_name(g, config.family).unwrap_or_else(|| g.clone());
+                (hf, g.clone())
+            })
             .collect();
         let unpermute =
             (config.family.gguf_permutes_qk()).then_some((config.num_heads, config.num_kv_heads));

@@ -141,7 +141,7 @@ pub fn qk_head_norm(
 fn rope_rows<const FMA: bool>(
     rows: &mut [f32],
     width: usize,
-    n_heads: usize,
+    (n_heads, head_dim): (usize, usize),
     half: usize,
     positions: &[u32],
     (cos, sin): (&[f32], &[f32]),
@@ -152,8 +152,8 @@ fn rope_rows<const FMA: bool>(
             &cos[p * half..(p + 1) * half],
             &sin[p * half..(p + 1) * half],
         );
-        for head in row[..n_heads * 2 * half].chunks_exact_mut(2 * half) {
-            let (x1, x2) = head.split_at_mut(half);
+        for head in row[..n_heads * head_dim].chunks_exact_mut(head_dim) {
+            let (x1, x2) = head[..2 * half].split_at_mut(half);
             for i in 0..half {
                 let (a, b) = (x1[i], x2[i]);
                 x1[i] = a * c[i] - b * s[i];
@@ -163,13 +163,14 @@ fn rope_rows<const FMA: bool>(
     }
 }
 
-/// In place: rotate-half RoPE on the first `n_heads` heads of every row (`width` wide);
-/// row `t` reads row `positions[t]` of the `[positions, half]` tables `cos` and `sin`
-/// (the caller checks that every position is inside them).
+/// In place: rotate-half RoPE on the first `2 * half` dimensions of the first `n_heads`
+/// heads (`head_dim` wide) of every row (`width` wide); row `t` reads row `positions[t]`
+/// of the `[positions, half]` tables `cos` and `sin` (the caller checks that every
+/// position is inside them).
 pub fn rope(
     qkv: &mut [f32],
     width: usize,
-    n_heads: usize,
+    heads: (usize, usize),
     half: usize,
     positions: &[u32],
     tables: (&[f32], &[f32]),
@@ -180,7 +181,7 @@ pub fn rope(
     for_row_blocks(qkv, width, |r0, block| {
         let n = block.len() / width;
         let pos = &positions[r0..r0 + n];
-        dispatch!(rope_rows(block, width, n_heads, half, pos, tables));
+        dispatch!(rope_rows(block, width, heads, half, pos, tables));
     });
 }
 
@@ -242,12 +243,34 @@ mod tests {
         // position 1 reads the second row of the tables
         let cos = [1.0, 1.0, a0.cos(), a1.cos()];
         let sin = [0.0, 0.0, a0.sin(), a1.sin()];
-        rope(&mut x, 9, 2, 2, &[1], (&cos, &sin));
+        rope(&mut x, 9, (2, 4), 2, &[1], (&cos, &sin));
         assert!((x[0] - (a0.cos() - 3.0 * a0.sin())).abs() < 1e-6);
         assert!((x[2] - (3.0 * a0.cos() + a0.sin())).abs() < 1e-6);
         assert!((x[3] - (4.0 * a1.cos() + 2.0 * a1.sin())).abs() < 1e-6);
         assert!((x[7] - a1.cos()).abs() < 1e-6);
         assert_eq!(x[8], 9.0, "columns past the rotated heads are untouched");
+    }
+
+    /// Partial rotary: two heads of dim 6 rotate their first 4 dimensions (pairs (0,2) and
+    /// (1,3)); the last two of each head pass through.
+    #[test]
+    fn partial_rope_rotates_the_leading_dimensions_of_each_head() {
+        let mut x: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+        let a = 0.7f32;
+        let (cos, sin) = ([a.cos(), 1.0], [a.sin(), 0.0]);
+        rope(&mut x, 12, (2, 6), 2, &[0], (&cos, &sin));
+        for (h, base) in [(0usize, 1.0f32), (1, 7.0)] {
+            let o = 6 * h;
+            assert!((x[o] - (base * a.cos() - (base + 2.0) * a.sin())).abs() < 1e-5);
+            assert!((x[o + 2] - ((base + 2.0) * a.cos() + base * a.sin())).abs() < 1e-5);
+            assert_eq!(x[o + 1], base + 1.0, "angle 0 leaves its pair");
+            assert_eq!(x[o + 3], base + 3.0);
+            assert_eq!(
+                &x[o + 4..o + 6],
+                &[base + 4.0, base + 5.0],
+                "unrotated tail"
+            );
+        }
     }
 
     #[test]
