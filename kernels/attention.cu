@@ -5,6 +5,17 @@
 // The K/V of the step's own tokens are already in the cache (qkv_prep ran first), so both
 // kernels read every key through the block table: a cached prefix and a later chunk of a
 // chunked prefill need no special case.
+// Sliding windows: every kernel has a `*_sliding` twin taking a last argument `window` (> 0),
+// by which a query at position p attends to keys p - window < k <= p only (transformers'
+// and vLLM's `sliding_window`). The plain kernels pass window 0 (every earlier key) to the
+// same code, which the compiler folds away. The twins have not run on a GPU yet (issue 45):
+// they are compiled only with -DSLIDING_WINDOW_KERNELS, which the backend passes under
+// `--cuda-sliding-window` (so start-up compiles no more for other models).
+#ifdef SLIDING_WINDOW_KERNELS
+#define SLIDING_TWIN(...) __VA_ARGS__
+#else
+#define SLIDING_TWIN(...)
+#endif
 
 // ---------------------------------------------------------------------------------------
 // Decode: one query token per sequence. A block owns (KV head, sequence, split) and reads
@@ -98,7 +109,8 @@ __device__ __forceinline__ void decode_write_out(
     }
 }
 
-// The context range a decode block reads (its split of the sequence's keys) and its row.
+// The context range a decode block reads (its split of the keys the query sees: the last
+// `window` of them, all when window is 0) and its row.
 struct DecodeSpan {
     int row, begin, end;
     const int* table;
@@ -109,11 +121,12 @@ __device__ __forceinline__ DecodeSpan decode_span(const int* __restrict__ block_
                                                   const int* __restrict__ seq_row_start,
                                                   const int* __restrict__ seq_n_tokens,
                                                   const int* __restrict__ seq_start_pos, int di,
-                                                  int split, int num_splits) {
+                                                  int split, int num_splits, int window) {
     int seq = dec_seqs[di];
     int ctx = seq_start_pos[seq] + seq_n_tokens[seq];
-    int chunk = (ctx + num_splits - 1) / num_splits;
-    int begin = split * chunk;
+    int lo = window > 0 ? max(0, ctx - window) : 0;  // the first key the query sees
+    int chunk = (ctx - lo + num_splits - 1) / num_splits;
+    int begin = lo + split * chunk;
     return DecodeSpan{seq_row_start[seq], begin, min(ctx, begin + chunk),
                       block_tables + (size_t)seq * table_stride};
 }
@@ -200,7 +213,7 @@ __device__ __forceinline__ void paged_decode_impl(
     const int* __restrict__ seq_n_tokens, const int* __restrict__ seq_start_pos,
     float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
     int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
-    int num_splits, float scale) {
+    int num_splits, float scale, int window) {
     constexpr int KEYS_PER_PASS = DEC_THREADS / KL;  // phase 1: keys scored together
     constexpr int PASSES = DEC_TILE / KEYS_PER_PASS;
     constexpr int NKG = DEC_THREADS / KL;            // phase 3: key groups
@@ -217,7 +230,7 @@ __device__ __forceinline__ void paged_decode_impl(
     bool dim_ok = d0 < head_dim;
     int group = num_heads / num_kv_heads;
     DecodeSpan span = decode_span(block_tables, table_stride, dec_seqs, seq_row_start, seq_n_tokens,
-                                  seq_start_pos, di, split, num_splits);
+                                  seq_start_pos, di, split, num_splits, window);
     int row = span.row, begin = span.begin, end = span.end;
     const int* table = span.table;
     size_t head_off = (size_t)kvh * head_dim + d0;
@@ -285,8 +298,22 @@ __device__ __forceinline__ void paged_decode_impl(
         paged_decode_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,              \
                                  table_stride, dec_seqs, seq_row_start, seq_n_tokens,          \
                                  seq_start_pos, part_acc, part_ml, out, out_stride, num_heads, \
-                                 num_kv_heads, head_dim, block_size, num_splits, scale);       \
-    }
+                                 num_kv_heads, head_dim, block_size, num_splits, scale, 0);    \
+    }                                                                                          \
+    SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(DEC_THREADS)                     \
+        paged_decode_g##G##_k##KL##_sliding(                                                   \
+            const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,         \
+            const int* block_tables, int table_stride, const int* dec_seqs,                    \
+            const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,       \
+            float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,         \
+            int num_kv_heads, int head_dim, int block_size, int num_splits, float scale,       \
+            int window) {                                                                      \
+        paged_decode_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,              \
+                                 table_stride, dec_seqs, seq_row_start, seq_n_tokens,          \
+                                 seq_start_pos, part_acc, part_ml, out, out_stride, num_heads, \
+                                 num_kv_heads, head_dim, block_size, num_splits, scale,        \
+                                 window);                                                      \
+    })
 
 DECODE_KERNEL(1, 2)
 DECODE_KERNEL(1, 8)
@@ -356,7 +383,7 @@ __device__ __forceinline__ void paged_decode_async_impl(
     const int* __restrict__ seq_n_tokens, const int* __restrict__ seq_start_pos,
     float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
     int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
-    int num_splits, float scale) {
+    int num_splits, float scale, int window) {
     constexpr int HD = 8 * KL, STAGES = DA_STAGES;
     constexpr int KEYS_PER_PASS = DEC_THREADS / KL;  // keys scored together
     constexpr int TILE = KEYS_PER_PASS > DA_TILE ? KEYS_PER_PASS : DA_TILE;
@@ -379,7 +406,7 @@ __device__ __forceinline__ void paged_decode_async_impl(
     bool dim_ok = d0 < head_dim;
     int group = num_heads / num_kv_heads;
     DecodeSpan span = decode_span(block_tables, table_stride, dec_seqs, seq_row_start, seq_n_tokens,
-                                  seq_start_pos, di, split, num_splits);
+                                  seq_start_pos, di, split, num_splits, window);
     int row = span.row, begin = span.begin, end = span.end;
     const int* table = span.table;
     int num_tiles = end > begin ? (end - begin + TILE - 1) / TILE : 0;
@@ -470,8 +497,22 @@ __device__ __forceinline__ void paged_decode_async_impl(
                                        table_stride, dec_seqs, seq_row_start, seq_n_tokens,    \
                                        seq_start_pos, part_acc, part_ml, out, out_stride,      \
                                        num_heads, num_kv_heads, head_dim, block_size,          \
-                                       num_splits, scale);                                     \
-    }
+                                       num_splits, scale, 0);                                  \
+    }                                                                                          \
+    SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(DEC_THREADS)                     \
+        paged_decode_async_g##G##_k##KL##_sliding(                                             \
+            const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,         \
+            const int* block_tables, int table_stride, const int* dec_seqs,                    \
+            const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,       \
+            float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,         \
+            int num_kv_heads, int head_dim, int block_size, int num_splits, float scale,       \
+            int window) {                                                                      \
+        paged_decode_async_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,        \
+                                       table_stride, dec_seqs, seq_row_start, seq_n_tokens,    \
+                                       seq_start_pos, part_acc, part_ml, out, out_stride,      \
+                                       num_heads, num_kv_heads, head_dim, block_size,          \
+                                       num_splits, scale, window);                             \
+    })
 
 DECODE_ASYNC_KERNEL(1, 2)
 DECODE_ASYNC_KERNEL(1, 8)
@@ -537,7 +578,7 @@ __device__ __forceinline__ void prefill_impl(
     const int* __restrict__ tile_seq, const int* __restrict__ tile_q0,
     const int* __restrict__ seq_row_start, const int* __restrict__ seq_n_tokens,
     const int* __restrict__ seq_start_pos, bf16* __restrict__ out, int out_stride,
-    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
+    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int window) {
     extern __shared__ unsigned int pf_smem[];
     int ld = head_dim + 2;  // bf16 row stride (even, so rows stay 4-byte aligned)
     bf16* qs = reinterpret_cast<bf16*>(pf_smem);
@@ -553,6 +594,7 @@ __device__ __forceinline__ void prefill_impl(
     int half = head_dim >> 1;
     int q_last = min(n_tok, q0 + PF_BQ) - 1;
     int k_max = start + q_last;  // last key position any row of this tile sees
+    int k_min = window > 0 ? max(0, start + q0 - window + 1) : 0;  // the first one
 
     for (int idx = tid; idx < PF_BQ * half; idx += PF_THREADS) {
         int qr = idx / half, p = idx % half;
@@ -571,7 +613,7 @@ __device__ __forceinline__ void prefill_impl(
 #pragma unroll
     for (int j = 0; j < NP; ++j) acc[j][0] = acc[j][1] = 0.0f;
 
-    for (int kt = 0; kt * PF_BK <= k_max; ++kt) {
+    for (int kt = k_min / PF_BK; kt * PF_BK <= k_max; ++kt) {
         __syncthreads();  // previous tile fully consumed (and the q tile stored)
         for (int idx = tid; idx < PF_BK * half; idx += PF_THREADS) {
             int kr = idx / half, p = idx % half;
@@ -601,7 +643,8 @@ __device__ __forceinline__ void prefill_impl(
                 load_bf16x2(ks + kr * ld + 2 * p, ka, kb);
                 dot += qa * ka + qb * kb;
             }
-            s[jj] = (row_valid && kpos <= qpos) ? dot * scale : -INFINITY;
+            bool seen = kpos <= qpos && (window == 0 || kpos > qpos - window);
+            s[jj] = (row_valid && seen) ? dot * scale : -INFINITY;
             tile_max = fmaxf(tile_max, s[jj]);
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -661,8 +704,20 @@ __device__ __forceinline__ void prefill_impl(
         int block_size, float scale) {                                                         \
         prefill_impl<NP>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,        \
                          tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos, out,   \
-                         out_stride, num_heads, num_kv_heads, head_dim, block_size, scale);    \
-    }
+                         out_stride, num_heads, num_kv_heads, head_dim, block_size, scale, 0); \
+    }                                                                                          \
+    SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(PF_THREADS)                      \
+        prefill_attention_np##NP##_sliding(                                                    \
+            const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,         \
+            const int* block_tables, int table_stride, const int* tile_seq,                    \
+            const int* tile_q0, const int* seq_row_start, const int* seq_n_tokens,             \
+            const int* seq_start_pos, bf16* out, int out_stride, int num_heads,                \
+            int num_kv_heads, int head_dim, int block_size, float scale, int window) {         \
+        prefill_impl<NP>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,        \
+                         tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos, out,   \
+                         out_stride, num_heads, num_kv_heads, head_dim, block_size, scale,     \
+                         window);                                                              \
+    })
 
 PREFILL_KERNEL(4)
 PREFILL_KERNEL(8)
@@ -711,7 +766,7 @@ __device__ __forceinline__ void prefill_mma_impl(
     const int* __restrict__ tile_seq, const int* __restrict__ tile_q0,
     const int* __restrict__ seq_row_start, const int* __restrict__ seq_n_tokens,
     const int* __restrict__ seq_start_pos, bf16* __restrict__ out, int out_stride,
-    int num_heads, int num_kv_heads, int block_size, float scale) {
+    int num_heads, int num_kv_heads, int block_size, float scale, int window) {
     constexpr int LD = D + 8;        // Q and K row stride (bf16)
     constexpr int LDV = PF_BK + 8;   // transposed V row stride (bf16)
     constexpr int KSTEPS = D / 16;   // k steps of Q·Kᵀ
@@ -732,6 +787,7 @@ __device__ __forceinline__ void prefill_mma_impl(
     const int* table = block_tables + (size_t)seq * table_stride;
     int q_last = min(n_tok, q0 + PF_BQ) - 1;
     int k_max = start + q_last;
+    int k_min = window > 0 ? max(0, start + q0 - window + 1) : 0;
 
     for (int idx = tid; idx < PF_BQ * (D / 2); idx += PF_MMA_THREADS) {
         int qr = idx / (D / 2), p = idx % (D / 2);
@@ -762,7 +818,7 @@ __device__ __forceinline__ void prefill_mma_impl(
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 
-    for (int kt = 0; kt * PF_BK <= k_max; ++kt) {
+    for (int kt = k_min / PF_BK; kt * PF_BK <= k_max; ++kt) {
         __syncthreads();  // the previous tile's K and V fully consumed
         for (int idx = tid; idx < PF_BK * (D / 2); idx += PF_MMA_THREADS) {
             int kr = idx / (D / 2), p = idx % (D / 2);
@@ -798,8 +854,10 @@ __device__ __forceinline__ void prefill_mma_impl(
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 int kpos = kt * PF_BK + 8 * nt + 2 * c + e;
-                s[nt][e] = (valid0 && kpos <= qpos0) ? s[nt][e] * scale : -INFINITY;
-                s[nt][2 + e] = (valid1 && kpos <= qpos1) ? s[nt][2 + e] * scale : -INFINITY;
+                bool seen0 = kpos <= qpos0 && (window == 0 || kpos > qpos0 - window);
+                bool seen1 = kpos <= qpos1 && (window == 0 || kpos > qpos1 - window);
+                s[nt][e] = (valid0 && seen0) ? s[nt][e] * scale : -INFINITY;
+                s[nt][2 + e] = (valid1 && seen1) ? s[nt][2 + e] * scale : -INFINITY;
                 t0 = fmaxf(t0, s[nt][e]);
                 t1 = fmaxf(t1, s[nt][2 + e]);
             }
@@ -879,8 +937,20 @@ __device__ __forceinline__ void prefill_mma_impl(
         int block_size, float scale) {                                                         \
         prefill_mma_impl<D>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,     \
                             tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos,     \
-                            out, out_stride, num_heads, num_kv_heads, block_size, scale);      \
-    }
+                            out, out_stride, num_heads, num_kv_heads, block_size, scale, 0);   \
+    }                                                                                          \
+    SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(PF_MMA_THREADS)                  \
+        prefill_attention_mma_d##D##_sliding(                                                  \
+            const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,         \
+            const int* block_tables, int table_stride, const int* tile_seq,                    \
+            const int* tile_q0, const int* seq_row_start, const int* seq_n_tokens,             \
+            const int* seq_start_pos, bf16* out, int out_stride, int num_heads,                \
+            int num_kv_heads, int head_dim, int block_size, float scale, int window) {         \
+        prefill_mma_impl<D>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,     \
+                            tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos,     \
+                            out, out_stride, num_heads, num_kv_heads, block_size, scale,       \
+                            window);                                                           \
+    })
 
 PREFILL_MMA_KERNEL(16)
 PREFILL_MMA_KERNEL(32)

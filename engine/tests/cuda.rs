@@ -8,7 +8,7 @@ use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::backend::cuda::{
     all_kernel_names, cuda_available, decode_async_smem_bytes, decode_kernel_name, driver_present,
     prefill_kernel_name, prefill_mma_kernel_name, resolve_device, CudaBackend, CudaOptions,
-    DecodeAttention, PrefillAttention, NO_DRIVER, SOURCES,
+    DecodeAttention, KernelSet, PrefillAttention, NO_DRIVER, SOURCES,
 };
 use engine::backend::Device;
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
@@ -37,7 +37,7 @@ fn cuda_without_a_driver_is_a_clear_error() {
     };
     assert_eq!(err, NO_DRIVER);
     assert!(!cuda_available());
-    assert!(CudaBackend::new(0).is_err());
+    assert!(CudaBackend::new(0, KernelSet::Plain).is_err());
     let (device, why) = resolve_device(None);
     assert_eq!(device, Device::Cpu);
     assert!(why.contains("libcuda.so not loadable"), "{why}");
@@ -71,44 +71,37 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         all.lines()
             .any(|l| l.contains("extern \"C\" __global__") && l.contains(&format!(" {name}(")))
     };
-    for name in all_kernel_names() {
-        if let Some(rest) = name.strip_prefix("paged_decode_async_g") {
+    for name in all_kernel_names(KernelSet::WithSlidingTwins) {
+        // A sliding twin comes from the same macro as its plain kernel.
+        let (base, end) = match name.strip_suffix("_sliding") {
+            Some(base) => (base, "##_sliding("),
+            None => (name.as_str(), "("),
+        };
+        let made_by = |instance: String, pattern: &str| {
+            assert!(all.contains(&instance), "{name} is not instantiated");
+            assert!(
+                all.contains(&format!("{pattern}{end}")),
+                "{instance} no longer defines {name}"
+            );
+        };
+        if let Some(rest) = base.strip_prefix("paged_decode_async_g") {
             let (g, k) = rest.split_once("_k").expect("decode kernel name");
-            assert!(
-                all.contains(&format!("DECODE_ASYNC_KERNEL({g}, {k})")),
-                "{name} is not instantiated"
+            made_by(
+                format!("DECODE_ASYNC_KERNEL({g}, {k})"),
+                "paged_decode_async_g##G##_k##KL",
             );
-            assert!(
-                all.contains("paged_decode_async_g##G##_k##KL("),
-                "DECODE_ASYNC_KERNEL no longer defines {name}"
-            );
-        } else if let Some(rest) = name.strip_prefix("paged_decode_g") {
+        } else if let Some(rest) = base.strip_prefix("paged_decode_g") {
             let (g, k) = rest.split_once("_k").expect("decode kernel name");
-            assert!(
-                all.contains(&format!("DECODE_KERNEL({g}, {k})")),
-                "{name} is not instantiated"
+            made_by(
+                format!("DECODE_KERNEL({g}, {k})"),
+                "paged_decode_g##G##_k##KL",
             );
-            assert!(
-                all.contains("paged_decode_g##G##_k##KL("),
-                "DECODE_KERNEL no longer defines {name}"
-            );
-        } else if let Some(np) = name.strip_prefix("prefill_attention_np") {
-            assert!(
-                all.contains(&format!("PREFILL_KERNEL({np})")),
-                "{name} is not instantiated"
-            );
-            assert!(
-                all.contains("prefill_attention_np##NP("),
-                "PREFILL_KERNEL no longer defines {name}"
-            );
-        } else if let Some(d) = name.strip_prefix("prefill_attention_mma_d") {
-            assert!(
-                all.contains(&format!("PREFILL_MMA_KERNEL({d})")),
-                "{name} is not instantiated"
-            );
-            assert!(
-                all.contains("prefill_attention_mma_d##D("),
-                "PREFILL_MMA_KERNEL no longer defines {name}"
+        } else if let Some(np) = base.strip_prefix("prefill_attention_np") {
+            made_by(format!("PREFILL_KERNEL({np})"), "prefill_attention_np##NP");
+        } else if let Some(d) = base.strip_prefix("prefill_attention_mma_d") {
+            made_by(
+                format!("PREFILL_MMA_KERNEL({d})"),
+                "prefill_attention_mma_d##D",
             );
         } else {
             assert!(
@@ -193,6 +186,25 @@ fn runners(
     )
 }
 
+/// A model of the families' references (`tests/fixtures/families`) on the CPU and on the
+/// GPU with the named kernels and the sliding-window twins compiled.
+fn family_runners(
+    name: &str,
+    prefill_attention: PrefillAttention,
+    decode_attention: DecodeAttention,
+) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/families")
+        .join(name);
+    let cuda_opts = CudaOptions {
+        prefill_attention: Some(prefill_attention),
+        decode_attention: Some(decode_attention),
+        sliding_window_kernels: true,
+        ..cuda_test_options()
+    };
+    runners_with(&path, QuantizedWeights::Integer, cuda_opts)
+}
+
 /// The model at `path` on the CPU (f32 KV cache, GGUF weights as `quantized` says) and on
 /// the GPU with the named kernels (`None`: the default choice), each with `NUM_BLOCKS` blocks.
 fn runners_at(
@@ -200,6 +212,30 @@ fn runners_at(
     quantized: QuantizedWeights,
     prefill_attention: Option<PrefillAttention>,
     decode_attention: Option<DecodeAttention>,
+) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
+    let cuda_opts = CudaOptions {
+        prefill_attention,
+        decode_attention,
+        ..cuda_test_options()
+    };
+    runners_with(path, quantized, cuda_opts)
+}
+
+/// The GPU options of the tests: `NUM_BLOCKS` blocks of `BLOCK_SIZE` tokens.
+fn cuda_test_options() -> CudaOptions {
+    CudaOptions {
+        block_size: BLOCK_SIZE,
+        kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
+        ..CudaOptions::default()
+    }
+}
+
+/// The model at `path` on the CPU (f32 KV cache, GGUF weights as `quantized` says) and on
+/// the GPU with `cuda_opts`.
+fn runners_with(
+    path: &std::path::Path,
+    quantized: QuantizedWeights,
+    cuda_opts: CudaOptions,
 ) -> (Box<dyn ModelRunner>, Box<dyn ModelRunner>) {
     let (config, mut w) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let opts = RunnerOptions {
@@ -218,13 +254,6 @@ fn runners_at(
     let cpu = load_cpu_runner_with(&config, w.as_mut(), &opts, &cpu_opts)
         .unwrap_or_else(|e| panic!("{} on the CPU: {e:#}", path.display()));
     let (config, mut w) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
-    let cuda_opts = CudaOptions {
-        block_size: BLOCK_SIZE,
-        kv_cache_tokens: Some(BLOCK_SIZE * NUM_BLOCKS),
-        prefill_attention,
-        decode_attention,
-        ..CudaOptions::default()
-    };
     let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts)
         .unwrap_or_else(|e| panic!("{} on the GPU: {e:#}", path.display()));
     assert_eq!(gpu.num_blocks(), NUM_BLOCKS);
@@ -239,8 +268,21 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention, decode: DecodeAttention) {
-    let (mut cpu, mut gpu) = runners(rel, prefill_attention, decode);
-    let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % 5000).collect();
+    let (cpu, gpu) = runners(rel, prefill_attention, decode);
+    check_gpu_against_cpu(rel, cpu, gpu, 5000, 700);
+}
+
+/// Prefill, decode, a batched decode of a `long`-token context beside a short one, and a
+/// chunked prefill over a cached prefix, on the GPU against the CPU (token ids below
+/// `vocab`).
+fn check_gpu_against_cpu(
+    rel: &str,
+    mut cpu: Box<dyn ModelRunner>,
+    mut gpu: Box<dyn ModelRunner>,
+    vocab: u32,
+    long: u32,
+) {
+    let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % vocab).collect();
     let table: Vec<u32> = (0..8).collect();
     let a = last_logits(gpu.as_mut(), &prompt, 0, &table);
     let b = last_logits(cpu.as_mut(), &prompt, 0, &table);
@@ -254,6 +296,7 @@ fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention, decode: Decod
         "{rel}: GPU prefill logits differ from the CPU's (max relative error {e})"
     );
     for (i, t) in [5u32, 900, 17, 4000].into_iter().enumerate() {
+        let t = t % vocab;
         let pos = prompt.len() + i;
         let a = last_logits(gpu.as_mut(), &[t], pos, &table);
         let b = last_logits(cpu.as_mut(), &[t], pos, &table);
@@ -265,7 +308,7 @@ fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention, decode: Decod
     }
     // Long contexts (several key tiles, split across blocks) decoded in one step with a
     // short one: each row matches the CPU's.
-    let long: Vec<u32> = (0..700u32).map(|i| (i * 91 + 5) % 5000).collect();
+    let long: Vec<u32> = (0..long).map(|i| (i * 91 + 5) % vocab).collect();
     let long_table: Vec<u32> = (32..78).collect();
     last_logits(gpu.as_mut(), &long, 0, &long_table);
     last_logits(cpu.as_mut(), &long, 0, &long_table);
@@ -308,6 +351,46 @@ fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention, decode: Decod
         rel_err(&chunked, &plain) < 0.02,
         "{rel}: chunked prefill differs from plain prefill"
     );
+}
+
+/// Mistral with a 5-token window (shorter than every prompt) on the sliding twins
+/// (`--cuda-sliding-window`), each prefill kernel with each decode kernel: prefill over two
+/// query tiles, decode, a 400-token context's decode batched with a short one, and a chunk
+/// over a cached prefix, against the CPU.
+#[test]
+fn gpu_sliding_window_matches_cpu_on_mistral_tiny() {
+    if gpu_or_skip("gpu_sliding_window_matches_cpu_on_mistral_tiny") {
+        for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
+            for decode in [DIRECT, DecodeAttention::Pipelined] {
+                let (cpu, gpu) = family_runners("mistral-tiny-window", prefill, decode);
+                let rel = format!("mistral-tiny-window {prefill:?} {decode:?}");
+                check_gpu_against_cpu(&rel, cpu, gpu, 256, 400);
+            }
+        }
+    }
+}
+
+/// Without `--cuda-sliding-window` a windowed model is refused at load, and a model that
+/// rotates part of each head always is (no kernel yet), each with what it needs.
+#[test]
+fn gpu_refuses_what_its_kernels_do_not_run() {
+    if gpu_or_skip("gpu_refuses_what_its_kernels_do_not_run") {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/families");
+        for (name, needs) in [
+            ("mistral-tiny-window", "--cuda-sliding-window"),
+            (
+                "phi3-tiny-longrope",
+                "rotary embeddings on part of each head",
+            ),
+        ] {
+            let (config, mut w) = open_model(&dir.join(name)).unwrap();
+            let err = load_cuda_runner(&config, w.as_mut(), &cuda_test_options())
+                .err()
+                .unwrap_or_else(|| panic!("{name} loaded on CUDA"));
+            let err = format!("{err:#}");
+            assert!(err.contains(needs), "{name}: {err}");
+        }
+    }
 }
 
 #[test]
@@ -369,7 +452,7 @@ fn gpu_sampling_keeps_the_contract() {
     if !gpu_or_skip("gpu_sampling_keeps_the_contract") {
         return;
     }
-    let b = CudaBackend::new(0).expect("open GPU 0");
+    let b = CudaBackend::new(0, KernelSet::Plain).expect("open GPU 0");
     common::check_sampling_contract(&b, |rows, cols, data| {
         b.upload_act(rows, cols, data).expect("upload")
     });

@@ -9,7 +9,7 @@
 
 use engine::backend::cuda::{
     all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, missing_kernels,
-    nvrtc_present, program,
+    nvrtc_present, program, KernelSet,
 };
 
 /// Fails the test, saying how to get libnvrtc, when it cannot be loaded.
@@ -26,34 +26,45 @@ fn require_nvrtc() {
     );
 }
 
-fn check_arch(arch: &str) {
+/// The program compiled for `arch` as each of `sets` defines every kernel of that set (the
+/// one the backend compiles by default, `Plain`, no twin).
+fn check_arch(arch: &str, sets: &[KernelSet]) {
     require_nvrtc();
-    let cubin = compile_cubin(arch).unwrap_or_else(|e| panic!("{e:#}"));
-    let kernels = cubin_kernels(&cubin)
-        .unwrap_or_else(|e| panic!("the {arch} cubin is not a readable ELF image: {e:#}"));
-    let missing = missing_kernels(&cubin);
-    assert!(
-        missing.is_empty(),
-        "the {arch} cubin lacks kernels the backend loads: {missing:?} (its kernels: {kernels:?})"
-    );
-    assert!(kernels.len() >= all_kernel_names().len());
+    for &set in sets {
+        let cubin = compile_cubin(arch, set).unwrap_or_else(|e| panic!("{e:#}"));
+        let kernels = cubin_kernels(&cubin)
+            .unwrap_or_else(|e| panic!("the {arch} cubin is not a readable ELF image: {e:#}"));
+        let missing = missing_kernels(&cubin, set);
+        assert!(
+            missing.is_empty(),
+            "the {arch} {set:?} cubin lacks kernels the backend loads: {missing:?} (its kernels: {kernels:?})"
+        );
+        let twins = kernels.iter().filter(|k| k.ends_with("_sliding")).count();
+        let wanted = all_kernel_names(set)
+            .iter()
+            .filter(|k| k.ends_with("_sliding"))
+            .count();
+        assert_eq!(twins, wanted, "{arch} {set:?}: {kernels:?}");
+    }
 }
 
+/// Both kernel sets on the H100's architecture; on the others the set with the twins,
+/// whose source is the plain set's and more (each compile takes seconds).
 #[test]
 fn kernels_compile_for_sm_90() {
-    check_arch("sm_90");
+    check_arch("sm_90", &[KernelSet::WithSlidingTwins, KernelSet::Plain]);
 }
 
 #[test]
 fn kernels_compile_for_sm_80() {
-    check_arch("sm_80");
+    check_arch("sm_80", &[KernelSet::WithSlidingTwins]);
 }
 
 /// Turing has no bf16 tensor cores: the program still compiles (the mma prefill kernel
 /// traps there, and the host refuses it).
 #[test]
 fn kernels_compile_for_sm_75() {
-    check_arch("sm_75");
+    check_arch("sm_75", &[KernelSet::WithSlidingTwins]);
 }
 
 /// A compile error comes back with NVRTC's log, which names the file and line.
@@ -66,7 +77,10 @@ fn a_compile_error_reports_file_and_line() {
         1,
     );
     assert_ne!(broken, program(), "warp_sum is no longer in common.cuh");
-    let err = format!("{:#}", compile_source_cubin(&broken, "sm_90").unwrap_err());
+    let err = format!(
+        "{:#}",
+        compile_source_cubin(&broken, "sm_90", KernelSet::Plain).unwrap_err()
+    );
     assert!(err.contains("sm_90"), "{err}");
     assert!(err.contains("kernels/common.cuh("), "{err}");
     assert!(err.contains("undeclared_name"), "{err}");

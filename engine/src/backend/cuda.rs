@@ -36,8 +36,8 @@ pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
     all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_async_smem_bytes,
     decode_kernel_name, missing_kernels, nvrtc_present, prefill_kernel_name,
-    prefill_mma_kernel_name, prefill_mma_smem_bytes, prefill_smem_bytes, program, DecodeAttention,
-    SOURCES,
+    prefill_mma_kernel_name, prefill_mma_smem_bytes, prefill_smem_bytes, program, sliding_twin,
+    DecodeAttention, KernelSet, SOURCES,
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
@@ -81,6 +81,8 @@ pub struct CudaOptions {
     pub decode_attention: Option<DecodeAttention>,
     /// The longest sequence served (`--max-model-len`); `None`: the model's maximum position.
     pub max_model_len: Option<usize>,
+    /// Run sliding-window layers on kernels that have not run on a GPU yet (issue 45).
+    pub sliding_window_kernels: bool,
 }
 
 impl Default for CudaOptions {
@@ -96,6 +98,7 @@ impl Default for CudaOptions {
             prefill_attention: None,
             decode_attention: None,
             max_model_len: None,
+            sliding_window_kernels: false,
         }
     }
 }
@@ -116,7 +119,12 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let backend = CudaBackend::new(opts.ordinal)?
+    let set = if opts.sliding_window_kernels {
+        KernelSet::WithSlidingTwins
+    } else {
+        KernelSet::Plain
+    };
+    let backend = CudaBackend::new(opts.ordinal, set)?
         .with_prefill_attention(opts.prefill_attention, config.head_dim)?
         .with_decode_attention(
             opts.decode_attention,
@@ -430,12 +438,23 @@ pub struct CudaBackend {
     /// Direct until [`CudaBackend::with_decode_attention`] has raised the pipelined kernel's
     /// shared-memory limit and chosen it.
     decode_attention: DecodeAttention,
+    /// With the sliding twins, sliding-window layers run (on kernels that have not run on a
+    /// GPU yet: issue 45); without them such a model is refused at load.
+    kernel_set: KernelSet,
     num_sms: usize,
     state: Mutex<State>,
     /// Timing events for [`Backend::record_mark`].
     marks: [CudaEvent; 3],
     /// cuBLAS's workspace, set once so that GEMMs allocate nothing while a graph is captured.
     _blas_workspace: CudaSlice<u8>,
+}
+
+/// A kernel's name, and its sliding twin's where `set` has the twins.
+fn with_twin(name: &str, set: KernelSet) -> Vec<String> {
+    match set {
+        KernelSet::Plain => vec![name.to_string()],
+        KernelSet::WithSlidingTwins => vec![name.to_string(), sliding_twin(name)],
+    }
 }
 
 impl CudaBackend {
@@ -482,18 +501,21 @@ impl CudaBackend {
             )?;
             let smem = decode_async_smem_bytes(group, head_dim)
                 .ok_or_else(|| anyhow!("no pipelined decode kernel for head_dim {head_dim}"))?;
-            self.kernels
-                .get(&name)?
-                .set_attribute(
-                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    int(smem, "decode shared memory")?,
-                )
-                .with_context(|| {
-                    format!(
-                        "--decode-attention pipelined: `{name}` needs {smem} bytes of shared \
-                         memory per block, more than this GPU (sm_{major}{minor}) gives"
+            for name in with_twin(&name, self.kernel_set) {
+                self.kernels
+                    .get(&name)?
+                    .set_attribute(
+                        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        int(smem, "decode shared memory")?,
                     )
-                })
+                    .with_context(|| {
+                        format!(
+                            "--decode-attention pipelined: `{name}` needs {smem} bytes of shared \
+                             memory per block, more than this GPU (sm_{major}{minor}) gives"
+                        )
+                    })?;
+            }
+            Ok(())
         };
         self.decode_attention = if kernel.is_none() && major < 8 {
             DecodeAttention::Direct
@@ -515,8 +537,9 @@ impl CudaBackend {
             .context("reading the GPU's compute capability")
     }
 
-    /// Opens GPU `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
-    pub fn new(ordinal: usize) -> anyhow::Result<Self> {
+    /// Opens GPU `ordinal`, compiles the kernels of `set` for it and creates the cuBLAS
+    /// handle.
+    pub fn new(ordinal: usize, set: KernelSet) -> anyhow::Result<Self> {
         gpu_count().map_err(|why| anyhow!(why))?;
         // SAFETY: these only try to dlopen the libraries.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -533,15 +556,19 @@ impl CudaBackend {
         let stream = ctx.new_stream().context("creating the CUDA stream")?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| anyhow!("creating the cuBLAS handle: {e:?}"))?;
-        let kernels = kernels::Kernels::load(&ctx)?;
+        let kernels = kernels::Kernels::load(&ctx, set)?;
         for np in kernels::PREFILL_PAIRS {
-            let f = kernels.get(&format!("prefill_attention_np{np}"))?;
-            let smem = int(prefill_smem_bytes(8 * np), "prefill shared memory")?;
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem,
-            )
-            .context("raising the prefill kernel's shared-memory limit")?;
+            let name = format!("prefill_attention_np{np}");
+            for name in with_twin(&name, set) {
+                let smem = int(prefill_smem_bytes(8 * np), "prefill shared memory")?;
+                kernels
+                    .get(&name)?
+                    .set_attribute(
+                        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem,
+                    )
+                    .context("raising the prefill kernel's shared-memory limit")?;
+            }
         }
         let num_sms = ctx
             .attribute(
@@ -575,6 +602,7 @@ impl CudaBackend {
             kernels,
             prefill_attention: PrefillAttention::Scalar,
             decode_attention: DecodeAttention::Direct,
+            kernel_set: set,
             num_sms,
             state: Mutex::new(State::default()),
             marks,
@@ -1442,11 +1470,11 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// The windowed attention and partial-rotary kernels have not run on a GPU yet (issue
-    /// 45).
+    /// The windowed attention kernels have not run on a GPU yet (issue 45): they run only
+    /// under `--cuda-sliding-window`. Partial rotary embeddings have no kernel.
     fn lacks(&self, spec: &LayerSpec, head_dim: usize) -> Option<&'static str> {
-        if spec.attention != AttentionSpan::Full {
-            Some("a sliding attention window")
+        if spec.attention != AttentionSpan::Full && self.kernel_set == KernelSet::Plain {
+            Some("a sliding attention window (its CUDA kernels, not yet run on a GPU, run under --cuda-sliding-window)")
         } else if spec.rope.rotary_dim != head_dim {
             Some("rotary embeddings on part of each head")
         } else {
@@ -1463,10 +1491,22 @@ impl Backend for CudaBackend {
         step: &CudaStep,
         out: &mut CudaAct,
     ) -> anyhow::Result<()> {
-        ensure!(
-            span == AttentionSpan::Full,
-            "attention: sliding windows are not run on CUDA yet"
-        );
+        let window = match span {
+            AttentionSpan::Full => None,
+            AttentionSpan::Sliding { window } => {
+                ensure!(
+                    self.kernel_set == KernelSet::WithSlidingTwins,
+                    "attention: sliding windows run on CUDA only under --cuda-sliding-window"
+                );
+                Some(int(window, "sliding window")?)
+            }
+        };
+        // The plain kernel, or its sliding twin with the window as a last argument.
+        let kernel = |name: String| match window {
+            None => name,
+            Some(_) => sliding_twin(&name),
+        };
+        let window_arg = |args: &mut Vec<KArg>| args.extend(window.map(KArg::I32));
         ensure!(
             qkv.cols == layout.qkv_width() && qkv.rows == step.rows,
             "attention: qkv is {}x{}",
@@ -1518,7 +1558,10 @@ impl Backend for CudaBackend {
                     layout.group_size()
                 )
             })?;
-            let splits = self.decode_splits(kvh, step.n_dec, step.max_ctx);
+            let name = kernel(name);
+            // A windowed query reads at most its window.
+            let keys = window.map_or(step.max_ctx, |w| step.max_ctx.min(w as usize));
+            let splits = self.decode_splits(kvh, step.n_dec, keys);
             let (pa, pm) =
                 self.partials(step.n_dec * h * splits * d, step.n_dec * h * splits * 2)?;
             let mut args = Vec::with_capacity(20);
@@ -1545,6 +1588,7 @@ impl Backend for CudaBackend {
                 KArg::I32(splits as i32),
                 KArg::F32(scale),
             ]);
+            window_arg(&mut args);
             let grid = (
                 kvh as u32,
                 int(step.n_dec, "decode seqs")? as u32,
@@ -1611,8 +1655,9 @@ impl Backend for CudaBackend {
                 KArg::I32(d as i32),
             ]);
             args.extend([KArg::I32(step.block_size as i32), KArg::F32(scale)]);
+            window_arg(&mut args);
             let grid = (int(step.n_tiles, "prefill tiles")? as u32, h as u32, 1);
-            self.launch(&name, grid, threads, smem as u32, &args)?;
+            self.launch(&kernel(name), grid, threads, smem as u32, &args)?;
         }
         Ok(())
     }

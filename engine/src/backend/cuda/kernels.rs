@@ -152,25 +152,48 @@ pub fn prefill_smem_bytes(head_dim: usize) -> usize {
     3 * PREFILL_TILE * (head_dim + 2) * 2 + PREFILL_TILE * (PREFILL_TILE + 1) * 4
 }
 
-/// Every kernel name the backend may load.
-pub fn all_kernel_names() -> Vec<String> {
-    let mut names: Vec<String> = FIXED_KERNELS.iter().map(|s| s.to_string()).collect();
+/// The sliding-window twin of an attention kernel (`kernels/attention.cu`): the same
+/// arguments and a last one, the window.
+pub fn sliding_twin(name: &str) -> String {
+    format!("{name}_sliding")
+}
+
+/// Which kernels a program is compiled with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelSet {
+    /// Every kernel but the sliding-window twins.
+    Plain,
+    /// The twins too (`-DSLIDING_WINDOW_KERNELS`): they have not run on a GPU yet (issue
+    /// 45), so they are compiled only for `--cuda-sliding-window`.
+    WithSlidingTwins,
+}
+
+/// Every kernel name the backend may load from a program of `set`.
+pub fn all_kernel_names(set: KernelSet) -> Vec<String> {
+    let mut attention = Vec::new();
     for g in DECODE_GROUPS {
         for k in DECODE_LANES {
-            names.push(format!("paged_decode_g{g}_k{k}"));
-            names.push(format!("paged_decode_async_g{g}_k{k}"));
+            attention.push(format!("paged_decode_g{g}_k{k}"));
+            attention.push(format!("paged_decode_async_g{g}_k{k}"));
         }
     }
-    names.extend(
+    attention.extend(
         PREFILL_PAIRS
             .iter()
             .map(|p| format!("prefill_attention_np{p}")),
     );
-    names.extend(
+    attention.extend(
         PREFILL_MMA_DIMS
             .iter()
             .map(|d| format!("prefill_attention_mma_d{d}")),
     );
+    let twins: Vec<String> = match set {
+        KernelSet::Plain => Vec::new(),
+        KernelSet::WithSlidingTwins => attention.iter().map(|n| sliding_twin(n)).collect(),
+    };
+    let mut names: Vec<String> = FIXED_KERNELS.iter().map(|s| s.to_string()).collect();
+    names.extend(attention);
+    names.extend(twins);
     names
 }
 
@@ -183,12 +206,17 @@ pub fn program() -> String {
         .collect()
 }
 
-/// The NVRTC options the program is compiled with, for a real architecture such as `sm_90`.
-pub fn compile_options(arch: &str) -> Vec<String> {
-    vec![
+/// The NVRTC options the program of `set` is compiled with, for a real architecture such
+/// as `sm_90`.
+pub fn compile_options(arch: &str, set: KernelSet) -> Vec<String> {
+    let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "-std=c++17".to_string(),
-    ]
+    ];
+    if set == KernelSet::WithSlidingTwins {
+        options.push("-DSLIDING_WINDOW_KERNELS".to_string());
+    }
+    options
 }
 
 /// An NVRTC program, destroyed on drop.
@@ -225,13 +253,13 @@ pub fn nvrtc_present() -> bool {
 /// Compiles [`program`] with [`compile_options`] for a real architecture (`"sm_90"`) and
 /// returns the cubin (an ELF image the driver loads without JIT). A compile error carries
 /// NVRTC's log, which names the file and line of each error.
-pub fn compile_cubin(arch: &str) -> anyhow::Result<Vec<u8>> {
-    compile_source_cubin(&program(), arch)
+pub fn compile_cubin(arch: &str, set: KernelSet) -> anyhow::Result<Vec<u8>> {
+    compile_source_cubin(&program(), arch, set)
 }
 
 /// [`compile_cubin`] for another program text (tests: a broken source must fail with
 /// NVRTC's log).
-pub fn compile_source_cubin(source: &str, arch: &str) -> anyhow::Result<Vec<u8>> {
+pub fn compile_source_cubin(source: &str, arch: &str, set: KernelSet) -> anyhow::Result<Vec<u8>> {
     if !nvrtc_present() {
         bail!(
             "libnvrtc could not be loaded (looked for {:?} on the loader's search path); \
@@ -241,7 +269,7 @@ pub fn compile_source_cubin(source: &str, arch: &str) -> anyhow::Result<Vec<u8>>
     }
     let src = CString::new(source).context("kernel sources contain a NUL byte")?;
     let name = CString::new("engine_kernels.cu").expect("no NUL in the name");
-    let options = compile_options(arch);
+    let options = compile_options(arch, set);
     let prog = NvrtcProgram(
         nvrtc::create_program(&src, Some(&name))
             .map_err(|e| anyhow!("nvrtcCreateProgram failed: {e:?}"))?,
@@ -272,24 +300,24 @@ pub fn compile_source_cubin(source: &str, arch: &str) -> anyhow::Result<Vec<u8>>
     Ok(cubin)
 }
 
-/// Compiled cubins by compute capability.
-type CubinCache = Mutex<HashMap<(i32, i32), Vec<u8>>>;
+/// Compiled cubins by compute capability and kernel set.
+type CubinCache = Mutex<HashMap<((i32, i32), KernelSet), Vec<u8>>>;
 
 fn cubin_cache() -> &'static CubinCache {
     static CACHE: OnceLock<CubinCache> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Compiles (or takes from the cache) the cubin for compute capability `cc`.
-fn cubin_for(cc: (i32, i32)) -> anyhow::Result<Vec<u8>> {
+/// Compiles (or takes from the cache) the cubin of `set` for compute capability `cc`.
+fn cubin_for(cc: (i32, i32), set: KernelSet) -> anyhow::Result<Vec<u8>> {
     let mut cache = cubin_cache()
         .lock()
         .map_err(|_| anyhow!("cubin cache lock poisoned"))?;
-    if let Some(cubin) = cache.get(&cc) {
+    if let Some(cubin) = cache.get(&(cc, set)) {
         return Ok(cubin.clone());
     }
-    let cubin = compile_cubin(&format!("sm_{}{}", cc.0, cc.1))?;
-    cache.insert(cc, cubin.clone());
+    let cubin = compile_cubin(&format!("sm_{}{}", cc.0, cc.1), set)?;
+    cache.insert((cc, set), cubin.clone());
     Ok(cubin)
 }
 
@@ -388,11 +416,11 @@ pub fn cubin_kernels(elf: &[u8]) -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
-/// The names of [`all_kernel_names`] the cubin does not define as kernels; every name when
-/// the cubin cannot be read (see [`cubin_kernels`]).
-pub fn missing_kernels(cubin: &[u8]) -> Vec<String> {
+/// The names of [`all_kernel_names`] of `set` the cubin does not define as kernels; every
+/// name when the cubin cannot be read (see [`cubin_kernels`]).
+pub fn missing_kernels(cubin: &[u8], set: KernelSet) -> Vec<String> {
     let defined = cubin_kernels(cubin).unwrap_or_default();
-    all_kernel_names()
+    all_kernel_names(set)
         .into_iter()
         .filter(|name| !defined.contains(name))
         .collect()
@@ -405,21 +433,21 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Compiles for the context's device and loads every kernel.
-    pub fn load(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+    /// Compiles the kernels of `set` for the context's device and loads every one.
+    pub fn load(ctx: &Arc<CudaContext>, set: KernelSet) -> anyhow::Result<Self> {
         let cc = ctx
             .compute_capability()
             .context("reading the GPU's compute capability")?;
-        let cubin = cubin_for(cc)?;
+        let cubin = cubin_for(cc, set)?;
         let module = ctx
             .load_module(Ptx::from_binary(cubin.clone()))
             .with_context(|| format!("loading the kernels' cubin for sm_{}{}", cc.0, cc.1))?;
         let mut functions = HashMap::new();
-        for name in all_kernel_names() {
+        for name in all_kernel_names(set) {
             let f = module.load_function(&name).with_context(|| {
                 format!(
                     "kernel `{name}` missing from the cubin (all missing: {:?})",
-                    missing_kernels(&cubin)
+                    missing_kernels(&cubin, set)
                 )
             })?;
             functions.insert(name, f);
@@ -522,12 +550,15 @@ mod tests {
 
     #[test]
     fn missing_kernels_names_what_is_not_a_defined_function() {
-        let all = all_kernel_names();
+        let all = all_kernel_names(KernelSet::Plain);
         let mut syms: Vec<Sym> = all
             .iter()
             .map(|n| (n.as_str(), FUNC_GLOBAL, ENTRY, 3))
             .collect();
-        assert!(missing_kernels(&elf_with_symbols(&syms)).is_empty());
+        assert!(missing_kernels(&elf_with_symbols(&syms), KernelSet::Plain).is_empty());
+        let twins = missing_kernels(&elf_with_symbols(&syms), KernelSet::WithSlidingTwins);
+        assert_eq!(twins.len(), all.len() - FIXED_KERNELS.len(), "{twins:?}");
+        assert!(twins.iter().all(|n| n.ends_with("_sliding")), "{twins:?}");
 
         // A kernel that is absent, one that is only referenced, one that is data, one that
         // is a device function, and a name that only a longer symbol starts with.
@@ -543,7 +574,7 @@ mod tests {
         syms.push(("sample_rows", OBJECT_GLOBAL, 0, 3));
         syms.push(("gather_rows", FUNC_GLOBAL, 0, 3));
         syms.push(("paged_decode_g8_k32_tail", FUNC_GLOBAL, ENTRY, 3));
-        let missing = missing_kernels(&elf_with_symbols(&syms));
+        let missing = missing_kernels(&elf_with_symbols(&syms), KernelSet::Plain);
         let mut expected = gone.to_vec();
         expected.sort_by_key(|n| all.iter().position(|a| a == n));
         assert_eq!(missing, expected);
@@ -563,7 +594,10 @@ mod tests {
         let shoff = u64::from_le_bytes(elf[0x28..0x30].try_into().unwrap()) as usize;
         no_symtab[shoff + 2 * 64 + 4] = 1; // .symtab becomes PROGBITS
         assert!(cubin_kernels(&no_symtab).is_err());
-        assert_eq!(missing_kernels(&no_symtab), all_kernel_names());
+        assert_eq!(
+            missing_kernels(&no_symtab, KernelSet::Plain),
+            all_kernel_names(KernelSet::Plain)
+        );
     }
 
     #[test]
@@ -581,6 +615,10 @@ mod tests {
                 "{name} does not follow its #line"
             );
         }
-        assert_eq!(compile_options("sm_90")[0], "--gpu-architecture=sm_90");
+        let plain = compile_options("sm_90", KernelSet::Plain);
+        assert_eq!(plain[0], "--gpu-architecture=sm_90");
+        let twins = compile_options("sm_90", KernelSet::WithSlidingTwins);
+        assert_eq!(twins[..plain.len()], plain[..]);
+        assert_eq!(twins[plain.len()..], ["-DSLIDING_WINDOW_KERNELS"]);
     }
 }
