@@ -161,7 +161,7 @@ def phi3_gguf_writer(model, config, path):
     c = config
     rope = c.rope_parameters
     w = gguf.GGUFWriter(path, "phi3")
-    orig = rope["original_max_position_embeddings"]
+    orig = rope.get("original_max_position_embeddings", c.original_max_position_embeddings)
     rope_dims = int(rope.get("partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
     w.add_context_length(c.max_position_embeddings)
     w.add_rope_scaling_orig_ctx_len(orig)
@@ -174,9 +174,11 @@ def phi3_gguf_writer(model, config, path):
     w.add_rope_dimension_count(rope_dims)
     w.add_rope_freq_base(rope["rope_theta"])
     w.add_sliding_window(c.sliding_window or 0)
-    scale = c.max_position_embeddings / orig
-    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig))
-                                    if scale > 1.0 else 1.0)
+    longrope = "long_factor" in rope
+    if longrope:
+        scale = c.max_position_embeddings / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig))
+                                        if scale > 1.0 else 1.0)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"<{i}>" for i in range(VOCAB)])
     w.add_token_types([1] * VOCAB)
@@ -188,8 +190,10 @@ def phi3_gguf_writer(model, config, path):
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
     if not c.tie_word_embeddings:
         w.add_tensor("output.weight", sd["lm_head.weight"])
-    w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
-    w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    if longrope:
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight",
+                     np.array(rope["short_factor"], dtype=np.float32))
     names = {"self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
              "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
              "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
@@ -262,6 +266,12 @@ def main():
     make("phi3-tiny-longrope", Phi3Config, Phi3ForCausalLM,
          dict(rope_parameters=longrope, original_max_position_embeddings=32,
               tie_word_embeddings=True, pad_token_id=None, sliding_window=None), 1237,
+         phi3_gguf_writer)
+    # Phi-3-mini-4k's: a window on every layer (5 here, shorter than four of the prompts;
+    # llama.cpp's converter writes it as phi3.attention.sliding_window), the whole head
+    # rotated without scaling, an untied head.
+    make("phi3-tiny-window", Phi3Config, Phi3ForCausalLM,
+         dict(original_max_position_embeddings=512, pad_token_id=None, sliding_window=5), 1237,
          phi3_gguf_writer)
 
 

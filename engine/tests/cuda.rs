@@ -370,6 +370,19 @@ fn gpu_sliding_window_matches_cpu_on_mistral_tiny() {
     }
 }
 
+/// The families' full-attention references on the default kernels: Mistral's layers, and
+/// Qwen2 with YaRN (its attention factor rides in the RoPE tables), against the CPU.
+#[test]
+fn gpu_family_models_match_cpu() {
+    if gpu_or_skip("gpu_family_models_match_cpu") {
+        for name in ["mistral-tiny", "qwen2-tiny-yarn"] {
+            let (cpu, gpu) =
+                family_runners(name, PrefillAttention::Mma, DecodeAttention::Pipelined);
+            check_gpu_against_cpu(name, cpu, gpu, 256, 400);
+        }
+    }
+}
+
 /// Without `--cuda-sliding-window` a windowed model is refused at load, and a model that
 /// rotates part of each head always is (no kernel yet), each with what it needs.
 #[test]

@@ -331,6 +331,29 @@ fn phi3_tiny_with_partial_rotary_and_longrope_matches_its_reference() {
     }
 }
 
+/// Phi-3-mini-4k's shape with a 5-token window on every layer, from safetensors and from the
+/// `phi3` GGUF, whose `phi3.attention.sliding_window` llama.cpp's converter writes (llama.cpp
+/// itself ignores it; transformers, the reference, applies it, as the engine does).
+#[test]
+fn phi3_tiny_with_a_sliding_window_matches_its_reference_from_safetensors_and_gguf() {
+    for file in [None, Some("model.gguf")] {
+        let (model, dir) = family("phi3-tiny-window", file);
+        let (config, _) = open_model(&model).unwrap();
+        assert!(
+            config
+                .layers
+                .iter()
+                .all(|l| l.attention == AttentionSpan::Sliding { window: 5 }
+                    && l.rope.rotary_dim == 16
+                    && l.rope.scaling.is_none()),
+            "{config:?}"
+        );
+        assert!(!config.tie_word_embeddings);
+        let what = format!("phi3-tiny-window {}", file.unwrap_or("safetensors"));
+        check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
+    }
+}
+
 /// A copy of the model folder `dir` (its weights linked) whose `config.json` has the key
 /// and value `key_value` set to `value` instead.
 fn with_config_edit(dir: &Path, key_value: &str, value: &str) -> tempfile::TempDir {
