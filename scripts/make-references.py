@@ -207,9 +207,67 @@ def phi3_gguf_writer(model, config, path):
     w.close()
 
 
+def gemma_gguf_writer(arch):
+    """A `gemma2` / `gemma3` GGUF file as llama.cpp's converter writes one: every norm
+    weight shifted by 1 (Gemma's RMSNorm multiplies by 1 + w), Gemma's norm names
+    (`post_attention_norm`, `ffn_norm` before the FFN, `post_ffw_norm`), the global layers'
+    RoPE base (the sliding layers' is llama.cpp's default, 10,000), the window and the
+    soft-caps; no per-layer pattern (llama.cpp's default: Gemma 2 alternates, Gemma 3 has
+    five sliding layers to a global one)."""
+    def write(model, config, path):
+        c = config
+        w = gguf.GGUFWriter(path, arch)
+        rope = c.rope_parameters
+        w.add_context_length(c.max_position_embeddings)
+        w.add_embedding_length(c.hidden_size)
+        w.add_block_count(c.num_hidden_layers)
+        w.add_feed_forward_length(c.intermediate_size)
+        w.add_head_count(c.num_attention_heads)
+        w.add_head_count_kv(c.num_key_value_heads)
+        w.add_layer_norm_rms_eps(c.rms_norm_eps)
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+        w.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
+        w.add_sliding_window(c.sliding_window)
+        if getattr(c, "attn_logit_softcapping", None):
+            w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        if getattr(c, "final_logit_softcapping", None):
+            w.add_final_logit_softcapping(c.final_logit_softcapping)
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list([f"<{i}>" for i in range(VOCAB)])
+        w.add_token_types([1] * VOCAB)
+        w.add_token_merges([])
+        w.add_bos_token_id(c.bos_token_id)
+        w.add_eos_token_id(c.eos_token_id)
+        sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+        shift = lambda k, t: t + 1.0 if k.endswith("norm.weight") else t
+        w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+        w.add_tensor("output_norm.weight", shift("norm.weight", sd["model.norm.weight"]))
+        names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+                 "post_attention_layernorm": "post_attention_norm",
+                 "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}
+        for i in range(c.num_hidden_layers):
+            for hf, gg in names.items():
+                key = f"model.layers.{i}.{hf}.weight"
+                if key in sd:
+                    w.add_tensor(f"blk.{i}.{gg}.weight", np.ascontiguousarray(shift(key, sd[key])))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return write
+
+
 def make(name, config_class, model_class, extra, seed, gguf_writer=None):
     config = config_class(**dict(SHAPE, **extra))
     config.architectures = [model_class.__name__]
+    # Soft-capping runs in transformers' eager attention only.
+    config._attn_implementation = "eager"
     model = model_class(config).eval()
     randomise(model)
     folder = os.path.join(OUT, name)
@@ -273,6 +331,23 @@ def main():
     make("phi3-tiny-window", Phi3Config, Phi3ForCausalLM,
          dict(original_max_position_embeddings=512, pad_token_id=None, sliding_window=5), 1237,
          phi3_gguf_writer)
+    # Gemma 3: six layers, five sliding (window 5) to a global one, each kind with its RoPE
+    # base (10,000 and 1,000,000), QK-norm, sandwich norms, GeGLU, a tied head.
+    # query_pre_attn_scalar equals head_dim, as llama.cpp assumes for GGUF files.
+    from transformers import Gemma3TextConfig, Gemma3ForCausalLM
+    gemma_rope = {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+    make("gemma3-tiny", Gemma3TextConfig, Gemma3ForCausalLM,
+         dict(num_hidden_layers=6, intermediate_size=64, sliding_window=5,
+              rope_parameters=gemma_rope, query_pre_attn_scalar=16, tie_word_embeddings=True,
+              pad_token_id=0), 1237, gemma_gguf_writer("gemma3"))
+    # Gemma 2: a sliding layer (window 5) and a global one, attention logits capped at 50
+    # and output logits at 30.
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    make("gemma2-tiny", Gemma2Config, Gemma2ForCausalLM,
+         dict(intermediate_size=64, sliding_window=5, query_pre_attn_scalar=16,
+              attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+              tie_word_embeddings=True, pad_token_id=0), 1237, gemma_gguf_writer("gemma2"))
 
 
 if __name__ == "__main__":

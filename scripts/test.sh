@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh
+# The second real model, Gemma 3 270M (engine/tests/tokenizer.rs reads its SentencePiece vocabulary).
+./scripts/fetch-model.sh gemma3
 # GGUF fixtures in every quantised format, written by PyPI's gguf (engine/tests/quant_formats.rs).
 ./scripts/make-quant-fixtures.sh >/dev/null
 # shellcheck source=scripts/nvrtc-env.sh

@@ -12,7 +12,9 @@
 use std::time::Instant;
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::config::{AttentionSpan, Family, LayerSpec, ModelConfig, RopeSpec};
+use engine::config::{
+    Activation, AttentionSpan, Family, LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec,
+};
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::load_cpu_runner_with;
 use engine::model::{ModelRunner, SeqInput};
@@ -125,6 +127,9 @@ fn smollm2_config() -> ModelConfig {
         tie_word_embeddings: true,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        embedding_scale: 1.0,
+        final_logit_softcap: None,
+        norm_weights: NormWeights::AsStored,
         layers: vec![
             LayerSpec {
                 attention: AttentionSpan::Full,
@@ -135,6 +140,10 @@ fn smollm2_config() -> ModelConfig {
                 },
                 qk_norm: false,
                 qkv_bias: false,
+                attn_scale: 1.0 / 8.0,
+                attn_softcap: None,
+                norms: NormPlacement::Pre,
+                activation: Activation::Silu,
                 intermediate_size: 1536,
             };
             30

@@ -6,8 +6,10 @@ use anyhow::{anyhow, bail, ensure, Context};
 
 use std::time::Instant;
 
-use crate::backend::{check_block_table, AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
-use crate::config::{LayerSpec, ModelConfig, RopeSpec};
+use crate::backend::{
+    check_block_table, AttnSeq, Backend, QkvLayout, RowSample, ScoreSpec, StepMeta,
+};
+use crate::config::{LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::SampleSpec;
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
@@ -83,6 +85,9 @@ struct Layer<B: Backend> {
     qkv_bias: Option<B::Param>,
     qk_norm: Option<(B::Param, B::Param)>,
     o_proj: B::Weight,
+    /// On the attention output and on the FFN output, before each residual add
+    /// ([`NormPlacement::Sandwich`]).
+    post_norms: Option<(B::Param, B::Param)>,
     mlp_norm: B::Param,
     gate_up: B::Weight,
     down: B::Weight,
@@ -95,6 +100,8 @@ struct Buffers<B: Backend> {
     qkv: B::Act,
     attn: B::Act,
     o: B::Act,
+    /// A sublayer's output after its post-norm (sandwich norms).
+    post: B::Act,
     gate_up: B::Act,
     act: B::Act,
     down: B::Act,
@@ -243,10 +250,9 @@ impl<B: Backend> Layer<B> {
         let spec = c.layers[i].clone();
         let (h, hd, inter) = (c.hidden_size, c.head_dim, spec.intermediate_size);
         let (qw, kvw) = (c.num_heads * hd, c.num_kv_heads * hd);
-        let param =
-            |w: &mut dyn WeightSource, name: String, len: usize| -> anyhow::Result<B::Param> {
-                backend.upload_param(&name, read(w, &name, &[len])?)
-            };
+        let norm = |w: &mut dyn WeightSource, name: String, len: usize| {
+            backend.upload_param(&name, read_norm(w, &name, len, c.norm_weights)?)
+        };
         let qkv_names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{p}.self_attn.{n}"));
         let widths = [qw, kvw, kvw];
         let fused = c.family.stores_fused_projections();
@@ -279,7 +285,7 @@ impl<B: Backend> Layer<B> {
         let q_norm = format!("{p}.self_attn.q_norm.weight");
         let k_norm = format!("{p}.self_attn.k_norm.weight");
         let qk_norm = if spec.qk_norm {
-            Some((param(w, q_norm, hd)?, param(w, k_norm, hd)?))
+            Some((norm(w, q_norm, hd)?, norm(w, k_norm, hd)?))
         } else {
             refuse_undescribed(w, [q_norm, k_norm].into_iter(), c)?;
             None
@@ -307,19 +313,57 @@ impl<B: Backend> Layer<B> {
         let gate_up = backend.upload_weight(&gate_up_name, gate_up)?;
         let down_name = format!("{p}.mlp.down_proj.weight");
         let down = backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?;
+        // Llama's `post_attention_layernorm` is the pre-FFN norm; Gemma's is on the
+        // attention output, its pre-FFN norm `pre_feedforward_layernorm`.
+        let (mlp_norm, post_norms) = match spec.norms {
+            NormPlacement::Pre => {
+                let names = ["pre_feedforward_layernorm", "post_feedforward_layernorm"];
+                refuse_undescribed(w, names.iter().map(|n| format!("{p}.{n}.weight")), c)?;
+                (
+                    norm(w, format!("{p}.post_attention_layernorm.weight"), h)?,
+                    None,
+                )
+            }
+            NormPlacement::Sandwich => (
+                norm(w, format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+                Some((
+                    norm(w, format!("{p}.post_attention_layernorm.weight"), h)?,
+                    norm(w, format!("{p}.post_feedforward_layernorm.weight"), h)?,
+                )),
+            ),
+        };
         Ok(Layer {
             spec,
             rope,
-            attn_norm: param(w, format!("{p}.input_layernorm.weight"), h)?,
+            attn_norm: norm(w, format!("{p}.input_layernorm.weight"), h)?,
             qkv,
             qkv_bias,
             qk_norm,
             o_proj,
-            mlp_norm: param(w, format!("{p}.post_attention_layernorm.weight"), h)?,
+            post_norms,
+            mlp_norm,
             gate_up,
             down,
         })
     }
+}
+
+/// An RMSNorm weight of `len` values as the forward multiplies by it: `1 + w` where the
+/// file stores Gemma's `w` ([`NormWeights::PlusOne`]).
+fn read_norm(
+    w: &mut dyn WeightSource,
+    name: &str,
+    len: usize,
+    style: NormWeights,
+) -> anyhow::Result<HostTensor> {
+    let t = read(w, name, &[len])?;
+    Ok(match style {
+        NormWeights::AsStored => t,
+        NormWeights::PlusOne => HostTensor {
+            shape: t.shape,
+            data: TensorData::F32(t.data.into_f32().into_iter().map(|v| v + 1.0).collect()),
+        },
+    })
 }
 
 /// Fails on the first of `names` that the weights hold although the family's description
@@ -363,13 +407,11 @@ impl<B: Backend> Model<B> {
             c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers() > 0,
             "empty model dimensions in the config"
         );
-        for (i, spec) in c.layers.iter().enumerate() {
-            if let Some(missing) = backend.lacks(spec, c.head_dim) {
-                bail!(
-                    "layer {i} needs {missing}, which this device's kernels do not run yet: \
-                     serve the model with `--device cpu`"
-                );
-            }
+        if let Some(missing) = backend.lacks(c) {
+            bail!(
+                "the model needs {missing}, which this device's kernels do not run yet: \
+                 serve it with `--device cpu`"
+            );
         }
         let num_blocks = opts.num_blocks(kv_bytes_per_token(c, backend.kv_value_bytes()))?;
         let embed_name = "model.embed_tokens.weight";
@@ -388,7 +430,7 @@ impl<B: Backend> Model<B> {
         };
         let final_norm = backend.upload_param(
             "model.norm.weight",
-            read(weights, "model.norm.weight", &[c.hidden_size])?,
+            read_norm(weights, "model.norm.weight", c.hidden_size, c.norm_weights)?,
         )?;
         // One RoPE table per distinct spec (most models have one; some one per layer kind).
         let mut ropes: Vec<&RopeSpec> = Vec::new();
@@ -416,6 +458,7 @@ impl<B: Backend> Model<B> {
             qkv: backend.new_act(),
             attn: backend.new_act(),
             o: backend.new_act(),
+            post: backend.new_act(),
             gate_up: backend.new_act(),
             act: backend.new_act(),
             down: backend.new_act(),
@@ -560,6 +603,7 @@ impl<B: Backend> ModelState<B> {
             qkv,
             attn,
             o,
+            post,
             gate_up,
             act,
             down,
@@ -567,11 +611,18 @@ impl<B: Backend> ModelState<B> {
             logits,
         } = &mut self.bufs;
         b.embed(&self.embed, step, x)?;
+        if self.config.embedding_scale != 1.0 {
+            b.scale(x, self.config.embedding_scale)?;
+        }
+        // Where the last FFN's output waits for its residual add: `down`, or `post` after
+        // its post-norm.
+        let mut ffn_in_post = false;
         for (i, (layer, cache)) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
             if i == 0 {
                 b.rms_norm(x, &layer.attn_norm, eps, h)?;
             } else {
-                b.add_rms_norm(x, down, &layer.attn_norm, eps, h)?;
+                let ffn_out = if ffn_in_post { &*post } else { &*down };
+                b.add_rms_norm(x, ffn_out, &layer.attn_norm, eps, h)?;
             }
             b.matmul(h, &layer.qkv, layer.qkv_bias.as_ref(), qkv)?;
             if let Some((q_w, k_w)) = &layer.qk_norm {
@@ -579,24 +630,46 @@ impl<B: Backend> ModelState<B> {
             }
             let (cos, sin) = &self.ropes[layer.rope];
             b.rope(qkv, layout, layer.spec.rope.rotary_dim, cos, sin, step)?;
-            b.attention(qkv, layout, layer.spec.attention, cache, step, attn)?;
+            let scores = ScoreSpec {
+                scale: layer.spec.attn_scale,
+                softcap: layer.spec.attn_softcap,
+            };
+            b.attention(qkv, layout, layer.spec.attention, scores, cache, step, attn)?;
             b.matmul(attn, &layer.o_proj, None, o)?;
-            b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?;
+            match &layer.post_norms {
+                None => b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?,
+                Some((post_attn, _)) => {
+                    b.rms_norm(o, post_attn, eps, post)?;
+                    b.add_rms_norm(x, post, &layer.mlp_norm, eps, h)?;
+                }
+            }
             b.matmul(h, &layer.gate_up, None, gate_up)?;
-            b.silu_mul(gate_up, act)?;
+            b.gated_activation(gate_up, layer.spec.activation, act)?;
             b.matmul(act, &layer.down, None, down)?;
+            ffn_in_post = match &layer.post_norms {
+                None => false,
+                Some((_, post_ffn)) => {
+                    b.rms_norm(down, post_ffn, eps, post)?;
+                    true
+                }
+            };
         }
         if self.host.logit_rows.is_empty() {
             return Ok(());
         }
-        b.add_rms_norm(x, down, &self.final_norm, eps, h)?;
+        let ffn_out = if ffn_in_post { &*post } else { &*down };
+        b.add_rms_norm(x, ffn_out, &self.final_norm, eps, h)?;
         b.gather_logit_rows(h, step, last)?;
         b.matmul(
             last,
             self.lm_head.as_ref().unwrap_or(&self.embed),
             None,
             logits,
-        )
+        )?;
+        if let Some(cap) = self.config.final_logit_softcap {
+            b.softcap(logits, cap)?;
+        }
+        Ok(())
     }
 
     fn forward(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>> {

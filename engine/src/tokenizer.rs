@@ -5,12 +5,19 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{Prepend, Replace};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::NormalizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::weights::gguf::GgufFile;
@@ -40,6 +47,7 @@ const END_OF_TURN_TOKENS: &[&str] = &[
     "<|end_of_text|>",
     "<|endoftext|>",
     "<|eom_id|>",
+    "<end_of_turn>",
 ];
 
 /// GPT-2's pre-tokenizer regex (also what transformers uses for SmolLM2's GGUF).
@@ -50,10 +58,15 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// Qwen2/Qwen3's pre-tokenizer regex (single digits).
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GGUF `token_type` of ordinary tokens.
+const TOKEN_TYPE_NORMAL: i64 = 1;
 /// GGUF `token_type` of control tokens.
 const TOKEN_TYPE_CONTROL: i64 = 3;
 /// GGUF `token_type` of user-defined tokens (matched whole, but not special).
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// SentencePiece's word-boundary marker, which stands for a space in its pieces.
+const SPM_SPACE: &str = "\u{2581}";
 
 /// A model's tokenizer with its special tokens and chat template.
 pub struct Tokenizer {
@@ -127,6 +140,52 @@ fn config_chat_template(config: &serde_json::Value) -> Option<String> {
             .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
         _ => None,
     }
+}
+
+/// BPE merges that reproduce SentencePiece's greedy merging by score: every split of an
+/// ordinary piece into two pieces, ranked by the piece's score (highest first), then by the
+/// left part's length and the right's (longest first), as transformers' converter ranks
+/// them. Control and byte pieces are never merged into.
+fn sentencepiece_merges(
+    tokens: &[&str],
+    scores: &[f64],
+    token_types: &[i64],
+    vocab: &Vocab,
+) -> Vec<(String, String)> {
+    let mut ranked: Vec<(f64, usize, usize, u32, u32)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        if token_types[id] != TOKEN_TYPE_NORMAL {
+            continue;
+        }
+        for (at, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(at);
+            if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right)) {
+                ranked.push((
+                    scores[id],
+                    left.chars().count(),
+                    right.chars().count(),
+                    l,
+                    r,
+                ));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then(b.1.cmp(&a.1))
+            .then(b.2.cmp(&a.2))
+            .then(a.3.cmp(&b.3))
+            .then(a.4.cmp(&b.4))
+    });
+    ranked
+        .into_iter()
+        .map(|(_, _, _, l, r)| {
+            (
+                tokens[l as usize].to_string(),
+                tokens[r as usize].to_string(),
+            )
+        })
+        .collect()
 }
 
 impl Tokenizer {
@@ -208,18 +267,110 @@ impl Tokenizer {
         ))
     }
 
-    /// From the vocabulary, merges and special tokens of a GGUF file
-    /// (`tokenizer.ggml.model = gpt2`, i.e. byte-level BPE).
+    /// From the vocabulary and special tokens of a GGUF file: byte-level BPE with its
+    /// merges (`tokenizer.ggml.model = gpt2`) or SentencePiece's pieces with their scores
+    /// (`llama`: Llama 2, Gemma, Phi-3).
     pub fn from_gguf(file: &GgufFile) -> anyhow::Result<Tokenizer> {
         let path = file.path();
+        let tokens = file.get_str_array("tokenizer.ggml.tokens")?;
+        let token_types = match file.metadata.contains_key("tokenizer.ggml.token_type") {
+            true => file.get_int_array("tokenizer.ggml.token_type")?,
+            false => Vec::new(),
+        };
         let model = file.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            bail!(
-                "unsupported tokenizer.ggml.model `{model}` in {} (only byte-level BPE `gpt2` is supported)",
+        let inner = match model {
+            "gpt2" => Self::gguf_byte_level_bpe(file, &tokens)?,
+            "llama" => Self::gguf_sentencepiece(file, &tokens, &token_types)?,
+            other => bail!(
+                "unsupported tokenizer.ggml.model `{other}` in {} (byte-level BPE `gpt2` and \
+                 SentencePiece `llama` are supported)",
                 path.display()
+            ),
+        };
+        Self::from_gguf_vocab(file, inner, &tokens, &token_types)
+    }
+
+    /// A SentencePiece vocabulary as llama.cpp's tokenizer runs it: spaces written as `▁`
+    /// (a leading one added when `tokenizer.ggml.add_space_prefix` says so), then adjacent
+    /// pieces merged while their concatenation is a piece, the highest-scoring first, and
+    /// characters no piece covers written as their UTF-8 bytes (`<0xXX>` pieces). That is
+    /// BPE with the merges ranked by the merged piece's score, which is how transformers
+    /// reads these files too.
+    fn gguf_sentencepiece(
+        file: &GgufFile,
+        tokens: &[&str],
+        token_types: &[i64],
+    ) -> anyhow::Result<tokenizers::Tokenizer> {
+        let path = file.path();
+        let scores = file.get_float_array("tokenizer.ggml.scores")?;
+        if scores.len() != tokens.len() || token_types.len() != tokens.len() {
+            bail!(
+                "{} has {} tokens, {} scores and {} token types: a SentencePiece vocabulary needs one of each per token",
+                path.display(),
+                tokens.len(),
+                scores.len(),
+                token_types.len()
             );
         }
-        let tokens = file.get_str_array("tokenizer.ggml.tokens")?;
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(id, t)| (t.to_string(), id as u32))
+            .collect();
+        let merges = sentencepiece_merges(tokens, &scores, token_types, &vocab);
+        let unk = file
+            .opt("tokenizer.ggml.unknown_token_id", GgufFile::get_usize)?
+            .and_then(|id| tokens.get(id))
+            .map(|t| t.to_string());
+        let mut bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .byte_fallback(true);
+        if let Some(unk) = unk {
+            bpe = bpe.unk_token(unk);
+        }
+        let bpe = bpe.build().map_err(|e| {
+            anyhow!(
+                "cannot build the SentencePiece model of {}: {e}",
+                path.display()
+            )
+        })?;
+        let space_prefix = match file.metadata.get("tokenizer.ggml.add_space_prefix") {
+            None => true,
+            Some(v) => {
+                v.as_i64().with_context(|| {
+                    format!(
+                        "metadata key `tokenizer.ggml.add_space_prefix` in {} is not a bool",
+                        path.display()
+                    )
+                })? != 0
+            }
+        };
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let escape: NormalizerWrapper = Replace::new(" ", SPM_SPACE).map_err(tok_err)?.into();
+        let mut decoders: Vec<DecoderWrapper> = vec![
+            Replace::new(SPM_SPACE, " ").map_err(tok_err)?.into(),
+            ByteFallback::default().into(),
+            Fuse::default().into(),
+        ];
+        if space_prefix {
+            let prefix: NormalizerWrapper = Prepend::new(SPM_SPACE.to_string()).into();
+            inner.with_normalizer(Some(tokenizers::normalizers::Sequence::new(vec![
+                prefix, escape,
+            ])));
+            decoders.push(Strip::new(' ', 1, 0).into());
+        } else {
+            inner.with_normalizer(Some(escape));
+        }
+        inner.with_decoder(Some(DecoderSequence::new(decoders)));
+        Ok(inner)
+    }
+
+    /// A byte-level BPE vocabulary with its merges and GGUF's pre-tokenizer choice.
+    fn gguf_byte_level_bpe(
+        file: &GgufFile,
+        tokens: &[&str],
+    ) -> anyhow::Result<tokenizers::Tokenizer> {
+        let path = file.path();
         let merges = file
             .get_str_array("tokenizer.ggml.merges")?
             .into_iter()
@@ -235,10 +386,6 @@ impl Tokenizer {
                     })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let token_types = match file.metadata.contains_key("tokenizer.ggml.token_type") {
-            true => file.get_int_array("tokenizer.ggml.token_type")?,
-            false => Vec::new(),
-        };
         let vocab: Vocab = tokens
             .iter()
             .enumerate()
@@ -287,12 +434,25 @@ impl Tokenizer {
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(Sequence::new(pre_tokenizers)));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
+        Ok(inner)
+    }
+
+    /// The special tokens, ids, flags and chat template of a GGUF file around `inner`.
+    fn from_gguf_vocab(
+        file: &GgufFile,
+        mut inner: tokenizers::Tokenizer,
+        tokens: &[&str],
+        token_types: &[i64],
+    ) -> anyhow::Result<Tokenizer> {
+        let path = file.path();
+        // Control tokens are special (skipped when decoding with `skip_special`);
+        // user-defined ones are matched whole in the raw text, as llama.cpp matches them.
         let added: Vec<AddedToken> = token_types
             .iter()
-            .zip(&tokens)
+            .zip(tokens)
             .filter_map(|(&kind, &token)| match kind {
                 TOKEN_TYPE_CONTROL => Some(AddedToken::from(token, true)),
-                TOKEN_TYPE_USER_DEFINED => Some(AddedToken::from(token, false)),
+                TOKEN_TYPE_USER_DEFINED => Some(AddedToken::from(token, false).normalized(false)),
                 _ => None,
             })
             .collect();

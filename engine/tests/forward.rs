@@ -354,6 +354,42 @@ fn phi3_tiny_with_a_sliding_window_matches_its_reference_from_safetensors_and_gg
     }
 }
 
+/// Gemma 3: five sliding layers (window 5, RoPE base 10,000) to a global one (base
+/// 1,000,000), QK-norm, sandwich norms of `x·(1+w)`, GeGLU, scaled embeddings and a tied
+/// head, from safetensors and from the `gemma3` GGUF (norms shifted by 1 as llama.cpp's
+/// converter writes them).
+#[test]
+fn gemma3_tiny_matches_its_reference_from_safetensors_and_gguf() {
+    for file in [None, Some("model.gguf")] {
+        let (model, dir) = family("gemma3-tiny", file);
+        let (config, _) = open_model(&model).unwrap();
+        let sliding: Vec<bool> = config
+            .layers
+            .iter()
+            .map(|l| l.attention == AttentionSpan::Sliding { window: 5 })
+            .collect();
+        assert_eq!(sliding, [true, true, true, true, true, false], "{config:?}");
+        assert_eq!(config.layers[0].rope.theta, 10_000.0);
+        assert_eq!(config.layers[5].rope.theta, 1_000_000.0);
+        let what = format!("gemma3-tiny {}", file.unwrap_or("safetensors"));
+        check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
+    }
+}
+
+/// Gemma 2: a sliding layer (window 5) and a global one, attention logits soft-capped at
+/// 50 and output logits at 30, from safetensors and from the `gemma2` GGUF.
+#[test]
+fn gemma2_tiny_with_soft_capping_matches_its_reference_from_safetensors_and_gguf() {
+    for file in [None, Some("model.gguf")] {
+        let (model, dir) = family("gemma2-tiny", file);
+        let (config, _) = open_model(&model).unwrap();
+        assert_eq!(config.final_logit_softcap, Some(30.0), "{config:?}");
+        assert!(config.layers.iter().all(|l| l.attn_softcap == Some(50.0)));
+        let what = format!("gemma2-tiny {}", file.unwrap_or("safetensors"));
+        check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
+    }
+}
+
 /// A copy of the model folder `dir` (its weights linked) whose `config.json` has the key
 /// and value `key_value` set to `value` instead.
 fn with_config_edit(dir: &Path, key_value: &str, value: &str) -> tempfile::TempDir {

@@ -5,8 +5,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::config::{
-    llama3_rope_factors, AttentionSpan, Family, LayerSpec, Llama3RopeScaling, ModelConfig,
-    RopeScaling, RopeSpec,
+    llama3_rope_factors, Activation, AttentionSpan, Family, LayerSpec, Llama3RopeScaling,
+    ModelConfig, NormPlacement, NormWeights, RopeScaling, RopeSpec,
 };
 use engine::weights::ggml_quants::dequantize;
 use engine::weights::gguf::GgufFile;
@@ -39,6 +39,9 @@ fn qwen3_tiny_config_parses() {
             tie_word_embeddings: true,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            embedding_scale: 1.0,
+            final_logit_softcap: None,
+            norm_weights: NormWeights::AsStored,
             layers: vec![
                 LayerSpec {
                     attention: AttentionSpan::Full,
@@ -49,6 +52,10 @@ fn qwen3_tiny_config_parses() {
                     },
                     qk_norm: true,
                     qkv_bias: false,
+                    attn_scale: 0.25,
+                    attn_softcap: None,
+                    norms: NormPlacement::Pre,
+                    activation: Activation::Silu,
                     intermediate_size: 128,
                 };
                 2

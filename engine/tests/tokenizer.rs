@@ -1,5 +1,6 @@
 //! Tokenizer against HF transformers' reference data (SmolLM2 GGUF and the tiny
-//! models' `tokenizer.json`), chat templates and streaming detokenisation.
+//! models' `tokenizer.json`) and llama.cpp's (Gemma 3's SentencePiece vocabulary in GGUF),
+//! chat templates and streaming detokenisation.
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use engine::tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
 
-use common::{golden, smollm2_gguf};
+use common::{gemma3_gguf, golden, smollm2_gguf};
 
 fn reference() -> &'static serde_json::Value {
     static REFERENCE: OnceLock<serde_json::Value> = OnceLock::new();
@@ -236,4 +237,77 @@ fn tokenizer_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Tokenizer>();
     assert_send_sync::<IncrementalDecoder>();
+}
+
+/// `llama-server /tokenize` (llama.cpp from the llama-cpp-python 0.3.36 sdist,
+/// `add_special: false`, `parse_special: true`) on Gemma 3 270M's GGUF: spaces and their
+/// runs (user-defined pieces), digits one by one, accents, CJK, emoji, control characters
+/// and unmapped letters through byte fallback, and the chat markers as control tokens.
+const LLAMA_CPP_GEMMA3_IDS: &[(&str, &[u32])] = &[
+    ("Hello world", &[9259, 1902]),
+    (" Hello  world ", &[26352, 138, 12392, 236743]),
+    ("   leading spaces", &[139, 26016, 9952]),
+    ("trailing\n\n", &[136697, 108]),
+    (
+        "1234567890 3.14159",
+        &[
+            236770, 236778, 236800, 236812, 236810, 236825, 236832, 236828, 236819, 236771, 236743,
+            236800, 236761, 236770, 236812, 236770, 236810, 236819,
+        ],
+    ),
+    (
+        "naïve café — déjà vu",
+        &[1789, 238527, 560, 33443, 2192, 29234, 11042],
+    ),
+    ("日本語のテキスト", &[94951, 236945, 95830]),
+    ("emoji 🤖🚀 done", &[67906, 236743, 246143, 242015, 3028]),
+    (
+        "tabs\tand\nnewlines\r\n",
+        &[39218, 255968, 624, 107, 208697, 251, 107],
+    ),
+    (
+        "<start_of_turn>user\nHi<end_of_turn>\n",
+        &[105, 2364, 107, 10979, 106, 107],
+    ),
+    (
+        "a\u{0}b \u{7} 🧬",
+        &[236746, 238, 236763, 236743, 245, 236743, 253633],
+    ),
+    ("ǅ ǈ ǋ", &[437, 371, 236743, 437, 374, 236743, 437, 377]),
+    (
+        "don't won't y'all",
+        &[
+            13246, 236789, 236745, 2810, 236789, 236745, 570, 236789, 712,
+        ],
+    ),
+];
+
+fn gemma3_tokenizer() -> Arc<Tokenizer> {
+    static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| Arc::new(Tokenizer::from_model_path(&gemma3_gguf()).unwrap()))
+        .clone()
+}
+
+/// The SentencePiece vocabulary of a GGUF file (`tokenizer.ggml.model = llama`) encodes as
+/// llama.cpp encodes, and decodes back to the text (llama.cpp's `/detokenize` gives the
+/// same strings).
+#[test]
+fn gemma3_sentencepiece_gguf_encodes_and_decodes_like_llama_cpp() {
+    let tokenizer = gemma3_tokenizer();
+    for &(text, want) in LLAMA_CPP_GEMMA3_IDS {
+        let ids = tokenizer.encode(text, false).unwrap();
+        assert_eq!(ids, want, "{text:?}");
+        assert_eq!(tokenizer.decode(&ids, false).unwrap(), text, "{ids:?}");
+    }
+    // BOS as the file asks (`add_bos_token`), never doubled; EOS and Gemma's end of turn
+    // stop generation; the control tokens vanish with skip_special.
+    assert_eq!(tokenizer.encode("Hi", true).unwrap(), [2, 10979]);
+    assert_eq!(tokenizer.encode("<bos>Hi", true).unwrap(), [2, 10979]);
+    assert_eq!(tokenizer.eos_token_ids(), &[1, 106]);
+    assert_eq!(
+        tokenizer.decode(&[2, 105, 2364, 106], true).unwrap(),
+        "user"
+    );
+    assert_eq!(tokenizer.vocab_size(), 262_144);
 }

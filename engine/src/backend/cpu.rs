@@ -28,8 +28,8 @@ pub use attention::{CpuKvCache, KvCacheDtype};
 pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
 
-use super::{AttnSeq, Backend, QkvLayout, RowSample, StepMeta};
-use crate::config::AttentionSpan;
+use super::{AttnSeq, Backend, QkvLayout, RowSample, ScoreSpec, StepMeta};
+use crate::config::{Activation, AttentionSpan};
 use crate::sampler::{sample_row, SampleSpec};
 use crate::weights::ggml_quants::dequantize;
 use crate::weights::{HostTensor, QuantType, TensorData};
@@ -533,6 +533,7 @@ impl Backend for CpuBackend {
         qkv: &CpuAct,
         layout: QkvLayout,
         span: AttentionSpan,
+        scores: ScoreSpec,
         cache: &mut CpuKvCache,
         step: &CpuStep,
         out: &mut CpuAct,
@@ -550,7 +551,7 @@ impl Backend for CpuBackend {
         attention::attention(
             &qkv.data,
             layout,
-            window,
+            (window, scores),
             cache,
             &seqs,
             &step.slots,
@@ -558,14 +559,34 @@ impl Backend for CpuBackend {
         )
     }
 
-    fn silu_mul(&self, gate_up: &CpuAct, out: &mut CpuAct) -> anyhow::Result<()> {
+    fn gated_activation(
+        &self,
+        gate_up: &CpuAct,
+        act: Activation,
+        out: &mut CpuAct,
+    ) -> anyhow::Result<()> {
         ensure!(
             gate_up.cols.is_multiple_of(2),
-            "silu_mul: odd width {}",
+            "gated_activation: odd width {}",
             gate_up.cols
         );
         let inter = gate_up.cols / 2;
-        ops::silu_mul(&gate_up.data, inter, out.reshape(gate_up.rows, inter));
+        let out = out.reshape(gate_up.rows, inter);
+        match act {
+            Activation::Silu => ops::silu_mul(&gate_up.data, inter, out),
+            Activation::GeluTanh => ops::gelu_tanh_mul(&gate_up.data, inter, out),
+        }
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut CpuAct, factor: f32) -> anyhow::Result<()> {
+        x.data.iter_mut().for_each(|v| *v *= factor);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut CpuAct, cap: f32) -> anyhow::Result<()> {
+        ensure!(cap > 0.0, "softcap: cap {cap}");
+        x.data.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
         Ok(())
     }
 

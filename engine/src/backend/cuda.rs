@@ -41,8 +41,8 @@ pub use kernels::{
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
-use super::{Backend, QkvLayout, RowSample, StepMeta};
-use crate::config::{AttentionSpan, LayerSpec, ModelConfig};
+use super::{Backend, QkvLayout, RowSample, ScoreSpec, StepMeta};
+use crate::config::{Activation, AttentionSpan, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData};
@@ -1471,15 +1471,29 @@ impl Backend for CudaBackend {
     }
 
     /// The windowed attention kernels have not run on a GPU yet (issue 45): they run only
-    /// under `--cuda-sliding-window`. Partial rotary embeddings have no kernel.
-    fn lacks(&self, spec: &LayerSpec, head_dim: usize) -> Option<&'static str> {
-        if spec.attention != AttentionSpan::Full && self.kernel_set == KernelSet::Plain {
-            Some("a sliding attention window (its CUDA kernels, not yet run on a GPU, run under --cuda-sliding-window)")
-        } else if spec.rope.rotary_dim != head_dim {
-            Some("rotary embeddings on part of each head")
-        } else {
-            None
+    /// under `--cuda-sliding-window`. Partial rotary embeddings, GeGLU, soft-capping and
+    /// scaled embeddings (Phi-3's and Gemma's) have no kernels yet.
+    fn lacks(&self, c: &ModelConfig) -> Option<String> {
+        if c.embedding_scale != 1.0 {
+            return Some("scaled embeddings".to_string());
         }
+        if c.final_logit_softcap.is_some() {
+            return Some("soft-capped logits".to_string());
+        }
+        c.layers.iter().enumerate().find_map(|(i, l)| {
+            let missing = if l.attention != AttentionSpan::Full && self.kernel_set == KernelSet::Plain {
+                "a sliding attention window (its CUDA kernels, not yet run on a GPU, run under --cuda-sliding-window)"
+            } else if l.rope.rotary_dim != c.head_dim {
+                "rotary embeddings on part of each head"
+            } else if l.activation != Activation::Silu {
+                "a GeGLU feed-forward"
+            } else if l.attn_softcap.is_some() {
+                "soft-capped attention"
+            } else {
+                return None;
+            };
+            Some(format!("{missing} (layer {i})"))
+        })
     }
 
     fn attention(
@@ -1487,6 +1501,7 @@ impl Backend for CudaBackend {
         qkv: &CudaAct,
         layout: QkvLayout,
         span: AttentionSpan,
+        scores: ScoreSpec,
         cache: &mut CudaKvCache,
         step: &CudaStep,
         out: &mut CudaAct,
@@ -1541,7 +1556,11 @@ impl Backend for CudaBackend {
         let (h, kvh, d) = (layout.num_heads, layout.num_kv_heads, layout.head_dim);
         let o = self.shape(out, qkv.rows, layout.q_width())?;
         let at = |off: usize| KArg::Ptr(step.at(off));
-        let scale = 1.0 / (d as f32).sqrt();
+        ensure!(
+            scores.softcap.is_none(),
+            "attention: soft-capped scores are not run on CUDA"
+        );
+        let scale = scores.scale;
         let common = |v: &mut Vec<KArg>| {
             v.push(KArg::Ptr(qkv_ptr));
             v.push(KArg::I32(layout.qkv_width() as i32));
@@ -1662,8 +1681,17 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn silu_mul(&self, gate_up: &CudaAct, out: &mut CudaAct) -> anyhow::Result<()> {
+    fn gated_activation(
+        &self,
+        gate_up: &CudaAct,
+        act: Activation,
+        out: &mut CudaAct,
+    ) -> anyhow::Result<()> {
         self.flush()?;
+        ensure!(
+            act == Activation::Silu,
+            "gated_activation: {act:?} has no CUDA kernel"
+        );
         ensure!(
             gate_up.cols.is_multiple_of(2),
             "silu_mul: odd width {}",
@@ -1687,6 +1715,16 @@ impl Backend for CudaBackend {
             0,
             &args,
         )
+    }
+
+    /// Refused at load ([`Backend::lacks`]): no model that reaches it runs on CUDA.
+    fn scale(&self, _x: &mut CudaAct, factor: f32) -> anyhow::Result<()> {
+        anyhow::bail!("scale by {factor}: scaled embeddings have no CUDA kernel")
+    }
+
+    /// Refused at load ([`Backend::lacks`]).
+    fn softcap(&self, _x: &mut CudaAct, cap: f32) -> anyhow::Result<()> {
+        anyhow::bail!("softcap at {cap}: soft-capped logits have no CUDA kernel")
     }
 
     fn gather_logit_rows(

@@ -12,9 +12,17 @@ use std::fmt;
 
 use anyhow::{bail, ensure};
 
-use crate::config::{AttentionSpan, LayerSpec};
+use crate::config::{Activation, AttentionSpan, ModelConfig};
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
+
+/// How attention turns `q·k` into the logits of its softmax: times `scale`, then, with a
+/// cap, `cap · tanh(s / cap)` (Gemma 2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreSpec {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
 
 /// The device a model runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,28 +292,38 @@ pub trait Backend: Send + Sync {
         sin: &Self::Param,
         step: &Self::Step,
     ) -> anyhow::Result<()>;
-    /// What of a layer of heads `head_dim` wide this backend's kernels do not run, if
-    /// anything (a backend whose kernels for it have not been verified refuses the model
-    /// at load).
-    fn lacks(&self, spec: &LayerSpec, head_dim: usize) -> Option<&'static str> {
-        let _ = (spec, head_dim);
+    /// What of the model this backend's kernels do not run, if anything, in words (a
+    /// backend whose kernels for it have not been verified refuses the model at load).
+    fn lacks(&self, config: &ModelConfig) -> Option<String> {
+        let _ = config;
         None
     }
     /// Writes every row's K and V into `cache` at its slot, then computes causal
     /// attention of every query row over positions `0..=pos` of its sequence (only the
-    /// last `window` of them for a sliding `span`), read through the block table. `out` is
-    /// `[T, num_heads * head_dim]`.
+    /// last `window` of them for a sliding `span`), read through the block table, its
+    /// logits as `scores` says. `out` is `[T, num_heads * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         qkv: &Self::Act,
         layout: QkvLayout,
         span: AttentionSpan,
+        scores: ScoreSpec,
         cache: &mut Self::KvCache,
         step: &Self::Step,
         out: &mut Self::Act,
     ) -> anyhow::Result<()>;
-    /// `out = silu(gate) * up` where `gate_up` rows are `[gate | up]`.
-    fn silu_mul(&self, gate_up: &Self::Act, out: &mut Self::Act) -> anyhow::Result<()>;
+    /// `out = act(gate) * up` where `gate_up` rows are `[gate | up]`.
+    fn gated_activation(
+        &self,
+        gate_up: &Self::Act,
+        act: Activation,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// In place: `x *= factor`.
+    fn scale(&self, x: &mut Self::Act, factor: f32) -> anyhow::Result<()>;
+    /// In place: `x = cap · tanh(x / cap)`.
+    fn softcap(&self, x: &mut Self::Act, cap: f32) -> anyhow::Result<()>;
     /// `out[i] = x[step.logit_rows[i]]`.
     fn gather_logit_rows(
         &self,

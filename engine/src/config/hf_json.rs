@@ -100,6 +100,9 @@ fn parse_rope_scaling(
     };
     match kind.as_deref() {
         None | Some("default") => Ok(None),
+        Some("linear") => Ok(Some(RopeScaling::Linear {
+            factor: get("factor")? as f32,
+        })),
         Some("llama3") => Ok(Some(RopeScaling::Llama3(Llama3RopeScaling {
             factor: get("factor")? as f32,
             low_freq_factor: get("low_freq_factor")? as f32,
@@ -237,6 +240,34 @@ pub fn rope(json: &Value, head_dim: usize, file: &Path) -> anyhow::Result<RopeSp
         rotary_dim,
         scaling,
     })
+}
+
+/// The RoPE of the layers of one `kind` (`full_attention`, `sliding_attention`) where
+/// transformers 5 nests `rope_parameters` by layer kind: the nested block read as a
+/// config's own (with the top-level context keys), or `None` when the config does not
+/// nest them.
+pub fn nested_rope(
+    json: &Value,
+    kind: &str,
+    head_dim: usize,
+    file: &Path,
+) -> anyhow::Result<Option<RopeSpec>> {
+    let Some(block) = json.get("rope_parameters").and_then(|p| p.get(kind)) else {
+        return Ok(None);
+    };
+    let mut own = serde_json::json!({ "rope_parameters": block });
+    for key in [
+        "max_position_embeddings",
+        "original_max_position_embeddings",
+        "partial_rotary_factor",
+    ] {
+        if let Some(v) = json.get(key) {
+            own[key] = v.clone();
+        }
+    }
+    rope(&own, head_dim, file)
+        .with_context(|| format!("in `rope_parameters.{kind}`"))
+        .map(Some)
 }
 
 /// Each layer's attention span from `layer_types` (`full_attention`, `sliding_attention`

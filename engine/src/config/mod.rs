@@ -1,9 +1,11 @@
 //! What the forward runs: the model's dimensions and a description of every decoder layer
-//! (its attention span, RoPE table, QK-norm, biases and FFN width), read from HF
-//! `config.json` here and from GGUF metadata in `weights::gguf_config`. One module per
-//! family (`llama`, `qwen`, `phi3`) maps its keys onto the description, as llama.cpp's
-//! per-architecture builders sit over shared pieces; the forward is written once over it.
+//! (its attention span and score scaling, RoPE table, QK-norm, biases, norm placement,
+//! FFN activation and width), read from HF `config.json` here and from GGUF metadata in
+//! `weights::gguf_config`. One module per family (`llama`, `qwen`, `phi3`, `gemma`) maps
+//! its keys onto the description, as llama.cpp's per-architecture builders sit over shared
+//! pieces; the forward is written once over it.
 
+mod gemma;
 pub mod hf_json;
 mod llama;
 mod phi3;
@@ -34,6 +36,12 @@ pub enum Family {
     /// Phi-3 and Phi-4: Llama's layers stored with q/k/v and gate/up fused, partial rotary
     /// embeddings and LongRoPE, a sliding window on every layer when set.
     Phi3,
+    /// Gemma 2: sandwich norms of `x·(1+w)`, GeGLU, scaled embeddings, sliding and global
+    /// layers alternating, soft-capped attention and final logits.
+    Gemma2,
+    /// Gemma 3: Gemma 2's layers without soft-capping, with per-head QK-norm, five sliding
+    /// layers to a global one, each kind with its own RoPE.
+    Gemma3,
 }
 
 impl Family {
@@ -45,6 +53,8 @@ impl Family {
             "Qwen2ForCausalLM" => Some(Family::Qwen2),
             "Qwen3ForCausalLM" => Some(Family::Qwen3),
             "Phi3ForCausalLM" => Some(Family::Phi3),
+            "Gemma2ForCausalLM" => Some(Family::Gemma2),
+            "Gemma3ForCausalLM" => Some(Family::Gemma3),
             _ => None,
         }
     }
@@ -56,6 +66,8 @@ impl Family {
             "qwen2" => Some(Family::Qwen2),
             "qwen3" => Some(Family::Qwen3),
             "phi3" => Some(Family::Phi3),
+            "gemma2" => Some(Family::Gemma2),
+            "gemma3" => Some(Family::Gemma3),
             _ => None,
         }
     }
@@ -72,6 +84,42 @@ impl Family {
     pub fn stores_fused_projections(self) -> bool {
         self == Family::Phi3
     }
+
+    /// Whether the family's layers have sandwich norms, whose tensors are named apart
+    /// from Llama's (HF `pre_feedforward_layernorm`, GGUF `ffn_norm` before the FFN).
+    pub fn has_sandwich_norms(self) -> bool {
+        matches!(self, Family::Gemma2 | Family::Gemma3)
+    }
+}
+
+/// Where a layer's RMSNorms sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// Before attention (`input_layernorm`) and before the FFN (`post_attention_layernorm`).
+    Pre,
+    /// Gemma's four: before attention (`input_layernorm`), on the attention output before
+    /// the residual add (`post_attention_layernorm`), before the FFN
+    /// (`pre_feedforward_layernorm`) and on the FFN output (`post_feedforward_layernorm`).
+    Sandwich,
+}
+
+/// The gated FFN's activation: `act(gate) · up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) · up`.
+    Silu,
+    /// GeGLU with GELU's tanh approximation (`gelu_pytorch_tanh`): Gemma.
+    GeluTanh,
+}
+
+/// How RMSNorm weights apply to the normalised row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormWeights {
+    /// `x̂ · w`.
+    AsStored,
+    /// `x̂ · (1 + w)`: Gemma's safetensors. llama.cpp's converter adds the 1 into GGUF
+    /// files, which therefore read as [`NormWeights::AsStored`].
+    PlusOne,
 }
 
 /// How far back a layer's queries attend.
@@ -93,7 +141,13 @@ pub struct LayerSpec {
     pub qk_norm: bool,
     /// Biases on the q, k and v projections (Qwen2).
     pub qkv_bias: bool,
-    /// Width of the SwiGLU FFN.
+    /// The factor on q·k: `head_dim^-0.5`, or Gemma's `query_pre_attn_scalar^-0.5`.
+    pub attn_scale: f32,
+    /// Attention logits soft-capped to `cap · tanh(s / cap)` after scaling (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    pub norms: NormPlacement,
+    pub activation: Activation,
+    /// Width of the gated FFN.
     pub intermediate_size: usize,
 }
 
@@ -110,6 +164,12 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// The factor on the embedding rows (Gemma's `√hidden_size`; 1 elsewhere).
+    pub embedding_scale: f32,
+    /// The output logits soft-capped to `cap · tanh(l / cap)` (Gemma 2).
+    pub final_logit_softcap: Option<f32>,
+    /// How every RMSNorm weight (layers, QK-norm, final) applies.
+    pub norm_weights: NormWeights,
     /// One per decoder layer, in order.
     pub layers: Vec<LayerSpec>,
 }
@@ -120,10 +180,12 @@ pub struct CommonLayer {
     pub num_layers: usize,
     pub rope: RopeSpec,
     pub intermediate_size: usize,
+    pub head_dim: usize,
 }
 
 impl CommonLayer {
-    /// `num_layers` layers with full attention, no QK-norm and no biases.
+    /// `num_layers` Llama layers: full attention scaled by `head_dim^-0.5`, pre-norms,
+    /// SwiGLU, no QK-norm and no biases.
     pub fn uniform(&self) -> Vec<LayerSpec> {
         vec![
             LayerSpec {
@@ -131,11 +193,32 @@ impl CommonLayer {
                 rope: self.rope.clone(),
                 qk_norm: false,
                 qkv_bias: false,
+                attn_scale: (self.head_dim as f32).powf(-0.5),
+                attn_softcap: None,
+                norms: NormPlacement::Pre,
+                activation: Activation::Silu,
                 intermediate_size: self.intermediate_size,
             };
             self.num_layers
         ]
     }
+}
+
+/// What a family adds to the model beside its layers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelExtras {
+    pub embedding_scale: f32,
+    pub final_logit_softcap: Option<f32>,
+    pub norm_weights: NormWeights,
+}
+
+impl ModelExtras {
+    /// Llama's: none.
+    pub const NONE: ModelExtras = ModelExtras {
+        embedding_scale: 1.0,
+        final_logit_softcap: None,
+        norm_weights: NormWeights::AsStored,
+    };
 }
 
 /// What a family reads from a GGUF file's metadata and tensor list, implemented by
@@ -148,6 +231,8 @@ pub trait GgufMetadata {
     fn usize_key(&self, key: &str) -> anyhow::Result<Option<usize>>;
     /// A float key, if the file has it.
     fn f64_key(&self, key: &str) -> anyhow::Result<Option<f64>>;
+    /// An array of integers or booleans, if the file has one under the key.
+    fn int_array_key(&self, key: &str) -> anyhow::Result<Option<Vec<i64>>>;
     /// A tensor's values as f32 (small tables such as `rope_freqs.weight`).
     fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>>;
 }
@@ -187,7 +272,9 @@ impl ModelConfig {
             num_layers: req_field(&json, "num_hidden_layers", file)?,
             rope: hf_json::rope(&json, head_dim, file)?,
             intermediate_size: req_field(&json, "intermediate_size", file)?,
+            head_dim,
         };
+        let mut extras = ModelExtras::NONE;
         let (layers, default_max_pos) = match family {
             Family::Llama | Family::Mistral => (
                 llama::hf_layers(family, &json, &common, file)?,
@@ -201,6 +288,11 @@ impl ModelConfig {
                 phi3::hf_layers(&json, &common, file)?,
                 phi3::DEFAULT_MAX_POSITIONS,
             ),
+            Family::Gemma2 | Family::Gemma3 => {
+                let (layers, gemma) = gemma::hf_layers(family, &json, &common, hidden_size, file)?;
+                extras = gemma;
+                (layers, gemma::DEFAULT_MAX_POSITIONS)
+            }
         };
 
         let mut eos_token_ids = token_id_list(&json, "eos_token_id", file)?;
@@ -230,21 +322,28 @@ impl ModelConfig {
             tie_word_embeddings: opt_field(&json, "tie_word_embeddings", file)?.unwrap_or(false),
             bos_token_id: opt_field(&json, "bos_token_id", file)?,
             eos_token_ids,
+            embedding_scale: extras.embedding_scale,
+            final_logit_softcap: extras.final_logit_softcap,
+            norm_weights: extras.norm_weights,
             layers,
         })
     }
 }
 
-/// The layers of a GGUF file of `family` whose shared keys gave `common`.
+/// The layers of a GGUF file of `family` whose shared keys gave `common`, and what the
+/// family adds beside them.
 pub fn gguf_layers(
     family: Family,
     file: &dyn GgufMetadata,
     common: &CommonLayer,
-) -> anyhow::Result<Vec<LayerSpec>> {
+    hidden_size: usize,
+) -> anyhow::Result<(Vec<LayerSpec>, ModelExtras)> {
+    let plain = |layers| Ok((layers, ModelExtras::NONE));
     match family {
-        Family::Llama | Family::Mistral => llama::gguf_layers(file, common),
-        Family::Qwen2 | Family::Qwen3 => Ok(qwen::gguf_layers(family, common)),
-        Family::Phi3 => phi3::gguf_layers(file, common),
+        Family::Llama | Family::Mistral => plain(llama::gguf_layers(file, common)?),
+        Family::Qwen2 | Family::Qwen3 => plain(qwen::gguf_layers(family, common)),
+        Family::Phi3 => plain(phi3::gguf_layers(file, common)?),
+        Family::Gemma2 | Family::Gemma3 => gemma::gguf_layers(family, file, common, hidden_size),
     }
 }
 
@@ -260,6 +359,7 @@ pub(crate) fn test_llama() -> ModelConfig {
             scaling: None,
         },
         intermediate_size: 8,
+        head_dim: 128,
     };
     ModelConfig {
         family: Family::Llama,
@@ -273,6 +373,9 @@ pub(crate) fn test_llama() -> ModelConfig {
         tie_word_embeddings: true,
         bos_token_id: None,
         eos_token_ids: vec![],
+        embedding_scale: 1.0,
+        final_logit_softcap: None,
+        norm_weights: NormWeights::AsStored,
         layers: common.uniform(),
     }
 }

@@ -88,6 +88,11 @@ impl LongRopeScaling {
 /// How a layer's RoPE frequencies are scaled.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
+    /// Every frequency divided by `factor` (`rope_type = "linear"`: position interpolation,
+    /// Gemma 3's global layers from 4B up).
+    Linear {
+        factor: f32,
+    },
     Llama3(Llama3RopeScaling),
     Yarn(YarnRopeScaling),
     LongRope(LongRopeScaling),
@@ -113,6 +118,7 @@ impl RopeSpec {
             .map(|i| 1.0f32 / (self.theta as f64).powf((2 * i) as f64 / dim as f64) as f32);
         match &self.scaling {
             None => base.collect(),
+            Some(RopeScaling::Linear { factor }) => base.map(|f| f / factor).collect(),
             Some(RopeScaling::Llama3(s)) => base.map(|f| f / llama3_divisor(f, s)).collect(),
             Some(RopeScaling::Yarn(y)) => {
                 let ramp = yarn_ramp(y, self.theta, dim);
@@ -142,6 +148,7 @@ impl RopeSpec {
     pub fn describe_scaling(&self, positions: usize) -> String {
         match &self.scaling {
             None => "none".to_string(),
+            Some(RopeScaling::Linear { factor }) => format!("linear: factor {factor}"),
             Some(RopeScaling::Llama3(s)) => format!(
                 "llama3: factor {} over an original context of {}",
                 s.factor, s.original_max_position_embeddings

@@ -392,6 +392,11 @@ impl GgufFile {
         self.get_array(key, "an array of integers", GgufValue::as_i64)
     }
 
+    /// An array of numbers (e.g. `tokenizer.ggml.scores`).
+    pub fn get_float_array(&self, key: &str) -> anyhow::Result<Vec<f64>> {
+        self.get_array(key, "an array of numbers", GgufValue::as_f64)
+    }
+
     /// An array whose every item `item` converts; `what` names the expected type in errors.
     fn get_array<'a, T>(
         &'a self,

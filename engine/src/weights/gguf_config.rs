@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 
-use super::gguf::GgufFile;
+use super::gguf::{GgufFile, GgufValue};
 use crate::config::{
     gguf_layers, CommonLayer, Family, GgufMetadata, ModelConfig, RopeScaling, RopeSpec,
     YarnRopeScaling,
@@ -26,6 +26,13 @@ impl GgufMetadata for GgufFile {
 
     fn f64_key(&self, key: &str) -> anyhow::Result<Option<f64>> {
         self.opt(key, GgufFile::get_f64)
+    }
+
+    fn int_array_key(&self, key: &str) -> anyhow::Result<Option<Vec<i64>>> {
+        match self.metadata.get(key) {
+            Some(GgufValue::Array(_)) => self.get_int_array(key).map(Some),
+            _ => Ok(None),
+        }
     }
 
     fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>> {
@@ -81,7 +88,9 @@ impl ModelConfig {
                 scaling,
             },
             intermediate_size: file.get_usize(&key("feed_forward_length"))?,
+            head_dim,
         };
+        let (layers, extras) = gguf_layers(family, file, &common, hidden_size)?;
         let eos = file.opt("tokenizer.ggml.eos_token_id", GgufFile::get_usize)?;
         Ok(ModelConfig {
             family,
@@ -99,15 +108,18 @@ impl ModelConfig {
                 .opt("tokenizer.ggml.bos_token_id", GgufFile::get_usize)?
                 .map(|id| id as u32),
             eos_token_ids: eos.map(|id| id as u32).into_iter().collect(),
-            layers: gguf_layers(family, file, &common)?,
+            embedding_scale: extras.embedding_scale,
+            final_logit_softcap: extras.final_logit_softcap,
+            norm_weights: extras.norm_weights,
+            layers,
         })
     }
 }
 
-/// The RoPE scaling llama.cpp's converter wrote (`{arch}.rope.scaling.*`): none, or YaRN
-/// with its factor, original context and optional betas and attention factor (llama.cpp's
-/// default attention factor is transformers' `0.1 ln(factor) + 1`). Llama 3's scaling is a
-/// tensor instead, read by the family.
+/// The RoPE scaling llama.cpp's converter wrote (`{arch}.rope.scaling.*`): none, linear
+/// with its factor, or YaRN with its factor, original context and optional betas and
+/// attention factor (llama.cpp's default attention factor is transformers'
+/// `0.1 ln(factor) + 1`). Llama 3's scaling is a tensor instead, read by the family.
 fn rope_scaling(
     file: &GgufFile,
     key: &dyn Fn(&str) -> String,
@@ -119,6 +131,11 @@ fn rope_scaling(
     let kind = file.get_str(&type_key)?;
     if kind == "none" {
         return Ok(None);
+    }
+    if kind == "linear" {
+        return Ok(Some(RopeScaling::Linear {
+            factor: file.get_f64(&key("rope.scaling.factor"))? as f32,
+        }));
     }
     if kind != "yarn" {
         bail!(

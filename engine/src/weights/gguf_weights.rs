@@ -27,7 +27,8 @@ const LAYER_NAMES: &[(&str, &str)] = &[
 
 /// The HF name of a GGUF tensor of a `family` file, or `None` for tensors without one
 /// (e.g. `rope_freqs.weight`). A family that stores fused projections keeps q/k/v in
-/// `attn_qkv` and gate/up in `ffn_up`.
+/// `attn_qkv` and gate/up in `ffn_up`; one with sandwich norms (Gemma) names its pre-FFN
+/// norm `ffn_norm` and the two post-norms `post_attention_norm` and `post_ffw_norm`.
 pub fn hf_name(gguf_name: &str, family: Family) -> Option<String> {
     let (stem, suffix) = gguf_name.rsplit_once('.')?;
     if suffix != "weight" && suffix != "bias" {
@@ -41,9 +42,14 @@ pub fn hf_name(gguf_name: &str, family: Family) -> Option<String> {
             let rest = stem.strip_prefix("blk.")?;
             let (layer, part) = rest.split_once('.')?;
             let layer: usize = layer.parse().ok()?;
-            let hf_part = match (part, family.stores_fused_projections()) {
-                ("attn_qkv", true) => "self_attn.qkv_proj",
-                ("ffn_up", true) => "mlp.gate_up_proj",
+            let fused = family.stores_fused_projections();
+            let sandwich = family.has_sandwich_norms();
+            let hf_part = match part {
+                "attn_qkv" if fused => "self_attn.qkv_proj",
+                "ffn_up" if fused => "mlp.gate_up_proj",
+                "post_attention_norm" if sandwich => "post_attention_layernorm",
+                "ffn_norm" if sandwich => "pre_feedforward_layernorm",
+                "post_ffw_norm" if sandwich => "post_feedforward_layernorm",
                 _ => LAYER_NAMES.iter().find(|(g, _)| *g == part)?.1,
             };
             format!("model.layers.{layer}.{hf_part}")

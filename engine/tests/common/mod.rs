@@ -61,6 +61,18 @@ pub fn smollm2_gguf() -> PathBuf {
     path
 }
 
+/// Gemma 3 270M as Q4_K_M GGUF, the second real model (`scripts/fetch-model.sh gemma3`;
+/// the test command fetches it).
+pub fn gemma3_gguf() -> PathBuf {
+    let path = workspace().join("models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "missing {}: run scripts/fetch-model.sh gemma3",
+        path.display()
+    );
+    path
+}
+
 /// Computes `tokens` at positions `start..` of one sequence stored in `table`; returns
 /// the last token's logits.
 pub fn last_logits(

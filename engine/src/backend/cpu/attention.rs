@@ -18,7 +18,7 @@ use half::vec::HalfBitsVecExt;
 use rayon::prelude::*;
 
 use super::simd::{fast_exp, sum, Elem, Isa, SendPtr};
-use crate::backend::{check_block_table, AttnSeq, QkvLayout};
+use crate::backend::{check_block_table, AttnSeq, QkvLayout, ScoreSpec};
 
 /// Query rows per work item.
 const QUERY_BLOCK: usize = 16;
@@ -175,13 +175,13 @@ fn write_rows<E: Elem>(
     }
 }
 
-/// Writes K/V of every row to its slot, then `out[t, q heads] = softmax(q kᵀ / √d) v`
-/// over positions `0..=pos(t)` of the row's sequence, or with a `window` over its last
-/// `window` of them (`pos(t) - window < k <= pos(t)`).
+/// Writes K/V of every row to its slot, then `out[t, q heads] = softmax(s(q kᵀ)) v` with
+/// the logits `s` as `scores` says, over positions `0..=pos(t)` of the row's sequence, or
+/// with a `window` over its last `window` of them (`pos(t) - window < k <= pos(t)`).
 pub fn attention(
     qkv: &[f32],
     layout: QkvLayout,
-    window: Option<usize>,
+    (window, scores): (Option<usize>, ScoreSpec),
     cache: &mut CpuKvCache,
     seqs: &[AttnSeq<'_>],
     slots: &[usize],
@@ -204,7 +204,7 @@ pub fn attention(
     attention_with(
         qkv,
         layout,
-        window,
+        (window, scores),
         cache,
         seqs,
         slots,
@@ -219,7 +219,7 @@ pub fn attention(
 fn attention_with(
     qkv: &[f32],
     layout: QkvLayout,
-    window: Option<usize>,
+    (window, scores): (Option<usize>, ScoreSpec),
     cache: &mut CpuKvCache,
     seqs: &[AttnSeq<'_>],
     slots: &[usize],
@@ -237,6 +237,7 @@ fn attention_with(
         qkv,
         layout,
         window,
+        scores,
         cache: &*cache,
         seqs,
         out: SendPtr(out.as_mut_ptr()),
@@ -408,6 +409,7 @@ struct Run<'a> {
     layout: QkvLayout,
     /// Sliding window: each row attends to its last `window` positions only.
     window: Option<usize>,
+    scores: ScoreSpec,
     cache: &'a CpuKvCache,
     seqs: &'a [AttnSeq<'a>],
     out: SendPtr<f32>,
@@ -480,7 +482,7 @@ impl<E: Elem> Item<'_, E> {
         let group = self.run.layout.group_size();
         let width = self.run.layout.qkv_width();
         let bs = self.run.cache.block_size;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let ScoreSpec { scale, softcap } = self.run.scores;
         let Work {
             kv_head,
             q0,
@@ -550,8 +552,17 @@ impl<E: Elem> Item<'_, E> {
                     )));
                     for (i, acc) in tile[..r].iter().enumerate() {
                         let dst = &mut scores[(w + i) * span + page.first + c..][..n];
-                        for (s, &v) in dst.iter_mut().zip(acc) {
-                            *s = v * scale;
+                        match softcap {
+                            None => {
+                                for (s, &v) in dst.iter_mut().zip(acc) {
+                                    *s = v * scale;
+                                }
+                            }
+                            Some(cap) => {
+                                for (s, &v) in dst.iter_mut().zip(acc) {
+                                    *s = cap * (v * scale / cap).tanh();
+                                }
+                            }
                         }
                     }
                     w += r;
@@ -812,6 +823,14 @@ impl Tiles for Avx2 {
 mod tests {
     use super::*;
 
+    /// Scores of heads `head_dim` wide: `q·k / √d`, no cap.
+    fn plain_scores(head_dim: usize) -> ScoreSpec {
+        ScoreSpec {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+        }
+    }
+
     /// A K or V value as a cache of `dtype` holds it.
     fn as_cached(x: f32, dtype: KvCacheDtype) -> f64 {
         match dtype {
@@ -862,7 +881,7 @@ mod tests {
             attention_with(
                 &first,
                 layout,
-                None,
+                (None, plain_scores(hd)),
                 &mut cache,
                 &[seq_a],
                 &slots,
@@ -889,7 +908,15 @@ mod tests {
             slots.extend((0..37).map(|p| table_b[p / bs] as usize * bs + p % bs));
             let mut out2 = vec![0.0; 38 * layout.q_width()];
             attention_with(
-                &second, layout, None, &mut cache, &seqs, &slots, &mut out2, 1, isa,
+                &second,
+                layout,
+                (None, plain_scores(hd)),
+                &mut cache,
+                &seqs,
+                &slots,
+                &mut out2,
+                1,
+                isa,
             )
             .unwrap();
             // (rows of qkv holding the sequence's history, row to check, its output)
@@ -1037,7 +1064,7 @@ mod tests {
                 attention_with(
                     &qkv[..(n - 1) * width],
                     LAYOUT,
-                    None,
+                    (None, plain_scores(LAYOUT.head_dim)),
                     &mut cache,
                     &[prefill],
                     &slots,
@@ -1061,7 +1088,7 @@ mod tests {
                 attention_with(
                     last,
                     LAYOUT,
-                    None,
+                    (None, plain_scores(LAYOUT.head_dim)),
                     &mut cache,
                     &[decode],
                     &[n - 1],
@@ -1102,7 +1129,7 @@ mod tests {
                 attention_with(
                     &qkv[start * width..end * width],
                     LAYOUT,
-                    Some(window),
+                    (Some(window), plain_scores(LAYOUT.head_dim)),
                     &mut cache,
                     &[seq],
                     &slots,

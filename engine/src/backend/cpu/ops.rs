@@ -207,9 +207,48 @@ pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
     });
 }
 
+/// GELU with the tanh approximation (PyTorch's `gelu(approximate="tanh")`,
+/// transformers' `gelu_pytorch_tanh`).
+#[inline(always)]
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// `out[r] = gelu_tanh(gate) * up` where each row of `gate_up` is `[gate | up]`, `inter`
+/// wide each (GeGLU).
+pub fn gelu_tanh_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
+    for_row_blocks(out, inter, |r0, block| {
+        let n = block.len() / inter;
+        let gu = &gate_up[r0 * 2 * inter..(r0 + n) * 2 * inter];
+        for (g_u, o) in gu
+            .chunks_exact(2 * inter)
+            .zip(block.chunks_exact_mut(inter))
+        {
+            let (g, u) = g_u.split_at(inter);
+            for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
+                *ov = gelu_tanh(gv) * uv;
+            }
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// GeGLU's GELU against its formula at a few points (PyTorch's values at ±1, 2).
+    #[test]
+    fn gelu_tanh_mul_matches_pytorch() {
+        let gu = [1.0f32, -1.0, 2.0, 3.0, 0.5, -2.0];
+        let mut out = [0.0; 3];
+        gelu_tanh_mul(&gu, 3, &mut out);
+        // torch.nn.functional.gelu(torch.tensor([1., -1., 2.]), approximate="tanh")
+        let want = [0.841_192, -0.158_808, 1.954_598];
+        for ((o, w), u) in out.iter().zip(want).zip([3.0, 0.5, -2.0]) {
+            assert!((o - w * u).abs() < 1e-5, "{out:?}");
+        }
+    }
 
     #[test]
     fn rms_norm_matches_formula() {
