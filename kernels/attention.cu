@@ -9,9 +9,9 @@
 // by which a query at position p attends to keys p - window < k <= p only (transformers'
 // and vLLM's `sliding_window`). The plain kernels pass window 0 (every earlier key) to the
 // same code, which the compiler folds away. The twins have not run on a GPU yet (issue 45):
-// they are compiled only with -DSLIDING_WINDOW_KERNELS, which the backend passes under
-// `--cuda-sliding-window` (so start-up compiles no more for other models).
-#ifdef SLIDING_WINDOW_KERNELS
+// they are compiled only with -DUNVERIFIED_KERNELS, which the backend passes under
+// `--cuda-unverified-kernels` (so start-up compiles no more for other models).
+#ifdef UNVERIFIED_KERNELS
 #define SLIDING_TWIN(...) __VA_ARGS__
 #else
 #define SLIDING_TWIN(...)

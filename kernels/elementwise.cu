@@ -168,6 +168,29 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __re
     out[t * inter + i] = f32_to_bf16(s * u);
 }
 
+#ifdef UNVERIFIED_KERNELS
+// Not yet run on a GPU (issue 45): compiled for --cuda-unverified-kernels only.
+
+// out[t, i] = bf16(bf16(gelu_tanh(gate[t, i])) * up[t, i]) with rows `[gate | up]` (GeGLU with
+// GELU's tanh approximation, Gemma's gelu_pytorch_tanh). grid = (ceil(inter / 256), T), block = 256.
+extern "C" __global__ void gelu_tanh_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
+                                         int inter) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= inter) return;
+    size_t t = blockIdx.y;
+    float g = bf16_to_f32(gate_up[t * 2 * inter + i]);
+    float u = bf16_to_f32(gate_up[t * 2 * inter + inter + i]);
+    float s = round_bf16(0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))));
+    out[t * inter + i] = f32_to_bf16(s * u);
+}
+
+// x[i] = bf16(x[i] * factor) (Gemma's embeddings). grid = ceil(n / 256), block = 256.
+extern "C" __global__ void scale_bf16(bf16* __restrict__ x, float factor, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = f32_to_bf16(bf16_to_f32(x[i]) * factor);
+}
+#endif
+
 // out[i, :] = x[rows[i], :]. grid = (n), block = 256.
 extern "C" __global__ void gather_rows(const bf16* __restrict__ x, const int* __restrict__ rows,
                                        bf16* __restrict__ out, int cols) {

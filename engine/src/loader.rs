@@ -56,11 +56,11 @@ pub struct DeviceArgs {
     /// `direct` (loaded into registers, then used; the default on older GPUs).
     #[arg(long, value_enum)]
     pub decode_attention: Option<DecodeAttention>,
-    /// CUDA: run sliding-window layers (Mistral, Phi-3, Qwen's windowed layers) on the
-    /// windowed attention kernels, which have not yet run on a GPU; without it such a model
-    /// is refused on CUDA.
+    /// CUDA: run the kernels that have not yet run on a GPU: sliding-window attention
+    /// (Mistral, Phi-3, Gemma, Qwen's windowed layers), GeGLU and scaled embeddings (Gemma
+    /// 3); without it a model that needs them is refused on CUDA.
     #[arg(long)]
-    pub cuda_sliding_window: bool,
+    pub cuda_unverified_kernels: bool,
 }
 
 /// Model, KV-cache and scheduler flags shared by `generate`, `bench` and `serve`: one set
@@ -268,8 +268,8 @@ pub fn load_model(
             anyhow::ensure!(
                 device.prefill_attention.is_none()
                     && device.decode_attention.is_none()
-                    && !device.cuda_sliding_window,
-                "--prefill-attention, --decode-attention and --cuda-sliding-window are CUDA \
+                    && !device.cuda_unverified_kernels,
+                "--prefill-attention, --decode-attention and --cuda-unverified-kernels are CUDA \
                  options: the CPU backend has one attention kernel set"
             );
             let options = RunnerOptions {
@@ -304,7 +304,7 @@ pub fn load_model(
                 prefill_attention: device.prefill_attention,
                 decode_attention: device.decode_attention,
                 max_model_len: sizing.max_model_len,
-                sliding_window_kernels: device.cuda_sliding_window,
+                unverified_kernels: device.cuda_unverified_kernels,
                 ..CudaOptions::default()
             };
             load_cuda_runner(&config, weights.as_mut(), &options)?

@@ -71,7 +71,7 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         all.lines()
             .any(|l| l.contains("extern \"C\" __global__") && l.contains(&format!(" {name}(")))
     };
-    for name in all_kernel_names(KernelSet::WithSlidingTwins) {
+    for name in all_kernel_names(KernelSet::WithUnverified) {
         // A sliding twin comes from the same macro as its plain kernel.
         let (base, end) = match name.strip_suffix("_sliding") {
             Some(base) => (base, "##_sliding("),
@@ -199,7 +199,7 @@ fn family_runners(
     let cuda_opts = CudaOptions {
         prefill_attention: Some(prefill_attention),
         decode_attention: Some(decode_attention),
-        sliding_window_kernels: true,
+        unverified_kernels: true,
         ..cuda_test_options()
     };
     runners_with(&path, QuantizedWeights::Integer, cuda_opts)
@@ -354,7 +354,7 @@ fn check_gpu_against_cpu(
 }
 
 /// Mistral with a 5-token window (shorter than every prompt) on the sliding twins
-/// (`--cuda-sliding-window`), each prefill kernel with each decode kernel: prefill over two
+/// (`--cuda-unverified-kernels`), each prefill kernel with each decode kernel: prefill over two
 /// query tiles, decode, a 400-token context's decode batched with a short one, and a chunk
 /// over a cached prefix, against the CPU.
 #[test]
@@ -383,14 +383,30 @@ fn gpu_family_models_match_cpu() {
     }
 }
 
-/// Without `--cuda-sliding-window` a windowed model is refused at load, and a model that
-/// rotates part of each head always is (no kernel yet), each with what it needs.
+/// Gemma 3 on the kernels not yet run on a GPU (`--cuda-unverified-kernels`: windows,
+/// GeGLU, scaled embeddings) beside its sandwich norms and QK-norm, each prefill kernel,
+/// against the CPU.
+#[test]
+fn gpu_gemma3_matches_cpu() {
+    if gpu_or_skip("gpu_gemma3_matches_cpu") {
+        for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
+            let (cpu, gpu) = family_runners("gemma3-tiny", prefill, DecodeAttention::Pipelined);
+            check_gpu_against_cpu(&format!("gemma3-tiny {prefill:?}"), cpu, gpu, 256, 400);
+        }
+    }
+}
+
+/// Without `--cuda-unverified-kernels` a windowed model (Mistral's, Gemma 3) is refused at
+/// load, and models that soft-cap (Gemma 2) or rotate part of each head (Phi-3) always are
+/// (no kernels yet), each with what it needs.
 #[test]
 fn gpu_refuses_what_its_kernels_do_not_run() {
     if gpu_or_skip("gpu_refuses_what_its_kernels_do_not_run") {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/families");
         for (name, needs) in [
-            ("mistral-tiny-window", "--cuda-sliding-window"),
+            ("mistral-tiny-window", "--cuda-unverified-kernels"),
+            ("gemma3-tiny", "--cuda-unverified-kernels"),
+            ("gemma2-tiny", "soft-capped logits"),
             (
                 "phi3-tiny-longrope",
                 "rotary embeddings on part of each head",

@@ -52,19 +52,19 @@ fn check_arch(arch: &str, sets: &[KernelSet]) {
 /// whose source is the plain set's and more (each compile takes seconds).
 #[test]
 fn kernels_compile_for_sm_90() {
-    check_arch("sm_90", &[KernelSet::WithSlidingTwins, KernelSet::Plain]);
+    check_arch("sm_90", &[KernelSet::WithUnverified, KernelSet::Plain]);
 }
 
 #[test]
 fn kernels_compile_for_sm_80() {
-    check_arch("sm_80", &[KernelSet::WithSlidingTwins]);
+    check_arch("sm_80", &[KernelSet::WithUnverified]);
 }
 
 /// Turing has no bf16 tensor cores: the program still compiles (the mma prefill kernel
 /// traps there, and the host refuses it).
 #[test]
 fn kernels_compile_for_sm_75() {
-    check_arch("sm_75", &[KernelSet::WithSlidingTwins]);
+    check_arch("sm_75", &[KernelSet::WithUnverified]);
 }
 
 /// A compile error comes back with NVRTC's log, which names the file and line.

@@ -149,7 +149,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
             kv_cache_dtype: None,
             prefill_attention: None,
             decode_attention: None,
-            cuda_sliding_window: false,
+            cuda_unverified_kernels: false,
         },
     };
     let err = load_engine(&args).err().expect("refused").to_string();
@@ -168,7 +168,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
     let err = load_engine(&cuda_only).err().expect("refused").to_string();
     assert!(
         err.contains(
-            "--prefill-attention, --decode-attention and --cuda-sliding-window are CUDA options"
+            "--prefill-attention, --decode-attention and --cuda-unverified-kernels are CUDA options"
         ),
         "{err}"
     );
@@ -177,15 +177,15 @@ fn max_model_len_past_the_models_positions_is_refused() {
     let err = load_engine(&cuda_only).err().expect("refused").to_string();
     assert!(
         err.contains(
-            "--prefill-attention, --decode-attention and --cuda-sliding-window are CUDA options"
+            "--prefill-attention, --decode-attention and --cuda-unverified-kernels are CUDA options"
         ),
         "{err}"
     );
     let mut cuda_only = fits.clone();
-    cuda_only.device.cuda_sliding_window = true;
+    cuda_only.device.cuda_unverified_kernels = true;
     let err = load_engine(&cuda_only).err().expect("refused").to_string();
     assert!(
-        err.contains("--cuda-sliding-window are CUDA options"),
+        err.contains("--cuda-unverified-kernels are CUDA options"),
         "{err}"
     );
 }

@@ -81,8 +81,9 @@ pub struct CudaOptions {
     pub decode_attention: Option<DecodeAttention>,
     /// The longest sequence served (`--max-model-len`); `None`: the model's maximum position.
     pub max_model_len: Option<usize>,
-    /// Run sliding-window layers on kernels that have not run on a GPU yet (issue 45).
-    pub sliding_window_kernels: bool,
+    /// Run the kernels that have not run on a GPU yet (issue 45): sliding-window
+    /// attention, GeGLU, scaled embeddings.
+    pub unverified_kernels: bool,
 }
 
 impl Default for CudaOptions {
@@ -98,7 +99,7 @@ impl Default for CudaOptions {
             prefill_attention: None,
             decode_attention: None,
             max_model_len: None,
-            sliding_window_kernels: false,
+            unverified_kernels: false,
         }
     }
 }
@@ -119,8 +120,8 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let set = if opts.sliding_window_kernels {
-        KernelSet::WithSlidingTwins
+    let set = if opts.unverified_kernels {
+        KernelSet::WithUnverified
     } else {
         KernelSet::Plain
     };
@@ -438,8 +439,8 @@ pub struct CudaBackend {
     /// Direct until [`CudaBackend::with_decode_attention`] has raised the pipelined kernel's
     /// shared-memory limit and chosen it.
     decode_attention: DecodeAttention,
-    /// With the sliding twins, sliding-window layers run (on kernels that have not run on a
-    /// GPU yet: issue 45); without them such a model is refused at load.
+    /// With the kernels not yet run on a GPU (issue 45), the models that need them run;
+    /// without them such a model is refused at load.
     kernel_set: KernelSet,
     num_sms: usize,
     state: Mutex<State>,
@@ -453,7 +454,7 @@ pub struct CudaBackend {
 fn with_twin(name: &str, set: KernelSet) -> Vec<String> {
     match set {
         KernelSet::Plain => vec![name.to_string()],
-        KernelSet::WithSlidingTwins => vec![name.to_string(), sliding_twin(name)],
+        KernelSet::WithUnverified => vec![name.to_string(), sliding_twin(name)],
     }
 }
 
@@ -1470,25 +1471,28 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// The windowed attention kernels have not run on a GPU yet (issue 45): they run only
-    /// under `--cuda-sliding-window`. Partial rotary embeddings, GeGLU, soft-capping and
-    /// scaled embeddings (Phi-3's and Gemma's) have no kernels yet.
+    /// The windowed attention, GeGLU and embedding-scale kernels have not run on a GPU yet
+    /// (issue 45): they run only under `--cuda-unverified-kernels`. Partial rotary
+    /// embeddings and soft-capping (Phi-3's and Gemma 2's) have no kernels yet.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
-        if c.embedding_scale != 1.0 {
-            return Some("scaled embeddings".to_string());
+        const UNVERIFIED: &str =
+            "(its CUDA kernels, not yet run on a GPU, run under --cuda-unverified-kernels)";
+        let unverified = self.kernel_set == KernelSet::WithUnverified;
+        if c.embedding_scale != 1.0 && !unverified {
+            return Some(format!("scaled embeddings {UNVERIFIED}"));
         }
         if c.final_logit_softcap.is_some() {
             return Some("soft-capped logits".to_string());
         }
         c.layers.iter().enumerate().find_map(|(i, l)| {
-            let missing = if l.attention != AttentionSpan::Full && self.kernel_set == KernelSet::Plain {
-                "a sliding attention window (its CUDA kernels, not yet run on a GPU, run under --cuda-sliding-window)"
+            let missing = if l.attention != AttentionSpan::Full && !unverified {
+                format!("a sliding attention window {UNVERIFIED}")
             } else if l.rope.rotary_dim != c.head_dim {
-                "rotary embeddings on part of each head"
-            } else if l.activation != Activation::Silu {
-                "a GeGLU feed-forward"
+                "rotary embeddings on part of each head".to_string()
+            } else if l.activation == Activation::GeluTanh && !unverified {
+                format!("a GeGLU feed-forward {UNVERIFIED}")
             } else if l.attn_softcap.is_some() {
-                "soft-capped attention"
+                "soft-capped attention".to_string()
             } else {
                 return None;
             };
@@ -1510,8 +1514,8 @@ impl Backend for CudaBackend {
             AttentionSpan::Full => None,
             AttentionSpan::Sliding { window } => {
                 ensure!(
-                    self.kernel_set == KernelSet::WithSlidingTwins,
-                    "attention: sliding windows run on CUDA only under --cuda-sliding-window"
+                    self.kernel_set == KernelSet::WithUnverified,
+                    "attention: sliding windows run on CUDA only under --cuda-unverified-kernels"
                 );
                 Some(int(window, "sliding window")?)
             }
@@ -1688,13 +1692,19 @@ impl Backend for CudaBackend {
         out: &mut CudaAct,
     ) -> anyhow::Result<()> {
         self.flush()?;
-        ensure!(
-            act == Activation::Silu,
-            "gated_activation: {act:?} has no CUDA kernel"
-        );
+        let kernel = match act {
+            Activation::Silu => "silu_mul",
+            Activation::GeluTanh => {
+                ensure!(
+                    self.kernel_set == KernelSet::WithUnverified,
+                    "gated_activation: GeGLU runs on CUDA only under --cuda-unverified-kernels"
+                );
+                "gelu_tanh_mul"
+            }
+        };
         ensure!(
             gate_up.cols.is_multiple_of(2),
-            "silu_mul: odd width {}",
+            "gated_activation: odd width {}",
             gate_up.cols
         );
         let inter = gate_up.cols / 2;
@@ -1705,7 +1715,7 @@ impl Backend for CudaBackend {
             KArg::I32(int(inter, "intermediate")?),
         ];
         self.launch(
-            "silu_mul",
+            kernel,
             (
                 inter.div_ceil(256) as u32,
                 int(gate_up.rows, "rows")? as u32,
@@ -1717,9 +1727,21 @@ impl Backend for CudaBackend {
         )
     }
 
-    /// Refused at load ([`Backend::lacks`]): no model that reaches it runs on CUDA.
-    fn scale(&self, _x: &mut CudaAct, factor: f32) -> anyhow::Result<()> {
-        anyhow::bail!("scale by {factor}: scaled embeddings have no CUDA kernel")
+    /// The factor is rounded to bf16 first, as a bf16 model in transformers multiplies by
+    /// a bf16 tensor (Gemma's embedding normaliser).
+    fn scale(&self, x: &mut CudaAct, factor: f32) -> anyhow::Result<()> {
+        self.flush()?;
+        ensure!(
+            self.kernel_set == KernelSet::WithUnverified,
+            "scale: runs on CUDA only under --cuda-unverified-kernels"
+        );
+        let n = x.rows * x.cols;
+        let args = [
+            KArg::Ptr(self.ptr(x.slice()?)),
+            KArg::F32(half::bf16::from_f32(factor).to_f32()),
+            KArg::I64(n as i64),
+        ];
+        self.launch("scale_bf16", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args)
     }
 
     /// Refused at load ([`Backend::lacks`]).

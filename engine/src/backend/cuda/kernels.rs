@@ -70,6 +70,9 @@ pub const FIXED_KERNELS: [&str; 11] = [
     "sample_rows",
 ];
 
+/// The fixed-name kernels of [`KernelSet::WithUnverified`] (besides the sliding twins).
+pub const UNVERIFIED_KERNELS: [&str; 2] = ["gelu_tanh_mul", "scale_bf16"];
+
 /// Which kernel computes decode attention. Unless one is named, the pipelined kernel runs on
 /// sm_80 or newer and the direct one elsewhere. Both passed the GPU tests and transformers'
 /// logprobs on an H100; `ncu` there read the pipelined one 5% faster at batch 64 x 512
@@ -161,11 +164,12 @@ pub fn sliding_twin(name: &str) -> String {
 /// Which kernels a program is compiled with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelSet {
-    /// Every kernel but the sliding-window twins.
+    /// The kernels that have run on a GPU.
     Plain,
-    /// The twins too (`-DSLIDING_WINDOW_KERNELS`): they have not run on a GPU yet (issue
-    /// 45), so they are compiled only for `--cuda-sliding-window`.
-    WithSlidingTwins,
+    /// The kernels not yet run on a GPU too (`-DUNVERIFIED_KERNELS`: the sliding twins,
+    /// `gelu_tanh_mul`, `scale_bf16`; issue 45), compiled only for
+    /// `--cuda-unverified-kernels`.
+    WithUnverified,
 }
 
 /// Every kernel name the backend may load from a program of `set`.
@@ -189,7 +193,11 @@ pub fn all_kernel_names(set: KernelSet) -> Vec<String> {
     );
     let twins: Vec<String> = match set {
         KernelSet::Plain => Vec::new(),
-        KernelSet::WithSlidingTwins => attention.iter().map(|n| sliding_twin(n)).collect(),
+        KernelSet::WithUnverified => attention
+            .iter()
+            .map(|n| sliding_twin(n))
+            .chain(UNVERIFIED_KERNELS.iter().map(|n| n.to_string()))
+            .collect(),
     };
     let mut names: Vec<String> = FIXED_KERNELS.iter().map(|s| s.to_string()).collect();
     names.extend(attention);
@@ -213,8 +221,8 @@ pub fn compile_options(arch: &str, set: KernelSet) -> Vec<String> {
         format!("--gpu-architecture={arch}"),
         "-std=c++17".to_string(),
     ];
-    if set == KernelSet::WithSlidingTwins {
-        options.push("-DSLIDING_WINDOW_KERNELS".to_string());
+    if set == KernelSet::WithUnverified {
+        options.push("-DUNVERIFIED_KERNELS".to_string());
     }
     options
 }
@@ -556,7 +564,7 @@ mod tests {
             .map(|n| (n.as_str(), FUNC_GLOBAL, ENTRY, 3))
             .collect();
         assert!(missing_kernels(&elf_with_symbols(&syms), KernelSet::Plain).is_empty());
-        let twins = missing_kernels(&elf_with_symbols(&syms), KernelSet::WithSlidingTwins);
+        let twins = missing_kernels(&elf_with_symbols(&syms), KernelSet::WithUnverified);
         assert_eq!(twins.len(), all.len() - FIXED_KERNELS.len(), "{twins:?}");
         assert!(twins.iter().all(|n| n.ends_with("_sliding")), "{twins:?}");
 
@@ -617,8 +625,8 @@ mod tests {
         }
         let plain = compile_options("sm_90", KernelSet::Plain);
         assert_eq!(plain[0], "--gpu-architecture=sm_90");
-        let twins = compile_options("sm_90", KernelSet::WithSlidingTwins);
+        let twins = compile_options("sm_90", KernelSet::WithUnverified);
         assert_eq!(twins[..plain.len()], plain[..]);
-        assert_eq!(twins[plain.len()..], ["-DSLIDING_WINDOW_KERNELS"]);
+        assert_eq!(twins[plain.len()..], ["-DUNVERIFIED_KERNELS"]);
     }
 }
