@@ -5,10 +5,11 @@
 // The K/V of the step's own tokens are already in the cache (qkv_prep ran first), so both
 // kernels read every key through the block table: a cached prefix and a later chunk of a
 // chunked prefill need no special case.
-// Sliding windows: every kernel has a `*_sliding` twin taking a last argument `window` (> 0),
-// by which a query at position p attends to keys p - window < k <= p only (transformers'
-// and vLLM's `sliding_window`). The plain kernels pass window 0 (every earlier key) to the
-// same code, which the compiler folds away. The twins have not run on a GPU yet (issue 45):
+// Sliding windows and soft-capping: every kernel has a `*_sliding` twin taking two last
+// arguments, `window` (0: every earlier key) by which a query at position p attends to keys
+// p - window < k <= p only (transformers' and vLLM's `sliding_window`), and `softcap` (0: none)
+// by which each scaled score s becomes softcap · tanh(s / softcap) (Gemma 2). The plain kernels
+// pass 0 and 0 to the same code, which the compiler folds away. The twins have not run on a GPU yet (issue 45):
 // they are compiled only with -DUNVERIFIED_KERNELS, which the backend passes under
 // `--cuda-unverified-kernels` (so start-up compiles no more for other models).
 #ifdef UNVERIFIED_KERNELS
@@ -131,11 +132,17 @@ __device__ __forceinline__ DecodeSpan decode_span(const int* __restrict__ block_
                       block_tables + (size_t)seq * table_stride};
 }
 
+// A scaled score soft-capped to cap · tanh(s / cap) (cap 0: unchanged).
+__device__ __forceinline__ float soft_cap(float s, float cap) {
+    return cap > 0.0f ? cap * tanhf(s / cap) : s;
+}
+
 // Phase 1 for one key: the G dot products of its 8 dims `k` held by this lane with the
-// query, summed across the KL lanes of the key; lane 0 writes them to s_p (keys < n).
+// query, summed across the KL lanes of the key and soft-capped; lane 0 writes them to s_p
+// (keys < n).
 template <int G, int KL, int TILE>
 __device__ __forceinline__ void decode_score_key(const float (&q)[G][8], const float (&k)[8], int key,
-                                                 int n, int kl, float (*s_p)[TILE]) {
+                                                 int n, int kl, float softcap, float (*s_p)[TILE]) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         float dot = 0.0f;
@@ -143,7 +150,7 @@ __device__ __forceinline__ void decode_score_key(const float (&q)[G][8], const f
         for (int e = 0; e < 8; ++e) dot += q[g][e] * k[e];
 #pragma unroll
         for (int o = KL / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        if (kl == 0 && key < n) s_p[g][key] = dot;
+        if (kl == 0 && key < n) s_p[g][key] = soft_cap(dot, softcap);
     }
 }
 
@@ -213,7 +220,7 @@ __device__ __forceinline__ void paged_decode_impl(
     const int* __restrict__ seq_n_tokens, const int* __restrict__ seq_start_pos,
     float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
     int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
-    int num_splits, float scale, int window) {
+    int num_splits, float scale, int window, float softcap) {
     constexpr int KEYS_PER_PASS = DEC_THREADS / KL;  // phase 1: keys scored together
     constexpr int PASSES = DEC_TILE / KEYS_PER_PASS;
     constexpr int NKG = DEC_THREADS / KL;            // phase 3: key groups
@@ -264,7 +271,7 @@ __device__ __forceinline__ void paged_decode_impl(
         for (int p = 0; p < PASSES; ++p) {
             float k[8];
             unpack_bf16x8(kw[p], k);
-            decode_score_key<G, KL, DEC_TILE>(q, k, p * KEYS_PER_PASS + sub, n, kl, s_p);
+            decode_score_key<G, KL, DEC_TILE>(q, k, p * KEYS_PER_PASS + sub, n, kl, softcap, s_p);
         }
         __syncthreads();
         // (2) online softmax of the tile
@@ -298,7 +305,7 @@ __device__ __forceinline__ void paged_decode_impl(
         paged_decode_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,              \
                                  table_stride, dec_seqs, seq_row_start, seq_n_tokens,          \
                                  seq_start_pos, part_acc, part_ml, out, out_stride, num_heads, \
-                                 num_kv_heads, head_dim, block_size, num_splits, scale, 0);    \
+                                 num_kv_heads, head_dim, block_size, num_splits, scale, 0, 0.0f); \
     }                                                                                          \
     SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(DEC_THREADS)                     \
         paged_decode_g##G##_k##KL##_sliding(                                                   \
@@ -307,12 +314,12 @@ __device__ __forceinline__ void paged_decode_impl(
             const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,       \
             float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,         \
             int num_kv_heads, int head_dim, int block_size, int num_splits, float scale,       \
-            int window) {                                                                      \
+            int window, float softcap) {                                                       \
         paged_decode_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,              \
                                  table_stride, dec_seqs, seq_row_start, seq_n_tokens,          \
                                  seq_start_pos, part_acc, part_ml, out, out_stride, num_heads, \
                                  num_kv_heads, head_dim, block_size, num_splits, scale,        \
-                                 window);                                                      \
+                                 window, softcap);                                             \
     })
 
 DECODE_KERNEL(1, 2)
@@ -383,7 +390,7 @@ __device__ __forceinline__ void paged_decode_async_impl(
     const int* __restrict__ seq_n_tokens, const int* __restrict__ seq_start_pos,
     float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
     int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
-    int num_splits, float scale, int window) {
+    int num_splits, float scale, int window, float softcap) {
     constexpr int HD = 8 * KL, STAGES = DA_STAGES;
     constexpr int KEYS_PER_PASS = DEC_THREADS / KL;  // keys scored together
     constexpr int TILE = KEYS_PER_PASS > DA_TILE ? KEYS_PER_PASS : DA_TILE;
@@ -461,7 +468,7 @@ __device__ __forceinline__ void paged_decode_async_impl(
             int key = p * KEYS_PER_PASS + sub;
             float k[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (key < n && dim_ok) unpack_bf16x8(*reinterpret_cast<const uint4*>(tk + key * HD + d0), k);
-            decode_score_key<G, KL, TILE>(q, k, key, n, kl, s_p);
+            decode_score_key<G, KL, TILE>(q, k, key, n, kl, softcap, s_p);
         }
         __syncthreads();
         // (2) online softmax of the tile
@@ -497,7 +504,7 @@ __device__ __forceinline__ void paged_decode_async_impl(
                                        table_stride, dec_seqs, seq_row_start, seq_n_tokens,    \
                                        seq_start_pos, part_acc, part_ml, out, out_stride,      \
                                        num_heads, num_kv_heads, head_dim, block_size,          \
-                                       num_splits, scale, 0);                                  \
+                                       num_splits, scale, 0, 0.0f);                           \
     }                                                                                          \
     SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(DEC_THREADS)                     \
         paged_decode_async_g##G##_k##KL##_sliding(                                             \
@@ -506,12 +513,12 @@ __device__ __forceinline__ void paged_decode_async_impl(
             const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,       \
             float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,         \
             int num_kv_heads, int head_dim, int block_size, int num_splits, float scale,       \
-            int window) {                                                                      \
+            int window, float softcap) {                                                       \
         paged_decode_async_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,        \
                                        table_stride, dec_seqs, seq_row_start, seq_n_tokens,    \
                                        seq_start_pos, part_acc, part_ml, out, out_stride,      \
                                        num_heads, num_kv_heads, head_dim, block_size,          \
-                                       num_splits, scale, window);                             \
+                                       num_splits, scale, window, softcap);                    \
     })
 
 DECODE_ASYNC_KERNEL(1, 2)
@@ -578,7 +585,7 @@ __device__ __forceinline__ void prefill_impl(
     const int* __restrict__ tile_seq, const int* __restrict__ tile_q0,
     const int* __restrict__ seq_row_start, const int* __restrict__ seq_n_tokens,
     const int* __restrict__ seq_start_pos, bf16* __restrict__ out, int out_stride,
-    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int window) {
+    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap) {
     extern __shared__ unsigned int pf_smem[];
     int ld = head_dim + 2;  // bf16 row stride (even, so rows stay 4-byte aligned)
     bf16* qs = reinterpret_cast<bf16*>(pf_smem);
@@ -644,7 +651,7 @@ __device__ __forceinline__ void prefill_impl(
                 dot += qa * ka + qb * kb;
             }
             bool seen = kpos <= qpos && (window == 0 || kpos > qpos - window);
-            s[jj] = (row_valid && seen) ? dot * scale : -INFINITY;
+            s[jj] = (row_valid && seen) ? soft_cap(dot * scale, softcap) : -INFINITY;
             tile_max = fmaxf(tile_max, s[jj]);
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -704,7 +711,7 @@ __device__ __forceinline__ void prefill_impl(
         int block_size, float scale) {                                                         \
         prefill_impl<NP>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,        \
                          tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos, out,   \
-                         out_stride, num_heads, num_kv_heads, head_dim, block_size, scale, 0); \
+                         out_stride, num_heads, num_kv_heads, head_dim, block_size, scale, 0, 0.0f); \
     }                                                                                          \
     SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(PF_THREADS)                      \
         prefill_attention_np##NP##_sliding(                                                    \
@@ -712,11 +719,11 @@ __device__ __forceinline__ void prefill_impl(
             const int* block_tables, int table_stride, const int* tile_seq,                    \
             const int* tile_q0, const int* seq_row_start, const int* seq_n_tokens,             \
             const int* seq_start_pos, bf16* out, int out_stride, int num_heads,                \
-            int num_kv_heads, int head_dim, int block_size, float scale, int window) {         \
+            int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap) { \
         prefill_impl<NP>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,        \
                          tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos, out,   \
                          out_stride, num_heads, num_kv_heads, head_dim, block_size, scale,     \
-                         window);                                                              \
+                         window, softcap);                                                     \
     })
 
 PREFILL_KERNEL(4)
@@ -766,7 +773,7 @@ __device__ __forceinline__ void prefill_mma_impl(
     const int* __restrict__ tile_seq, const int* __restrict__ tile_q0,
     const int* __restrict__ seq_row_start, const int* __restrict__ seq_n_tokens,
     const int* __restrict__ seq_start_pos, bf16* __restrict__ out, int out_stride,
-    int num_heads, int num_kv_heads, int block_size, float scale, int window) {
+    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
     constexpr int LD = D + 8;        // Q and K row stride (bf16)
     constexpr int LDV = PF_BK + 8;   // transposed V row stride (bf16)
     constexpr int KSTEPS = D / 16;   // k steps of Q·Kᵀ
@@ -856,8 +863,8 @@ __device__ __forceinline__ void prefill_mma_impl(
                 int kpos = kt * PF_BK + 8 * nt + 2 * c + e;
                 bool seen0 = kpos <= qpos0 && (window == 0 || kpos > qpos0 - window);
                 bool seen1 = kpos <= qpos1 && (window == 0 || kpos > qpos1 - window);
-                s[nt][e] = (valid0 && seen0) ? s[nt][e] * scale : -INFINITY;
-                s[nt][2 + e] = (valid1 && seen1) ? s[nt][2 + e] * scale : -INFINITY;
+                s[nt][e] = (valid0 && seen0) ? soft_cap(s[nt][e] * scale, softcap) : -INFINITY;
+                s[nt][2 + e] = (valid1 && seen1) ? soft_cap(s[nt][2 + e] * scale, softcap) : -INFINITY;
                 t0 = fmaxf(t0, s[nt][e]);
                 t1 = fmaxf(t1, s[nt][2 + e]);
             }
@@ -937,7 +944,7 @@ __device__ __forceinline__ void prefill_mma_impl(
         int block_size, float scale) {                                                         \
         prefill_mma_impl<D>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,     \
                             tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos,     \
-                            out, out_stride, num_heads, num_kv_heads, block_size, scale, 0);   \
+                            out, out_stride, num_heads, num_kv_heads, block_size, scale, 0, 0.0f); \
     }                                                                                          \
     SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(PF_MMA_THREADS)                  \
         prefill_attention_mma_d##D##_sliding(                                                  \
@@ -945,11 +952,11 @@ __device__ __forceinline__ void prefill_mma_impl(
             const int* block_tables, int table_stride, const int* tile_seq,                    \
             const int* tile_q0, const int* seq_row_start, const int* seq_n_tokens,             \
             const int* seq_start_pos, bf16* out, int out_stride, int num_heads,                \
-            int num_kv_heads, int head_dim, int block_size, float scale, int window) {         \
+            int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap) { \
         prefill_mma_impl<D>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,     \
                             tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos,     \
                             out, out_stride, num_heads, num_kv_heads, block_size, scale,       \
-                            window);                                                           \
+                            window, softcap);                                                  \
     })
 
 PREFILL_MMA_KERNEL(16)

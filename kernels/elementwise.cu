@@ -189,6 +189,12 @@ extern "C" __global__ void scale_bf16(bf16* __restrict__ x, float factor, long l
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = f32_to_bf16(bf16_to_f32(x[i]) * factor);
 }
+
+// x[i] = bf16(cap * tanh(x[i] / cap)) (Gemma 2's final logits). grid = ceil(n / 256), block = 256.
+extern "C" __global__ void softcap_bf16(bf16* __restrict__ x, float cap, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = f32_to_bf16(cap * tanhf(bf16_to_f32(x[i]) / cap));
+}
 #endif
 
 // out[i, :] = x[rows[i], :]. grid = (n), block = 256.

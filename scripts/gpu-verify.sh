@@ -5,7 +5,7 @@
 # order they run (most needed first, so that a run cut off at its limit keeps what ran; each
 # writes its results to $OUT as it finishes and its wall time to $OUT/times.txt):
 #   tests     the GPU tests (tiny models with both prefill and both decode kernels, the
-#             windowed Mistral on the sliding twins (--cuda-unverified-kernels), graphs,
+#             windowed Mistral and the tiny Gemma 3 and Gemma 2 on --cuda-unverified-kernels, graphs,
 #             sampling, K-quant GGUFs) and the NVRTC compile tests (H100: 43-47 s)
 #   api       `engine serve --device cuda` on the tiny Llama: JSON-schema output (greedy and
 #             sampled), a required tool call, a stream (3 s)

@@ -383,22 +383,24 @@ fn gpu_family_models_match_cpu() {
     }
 }
 
-/// Gemma 3 on the kernels not yet run on a GPU (`--cuda-unverified-kernels`: windows,
-/// GeGLU, scaled embeddings) beside its sandwich norms and QK-norm, each prefill kernel,
-/// against the CPU.
+/// Gemma 3 and Gemma 2 on the kernels not yet run on a GPU (`--cuda-unverified-kernels`:
+/// windows, soft-capped scores and logits, GeGLU, scaled embeddings) beside their sandwich
+/// norms and Gemma 3's QK-norm, each prefill kernel, against the CPU.
 #[test]
-fn gpu_gemma3_matches_cpu() {
-    if gpu_or_skip("gpu_gemma3_matches_cpu") {
-        for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
-            let (cpu, gpu) = family_runners("gemma3-tiny", prefill, DecodeAttention::Pipelined);
-            check_gpu_against_cpu(&format!("gemma3-tiny {prefill:?}"), cpu, gpu, 256, 400);
+fn gpu_gemma_matches_cpu() {
+    if gpu_or_skip("gpu_gemma_matches_cpu") {
+        for name in ["gemma3-tiny", "gemma2-tiny"] {
+            for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
+                let (cpu, gpu) = family_runners(name, prefill, DecodeAttention::Pipelined);
+                check_gpu_against_cpu(&format!("{name} {prefill:?}"), cpu, gpu, 256, 400);
+            }
         }
     }
 }
 
-/// Without `--cuda-unverified-kernels` a windowed model (Mistral's, Gemma 3) is refused at
-/// load, and models that soft-cap (Gemma 2) or rotate part of each head (Phi-3) always are
-/// (no kernels yet), each with what it needs.
+/// Without `--cuda-unverified-kernels` a model that needs those kernels (Mistral's window,
+/// Gemma 3, Gemma 2) is refused at load, and one that rotates part of each head (Phi-3)
+/// always is (no kernel yet), each with what it needs.
 #[test]
 fn gpu_refuses_what_its_kernels_do_not_run() {
     if gpu_or_skip("gpu_refuses_what_its_kernels_do_not_run") {
@@ -406,7 +408,7 @@ fn gpu_refuses_what_its_kernels_do_not_run() {
         for (name, needs) in [
             ("mistral-tiny-window", "--cuda-unverified-kernels"),
             ("gemma3-tiny", "--cuda-unverified-kernels"),
-            ("gemma2-tiny", "soft-capped logits"),
+            ("gemma2-tiny", "--cuda-unverified-kernels"),
             (
                 "phi3-tiny-longrope",
                 "rotary embeddings on part of each head",

@@ -1471,9 +1471,9 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// The windowed attention, GeGLU and embedding-scale kernels have not run on a GPU yet
-    /// (issue 45): they run only under `--cuda-unverified-kernels`. Partial rotary
-    /// embeddings and soft-capping (Phi-3's and Gemma 2's) have no kernels yet.
+    /// The windowed and soft-capped attention, GeGLU, embedding-scale and logit soft-cap
+    /// kernels have not run on a GPU yet (issue 45): they run only under
+    /// `--cuda-unverified-kernels`. Partial rotary embeddings (Phi-3's) have no kernel yet.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         const UNVERIFIED: &str =
             "(its CUDA kernels, not yet run on a GPU, run under --cuda-unverified-kernels)";
@@ -1481,8 +1481,8 @@ impl Backend for CudaBackend {
         if c.embedding_scale != 1.0 && !unverified {
             return Some(format!("scaled embeddings {UNVERIFIED}"));
         }
-        if c.final_logit_softcap.is_some() {
-            return Some("soft-capped logits".to_string());
+        if c.final_logit_softcap.is_some() && !unverified {
+            return Some(format!("soft-capped logits {UNVERIFIED}"));
         }
         c.layers.iter().enumerate().find_map(|(i, l)| {
             let missing = if l.attention != AttentionSpan::Full && !unverified {
@@ -1491,8 +1491,8 @@ impl Backend for CudaBackend {
                 "rotary embeddings on part of each head".to_string()
             } else if l.activation == Activation::GeluTanh && !unverified {
                 format!("a GeGLU feed-forward {UNVERIFIED}")
-            } else if l.attn_softcap.is_some() {
-                "soft-capped attention".to_string()
+            } else if l.attn_softcap.is_some() && !unverified {
+                format!("soft-capped attention {UNVERIFIED}")
             } else {
                 return None;
             };
@@ -1512,20 +1512,23 @@ impl Backend for CudaBackend {
     ) -> anyhow::Result<()> {
         let window = match span {
             AttentionSpan::Full => None,
-            AttentionSpan::Sliding { window } => {
-                ensure!(
-                    self.kernel_set == KernelSet::WithUnverified,
-                    "attention: sliding windows run on CUDA only under --cuda-unverified-kernels"
-                );
-                Some(int(window, "sliding window")?)
+            AttentionSpan::Sliding { window } => Some(int(window, "sliding window")?),
+        };
+        // The plain kernel, or its sliding twin with the window and the soft-cap (0 for
+        // none) as its last arguments.
+        let twin = window.is_some() || scores.softcap.is_some();
+        ensure!(
+            !twin || self.kernel_set == KernelSet::WithUnverified,
+            "attention: sliding windows and soft-capped scores run on CUDA only under \
+             --cuda-unverified-kernels"
+        );
+        let kernel = |name: String| if twin { sliding_twin(&name) } else { name };
+        let window_arg = |args: &mut Vec<KArg>| {
+            if twin {
+                args.push(KArg::I32(window.unwrap_or(0)));
+                args.push(KArg::F32(scores.softcap.unwrap_or(0.0)));
             }
         };
-        // The plain kernel, or its sliding twin with the window as a last argument.
-        let kernel = |name: String| match window {
-            None => name,
-            Some(_) => sliding_twin(&name),
-        };
-        let window_arg = |args: &mut Vec<KArg>| args.extend(window.map(KArg::I32));
         ensure!(
             qkv.cols == layout.qkv_width() && qkv.rows == step.rows,
             "attention: qkv is {}x{}",
@@ -1560,10 +1563,6 @@ impl Backend for CudaBackend {
         let (h, kvh, d) = (layout.num_heads, layout.num_kv_heads, layout.head_dim);
         let o = self.shape(out, qkv.rows, layout.q_width())?;
         let at = |off: usize| KArg::Ptr(step.at(off));
-        ensure!(
-            scores.softcap.is_none(),
-            "attention: soft-capped scores are not run on CUDA"
-        );
         let scale = scores.scale;
         let common = |v: &mut Vec<KArg>| {
             v.push(KArg::Ptr(qkv_ptr));
@@ -1744,9 +1743,25 @@ impl Backend for CudaBackend {
         self.launch("scale_bf16", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args)
     }
 
-    /// Refused at load ([`Backend::lacks`]).
-    fn softcap(&self, _x: &mut CudaAct, cap: f32) -> anyhow::Result<()> {
-        anyhow::bail!("softcap at {cap}: soft-capped logits have no CUDA kernel")
+    fn softcap(&self, x: &mut CudaAct, cap: f32) -> anyhow::Result<()> {
+        self.flush()?;
+        ensure!(
+            self.kernel_set == KernelSet::WithUnverified && cap > 0.0,
+            "softcap at {cap}: runs on CUDA only under --cuda-unverified-kernels"
+        );
+        let n = x.rows * x.cols;
+        let args = [
+            KArg::Ptr(self.ptr(x.slice()?)),
+            KArg::F32(cap),
+            KArg::I64(n as i64),
+        ];
+        self.launch(
+            "softcap_bf16",
+            (n.div_ceil(256) as u32, 1, 1),
+            256,
+            0,
+            &args,
+        )
     }
 
     fn gather_logit_rows(

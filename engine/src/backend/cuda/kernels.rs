@@ -71,7 +71,7 @@ pub const FIXED_KERNELS: [&str; 11] = [
 ];
 
 /// The fixed-name kernels of [`KernelSet::WithUnverified`] (besides the sliding twins).
-pub const UNVERIFIED_KERNELS: [&str; 2] = ["gelu_tanh_mul", "scale_bf16"];
+pub const UNVERIFIED_KERNELS: [&str; 3] = ["gelu_tanh_mul", "scale_bf16", "softcap_bf16"];
 
 /// Which kernel computes decode attention. Unless one is named, the pipelined kernel runs on
 /// sm_80 or newer and the direct one elsewhere. Both passed the GPU tests and transformers'
@@ -156,7 +156,7 @@ pub fn prefill_smem_bytes(head_dim: usize) -> usize {
 }
 
 /// The sliding-window twin of an attention kernel (`kernels/attention.cu`): the same
-/// arguments and a last one, the window.
+/// arguments and two last ones, the window (0: none) and the score soft-cap (0: none).
 pub fn sliding_twin(name: &str) -> String {
     format!("{name}_sliding")
 }
@@ -166,8 +166,9 @@ pub fn sliding_twin(name: &str) -> String {
 pub enum KernelSet {
     /// The kernels that have run on a GPU.
     Plain,
-    /// The kernels not yet run on a GPU too (`-DUNVERIFIED_KERNELS`: the sliding twins,
-    /// `gelu_tanh_mul`, `scale_bf16`; issue 45), compiled only for
+    /// The kernels not yet run on a GPU too (`-DUNVERIFIED_KERNELS`: the sliding twins
+    /// (windows and soft-capped scores), `gelu_tanh_mul`, `scale_bf16`, `softcap_bf16`;
+    /// issue 45), compiled only for
     /// `--cuda-unverified-kernels`.
     WithUnverified,
 }
