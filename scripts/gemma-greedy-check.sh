@@ -32,34 +32,4 @@ if [ "${AGAINST:-engine}" = llama-fa-off ]; then
   wait_up http://127.0.0.1:8323
 fi
 wait_up http://127.0.0.1:8321; wait_up http://127.0.0.1:8322
-python3 - "$second" "${AGAINST:-engine}" "${PROMPTS:-4}" <<'PY'
-import json, sys, urllib.request
-def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    return json.load(urllib.request.urlopen(req))
-prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a",
-           "The three primary colors are", "The best way to learn a new language is",
-           "import numpy as np\n", "Water boils at", "My favourite season is",
-           "The mitochondria is", "In 1492, Columbus", "To make a cup of tea, first",
-           "The largest planet in the solar system is", "SELECT name FROM users WHERE",
-           "Dear hiring manager,", "The quick brown fox", "A healthy breakfast includes",
-           "The theory of relativity states that", "Photosynthesis is the process by which",
-           "for i in range(10):", "The main causes of climate change are",
-           "Shakespeare wrote", "The recipe calls for two cups of", "Machine learning is",
-           "The stock market today", "Once the rain stopped, the children",
-           "A triangle has", "The human heart has four", "To reverse a string in Python,",
-           "The moon orbits", "Good morning! Today we will learn about",
-           "The French Revolution began in", "An apple a day"][:int(sys.argv[3])]
-second, against = int(sys.argv[1]), sys.argv[2]
-agree = []
-for p in prompts:
-    ask = {"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
-    texts = [post(port, "/v1/completions", ask)["choices"][0]["text"] for port in (8321, second)]
-    ids = [post(8322, "/tokenize", {"prompt": t, "add_special_tokens": False})["tokens"] for t in texts]
-    n = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
-    agree.append(n)
-    print(f"  {p!r}: {n} leading tokens agree\n    llama.cpp: {texts[0]!r}\n    {against + ':':11s}{texts[1]!r}")
-print(f"gemma-3-270m Q4_K_M, llama-server against {against}: leading tokens in agreement {agree}; "
-      f"prompts with >= 8: {sum(a >= 8 for a in agree)} of {len(prompts)}")
-PY
+python3 scripts/greedy-agreement.py "gemma-3-270m Q4_K_M" 8321 "$second" "${AGAINST:-engine}" 8322 "${PROMPTS:-4}"

@@ -39,34 +39,6 @@ for scheme in Q4_K_M Q5_K_M Q6_K; do
     wait_up http://127.0.0.1:8313
   fi
   wait_up http://127.0.0.1:8311; wait_up http://127.0.0.1:8312
-  python3 - "$scheme" "$second" "${AGAINST:-engine}" "${PROMPTS:-4}" <<'PY'
-import json, sys, urllib.request
-def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    return json.load(urllib.request.urlopen(req))
-prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a",
-           "The three primary colors are", "The best way to learn a new language is",
-           "import numpy as np\n", "Water boils at", "My favourite season is",
-           "The mitochondria is", "In 1492, Columbus", "To make a cup of tea, first",
-           "The largest planet in the solar system is", "SELECT name FROM users WHERE",
-           "Dear hiring manager,", "The quick brown fox", "A healthy breakfast includes",
-           "The theory of relativity states that", "Photosynthesis is the process by which",
-           "for i in range(10):", "The main causes of climate change are",
-           "Shakespeare wrote", "The recipe calls for two cups of", "Machine learning is",
-           "The stock market today", "Once the rain stopped, the children",
-           "A triangle has", "The human heart has four", "To reverse a string in Python,",
-           "The moon orbits", "Good morning! Today we will learn about",
-           "The French Revolution began in", "An apple a day"][:int(sys.argv[4])]
-agree = []
-for p in prompts:
-    ask = {"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
-    texts = [post(port, "/v1/completions", ask)["choices"][0]["text"] for port in (8311, int(sys.argv[2]))]
-    ids = [post(8312, "/tokenize", {"prompt": t, "add_special_tokens": False})["tokens"] for t in texts]
-    n = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
-    agree.append(n)
-    print(f"  {p!r}: {n} leading tokens agree\n    llama.cpp: {texts[0]!r}\n    {sys.argv[3] + ':':11s}{texts[1]!r}")
-print(f"{sys.argv[1]}, llama-server against {sys.argv[3]}: leading tokens in agreement {agree}; prompts with >= 8: {sum(a >= 8 for a in agree)} of {len(prompts)}")
-PY
+  python3 scripts/greedy-agreement.py "$scheme" 8311 "$second" "${AGAINST:-engine}" 8312 "${PROMPTS:-4}"
   kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; pids=()
 done

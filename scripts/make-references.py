@@ -88,6 +88,34 @@ def reference(model, seed):
     sys.exit("no input seed gave greedy margins above the threshold")
 
 
+def add_shape(w, c):
+    """The keys every family's file has: context, widths, layer and head counts, epsilon."""
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+
+
+def add_vocab(w, c):
+    """A byte-level BPE vocabulary of VOCAB tokens `<i>` without merges, BOS and EOS."""
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"<{i}>" for i in range(VOCAB)])
+    w.add_token_types([1] * VOCAB)
+    w.add_token_merges([])
+    w.add_bos_token_id(c.bos_token_id)
+    w.add_eos_token_id(c.eos_token_id)
+
+
+def close(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def gguf_writer_for(arch, permute_qk):
     """A writer of an `arch` GGUF file as llama.cpp's converter writes one: f32 tensors under
     its names (q/k rows permuted to its interleaved RoPE order for `llama`), the RoPE
@@ -96,14 +124,8 @@ def gguf_writer_for(arch, permute_qk):
         c = config
         w = gguf.GGUFWriter(path, arch)
         rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}
-        w.add_context_length(c.max_position_embeddings)
-        w.add_embedding_length(c.hidden_size)
-        w.add_block_count(c.num_hidden_layers)
-        w.add_feed_forward_length(c.intermediate_size)
+        add_shape(w, c)
         w.add_rope_dimension_count(c.head_dim)
-        w.add_head_count(c.num_attention_heads)
-        w.add_head_count_kv(c.num_key_value_heads)
-        w.add_layer_norm_rms_eps(c.rms_norm_eps)
         w.add_rope_freq_base(rope["rope_theta"])
         if rope.get("rope_type") == "yarn":
             w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -111,12 +133,7 @@ def gguf_writer_for(arch, permute_qk):
             w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
-        w.add_tokenizer_model("gpt2")
-        w.add_token_list([f"<{i}>" for i in range(VOCAB)])
-        w.add_token_types([1] * VOCAB)
-        w.add_token_merges([])
-        w.add_bos_token_id(c.bos_token_id)
-        w.add_eos_token_id(c.eos_token_id)
+        add_vocab(w, c)
         sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
         def permute(t, heads):
@@ -146,10 +163,7 @@ def gguf_writer_for(arch, permute_qk):
                     elif gg == "attn_k":
                         t = permute(t, c.num_key_value_heads)
                     w.add_tensor(f"blk.{i}.{gg}.{part}", np.ascontiguousarray(t))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        close(w)
     return write
 
 
@@ -163,14 +177,8 @@ def phi3_gguf_writer(model, config, path):
     w = gguf.GGUFWriter(path, "phi3")
     orig = rope.get("original_max_position_embeddings", c.original_max_position_embeddings)
     rope_dims = int(rope.get("partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
-    w.add_context_length(c.max_position_embeddings)
+    add_shape(w, c)
     w.add_rope_scaling_orig_ctx_len(orig)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_dimension_count(rope_dims)
     w.add_rope_freq_base(rope["rope_theta"])
     w.add_sliding_window(c.sliding_window or 0)
@@ -179,12 +187,7 @@ def phi3_gguf_writer(model, config, path):
         scale = c.max_position_embeddings / orig
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig))
                                         if scale > 1.0 else 1.0)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"<{i}>" for i in range(VOCAB)])
-    w.add_token_types([1] * VOCAB)
-    w.add_token_merges([])
-    w.add_bos_token_id(c.bos_token_id)
-    w.add_eos_token_id(c.eos_token_id)
+    add_vocab(w, c)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
@@ -201,10 +204,7 @@ def phi3_gguf_writer(model, config, path):
         for hf, gg in names.items():
             w.add_tensor(f"blk.{i}.{gg}.weight",
                          np.ascontiguousarray(sd[f"model.layers.{i}.{hf}.weight"]))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close(w)
 
 
 def gemma_gguf_writer(arch):
@@ -218,13 +218,7 @@ def gemma_gguf_writer(arch):
         c = config
         w = gguf.GGUFWriter(path, arch)
         rope = c.rope_parameters
-        w.add_context_length(c.max_position_embeddings)
-        w.add_embedding_length(c.hidden_size)
-        w.add_block_count(c.num_hidden_layers)
-        w.add_feed_forward_length(c.intermediate_size)
-        w.add_head_count(c.num_attention_heads)
-        w.add_head_count_kv(c.num_key_value_heads)
-        w.add_layer_norm_rms_eps(c.rms_norm_eps)
+        add_shape(w, c)
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
         w.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
@@ -233,12 +227,7 @@ def gemma_gguf_writer(arch):
             w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         if getattr(c, "final_logit_softcapping", None):
             w.add_final_logit_softcapping(c.final_logit_softcapping)
-        w.add_tokenizer_model("gpt2")
-        w.add_token_list([f"<{i}>" for i in range(VOCAB)])
-        w.add_token_types([1] * VOCAB)
-        w.add_token_merges([])
-        w.add_bos_token_id(c.bos_token_id)
-        w.add_eos_token_id(c.eos_token_id)
+        add_vocab(w, c)
         sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
         shift = lambda k, t: t + 1.0 if k.endswith("norm.weight") else t
         w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
@@ -256,10 +245,7 @@ def gemma_gguf_writer(arch):
                 key = f"model.layers.{i}.{hf}.weight"
                 if key in sd:
                     w.add_tensor(f"blk.{i}.{gg}.weight", np.ascontiguousarray(shift(key, sd[key])))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        close(w)
     return write
 
 

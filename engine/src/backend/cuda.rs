@@ -531,6 +531,23 @@ impl CudaBackend {
         Ok(self)
     }
 
+    /// Runs an element-wise kernel of [`kernels::UNVERIFIED_KERNELS`] (`x`, one f32, the
+    /// element count) over every value of `x`, in place.
+    fn map_in_place(&self, kernel: &str, x: &mut CudaAct, value: f32) -> anyhow::Result<()> {
+        self.flush()?;
+        ensure!(
+            self.kernel_set == KernelSet::WithUnverified,
+            "{kernel}: runs on CUDA only under --cuda-unverified-kernels"
+        );
+        let n = x.rows * x.cols;
+        let args = [
+            KArg::Ptr(self.ptr(x.slice()?)),
+            KArg::F32(value),
+            KArg::I64(n as i64),
+        ];
+        self.launch(kernel, (n.div_ceil(256) as u32, 1, 1), 256, 0, &args)
+    }
+
     /// The GPU's compute capability (major, minor).
     fn compute_capability(&self) -> anyhow::Result<(i32, i32)> {
         self.ctx
@@ -1729,39 +1746,12 @@ impl Backend for CudaBackend {
     /// The factor is rounded to bf16 first, as a bf16 model in transformers multiplies by
     /// a bf16 tensor (Gemma's embedding normaliser).
     fn scale(&self, x: &mut CudaAct, factor: f32) -> anyhow::Result<()> {
-        self.flush()?;
-        ensure!(
-            self.kernel_set == KernelSet::WithUnverified,
-            "scale: runs on CUDA only under --cuda-unverified-kernels"
-        );
-        let n = x.rows * x.cols;
-        let args = [
-            KArg::Ptr(self.ptr(x.slice()?)),
-            KArg::F32(half::bf16::from_f32(factor).to_f32()),
-            KArg::I64(n as i64),
-        ];
-        self.launch("scale_bf16", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args)
+        self.map_in_place("scale_bf16", x, half::bf16::from_f32(factor).to_f32())
     }
 
     fn softcap(&self, x: &mut CudaAct, cap: f32) -> anyhow::Result<()> {
-        self.flush()?;
-        ensure!(
-            self.kernel_set == KernelSet::WithUnverified && cap > 0.0,
-            "softcap at {cap}: runs on CUDA only under --cuda-unverified-kernels"
-        );
-        let n = x.rows * x.cols;
-        let args = [
-            KArg::Ptr(self.ptr(x.slice()?)),
-            KArg::F32(cap),
-            KArg::I64(n as i64),
-        ];
-        self.launch(
-            "softcap_bf16",
-            (n.div_ceil(256) as u32, 1, 1),
-            256,
-            0,
-            &args,
-        )
+        ensure!(cap > 0.0, "softcap: cap {cap}");
+        self.map_in_place("softcap_bf16", x, cap)
     }
 
     fn gather_logit_rows(
