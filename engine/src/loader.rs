@@ -57,8 +57,9 @@ pub struct DeviceArgs {
     #[arg(long, value_enum)]
     pub decode_attention: Option<DecodeAttention>,
     /// CUDA: run the kernels that have not yet run on a GPU: sliding-window attention
-    /// (Mistral, Phi-3, Gemma, Qwen's windowed layers), GeGLU and scaled embeddings (Gemma
-    /// 3); without it a model that needs them is refused on CUDA.
+    /// (Mistral, Gemma, Qwen's windowed layers), GeGLU and scaled embeddings (Gemma),
+    /// soft-capped attention and logits (Gemma 2); without it a model that needs them is
+    /// refused on CUDA.
     #[arg(long)]
     pub cuda_unverified_kernels: bool,
 }

@@ -145,7 +145,7 @@ fn config_chat_template(config: &serde_json::Value) -> Option<String> {
 /// BPE merges that reproduce SentencePiece's greedy merging by score: every split of an
 /// ordinary piece into two pieces, ranked by the piece's score (highest first), then by the
 /// left part's length and the right's (longest first), as transformers' converter ranks
-/// them. Control and byte pieces are never merged into.
+/// them. Only ordinary pieces are merge results: no merge produces a control or byte piece.
 fn sentencepiece_merges(
     tokens: &[&str],
     scores: &[f64],
@@ -318,10 +318,16 @@ impl Tokenizer {
             .map(|(id, t)| (t.to_string(), id as u32))
             .collect();
         let merges = sentencepiece_merges(tokens, &scores, token_types, &vocab);
-        let unk = file
-            .opt("tokenizer.ggml.unknown_token_id", GgufFile::get_usize)?
-            .and_then(|id| tokens.get(id))
-            .map(|t| t.to_string());
+        let unk = match file.opt("tokenizer.ggml.unknown_token_id", GgufFile::get_usize)? {
+            None => None,
+            Some(id) => Some(tokens.get(id).map(|t| t.to_string()).with_context(|| {
+                format!(
+                    "tokenizer.ggml.unknown_token_id {id} in {} is outside its {} tokens",
+                    path.display(),
+                    tokens.len()
+                )
+            })?),
+        };
         let mut bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .byte_fallback(true);

@@ -370,8 +370,9 @@ fn gpu_sliding_window_matches_cpu_on_mistral_tiny() {
     }
 }
 
-/// The families' full-attention references on the default kernels: Mistral's layers, and
-/// Qwen2 with YaRN (its attention factor rides in the RoPE tables), against the CPU.
+/// The families' full-attention references on the tensor-core prefill and pipelined decode
+/// kernels: Mistral's layers, and Qwen2 with YaRN (its attention factor rides in the RoPE
+/// tables), against the CPU.
 #[test]
 fn gpu_family_models_match_cpu() {
     if gpu_or_skip("gpu_family_models_match_cpu") {

@@ -81,8 +81,8 @@ pub struct CudaOptions {
     pub decode_attention: Option<DecodeAttention>,
     /// The longest sequence served (`--max-model-len`); `None`: the model's maximum position.
     pub max_model_len: Option<usize>,
-    /// Run the kernels that have not run on a GPU yet (issue 45): sliding-window
-    /// attention, GeGLU, scaled embeddings.
+    /// Run the kernels that have not run on a GPU yet (issue 45): sliding-window and
+    /// soft-capped attention, GeGLU, scaled embeddings, soft-capped logits.
     pub unverified_kernels: bool,
 }
 
@@ -1502,10 +1502,11 @@ impl Backend for CudaBackend {
             return Some(format!("soft-capped logits {UNVERIFIED}"));
         }
         c.layers.iter().enumerate().find_map(|(i, l)| {
-            let missing = if l.attention != AttentionSpan::Full && !unverified {
-                format!("a sliding attention window {UNVERIFIED}")
-            } else if l.rope.rotary_dim != c.head_dim {
+            // What no flag runs comes first.
+            let missing = if l.rope.rotary_dim != c.head_dim {
                 "rotary embeddings on part of each head".to_string()
+            } else if l.attention != AttentionSpan::Full && !unverified {
+                format!("a sliding attention window {UNVERIFIED}")
             } else if l.activation == Activation::GeluTanh && !unverified {
                 format!("a GeGLU feed-forward {UNVERIFIED}")
             } else if l.attn_softcap.is_some() && !unverified {
@@ -1743,10 +1744,8 @@ impl Backend for CudaBackend {
         )
     }
 
-    /// The factor is rounded to bf16 first, as a bf16 model in transformers multiplies by
-    /// a bf16 tensor (Gemma's embedding normaliser).
     fn scale(&self, x: &mut CudaAct, factor: f32) -> anyhow::Result<()> {
-        self.map_in_place("scale_bf16", x, half::bf16::from_f32(factor).to_f32())
+        self.map_in_place("scale_bf16", x, factor)
     }
 
     fn softcap(&self, x: &mut CudaAct, cap: f32) -> anyhow::Result<()> {

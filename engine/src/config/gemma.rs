@@ -15,8 +15,13 @@ use super::{
     NormPlacement, NormWeights,
 };
 
-/// `max_position_embeddings` when a config leaves it out (transformers' Gemma 3 default).
-pub const DEFAULT_MAX_POSITIONS: usize = 131_072;
+/// `max_position_embeddings` when a config leaves it out (transformers' defaults).
+pub fn default_max_positions(family: Family) -> usize {
+    match family {
+        Family::Gemma2 => 8192,
+        _ => 131_072,
+    }
+}
 
 /// Gemma 3's sliding layers' RoPE base when the config names none (transformers' and
 /// llama.cpp's default).
@@ -104,7 +109,11 @@ pub fn hf_layers(
     let spans: Vec<bool> = match layer_types(json, n, file)? {
         Some(spans) => spans.iter().map(|s| *s != AttentionSpan::Full).collect(),
         None => {
-            let pattern = opt_field(json, "sliding_window_pattern", file)?.unwrap_or(6);
+            // Published Gemma 3 configs write the pattern as `_sliding_window_pattern`.
+            let pattern = match opt_field(json, "sliding_window_pattern", file)? {
+                Some(p) => p,
+                None => opt_field(json, "_sliding_window_pattern", file)?.unwrap_or(6),
+            };
             pattern_spans(family, n, pattern)
         }
     };
@@ -255,8 +264,9 @@ pub fn gguf_layers(
 mod tests {
     use super::*;
 
-    /// Gemma 3 270M's published (transformers 4) config: five sliding layers to a global
-    /// one, the local RoPE base apart, the query scale from `query_pre_attn_scalar`.
+    /// Gemma 3 270M's published (transformers 4) config, its pattern changed to 3: two
+    /// sliding layers to a global one as `_sliding_window_pattern` says, the local RoPE base
+    /// apart, the query scale from `query_pre_attn_scalar`, the head tied by default.
     #[test]
     fn gemma3_270m_config_reads_its_layer_kinds() {
         let json = serde_json::json!({
@@ -267,25 +277,33 @@ mod tests {
             "rope_local_base_freq": 10000.0, "rope_scaling": null,
             "final_logit_softcapping": null, "attn_logit_softcapping": null,
             "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 32768,
-            "_sliding_window_pattern": 6
+            "_sliding_window_pattern": 3
         });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.json");
         std::fs::write(&path, json.to_string()).unwrap();
         let c = super::super::ModelConfig::from_hf_config(&path).unwrap();
         assert_eq!(c.family, Family::Gemma3);
+        assert!(
+            c.tie_word_embeddings,
+            "Gemma's default when the key is left out"
+        );
         assert_eq!(c.embedding_scale, 640f32.sqrt());
         assert_eq!(c.norm_weights, NormWeights::PlusOne);
         let global: Vec<usize> = (0..18)
             .filter(|&i| c.layers[i].attention == AttentionSpan::Full)
             .collect();
-        assert_eq!(global, [5, 11, 17]);
+        assert_eq!(
+            global,
+            [2, 5, 8, 11, 14, 17],
+            "every third layer, as the key says"
+        );
         assert_eq!(
             c.layers[0].attention,
             AttentionSpan::Sliding { window: 512 }
         );
         assert_eq!(c.layers[0].rope.theta, 10_000.0);
-        assert_eq!(c.layers[5].rope.theta, 1_000_000.0);
+        assert_eq!(c.layers[2].rope.theta, 1_000_000.0);
         assert!(c.layers.iter().all(|l| l.qk_norm
             && l.norms == NormPlacement::Sandwich
             && l.activation == Activation::GeluTanh

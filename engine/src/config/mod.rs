@@ -291,7 +291,7 @@ impl ModelConfig {
             Family::Gemma2 | Family::Gemma3 => {
                 let (layers, gemma) = gemma::hf_layers(family, &json, &common, hidden_size, file)?;
                 extras = gemma;
-                (layers, gemma::DEFAULT_MAX_POSITIONS)
+                (layers, gemma::default_max_positions(family))
             }
         };
 
@@ -319,7 +319,10 @@ impl ModelConfig {
             rms_norm_eps: opt_field::<f64>(&json, "rms_norm_eps", file)?.unwrap_or(1e-6) as f32,
             max_position_embeddings: opt_field(&json, "max_position_embeddings", file)?
                 .unwrap_or(default_max_pos),
-            tie_word_embeddings: opt_field(&json, "tie_word_embeddings", file)?.unwrap_or(false),
+            // transformers' default where the config leaves the key out (4.x configs omit
+            // defaults): Gemma ties its head, the others do not.
+            tie_word_embeddings: opt_field(&json, "tie_word_embeddings", file)?
+                .unwrap_or(matches!(family, Family::Gemma2 | Family::Gemma3)),
             bos_token_id: opt_field(&json, "bos_token_id", file)?,
             eos_token_ids,
             embedding_scale: extras.embedding_scale,

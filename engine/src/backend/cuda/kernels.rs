@@ -565,9 +565,19 @@ mod tests {
             .map(|n| (n.as_str(), FUNC_GLOBAL, ENTRY, 3))
             .collect();
         assert!(missing_kernels(&elf_with_symbols(&syms), KernelSet::Plain).is_empty());
-        let twins = missing_kernels(&elf_with_symbols(&syms), KernelSet::WithUnverified);
-        assert_eq!(twins.len(), all.len() - FIXED_KERNELS.len(), "{twins:?}");
-        assert!(twins.iter().all(|n| n.ends_with("_sliding")), "{twins:?}");
+        // The unverified set adds a sliding twin per attention kernel and its own kernels.
+        let unverified = missing_kernels(&elf_with_symbols(&syms), KernelSet::WithUnverified);
+        assert_eq!(
+            unverified.len(),
+            all.len() - FIXED_KERNELS.len() + UNVERIFIED_KERNELS.len(),
+            "{unverified:?}"
+        );
+        assert!(
+            unverified
+                .iter()
+                .all(|n| n.ends_with("_sliding") || UNVERIFIED_KERNELS.contains(&n.as_str())),
+            "{unverified:?}"
+        );
 
         // A kernel that is absent, one that is only referenced, one that is data, one that
         // is a device function, and a name that only a longer symbol starts with.
