@@ -295,32 +295,29 @@ __device__ __forceinline__ void paged_decode_impl(
                             num_splits, num_heads, part_acc, part_ml, out, out_stride);
 }
 
-#define DECODE_KERNEL(G, KL)                                                                   \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_decode_g##G##_k##KL(      \
-        const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,             \
-        const int* block_tables, int table_stride, const int* dec_seqs,                        \
-        const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,           \
-        float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,             \
-        int num_kv_heads, int head_dim, int block_size, int num_splits, float scale) {         \
-        paged_decode_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,              \
-                                 table_stride, dec_seqs, seq_row_start, seq_n_tokens,          \
-                                 seq_start_pos, part_acc, part_ml, out, out_stride, num_heads, \
-                                 num_kv_heads, head_dim, block_size, num_splits, scale, 0, 0.0f); \
+// The parameters every decode entry point takes, and the same names as arguments.
+#define DECODE_PARAMS                                                                          \
+    const bf16 *qkv, int qkv_stride, const bf16 *k_cache, const bf16 *v_cache,                 \
+        const int *block_tables, int table_stride, const int *dec_seqs,                        \
+        const int *seq_row_start, const int *seq_n_tokens, const int *seq_start_pos,           \
+        float *part_acc, float *part_ml, bf16 *out, int out_stride, int num_heads,             \
+        int num_kv_heads, int head_dim, int block_size, int num_splits, float scale
+#define DECODE_ARGS                                                                            \
+    qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride, dec_seqs, seq_row_start,    \
+        seq_n_tokens, seq_start_pos, part_acc, part_ml, out, out_stride, num_heads,            \
+        num_kv_heads, head_dim, block_size, num_splits, scale
+
+// A decode kernel `NAME` on IMPL<G, KL> (no window, no cap) and its sliding twin.
+#define DECODE_ENTRIES(NAME, IMPL, G, KL)                                                      \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS) NAME(DECODE_PARAMS) {            \
+        IMPL<G, KL>(DECODE_ARGS, 0, 0.0f);                                                     \
     }                                                                                          \
     SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(DEC_THREADS)                     \
-        paged_decode_g##G##_k##KL##_sliding(                                                   \
-            const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,         \
-            const int* block_tables, int table_stride, const int* dec_seqs,                    \
-            const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,       \
-            float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,         \
-            int num_kv_heads, int head_dim, int block_size, int num_splits, float scale,       \
-            int window, float softcap) {                                                       \
-        paged_decode_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,              \
-                                 table_stride, dec_seqs, seq_row_start, seq_n_tokens,          \
-                                 seq_start_pos, part_acc, part_ml, out, out_stride, num_heads, \
-                                 num_kv_heads, head_dim, block_size, num_splits, scale,        \
-                                 window, softcap);                                             \
-    })
+                     NAME##_sliding(DECODE_PARAMS, int window, float softcap) {                \
+                         IMPL<G, KL>(DECODE_ARGS, window, softcap);                            \
+                     })
+
+#define DECODE_KERNEL(G, KL) DECODE_ENTRIES(paged_decode_g##G##_k##KL, paged_decode_impl, G, KL)
 
 DECODE_KERNEL(1, 2)
 DECODE_KERNEL(1, 8)
@@ -493,33 +490,7 @@ __device__ __forceinline__ void paged_decode_async_impl(
 }
 
 #define DECODE_ASYNC_KERNEL(G, KL)                                                             \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                  \
-        paged_decode_async_g##G##_k##KL(                                                       \
-            const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,         \
-            const int* block_tables, int table_stride, const int* dec_seqs,                    \
-            const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,       \
-            float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,         \
-            int num_kv_heads, int head_dim, int block_size, int num_splits, float scale) {     \
-        paged_decode_async_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,        \
-                                       table_stride, dec_seqs, seq_row_start, seq_n_tokens,    \
-                                       seq_start_pos, part_acc, part_ml, out, out_stride,      \
-                                       num_heads, num_kv_heads, head_dim, block_size,          \
-                                       num_splits, scale, 0, 0.0f);                           \
-    }                                                                                          \
-    SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(DEC_THREADS)                     \
-        paged_decode_async_g##G##_k##KL##_sliding(                                             \
-            const bf16* qkv, int qkv_stride, const bf16* k_cache, const bf16* v_cache,         \
-            const int* block_tables, int table_stride, const int* dec_seqs,                    \
-            const int* seq_row_start, const int* seq_n_tokens, const int* seq_start_pos,       \
-            float* part_acc, float* part_ml, bf16* out, int out_stride, int num_heads,         \
-            int num_kv_heads, int head_dim, int block_size, int num_splits, float scale,       \
-            int window, float softcap) {                                                       \
-        paged_decode_async_impl<G, KL>(qkv, qkv_stride, k_cache, v_cache, block_tables,        \
-                                       table_stride, dec_seqs, seq_row_start, seq_n_tokens,    \
-                                       seq_start_pos, part_acc, part_ml, out, out_stride,      \
-                                       num_heads, num_kv_heads, head_dim, block_size,          \
-                                       num_splits, scale, window, softcap);                    \
-    })
+    DECODE_ENTRIES(paged_decode_async_g##G##_k##KL, paged_decode_async_impl, G, KL)
 
 DECODE_ASYNC_KERNEL(1, 2)
 DECODE_ASYNC_KERNEL(1, 8)

@@ -84,15 +84,32 @@ fn every_launched_kernel_is_defined_in_the_sources() {
                 "{instance} no longer defines {name}"
             );
         };
+        // Both decode kernels come from DECODE_ENTRIES, which defines `NAME` and its twin.
+        let decode_made_by = |instance: String, pattern: &str| {
+            assert!(all.contains(&instance), "{name} is not instantiated");
+            assert!(
+                all.contains(&format!("DECODE_ENTRIES({pattern},")),
+                "{instance} no longer names {name}"
+            );
+            let defines = if end == "(" {
+                " NAME("
+            } else {
+                " NAME##_sliding("
+            };
+            assert!(
+                all.contains(defines),
+                "DECODE_ENTRIES no longer defines {name}"
+            );
+        };
         if let Some(rest) = base.strip_prefix("paged_decode_async_g") {
             let (g, k) = rest.split_once("_k").expect("decode kernel name");
-            made_by(
+            decode_made_by(
                 format!("DECODE_ASYNC_KERNEL({g}, {k})"),
                 "paged_decode_async_g##G##_k##KL",
             );
         } else if let Some(rest) = base.strip_prefix("paged_decode_g") {
             let (g, k) = rest.split_once("_k").expect("decode kernel name");
-            made_by(
+            decode_made_by(
                 format!("DECODE_KERNEL({g}, {k})"),
                 "paged_decode_g##G##_k##KL",
             );

@@ -85,6 +85,12 @@ impl Family {
         self == Family::Phi3
     }
 
+    /// `tie_word_embeddings` where a config leaves it out (transformers' default, which 4.x
+    /// configs omit): Gemma ties its head, the others do not.
+    pub fn ties_embeddings_by_default(self) -> bool {
+        matches!(self, Family::Gemma2 | Family::Gemma3)
+    }
+
     /// Whether the family's layers have sandwich norms, whose tensors are named apart
     /// from Llama's (HF `pre_feedforward_layernorm`, GGUF `ffn_norm` before the FFN).
     pub fn has_sandwich_norms(self) -> bool {
@@ -319,10 +325,8 @@ impl ModelConfig {
             rms_norm_eps: opt_field::<f64>(&json, "rms_norm_eps", file)?.unwrap_or(1e-6) as f32,
             max_position_embeddings: opt_field(&json, "max_position_embeddings", file)?
                 .unwrap_or(default_max_pos),
-            // transformers' default where the config leaves the key out (4.x configs omit
-            // defaults): Gemma ties its head, the others do not.
             tie_word_embeddings: opt_field(&json, "tie_word_embeddings", file)?
-                .unwrap_or(matches!(family, Family::Gemma2 | Family::Gemma3)),
+                .unwrap_or(family.ties_embeddings_by_default()),
             bos_token_id: opt_field(&json, "bos_token_id", file)?,
             eos_token_ids,
             embedding_scale: extras.embedding_scale,
