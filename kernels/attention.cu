@@ -9,10 +9,10 @@
 // arguments, `window` (0: every earlier key) by which a query at position p attends to keys
 // p - window < k <= p only (transformers' and vLLM's `sliding_window`), and `softcap` (0: none)
 // by which each scaled score s becomes softcap · tanh(s / softcap) (Gemma 2). The plain kernels
-// pass 0 and 0 to the same code, which the compiler folds away. The twins have not run on a GPU yet (issue 45):
-// they are compiled only with -DUNVERIFIED_KERNELS, which the backend passes under
-// `--cuda-unverified-kernels` (so start-up compiles no more for other models).
-#ifdef UNVERIFIED_KERNELS
+// pass 0 and 0 to the same code, which the compiler folds away. The twins are compiled only
+// with -DEXTENDED_KERNELS, which the backend passes for a model that needs them (so start-up
+// compiles no more for other models).
+#ifdef EXTENDED_KERNELS
 #define SLIDING_TWIN(...) __VA_ARGS__
 #else
 #define SLIDING_TWIN(...)

@@ -168,8 +168,8 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __re
     out[t * inter + i] = f32_to_bf16(s * u);
 }
 
-#ifdef UNVERIFIED_KERNELS
-// Not yet run on a GPU (issue 45): compiled for --cuda-unverified-kernels only.
+#ifdef EXTENDED_KERNELS
+// Compiled for the models that need them only (KernelSet::Extended).
 
 // out[t, i] = bf16(bf16(gelu_tanh(gate[t, i])) * up[t, i]) with rows `[gate | up]` (GeGLU with
 // GELU's tanh approximation, Gemma's gelu_pytorch_tanh). grid = (ceil(inter / 256), T), block = 256.

@@ -5,24 +5,26 @@
 # order they run (most needed first, so that a run cut off at its limit keeps what ran; each
 # writes its results to $OUT as it finishes and its wall time to $OUT/times.txt):
 #   tests     the GPU tests (tiny models with both prefill and both decode kernels, the
-#             windowed Mistral and the tiny Gemma 3 and Gemma 2 on --cuda-unverified-kernels, graphs,
-#             sampling, K-quant GGUFs) and the NVRTC compile tests (H100: 43-47 s)
+#             windowed Mistral and Phi-3, the tiny Gemma 3 and Gemma 2, graphs,
+#             sampling, K-quant GGUFs) and the NVRTC compile tests (H100, 2026-11-27: 113-128 s)
 #   api       `engine serve --device cuda` on the tiny Llama: JSON-schema output (greedy and
 #             sampled), a required tool call, a stream (3 s)
 #   model     a random Qwen3-0.6B-shaped bf16 model with transformers' reference logprobs,
-#             bf16 and f32 (33 s)
+#             bf16 and f32 (29-40 s)
 #   logprobs  those logprobs through `engine serve`: the default kernels, then the direct
-#             decode kernel (7 s)
+#             decode kernel (6 s)
 #   bench     `engine bench`, each decode kernel: one stream (512 + 256) and nano-vLLM's
-#             bench.py workload (not yet timed in this form; five such runs took 37 s)
+#             bench.py workload (28-30 s)
 #   dims      tensor-core prefill at head dims 64 and 32 (small random models) vs transformers
 #             (48 s)
-#   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512 (each kernel), the
-#             pipelined kernel's stall reasons at batch 256, every kernel's GPU time over a
-#             decode step at batch 256 and at batch 1 (101 s)
-#   ncu-prefill  ncu: the tensor-core prefill kernel over the 16k-token step (not yet timed)
-#   serve     a loadgen sweep of `engine serve --device cuda` (chat profile, p99 SLOs), then
-#             40 cut streams (36 s when the first level, 20 req/s, saturated)
+#   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512 (NCU_DECODE_KERNELS,
+#             default the pipelined one), the pipelined kernel's stall reasons at batch 256
+#             (NCU_DETAIL=1), every kernel's GPU time over a decode step at batch 256 and at
+#             batch 1 (34 s without the detail)
+#   ncu-prefill  ncu: the prefill kernels (PREFILL_KERNELS, default mma) over the 16k-token
+#             step (7 s a kernel)
+#   serve     `loadgen sweep --rates search` (the knee) of `engine serve --device cuda` (chat
+#             profile, p99 SLOs, five levels of 15 s), then 40 cut streams (207 s)
 #   peer      the 64-sequence slice beside transformers' generate_batch (not in the default)
 # STEPS picks a subset (the default: all but peer). Results go to $OUT (the device tool
 # brings them back).
@@ -63,7 +65,7 @@ if has tests; then
     # ... and for engine/tests/fixtures inside it (the K-quant GGUFs).
     mkdir -p "$BUILT_IN/engine" && ln -sfn "$PWD/.gpu/shared" "$(dirname "$BUILT_IN")/shared"
     ln -sfn "$PWD/engine/tests" "$BUILT_IN/engine/tests"
-    (cd "$BUILT_IN" && timeout 180 "$G/cuda-tests" --test-threads=1 --nocapture 2>&1) > "$W/cuda-tests.txt"
+    (cd "$BUILT_IN" && timeout 240 "$G/cuda-tests" --test-threads=1 --nocapture 2>&1) > "$W/cuda-tests.txt"
     grep -E "^test |test result|panicked|error|relative error|skipped" "$W/cuda-tests.txt" | tee -a "$V"
     (cd "$BUILT_IN" && timeout 60 "$G/nvrtc-tests" 2>&1) > "$W/nvrtc-tests.txt"
     grep -E "test result|FAILED|panicked" "$W/nvrtc-tests.txt" | tee -a "$V"
@@ -249,7 +251,7 @@ if has ncu; then
     # (a) Decode attention at batch 64 with 512-token contexts, each kernel: GPU time and
     # DRAM bytes per launch over 28 launches (one per layer) after the warm-up and the
     # prefill, as a share of HBM peak.
-    for k in direct pipelined; do
+    for k in ${NCU_DECODE_KERNELS:-pipelined}; do
         timeout 60 "$NCU" --kernel-name regex:"paged_decode_(g|async)" --launch-skip 112 --launch-count 28 --csv \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
             "$G/engine" bench --model $M --device cuda --decode-attention $k --num-seqs 64 --max-num-seqs 64 \
@@ -257,10 +259,11 @@ if has ncu; then
             > "$W/ncu-decode-$k.csv" 2> "$W/ncu-decode-$k.err"
         reap
     done
-    # (a2) Where the pipelined decode kernel stalls: one eager launch at batch 256 with 1024-token
-    # contexts (bench.py's regime; the warm-up and the 16 prefill steps, decodes mixed in,
-    # come to about 500 launches of it), with ncu's throughput, occupancy, warp-state and
-    # memory sections.
+    # (a2) Where the pipelined decode kernel stalls (NCU_DETAIL=1; last run on 398abd9's tree):
+    # one eager launch at batch 256 with 1024-token contexts (bench.py's regime; the warm-up and
+    # the 16 prefill steps, decodes mixed in, come to about 500 launches of it), with ncu's
+    # throughput, occupancy, warp-state and memory sections.
+    if [ -n "${NCU_DETAIL:-}" ]; then
     timeout 90 "$NCU" --kernel-name regex:paged_decode_async --launch-skip 600 --launch-count 1 --csv --page raw \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section SchedulerStats \
@@ -294,6 +297,7 @@ stalls = sorted(((v, n) for n, (v, u) in got.items() if v is not None and re.mat
 for v, n in stalls[:10]:
     print(f"ncu detail: {n} = {v:.3f}")
 PY
+    fi
     # (b) Every kernel's GPU time over about one decode step at batch 256 and at batch 1
     # (the default kernels), eager so that every kernel is its own launch (batch 256, 512-token prompts: the warm-up
     # and 8 prefill steps come to about 4,000 launches, a decode step to about 320).
@@ -307,11 +311,14 @@ PY
         --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 16 --max-output-len 16 \
         > "$W/ncu-b1.csv" 2> "$W/ncu-b1.err"
     reap
-    python3 - "$W" <<'PY' | tee -a "$V"
+    python3 - "$W" <<'PY' 2>&1 | tee -a "$V"
 import csv, sys, collections, io, os
 scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 def rows(name):
-    text = open(os.path.join(sys.argv[1], name)).read()
+    path = os.path.join(sys.argv[1], name)
+    if not os.path.exists(path):
+        return []
+    text = open(path).read()
     return list(csv.DictReader(io.StringIO(text[text.find('"ID"'):]))) if '"ID"' in text else []
 for k in ["direct", "pipelined"]:
     per = collections.defaultdict(dict)
@@ -367,9 +374,9 @@ if has serve; then
         --max-num-batched-tokens 8192 > "$W/serve-sweep.log" 2>&1 &
     sp=$!
     for _ in $(seq 1 120); do curl -sf localhost:8124/health >/dev/null && break; sleep 1; done
-    timeout 300 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
-        --rates "${SWEEP_RATES:-20,30,40}" --duration 20s --warmup 5s --seed 1 --slo ttft:p99:1s,tpot:p99:50ms \
-        --out $W/sweep > "$W/sweep.txt" 2>&1
+    timeout 200 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
+        --rates search --probe-duration 3s --max-levels 5 --precision 0.15 --duration 15s --warmup 3s --seed 1 \
+        --slo ttft:p99:1s,tpot:p99:50ms --out $W/sweep > "$W/sweep.txt" 2>&1
     tail -25 "$W/sweep.txt" | tee -a "$V"
     cut=()
     for _ in $(seq 1 40); do

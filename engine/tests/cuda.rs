@@ -71,7 +71,7 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         all.lines()
             .any(|l| l.contains("extern \"C\" __global__") && l.contains(&format!(" {name}(")))
     };
-    for name in all_kernel_names(KernelSet::WithUnverified) {
+    for name in all_kernel_names(KernelSet::Extended) {
         // A sliding twin comes from the same macro as its plain kernel.
         let (base, end) = match name.strip_suffix("_sliding") {
             Some(base) => (base, "##_sliding("),
@@ -204,7 +204,7 @@ fn runners(
 }
 
 /// A model of the families' references (`tests/fixtures/families`) on the CPU and on the
-/// GPU with the named kernels and the sliding-window twins compiled.
+/// GPU with the named kernels (and the kernel set the model needs).
 fn family_runners(
     name: &str,
     prefill_attention: PrefillAttention,
@@ -216,7 +216,6 @@ fn family_runners(
     let cuda_opts = CudaOptions {
         prefill_attention: Some(prefill_attention),
         decode_attention: Some(decode_attention),
-        unverified_kernels: true,
         ..cuda_test_options()
     };
     runners_with(&path, QuantizedWeights::Integer, cuda_opts)
@@ -286,18 +285,28 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 
 fn gpu_matches_cpu(rel: &str, prefill_attention: PrefillAttention, decode: DecodeAttention) {
     let (cpu, gpu) = runners(rel, prefill_attention, decode);
-    check_gpu_against_cpu(rel, cpu, gpu, 5000, 700);
+    check_gpu_against_cpu(rel, cpu, gpu, 5000, 700, BF16_BOUND);
 }
+
+/// The largest [`rel_err`] of the GPU's bf16 logits from the CPU's f32 ones.
+const BF16_BOUND: f32 = 0.05;
+
+/// The same for the tiny Gemmas: transformers' own bf16 run of them is up to 0.064 (Gemma 3)
+/// and 0.051 (Gemma 2) from its f32 run at the test's positions (the embeddings scaled by
+/// √hidden and the sandwich norms' `1 + w` round coarser in bf16), and the GPU's first run
+/// read 0.047 and 0.051.
+const GEMMA_BF16_BOUND: f32 = 0.1;
 
 /// Prefill, decode, a batched decode of a `long`-token context beside a short one, and a
 /// chunked prefill over a cached prefix, on the GPU against the CPU (token ids below
-/// `vocab`).
+/// `vocab`), each within `bound`.
 fn check_gpu_against_cpu(
     rel: &str,
     mut cpu: Box<dyn ModelRunner>,
     mut gpu: Box<dyn ModelRunner>,
     vocab: u32,
     long: u32,
+    bound: f32,
 ) {
     let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % vocab).collect();
     let table: Vec<u32> = (0..8).collect();
@@ -309,7 +318,7 @@ fn check_gpu_against_cpu(
         prompt.len()
     );
     assert!(
-        e < 0.05,
+        e < bound,
         "{rel}: GPU prefill logits differ from the CPU's (max relative error {e})"
     );
     for (i, t) in [5u32, 900, 17, 4000].into_iter().enumerate() {
@@ -319,7 +328,7 @@ fn check_gpu_against_cpu(
         let b = last_logits(cpu.as_mut(), &[t], pos, &table);
         let e = rel_err(&a, &b);
         assert!(
-            e < 0.05,
+            e < bound,
             "{rel}: decode at position {pos} differs (max relative error {e})"
         );
     }
@@ -355,7 +364,7 @@ fn check_gpu_against_cpu(
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         let e = rel_err(x, y);
         assert!(
-            e < 0.05,
+            e < bound,
             "{rel}: batched decode row {i} differs (max relative error {e})"
         );
     }
@@ -370,8 +379,8 @@ fn check_gpu_against_cpu(
     );
 }
 
-/// Mistral with a 5-token window (shorter than every prompt) on the sliding twins
-/// (`--cuda-unverified-kernels`), each prefill kernel with each decode kernel: prefill over two
+/// Mistral with a 5-token window (shorter than every prompt) on the sliding twins, each
+/// prefill kernel with each decode kernel: prefill over two
 /// query tiles, decode, a 400-token context's decode batched with a short one, and a chunk
 /// over a cached prefix, against the CPU.
 #[test]
@@ -381,64 +390,76 @@ fn gpu_sliding_window_matches_cpu_on_mistral_tiny() {
             for decode in [DIRECT, DecodeAttention::Pipelined] {
                 let (cpu, gpu) = family_runners("mistral-tiny-window", prefill, decode);
                 let rel = format!("mistral-tiny-window {prefill:?} {decode:?}");
-                check_gpu_against_cpu(&rel, cpu, gpu, 256, 400);
+                check_gpu_against_cpu(&rel, cpu, gpu, 256, 400, BF16_BOUND);
             }
         }
     }
 }
 
-/// The families' full-attention references on the tensor-core prefill and pipelined decode
-/// kernels: Mistral's layers, and Qwen2 with YaRN (its attention factor rides in the RoPE
-/// tables), against the CPU.
+/// The families' references on the tensor-core prefill and pipelined decode kernels:
+/// Mistral's layers, Qwen2 with YaRN (its attention factor rides in the RoPE tables), and
+/// Phi-3's fused projections with its window, against the CPU.
 #[test]
 fn gpu_family_models_match_cpu() {
     if gpu_or_skip("gpu_family_models_match_cpu") {
-        for name in ["mistral-tiny", "qwen2-tiny-yarn"] {
+        for name in ["mistral-tiny", "qwen2-tiny-yarn", "phi3-tiny-window"] {
             let (cpu, gpu) =
                 family_runners(name, PrefillAttention::Mma, DecodeAttention::Pipelined);
-            check_gpu_against_cpu(name, cpu, gpu, 256, 400);
+            check_gpu_against_cpu(name, cpu, gpu, 256, 400, BF16_BOUND);
         }
     }
 }
 
-/// Gemma 3 and Gemma 2 on the kernels not yet run on a GPU (`--cuda-unverified-kernels`:
-/// windows, soft-capped scores and logits, GeGLU, scaled embeddings) beside their sandwich
-/// norms and Gemma 3's QK-norm, each prefill kernel, against the CPU.
+/// Gemma 3 and Gemma 2 on the extended kernel set (windows, soft-capped scores and logits,
+/// GeGLU, scaled embeddings) beside their sandwich norms and Gemma 3's QK-norm, each prefill
+/// kernel, against the CPU.
 #[test]
 fn gpu_gemma_matches_cpu() {
     if gpu_or_skip("gpu_gemma_matches_cpu") {
         for name in ["gemma3-tiny", "gemma2-tiny"] {
             for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
                 let (cpu, gpu) = family_runners(name, prefill, DecodeAttention::Pipelined);
-                check_gpu_against_cpu(&format!("{name} {prefill:?}"), cpu, gpu, 256, 400);
+                let rel = format!("{name} {prefill:?}");
+                check_gpu_against_cpu(&rel, cpu, gpu, 256, 400, GEMMA_BF16_BOUND);
             }
         }
     }
 }
 
-/// Without `--cuda-unverified-kernels` a model that needs those kernels (Mistral's window,
-/// Gemma 3, Gemma 2) is refused at load, and one that rotates part of each head (Phi-3)
-/// always is (no kernel yet), each with what it needs.
+/// The extended kernel set (sliding twins, GeGLU, scales and soft-caps) is compiled exactly
+/// for the models that need it; the rest start on the plain set.
+#[test]
+fn kernel_set_follows_the_model() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/families");
+    for (name, set) in [
+        ("mistral-tiny", KernelSet::Plain),
+        ("qwen2-tiny-yarn", KernelSet::Plain),
+        ("phi3-tiny-longrope", KernelSet::Plain),
+        ("mistral-tiny-window", KernelSet::Extended),
+        ("phi3-tiny-window", KernelSet::Extended),
+        ("gemma3-tiny", KernelSet::Extended),
+        ("gemma2-tiny", KernelSet::Extended),
+    ] {
+        let (config, _) = open_model(&dir.join(name)).unwrap();
+        assert_eq!(KernelSet::for_model(&config), set, "{name}");
+    }
+}
+
+/// A model that rotates part of each head (Phi-3 with LongRoPE) is refused at load, naming
+/// the layer: no CUDA kernel rotates part of a head yet.
 #[test]
 fn gpu_refuses_what_its_kernels_do_not_run() {
     if gpu_or_skip("gpu_refuses_what_its_kernels_do_not_run") {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/families");
-        for (name, needs) in [
-            ("mistral-tiny-window", "--cuda-unverified-kernels"),
-            ("gemma3-tiny", "--cuda-unverified-kernels"),
-            ("gemma2-tiny", "--cuda-unverified-kernels"),
-            (
-                "phi3-tiny-longrope",
-                "rotary embeddings on part of each head",
-            ),
-        ] {
-            let (config, mut w) = open_model(&dir.join(name)).unwrap();
-            let err = load_cuda_runner(&config, w.as_mut(), &cuda_test_options())
-                .err()
-                .unwrap_or_else(|| panic!("{name} loaded on CUDA"));
-            let err = format!("{err:#}");
-            assert!(err.contains(needs), "{name}: {err}");
-        }
+        let (config, mut w) = open_model(&dir.join("phi3-tiny-longrope")).unwrap();
+        let err = load_cuda_runner(&config, w.as_mut(), &cuda_test_options())
+            .err()
+            .expect("phi3-tiny-longrope loaded on CUDA");
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("rotary embeddings on part of each head (layer 0)"),
+            "{err}"
+        );
     }
 }
 

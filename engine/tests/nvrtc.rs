@@ -48,23 +48,23 @@ fn check_arch(arch: &str, sets: &[KernelSet]) {
     }
 }
 
-/// Both kernel sets on the H100's architecture; on the others the set with the twins,
-/// whose source is the plain set's and more (each compile takes seconds).
+/// Both kernel sets on the H100's architecture; on the others the extended set, whose
+/// source is the plain set's and more (each compile takes seconds).
 #[test]
 fn kernels_compile_for_sm_90() {
-    check_arch("sm_90", &[KernelSet::WithUnverified, KernelSet::Plain]);
+    check_arch("sm_90", &[KernelSet::Extended, KernelSet::Plain]);
 }
 
 #[test]
 fn kernels_compile_for_sm_80() {
-    check_arch("sm_80", &[KernelSet::WithUnverified]);
+    check_arch("sm_80", &[KernelSet::Extended]);
 }
 
 /// Turing has no bf16 tensor cores: the program still compiles (the mma prefill kernel
 /// traps there, and the host refuses it).
 #[test]
 fn kernels_compile_for_sm_75() {
-    check_arch("sm_75", &[KernelSet::WithUnverified]);
+    check_arch("sm_75", &[KernelSet::Extended]);
 }
 
 /// A compile error comes back with NVRTC's log, which names the file and line.

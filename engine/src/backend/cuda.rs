@@ -81,9 +81,6 @@ pub struct CudaOptions {
     pub decode_attention: Option<DecodeAttention>,
     /// The longest sequence served (`--max-model-len`); `None`: the model's maximum position.
     pub max_model_len: Option<usize>,
-    /// Run the kernels that have not run on a GPU yet (issue 45): sliding-window and
-    /// soft-capped attention, GeGLU, scaled embeddings, soft-capped logits.
-    pub unverified_kernels: bool,
 }
 
 impl Default for CudaOptions {
@@ -99,7 +96,6 @@ impl Default for CudaOptions {
             prefill_attention: None,
             decode_attention: None,
             max_model_len: None,
-            unverified_kernels: false,
         }
     }
 }
@@ -120,12 +116,7 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let set = if opts.unverified_kernels {
-        KernelSet::WithUnverified
-    } else {
-        KernelSet::Plain
-    };
-    let backend = CudaBackend::new(opts.ordinal, set)?
+    let backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?
         .with_prefill_attention(opts.prefill_attention, config.head_dim)?
         .with_decode_attention(
             opts.decode_attention,
@@ -439,8 +430,7 @@ pub struct CudaBackend {
     /// Direct until [`CudaBackend::with_decode_attention`] has raised the pipelined kernel's
     /// shared-memory limit and chosen it.
     decode_attention: DecodeAttention,
-    /// With the kernels not yet run on a GPU (issue 45), the models that need them run;
-    /// without them such a model is refused at load.
+    /// The plain set, or the extended one for a model that needs it ([`KernelSet::for_model`]).
     kernel_set: KernelSet,
     num_sms: usize,
     state: Mutex<State>,
@@ -454,7 +444,7 @@ pub struct CudaBackend {
 fn with_twin(name: &str, set: KernelSet) -> Vec<String> {
     match set {
         KernelSet::Plain => vec![name.to_string()],
-        KernelSet::WithUnverified => vec![name.to_string(), sliding_twin(name)],
+        KernelSet::Extended => vec![name.to_string(), sliding_twin(name)],
     }
 }
 
@@ -531,13 +521,13 @@ impl CudaBackend {
         Ok(self)
     }
 
-    /// Runs an element-wise kernel of [`kernels::UNVERIFIED_KERNELS`] (`x`, one f32, the
+    /// Runs an element-wise kernel of [`kernels::EXTENDED_KERNELS`] (`x`, one f32, the
     /// element count) over every value of `x`, in place.
     fn map_in_place(&self, kernel: &str, x: &mut CudaAct, value: f32) -> anyhow::Result<()> {
         self.flush()?;
         ensure!(
-            self.kernel_set == KernelSet::WithUnverified,
-            "{kernel}: runs on CUDA only under --cuda-unverified-kernels"
+            self.kernel_set == KernelSet::Extended,
+            "{kernel}: this backend's kernels were compiled for a model that does not need it"
         );
         let n = x.rows * x.cols;
         let args = [
@@ -1488,33 +1478,12 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// The windowed and soft-capped attention, GeGLU, embedding-scale and logit soft-cap
-    /// kernels have not run on a GPU yet (issue 45): they run only under
-    /// `--cuda-unverified-kernels`. Partial rotary embeddings (Phi-3's) have no kernel yet.
+    /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet; everything else the
+    /// per-layer description holds runs on the kernel set chosen for the model.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
-        const UNVERIFIED: &str =
-            "(its CUDA kernels, not yet run on a GPU, run under --cuda-unverified-kernels)";
-        let unverified = self.kernel_set == KernelSet::WithUnverified;
-        if c.embedding_scale != 1.0 && !unverified {
-            return Some(format!("scaled embeddings {UNVERIFIED}"));
-        }
-        if c.final_logit_softcap.is_some() && !unverified {
-            return Some(format!("soft-capped logits {UNVERIFIED}"));
-        }
         c.layers.iter().enumerate().find_map(|(i, l)| {
-            // What no flag runs comes first.
-            let missing = if l.rope.rotary_dim != c.head_dim {
-                "rotary embeddings on part of each head".to_string()
-            } else if l.attention != AttentionSpan::Full && !unverified {
-                format!("a sliding attention window {UNVERIFIED}")
-            } else if l.activation == Activation::GeluTanh && !unverified {
-                format!("a GeGLU feed-forward {UNVERIFIED}")
-            } else if l.attn_softcap.is_some() && !unverified {
-                format!("soft-capped attention {UNVERIFIED}")
-            } else {
-                return None;
-            };
-            Some(format!("{missing} (layer {i})"))
+            (l.rope.rotary_dim != c.head_dim)
+                .then(|| format!("rotary embeddings on part of each head (layer {i})"))
         })
     }
 
@@ -1536,9 +1505,9 @@ impl Backend for CudaBackend {
         // none) as its last arguments.
         let twin = window.is_some() || scores.softcap.is_some();
         ensure!(
-            !twin || self.kernel_set == KernelSet::WithUnverified,
-            "attention: sliding windows and soft-capped scores run on CUDA only under \
-             --cuda-unverified-kernels"
+            !twin || self.kernel_set == KernelSet::Extended,
+            "attention: this backend's kernels were compiled for a model without sliding \
+             windows or soft-capped scores"
         );
         let kernel = |name: String| if twin { sliding_twin(&name) } else { name };
         let window_arg = |args: &mut Vec<KArg>| {
@@ -1713,8 +1682,9 @@ impl Backend for CudaBackend {
             Activation::Silu => "silu_mul",
             Activation::GeluTanh => {
                 ensure!(
-                    self.kernel_set == KernelSet::WithUnverified,
-                    "gated_activation: GeGLU runs on CUDA only under --cuda-unverified-kernels"
+                    self.kernel_set == KernelSet::Extended,
+                    "gated_activation: this backend's kernels were compiled for a model \
+                     without GeGLU"
                 );
                 "gelu_tanh_mul"
             }
