@@ -312,6 +312,8 @@ pub struct StepTimings {
     pub prefill_secs: f64,
     /// Tokens computed by prefill chunks (prompt, or prompt + output when re-prefilling).
     pub prefill_tokens: u64,
+    /// Of `prefill_secs`, the mixture-of-experts FFNs' ([`crate::model::StepProfile::experts_secs`]).
+    pub prefill_experts_secs: f64,
     pub decode_steps: u64,
     pub decode_secs: f64,
     /// Tokens sampled in decode-only steps.
@@ -335,6 +337,8 @@ pub struct StepBreakdown {
     pub prepare_secs: f64,
     /// Device: the forward pass (GPU time from events on CUDA).
     pub forward_secs: f64,
+    /// Of `forward_secs`, the mixture-of-experts FFNs ([`crate::model::StepProfile::experts_secs`]).
+    pub experts_secs: f64,
     /// Device: penalties, sampling and logprobs (GPU time from events on CUDA).
     pub sample_secs: f64,
     /// The runner's whole call as the host saw it.
@@ -715,6 +719,7 @@ impl LlmEngine {
         if chunks.iter().any(|c| c.is_prefill) {
             t.prefill_steps += 1;
             t.prefill_secs += secs;
+            t.prefill_experts_secs += runner.experts_secs;
             t.prefill_tokens += chunks
                 .iter()
                 .filter(|c| c.is_prefill)
@@ -728,6 +733,7 @@ impl LlmEngine {
             d.schedule_secs += schedule_secs;
             d.prepare_secs += runner.prepare_secs;
             d.forward_secs += runner.forward_secs;
+            d.experts_secs += runner.experts_secs;
             d.sample_secs += runner.sample_secs;
             d.runner_wall_secs += runner.wall_secs;
             d.update_secs += update_secs;

@@ -259,6 +259,12 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
         t.decode_steps,
         t.decode_tokens as f64 / t.decode_secs.max(1e-9)
     );
+    if t.prefill_experts_secs > 0.0 {
+        println!(
+            "Prefill experts (mixture-of-experts FFNs): {:.2}s of the {:.2}s",
+            t.prefill_experts_secs, t.prefill_secs
+        );
+    }
     if t.decode_steps > 0 {
         let d = t.decode;
         let ms = |x: f64| 1e3 * x / t.decode_steps as f64;
@@ -273,6 +279,13 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             ms(d.sample_secs),
             ms(d.update_secs)
         );
+        if d.experts_secs > 0.0 {
+            println!(
+                "Decode step experts (mixture-of-experts FFNs: routing, expert GEMMs, weighted sums): {:.3}ms of the forward's {:.3}ms",
+                ms(d.experts_secs),
+                ms(d.forward_secs)
+            );
+        }
     }
     if t.grammar_masks > 0 {
         let per_token = |x: f64| 1e6 * x / t.grammar_masks as f64;

@@ -7,9 +7,11 @@ use anyhow::{anyhow, bail, ensure, Context};
 use std::time::Instant;
 
 use crate::backend::{
-    check_block_table, AttnSeq, Backend, QkvLayout, RowSample, ScoreSpec, StepMeta,
+    check_block_table, AttnSeq, Backend, ExpertWeights, QkvLayout, RowSample, ScoreSpec, StepMeta,
 };
-use crate::config::{LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec};
+use crate::config::{
+    ExpertSpec, Ffn, LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec,
+};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::SampleSpec;
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
@@ -39,6 +41,10 @@ pub struct StepProfile {
     pub sample_secs: f64,
     /// The whole `forward` call as the host saw it (includes waiting for the device).
     pub wall_secs: f64,
+    /// The mixture-of-experts FFNs (routing, the experts' GEMMs and their weighted sums),
+    /// by the host's clock: part of `forward_secs` on the CPU backend, which runs its ops
+    /// as they are issued (no other backend runs experts yet).
+    pub experts_secs: f64,
 }
 
 /// Runs the model on a device; owns the weights and the KV cache storage.
@@ -65,9 +71,10 @@ pub trait ModelRunner: Send {
 /// The sizes behind the bandwidth bound (`GET /version`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Footprint {
-    /// Bytes one decode step reads for the weights, as stored at run time: every layer's
-    /// matrices and parameters, the final norm and the output head (the embedding table
-    /// itself is only gathered from, one row a token).
+    /// Bytes one decode step of one sequence reads for the weights, as stored at run time:
+    /// every layer's matrices and parameters (of a mixture of experts, the router and
+    /// `top_k` experts), the final norm and the output head (the embedding table itself is
+    /// only gathered from, one row a token).
     pub weight_bytes: usize,
     /// The model's parameters (the embedding table once, twice when the head is untied).
     pub parameters: usize,
@@ -89,8 +96,13 @@ struct Layer<B: Backend> {
     /// ([`NormPlacement::Sandwich`]).
     post_norms: Option<(B::Param, B::Param)>,
     mlp_norm: B::Param,
-    gate_up: B::Weight,
-    down: B::Weight,
+    ffn: FfnWeights<B>,
+}
+
+/// A layer's FFN weights: one gated FFN (gate/up fused row-wise), or experts.
+enum FfnWeights<B: Backend> {
+    Dense { gate_up: B::Weight, down: B::Weight },
+    Experts(ExpertSpec, ExpertWeights<B::Weight>),
 }
 
 /// Activation buffers reused across steps.
@@ -238,6 +250,58 @@ fn concat_rows(name: &str, parts: Vec<HostTensor>) -> HostTensor {
     HostTensor { shape, data }
 }
 
+/// A layer's experts under the prefix `p` (`model.layers.N`): the router `mlp.gate`, and
+/// each expert's gate, up and down projections, per expert as HF files store them
+/// (`mlp.experts.E.gate_proj`) or stacked `[experts, rows, cols]` as GGUF's
+/// `ffn_{gate,up,down}_exps` are (`mlp.experts.gate_proj`). Quantised experts stay so.
+fn load_experts<B: Backend>(
+    backend: &B,
+    w: &mut dyn WeightSource,
+    p: &str,
+    e: ExpertSpec,
+    h: usize,
+    c: &ModelConfig,
+) -> anyhow::Result<ExpertWeights<B::Weight>> {
+    let n = e.num_experts;
+    let inter = e.intermediate_size;
+    let router_name = format!("{p}.mlp.gate.weight");
+    refuse_undescribed(w, std::iter::once(format!("{p}.mlp.gate.bias")), c)?;
+    let router = backend.upload_weight(&router_name, read(w, &router_name, &[n, h])?)?;
+    let shapes = [
+        ("gate_proj", [inter, h]),
+        ("up_proj", [inter, h]),
+        ("down_proj", [h, inter]),
+    ];
+    let mut parts: Vec<Vec<HostTensor>> = Vec::with_capacity(3);
+    if w.contains(&format!("{p}.mlp.experts.0.gate_proj.weight")) {
+        for (part, shape) in shapes {
+            parts.push(
+                (0..n)
+                    .map(|x| read(w, &format!("{p}.mlp.experts.{x}.{part}.weight"), &shape))
+                    .collect::<anyhow::Result<_>>()?,
+            );
+        }
+    } else {
+        for (part, [rows, cols]) in shapes {
+            let name = format!("{p}.mlp.experts.{part}.weight");
+            parts.push(read(w, &name, &[n, rows, cols])?.split_outer(&name)?);
+        }
+    }
+    let downs = parts.pop().expect("three parts");
+    let ups = parts.pop().expect("three parts");
+    let gates = parts.pop().expect("three parts");
+    let mut experts = Vec::with_capacity(n);
+    for (x, ((gate, up), down)) in gates.into_iter().zip(ups).zip(downs).enumerate() {
+        let gate_up_name = format!("{p}.mlp.experts.{x}.gate_up");
+        let gate_up = concat_rows(&gate_up_name, vec![gate, up]);
+        experts.push((
+            backend.upload_weight(&gate_up_name, gate_up)?,
+            backend.upload_weight(&format!("{p}.mlp.experts.{x}.down_proj.weight"), down)?,
+        ));
+    }
+    Ok(ExpertWeights { router, experts })
+}
+
 impl<B: Backend> Layer<B> {
     fn load(
         backend: &B,
@@ -248,7 +312,7 @@ impl<B: Backend> Layer<B> {
     ) -> anyhow::Result<Self> {
         let p = format!("model.layers.{i}");
         let spec = c.layers[i].clone();
-        let (h, hd, inter) = (c.hidden_size, c.head_dim, spec.intermediate_size);
+        let (h, hd) = (c.hidden_size, c.head_dim);
         let (qw, kvw) = (c.num_heads * hd, c.num_kv_heads * hd);
         let norm = |w: &mut dyn WeightSource, name: String, len: usize| {
             backend.upload_param(&name, read_norm(w, &name, len, c.norm_weights)?)
@@ -302,17 +366,26 @@ impl<B: Backend> Layer<B> {
         refuse_undescribed(w, biases.iter().map(|n| format!("{p}.{n}.bias")), c)?;
         let o_name = format!("{p}.self_attn.o_proj.weight");
         let o_proj = backend.upload_weight(&o_name, read(w, &o_name, &[h, qw])?)?;
-        let gate_up_name = format!("{p}.mlp.gate_up");
-        let gate_up = if fused {
-            read(w, &format!("{p}.mlp.gate_up_proj.weight"), &[2 * inter, h])?
-        } else {
-            let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-            let up = read(w, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
-            concat_rows(&gate_up_name, vec![gate, up])
+        let ffn = match spec.ffn {
+            Ffn::Dense {
+                intermediate_size: inter,
+            } => {
+                let gate_up_name = format!("{p}.mlp.gate_up");
+                let gate_up = if fused {
+                    read(w, &format!("{p}.mlp.gate_up_proj.weight"), &[2 * inter, h])?
+                } else {
+                    let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+                    let up = read(w, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+                    concat_rows(&gate_up_name, vec![gate, up])
+                };
+                let down_name = format!("{p}.mlp.down_proj.weight");
+                FfnWeights::Dense {
+                    gate_up: backend.upload_weight(&gate_up_name, gate_up)?,
+                    down: backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?,
+                }
+            }
+            Ffn::Experts(e) => FfnWeights::Experts(e, load_experts(backend, w, &p, e, h, c)?),
         };
-        let gate_up = backend.upload_weight(&gate_up_name, gate_up)?;
-        let down_name = format!("{p}.mlp.down_proj.weight");
-        let down = backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?;
         // Llama's `post_attention_layernorm` is the pre-FFN norm; Gemma's is on the
         // attention output, its pre-FFN norm `pre_feedforward_layernorm`.
         let (mlp_norm, post_norms) = match spec.norms {
@@ -342,8 +415,7 @@ impl<B: Backend> Layer<B> {
             o_proj,
             post_norms,
             mlp_norm,
-            gate_up,
-            down,
+            ffn,
         })
     }
 }
@@ -643,9 +715,21 @@ impl<B: Backend> ModelState<B> {
                     b.add_rms_norm(x, post, &layer.mlp_norm, eps, h)?;
                 }
             }
-            b.matmul(h, &layer.gate_up, None, gate_up)?;
-            b.gated_activation(gate_up, layer.spec.activation, act)?;
-            b.matmul(act, &layer.down, None, down)?;
+            match &layer.ffn {
+                FfnWeights::Dense {
+                    gate_up: w_gate_up,
+                    down: w_down,
+                } => {
+                    b.matmul(h, w_gate_up, None, gate_up)?;
+                    b.gated_activation(gate_up, layer.spec.activation, act)?;
+                    b.matmul(act, w_down, None, down)?;
+                }
+                FfnWeights::Experts(spec, weights) => {
+                    let started = Instant::now();
+                    b.experts_ffn(h, weights, *spec, layer.spec.activation, down)?;
+                    self.profile.experts_secs += started.elapsed().as_secs_f64();
+                }
+            }
             ffn_in_post = match &layer.post_norms {
                 None => false,
                 Some((_, post_ffn)) => {
@@ -750,10 +834,21 @@ impl<B: Backend> ModelRunner for Model<B> {
         let mut vector_params = c.hidden_size;
         let mut weight_bytes = 0;
         for l in &s.layers {
-            weight_bytes += b.weight_bytes(&l.qkv)
-                + b.weight_bytes(&l.o_proj)
-                + b.weight_bytes(&l.gate_up)
-                + b.weight_bytes(&l.down);
+            weight_bytes += b.weight_bytes(&l.qkv) + b.weight_bytes(&l.o_proj);
+            weight_bytes += match &l.ffn {
+                FfnWeights::Dense { gate_up, down } => {
+                    b.weight_bytes(gate_up) + b.weight_bytes(down)
+                }
+                // One sequence's step reads the router and `top_k` experts (their mean size).
+                FfnWeights::Experts(spec, w) => {
+                    let experts: usize = w
+                        .experts
+                        .iter()
+                        .map(|(gate_up, down)| b.weight_bytes(gate_up) + b.weight_bytes(down))
+                        .sum();
+                    b.weight_bytes(&w.router) + experts * spec.top_k / spec.num_experts
+                }
+            };
             vector_params += 2 * c.hidden_size;
             if l.qkv_bias.is_some() {
                 vector_params += (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
@@ -771,7 +866,7 @@ impl<B: Backend> ModelRunner for Model<B> {
             .map(|l| {
                 c.hidden_size * (q + 2 * kv)
                     + q * c.hidden_size
-                    + 3 * c.hidden_size * l.intermediate_size
+                    + l.ffn.matrix_params(c.hidden_size)
             })
             .sum();
         let tables = if s.lm_head.is_some() { 2 } else { 1 };

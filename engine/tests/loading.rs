@@ -5,7 +5,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::config::{
-    llama3_rope_factors, Activation, AttentionSpan, Family, LayerSpec, Llama3RopeScaling,
+    llama3_rope_factors, Activation, AttentionSpan, Family, Ffn, LayerSpec, Llama3RopeScaling,
     ModelConfig, NormPlacement, NormWeights, RopeScaling, RopeSpec,
 };
 use engine::weights::ggml_quants::dequantize;
@@ -56,7 +56,9 @@ fn qwen3_tiny_config_parses() {
                     attn_softcap: None,
                     norms: NormPlacement::Pre,
                     activation: Activation::Silu,
-                    intermediate_size: 128,
+                    ffn: Ffn::Dense {
+                        intermediate_size: 128,
+                    },
                 };
                 2
             ],
@@ -144,10 +146,7 @@ fn smollm2_gguf_config_matches_golden() {
     assert_eq!(config.family, Family::Llama);
     assert_eq!(config.vocab_size, usize_of("vocab_size"));
     assert_eq!(config.hidden_size, usize_of("hidden_size"));
-    assert_eq!(
-        config.layers[0].intermediate_size,
-        usize_of("intermediate_size")
-    );
+    assert_eq!(config.layers[0].ffn.width(), usize_of("intermediate_size"));
     assert_eq!(config.num_layers(), usize_of("num_hidden_layers"));
     assert_eq!(config.num_heads, usize_of("num_attention_heads"));
     assert_eq!(config.num_kv_heads, usize_of("num_key_value_heads"));
@@ -425,7 +424,7 @@ fn gguf_llama_qk_permutation_is_undone() {
     assert_eq!(
         (
             config.vocab_size,
-            config.layers[0].intermediate_size,
+            config.layers[0].ffn.width(),
             config.num_layers()
         ),
         (3, 32, 1)

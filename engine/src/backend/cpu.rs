@@ -28,8 +28,8 @@ pub use attention::{CpuKvCache, KvCacheDtype};
 pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
 
-use super::{AttnSeq, Backend, QkvLayout, RowSample, ScoreSpec, StepMeta};
-use crate::config::{Activation, AttentionSpan};
+use super::{routing, AttnSeq, Backend, ExpertWeights, QkvLayout, RowSample, ScoreSpec, StepMeta};
+use crate::config::{Activation, AttentionSpan, ExpertSpec};
 use crate::sampler::{sample_row, SampleSpec};
 use crate::weights::ggml_quants::dequantize;
 use crate::weights::{HostTensor, QuantType, TensorData};
@@ -575,6 +575,57 @@ impl Backend for CpuBackend {
         match act {
             Activation::Silu => ops::silu_mul(&gate_up.data, inter, out),
             Activation::GeluTanh => ops::gelu_tanh_mul(&gate_up.data, inter, out),
+        }
+        Ok(())
+    }
+
+    /// The step's tokens grouped by expert: each expert with tokens gathers its rows and
+    /// runs one GEMM per matrix over them (its weights read once a step, on the integer
+    /// kernels where quantised, the matmul spreading its output rows over the threads);
+    /// the rows' outputs are summed in expert order, as transformers' loop adds them.
+    fn experts_ffn(
+        &self,
+        x: &CpuAct,
+        weights: &ExpertWeights<CpuWeight>,
+        spec: ExpertSpec,
+        act: Activation,
+        out: &mut CpuAct,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            weights.experts.len() == spec.num_experts,
+            "experts_ffn: {} experts loaded for {}",
+            weights.experts.len(),
+            spec.num_experts
+        );
+        let (rows, h) = (x.rows, x.cols);
+        let mut logits = CpuAct::default();
+        self.matmul(x, &weights.router, None, &mut logits)?;
+        let routes = (0..rows)
+            .map(|r| routing::route(&logits.data[r * logits.cols..][..logits.cols], spec))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let groups = routing::group_by_expert(&routes, spec.num_experts);
+        let sum = out.reshape(rows, h);
+        sum.fill(0.0);
+        let (mut xe, mut gate_up, mut inner, mut y) = Default::default();
+        for (group, (w_gate_up, w_down)) in groups.iter().zip(&weights.experts) {
+            if group.is_empty() {
+                continue;
+            }
+            let xe_rows: &mut CpuAct = &mut xe;
+            let data = xe_rows.reshape(group.len(), h);
+            for (i, &(r, _)) in group.iter().enumerate() {
+                data[i * h..][..h].copy_from_slice(&x.data[r * h..][..h]);
+            }
+            self.matmul(&xe, w_gate_up, None, &mut gate_up)?;
+            self.gated_activation(&gate_up, act, &mut inner)?;
+            self.matmul(&inner, w_down, None, &mut y)?;
+            let y: &CpuAct = &y;
+            for (i, &(r, weight)) in group.iter().enumerate() {
+                let dst = &mut sum[r * h..][..h];
+                for (d, v) in dst.iter_mut().zip(&y.data[i * h..][..h]) {
+                    *d += weight * v;
+                }
+            }
         }
         Ok(())
     }

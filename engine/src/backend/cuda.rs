@@ -41,8 +41,8 @@ pub use kernels::{
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
-use super::{Backend, QkvLayout, RowSample, ScoreSpec, StepMeta};
-use crate::config::{Activation, AttentionSpan, ModelConfig};
+use super::{Backend, ExpertWeights, QkvLayout, RowSample, ScoreSpec, StepMeta};
+use crate::config::{Activation, AttentionSpan, ExpertSpec, Ffn, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData};
@@ -1478,12 +1478,19 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet; everything else the
-    /// per-layer description holds runs on the kernel set chosen for the model.
+    /// Partial rotary embeddings (Phi-3's) and mixture-of-experts FFNs (issue 43) have no
+    /// CUDA kernel yet; everything else the per-layer description holds runs on the kernel
+    /// set chosen for the model.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
-            (l.rope.rotary_dim != c.head_dim)
-                .then(|| format!("rotary embeddings on part of each head (layer {i})"))
+            let missing = if l.rope.rotary_dim != c.head_dim {
+                "rotary embeddings on part of each head"
+            } else if matches!(l.ffn, Ffn::Experts(_)) {
+                "a mixture-of-experts FFN"
+            } else {
+                return None;
+            };
+            Some(format!("{missing} (layer {i})"))
         })
     }
 
@@ -1669,6 +1676,18 @@ impl Backend for CudaBackend {
             self.launch(&kernel(name), grid, threads, smem as u32, &args)?;
         }
         Ok(())
+    }
+
+    /// Refused at load ([`Backend::lacks`]): no CUDA kernel routes tokens to experts yet.
+    fn experts_ffn(
+        &self,
+        _x: &CudaAct,
+        _weights: &ExpertWeights<CudaWeight>,
+        _spec: ExpertSpec,
+        _act: Activation,
+        _out: &mut CudaAct,
+    ) -> anyhow::Result<()> {
+        bail!("experts_ffn: mixture-of-experts layers have no CUDA kernel yet")
     }
 
     fn gated_activation(

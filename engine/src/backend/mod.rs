@@ -7,14 +7,22 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod routing;
 
 use std::fmt;
 
 use anyhow::{bail, ensure};
 
-use crate::config::{Activation, AttentionSpan, ModelConfig};
+use crate::config::{Activation, AttentionSpan, ExpertSpec, ModelConfig};
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
+
+/// A mixture-of-experts FFN's weights: the router (`[num_experts, hidden]`) and each
+/// expert's fused gate/up (`[2 × width, hidden]`) and down (`[hidden, width]`).
+pub struct ExpertWeights<W> {
+    pub router: W,
+    pub experts: Vec<(W, W)>,
+}
 
 /// How attention turns `q·k` into the logits of its softmax: times `scale`, then, with a
 /// cap, `cap · tanh(s / cap)` (Gemma 2).
@@ -317,6 +325,17 @@ pub trait Backend: Send + Sync {
     fn gated_activation(
         &self,
         gate_up: &Self::Act,
+        act: Activation,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// The mixture-of-experts FFN over the rows of `x`: each row is routed
+    /// ([`routing::route`]) and run through its experts' gated FFNs with `act`; `out` gets
+    /// each row's weighted sum of their outputs.
+    fn experts_ffn(
+        &self,
+        x: &Self::Act,
+        weights: &ExpertWeights<Self::Weight>,
+        spec: ExpertSpec,
         act: Activation,
         out: &mut Self::Act,
     ) -> anyhow::Result<()>;

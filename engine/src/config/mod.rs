@@ -1,6 +1,7 @@
 //! What the forward runs: the model's dimensions and a description of every decoder layer
 //! (its attention span and score scaling, RoPE table, QK-norm, biases, norm placement,
-//! FFN activation and width), read from HF `config.json` here and from GGUF metadata in
+//! FFN activation, and its FFN: dense of one width, or a mixture of experts), read from HF
+//! `config.json` here and from GGUF metadata in
 //! `weights::gguf_config`. One module per family (`llama`, `qwen`, `phi3`, `gemma`) maps
 //! its keys onto the description, as llama.cpp's per-architecture builders sit over shared
 //! pieces; the forward is written once over it.
@@ -33,6 +34,9 @@ pub enum Family {
     Qwen2,
     /// Qwen3: per-head RMSNorm on q and k before RoPE.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, and mixture-of-experts FFNs (dense ones where
+    /// `mlp_only_layers` / `decoder_sparse_step` say).
+    Qwen3Moe,
     /// Phi-3 and Phi-4: Llama's layers stored with q/k/v and gate/up fused, partial rotary
     /// embeddings and LongRoPE, a sliding window on every layer when set.
     Phi3,
@@ -52,6 +56,7 @@ impl Family {
             "MistralForCausalLM" => Some(Family::Mistral),
             "Qwen2ForCausalLM" => Some(Family::Qwen2),
             "Qwen3ForCausalLM" => Some(Family::Qwen3),
+            "Qwen3MoeForCausalLM" => Some(Family::Qwen3Moe),
             "Phi3ForCausalLM" => Some(Family::Phi3),
             "Gemma2ForCausalLM" => Some(Family::Gemma2),
             "Gemma3ForCausalLM" => Some(Family::Gemma3),
@@ -65,6 +70,7 @@ impl Family {
             "llama" => Some(Family::Llama),
             "qwen2" => Some(Family::Qwen2),
             "qwen3" => Some(Family::Qwen3),
+            "qwen3moe" => Some(Family::Qwen3Moe),
             "phi3" => Some(Family::Phi3),
             "gemma2" => Some(Family::Gemma2),
             "gemma3" => Some(Family::Gemma3),
@@ -128,6 +134,55 @@ pub enum NormWeights {
     PlusOne,
 }
 
+/// A decoder layer's feed-forward network: `down(act(gate(x)) · up(x))`, once or per expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ffn {
+    /// One gated FFN of this width.
+    Dense { intermediate_size: usize },
+    /// A mixture of experts.
+    Experts(ExpertSpec),
+}
+
+impl Ffn {
+    /// The width of the gated FFN one token runs through (an expert's for experts).
+    pub fn width(self) -> usize {
+        match self {
+            Ffn::Dense { intermediate_size } => intermediate_size,
+            Ffn::Experts(e) => e.intermediate_size,
+        }
+    }
+
+    /// Parameters of its matrices for a model of width `hidden`: every expert's and the
+    /// router's.
+    pub fn matrix_params(self, hidden: usize) -> usize {
+        match self {
+            Ffn::Dense { intermediate_size } => 3 * hidden * intermediate_size,
+            Ffn::Experts(e) => e.num_experts * (3 * hidden * e.intermediate_size + hidden),
+        }
+    }
+
+    /// Parameters of its matrices one token reads: the router and its `top_k` experts.
+    pub fn active_matrix_params(self, hidden: usize) -> usize {
+        match self {
+            Ffn::Dense { .. } => self.matrix_params(hidden),
+            Ffn::Experts(e) => e.top_k * 3 * hidden * e.intermediate_size + e.num_experts * hidden,
+        }
+    }
+}
+
+/// A mixture-of-experts FFN: a linear router scores every expert for each token; the
+/// token runs through the `top_k` best, and its output is their sum weighted by the
+/// router's softmax over all experts (Qwen3-MoE), renormalised over the chosen ones when
+/// `norm_topk_prob`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertSpec {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Each expert's gated FFN width (`moe_intermediate_size`).
+    pub intermediate_size: usize,
+    pub norm_topk_prob: bool,
+}
+
 /// How far back a layer's queries attend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionSpan {
@@ -153,8 +208,7 @@ pub struct LayerSpec {
     pub attn_softcap: Option<f32>,
     pub norms: NormPlacement,
     pub activation: Activation,
-    /// Width of the gated FFN.
-    pub intermediate_size: usize,
+    pub ffn: Ffn,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -185,6 +239,7 @@ pub struct ModelConfig {
 pub struct CommonLayer {
     pub num_layers: usize,
     pub rope: RopeSpec,
+    /// The dense FFN's width.
     pub intermediate_size: usize,
     pub head_dim: usize,
 }
@@ -203,7 +258,9 @@ impl CommonLayer {
                 attn_softcap: None,
                 norms: NormPlacement::Pre,
                 activation: Activation::Silu,
-                intermediate_size: self.intermediate_size,
+                ffn: Ffn::Dense {
+                    intermediate_size: self.intermediate_size,
+                },
             };
             self.num_layers
         ]
@@ -274,10 +331,16 @@ impl ModelConfig {
                 file.display()
             ),
         };
+        // A Qwen3-MoE config whose every layer has experts may leave the dense width out.
+        let intermediate_size = match opt_field(&json, "intermediate_size", file)? {
+            Some(width) => width,
+            None if family == Family::Qwen3Moe => 0,
+            None => req_field(&json, "intermediate_size", file)?,
+        };
         let common = CommonLayer {
             num_layers: req_field(&json, "num_hidden_layers", file)?,
             rope: hf_json::rope(&json, head_dim, file)?,
-            intermediate_size: req_field(&json, "intermediate_size", file)?,
+            intermediate_size,
             head_dim,
         };
         let mut extras = ModelExtras::NONE;
@@ -286,7 +349,7 @@ impl ModelConfig {
                 llama::hf_layers(family, &json, &common, file)?,
                 llama::default_max_positions(family),
             ),
-            Family::Qwen2 | Family::Qwen3 => (
+            Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => (
                 qwen::hf_layers(family, &json, &common, file)?,
                 qwen::DEFAULT_MAX_POSITIONS,
             ),
@@ -349,6 +412,7 @@ pub fn gguf_layers(
     match family {
         Family::Llama | Family::Mistral => plain(llama::gguf_layers(file, common)?),
         Family::Qwen2 | Family::Qwen3 => plain(qwen::gguf_layers(family, common)),
+        Family::Qwen3Moe => plain(qwen::gguf_moe_layers(file, common)?),
         Family::Phi3 => plain(phi3::gguf_layers(file, common)?),
         Family::Gemma2 | Family::Gemma3 => gemma::gguf_layers(family, file, common, hidden_size),
     }

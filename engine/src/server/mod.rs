@@ -149,8 +149,9 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
 }
 
 /// The family and what its layers attend to: how many use a sliding window and which
-/// windows, and that the KV blocks outside every window are kept (not freed) for now; and
-/// each distinct RoPE with the layers that use it, as tables of `rope_positions` apply it.
+/// windows, and that the KV blocks outside every window are kept (not freed) for now; each
+/// distinct RoPE with the layers that use it, as tables of `rope_positions` apply it; and
+/// each distinct mixture-of-experts FFN with the layers that have it.
 fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> serde_json::Value {
     let mut ropes: Vec<(&crate::config::RopeSpec, usize)> = Vec::new();
     for layer in &config.layers {
@@ -182,6 +183,28 @@ fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> s
     let sliding = windows.len();
     windows.sort_unstable();
     windows.dedup();
+    // Each distinct expert FFN with how many layers have it.
+    let mut experts: Vec<(crate::config::ExpertSpec, usize)> = Vec::new();
+    for layer in &config.layers {
+        if let crate::config::Ffn::Experts(e) = layer.ffn {
+            match experts.iter_mut().find(|(x, _)| *x == e) {
+                Some((_, layers)) => *layers += 1,
+                None => experts.push((e, 1)),
+            }
+        }
+    }
+    let experts: Vec<serde_json::Value> = experts
+        .iter()
+        .map(|(e, layers)| {
+            serde_json::json!({
+                "layers": layers,
+                "num_experts": e.num_experts,
+                "top_k": e.top_k,
+                "expert_intermediate_size": e.intermediate_size,
+                "norm_topk_prob": e.norm_topk_prob,
+            })
+        })
+        .collect();
     serde_json::json!({
         "family": format!("{:?}", config.family),
         "layers": config.num_layers(),
@@ -193,6 +216,7 @@ fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> s
             "none: every layer attends to the whole context"
         },
         "rope": rope,
+        "experts": experts,
     })
 }
 

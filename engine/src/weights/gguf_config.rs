@@ -87,7 +87,13 @@ impl ModelConfig {
                 rotary_dim,
                 scaling,
             },
-            intermediate_size: file.get_usize(&key("feed_forward_length"))?,
+            // A qwen3moe file whose every layer has experts needs no dense width.
+            intermediate_size: match family {
+                Family::Qwen3Moe => file
+                    .opt(&key("feed_forward_length"), GgufFile::get_usize)?
+                    .unwrap_or(0),
+                _ => file.get_usize(&key("feed_forward_length"))?,
+            },
             head_dim,
         };
         let (layers, extras) = gguf_layers(family, file, &common, hidden_size)?;

@@ -23,6 +23,10 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
+    ("ffn_gate_inp", "mlp.gate"),
+    ("ffn_gate_exps", "mlp.experts.gate_proj"),
+    ("ffn_up_exps", "mlp.experts.up_proj"),
+    ("ffn_down_exps", "mlp.experts.down_proj"),
 ];
 
 /// The HF name of a GGUF tensor of a `family` file, or `None` for tensors without one

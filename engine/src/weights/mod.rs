@@ -123,6 +123,53 @@ impl HostTensor {
         self.data.into_f32()
     }
 
+    /// The tensor cut along its first dimension: `shape[0]` tensors of `shape[1..]` (a
+    /// stack of experts into each expert). Quantised data is cut at whole rows.
+    pub fn split_outer(self, name: &str) -> anyhow::Result<Vec<HostTensor>> {
+        let (&n, inner) = self
+            .shape
+            .split_first()
+            .with_context(|| format!("tensor `{name}` has no dimensions to split"))?;
+        ensure!(
+            n > 0 && self.data.len() == self.numel(),
+            "tensor `{name}`: shape {:?} does not match its {} values",
+            self.shape,
+            self.data.len()
+        );
+        let shape = inner.to_vec();
+        fn chunks<T: Clone>(
+            v: &[T],
+            n: usize,
+            wrap: impl Fn(Vec<T>) -> TensorData,
+        ) -> Vec<TensorData> {
+            v.chunks(v.len() / n).map(|c| wrap(c.to_vec())).collect()
+        }
+        let pieces = match &self.data {
+            TensorData::F32(v) => chunks(v, n, TensorData::F32),
+            TensorData::F16(v) => chunks(v, n, TensorData::F16),
+            TensorData::BF16(v) => chunks(v, n, TensorData::BF16),
+            TensorData::Quant(q, b) => {
+                ensure!(
+                    b.len().is_multiple_of(n),
+                    "tensor `{name}`: {} bytes of {q:?} do not split into {n} equal parts",
+                    b.len()
+                );
+                let q = *q;
+                chunks(b, n, |c| TensorData::Quant(q, c))
+            }
+            TensorData::QuantParts(_) => {
+                bail!("tensor `{name}` mixes quantisation types and cannot be split")
+            }
+        };
+        Ok(pieces
+            .into_iter()
+            .map(|data| HostTensor {
+                shape: shape.clone(),
+                data,
+            })
+            .collect())
+    }
+
     /// `(rows, cols)` of a 2-D weight whose data fills its shape; `name` is for errors.
     pub fn matrix_dims(&self, name: &str) -> anyhow::Result<(usize, usize)> {
         let &[rows, cols] = self.shape.as_slice() else {

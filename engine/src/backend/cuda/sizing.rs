@@ -10,7 +10,7 @@ pub fn weight_bytes_bf16(c: &ModelConfig, separate_lm_head: bool) -> usize {
     let layers: usize = c
         .layers
         .iter()
-        .map(|l| h * (q + 2 * kv) + q * h + 3 * h * l.intermediate_size)
+        .map(|l| h * (q + 2 * kv) + q * h + l.ffn.matrix_params(h))
         .sum();
     let embed = c.vocab_size * h * if separate_lm_head { 2 } else { 1 };
     2 * (embed + layers)
@@ -24,12 +24,7 @@ pub fn activation_reserve_bytes(
     max_num_seqs: usize,
 ) -> usize {
     let qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
-    let widest_ffn = c
-        .layers
-        .iter()
-        .map(|l| l.intermediate_size)
-        .max()
-        .unwrap_or(0);
+    let widest_ffn = c.layers.iter().map(|l| l.ffn.width()).max().unwrap_or(0);
     let per_token = 2 * (4 * c.hidden_size + qkv + c.num_heads * c.head_dim + 3 * widest_ffn);
     let logits = max_num_seqs * c.vocab_size * (2 + 4);
     max_batched_tokens * per_token + logits + (512 << 20)
