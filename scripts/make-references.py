@@ -8,7 +8,8 @@ positions, 24 greedy tokens and their margins, for five prompts), in the format 
 
 Needs torch, transformers and gguf (CI does not run it: torch is not installed there):
     python3 -m venv /tmp/refenv && /tmp/refenv/bin/pip install torch transformers gguf
-    /tmp/refenv/bin/python scripts/make-references.py
+    /tmp/refenv/bin/python scripts/make-references.py [NAME ...]
+(names pick some of the models; none makes them all).
 """
 import json
 import math
@@ -150,7 +151,8 @@ def gguf_writer_for(arch, permute_qk):
                  "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                  "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                  "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-                 "post_attention_layernorm": "ffn_norm"}
+                 "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
+                 "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
         for i in range(c.num_hidden_layers):
             for hf, gg in names.items():
                 for part in ("weight", "bias"):
@@ -163,8 +165,31 @@ def gguf_writer_for(arch, permute_qk):
                     elif gg == "attn_k":
                         t = permute(t, c.num_key_value_heads)
                     w.add_tensor(f"blk.{i}.{gg}.{part}", np.ascontiguousarray(t))
+            add_experts(w, sd, c, i)
         close(w)
     return write
+
+
+def add_experts(w, sd, c, i):
+    """Layer i's experts as llama.cpp's converter stacks them: ffn_{gate,up,down}_exps of
+    numpy shape [experts, rows, cols] (ggml's ne reversed), from transformers 5's fused
+    in-memory gate_up_proj [experts, 2 x width, hidden] (gate rows first) and down_proj;
+    the expert keys on the first expert layer."""
+    gate_up = sd.get(f"model.layers.{i}.mlp.experts.gate_up_proj")
+    if gate_up is None:
+        return
+    width = gate_up.shape[1] // 2
+    if "qwen3moe.expert_count" not in w.kv_data[0]:
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        # llama.cpp renormalises qwen3moe's chosen experts always; the engine reads this key
+        # (which llama.cpp's converter writes for other families) when a file has it.
+        if not c.norm_topk_prob:
+            w.add_expert_weights_norm(False)
+    for name, t in [("ffn_gate_exps", gate_up[:, :width]), ("ffn_up_exps", gate_up[:, width:]),
+                    ("ffn_down_exps", sd[f"model.layers.{i}.mlp.experts.down_proj"])]:
+        w.add_tensor(f"blk.{i}.{name}.weight", np.ascontiguousarray(t))
 
 
 def phi3_gguf_writer(model, config, path):
@@ -250,6 +275,8 @@ def gemma_gguf_writer(arch):
 
 
 def make(name, config_class, model_class, extra, seed, gguf_writer=None):
+    if WANTED and name not in WANTED:
+        return
     config = config_class(**dict(SHAPE, **extra))
     config.architectures = [model_class.__name__]
     # Soft-capping runs in transformers' eager attention only.
@@ -259,10 +286,15 @@ def make(name, config_class, model_class, extra, seed, gguf_writer=None):
     folder = os.path.join(OUT, name)
     os.makedirs(folder, exist_ok=True)
     config.save_pretrained(folder)
-    # A tied head is the embedding table: written once, as save_pretrained writes it.
-    tensors = {k: v.contiguous() for k, v in model.state_dict().items()
-               if not (config.tie_word_embeddings and k == "lm_head.weight")}
-    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    if hasattr(config, "num_experts_per_tok"):
+        # Experts as published checkpoints store them (one tensor per expert and
+        # projection): save_pretrained converts transformers 5's fused in-memory layout back.
+        model.save_pretrained(folder, safe_serialization=True)
+    else:
+        # A tied head is the embedding table: written once, as save_pretrained writes it.
+        tensors = {k: v.contiguous() for k, v in model.state_dict().items()
+                   if not (config.tie_word_embeddings and k == "lm_head.weight")}
+        save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     input_seed, cases = reference(model, seed)
     if gguf_writer:
         gguf_writer(model, config, os.path.join(folder, "model.gguf"))
@@ -279,6 +311,9 @@ def make(name, config_class, model_class, extra, seed, gguf_writer=None):
         json.dump(ref, f)
     print(name, "input seed", input_seed,
           "smallest margin", min(m for c in cases for m in c["greedy_margins"]))
+
+
+WANTED = set(sys.argv[1:])
 
 
 def main():
@@ -334,6 +369,19 @@ def main():
          dict(intermediate_size=64, sliding_window=5, query_pre_attn_scalar=16,
               attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
               tie_word_embeddings=True, pad_token_id=0), 1237, gemma_gguf_writer("gemma2"))
+    # Qwen3-MoE: three layers, the middle one dense (mlp_only_layers), the others with 4
+    # experts of width 32, two per token, their weights renormalised (norm_topk_prob) as in
+    # the published models; then 8 experts on every layer, two per token, the softmax's
+    # weights as they are. transformers 5 writes the expert count as num_local_experts.
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    make("qwen3moe-tiny", Qwen3MoeConfig, Qwen3MoeForCausalLM,
+         dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1), 1237,
+         gguf_writer_for("qwen3moe", permute_qk=False))
+    make("qwen3moe-tiny-unnormalised", Qwen3MoeConfig, Qwen3MoeForCausalLM,
+         dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+              norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1), 1237,
+         gguf_writer_for("qwen3moe", permute_qk=False))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::config::{AttentionSpan, RopeScaling};
+use engine::config::{AttentionSpan, ExpertSpec, Ffn, RopeScaling};
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with};
 use engine::model::{ModelRunner, SeqInput};
@@ -387,6 +387,46 @@ fn gemma2_tiny_with_soft_capping_matches_its_reference_from_safetensors_and_gguf
         assert!(config.layers.iter().all(|l| l.attn_softcap == Some(50.0)));
         let what = format!("gemma2-tiny {}", file.unwrap_or("safetensors"));
         check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
+    }
+}
+
+/// Qwen3-MoE: three layers, the middle one dense (`mlp_only_layers`), the others with 4
+/// experts of which each token takes 2, their weights renormalised (`norm_topk_prob`); and
+/// 8 experts on every layer with the softmax's weights as they are (the GGUF says so with
+/// `qwen3moe.expert_weights_norm = false`). From safetensors (one tensor per expert) and
+/// from the `qwen3moe` GGUF (stacked `ffn_*_exps`).
+#[test]
+fn qwen3moe_tiny_matches_its_reference_from_safetensors_and_gguf() {
+    let experts = |num_experts, norm_topk_prob| {
+        Ffn::Experts(ExpertSpec {
+            num_experts,
+            top_k: 2,
+            intermediate_size: 32,
+            norm_topk_prob,
+        })
+    };
+    let dense = Ffn::Dense {
+        intermediate_size: 128,
+    };
+    for (name, ffns) in [
+        (
+            "qwen3moe-tiny",
+            vec![experts(4, true), dense, experts(4, true)],
+        ),
+        (
+            "qwen3moe-tiny-unnormalised",
+            vec![experts(8, false), experts(8, false)],
+        ),
+    ] {
+        for file in [None, Some("model.gguf")] {
+            let (model, dir) = family(name, file);
+            let (config, _) = open_model(&model).unwrap();
+            let got: Vec<Ffn> = config.layers.iter().map(|l| l.ffn).collect();
+            assert_eq!(got, ffns, "{name} {file:?}");
+            assert!(config.layers.iter().all(|l| l.qk_norm));
+            let what = format!("{name} {}", file.unwrap_or("safetensors"));
+            check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
+        }
     }
 }
 
