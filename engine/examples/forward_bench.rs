@@ -13,7 +13,8 @@ use std::time::Instant;
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::config::{
-    Activation, AttentionSpan, Family, LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec,
+    Activation, AttentionSpan, Family, Ffn, LayerSpec, ModelConfig, NormPlacement, NormWeights,
+    RopeSpec,
 };
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::load_cpu_runner_with;
@@ -30,7 +31,7 @@ struct RandomWeights {
 impl RandomWeights {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         let c = &self.config;
-        let (h, i, hd) = (c.hidden_size, c.layers[0].intermediate_size, c.head_dim);
+        let (h, i, hd) = (c.hidden_size, c.layers[0].ffn.width(), c.head_dim);
         let (q, kv) = (c.num_heads * hd, c.num_kv_heads * hd);
         let suffix = name
             .rsplit_once("layers.")
@@ -144,7 +145,9 @@ fn smollm2_config() -> ModelConfig {
                 attn_softcap: None,
                 norms: NormPlacement::Pre,
                 activation: Activation::Silu,
-                intermediate_size: 1536,
+                ffn: Ffn::Dense {
+                    intermediate_size: 1536,
+                },
             };
             30
         ],
