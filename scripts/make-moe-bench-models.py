@@ -1,6 +1,6 @@
 """Makes two random models for `engine bench` (issue 43): a Qwen3-MoE-shaped one (hidden 1024,
 8 layers, 16 experts of width 512, 4 per token) and a dense Qwen3 with the same active
-parameters per token (FFN width 4 x 512 = 2048), both as F16 GGUF files written as
+parameters per token (FFN width 4 x 512 = 2048), both as F32 GGUF files written as
 llama.cpp's converter writes them (the references script's writers), for llama-quantize.
 
     /tmp/refenv/bin/python scripts/make-moe-bench-models.py OUT_DIR

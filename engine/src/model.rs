@@ -7,7 +7,8 @@ use anyhow::{anyhow, bail, ensure, Context};
 use std::time::Instant;
 
 use crate::backend::{
-    check_block_table, AttnSeq, Backend, ExpertWeights, QkvLayout, RowSample, ScoreSpec, StepMeta,
+    check_block_table, refuse_what_it_lacks, AttnSeq, Backend, ExpertWeights, QkvLayout, RowSample,
+    ScoreSpec, StepMeta,
 };
 use crate::config::{
     ExpertSpec, Ffn, LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec,
@@ -76,7 +77,9 @@ pub struct Footprint {
     /// `top_k` experts), the final norm and the output head (the embedding table itself is
     /// only gathered from, one row a token).
     pub weight_bytes: usize,
-    /// The model's parameters (the embedding table once, twice when the head is untied).
+    /// The parameters one token is computed with (the embedding table once, twice when the
+    /// head is untied; of a mixture of experts, the router and `top_k` experts): the
+    /// compute a prefill token costs is twice this.
     pub parameters: usize,
     pub kv_bytes_per_token: usize,
 }
@@ -102,7 +105,7 @@ struct Layer<B: Backend> {
 /// A layer's FFN weights: one gated FFN (gate/up fused row-wise), or experts.
 enum FfnWeights<B: Backend> {
     Dense { gate_up: B::Weight, down: B::Weight },
-    Experts(ExpertSpec, ExpertWeights<B::Weight>),
+    Experts(ExpertSpec, ExpertWeights<B::Weight, B::Param>),
 }
 
 /// Activation buffers reused across steps.
@@ -261,12 +264,17 @@ fn load_experts<B: Backend>(
     e: ExpertSpec,
     h: usize,
     c: &ModelConfig,
-) -> anyhow::Result<ExpertWeights<B::Weight>> {
+) -> anyhow::Result<ExpertWeights<B::Weight, B::Param>> {
     let n = e.num_experts;
     let inter = e.intermediate_size;
     let router_name = format!("{p}.mlp.gate.weight");
     refuse_undescribed(w, std::iter::once(format!("{p}.mlp.gate.bias")), c)?;
-    let router = backend.upload_weight(&router_name, read(w, &router_name, &[n, h])?)?;
+    let router = read(w, &router_name, &[n, h])?;
+    let router = HostTensor {
+        shape: vec![n * h],
+        data: router.data,
+    };
+    let router = backend.upload_param(&router_name, router)?;
     let shapes = [
         ("gate_proj", [inter, h]),
         ("up_proj", [inter, h]),
@@ -284,7 +292,13 @@ fn load_experts<B: Backend>(
     } else {
         for (part, [rows, cols]) in shapes {
             let name = format!("{p}.mlp.experts.{part}.weight");
-            parts.push(read(w, &name, &[n, rows, cols])?.split_outer(&name)?);
+            let stacked = read(w, &name, &[n, rows, cols]).with_context(|| {
+                format!(
+                    "the experts of {p}: neither one tensor per expert \
+                     (`{p}.mlp.experts.0.{part}.weight`) nor a stack (GGUF `ffn_*_exps`)"
+                )
+            })?;
+            parts.push(stacked.split_outer(&name)?);
         }
     }
     let downs = parts.pop().expect("three parts");
@@ -479,12 +493,7 @@ impl<B: Backend> Model<B> {
             c.hidden_size > 0 && c.vocab_size > 0 && c.num_layers() > 0,
             "empty model dimensions in the config"
         );
-        if let Some(missing) = backend.lacks(c) {
-            bail!(
-                "the model needs {missing}, which this device's kernels do not run yet: \
-                 serve it with `--device cpu`"
-            );
-        }
+        refuse_what_it_lacks(&backend, c)?;
         let num_blocks = opts.num_blocks(kv_bytes_per_token(c, backend.kv_value_bytes()))?;
         let embed_name = "model.embed_tokens.weight";
         let embed = backend.upload_weight(
@@ -839,14 +848,16 @@ impl<B: Backend> ModelRunner for Model<B> {
                 FfnWeights::Dense { gate_up, down } => {
                     b.weight_bytes(gate_up) + b.weight_bytes(down)
                 }
-                // One sequence's step reads the router and `top_k` experts (their mean size).
+                // One sequence's step reads the f32 router and `top_k` experts (their mean
+                // size).
                 FfnWeights::Experts(spec, w) => {
+                    let router = spec.num_experts * c.hidden_size * std::mem::size_of::<f32>();
                     let experts: usize = w
                         .experts
                         .iter()
                         .map(|(gate_up, down)| b.weight_bytes(gate_up) + b.weight_bytes(down))
                         .sum();
-                    b.weight_bytes(&w.router) + experts * spec.top_k / spec.num_experts
+                    router + experts * spec.top_k / spec.num_experts
                 }
             };
             vector_params += 2 * c.hidden_size;
@@ -866,7 +877,7 @@ impl<B: Backend> ModelRunner for Model<B> {
             .map(|l| {
                 c.hidden_size * (q + 2 * kv)
                     + q * c.hidden_size
-                    + l.ffn.matrix_params(c.hidden_size)
+                    + l.ffn.active_matrix_params(c.hidden_size)
             })
             .sum();
         let tables = if s.lm_head.is_some() { 2 } else { 1 };

@@ -586,7 +586,7 @@ impl Backend for CpuBackend {
     fn experts_ffn(
         &self,
         x: &CpuAct,
-        weights: &ExpertWeights<CpuWeight>,
+        weights: &ExpertWeights<CpuWeight, Vec<f32>>,
         spec: ExpertSpec,
         act: Activation,
         out: &mut CpuAct,
@@ -598,10 +598,22 @@ impl Backend for CpuBackend {
             spec.num_experts
         );
         let (rows, h) = (x.rows, x.cols);
-        let mut logits = CpuAct::default();
-        self.matmul(x, &weights.router, None, &mut logits)?;
+        ensure!(
+            weights.router.len() == spec.num_experts * h,
+            "experts_ffn: a router of {} values for {} experts of width {h}",
+            weights.router.len(),
+            spec.num_experts
+        );
         let routes = (0..rows)
-            .map(|r| routing::route(&logits.data[r * logits.cols..][..logits.cols], spec))
+            .map(|r| {
+                let row = &x.data[r * h..][..h];
+                let logits: Vec<f32> = weights
+                    .router
+                    .chunks(h)
+                    .map(|w| w.iter().zip(row).map(|(a, b)| a * b).sum())
+                    .collect();
+                routing::route(&logits, spec)
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let groups = routing::group_by_expert(&routes, spec.num_experts);
         let sum = out.reshape(rows, h);

@@ -41,7 +41,9 @@ pub use kernels::{
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
-use super::{Backend, ExpertWeights, QkvLayout, RowSample, ScoreSpec, StepMeta};
+use super::{
+    refuse_what_it_lacks, Backend, ExpertWeights, QkvLayout, RowSample, ScoreSpec, StepMeta,
+};
 use crate::config::{Activation, AttentionSpan, ExpertSpec, Ffn, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
@@ -116,7 +118,10 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?
+    let backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?;
+    // Before the KV cache is sized from the model's weights.
+    refuse_what_it_lacks(&backend, config)?;
+    let backend = backend
         .with_prefill_attention(opts.prefill_attention, config.head_dim)?
         .with_decode_attention(
             opts.decode_attention,
@@ -1682,7 +1687,7 @@ impl Backend for CudaBackend {
     fn experts_ffn(
         &self,
         _x: &CudaAct,
-        _weights: &ExpertWeights<CudaWeight>,
+        _weights: &ExpertWeights<CudaWeight, CudaParam>,
         _spec: ExpertSpec,
         _act: Activation,
         _out: &mut CudaAct,

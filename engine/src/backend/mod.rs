@@ -17,11 +17,24 @@ use crate::config::{Activation, AttentionSpan, ExpertSpec, ModelConfig};
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
 
-/// A mixture-of-experts FFN's weights: the router (`[num_experts, hidden]`) and each
-/// expert's fused gate/up (`[2 × width, hidden]`) and down (`[hidden, width]`).
-pub struct ExpertWeights<W> {
-    pub router: W,
+/// A mixture-of-experts FFN's weights: the router (`[num_experts, hidden]` row-major, in
+/// f32 as llama.cpp keeps it: the choice of experts turns on small differences of its
+/// scores) and each expert's fused gate/up (`[2 × width, hidden]`) and down
+/// (`[hidden, width]`).
+pub struct ExpertWeights<W, P> {
+    pub router: P,
     pub experts: Vec<(W, W)>,
+}
+
+/// Refuses a model `backend` has no kernel for, naming what it needs.
+pub fn refuse_what_it_lacks(backend: &impl Backend, c: &ModelConfig) -> anyhow::Result<()> {
+    match backend.lacks(c) {
+        Some(missing) => bail!(
+            "the model needs {missing}, which this device's kernels do not run yet: \
+             serve it with `--device cpu`"
+        ),
+        None => Ok(()),
+    }
 }
 
 /// How attention turns `q·k` into the logits of its softmax: times `scale`, then, with a
@@ -334,7 +347,7 @@ pub trait Backend: Send + Sync {
     fn experts_ffn(
         &self,
         x: &Self::Act,
-        weights: &ExpertWeights<Self::Weight>,
+        weights: &ExpertWeights<Self::Weight, Self::Param>,
         spec: ExpertSpec,
         act: Activation,
         out: &mut Self::Act,

@@ -31,7 +31,10 @@ pub fn hf_layers(
     }
     let mut layers = layers_of(family, common);
     if family == Family::Qwen3Moe {
-        let experts = hf_experts(json, file)?;
+        let Some(experts) = hf_experts(json, file)? else {
+            // No experts: every layer dense, as transformers builds it.
+            return Ok(layers);
+        };
         let dense: Vec<usize> = opt_field(json, "mlp_only_layers", file)?.unwrap_or_default();
         let step: usize = opt_field(json, "decoder_sparse_step", file)?.unwrap_or(1);
         ensure!(
@@ -79,9 +82,10 @@ pub fn gguf_layers(family: Family, common: &CommonLayer) -> Vec<LayerSpec> {
     layers_of(family, common)
 }
 
-/// The expert FFN an HF Qwen3-MoE config describes. The expert count is `num_experts` in
-/// published configs and `num_local_experts` in those transformers 5 writes.
-fn hf_experts(json: &Value, file: &Path) -> anyhow::Result<ExpertSpec> {
+/// The expert FFN an HF Qwen3-MoE config describes, `None` for no experts. The expert count
+/// is `num_experts` in published configs and `num_local_experts` in those transformers 5
+/// writes.
+fn hf_experts(json: &Value, file: &Path) -> anyhow::Result<Option<ExpertSpec>> {
     let num_experts: usize = match opt_field(json, "num_experts", file)? {
         Some(n) => n,
         None => opt_field(json, "num_local_experts", file)?.with_context(|| {
@@ -91,6 +95,9 @@ fn hf_experts(json: &Value, file: &Path) -> anyhow::Result<ExpertSpec> {
             )
         })?,
     };
+    if num_experts == 0 {
+        return Ok(None);
+    }
     let spec = ExpertSpec {
         num_experts,
         top_k: req_field(json, "num_experts_per_tok", file)?,
@@ -99,7 +106,7 @@ fn hf_experts(json: &Value, file: &Path) -> anyhow::Result<ExpertSpec> {
         norm_topk_prob: opt_field(json, "norm_topk_prob", file)?.unwrap_or(false),
     };
     check_experts(spec, "num_experts_per_tok", file)?;
-    Ok(spec)
+    Ok(Some(spec))
 }
 
 fn check_experts(spec: ExpertSpec, top_k_key: &str, file: &Path) -> anyhow::Result<()> {
@@ -186,4 +193,79 @@ fn layers_of(family: Family, common: &CommonLayer) -> Vec<LayerSpec> {
             ..layer
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ExpertSpec, Ffn, ModelConfig};
+
+    fn read(json: serde_json::Value) -> anyhow::Result<ModelConfig> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        ModelConfig::from_hf_config(&path)
+    }
+
+    fn config(extra: serde_json::Value) -> serde_json::Value {
+        let mut json = serde_json::json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "num_hidden_layers": 6, "intermediate_size": 96, "vocab_size": 256,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32
+        });
+        json.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json
+    }
+
+    /// The published configs' `num_experts`, experts on every second layer
+    /// (`decoder_sparse_step` 2: layers 1, 3, 5) but layer 3 (`mlp_only_layers`), and
+    /// transformers' default of no renormalisation.
+    #[test]
+    fn sparse_step_and_dense_layers_pick_the_expert_layers() {
+        let c = read(config(serde_json::json!({
+            "num_experts": 8, "decoder_sparse_step": 2, "mlp_only_layers": [3]
+        })))
+        .unwrap();
+        let experts = Ffn::Experts(ExpertSpec {
+            num_experts: 8,
+            top_k: 2,
+            intermediate_size: 32,
+            norm_topk_prob: false,
+        });
+        let dense = Ffn::Dense {
+            intermediate_size: 96,
+        };
+        let ffns: Vec<Ffn> = c.layers.iter().map(|l| l.ffn).collect();
+        assert_eq!(ffns, [dense, experts, dense, dense, dense, experts]);
+    }
+
+    /// No experts is a dense model; a top-k past the experts and a step of 0 are refused by
+    /// their keys.
+    #[test]
+    fn expert_counts_are_checked() {
+        let c = read(config(serde_json::json!({"num_experts": 0}))).unwrap();
+        assert!(c.layers.iter().all(|l| matches!(l.ffn, Ffn::Dense { .. })));
+        let err = read(config(serde_json::json!({"num_experts": 1})))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("num_experts_per_tok 2 must be between 1 and the 1 experts"),
+            "{err}"
+        );
+        let err = read(config(
+            serde_json::json!({"num_experts": 4, "decoder_sparse_step": 0}),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("decoder_sparse_step 0"), "{err}");
+        let err = read(config(serde_json::json!({"moe_intermediate_size": 32})))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("neither `num_experts` nor `num_local_experts`"),
+            "{err}"
+        );
+    }
 }

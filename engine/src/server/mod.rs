@@ -153,13 +153,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
 /// distinct RoPE with the layers that use it, as tables of `rope_positions` apply it; and
 /// each distinct mixture-of-experts FFN with the layers that have it.
 fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> serde_json::Value {
-    let mut ropes: Vec<(&crate::config::RopeSpec, usize)> = Vec::new();
-    for layer in &config.layers {
-        match ropes.iter_mut().find(|(r, _)| **r == layer.rope) {
-            Some((_, layers)) => *layers += 1,
-            None => ropes.push((&layer.rope, 1)),
-        }
-    }
+    let ropes = count_distinct(config.layers.iter().map(|l| &l.rope));
     let rope: Vec<serde_json::Value> = ropes
         .iter()
         .map(|(r, layers)| {
@@ -183,16 +177,10 @@ fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> s
     let sliding = windows.len();
     windows.sort_unstable();
     windows.dedup();
-    // Each distinct expert FFN with how many layers have it.
-    let mut experts: Vec<(crate::config::ExpertSpec, usize)> = Vec::new();
-    for layer in &config.layers {
-        if let crate::config::Ffn::Experts(e) = layer.ffn {
-            match experts.iter_mut().find(|(x, _)| *x == e) {
-                Some((_, layers)) => *layers += 1,
-                None => experts.push((e, 1)),
-            }
-        }
-    }
+    let experts = count_distinct(config.layers.iter().filter_map(|l| match l.ffn {
+        crate::config::Ffn::Experts(e) => Some(e),
+        crate::config::Ffn::Dense { .. } => None,
+    }));
     let experts: Vec<serde_json::Value> = experts
         .iter()
         .map(|(e, layers)| {
@@ -218,6 +206,18 @@ fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> s
         "rope": rope,
         "experts": experts,
     })
+}
+
+/// Each distinct item, in order of first appearance, with how many times it appears.
+fn count_distinct<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<(T, usize)> {
+    let mut counted: Vec<(T, usize)> = Vec::new();
+    for item in items {
+        match counted.iter_mut().find(|(x, _)| *x == item) {
+            Some((_, n)) => *n += 1,
+            None => counted.push((item, 1)),
+        }
+    }
+    counted
 }
 
 /// The facts `GET /version` reports.
@@ -448,6 +448,29 @@ mod tests {
         assert_eq!(parse_memory("4096").unwrap(), 4096);
         assert!(parse_memory("0.9").is_err());
         assert!(parse_memory("12 parsecs").is_err());
+    }
+
+    /// `/version` lists each distinct expert FFN with how many layers have it (none for a
+    /// dense model).
+    #[test]
+    fn the_architecture_lists_each_expert_ffn_with_its_layers() {
+        let mut config = crate::config::test_llama();
+        assert_eq!(
+            super::architecture(&config, 64)["experts"],
+            serde_json::json!([])
+        );
+        let spec = crate::config::ExpertSpec {
+            num_experts: 16,
+            top_k: 4,
+            intermediate_size: 32,
+            norm_topk_prob: true,
+        };
+        config.layers[1].ffn = crate::config::Ffn::Experts(spec);
+        assert_eq!(
+            super::architecture(&config, 64)["experts"],
+            serde_json::json!([{"layers": 1, "num_experts": 16, "top_k": 4,
+                "expert_intermediate_size": 32, "norm_topk_prob": true}])
+        );
     }
 
     /// `/version` counts the windowed layers, lists their windows once, and says that the

@@ -177,7 +177,8 @@ pub enum KernelSet {
 
 impl KernelSet {
     /// The set `c` runs on: [`KernelSet::Extended`] for sliding windows, soft-capped scores
-    /// or logits, GeGLU or scaled embeddings (Mistral, Gemma 2 and 3, windowed Phi-3).
+    /// or logits, GeGLU or scaled embeddings (windowed Mistral, Qwen2 and Phi-3; Gemma 2
+    /// and 3).
     pub fn for_model(c: &ModelConfig) -> KernelSet {
         let layer_needs = |l: &LayerSpec| {
             l.attention != AttentionSpan::Full
