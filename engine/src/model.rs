@@ -7,8 +7,8 @@ use anyhow::{anyhow, bail, ensure, Context};
 use std::time::Instant;
 
 use crate::backend::{
-    check_block_table, refuse_what_it_lacks, AttnSeq, Backend, ExpertWeights, QkvLayout, RowSample,
-    ScoreSpec, StepMeta,
+    check_block_table, refuse_what_it_lacks, AttnSeq, Backend, QkvLayout, RowSample, ScoreSpec,
+    StepMeta,
 };
 use crate::config::{
     ExpertSpec, Ffn, LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec,
@@ -105,7 +105,7 @@ struct Layer<B: Backend> {
 /// A layer's FFN weights: one gated FFN (gate/up fused row-wise), or experts.
 enum FfnWeights<B: Backend> {
     Dense { gate_up: B::Weight, down: B::Weight },
-    Experts(ExpertSpec, ExpertWeights<B::Weight, B::Param>),
+    Experts(ExpertSpec, B::Experts),
 }
 
 /// Activation buffers reused across steps.
@@ -264,17 +264,12 @@ fn load_experts<B: Backend>(
     e: ExpertSpec,
     h: usize,
     c: &ModelConfig,
-) -> anyhow::Result<ExpertWeights<B::Weight, B::Param>> {
+) -> anyhow::Result<B::Experts> {
     let n = e.num_experts;
     let inter = e.intermediate_size;
     let router_name = format!("{p}.mlp.gate.weight");
     refuse_undescribed(w, std::iter::once(format!("{p}.mlp.gate.bias")), c)?;
     let router = read(w, &router_name, &[n, h])?;
-    let router = HostTensor {
-        shape: vec![n * h],
-        data: router.data,
-    };
-    let router = backend.upload_param(&router_name, router)?;
     let shapes = [
         ("gate_proj", [inter, h]),
         ("up_proj", [inter, h]),
@@ -304,16 +299,17 @@ fn load_experts<B: Backend>(
     let downs = parts.pop().expect("three parts");
     let ups = parts.pop().expect("three parts");
     let gates = parts.pop().expect("three parts");
-    let mut experts = Vec::with_capacity(n);
-    for (x, ((gate, up), down)) in gates.into_iter().zip(ups).zip(downs).enumerate() {
-        let gate_up_name = format!("{p}.mlp.experts.{x}.gate_up");
-        let gate_up = concat_rows(&gate_up_name, vec![gate, up]);
-        experts.push((
-            backend.upload_weight(&gate_up_name, gate_up)?,
-            backend.upload_weight(&format!("{p}.mlp.experts.{x}.down_proj.weight"), down)?,
-        ));
-    }
-    Ok(ExpertWeights { router, experts })
+    let experts = gates
+        .into_iter()
+        .zip(ups)
+        .zip(downs)
+        .enumerate()
+        .map(|(x, ((gate, up), down))| {
+            let gate_up = concat_rows(&format!("{p}.mlp.experts.{x}.gate_up"), vec![gate, up]);
+            (gate_up, down)
+        })
+        .collect();
+    backend.upload_experts(p, router, experts)
 }
 
 impl<B: Backend> Layer<B> {
@@ -848,16 +844,10 @@ impl<B: Backend> ModelRunner for Model<B> {
                 FfnWeights::Dense { gate_up, down } => {
                     b.weight_bytes(gate_up) + b.weight_bytes(down)
                 }
-                // One sequence's step reads the f32 router and `top_k` experts (their mean
-                // size).
-                FfnWeights::Experts(spec, w) => {
-                    let router = spec.num_experts * c.hidden_size * std::mem::size_of::<f32>();
-                    let experts: usize = w
-                        .experts
-                        .iter()
-                        .map(|(gate_up, down)| b.weight_bytes(gate_up) + b.weight_bytes(down))
-                        .sum();
-                    router + experts * spec.top_k / spec.num_experts
+                // One sequence's step reads the router and `top_k` experts.
+                FfnWeights::Experts(spec, experts) => {
+                    let (router, expert) = b.expert_bytes(experts);
+                    router + spec.top_k * expert
                 }
             };
             vector_params += 2 * c.hidden_size;

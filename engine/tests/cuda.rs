@@ -440,27 +440,64 @@ fn kernel_set_follows_the_model() {
         ("phi3-tiny-window", KernelSet::Extended),
         ("gemma3-tiny", KernelSet::Extended),
         ("gemma2-tiny", KernelSet::Extended),
+        ("qwen3moe-tiny", KernelSet::Extended),
     ] {
         let (config, _) = open_model(&dir.join(name)).unwrap();
         assert_eq!(KernelSet::for_model(&config), set, "{name}");
     }
 }
 
+/// Qwen3-MoE's tiny references (experts renormalised with a dense middle layer; 8 experts
+/// unnormalised) on the mixture-of-experts kernels (`--cuda-unverified-kernels`), each
+/// prefill kernel, against the CPU: prefill, decode, a long context batched with a short
+/// one, a chunk over a cached prefix.
+#[test]
+fn gpu_qwen3moe_matches_cpu() {
+    if gpu_or_skip("gpu_qwen3moe_matches_cpu") {
+        for name in ["qwen3moe-tiny", "qwen3moe-tiny-unnormalised"] {
+            for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
+                let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures/families")
+                    .join(name);
+                let cuda_opts = CudaOptions {
+                    prefill_attention: Some(prefill),
+                    decode_attention: Some(DecodeAttention::Pipelined),
+                    unverified_kernels: true,
+                    ..cuda_test_options()
+                };
+                let (cpu, gpu) = runners_with(&path, QuantizedWeights::Integer, cuda_opts);
+                let rel = format!("{name} {prefill:?}");
+                check_gpu_against_cpu(&rel, cpu, gpu, 256, 400, BF16_BOUND);
+            }
+        }
+    }
+}
+
 /// A model that rotates part of each head (Phi-3 with LongRoPE) is refused at load, naming
-/// the layer: no CUDA kernel rotates part of a head yet.
+/// the layer: no CUDA kernel rotates part of a head yet; a mixture of experts is refused
+/// without `--cuda-unverified-kernels`.
 #[test]
 fn gpu_refuses_what_its_kernels_do_not_run() {
     if gpu_or_skip("gpu_refuses_what_its_kernels_do_not_run") {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/families");
-        let (config, mut w) = open_model(&dir.join("phi3-tiny-longrope")).unwrap();
-        let err = load_cuda_runner(&config, w.as_mut(), &cuda_test_options())
-            .err()
-            .expect("phi3-tiny-longrope loaded on CUDA");
-        let err = format!("{err:#}");
-        assert!(
-            err.contains("rotary embeddings on part of each head (layer 0)"),
-            "{err}"
-        );
+        for (name, needs) in [
+            (
+                "phi3-tiny-longrope",
+                "rotary embeddings on part of each head (layer 0)",
+            ),
+            (
+                "qwen3moe-tiny",
+                "a mixture-of-experts FFN (its CUDA kernels, not yet run on a GPU, run under \
+                 --cuda-unverified-kernels) (layer 0)",
+            ),
+        ] {
+            let (config, mut w) = open_model(&dir.join(name)).unwrap();
+            let err = load_cuda_runner(&config, w.as_mut(), &cuda_test_options())
+                .err()
+                .unwrap_or_else(|| panic!("{name} loaded on CUDA"));
+            let err = format!("{err:#}");
+            assert!(err.contains(needs), "{name}: {err}");
+        }
     }
 }
 

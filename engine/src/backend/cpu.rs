@@ -28,7 +28,7 @@ pub use attention::{CpuKvCache, KvCacheDtype};
 pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
 
-use super::{routing, AttnSeq, Backend, ExpertWeights, QkvLayout, RowSample, ScoreSpec, StepMeta};
+use super::{routing, AttnSeq, Backend, QkvLayout, RowSample, ScoreSpec, StepMeta};
 use crate::config::{Activation, AttentionSpan, ExpertSpec};
 use crate::sampler::{sample_row, SampleSpec};
 use crate::weights::ggml_quants::dequantize;
@@ -217,6 +217,13 @@ fn f16_data(values: &[f32]) -> WeightData {
     WeightData::F16(h)
 }
 
+/// A mixture-of-experts FFN's weights: the f32 router, row-major `[num_experts, hidden]`,
+/// and each expert's fused gate/up and down.
+pub struct CpuExperts {
+    router: Vec<f32>,
+    experts: Vec<(CpuWeight, CpuWeight)>,
+}
+
 /// A row-major f32 activation matrix.
 #[derive(Debug, Clone, Default)]
 pub struct CpuAct {
@@ -298,6 +305,7 @@ impl Backend for CpuBackend {
     type Param = Vec<f32>;
     type KvCache = CpuKvCache;
     type Step = CpuStep;
+    type Experts = CpuExperts;
 
     fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
@@ -323,6 +331,39 @@ impl Backend for CpuBackend {
 
     fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Vec<f32>> {
         tensor.into_param(name)
+    }
+
+    fn upload_experts(
+        &self,
+        name: &str,
+        router: HostTensor,
+        experts: Vec<(HostTensor, HostTensor)>,
+    ) -> anyhow::Result<CpuExperts> {
+        let router_name = format!("{name}.mlp.gate.weight");
+        router.matrix_dims(&router_name)?;
+        let mut weights = Vec::with_capacity(experts.len());
+        for (x, (gate_up, down)) in experts.into_iter().enumerate() {
+            weights.push((
+                self.upload_weight(&format!("{name}.mlp.experts.{x}.gate_up"), gate_up)?,
+                self.upload_weight(&format!("{name}.mlp.experts.{x}.down_proj.weight"), down)?,
+            ));
+        }
+        Ok(CpuExperts {
+            router: router.into_f32(),
+            experts: weights,
+        })
+    }
+
+    fn expert_bytes(&self, experts: &CpuExperts) -> (usize, usize) {
+        let all: usize = experts
+            .experts
+            .iter()
+            .map(|(gate_up, down)| gate_up.bytes() + down.bytes())
+            .sum();
+        (
+            experts.router.len() * std::mem::size_of::<f32>(),
+            all / experts.experts.len().max(1),
+        )
     }
 
     fn kv_value_bytes(&self) -> usize {
@@ -586,7 +627,7 @@ impl Backend for CpuBackend {
     fn experts_ffn(
         &self,
         x: &CpuAct,
-        weights: &ExpertWeights<CpuWeight, Vec<f32>>,
+        weights: &CpuExperts,
         spec: ExpertSpec,
         act: Activation,
         out: &mut CpuAct,

@@ -41,9 +41,7 @@ pub use kernels::{
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
-use super::{
-    refuse_what_it_lacks, Backend, ExpertWeights, QkvLayout, RowSample, ScoreSpec, StepMeta,
-};
+use super::{refuse_what_it_lacks, Backend, QkvLayout, RowSample, ScoreSpec, StepMeta};
 use crate::config::{Activation, AttentionSpan, ExpertSpec, Ffn, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
@@ -83,6 +81,9 @@ pub struct CudaOptions {
     pub decode_attention: Option<DecodeAttention>,
     /// The longest sequence served (`--max-model-len`); `None`: the model's maximum position.
     pub max_model_len: Option<usize>,
+    /// Run the kernels that have not run on a GPU yet (issue 45): the mixture-of-experts
+    /// kernels (`kernels/experts.cu`).
+    pub unverified_kernels: bool,
 }
 
 impl Default for CudaOptions {
@@ -98,6 +99,7 @@ impl Default for CudaOptions {
             prefill_attention: None,
             decode_attention: None,
             max_model_len: None,
+            unverified_kernels: false,
         }
     }
 }
@@ -118,7 +120,8 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?;
+    let mut backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?;
+    backend.unverified_kernels = opts.unverified_kernels;
     // Before the KV cache is sized from the model's weights.
     refuse_what_it_lacks(&backend, config)?;
     let backend = backend
@@ -322,12 +325,50 @@ struct Pending {
     rope: Option<(u64, u64, u64)>,
 }
 
+/// Grow-only buffers of the mixture-of-experts kernels: per (token, slot) entry its expert
+/// and weight, the entries grouped by expert, their gated activations and down outputs.
+#[derive(Default)]
+struct ExpertScratch {
+    ids: Option<CudaSlice<i32>>,
+    weights: Option<CudaSlice<f32>>,
+    offsets: Option<CudaSlice<i32>>,
+    order: Option<CudaSlice<i32>>,
+    act: Option<CudaSlice<bf16>>,
+    y: Option<CudaSlice<f32>>,
+}
+
+/// A mixture-of-experts FFN on the device: the f32 router `[num_experts, hidden]`, each
+/// expert's bf16 fused gate/up and down, and tables of their addresses for the kernels.
+pub struct CudaExperts {
+    router: CudaSlice<f32>,
+    weights: Vec<(CudaWeight, CudaWeight)>,
+    gate_up_ptrs: CudaSlice<u64>,
+    down_ptrs: CudaSlice<u64>,
+    hidden: usize,
+    inter: usize,
+}
+
+/// Grows `buf` to at least `len` elements (contents undefined); true when it reallocated.
+fn grow<T: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    buf: &mut Option<CudaSlice<T>>,
+    len: usize,
+) -> anyhow::Result<bool> {
+    if buf.as_ref().is_some_and(|b| b.len() >= len) {
+        return Ok(false);
+    }
+    // SAFETY: the expert kernels write every element they later read in the same step.
+    *buf = Some(unsafe { stream.alloc::<T>(len.max(1)) }.context("allocating expert buffers")?);
+    Ok(true)
+}
+
 /// Mutable backend state (ops take `&self`).
 #[derive(Default)]
 struct State {
     pending: Option<Pending>,
     part_acc: Option<CudaSlice<f32>>,
     part_ml: Option<CudaSlice<f32>>,
+    experts: ExpertScratch,
     step: StepBuffers,
     graphs: GraphState,
 }
@@ -437,6 +478,8 @@ pub struct CudaBackend {
     decode_attention: DecodeAttention,
     /// The plain set, or the extended one for a model that needs it ([`KernelSet::for_model`]).
     kernel_set: KernelSet,
+    /// `--cuda-unverified-kernels`: the kernels not yet run on a GPU may run.
+    unverified_kernels: bool,
     num_sms: usize,
     state: Mutex<State>,
     /// Timing events for [`Backend::record_mark`].
@@ -616,6 +659,7 @@ impl CudaBackend {
             prefill_attention: PrefillAttention::Scalar,
             decode_attention: DecodeAttention::Direct,
             kernel_set: set,
+            unverified_kernels: false,
             num_sms,
             state: Mutex::new(State::default()),
             marks,
@@ -765,6 +809,39 @@ impl CudaBackend {
         ];
         let grid = (int(p.rows, "rows")? as u32, heads.div_ceil(4) as u32, 1);
         self.launch("qkv_prep", grid, 128, 0, &args)
+    }
+
+    /// The expert buffers for `entries` (token, slot) entries over `num_experts` experts of
+    /// width `inter` in a model of width `hidden`, grown as needed; returns the pointers of
+    /// ids, weights, offsets, order, act and y.
+    fn expert_scratch(
+        &self,
+        entries: usize,
+        num_experts: usize,
+        inter: usize,
+        hidden: usize,
+    ) -> anyhow::Result<[u64; 6]> {
+        let mut st = self.state()?;
+        let s = &mut st.experts;
+        let mut grew = grow(&self.stream, &mut s.ids, entries)?;
+        grew |= grow(&self.stream, &mut s.weights, entries)?;
+        grew |= grow(&self.stream, &mut s.offsets, num_experts + 1)?;
+        grew |= grow(&self.stream, &mut s.order, entries)?;
+        grew |= grow(&self.stream, &mut s.act, entries * inter)?;
+        grew |= grow(&self.stream, &mut s.y, entries * hidden)?;
+        let ptrs = [
+            s.ids.as_ref().map(|b| self.ptr(b)),
+            s.weights.as_ref().map(|b| self.ptr(b)),
+            s.offsets.as_ref().map(|b| self.ptr(b)),
+            s.order.as_ref().map(|b| self.ptr(b)),
+            s.act.as_ref().map(|b| self.ptr(b)),
+            s.y.as_ref().map(|b| self.ptr(b)),
+        ]
+        .map(|p| p.unwrap_or(0));
+        if grew {
+            st.graphs.epoch += 1;
+        }
+        Ok(ptrs)
     }
 
     /// Grow-only split-K partial buffers; returns their pointers.
@@ -953,6 +1030,7 @@ impl Backend for CudaBackend {
     type Param = CudaParam;
     type KvCache = CudaKvCache;
     type Step = CudaStep;
+    type Experts = CudaExperts;
 
     fn new_act(&self) -> CudaAct {
         CudaAct::default()
@@ -976,6 +1054,67 @@ impl Backend for CudaBackend {
             .clone_htod(&host)
             .with_context(|| format!("uploading parameter `{name}`"))?;
         Ok(CudaParam { data, len })
+    }
+
+    fn upload_experts(
+        &self,
+        name: &str,
+        router: HostTensor,
+        experts: Vec<(HostTensor, HostTensor)>,
+    ) -> anyhow::Result<CudaExperts> {
+        let router_name = format!("{name}.mlp.gate.weight");
+        let (num_experts, hidden) = router.matrix_dims(&router_name)?;
+        ensure!(
+            experts.len() == num_experts,
+            "`{router_name}` routes to {num_experts} experts but {} were loaded",
+            experts.len()
+        );
+        let router = self
+            .stream
+            .clone_htod(&router.into_f32())
+            .with_context(|| format!("uploading `{router_name}`"))?;
+        let mut weights = Vec::with_capacity(num_experts);
+        for (x, (gate_up, down)) in experts.into_iter().enumerate() {
+            weights.push((
+                self.upload_weight(&format!("{name}.mlp.experts.{x}.gate_up"), gate_up)?,
+                self.upload_weight(&format!("{name}.mlp.experts.{x}.down_proj.weight"), down)?,
+            ));
+        }
+        let inter = weights.first().map_or(0, |(_, down)| down.cols);
+        for (x, (gate_up, down)) in weights.iter().enumerate() {
+            ensure!(
+                (gate_up.rows, gate_up.cols, down.rows, down.cols)
+                    == (2 * inter, hidden, hidden, inter),
+                "{name}: expert {x}'s matrices are {}x{} and {}x{}, not those of expert 0",
+                gate_up.rows,
+                gate_up.cols,
+                down.rows,
+                down.cols
+            );
+        }
+        let table = |ptrs: Vec<u64>| {
+            self.stream
+                .clone_htod(&ptrs)
+                .with_context(|| format!("uploading {name}'s expert address table"))
+        };
+        let gate_up_ptrs = table(weights.iter().map(|(g, _)| self.ptr(&g.data)).collect())?;
+        let down_ptrs = table(weights.iter().map(|(_, d)| self.ptr(&d.data)).collect())?;
+        Ok(CudaExperts {
+            router,
+            weights,
+            gate_up_ptrs,
+            down_ptrs,
+            hidden,
+            inter,
+        })
+    }
+
+    fn expert_bytes(&self, experts: &CudaExperts) -> (usize, usize) {
+        let one = experts
+            .weights
+            .first()
+            .map_or(0, |(g, d)| self.weight_bytes(g) + self.weight_bytes(d));
+        (experts.router.len() * std::mem::size_of::<f32>(), one)
     }
 
     fn kv_value_bytes(&self) -> usize {
@@ -1483,15 +1622,20 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// Partial rotary embeddings (Phi-3's) and mixture-of-experts FFNs (issue 43) have no
-    /// CUDA kernel yet; everything else the per-layer description holds runs on the kernel
-    /// set chosen for the model.
+    /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet, nor experts with GeGLU;
+    /// the mixture-of-experts kernels have not run on a GPU yet (issue 45) and run only
+    /// under `--cuda-unverified-kernels`. Everything else the per-layer description holds
+    /// runs on the kernel set chosen for the model.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
+            let experts = matches!(l.ffn, Ffn::Experts(_));
             let missing = if l.rope.rotary_dim != c.head_dim {
                 "rotary embeddings on part of each head"
-            } else if matches!(l.ffn, Ffn::Experts(_)) {
-                "a mixture-of-experts FFN"
+            } else if experts && l.activation != Activation::Silu {
+                "a mixture of experts with GeGLU"
+            } else if experts && !self.unverified_kernels {
+                "a mixture-of-experts FFN (its CUDA kernels, not yet run on a GPU, run under \
+                 --cuda-unverified-kernels)"
             } else {
                 return None;
             };
@@ -1683,16 +1827,133 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    /// Refused at load ([`Backend::lacks`]): no CUDA kernel routes tokens to experts yet.
+    /// Routes on the device (`moe_route`), groups the entries by expert (`moe_group`), runs
+    /// each expert's gate/up with SwiGLU and its down over its entries (`moe_gate_up`,
+    /// `moe_down`: one warp per output row, the expert's rows read once per block), and sums
+    /// each token's slots (`moe_combine`). No host synchronisation: graphs capture it.
     fn experts_ffn(
         &self,
-        _x: &CudaAct,
-        _weights: &ExpertWeights<CudaWeight, CudaParam>,
-        _spec: ExpertSpec,
-        _act: Activation,
-        _out: &mut CudaAct,
+        x: &CudaAct,
+        experts: &CudaExperts,
+        spec: ExpertSpec,
+        act: Activation,
+        out: &mut CudaAct,
     ) -> anyhow::Result<()> {
-        bail!("experts_ffn: mixture-of-experts layers have no CUDA kernel yet")
+        self.flush()?;
+        ensure!(
+            self.kernel_set == KernelSet::Extended && self.unverified_kernels,
+            "experts_ffn: the mixture-of-experts kernels run only under --cuda-unverified-kernels"
+        );
+        ensure!(
+            act == Activation::Silu,
+            "experts_ffn: only SwiGLU experts have a CUDA kernel"
+        );
+        ensure!(
+            x.cols == experts.hidden
+                && spec.num_experts == experts.weights.len()
+                && spec.intermediate_size == experts.inter,
+            "experts_ffn: input width {} and {} experts of width {} for a layer of {} experts \
+             of width {} over {}",
+            x.cols,
+            spec.num_experts,
+            spec.intermediate_size,
+            experts.weights.len(),
+            experts.inter,
+            experts.hidden
+        );
+        let (rows, h, e, k, inter) = (
+            x.rows,
+            experts.hidden,
+            spec.num_experts,
+            spec.top_k,
+            experts.inter,
+        );
+        let entries = rows * k;
+        let [ids, weights, offsets, order, act_buf, y] =
+            self.expert_scratch(entries, e, inter, h)?;
+        let xp = self.ptr(x.slice()?);
+        let out_ptr = self.shape(out, rows, h)?;
+        let (hi, ei, ki, ii) = (
+            int(h, "hidden")?,
+            int(e, "experts")?,
+            int(k, "top_k")?,
+            int(inter, "expert width")?,
+        );
+        let smem = int(4 * e, "router shared memory")? as u32;
+        let rows_u = int(rows, "rows")? as u32;
+        self.launch(
+            "moe_route",
+            (rows_u, 1, 1),
+            128,
+            smem,
+            &[
+                KArg::Ptr(xp),
+                KArg::Ptr(self.ptr(&experts.router)),
+                KArg::Ptr(ids),
+                KArg::Ptr(weights),
+                KArg::I32(hi),
+                KArg::I32(ei),
+                KArg::I32(ki),
+                KArg::I32(spec.norm_topk_prob as i32),
+            ],
+        )?;
+        self.launch(
+            "moe_group",
+            (1, 1, 1),
+            1024,
+            smem,
+            &[
+                KArg::Ptr(ids),
+                KArg::I32(int(entries, "expert entries")?),
+                KArg::I32(ei),
+                KArg::Ptr(offsets),
+                KArg::Ptr(order),
+            ],
+        )?;
+        self.launch(
+            "moe_gate_up",
+            (inter.div_ceil(8) as u32, e as u32, 1),
+            256,
+            0,
+            &[
+                KArg::Ptr(xp),
+                KArg::Ptr(self.ptr(&experts.gate_up_ptrs)),
+                KArg::Ptr(offsets),
+                KArg::Ptr(order),
+                KArg::Ptr(act_buf),
+                KArg::I32(hi),
+                KArg::I32(ii),
+                KArg::I32(ki),
+            ],
+        )?;
+        self.launch(
+            "moe_down",
+            (h.div_ceil(8) as u32, e as u32, 1),
+            256,
+            0,
+            &[
+                KArg::Ptr(act_buf),
+                KArg::Ptr(self.ptr(&experts.down_ptrs)),
+                KArg::Ptr(offsets),
+                KArg::Ptr(order),
+                KArg::Ptr(y),
+                KArg::I32(hi),
+                KArg::I32(ii),
+            ],
+        )?;
+        self.launch(
+            "moe_combine",
+            (h.div_ceil(256) as u32, rows_u, 1),
+            256,
+            0,
+            &[
+                KArg::Ptr(y),
+                KArg::Ptr(weights),
+                KArg::Ptr(out_ptr),
+                KArg::I32(hi),
+                KArg::I32(ki),
+            ],
+        )
     }
 
     fn gated_activation(

@@ -17,15 +17,6 @@ use crate::config::{Activation, AttentionSpan, ExpertSpec, ModelConfig};
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
 
-/// A mixture-of-experts FFN's weights: the router (`[num_experts, hidden]` row-major, in
-/// f32 as llama.cpp keeps it: the choice of experts turns on small differences of its
-/// scores) and each expert's fused gate/up (`[2 × width, hidden]`) and down
-/// (`[hidden, width]`).
-pub struct ExpertWeights<W, P> {
-    pub router: P,
-    pub experts: Vec<(W, W)>,
-}
-
 /// Refuses a model `backend` has no kernel for, naming what it needs.
 pub fn refuse_what_it_lacks(backend: &impl Backend, c: &ModelConfig) -> anyhow::Result<()> {
     match backend.lacks(c) {
@@ -197,6 +188,8 @@ pub trait Backend: Send + Sync {
     type Param: Send + Sync;
     type KvCache: Send;
     type Step;
+    /// A mixture-of-experts FFN's weights as the device keeps them.
+    type Experts: Send + Sync;
 
     /// Runs `f` in the backend's execution context (the CPU backend's thread pool).
     fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -243,6 +236,18 @@ pub trait Backend: Send + Sync {
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Weight>;
     /// Uploads a 1-D parameter (converted to f32); `name` is for error messages.
     fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Param>;
+    /// Uploads a layer's experts (`name` is its prefix): the router `[num_experts, hidden]`,
+    /// kept in f32 as llama.cpp keeps it (which experts a token takes turns on small
+    /// differences of its scores), and each expert's fused gate/up `[2 × width, hidden]`
+    /// and down `[hidden, width]`, stored as [`Backend::upload_weight`] stores weights.
+    fn upload_experts(
+        &self,
+        name: &str,
+        router: HostTensor,
+        experts: Vec<(HostTensor, HostTensor)>,
+    ) -> anyhow::Result<Self::Experts>;
+    /// Bytes of the router and of one expert's matrices (the experts' mean), as stored.
+    fn expert_bytes(&self, experts: &Self::Experts) -> (usize, usize);
     /// Bytes of one cached K or V value.
     fn kv_value_bytes(&self) -> usize;
     /// Bytes `w` occupies as stored for the matmuls: what one pass over it reads.
@@ -347,7 +352,7 @@ pub trait Backend: Send + Sync {
     fn experts_ffn(
         &self,
         x: &Self::Act,
-        weights: &ExpertWeights<Self::Weight, Self::Param>,
+        experts: &Self::Experts,
         spec: ExpertSpec,
         act: Activation,
         out: &mut Self::Act,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::config::{Activation, AttentionSpan, LayerSpec, ModelConfig};
+use crate::config::{Activation, AttentionSpan, Ffn, LayerSpec, ModelConfig};
 use anyhow::{anyhow, bail, ensure, Context};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::result as nvrtc;
@@ -17,7 +17,7 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use cudarc::nvrtc::Ptx;
 
 /// The kernel sources, in program order, with their file names.
-pub const SOURCES: [(&str, &str); 4] = [
+pub const SOURCES: [(&str, &str); 5] = [
     (
         "kernels/common.cuh",
         include_str!("../../../../kernels/common.cuh"),
@@ -33,6 +33,10 @@ pub const SOURCES: [(&str, &str); 4] = [
     (
         "kernels/sampling.cu",
         include_str!("../../../../kernels/sampling.cu"),
+    ),
+    (
+        "kernels/experts.cu",
+        include_str!("../../../../kernels/experts.cu"),
     ),
 ];
 
@@ -72,7 +76,16 @@ pub const FIXED_KERNELS: [&str; 11] = [
 ];
 
 /// The fixed-name kernels of [`KernelSet::Extended`] (besides the sliding twins).
-pub const EXTENDED_KERNELS: [&str; 3] = ["gelu_tanh_mul", "scale_bf16", "softcap_bf16"];
+pub const EXTENDED_KERNELS: [&str; 8] = [
+    "gelu_tanh_mul",
+    "scale_bf16",
+    "softcap_bf16",
+    "moe_route",
+    "moe_group",
+    "moe_gate_up",
+    "moe_down",
+    "moe_combine",
+];
 
 /// Which kernel computes decode attention. Unless one is named, the pipelined kernel runs on
 /// sm_80 or newer and the direct one elsewhere. Both passed the GPU tests and transformers'
@@ -169,21 +182,22 @@ pub enum KernelSet {
     /// What every model runs.
     Plain,
     /// The plain set and what only some families need (`-DEXTENDED_KERNELS`): the sliding
-    /// twins (windows and soft-capped scores), `gelu_tanh_mul`, `scale_bf16` and
-    /// `softcap_bf16`. Compiled only for a model that needs them ([`KernelSet::for_model`]),
+    /// twins (windows and soft-capped scores), `gelu_tanh_mul`, `scale_bf16`,
+    /// `softcap_bf16` and the mixture-of-experts kernels (`kernels/experts.cu`). Compiled only for a model that needs them ([`KernelSet::for_model`]),
     /// so that start-up compiles no more for the others.
     Extended,
 }
 
 impl KernelSet {
     /// The set `c` runs on: [`KernelSet::Extended`] for sliding windows, soft-capped scores
-    /// or logits, GeGLU or scaled embeddings (windowed Mistral, Qwen2 and Phi-3; Gemma 2
-    /// and 3).
+    /// or logits, GeGLU, scaled embeddings or experts (windowed Mistral, Qwen2 and Phi-3;
+    /// Gemma 2 and 3; Qwen3-MoE).
     pub fn for_model(c: &ModelConfig) -> KernelSet {
         let layer_needs = |l: &LayerSpec| {
             l.attention != AttentionSpan::Full
                 || l.attn_softcap.is_some()
                 || l.activation != Activation::Silu
+                || matches!(l.ffn, Ffn::Experts(_))
         };
         if c.embedding_scale != 1.0
             || c.final_logit_softcap.is_some()

@@ -1,0 +1,157 @@
+// Mixture-of-experts FFNs (Qwen3-MoE): routing on the device, the step's (token, slot)
+// entries grouped by expert, each expert's gated FFN over its entries, and each token's
+// weighted sum. Every launch's grid depends only on the model's shapes and the step's row
+// count, so a decode step with experts is captured in a CUDA graph like any other.
+// Not yet run on a GPU (issue 45): the backend runs them under --cuda-unverified-kernels only.
+#ifdef EXTENDED_KERNELS
+
+// Routes token t = blockIdx.x: logits[e] = x[t] · router[e] (x bf16, router f32), softmax over
+// the experts in f32, the top_k most probable (ties to the lower index: strict >), their
+// probabilities renormalised to sum to 1 when `norm`. Writes ids[t * top_k + j] and
+// weights[t * top_k + j], best first. grid = T, block = 128, shared = num_experts floats.
+extern "C" __global__ void moe_route(const bf16* __restrict__ x, const float* __restrict__ router,
+                                     int* __restrict__ ids, float* __restrict__ weights,
+                                     int hidden, int num_experts, int top_k, int norm) {
+    extern __shared__ float probs[];
+    size_t t = blockIdx.x;
+    const bf16* row = x + t * hidden;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int e = warp; e < num_experts; e += warps) {
+        const float* w = router + (size_t)e * hidden;
+        float s = 0.0f;
+        for (int c = lane; c < hidden; c += 32) s += bf16_to_f32(row[c]) * w[c];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) probs[e] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float m = probs[0];
+    for (int e = 1; e < num_experts; ++e) m = fmaxf(m, probs[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < num_experts; ++e) {
+        probs[e] = expf(probs[e] - m);
+        sum += probs[e];
+    }
+    float chosen = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+        int best = 0;
+        float value = -1.0f;
+        for (int e = 0; e < num_experts; ++e) {
+            if (probs[e] > value) {
+                value = probs[e];
+                best = e;
+            }
+        }
+        ids[t * top_k + j] = best;
+        weights[t * top_k + j] = value / sum;
+        chosen += value / sum;
+        probs[best] = -2.0f;  // taken: below every probability
+    }
+    if (norm) {
+        for (int j = 0; j < top_k; ++j) weights[t * top_k + j] /= chosen;
+    }
+}
+
+// Groups the step's `entries` (token, slot) entries i = t * top_k + j by expert: entries routed
+// to expert e are order[offsets[e] .. offsets[e + 1]] (in no set order: each entry's result is
+// its own, and moe_combine sums a token's slots in slot order). grid = 1, block = 1024,
+// shared = num_experts ints.
+extern "C" __global__ void moe_group(const int* __restrict__ ids, int entries, int num_experts,
+                                     int* __restrict__ offsets, int* __restrict__ order) {
+    extern __shared__ int cursor[];
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) cursor[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) atomicAdd(&cursor[ids[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int e = 0; e < num_experts; ++e) {
+            int count = cursor[e];
+            offsets[e] = run;
+            cursor[e] = run;
+            run += count;
+        }
+        offsets[num_experts] = run;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) order[atomicAdd(&cursor[ids[i]], 1)] = i;
+}
+
+// Expert e = blockIdx.y's gate and up rows r over its entries: act[i, r] =
+// bf16(bf16(silu(g)) * u) with g = bf16(x[i / top_k] · gate_up_e[r]) and
+// u = bf16(x[i / top_k] · gate_up_e[inter + r]), as the dense path's GEMM and silu_mul round.
+// gate_up_w[e] points at expert e's fused `[2 × inter, hidden]` weight. One warp per row r.
+// grid = (ceil(inter / 8), num_experts), block = 256.
+extern "C" __global__ void moe_gate_up(const bf16* __restrict__ x,
+                                       const unsigned long long* __restrict__ gate_up_w,
+                                       const int* __restrict__ offsets,
+                                       const int* __restrict__ order, bf16* __restrict__ act,
+                                       int hidden, int inter, int top_k) {
+    int e = blockIdx.y;
+    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (r >= inter) return;
+    const bf16* w = (const bf16*)gate_up_w[e];
+    const bf16* wg = w + (size_t)r * hidden;
+    const bf16* wu = w + (size_t)(inter + r) * hidden;
+    for (int p = offsets[e]; p < offsets[e + 1]; ++p) {
+        int i = order[p];
+        const bf16* xr = x + (size_t)(i / top_k) * hidden;
+        float g = 0.0f, u = 0.0f;
+        for (int c = lane; c < hidden; c += 32) {
+            float xv = bf16_to_f32(xr[c]);
+            g += xv * bf16_to_f32(wg[c]);
+            u += xv * bf16_to_f32(wu[c]);
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            g += __shfl_xor_sync(0xffffffffu, g, o);
+            u += __shfl_xor_sync(0xffffffffu, u, o);
+        }
+        if (lane == 0) {
+            g = round_bf16(g);
+            float s = round_bf16(g / (1.0f + expf(-g)));
+            act[(size_t)i * inter + r] = f32_to_bf16(s * round_bf16(u));
+        }
+    }
+}
+
+// Expert e = blockIdx.y's down row c over its entries: y[i, c] = bf16(act[i] · down_e[c]), kept
+// in f32. down_w[e] points at expert e's `[hidden, inter]` weight. One warp per row c.
+// grid = (ceil(hidden / 8), num_experts), block = 256.
+extern "C" __global__ void moe_down(const bf16* __restrict__ act,
+                                    const unsigned long long* __restrict__ down_w,
+                                    const int* __restrict__ offsets,
+                                    const int* __restrict__ order, float* __restrict__ y,
+                                    int hidden, int inter) {
+    int e = blockIdx.y;
+    int c = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (c >= hidden) return;
+    const bf16* w = (const bf16*)down_w[e] + (size_t)c * inter;
+    for (int p = offsets[e]; p < offsets[e + 1]; ++p) {
+        int i = order[p];
+        const bf16* a = act + (size_t)i * inter;
+        float s = 0.0f;
+        for (int k = lane; k < inter; k += 32) s += bf16_to_f32(a[k]) * bf16_to_f32(w[k]);
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) y[(size_t)i * hidden + c] = round_bf16(s);
+    }
+}
+
+// out[t, c] = bf16(sum over slots j of weights[t * top_k + j] * y[t * top_k + j, c]), the slots
+// in order. grid = (ceil(hidden / 256), T), block = 256.
+extern "C" __global__ void moe_combine(const float* __restrict__ y,
+                                       const float* __restrict__ weights, bf16* __restrict__ out,
+                                       int hidden, int top_k) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    size_t t = blockIdx.y;
+    float s = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+        size_t i = t * top_k + j;
+        s += weights[i] * y[i * hidden + c];
+    }
+    out[t * hidden + c] = f32_to_bf16(s);
+}
+
+#endif
