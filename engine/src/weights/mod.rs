@@ -279,3 +279,46 @@ pub(crate) fn map_file(path: &Path) -> anyhow::Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(&file) }
         .with_context(|| format!("cannot memory-map {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stack of 3 experts of 2 rows of 32 Q8_0 values splits into each expert's own
+    /// blocks, in order; f32 stacks split by values; a split that cannot be whole is refused.
+    #[test]
+    fn split_outer_cuts_stacks_at_whole_rows() {
+        let block = QuantType::Q8_0.block_bytes();
+        let bytes: Vec<u8> = (0..3 * 2 * block).map(|i| (i / block) as u8).collect();
+        let stacked = HostTensor {
+            shape: vec![3, 2, 32],
+            data: TensorData::Quant(QuantType::Q8_0, bytes),
+        };
+        let experts = stacked.split_outer("w").unwrap();
+        assert_eq!(experts.len(), 3);
+        for (x, e) in experts.iter().enumerate() {
+            assert_eq!(e.shape, [2, 32]);
+            let TensorData::Quant(QuantType::Q8_0, b) = &e.data else {
+                panic!("{:?}", e.data);
+            };
+            let want: Vec<u8> = (0..2 * block).map(|i| (2 * x + i / block) as u8).collect();
+            assert_eq!(b, &want, "expert {x}");
+        }
+        let f32s = HostTensor {
+            shape: vec![2, 1, 2],
+            data: TensorData::F32(vec![1.0, 2.0, 3.0, 4.0]),
+        };
+        let halves: Vec<Vec<f32>> = f32s
+            .split_outer("v")
+            .unwrap()
+            .into_iter()
+            .map(|t| t.into_f32())
+            .collect();
+        assert_eq!(halves, [vec![1.0, 2.0], vec![3.0, 4.0]]);
+        let short = HostTensor {
+            shape: vec![2, 1, 32],
+            data: TensorData::F32(vec![0.0; 32]),
+        };
+        assert!(short.split_outer("s").is_err());
+    }
+}
