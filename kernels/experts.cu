@@ -79,7 +79,8 @@ extern "C" __global__ void moe_group(const int* __restrict__ ids, int entries, i
 
 // Expert e = blockIdx.y's gate and up rows r over its entries: act[i, r] =
 // bf16(bf16(silu(g)) * u) with g = bf16(x[i / top_k] · gate_up_e[r]) and
-// u = bf16(x[i / top_k] · gate_up_e[inter + r]), as the dense path's GEMM and silu_mul round.
+// u = bf16(x[i / top_k] · gate_up_e[inter + r]), as the dense path's GEMM and silu_mul round
+// (silu_mul's __expf too).
 // gate_up_w[e] points at expert e's fused `[2 × inter, hidden]` weight. One warp per row r.
 // grid = (ceil(inter / 8), num_experts), block = 256.
 extern "C" __global__ void moe_gate_up(const bf16* __restrict__ x,
@@ -109,19 +110,20 @@ extern "C" __global__ void moe_gate_up(const bf16* __restrict__ x,
         }
         if (lane == 0) {
             g = round_bf16(g);
-            float s = round_bf16(g / (1.0f + expf(-g)));
+            float s = round_bf16(g / (1.0f + __expf(-g)));
             act[(size_t)i * inter + r] = f32_to_bf16(s * round_bf16(u));
         }
     }
 }
 
-// Expert e = blockIdx.y's down row c over its entries: y[i, c] = bf16(act[i] · down_e[c]), kept
-// in f32. down_w[e] points at expert e's `[hidden, inter]` weight. One warp per row c.
+// Expert e = blockIdx.y's down row c over its entries: y[i, c] = bf16(act[i] · down_e[c]) (the
+// dense path's GEMM output). down_w[e] points at expert e's `[hidden, inter]` weight. One warp
+// per row c.
 // grid = (ceil(hidden / 8), num_experts), block = 256.
 extern "C" __global__ void moe_down(const bf16* __restrict__ act,
                                     const unsigned long long* __restrict__ down_w,
                                     const int* __restrict__ offsets,
-                                    const int* __restrict__ order, float* __restrict__ y,
+                                    const int* __restrict__ order, bf16* __restrict__ y,
                                     int hidden, int inter) {
     int e = blockIdx.y;
     int c = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -134,13 +136,13 @@ extern "C" __global__ void moe_down(const bf16* __restrict__ act,
         float s = 0.0f;
         for (int k = lane; k < inter; k += 32) s += bf16_to_f32(a[k]) * bf16_to_f32(w[k]);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) y[(size_t)i * hidden + c] = round_bf16(s);
+        if (lane == 0) y[(size_t)i * hidden + c] = f32_to_bf16(s);
     }
 }
 
 // out[t, c] = bf16(sum over slots j of weights[t * top_k + j] * y[t * top_k + j, c]), the slots
 // in order. grid = (ceil(hidden / 256), T), block = 256.
-extern "C" __global__ void moe_combine(const float* __restrict__ y,
+extern "C" __global__ void moe_combine(const bf16* __restrict__ y,
                                        const float* __restrict__ weights, bf16* __restrict__ out,
                                        int hidden, int top_k) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -149,7 +151,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y,
     float s = 0.0f;
     for (int j = 0; j < top_k; ++j) {
         size_t i = t * top_k + j;
-        s += weights[i] * y[i * hidden + c];
+        s += weights[i] * bf16_to_f32(y[i * hidden + c]);
     }
     out[t * hidden + c] = f32_to_bf16(s);
 }

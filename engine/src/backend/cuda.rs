@@ -334,7 +334,7 @@ struct ExpertScratch {
     offsets: Option<CudaSlice<i32>>,
     order: Option<CudaSlice<i32>>,
     act: Option<CudaSlice<bf16>>,
-    y: Option<CudaSlice<f32>>,
+    y: Option<CudaSlice<bf16>>,
 }
 
 /// A mixture-of-experts FFN on the device: the f32 router `[num_experts, hidden]`, each
@@ -346,20 +346,6 @@ pub struct CudaExperts {
     down_ptrs: CudaSlice<u64>,
     hidden: usize,
     inter: usize,
-}
-
-/// Grows `buf` to at least `len` elements (contents undefined); true when it reallocated.
-fn grow<T: cudarc::driver::DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    buf: &mut Option<CudaSlice<T>>,
-    len: usize,
-) -> anyhow::Result<bool> {
-    if buf.as_ref().is_some_and(|b| b.len() >= len) {
-        return Ok(false);
-    }
-    // SAFETY: the expert kernels write every element they later read in the same step.
-    *buf = Some(unsafe { stream.alloc::<T>(len.max(1)) }.context("allocating expert buffers")?);
-    Ok(true)
 }
 
 /// Mutable backend state (ops take `&self`).
@@ -823,12 +809,23 @@ impl CudaBackend {
     ) -> anyhow::Result<[u64; 6]> {
         let mut st = self.state()?;
         let s = &mut st.experts;
-        let mut grew = grow(&self.stream, &mut s.ids, entries)?;
-        grew |= grow(&self.stream, &mut s.weights, entries)?;
-        grew |= grow(&self.stream, &mut s.offsets, num_experts + 1)?;
-        grew |= grow(&self.stream, &mut s.order, entries)?;
-        grew |= grow(&self.stream, &mut s.act, entries * inter)?;
-        grew |= grow(&self.stream, &mut s.y, entries * hidden)?;
+        let stream = &self.stream;
+        let mut grew = ensure_len(stream, &mut s.ids, entries, "the experts' ids")?;
+        grew |= ensure_len(stream, &mut s.weights, entries, "the experts' weights")?;
+        grew |= ensure_len(
+            stream,
+            &mut s.offsets,
+            num_experts + 1,
+            "the experts' offsets",
+        )?;
+        grew |= ensure_len(stream, &mut s.order, entries, "the experts' entry order")?;
+        grew |= ensure_len(
+            stream,
+            &mut s.act,
+            entries * inter,
+            "the experts' activations",
+        )?;
+        grew |= ensure_len(stream, &mut s.y, entries * hidden, "the experts' outputs")?;
         let ptrs = [
             s.ids.as_ref().map(|b| self.ptr(b)),
             s.weights.as_ref().map(|b| self.ptr(b)),
@@ -1085,11 +1082,13 @@ impl Backend for CudaBackend {
             ensure!(
                 (gate_up.rows, gate_up.cols, down.rows, down.cols)
                     == (2 * inter, hidden, hidden, inter),
-                "{name}: expert {x}'s matrices are {}x{} and {}x{}, not those of expert 0",
+                "{name}: expert {x}'s gate/up is {}x{} and its down {}x{}, where the router's \
+                 width {hidden} and expert 0's down give {}x{hidden} and {hidden}x{inter}",
                 gate_up.rows,
                 gate_up.cols,
                 down.rows,
-                down.cols
+                down.cols,
+                2 * inter
             );
         }
         let table = |ptrs: Vec<u64>| {
@@ -1634,12 +1633,16 @@ impl Backend for CudaBackend {
             } else if experts && l.activation != Activation::Silu {
                 "a mixture of experts with GeGLU"
             } else if experts && !self.unverified_kernels {
-                "a mixture-of-experts FFN (its CUDA kernels, not yet run on a GPU, run under \
-                 --cuda-unverified-kernels)"
+                return Some(format!(
+                    "a mixture-of-experts FFN (layer {i}), whose CUDA kernels run only under \
+                     --cuda-unverified-kernels: they have not run on a GPU yet"
+                ));
             } else {
                 return None;
             };
-            Some(format!("{missing} (layer {i})"))
+            Some(format!(
+                "{missing} (layer {i}), which no CUDA kernel runs yet"
+            ))
         })
     }
 
@@ -1829,8 +1832,9 @@ impl Backend for CudaBackend {
 
     /// Routes on the device (`moe_route`), groups the entries by expert (`moe_group`), runs
     /// each expert's gate/up with SwiGLU and its down over its entries (`moe_gate_up`,
-    /// `moe_down`: one warp per output row, the expert's rows read once per block), and sums
-    /// each token's slots (`moe_combine`). No host synchronisation: graphs capture it.
+    /// `moe_down`: one warp per output row, a matrix-vector product per entry on CUDA cores,
+    /// written for correctness first), and sums each token's slots (`moe_combine`). No host
+    /// synchronisation: graphs capture it.
     fn experts_ffn(
         &self,
         x: &CudaAct,
@@ -1841,12 +1845,22 @@ impl Backend for CudaBackend {
     ) -> anyhow::Result<()> {
         self.flush()?;
         ensure!(
-            self.kernel_set == KernelSet::Extended && self.unverified_kernels,
+            self.kernel_set == KernelSet::Extended,
+            "experts_ffn: this backend's kernels were compiled for a model without experts"
+        );
+        ensure!(
+            self.unverified_kernels,
             "experts_ffn: the mixture-of-experts kernels run only under --cuda-unverified-kernels"
         );
         ensure!(
             act == Activation::Silu,
             "experts_ffn: only SwiGLU experts have a CUDA kernel"
+        );
+        ensure!(
+            (1..=spec.num_experts).contains(&spec.top_k),
+            "experts_ffn: top {} of {} experts",
+            spec.top_k,
+            spec.num_experts
         );
         ensure!(
             x.cols == experts.hidden

@@ -20,10 +20,7 @@ use crate::weights::HostTensor;
 /// Refuses a model `backend` has no kernel for, naming what it needs.
 pub fn refuse_what_it_lacks(backend: &impl Backend, c: &ModelConfig) -> anyhow::Result<()> {
     match backend.lacks(c) {
-        Some(missing) => bail!(
-            "the model needs {missing}, which this device's kernels do not run yet: \
-             serve it with `--device cpu`"
-        ),
+        Some(missing) => bail!("the model needs {missing}; `--device cpu` serves it"),
         None => Ok(()),
     }
 }

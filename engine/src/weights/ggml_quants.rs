@@ -23,6 +23,45 @@ pub enum QuantType {
     Q4_K,
     Q5_K,
     Q6_K,
+    /// OCP microscaling FP4 (gpt-oss's experts): 32 FP4 (E2M1) values and one E8M0 scale;
+    /// ggml's `block_mxfp4` is the scale byte, then byte `j` holds value `j` in its low
+    /// nibble and value `j + 16` in its high one.
+    MXFP4,
+}
+
+/// FP4 (E2M1) values doubled, by code (ggml's `kvalues_mxfp4`): the code's sign bit, then
+/// 0, 0.5, 1, 1.5, 2, 3, 4, 6 times two, so that each is an integer.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// An E8M0 scale halved (it multiplies [`MXFP4_VALUES`], which are doubled): `2^(e − 128)`,
+/// exact for every byte (as ggml's `ggml_e8m0_to_fp32_half`; 255, the format's NaN, is read as
+/// `2^127` as there).
+pub fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        u32::from(e - 1) << 23
+    })
+}
+
+/// MXFP4 blocks in ggml's layout from the checkpoint layout of gpt-oss's `*_blocks` and
+/// `*_scales` tensors (and compressed-tensors' MXFP4): per group of 32 values, 16 bytes with
+/// value `2i` in the low nibble of byte `i` and `2i + 1` in its high nibble, and one E8M0
+/// scale byte. Lossless: only the nibbles move, as llama.cpp's converter moves them.
+pub fn mxfp4_from_checkpoint(blocks: &[u8], scales: &[u8]) -> anyhow::Result<Vec<u8>> {
+    anyhow::ensure!(
+        blocks.len() == 16 * scales.len(),
+        "MXFP4 checkpoint: {} bytes of values for {} scales (16 per scale)",
+        blocks.len(),
+        scales.len()
+    );
+    let mut out = Vec::with_capacity(17 * scales.len());
+    for (packed, &e) in blocks.chunks_exact(16).zip(scales) {
+        let code = |v: usize| (packed[v / 2] >> (4 * (v % 2))) & 0x0f;
+        out.push(e);
+        out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+    }
+    Ok(out)
 }
 
 /// Weights per K-quant super-block.
@@ -42,6 +81,7 @@ impl QuantType {
             12 => QuantType::Q4_K,
             13 => QuantType::Q5_K,
             14 => QuantType::Q6_K,
+            39 => QuantType::MXFP4,
             _ => return None,
         })
     }
@@ -65,6 +105,7 @@ impl QuantType {
             QuantType::Q4_K => 144,
             QuantType::Q5_K => 176,
             QuantType::Q6_K => 210,
+            QuantType::MXFP4 => 17,
         }
     }
 
@@ -97,6 +138,14 @@ pub fn dequantize(dtype: QuantType, bytes: &[u8]) -> Vec<f32> {
 fn dequantize_block(dtype: QuantType, block: &[u8], dst: &mut [f32]) {
     if dtype == QuantType::Q6_K {
         return dequantize_q6_k(block, dst);
+    }
+    if dtype == QuantType::MXFP4 {
+        let d = e8m0_half(block[0]);
+        for (j, &q) in block[1..17].iter().enumerate() {
+            dst[j] = f32::from(MXFP4_VALUES[usize::from(q & 0x0f)]) * d;
+            dst[j + 16] = f32::from(MXFP4_VALUES[usize::from(q >> 4)]) * d;
+        }
+        return;
     }
     let d = f16_at(block, 0);
     for (g, out) in dst.chunks_exact_mut(GROUP).enumerate() {
@@ -152,6 +201,12 @@ fn stored_group(kind: QuantType, block: &[u8], g: usize) -> [u8; GROUP] {
     };
     match kind {
         QuantType::Q8_0 => u.copy_from_slice(&block[2..34]),
+        QuantType::MXFP4 => {
+            nibbles(&mut u, &block[1..17]);
+            // Offset by 12: the doubled FP4 values as unsigned bytes 0..=24.
+            u.iter_mut()
+                .for_each(|v| *v = (MXFP4_VALUES[usize::from(*v)] + 12) as u8);
+        }
         QuantType::Q4_0 => nibbles(&mut u, &block[2..18]),
         QuantType::Q4_1 => nibbles(&mut u, &block[4..20]),
         QuantType::Q5_0 => {
@@ -187,6 +242,12 @@ fn stored_group(kind: QuantType, block: &[u8], g: usize) -> [u8; GROUP] {
 /// Panics for the K-quants ([`k_group`], [`q6_k_group`]).
 pub fn affine_group(kind: QuantType, block: &[u8]) -> ([u8; GROUP], f16, f16) {
     let mut u = stored_group(kind, block, 0);
+    if kind == QuantType::MXFP4 {
+        // value = d·(u − 12): exact in f16 for scales 2^-24 ..= 2^15 (E8M0 104 ..= 143), the
+        // range of weights; others round to f16.
+        let d = f16::from_f32(e8m0_half(block[0]));
+        return (u, d, f16::from_f32(-12.0 * d.to_f32()));
+    }
     let d = f16::from_le_bytes([block[0], block[1]]);
     let scaled = |k: f32| f16::from_f32(k * d.to_f32());
     match kind {
@@ -269,5 +330,49 @@ mod tests {
         for g in 0..8 {
             assert_eq!(k_scale_min(&packed, g), (sc[g], mn[g]), "group {g}");
         }
+    }
+
+    /// The OCP MX format's FP4 (E2M1) values, code by code, times the block's scale
+    /// 2^(e − 127): each of the 16 codes at value positions 0..16 (low nibbles) and 16..32
+    /// (high nibbles), under scales 2^-3, 2^0 and 2^5.
+    #[test]
+    fn mxfp4_blocks_dequantise_by_the_fp4_table() {
+        const E2M1: [f32; 16] = [
+            0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+        ];
+        for e in [124u8, 127, 132] {
+            let scale = 2f32.powi(i32::from(e) - 127);
+            let mut block = vec![e];
+            // Byte j: code j in the low nibble, code 15 − j in the high one.
+            block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+            let got = dequantize(QuantType::MXFP4, &block);
+            for j in 0..16 {
+                assert_eq!(got[j], E2M1[j] * scale, "e {e}, value {j}");
+                assert_eq!(got[j + 16], E2M1[15 - j] * scale, "e {e}, value {}", j + 16);
+            }
+        }
+        assert_eq!(e8m0_half(0), 2f32.powi(-128));
+        assert_eq!(e8m0_half(1), 2f32.powi(-127));
+        assert_eq!(e8m0_half(254), 2f32.powi(126));
+        assert_eq!(QuantType::from_id(39), Some(QuantType::MXFP4));
+    }
+
+    /// A checkpoint's group (value 2i in byte i's low nibble, 2i + 1 in its high one) moves
+    /// to ggml's block (value j low, j + 16 high) without changing a value; the integer
+    /// kernels' form (u − 12 times the scale) gives the same values.
+    #[test]
+    fn mxfp4_checkpoint_groups_repack_losslessly() {
+        let codes: Vec<u8> = (0..32u8).map(|v| (v * 7 + 3) % 16).collect();
+        let packed: Vec<u8> = codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
+        let block = mxfp4_from_checkpoint(&packed, &[125]).unwrap();
+        assert_eq!(block.len(), 17);
+        let got = dequantize(QuantType::MXFP4, &block);
+        let (u, d, m) = affine_group(QuantType::MXFP4, &block);
+        for (v, &code) in codes.iter().enumerate() {
+            let want = f32::from(MXFP4_VALUES[usize::from(code)]) * 2f32.powi(125 - 128);
+            assert_eq!(got[v], want, "value {v}");
+            assert_eq!(d.to_f32() * f32::from(u[v]) + m.to_f32(), want, "value {v}");
+        }
+        assert!(mxfp4_from_checkpoint(&packed, &[1, 2]).is_err());
     }
 }

@@ -44,7 +44,7 @@ const ROW_CHUNK: usize = 128;
 #[allow(non_camel_case_types)]
 pub enum ActScales {
     /// One scale per 32 values, rounded to f16; `s = d·Σq` with that rounded `d`, so a
-    /// weight offset `m = −k·d` (Q8_0, Q4_0, Q5_0) cancels as llama.cpp's signed products
+    /// weight offset `m = −k·d` (Q8_0, Q4_0, Q5_0, MXFP4) cancels as llama.cpp's signed products
     /// do (up to the f32 rounding of the two terms).
     Q8_0,
     /// One scale per 32 values and `s = d·Σq`, each rounded to f16 (Q4_1, Q5_1, whose
@@ -58,7 +58,9 @@ impl ActScales {
     /// llama.cpp's activation type for weights of `kind`.
     pub fn of(kind: QuantType) -> ActScales {
         match kind {
-            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => ActScales::Q8_0,
+            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 | QuantType::MXFP4 => {
+                ActScales::Q8_0
+            }
             QuantType::Q4_1 | QuantType::Q5_1 => ActScales::Q8_1,
             QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => ActScales::Q8_K,
         }

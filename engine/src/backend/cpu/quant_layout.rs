@@ -36,7 +36,7 @@ impl Format {
     pub fn of(kind: QuantType) -> Format {
         match kind {
             QuantType::Q4_0 | QuantType::Q4_1 => Format::Nibbles,
-            QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0 => Format::Bytes,
+            QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0 | QuantType::MXFP4 => Format::Bytes,
             QuantType::Q4_K => Format::KNibbles,
             QuantType::Q5_K => Format::KBytes,
             QuantType::Q6_K => Format::Q6K,

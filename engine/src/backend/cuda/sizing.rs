@@ -1,6 +1,6 @@
 //! KV-cache sizing from device memory (pure arithmetic, unit-tested on the host).
 
-use crate::config::ModelConfig;
+use crate::config::{Ffn, ModelConfig};
 
 /// Bytes of the bf16 weights the model uploads (linear layers and embeddings; norms are
 /// negligible and covered by the reserve).
@@ -25,7 +25,19 @@ pub fn activation_reserve_bytes(
 ) -> usize {
     let qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
     let widest_ffn = c.layers.iter().map(|l| l.ffn.width()).max().unwrap_or(0);
-    let per_token = 2 * (4 * c.hidden_size + qkv + c.num_heads * c.head_dim + 3 * widest_ffn);
+    // The expert kernels' buffers, per token and slot: its activations and output (bf16),
+    // its expert id, weight and place in the grouping (4 bytes each).
+    let experts = c
+        .layers
+        .iter()
+        .filter_map(|l| match l.ffn {
+            Ffn::Experts(e) => Some(e.top_k * (2 * e.intermediate_size + 2 * c.hidden_size + 12)),
+            Ffn::Dense { .. } => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let per_token =
+        2 * (4 * c.hidden_size + qkv + c.num_heads * c.head_dim + 3 * widest_ffn) + experts;
     let logits = max_num_seqs * c.vocab_size * (2 + 4);
     max_batched_tokens * per_token + logits + (512 << 20)
 }
