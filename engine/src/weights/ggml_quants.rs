@@ -44,26 +44,6 @@ pub fn e8m0_half(e: u8) -> f32 {
     })
 }
 
-/// MXFP4 blocks in ggml's layout from the checkpoint layout of gpt-oss's `*_blocks` and
-/// `*_scales` tensors (and compressed-tensors' MXFP4): per group of 32 values, 16 bytes with
-/// value `2i` in the low nibble of byte `i` and `2i + 1` in its high nibble, and one E8M0
-/// scale byte. Lossless: only the nibbles move, as llama.cpp's converter moves them.
-pub fn mxfp4_from_checkpoint(blocks: &[u8], scales: &[u8]) -> anyhow::Result<Vec<u8>> {
-    anyhow::ensure!(
-        blocks.len() == 16 * scales.len(),
-        "MXFP4 checkpoint: {} bytes of values for {} scales (16 per scale)",
-        blocks.len(),
-        scales.len()
-    );
-    let mut out = Vec::with_capacity(17 * scales.len());
-    for (packed, &e) in blocks.chunks_exact(16).zip(scales) {
-        let code = |v: usize| (packed[v / 2] >> (4 * (v % 2))) & 0x0f;
-        out.push(e);
-        out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
-    }
-    Ok(out)
-}
-
 /// Weights per K-quant super-block.
 const QK_K: usize = 256;
 /// Weights per group of the integer kernels' form.
@@ -357,22 +337,16 @@ mod tests {
         assert_eq!(QuantType::from_id(39), Some(QuantType::MXFP4));
     }
 
-    /// A checkpoint's group (value 2i in byte i's low nibble, 2i + 1 in its high one) moves
-    /// to ggml's block (value j low, j + 16 high) without changing a value; the integer
-    /// kernels' form (u − 12 times the scale) gives the same values.
+    /// The integer kernels' form of an MXFP4 group (`u − 12` times the halved scale) gives
+    /// the dequantised values.
     #[test]
-    fn mxfp4_checkpoint_groups_repack_losslessly() {
-        let codes: Vec<u8> = (0..32u8).map(|v| (v * 7 + 3) % 16).collect();
-        let packed: Vec<u8> = codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
-        let block = mxfp4_from_checkpoint(&packed, &[125]).unwrap();
-        assert_eq!(block.len(), 17);
+    fn mxfp4_affine_form_matches_its_values() {
+        let mut block = vec![125u8];
+        block.extend((0..16u8).map(|j| ((j * 7 + 3) % 16) | (((j * 5 + 1) % 16) << 4)));
         let got = dequantize(QuantType::MXFP4, &block);
         let (u, d, m) = affine_group(QuantType::MXFP4, &block);
-        for (v, &code) in codes.iter().enumerate() {
-            let want = f32::from(MXFP4_VALUES[usize::from(code)]) * 2f32.powi(125 - 128);
-            assert_eq!(got[v], want, "value {v}");
+        for (v, &want) in got.iter().enumerate() {
             assert_eq!(d.to_f32() * f32::from(u[v]) + m.to_f32(), want, "value {v}");
         }
-        assert!(mxfp4_from_checkpoint(&packed, &[1, 2]).is_err());
     }
 }
