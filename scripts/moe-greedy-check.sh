@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PEERS=${PEERS:-$HOME/.cache/peers}
 OUT=${OUT:-/tmp/moebench}
-MODEL=$([ -n "${DENSE:-}" ] && echo dense-active || echo moe-16x4)
+MODEL=$([ "${DENSE:-0}" = 1 ] && echo dense-active || echo moe-16x4)
 [ -x "$PEERS/bin/llama-server" ] || { echo "run ../shared/peers/build-llama-cpp.sh first" >&2; exit 1; }
 [ -x target/release/engine ] || { echo "build the engine first: cargo build --release" >&2; exit 1; }
 export LD_LIBRARY_PATH="$PEERS/bin:${LD_LIBRARY_PATH:-}"
@@ -20,12 +20,15 @@ trap 'kill ${pids[@]+"${pids[@]}"} 2>/dev/null || true' EXIT
 wait_up() { for _ in $(seq 1 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; echo "no server at $1" >&2; exit 1; }
 for scheme in F16 Q4_K_M; do
   file="$OUT/$MODEL.$scheme.gguf"
-  [ -f "$file" ] || "$PEERS/bin/llama-quantize" "$OUT/$MODEL.f32.gguf" "$file" "$scheme" 2 >/dev/null 2>&1
-  "$PEERS/bin/llama-server" -m "$file" --port 8311 -t 2 -c 2048 >/dev/null 2>&1 & pids+=($!)
-  target/release/engine serve --model "$file" --port 8312 --threads 2 >/dev/null 2>&1 & pids+=($!)
-  "$PEERS/bin/llama-server" -m "$file" --port 8313 -t 2 -c 2048 -fa off >/dev/null 2>&1 & pids+=($!)
-  wait_up http://127.0.0.1:8311; wait_up http://127.0.0.1:8312; wait_up http://127.0.0.1:8313
-  python3 scripts/token-greedy-agreement.py "$MODEL $scheme: llama-server vs engine" llama:8311 engine:8312 | tail -1
-  python3 scripts/token-greedy-agreement.py "$MODEL $scheme: llama-server vs itself -fa off" llama:8311 llama:8313 | tail -1
+  if [ ! -f "$file" ]; then
+    "$PEERS/bin/llama-quantize" "$OUT/$MODEL.f32.gguf" "$file.part" "$scheme" 2 >"$file.log" 2>&1 || { tail -5 "$file.log" >&2; exit 1; }
+    mv "$file.part" "$file"
+  fi
+  "$PEERS/bin/llama-server" -m "$file" --port 8321 -t 2 -c 2048 >/dev/null 2>&1 & pids+=($!)
+  target/release/engine serve --model "$file" --device cpu --port 8322 --threads 2 >"$OUT/engine-serve.log" 2>&1 & pids+=($!)
+  "$PEERS/bin/llama-server" -m "$file" --port 8323 -t 2 -c 2048 -fa off >/dev/null 2>&1 & pids+=($!)
+  wait_up http://127.0.0.1:8321; wait_up http://127.0.0.1:8322; wait_up http://127.0.0.1:8323
+  python3 scripts/token-greedy-agreement.py "$MODEL $scheme: llama-server vs engine" llama:8321 engine:8322 | tail -1
+  python3 scripts/token-greedy-agreement.py "$MODEL $scheme: llama-server vs itself -fa off" llama:8321 llama:8323 | tail -1
   kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=()
 done

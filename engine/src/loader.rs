@@ -269,7 +269,7 @@ pub fn load_model(
                     && device.decode_attention.is_none()
                     && !device.cuda_unverified_kernels,
                 "--prefill-attention, --decode-attention and --cuda-unverified-kernels are CUDA \
-                 options: the CPU backend has one kernel set"
+                 options, and the model runs on the CPU ({why}), whose backend has one kernel set"
             );
             let options = RunnerOptions {
                 block_size: sizing.block_size,

@@ -43,8 +43,8 @@ pub struct StepProfile {
     /// The whole `forward` call as the host saw it (includes waiting for the device).
     pub wall_secs: f64,
     /// The mixture-of-experts FFNs (routing, the experts' GEMMs and their weighted sums),
-    /// by the host's clock: part of `forward_secs` on the CPU backend, which runs its ops
-    /// as they are issued (no other backend runs experts yet).
+    /// by the host's clock, on a backend that runs its ops as they are issued (the CPU's:
+    /// part of `forward_secs`); 0 where the device runs them later (CUDA).
     pub experts_secs: f64,
 }
 
@@ -729,10 +729,12 @@ impl<B: Backend> ModelState<B> {
                     b.gated_activation(gate_up, layer.spec.activation, act)?;
                     b.matmul(act, w_down, None, down)?;
                 }
-                FfnWeights::Experts(spec, weights) => {
+                FfnWeights::Experts(spec, experts) => {
                     let started = Instant::now();
-                    b.experts_ffn(h, weights, *spec, layer.spec.activation, down)?;
-                    self.profile.experts_secs += started.elapsed().as_secs_f64();
+                    b.experts_ffn(h, experts, *spec, layer.spec.activation, down)?;
+                    if b.runs_ops_as_issued() {
+                        self.profile.experts_secs += started.elapsed().as_secs_f64();
+                    }
                 }
             }
             ffn_in_post = match &layer.post_norms {

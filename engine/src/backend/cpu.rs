@@ -627,28 +627,28 @@ impl Backend for CpuBackend {
     fn experts_ffn(
         &self,
         x: &CpuAct,
-        weights: &CpuExperts,
+        experts: &CpuExperts,
         spec: ExpertSpec,
         act: Activation,
         out: &mut CpuAct,
     ) -> anyhow::Result<()> {
         ensure!(
-            weights.experts.len() == spec.num_experts,
+            experts.experts.len() == spec.num_experts,
             "experts_ffn: {} experts loaded for {}",
-            weights.experts.len(),
+            experts.experts.len(),
             spec.num_experts
         );
         let (rows, h) = (x.rows, x.cols);
         ensure!(
-            weights.router.len() == spec.num_experts * h,
+            experts.router.len() == spec.num_experts * h,
             "experts_ffn: a router of {} values for {} experts of width {h}",
-            weights.router.len(),
+            experts.router.len(),
             spec.num_experts
         );
         let routes = (0..rows)
             .map(|r| {
                 let row = &x.data[r * h..][..h];
-                let logits: Vec<f32> = weights
+                let logits: Vec<f32> = experts
                     .router
                     .chunks(h)
                     .map(|w| w.iter().zip(row).map(|(a, b)| a * b).sum())
@@ -660,7 +660,7 @@ impl Backend for CpuBackend {
         let sum = out.reshape(rows, h);
         sum.fill(0.0);
         let (mut xe, mut gate_up, mut inner, mut y) = Default::default();
-        for (group, (w_gate_up, w_down)) in groups.iter().zip(&weights.experts) {
+        for (group, (w_gate_up, w_down)) in groups.iter().zip(&experts.experts) {
             if group.is_empty() {
                 continue;
             }

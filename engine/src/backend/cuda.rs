@@ -330,7 +330,7 @@ struct Pending {
 #[derive(Default)]
 struct ExpertScratch {
     ids: Option<CudaSlice<i32>>,
-    weights: Option<CudaSlice<f32>>,
+    route_weights: Option<CudaSlice<f32>>,
     offsets: Option<CudaSlice<i32>>,
     order: Option<CudaSlice<i32>>,
     act: Option<CudaSlice<bf16>>,
@@ -341,7 +341,7 @@ struct ExpertScratch {
 /// expert's bf16 fused gate/up and down, and tables of their addresses for the kernels.
 pub struct CudaExperts {
     router: CudaSlice<f32>,
-    weights: Vec<(CudaWeight, CudaWeight)>,
+    experts: Vec<(CudaWeight, CudaWeight)>,
     gate_up_ptrs: CudaSlice<u64>,
     down_ptrs: CudaSlice<u64>,
     hidden: usize,
@@ -811,7 +811,12 @@ impl CudaBackend {
         let s = &mut st.experts;
         let stream = &self.stream;
         let mut grew = ensure_len(stream, &mut s.ids, entries, "the experts' ids")?;
-        grew |= ensure_len(stream, &mut s.weights, entries, "the experts' weights")?;
+        grew |= ensure_len(
+            stream,
+            &mut s.route_weights,
+            entries,
+            "the experts' weights",
+        )?;
         grew |= ensure_len(
             stream,
             &mut s.offsets,
@@ -828,7 +833,7 @@ impl CudaBackend {
         grew |= ensure_len(stream, &mut s.y, entries * hidden, "the experts' outputs")?;
         let ptrs = [
             s.ids.as_ref().map(|b| self.ptr(b)),
-            s.weights.as_ref().map(|b| self.ptr(b)),
+            s.route_weights.as_ref().map(|b| self.ptr(b)),
             s.offsets.as_ref().map(|b| self.ptr(b)),
             s.order.as_ref().map(|b| self.ptr(b)),
             s.act.as_ref().map(|b| self.ptr(b)),
@@ -1100,7 +1105,7 @@ impl Backend for CudaBackend {
         let down_ptrs = table(weights.iter().map(|(_, d)| self.ptr(&d.data)).collect())?;
         Ok(CudaExperts {
             router,
-            weights,
+            experts: weights,
             gate_up_ptrs,
             down_ptrs,
             hidden,
@@ -1110,7 +1115,7 @@ impl Backend for CudaBackend {
 
     fn expert_bytes(&self, experts: &CudaExperts) -> (usize, usize) {
         let one = experts
-            .weights
+            .experts
             .first()
             .map_or(0, |(g, d)| self.weight_bytes(g) + self.weight_bytes(d));
         (experts.router.len() * std::mem::size_of::<f32>(), one)
@@ -1392,6 +1397,10 @@ impl Backend for CudaBackend {
         );
         g.graphs.insert(key, (LockedGraph(graph), logits.cols));
         Ok(true)
+    }
+
+    fn runs_ops_as_issued(&self) -> bool {
+        false
     }
 
     fn record_mark(&self, slot: usize) -> anyhow::Result<()> {
@@ -1858,20 +1867,20 @@ impl Backend for CudaBackend {
         );
         ensure!(
             (1..=spec.num_experts).contains(&spec.top_k),
-            "experts_ffn: top {} of {} experts",
+            "experts_ffn: top_k {} is not between 1 and the {} experts",
             spec.top_k,
             spec.num_experts
         );
         ensure!(
             x.cols == experts.hidden
-                && spec.num_experts == experts.weights.len()
+                && spec.num_experts == experts.experts.len()
                 && spec.intermediate_size == experts.inter,
             "experts_ffn: input width {} and {} experts of width {} for a layer of {} experts \
              of width {} over {}",
             x.cols,
             spec.num_experts,
             spec.intermediate_size,
-            experts.weights.len(),
+            experts.experts.len(),
             experts.inter,
             experts.hidden
         );
@@ -1893,7 +1902,8 @@ impl Backend for CudaBackend {
             int(k, "top_k")?,
             int(inter, "expert width")?,
         );
-        let smem = int(4 * e, "router shared memory")? as u32;
+        // One f32 (moe_route's probabilities) or i32 (moe_group's cursors) per expert.
+        let smem = int(4 * e, "expert shared memory")? as u32;
         let rows_u = int(rows, "rows")? as u32;
         self.launch(
             "moe_route",

@@ -193,6 +193,12 @@ pub trait Backend: Send + Sync {
         f()
     }
 
+    /// Whether an op has finished when its call returns (the CPU), so that the host's clock
+    /// times it; a device that queues its work (CUDA) says no.
+    fn runs_ops_as_issued(&self) -> bool {
+        true
+    }
+
     /// Marks point `slot` (0..3) of the step on the device's timeline (a no-op where the
     /// host's clock already times the work).
     fn record_mark(&self, _slot: usize) -> anyhow::Result<()> {
@@ -343,9 +349,9 @@ pub trait Backend: Send + Sync {
         act: Activation,
         out: &mut Self::Act,
     ) -> anyhow::Result<()>;
-    /// The mixture-of-experts FFN over the rows of `x`: each row is routed
-    /// ([`routing::route`]) and run through its experts' gated FFNs with `act`; `out` gets
-    /// each row's weighted sum of their outputs.
+    /// The mixture-of-experts FFN over the rows of `x`: each row is routed by
+    /// [`routing::route`]'s rule and run through its experts' gated FFNs with `act`; `out`
+    /// gets each row's weighted sum of their outputs.
     fn experts_ffn(
         &self,
         x: &Self::Act,

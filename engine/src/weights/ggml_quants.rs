@@ -3,8 +3,8 @@
 //! as 32-value groups of unsigned values `u` with the scales that the CPU's integer
 //! kernels multiply them by.
 //!
-//! Layouts (llama.cpp's `ggml-common.h`): Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 hold 32 weights
-//! per block; the K-quants Q4_K, Q5_K and Q6_K hold 256 per super-block, in 8 groups of 32
+//! Layouts (llama.cpp's `ggml-common.h`): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 hold 32
+//! weights per block; the K-quants Q4_K, Q5_K and Q6_K hold 256 per super-block, in 8 groups of 32
 //! (Q4_K, Q5_K: a 6-bit scale and a 6-bit min each, times the super-block's f16 `d` and
 //! `dmin`) or 16 groups of 16 (Q6_K: a signed 8-bit scale each, times `d`).
 
@@ -215,7 +215,7 @@ fn stored_group(kind: QuantType, block: &[u8], g: usize) -> [u8; GROUP] {
     u
 }
 
-/// The 32 values of a 32-weight type's block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as unsigned
+/// The 32 values of a 32-weight type's block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) as unsigned
 /// values `u` and f16 `d`, `m` with value = `d·u + m`: exact (Q4_0's `m = −8d`, Q5_0's
 /// `−16d` and Q8_0's `u = q + 128`, `m = −128d` are exact in f16 unless they overflow it).
 ///
@@ -223,8 +223,9 @@ fn stored_group(kind: QuantType, block: &[u8], g: usize) -> [u8; GROUP] {
 pub fn affine_group(kind: QuantType, block: &[u8]) -> ([u8; GROUP], f16, f16) {
     let mut u = stored_group(kind, block, 0);
     if kind == QuantType::MXFP4 {
-        // value = d·(u − 12): exact in f16 for scales 2^-24 ..= 2^15 (E8M0 104 ..= 143), the
-        // range of weights; others round to f16.
+        // value = d·(u − 12): exact in f16 for E8M0 104 ..= 140 (d = 2^-24 ..= 2^12, and
+        // m = −12d within f16's range), the range of weights; the integer path refuses a
+        // block whose offset overflows f16, and smaller scales round.
         let d = f16::from_f32(e8m0_half(block[0]));
         return (u, d, f16::from_f32(-12.0 * d.to_f32()));
     }

@@ -276,7 +276,7 @@ impl GgufFile {
         for (name, dims, type_id, offset) in raw {
             let dtype = GgmlType::from_id(type_id).with_context(|| {
                 format!(
-                    "tensor `{name}` in {} has unsupported ggml type {type_id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                    "tensor `{name}` in {} has unsupported ggml type {type_id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4)",
                     path.display()
                 )
             })?;

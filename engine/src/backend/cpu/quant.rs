@@ -1,4 +1,4 @@
-//! GGUF's block-quantised weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) kept
+//! GGUF's block-quantised weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, Q4_K, Q5_K, Q6_K) kept
 //! quantised, multiplied with integer dot products.
 //!
 //! Every format is the same sum in another costume: a group of 32 weights is `d·u + m`

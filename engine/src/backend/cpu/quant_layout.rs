@@ -20,7 +20,8 @@ pub(super) const SUPER_BLOCK: usize = 256;
 pub enum Format {
     /// 4-bit values, two per byte; f16 `d` and `m` per block (Q4_0, Q4_1).
     Nibbles,
-    /// 8-bit values; f16 `d` and `m` per block (Q8_0; Q5_0 and Q5_1's 5 bits).
+    /// 8-bit values; f16 `d` and `m` per block (Q8_0; Q5_0 and Q5_1's 5 bits; MXFP4's FP4
+    /// codes as their doubled values plus 12).
     Bytes,
     /// Q4_K: 4-bit values; a 6-bit scale and min per block; f16 `d`, `dmin` per
     /// super-block.

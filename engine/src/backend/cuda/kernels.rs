@@ -1,6 +1,6 @@
 //! The CUDA C kernels of `kernels/`, compiled once per GPU architecture with NVRTC.
 //!
-//! The four files are concatenated into one program (`common.cuh` first) and compiled for the
+//! The five files are concatenated into one program (`common.cuh` first) and compiled for the
 //! GPU's real architecture (`sm_XY`) to a cubin, which the driver loads as is (no PTX JIT at
 //! load time). The cubin is cached in memory per compute capability. [`compile_cubin`] is
 //! the same compilation without a GPU (`engine/tests/nvrtc.rs` runs it).
