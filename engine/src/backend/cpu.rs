@@ -23,6 +23,7 @@ use std::sync::Mutex;
 
 use anyhow::{ensure, Context};
 use half::{f16, slice::HalfFloatSliceExt};
+use rayon::prelude::*;
 
 pub use attention::{CpuKvCache, KvCacheDtype};
 pub use matmul::{CpuWeight, WeightData};
@@ -622,8 +623,10 @@ impl Backend for CpuBackend {
 
     /// The step's tokens grouped by expert: each expert with tokens gathers its rows and
     /// runs one GEMM per matrix over them (its weights read once a step, on the integer
-    /// kernels where quantised, the matmul spreading its output rows over the threads);
-    /// the rows' outputs are summed in expert order, as transformers' loop adds them.
+    /// kernels where quantised). When at least as many experts have tokens as there are
+    /// threads, the experts run side by side, one task each; otherwise one after another,
+    /// each GEMM over every thread. The rows' outputs are summed in expert order, as
+    /// transformers' loop adds them.
     fn experts_ffn(
         &self,
         x: &CpuAct,
@@ -657,25 +660,58 @@ impl Backend for CpuBackend {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let groups = routing::group_by_expert(&routes, spec.num_experts);
+        let active: Vec<usize> = (0..spec.num_experts)
+            .filter(|&e| !groups[e].is_empty())
+            .collect();
+        // Expert `e` over its rows: its outputs, one row of `h` per entry of its group.
+        let run = |e: usize, threads: usize| -> anyhow::Result<Vec<f32>> {
+            let (group, (w_gate_up, w_down)) = (&groups[e], &experts.experts[e]);
+            let n = group.len();
+            ensure!(
+                w_gate_up.rows.is_multiple_of(2) && w_gate_up.cols == h && w_down.rows == h,
+                "experts_ffn: expert {e}'s gate/up is {}x{} and its down {}x{} in a model of \
+                 width {h}",
+                w_gate_up.rows,
+                w_gate_up.cols,
+                w_down.rows,
+                w_down.cols
+            );
+            let inter = w_gate_up.rows / 2;
+            let mut xe = Vec::with_capacity(n * h);
+            for &(r, _) in group {
+                xe.extend_from_slice(&x.data[r * h..][..h]);
+            }
+            let mut gate_up = vec![0f32; n * 2 * inter];
+            matmul::matmul(&xe, n, w_gate_up, None, &mut gate_up, threads);
+            let mut inner = vec![0f32; n * inter];
+            match act {
+                Activation::Silu => ops::silu_mul(&gate_up, inter, &mut inner),
+                Activation::GeluTanh => ops::gelu_tanh_mul(&gate_up, inter, &mut inner),
+            }
+            let mut y = vec![0f32; n * h];
+            matmul::matmul(&inner, n, w_down, None, &mut y, threads);
+            Ok(y)
+        };
+        let threads = self.threads();
+        let outputs: Vec<Vec<f32>> = if threads > 1 && active.len() >= threads {
+            self.pool.install(|| {
+                active
+                    .par_iter()
+                    .map(|&e| run(e, 1))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })?
+        } else {
+            active
+                .iter()
+                .map(|&e| run(e, threads))
+                .collect::<anyhow::Result<_>>()?
+        };
         let sum = out.reshape(rows, h);
         sum.fill(0.0);
-        let (mut xe, mut gate_up, mut inner, mut y) = Default::default();
-        for (group, (w_gate_up, w_down)) in groups.iter().zip(&experts.experts) {
-            if group.is_empty() {
-                continue;
-            }
-            let xe_rows: &mut CpuAct = &mut xe;
-            let data = xe_rows.reshape(group.len(), h);
-            for (i, &(r, _)) in group.iter().enumerate() {
-                data[i * h..][..h].copy_from_slice(&x.data[r * h..][..h]);
-            }
-            self.matmul(&xe, w_gate_up, None, &mut gate_up)?;
-            self.gated_activation(&gate_up, act, &mut inner)?;
-            self.matmul(&inner, w_down, None, &mut y)?;
-            let y: &CpuAct = &y;
-            for (i, &(r, weight)) in group.iter().enumerate() {
+        for (&e, y) in active.iter().zip(&outputs) {
+            for (i, &(r, weight)) in groups[e].iter().enumerate() {
                 let dst = &mut sum[r * h..][..h];
-                for (d, v) in dst.iter_mut().zip(&y.data[i * h..][..h]) {
+                for (d, v) in dst.iter_mut().zip(&y[i * h..][..h]) {
                     *d += weight * v;
                 }
             }
