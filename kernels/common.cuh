@@ -33,6 +33,17 @@ __device__ __forceinline__ float round_bf16(float f) {
     return bf16_to_f32(f32_to_bf16(f));
 }
 
+// The gated FFNs' activations of the gate: SiLU (SwiGLU), and GELU's tanh approximation
+// (GeGLU, Gemma's gelu_pytorch_tanh).
+struct Silu {
+    __device__ __forceinline__ float operator()(float g) const { return g / (1.0f + __expf(-g)); }
+};
+struct GeluTanh {
+    __device__ __forceinline__ float operator()(float g) const {
+        return 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+    }
+};
+
 // Two adjacent bf16 values read as one 32-bit word (the address must be 4-byte aligned).
 __device__ __forceinline__ void load_bf16x2(const bf16* p, float& a, float& b) {
     unsigned int w = *reinterpret_cast<const unsigned int*>(p);

@@ -155,33 +155,32 @@ extern "C" __global__ void add_bias(bf16* __restrict__ x, const float* __restric
     x[at] = f32_to_bf16(bf16_to_f32(x[at]) + bias[i]);
 }
 
-// out[t, i] = bf16(bf16(silu(gate[t, i])) * up[t, i]) with rows `[gate | up]`.
+// out[t, i] = bf16(bf16(act(gate[t, i])) * up[t, i]) with rows `[gate | up]`.
 // grid = (ceil(inter / 256), T), block = 256.
-extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
-                                    int inter) {
+template <class Act>
+__device__ __forceinline__ void gated_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
+                                          int inter, Act act) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= inter) return;
     size_t t = blockIdx.y;
     float g = bf16_to_f32(gate_up[t * 2 * inter + i]);
     float u = bf16_to_f32(gate_up[t * 2 * inter + inter + i]);
-    float s = round_bf16(g / (1.0f + __expf(-g)));
-    out[t * inter + i] = f32_to_bf16(s * u);
+    out[t * inter + i] = f32_to_bf16(round_bf16(act(g)) * u);
+}
+
+// SwiGLU: gated_mul with SiLU.
+extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
+                                    int inter) {
+    gated_mul(gate_up, out, inter, Silu());
 }
 
 #ifdef EXTENDED_KERNELS
 // Compiled for the models that need them only (KernelSet::Extended).
 
-// out[t, i] = bf16(bf16(gelu_tanh(gate[t, i])) * up[t, i]) with rows `[gate | up]` (GeGLU with
-// GELU's tanh approximation, Gemma's gelu_pytorch_tanh). grid = (ceil(inter / 256), T), block = 256.
+// GeGLU: gated_mul with GELU's tanh approximation (Gemma's gelu_pytorch_tanh).
 extern "C" __global__ void gelu_tanh_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
                                          int inter) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= inter) return;
-    size_t t = blockIdx.y;
-    float g = bf16_to_f32(gate_up[t * 2 * inter + i]);
-    float u = bf16_to_f32(gate_up[t * 2 * inter + inter + i]);
-    float s = round_bf16(0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))));
-    out[t * inter + i] = f32_to_bf16(s * u);
+    gated_mul(gate_up, out, inter, GeluTanh());
 }
 
 // x[i] = bf16(x[i] * factor) (Gemma's embeddings). grid = ceil(n / 256), block = 256.

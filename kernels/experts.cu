@@ -80,7 +80,7 @@ extern "C" __global__ void moe_group(const int* __restrict__ ids, int entries, i
 // Expert e = blockIdx.y's gate and up rows r over its entries: act[i, r] =
 // bf16(bf16(silu(g)) * u) with g = bf16(x[i / top_k] · gate_up_e[r]) and
 // u = bf16(x[i / top_k] · gate_up_e[inter + r]), as the dense path's GEMM and silu_mul round
-// (silu_mul's __expf too).
+// (the same Silu).
 // gate_up_w[e] points at expert e's fused `[2 × inter, hidden]` weight. One warp per row r.
 // grid = (ceil(inter / 8), num_experts), block = 256.
 extern "C" __global__ void moe_gate_up(const bf16* __restrict__ x,
@@ -110,7 +110,7 @@ extern "C" __global__ void moe_gate_up(const bf16* __restrict__ x,
         }
         if (lane == 0) {
             g = round_bf16(g);
-            float s = round_bf16(g / (1.0f + __expf(-g)));
+            float s = round_bf16(Silu()(g));
             act[(size_t)i * inter + r] = f32_to_bf16(s * round_bf16(u));
         }
     }
