@@ -17,28 +17,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PEERS=${PEERS:-$HOME/.cache/peers}
 F16="$PEERS/models/SmolLM2-135M-Instruct.Q4_1.F16.gguf"
-[ -x "$PEERS/bin/llama-server" ] && [ -f "$F16" ] || { echo "run ../shared/peers/build-llama-cpp.sh first" >&2; exit 1; }
-[ -x target/release/engine ] || { echo "build the engine first: cargo build --release" >&2; exit 1; }
+[ -f "$F16" ] || { echo "run ../shared/peers/build-llama-cpp.sh first" >&2; exit 1; }
 case "${AGAINST:-engine}" in engine | llama-fa-off) ;; *) echo "AGAINST must be engine or llama-fa-off, not '$AGAINST'" >&2; exit 1 ;; esac
 case "${PROMPTS:-4}" in 4 | 32) ;; *) echo "PROMPTS must be 4 or 32, not '$PROMPTS'" >&2; exit 1 ;; esac
-pids=()
-trap 'kill ${pids[@]+"${pids[@]}"} 2>/dev/null || true' EXIT
-wait_up() { for _ in $(seq 1 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; echo "no server at $1" >&2; exit 1; }
+source scripts/peer-servers.sh
 for scheme in Q4_K_M Q5_K_M Q6_K; do
   file="$PEERS/models/SmolLM2-135M-Instruct.$scheme.gguf"
-  if [ ! -f "$file" ]; then
-    "$PEERS/bin/llama-quantize" "$F16" "$file.part" "$scheme" >"$file.log" 2>&1 || { tail -5 "$file.log" >&2; exit 1; }
-    mv "$file.part" "$file"
-  fi
-  "$PEERS/bin/llama-server" -m "$file" --port 8311 -t 2 -c 2048 >/dev/null 2>&1 & pids+=($!)
-  target/release/engine serve --model "$file" --port 8312 --threads 2 --quantized-weights "${WEIGHTS:-integer}" >/dev/null 2>&1 & pids+=($!)
+  quantized "$F16" "$file" "$scheme"
+  llama_server 8311 "$file"
+  engine_server 8312 "$file" --quantized-weights "${WEIGHTS:-integer}"
   second=8312
   if [ "${AGAINST:-engine}" = llama-fa-off ]; then
-    "$PEERS/bin/llama-server" -m "$file" --port 8313 -t 2 -c 2048 -fa off >/dev/null 2>&1 & pids+=($!)
+    llama_server 8313 "$file" -fa off
     second=8313
     wait_up http://127.0.0.1:8313
   fi
   wait_up http://127.0.0.1:8311; wait_up http://127.0.0.1:8312
   python3 scripts/greedy-agreement.py "$scheme" 8311 "$second" "${AGAINST:-engine}" 8312 "${PROMPTS:-4}"
-  kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; pids=()
+  stop_servers
 done
