@@ -49,14 +49,14 @@ def randomise(model):
                 p.mul_(8.0)
 
 
-def reference(model, seed):
+def reference(model, seed, vocab):
     """The five cases; the input seed is the first from `seed` whose every greedy margin is
     at least MIN_MARGIN (so an exact f32 engine must reproduce every token)."""
     for attempt in range(seed, seed + 50):
         g = torch.Generator().manual_seed(attempt)
         cases = []
         for n in LENGTHS:
-            ids = torch.randint(0, VOCAB, (1, n), generator=g)
+            ids = torch.randint(0, min(vocab, VOCAB), (1, n), generator=g)
             with torch.no_grad():
                 logits = model(ids).logits[0]
             last = logits[-1]
@@ -274,16 +274,20 @@ def gemma_gguf_writer(arch):
     return write
 
 
-def make(name, config_class, model_class, extra, seed, gguf_writer=None):
+def make(name, config_class, model_class, extra, seed, gguf_writer=None, prepare=None):
+    """`prepare(model, config, folder)`, when given, changes the randomised model before its
+    files and references are written and returns the GGUF writer."""
     if WANTED and name not in WANTED:
         return
     config = config_class(**dict(SHAPE, **extra))
     config.architectures = [model_class.__name__]
-    # Soft-capping runs in transformers' eager attention only.
+    # Soft-capping and sinks run in transformers' eager attention only.
     config._attn_implementation = "eager"
     model = model_class(config).eval()
     randomise(model)
     folder = os.path.join(OUT, name)
+    if prepare:
+        gguf_writer = prepare(model, config, folder)
     os.makedirs(folder, exist_ok=True)
     config.save_pretrained(folder)
     if hasattr(config, "num_experts_per_tok"):
@@ -295,7 +299,7 @@ def make(name, config_class, model_class, extra, seed, gguf_writer=None):
         tensors = {k: v.contiguous() for k, v in model.state_dict().items()
                    if not (config.tie_word_embeddings and k == "lm_head.weight")}
         save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    input_seed, cases = reference(model, seed)
+    input_seed, cases = reference(model, seed, config.vocab_size)
     if gguf_writer:
         gguf_writer(model, config, os.path.join(folder, "model.gguf"))
     ref = {
@@ -311,6 +315,173 @@ def make(name, config_class, model_class, extra, seed, gguf_writer=None):
         json.dump(ref, f)
     print(name, "input seed", input_seed,
           "smallest margin", min(m for c in cases for m in c["greedy_margins"]))
+
+
+# MXFP4's E2M1 values by 4-bit code (OpenAI's table; ggml's kvalues_mxfp4 are them doubled).
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4_quantise(w):
+    """w [..., K] (K a multiple of 32) rounded to MXFP4: per block of 32, the power of two
+    that brings the largest magnitude within 6, each value to its nearest E2M1 code.
+    Returns (codes uint8 [..., K], E8M0 exponents uint8 [..., K/32], the dequantised values)."""
+    blocks = w.float().reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = blocks.abs().amax(-1, keepdim=True).clamp(min=2.0 ** -100)
+    exp = torch.ceil(torch.log2(amax / 6.0))
+    scale = torch.pow(2.0, exp)
+    table = torch.tensor(FP4_VALUES)
+    codes = (blocks / scale).unsqueeze(-1).sub(table).abs().argmin(-1)
+    deq = table[codes] * scale
+    return (codes.reshape(w.shape).to(torch.uint8), (exp.squeeze(-1) + 127).to(torch.uint8),
+            deq.reshape(w.shape))
+
+
+def openai_blocks(codes):
+    """Codes [..., K] as OpenAI's `_blocks` [..., K/32, 16]: values 2j and 2j + 1 in the low
+    and high nibbles of byte j."""
+    c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 32, 16, 2)
+    return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
+
+
+def ggml_mxfp4(codes, exps):
+    """Codes [..., K] and exponents [..., K/32] as ggml's MXFP4 bytes [..., K/32 * 17]: the
+    scale, then values j and j + 16 in the low and high nibbles of byte j."""
+    c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 32, 2, 16)
+    qs = (c[..., 0, :] | (c[..., 1, :] << 4)).to(torch.uint8)
+    out = torch.cat([exps.unsqueeze(-1), qs], dim=-1)
+    return out.reshape(*codes.shape[:-1], -1).numpy()
+
+
+# gpt-oss's harmony tokens in the tiny vocabulary (after the 256 bytes), in o200k_harmony's
+# order: <|startoftext|> 199998, <|endoftext|> 199999, <|return|> 200002, <|constrain|>
+# 200003, <|channel|> 200005, <|start|> 200006, <|end|> 200007, <|message|> 200008,
+# <|call|> 200012.
+HARMONY_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                  "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
+GPT_OSS_VOCAB = 256 + len(HARMONY_TOKENS)
+
+
+def byte_pieces():
+    """GPT-2's byte-level pieces of the 256 bytes, in byte order."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    by_byte = dict(zip(bs, cs))
+    return [chr(by_byte[b]) for b in range(256)]
+
+
+def gpt_oss_experts_to_mxfp4(model):
+    """Rounds every expert matrix to MXFP4 along its input dimension (as the published
+    checkpoints hold them) and returns, per layer, the codes and exponents of gate_up
+    [experts, 2 x width, hidden] and down [experts, hidden, width] (out x in)."""
+    packed = []
+    with torch.no_grad():
+        for layer in model.model.layers:
+            ex = layer.mlp.experts
+            # transformers keeps x . W: gate_up_proj [experts, hidden, 2 x width].
+            gu_codes, gu_exps, gu = mxfp4_quantise(ex.gate_up_proj.transpose(1, 2))
+            dn_codes, dn_exps, dn = mxfp4_quantise(ex.down_proj.transpose(1, 2))
+            ex.gate_up_proj.copy_(gu.transpose(1, 2))
+            ex.down_proj.copy_(dn.transpose(1, 2))
+            packed.append(((gu_codes, gu_exps), (dn_codes, dn_exps)))
+    return packed
+
+
+def write_gpt_oss_mxfp4_checkpoint(model, config, packed, folder):
+    """The checkpoint as OpenAI publishes gpt-oss: experts as MXFP4 `_blocks` / `_scales`
+    beside everything else in f32, and a config with its quantization_config; checked
+    against transformers' own dequantisation of those blocks."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    os.makedirs(folder, exist_ok=True)
+    tensors = {}
+    for k, v in model.state_dict().items():
+        if ".mlp.experts.gate_up_proj" in k and not k.endswith("_bias"):
+            continue
+        if ".mlp.experts.down_proj" in k and not k.endswith("_bias"):
+            continue
+        tensors[k] = v.contiguous()
+    for i, ((gu_codes, gu_exps), (dn_codes, dn_exps)) in enumerate(packed):
+        for part, codes, exps, param in [
+                ("gate_up_proj", gu_codes, gu_exps, model.model.layers[i].mlp.experts.gate_up_proj),
+                ("down_proj", dn_codes, dn_exps, model.model.layers[i].mlp.experts.down_proj)]:
+            blocks = openai_blocks(codes)
+            deq = convert_moe_packed_tensors(blocks, exps, dtype=torch.float32)
+            # transformers returns them as x . W, [experts, in, out], as the f32 model holds them.
+            assert torch.equal(deq, param.data), f"layer {i} {part}"
+            tensors[f"model.layers.{i}.mlp.experts.{part}_blocks"] = blocks.contiguous()
+            tensors[f"model.layers.{i}.mlp.experts.{part}_scales"] = exps.contiguous()
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.load(open(os.path.join(os.path.dirname(folder), "config.json")))
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+def gpt_oss_gguf_writer(packed):
+    """A `gpt-oss` GGUF file as llama.cpp's converter writes one from the MXFP4 checkpoint
+    (`GptOssModel`): experts as MXFP4 `ffn_{gate,up,down}_exps` (gate and up de-interleaved),
+    their biases split the same way, the sinks as `attn_sinks.weight`, the pre-FFN norm as
+    `post_attention_norm`, the YaRN keys; a byte-level vocabulary with the harmony tokens."""
+    def write(model, config, path):
+        c = config
+        rope = c.rope_parameters
+        w = gguf.GGUFWriter(path, "gpt-oss")
+        add_shape(w, c)
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+        w.add_rope_dimension_count(c.head_dim)
+        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_expert_count(c.num_local_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.intermediate_size)
+        w.add_sliding_window(c.sliding_window)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-4o")
+        w.add_token_list(byte_pieces() + HARMONY_TOKENS)
+        w.add_token_types([1] * 256 + [3] * len(HARMONY_TOKENS))
+        w.add_token_merges([])
+        w.add_bos_token_id(256 + HARMONY_TOKENS.index("<|startoftext|>"))
+        w.add_eos_token_id(256 + HARMONY_TOKENS.index("<|return|>"))
+        sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
+        w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+        w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+        w.add_tensor("output.weight", sd["lm_head.weight"])
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            for name, hf in [("attn_norm", "input_layernorm"),
+                             ("post_attention_norm", "post_attention_layernorm"),
+                             ("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"),
+                             ("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
+                             ("ffn_gate_inp", "mlp.router")]:
+                for suffix in ["weight", "bias"]:
+                    if p + hf + "." + suffix in sd:
+                        w.add_tensor(f"blk.{i}.{name}.{suffix}", sd[p + hf + "." + suffix])
+            w.add_tensor(f"blk.{i}.attn_sinks.weight", sd[p + "self_attn.sinks"])
+            (gu_codes, gu_exps), (dn_codes, dn_exps) = packed[i]
+            w.add_tensor(f"blk.{i}.ffn_gate_exps.weight",
+                         ggml_mxfp4(gu_codes[:, ::2], gu_exps[:, ::2]),
+                         raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            w.add_tensor(f"blk.{i}.ffn_up_exps.weight",
+                         ggml_mxfp4(gu_codes[:, 1::2], gu_exps[:, 1::2]),
+                         raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            w.add_tensor(f"blk.{i}.ffn_down_exps.weight", ggml_mxfp4(dn_codes, dn_exps),
+                         raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            bias = sd[p + "mlp.experts.gate_up_proj_bias"]
+            w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(bias[:, ::2]))
+            w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(bias[:, 1::2]))
+            w.add_tensor(f"blk.{i}.ffn_down_exps.bias", sd[p + "mlp.experts.down_proj_bias"])
+        close(w)
+    return write
 
 
 WANTED = set(sys.argv[1:])
@@ -382,6 +553,33 @@ def main():
          dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
               norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1), 1237,
          gguf_writer_for("qwen3moe", permute_qk=False))
+    # gpt-oss: two layers, the first sliding (window 5), the second full; 4 experts of width
+    # 32, two per token; biases everywhere, sinks, YaRN (factor 4 over an original context
+    # of 32, untruncated as published). The experts are rounded to MXFP4 first, so that the
+    # f32 checkpoint (model.safetensors, as save_pretrained writes it), the MXFP4 one
+    # (mxfp4/, OpenAI's blocks and scales) and the GGUF hold the same weights. The
+    # vocabulary is the 256 bytes and the harmony tokens.
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    def gpt_oss_prepare(model, config, folder):
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.uniform_(-1.0, 3.0)
+        packed = gpt_oss_experts_to_mxfp4(model)
+        os.makedirs(folder, exist_ok=True)
+        config.save_pretrained(folder)
+        write_gpt_oss_mxfp4_checkpoint(model, config, packed, os.path.join(folder, "mxfp4"))
+        return gpt_oss_gguf_writer(packed)
+
+    yarn = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32}
+    eos = [256 + HARMONY_TOKENS.index(t) for t in ["<|return|>", "<|endoftext|>", "<|call|>"]]
+    make("gpt-oss-tiny", GptOssConfig, GptOssForCausalLM,
+         dict(vocab_size=GPT_OSS_VOCAB, intermediate_size=32, num_local_experts=4,
+              num_experts_per_tok=2, sliding_window=5,
+              layer_types=["sliding_attention", "full_attention"], rope_parameters=yarn,
+              attention_bias=True, bos_token_id=256, eos_token_id=eos, pad_token_id=257),
+         1237, prepare=gpt_oss_prepare)
 
 
 if __name__ == "__main__":

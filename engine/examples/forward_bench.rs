@@ -141,6 +141,8 @@ fn smollm2_config() -> ModelConfig {
                 },
                 qk_norm: false,
                 qkv_bias: false,
+                o_bias: false,
+                sinks: false,
                 attn_scale: 1.0 / 8.0,
                 attn_softcap: None,
                 norms: NormPlacement::Pre,

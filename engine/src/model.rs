@@ -7,11 +7,11 @@ use anyhow::{anyhow, bail, ensure, Context};
 use std::time::Instant;
 
 use crate::backend::{
-    check_block_table, refuse_what_it_lacks, AttnSeq, Backend, QkvLayout, RowSample, ScoreSpec,
-    StepMeta,
+    check_block_table, refuse_what_it_lacks, AttnSeq, Backend, HostExpert, HostExperts, QkvLayout,
+    RowSample, ScoreSpec, StepMeta,
 };
 use crate::config::{
-    ExpertSpec, Ffn, LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec,
+    ExpertSpec, Family, Ffn, LayerSpec, ModelConfig, NormPlacement, NormWeights, RopeSpec,
 };
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::SampleSpec;
@@ -95,6 +95,9 @@ struct Layer<B: Backend> {
     qkv_bias: Option<B::Param>,
     qk_norm: Option<(B::Param, B::Param)>,
     o_proj: B::Weight,
+    o_bias: Option<B::Param>,
+    /// One logit per query head ([`LayerSpec::sinks`]).
+    sinks: Option<B::Param>,
     /// On the attention output and on the FFN output, before each residual add
     /// ([`NormPlacement::Sandwich`]).
     post_norms: Option<(B::Param, B::Param)>,
@@ -253,10 +256,20 @@ fn concat_rows(name: &str, parts: Vec<HostTensor>) -> HostTensor {
     HostTensor { shape, data }
 }
 
-/// A layer's experts under the prefix `p` (`model.layers.N`): the router `mlp.gate`, and
-/// each expert's gate, up and down projections, per expert as HF files store them
-/// (`mlp.experts.E.gate_proj`) or stacked `[experts, rows, cols]` as GGUF's
-/// `ffn_{gate,up,down}_exps` are (`mlp.experts.gate_proj`). Quantised experts stay so.
+/// A layer's experts under the prefix `p` (`model.layers.N`): the router (`mlp.gate`, or
+/// gpt-oss's `mlp.router`) with its bias where the spec has biases, and each expert's gate,
+/// up and down projections in one of the layouts files hold them:
+/// - per expert, as HF files store Qwen3-MoE (`mlp.experts.E.gate_proj.weight`);
+/// - stacked `[experts, rows, cols]`, as GGUF's `ffn_{gate,up,down}_exps` are
+///   (`mlp.experts.gate_proj.weight`, biases `mlp.experts.gate_proj.bias`);
+/// - gpt-oss's fused gate/up, gate and up rows interleaved, with biases
+///   `gate_up_proj_bias` and `down_proj_bias`: as `[experts, out, in]` matrices where the
+///   checkpoint holds MXFP4 blocks (`mlp.experts.gate_up_proj.weight`, read from
+///   `gate_up_proj_blocks` and `_scales`), or as `x · W` matrices `[experts, in, out]`
+///   where it holds them unquantised (`mlp.experts.gate_up_proj`, as `save_pretrained`
+///   writes them).
+///
+/// Quantised experts stay so.
 fn load_experts<B: Backend>(
     backend: &B,
     w: &mut dyn WeightSource,
@@ -265,51 +278,137 @@ fn load_experts<B: Backend>(
     h: usize,
     c: &ModelConfig,
 ) -> anyhow::Result<B::Experts> {
-    let n = e.num_experts;
-    let inter = e.intermediate_size;
-    let router_name = format!("{p}.mlp.gate.weight");
-    refuse_undescribed(w, std::iter::once(format!("{p}.mlp.gate.bias")), c)?;
-    let router = read(w, &router_name, &[n, h])?;
-    let shapes = [
-        ("gate_proj", [inter, h]),
-        ("up_proj", [inter, h]),
-        ("down_proj", [h, inter]),
-    ];
-    let mut parts: Vec<Vec<HostTensor>> = Vec::with_capacity(3);
-    if w.contains(&format!("{p}.mlp.experts.0.gate_proj.weight")) {
-        for (part, shape) in shapes {
-            parts.push(
-                (0..n)
-                    .map(|x| read(w, &format!("{p}.mlp.experts.{x}.{part}.weight"), &shape))
-                    .collect::<anyhow::Result<_>>()?,
-            );
-        }
+    let (n, inter) = (e.num_experts, e.intermediate_size);
+    let router_name = match c.family {
+        Family::GptOss => format!("{p}.mlp.router"),
+        _ => format!("{p}.mlp.gate"),
+    };
+    let router = read(w, &format!("{router_name}.weight"), &[n, h])?;
+    let router_bias = if e.biases {
+        Some(read(w, &format!("{router_name}.bias"), &[n])?)
     } else {
-        for (part, [rows, cols]) in shapes {
-            let name = format!("{p}.mlp.experts.{part}.weight");
-            let stacked = read(w, &name, &[n, rows, cols]).with_context(|| {
-                format!(
-                    "the experts of {p}: neither one tensor per expert \
-                     (`{p}.mlp.experts.0.{part}.weight`) nor a stack (GGUF `ffn_*_exps`)"
-                )
-            })?;
-            parts.push(stacked.split_outer(&name)?);
-        }
-    }
-    let downs = parts.pop().expect("three parts");
-    let ups = parts.pop().expect("three parts");
-    let gates = parts.pop().expect("three parts");
+        refuse_undescribed(w, std::iter::once(format!("{router_name}.bias")), c)?;
+        None
+    };
+    let x = format!("{p}.mlp.experts");
+    let (gates, ups, downs) = if w.contains(&format!("{x}.0.gate_proj.weight")) {
+        let mut parts = [
+            ("gate_proj", [inter, h]),
+            ("up_proj", [inter, h]),
+            ("down_proj", [h, inter]),
+        ]
+        .map(|(part, shape)| {
+            (0..n)
+                .map(|i| read(w, &format!("{x}.{i}.{part}.weight"), &shape))
+                .collect::<anyhow::Result<Vec<_>>>()
+        })
+        .into_iter();
+        let mut next = || parts.next().expect("three parts");
+        (next()?, next()?, next()?)
+    } else if w.contains(&format!("{x}.gate_proj.weight")) {
+        let mut stack = |part: &str, [rows, cols]: [usize; 2]| {
+            let name = format!("{x}.{part}.weight");
+            read(w, &name, &[n, rows, cols])?.split_outer(&name)
+        };
+        (
+            stack("gate_proj", [inter, h])?,
+            stack("up_proj", [inter, h])?,
+            stack("down_proj", [h, inter])?,
+        )
+    } else if w.contains(&format!("{x}.gate_up_proj.weight")) {
+        let name = format!("{x}.gate_up_proj.weight");
+        let (gates, ups) = split_gate_up(read(w, &name, &[n, 2 * inter, h])?, &name)?;
+        let name = format!("{x}.down_proj.weight");
+        (
+            gates,
+            ups,
+            read(w, &name, &[n, h, inter])?.split_outer(&name)?,
+        )
+    } else if w.contains(&format!("{x}.gate_up_proj")) {
+        let name = format!("{x}.gate_up_proj");
+        let fused = read(w, &name, &[n, h, 2 * inter])?
+            .split_outer(&name)?
+            .into_iter()
+            .map(|t| t.transposed(&name))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let (gates, ups) = fused
+            .into_iter()
+            .map(|t| t.split_interleaved_rows(&name))
+            .collect::<anyhow::Result<(Vec<_>, Vec<_>)>>()?;
+        let name = format!("{x}.down_proj");
+        let downs = read(w, &name, &[n, inter, h])?
+            .split_outer(&name)?
+            .into_iter()
+            .map(|t| t.transposed(&name))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        (gates, ups, downs)
+    } else {
+        bail!(
+            "the experts of {p}: no tensor per expert (`{x}.0.gate_proj.weight`), stack (GGUF \
+             `ffn_*_exps`) or fused gate/up (`{x}.gate_up_proj`, or its MXFP4 `_blocks`)"
+        );
+    };
+    let biases = if e.biases {
+        let (gate_b, up_b, down_b) = if w.contains(&format!("{x}.gate_proj.bias")) {
+            let mut stack = |part: &str, len: usize| {
+                let name = format!("{x}.{part}.bias");
+                read(w, &name, &[n, len])?.split_outer(&name)
+            };
+            (
+                stack("gate_proj", inter)?,
+                stack("up_proj", inter)?,
+                stack("down_proj", h)?,
+            )
+        } else {
+            let name = format!("{x}.gate_up_proj_bias");
+            let (gate_b, up_b) = split_gate_up(read(w, &name, &[n, 2 * inter])?, &name)?;
+            let name = format!("{x}.down_proj_bias");
+            (gate_b, up_b, read(w, &name, &[n, h])?.split_outer(&name)?)
+        };
+        let fused = gate_b
+            .into_iter()
+            .zip(up_b)
+            .enumerate()
+            .map(|(i, (g, u))| concat_rows(&format!("{x}.{i}.gate_up.bias"), vec![g, u]));
+        fused.zip(down_b).map(Some).collect()
+    } else {
+        let names = ["gate_proj.bias", "gate_up_proj_bias", "down_proj_bias"];
+        refuse_undescribed(w, names.iter().map(|b| format!("{x}.{b}")), c)?;
+        vec![None; n]
+    };
     let experts = gates
         .into_iter()
         .zip(ups)
         .zip(downs)
+        .zip(biases)
         .enumerate()
-        .map(|(x, ((gate, up), down))| {
-            let gate_up = concat_rows(&format!("{p}.mlp.experts.{x}.gate_up"), vec![gate, up]);
-            (gate_up, down)
+        .map(|(i, (((gate, up), down), biases))| HostExpert {
+            gate_up: concat_rows(&format!("{x}.{i}.gate_up"), vec![gate, up]),
+            down,
+            biases,
         })
         .collect();
-    backend.upload_experts(p, router, experts)
+    backend.upload_experts(
+        p,
+        HostExperts {
+            router,
+            router_bias,
+            experts,
+        },
+    )
+}
+
+/// A stack of gpt-oss's fused gate/up (matrices `[experts, 2 × width, ..]` or biases
+/// `[experts, 2 × width]`), gate and up rows interleaved, into each expert's gate and up.
+fn split_gate_up(
+    stack: HostTensor,
+    name: &str,
+) -> anyhow::Result<(Vec<HostTensor>, Vec<HostTensor>)> {
+    stack
+        .split_outer(name)?
+        .into_iter()
+        .map(|t| t.split_interleaved_rows(name))
+        .collect()
 }
 
 impl<B: Backend> Layer<B> {
@@ -367,15 +466,30 @@ impl<B: Backend> Layer<B> {
         // Biases no family here has.
         let biases = [
             "self_attn.qkv_proj",
-            "self_attn.o_proj",
             "mlp.gate_proj",
             "mlp.up_proj",
             "mlp.gate_up_proj",
             "mlp.down_proj",
         ];
         refuse_undescribed(w, biases.iter().map(|n| format!("{p}.{n}.bias")), c)?;
-        let o_name = format!("{p}.self_attn.o_proj.weight");
-        let o_proj = backend.upload_weight(&o_name, read(w, &o_name, &[h, qw])?)?;
+        let o_name = format!("{p}.self_attn.o_proj");
+        let o_weight = format!("{o_name}.weight");
+        let o_proj = backend.upload_weight(&o_weight, read(w, &o_weight, &[h, qw])?)?;
+        let o_bias_name = format!("{o_name}.bias");
+        let o_bias = if spec.o_bias {
+            Some(backend.upload_param(&o_bias_name, read(w, &o_bias_name, &[h])?)?)
+        } else {
+            refuse_undescribed(w, std::iter::once(o_bias_name), c)?;
+            None
+        };
+        let sinks_name = format!("{p}.self_attn.sinks");
+        let sinks = if spec.sinks {
+            let values = read(w, &sinks_name, &[c.num_heads])?;
+            Some(backend.upload_param(&sinks_name, values)?)
+        } else {
+            refuse_undescribed(w, std::iter::once(sinks_name), c)?;
+            None
+        };
         let ffn = match spec.ffn {
             Ffn::Dense {
                 intermediate_size: inter,
@@ -423,6 +537,8 @@ impl<B: Backend> Layer<B> {
             qkv_bias,
             qk_norm,
             o_proj,
+            o_bias,
+            sinks,
             post_norms,
             mlp_norm,
             ffn,
@@ -711,8 +827,10 @@ impl<B: Backend> ModelState<B> {
                 scale: layer.spec.attn_scale,
                 softcap: layer.spec.attn_softcap,
             };
-            b.attention(qkv, layout, layer.spec.attention, scores, cache, step, attn)?;
-            b.matmul(attn, &layer.o_proj, None, o)?;
+            let span = layer.spec.attention;
+            let sinks = layer.sinks.as_ref();
+            b.attention(qkv, layout, span, scores, sinks, cache, step, attn)?;
+            b.matmul(attn, &layer.o_proj, layer.o_bias.as_ref(), o)?;
             match &layer.post_norms {
                 None => b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?,
                 Some((post_attn, _)) => {
@@ -855,6 +973,12 @@ impl<B: Backend> ModelRunner for Model<B> {
             vector_params += 2 * c.hidden_size;
             if l.qkv_bias.is_some() {
                 vector_params += (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+            }
+            if l.o_bias.is_some() {
+                vector_params += c.hidden_size;
+            }
+            if l.sinks.is_some() {
+                vector_params += c.num_heads;
             }
             if l.qk_norm.is_some() {
                 vector_params += 2 * c.head_dim;

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::config::{AttentionSpan, ExpertSpec, Ffn, RopeScaling};
+use engine::config::{AttentionSpan, ExpertSpec, Ffn, RopeScaling, Routing};
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::{load_cpu_runner, load_cpu_runner_with};
 use engine::model::{ModelRunner, SeqInput};
@@ -33,6 +33,8 @@ enum Weights {
     AsStored,
     /// Quantised blocks dequantised, f32 kept as f16: the CPU path before integer kernels.
     DequantisedF16,
+    /// Quantised blocks dequantised (to f16, exact for MXFP4's values), f32 kept as f32.
+    Dequantised,
 }
 
 /// Loads a model with a 64-block f32 cache.
@@ -62,6 +64,7 @@ fn load_serving(
     };
     let (f32_weights_as_f16, quantized) = match weights_as {
         Weights::DequantisedF16 => (true, QuantizedWeights::Dequantize),
+        Weights::Dequantised => (false, QuantizedWeights::Dequantize),
         Weights::AsStored => (false, QuantizedWeights::Integer),
     };
     let cpu = CpuOptions {
@@ -149,6 +152,7 @@ fn check_golden(model: &Path, reference_dir: &Path, rel: &str, kv: KvCacheDtype,
     let serving = Serving {
         max_model_len: None,
         cases: &[0, 1, 2, 3, 4],
+        weights: Weights::AsStored,
     };
     check_golden_serving(model, reference_dir, rel, kv, tolerance, serving);
 }
@@ -158,6 +162,7 @@ fn check_golden(model: &Path, reference_dir: &Path, rel: &str, kv: KvCacheDtype,
 struct Serving<'a> {
     max_model_len: Option<usize>,
     cases: &'a [usize],
+    weights: Weights,
 }
 
 /// [`check_golden`] on the cases of `serving`.
@@ -170,7 +175,7 @@ fn check_golden_serving(
     serving: Serving<'_>,
 ) {
     let golden = reference(reference_dir);
-    let mut r = load_serving(model, Weights::AsStored, kv, serving.max_model_len);
+    let mut r = load_serving(model, serving.weights, kv, serving.max_model_len);
     let cases = golden["runs"]["float32"]["cases"]
         .as_array()
         .expect("float32 cases");
@@ -324,6 +329,7 @@ fn phi3_tiny_with_partial_rotary_and_longrope_matches_its_reference() {
             let serving = Serving {
                 max_model_len,
                 cases,
+                weights: Weights::AsStored,
             };
             let rel = format!("phi3-tiny-longrope {what} ({kind} factors)");
             check_golden_serving(&model, &dir, &rel, KvCacheDtype::F32, 1e-3, serving);
@@ -397,12 +403,13 @@ fn gemma2_tiny_with_soft_capping_matches_its_reference_from_safetensors_and_gguf
 /// from the `qwen3moe` GGUF (stacked `ffn_*_exps`).
 #[test]
 fn qwen3moe_tiny_matches_its_reference_from_safetensors_and_gguf() {
-    let experts = |num_experts, norm_topk_prob| {
+    let experts = |num_experts, renormalise| {
         Ffn::Experts(ExpertSpec {
             num_experts,
             top_k: 2,
             intermediate_size: 32,
-            norm_topk_prob,
+            routing: Routing::SoftmaxTopK { renormalise },
+            biases: false,
         })
     };
     let dense = Ffn::Dense {
@@ -428,6 +435,63 @@ fn qwen3moe_tiny_matches_its_reference_from_safetensors_and_gguf() {
             check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
         }
     }
+}
+
+/// gpt-oss: a sliding layer (window 5) and a full one, biases on q, k, v and o, a sink
+/// per head, YaRN untruncated, 4 experts with biases of which each token takes 2 (a
+/// softmax over the two best router logits) through the clamped SwiGLU, their weights
+/// MXFP4 values. From the f32 checkpoint as `save_pretrained` writes it (fused, interleaved
+/// `gate_up_proj` of `x · W`), from OpenAI's MXFP4 `_blocks` / `_scales`, and from the
+/// `gpt-oss` GGUF (MXFP4 `ffn_*_exps`), the MXFP4 ones dequantised (exactly: the values are
+/// f16's) and on the integer kernels, whose Q8_0 activations cost some precision.
+#[test]
+fn gpt_oss_tiny_matches_its_reference_from_every_checkpoint_layout() {
+    let (model, reference_dir) = family("gpt-oss-tiny", None);
+    let (config, _) = open_model(&model).unwrap();
+    let sliding = AttentionSpan::Sliding { window: 5 };
+    let spans: Vec<AttentionSpan> = config.layers.iter().map(|l| l.attention).collect();
+    assert_eq!(spans, [sliding, AttentionSpan::Full]);
+    assert!(config
+        .layers
+        .iter()
+        .all(|l| l.sinks && l.o_bias && l.qkv_bias));
+    let cases = [
+        (None, Weights::AsStored, 1e-3),
+        (Some("mxfp4"), Weights::Dequantised, 1e-3),
+        (Some("model.gguf"), Weights::Dequantised, 1e-3),
+    ];
+    for (file, weights, tolerance) in cases {
+        let model = family("gpt-oss-tiny", file).0;
+        let (c, _) = open_model(&model).unwrap();
+        assert_eq!(c.layers, config.layers, "{file:?}");
+        let what = format!("gpt-oss-tiny {}", file.unwrap_or("f32 safetensors"));
+        let serving = Serving {
+            max_model_len: None,
+            cases: &[0, 1, 2, 3, 4],
+            weights,
+        };
+        let kv = KvCacheDtype::F32;
+        check_golden_serving(&model, &reference_dir, &what, kv, tolerance, serving);
+    }
+    // On the integer kernels (activations rounded to Q8_0), the prefill's top-20 logits.
+    let golden = reference(&reference_dir);
+    let gguf = family("gpt-oss-tiny", Some("model.gguf")).0;
+    let mut r = load(&gguf, Weights::AsStored);
+    let mut err = MaxErr::default();
+    for case in golden["runs"]["float32"]["cases"].as_array().unwrap() {
+        let input = ids(&case["input_ids"]);
+        let table: Vec<u32> = (0..input.len().div_ceil(BLOCK_SIZE) as u32).collect();
+        let logits = last_logits(r.as_mut(), &input, 0, &table);
+        for pair in case["last_top20"].as_array().unwrap() {
+            let id = pair[0].as_u64().unwrap() as usize;
+            err.add(logits[id], pair[1].as_f64().unwrap() as f32);
+        }
+    }
+    println!(
+        "gpt-oss-tiny model.gguf on the integer kernels: max relative error {:.2e}",
+        err.0
+    );
+    assert!(err.0 < 3e-2, "{}", err.0);
 }
 
 /// A copy of the model folder `dir` (its weights linked) whose `config.json` has the key

@@ -52,6 +52,8 @@ fn qwen3_tiny_config_parses() {
                     },
                     qk_norm: true,
                     qkv_bias: false,
+                    o_bias: false,
+                    sinks: false,
                     attn_scale: 0.25,
                     attn_softcap: None,
                     norms: NormPlacement::Pre,

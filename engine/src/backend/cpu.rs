@@ -29,7 +29,7 @@ pub use attention::{CpuKvCache, KvCacheDtype};
 pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
 
-use super::{routing, AttnSeq, Backend, QkvLayout, RowSample, ScoreSpec, StepMeta};
+use super::{routing, AttnSeq, Backend, HostExperts, QkvLayout, RowSample, ScoreSpec, StepMeta};
 use crate::config::{Activation, AttentionSpan, ExpertSpec};
 use crate::sampler::{sample_row, SampleSpec};
 use crate::weights::ggml_quants::dequantize;
@@ -219,10 +219,18 @@ fn f16_data(values: &[f32]) -> WeightData {
 }
 
 /// A mixture-of-experts FFN's weights: the f32 router, row-major `[num_experts, hidden]`,
-/// and each expert's fused gate/up and down.
+/// with its bias, and each expert's fused gate/up and down.
 pub struct CpuExperts {
     router: Vec<f32>,
-    experts: Vec<(CpuWeight, CpuWeight)>,
+    router_bias: Option<Vec<f32>>,
+    experts: Vec<CpuExpert>,
+}
+
+/// One expert: gate/up and down, with their biases where the model has them.
+struct CpuExpert {
+    gate_up: CpuWeight,
+    down: CpuWeight,
+    biases: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 /// A row-major f32 activation matrix.
@@ -334,24 +342,37 @@ impl Backend for CpuBackend {
         tensor.into_param(name)
     }
 
-    fn upload_experts(
-        &self,
-        name: &str,
-        router: HostTensor,
-        experts: Vec<(HostTensor, HostTensor)>,
-    ) -> anyhow::Result<CpuExperts> {
-        let router_name = format!("{name}.mlp.gate.weight");
-        router.matrix_dims(&router_name)?;
-        let mut weights = Vec::with_capacity(experts.len());
-        for (x, (gate_up, down)) in experts.into_iter().enumerate() {
-            weights.push((
-                self.upload_weight(&format!("{name}.mlp.experts.{x}.gate_up"), gate_up)?,
-                self.upload_weight(&format!("{name}.mlp.experts.{x}.down_proj.weight"), down)?,
-            ));
+    fn upload_experts(&self, name: &str, host: HostExperts) -> anyhow::Result<CpuExperts> {
+        let router_name = format!("{name}.mlp.router");
+        let (num_experts, _) = host.router.matrix_dims(&router_name)?;
+        let router_bias = match host.router_bias {
+            Some(b) => Some(b.into_param(&format!("{router_name}.bias"))?),
+            None => None,
+        };
+        ensure!(
+            router_bias.as_ref().is_none_or(|b| b.len() == num_experts),
+            "`{router_name}.bias` does not have one value per expert"
+        );
+        let mut experts = Vec::with_capacity(host.experts.len());
+        for (x, e) in host.experts.into_iter().enumerate() {
+            let at = format!("{name}.mlp.experts.{x}");
+            let biases = match e.biases {
+                Some((gate_up, down)) => Some((
+                    gate_up.into_param(&format!("{at}.gate_up.bias"))?,
+                    down.into_param(&format!("{at}.down_proj.bias"))?,
+                )),
+                None => None,
+            };
+            experts.push(CpuExpert {
+                gate_up: self.upload_weight(&format!("{at}.gate_up"), e.gate_up)?,
+                down: self.upload_weight(&format!("{at}.down_proj.weight"), e.down)?,
+                biases,
+            });
         }
         Ok(CpuExperts {
-            router: router.into_f32(),
-            experts: weights,
+            router: host.router.into_f32(),
+            router_bias,
+            experts,
         })
     }
 
@@ -359,7 +380,7 @@ impl Backend for CpuBackend {
         let all: usize = experts
             .experts
             .iter()
-            .map(|(gate_up, down)| gate_up.bytes() + down.bytes())
+            .map(|e| e.gate_up.bytes() + e.down.bytes())
             .sum();
         (
             experts.router.len() * std::mem::size_of::<f32>(),
@@ -576,6 +597,7 @@ impl Backend for CpuBackend {
         layout: QkvLayout,
         span: AttentionSpan,
         scores: ScoreSpec,
+        sinks: Option<&Vec<f32>>,
         cache: &mut CpuKvCache,
         step: &CpuStep,
         out: &mut CpuAct,
@@ -590,10 +612,15 @@ impl Backend for CpuBackend {
             AttentionSpan::Full => None,
             AttentionSpan::Sliding { window } => Some(window),
         };
+        let softmax = attention::Softmax {
+            window,
+            scores,
+            sinks: sinks.map(Vec::as_slice),
+        };
         attention::attention(
             &qkv.data,
             layout,
-            (window, scores),
+            softmax,
             cache,
             &seqs,
             &step.slots,
@@ -614,10 +641,7 @@ impl Backend for CpuBackend {
         );
         let inter = gate_up.cols / 2;
         let out = out.reshape(gate_up.rows, inter);
-        match act {
-            Activation::Silu => ops::silu_mul(&gate_up.data, inter, out),
-            Activation::GeluTanh => ops::gelu_tanh_mul(&gate_up.data, inter, out),
-        }
+        ops::gated(act, &gate_up.data, inter, out);
         Ok(())
     }
 
@@ -651,11 +675,14 @@ impl Backend for CpuBackend {
         let routes = (0..rows)
             .map(|r| {
                 let row = &x.data[r * h..][..h];
-                let logits: Vec<f32> = experts
+                let mut logits: Vec<f32> = experts
                     .router
                     .chunks(h)
                     .map(|w| w.iter().zip(row).map(|(a, b)| a * b).sum())
                     .collect();
+                if let Some(bias) = &experts.router_bias {
+                    logits.iter_mut().zip(bias).for_each(|(l, b)| *l += b);
+                }
                 routing::route(&logits, spec)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -665,7 +692,16 @@ impl Backend for CpuBackend {
             .collect();
         // Expert `e` over its rows: its outputs, one row of `h` per entry of its group.
         let run = |e: usize, threads: usize| -> anyhow::Result<Vec<f32>> {
-            let (group, (w_gate_up, w_down)) = (&groups[e], &experts.experts[e]);
+            let group = &groups[e];
+            let CpuExpert {
+                gate_up: w_gate_up,
+                down: w_down,
+                biases,
+            } = &experts.experts[e];
+            let (gate_up_bias, down_bias) = match biases {
+                Some((g, d)) => (Some(g.as_slice()), Some(d.as_slice())),
+                None => (None, None),
+            };
             let n = group.len();
             ensure!(
                 w_gate_up.rows.is_multiple_of(2) && w_gate_up.cols == h && w_down.rows == h,
@@ -682,14 +718,11 @@ impl Backend for CpuBackend {
                 xe.extend_from_slice(&x.data[r * h..][..h]);
             }
             let mut gate_up = vec![0f32; n * 2 * inter];
-            matmul::matmul(&xe, n, w_gate_up, None, &mut gate_up, threads);
+            matmul::matmul(&xe, n, w_gate_up, gate_up_bias, &mut gate_up, threads);
             let mut inner = vec![0f32; n * inter];
-            match act {
-                Activation::Silu => ops::silu_mul(&gate_up, inter, &mut inner),
-                Activation::GeluTanh => ops::gelu_tanh_mul(&gate_up, inter, &mut inner),
-            }
+            ops::gated(act, &gate_up, inter, &mut inner);
             let mut y = vec![0f32; n * h];
-            matmul::matmul(&inner, n, w_down, None, &mut y, threads);
+            matmul::matmul(&inner, n, w_down, down_bias, &mut y, threads);
             Ok(y)
         };
         let threads = self.threads();

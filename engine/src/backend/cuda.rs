@@ -41,8 +41,10 @@ pub use kernels::{
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
-use super::{refuse_what_it_lacks, Backend, QkvLayout, RowSample, ScoreSpec, StepMeta};
-use crate::config::{Activation, AttentionSpan, ExpertSpec, Ffn, ModelConfig};
+use super::{
+    refuse_what_it_lacks, Backend, HostExperts, QkvLayout, RowSample, ScoreSpec, StepMeta,
+};
+use crate::config::{Activation, AttentionSpan, ExpertSpec, Ffn, ModelConfig, Routing};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::sampler::{SampleSpec, Sampled, TopLogprobs};
 use crate::weights::{HostTensor, TensorData};
@@ -1058,13 +1060,17 @@ impl Backend for CudaBackend {
         Ok(CudaParam { data, len })
     }
 
-    fn upload_experts(
-        &self,
-        name: &str,
-        router: HostTensor,
-        experts: Vec<(HostTensor, HostTensor)>,
-    ) -> anyhow::Result<CudaExperts> {
-        let router_name = format!("{name}.mlp.gate.weight");
+    fn upload_experts(&self, name: &str, host: HostExperts) -> anyhow::Result<CudaExperts> {
+        let HostExperts {
+            router,
+            router_bias,
+            experts,
+        } = host;
+        ensure!(
+            router_bias.is_none() && experts.iter().all(|e| e.biases.is_none()),
+            "{name}: experts with biases have no CUDA kernel yet"
+        );
+        let router_name = format!("{name}.mlp.router");
         let (num_experts, hidden) = router.matrix_dims(&router_name)?;
         ensure!(
             experts.len() == num_experts,
@@ -1076,10 +1082,10 @@ impl Backend for CudaBackend {
             .clone_htod(&router.into_f32())
             .with_context(|| format!("uploading `{router_name}`"))?;
         let mut weights = Vec::with_capacity(num_experts);
-        for (x, (gate_up, down)) in experts.into_iter().enumerate() {
+        for (x, e) in experts.into_iter().enumerate() {
             weights.push((
-                self.upload_weight(&format!("{name}.mlp.experts.{x}.gate_up"), gate_up)?,
-                self.upload_weight(&format!("{name}.mlp.experts.{x}.down_proj.weight"), down)?,
+                self.upload_weight(&format!("{name}.mlp.experts.{x}.gate_up"), e.gate_up)?,
+                self.upload_weight(&format!("{name}.mlp.experts.{x}.down_proj.weight"), e.down)?,
             ));
         }
         let inter = weights.first().map_or(0, |(_, down)| down.cols);
@@ -1630,18 +1636,28 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet, nor experts with GeGLU;
-    /// the mixture-of-experts kernels have not run on a GPU yet (issue 45) and run only
-    /// under `--cuda-unverified-kernels`. Everything else the per-layer description holds
-    /// runs on the kernel set chosen for the model.
+    /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet, nor attention sinks,
+    /// gpt-oss's clamped SwiGLU, or experts with biases, GeGLU or gpt-oss's routing (issue
+    /// 44); the mixture-of-experts kernels have not run on a GPU yet (issue 45) and run
+    /// only under `--cuda-unverified-kernels`. Everything else the per-layer description
+    /// holds runs on the kernel set chosen for the model.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
-            let experts = matches!(l.ffn, Ffn::Experts(_));
+            let experts = match l.ffn {
+                Ffn::Experts(e) => Some(e),
+                Ffn::Dense { .. } => None,
+            };
             let missing = if l.rope.rotary_dim != c.head_dim {
                 "rotary embeddings on part of each head"
-            } else if experts && l.activation != Activation::Silu {
+            } else if l.sinks {
+                "attention sinks"
+            } else if matches!(l.activation, Activation::ClampedSwiglu { .. }) {
+                "the clamped SwiGLU"
+            } else if experts.is_some_and(|e| e.biases || e.routing == Routing::TopKSoftmax) {
+                "a mixture of experts with biases or a softmax over the chosen experts"
+            } else if experts.is_some() && l.activation != Activation::Silu {
                 "a mixture of experts with GeGLU"
-            } else if experts && !self.unverified_kernels {
+            } else if experts.is_some() && !self.unverified_kernels {
                 return Some(format!(
                     "a mixture-of-experts FFN (layer {i}), whose CUDA kernels run only under \
                      --cuda-unverified-kernels: they have not run on a GPU yet"
@@ -1661,10 +1677,12 @@ impl Backend for CudaBackend {
         layout: QkvLayout,
         span: AttentionSpan,
         scores: ScoreSpec,
+        sinks: Option<&CudaParam>,
         cache: &mut CudaKvCache,
         step: &CudaStep,
         out: &mut CudaAct,
     ) -> anyhow::Result<()> {
+        ensure!(sinks.is_none(), "attention: sinks have no CUDA kernel yet");
         let window = match span {
             AttentionSpan::Full => None,
             AttentionSpan::Sliding { window } => Some(int(window, "sliding window")?),
@@ -1865,6 +1883,9 @@ impl Backend for CudaBackend {
             act == Activation::Silu,
             "experts_ffn: only SwiGLU experts have a CUDA kernel"
         );
+        let Routing::SoftmaxTopK { renormalise } = spec.routing else {
+            bail!("experts_ffn: only a softmax over every expert has a CUDA kernel");
+        };
         ensure!(
             (1..=spec.num_experts).contains(&spec.top_k),
             "experts_ffn: top_k {} is not between 1 and the {} experts",
@@ -1918,7 +1939,7 @@ impl Backend for CudaBackend {
                 KArg::I32(hi),
                 KArg::I32(ei),
                 KArg::I32(ki),
-                KArg::I32(spec.norm_topk_prob as i32),
+                KArg::I32(renormalise as i32),
             ],
         )?;
         self.launch(
@@ -1996,6 +2017,9 @@ impl Backend for CudaBackend {
                      without GeGLU"
                 );
                 "gelu_tanh_mul"
+            }
+            Activation::ClampedSwiglu { .. } => {
+                bail!("gated_activation: the clamped SwiGLU has no CUDA kernel yet")
             }
         };
         ensure!(

@@ -170,6 +170,26 @@ pub struct StepMeta<'a> {
     pub block_size: usize,
 }
 
+/// A layer's experts as read from the file, for [`Backend::upload_experts`].
+#[derive(Debug, Clone)]
+pub struct HostExperts {
+    /// The router `[num_experts, hidden]`, and its bias `[num_experts]` (gpt-oss).
+    pub router: HostTensor,
+    pub router_bias: Option<HostTensor>,
+    /// One per expert, in order.
+    pub experts: Vec<HostExpert>,
+}
+
+/// One expert's weights: gate/up fused row-wise `[2 × width, hidden]` (gate rows first)
+/// and down `[hidden, width]`, with their biases (`[2 × width]` and `[hidden]`) where the
+/// model has them.
+#[derive(Debug, Clone)]
+pub struct HostExpert {
+    pub gate_up: HostTensor,
+    pub down: HostTensor,
+    pub biases: Option<(HostTensor, HostTensor)>,
+}
+
 /// One sampled row's result: a failure of one sequence does not fail the step.
 pub type RowSample = anyhow::Result<Sampled>;
 
@@ -239,16 +259,11 @@ pub trait Backend: Send + Sync {
     fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Weight>;
     /// Uploads a 1-D parameter (converted to f32); `name` is for error messages.
     fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Param>;
-    /// Uploads a layer's experts (`name` is its prefix): the router `[num_experts, hidden]`,
-    /// kept in f32 as llama.cpp keeps it (which experts a token takes turns on small
-    /// differences of its scores), and each expert's fused gate/up `[2 × width, hidden]`
-    /// and down `[hidden, width]`, stored as [`Backend::upload_weight`] stores weights.
-    fn upload_experts(
-        &self,
-        name: &str,
-        router: HostTensor,
-        experts: Vec<(HostTensor, HostTensor)>,
-    ) -> anyhow::Result<Self::Experts>;
+    /// Uploads a layer's experts (`name` is its prefix): the router, kept in f32 as
+    /// llama.cpp keeps it (which experts a token takes turns on small differences of its
+    /// scores), and each expert's matrices, stored as [`Backend::upload_weight`] stores
+    /// weights.
+    fn upload_experts(&self, name: &str, experts: HostExperts) -> anyhow::Result<Self::Experts>;
     /// Bytes of the router and of one expert's matrices (the experts' mean), as stored.
     fn expert_bytes(&self, experts: &Self::Experts) -> (usize, usize);
     /// Bytes of one cached K or V value.
@@ -330,7 +345,9 @@ pub trait Backend: Send + Sync {
     /// Writes every row's K and V into `cache` at its slot, then computes causal
     /// attention of every query row over positions `0..=pos` of its sequence (only the
     /// last `window` of them for a sliding `span`), read through the block table, its
-    /// logits as `scores` says. `out` is `[T, num_heads * head_dim]`.
+    /// logits as `scores` says. With `sinks` (one logit per query head), each head's
+    /// softmax has one more term in its denominator, `exp(sink)`, that weighs no value.
+    /// `out` is `[T, num_heads * head_dim]`.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -338,6 +355,7 @@ pub trait Backend: Send + Sync {
         layout: QkvLayout,
         span: AttentionSpan,
         scores: ScoreSpec,
+        sinks: Option<&Self::Param>,
         cache: &mut Self::KvCache,
         step: &Self::Step,
         out: &mut Self::Act,

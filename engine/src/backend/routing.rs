@@ -4,15 +4,16 @@
 
 use anyhow::ensure;
 
-use crate::config::ExpertSpec;
+use crate::config::{ExpertSpec, Routing};
 
 /// The experts one token runs through, best first, with the weights their outputs are
 /// summed with.
 pub type Route = Vec<(usize, f32)>;
 
-/// Routes one token from its router logits (one per expert), as transformers'
-/// Qwen3-MoE block does: softmax over every expert in f32, the `top_k` most probable
-/// (ties to the lower expert index), renormalised to sum to 1 when `norm_topk_prob`.
+/// Routes one token from its router logits (one per expert), as transformers does in f32,
+/// by `spec.routing`: Qwen3-MoE's softmax over every expert, then the `top_k` most
+/// probable, renormalised to sum to 1 when asked; or gpt-oss's `top_k` largest logits,
+/// then a softmax over them. Ties go to the lower expert index.
 pub fn route(logits: &[f32], spec: ExpertSpec) -> anyhow::Result<Route> {
     ensure!(
         logits.len() == spec.num_experts,
@@ -26,17 +27,23 @@ pub fn route(logits: &[f32], spec: ExpertSpec) -> anyhow::Result<Route> {
         spec.top_k,
         spec.num_experts
     );
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exp: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-    let sum: f32 = exp.iter().sum();
     let mut order: Vec<usize> = (0..logits.len()).collect();
-    // Stable: equal probabilities keep the lower index first.
-    order.sort_by(|&a, &b| exp[b].total_cmp(&exp[a]));
-    let mut chosen: Route = order[..spec.top_k]
-        .iter()
-        .map(|&e| (e, exp[e] / sum))
-        .collect();
-    if spec.norm_topk_prob {
+    // Stable: equal logits keep the lower index first.
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let best = &order[..spec.top_k];
+    // Softmax over `over`, read at `best` (the best logit is the maximum of both).
+    let softmax = |over: &mut dyn Iterator<Item = f32>| {
+        let max = logits[best[0]];
+        let sum: f32 = over.map(|l| (l - max).exp()).sum();
+        best.iter()
+            .map(|&e| (e, (logits[e] - max).exp() / sum))
+            .collect::<Route>()
+    };
+    let mut chosen = match spec.routing {
+        Routing::SoftmaxTopK { .. } => softmax(&mut logits.iter().copied()),
+        Routing::TopKSoftmax => softmax(&mut best.iter().map(|&e| logits[e])),
+    };
+    if spec.routing == (Routing::SoftmaxTopK { renormalise: true }) {
         let total: f32 = chosen.iter().map(|&(_, w)| w).sum();
         chosen.iter_mut().for_each(|(_, w)| *w /= total);
     }
@@ -59,12 +66,13 @@ pub fn group_by_expert(routes: &[Route], num_experts: usize) -> Vec<Vec<(usize, 
 mod tests {
     use super::*;
 
-    fn spec(num_experts: usize, top_k: usize, norm_topk_prob: bool) -> ExpertSpec {
+    fn spec(num_experts: usize, top_k: usize, renormalise: bool) -> ExpertSpec {
         ExpertSpec {
             num_experts,
             top_k,
             intermediate_size: 8,
-            norm_topk_prob,
+            routing: Routing::SoftmaxTopK { renormalise },
+            biases: false,
         }
     }
 
@@ -82,6 +90,26 @@ mod tests {
         let e = 1f32.exp();
         assert!((norm[0].1 - e / (e + 1.0)).abs() < 1e-6, "{norm:?}");
         assert!((norm[1].1 - 1.0 / (e + 1.0)).abs() < 1e-6, "{norm:?}");
+    }
+
+    /// gpt-oss: the best two logits, then a softmax over those two only; the others do not
+    /// dilute it.
+    #[test]
+    fn softmax_over_the_top_k_logits() {
+        let top_k_first = ExpertSpec {
+            routing: Routing::TopKSoftmax,
+            ..spec(4, 2, false)
+        };
+        let r = route(&[0.0, 2.0, 1.0, -1.0], top_k_first).unwrap();
+        let e = 1f32.exp();
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 2]);
+        assert!((r[0].1 - e / (e + 1.0)).abs() < 1e-6, "{r:?}");
+        assert!((r[1].1 - 1.0 / (e + 1.0)).abs() < 1e-6, "{r:?}");
+        let one = ExpertSpec {
+            top_k: 1,
+            ..top_k_first
+        };
+        assert_eq!(route(&[5.0, -3.0, 0.25, 4.0], one).unwrap(), vec![(0, 1.0)]);
     }
 
     /// Equal logits go to the lower expert index first.

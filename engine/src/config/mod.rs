@@ -2,11 +2,13 @@
 //! (its attention span and score scaling, RoPE table, QK-norm, biases, norm placement,
 //! FFN activation, and its FFN: dense of one width, or a mixture of experts), read from HF
 //! `config.json` here and from GGUF metadata in
-//! `weights::gguf_config`. One module per family (`llama`, `qwen`, `phi3`, `gemma`) maps
+//! `weights::gguf_config`. One module per family (`llama`, `qwen`, `phi3`, `gemma`,
+//! `gpt_oss`) maps
 //! its keys onto the description, as llama.cpp's per-architecture builders sit over shared
 //! pieces; the forward is written once over it.
 
 mod gemma;
+mod gpt_oss;
 pub mod hf_json;
 mod llama;
 mod phi3;
@@ -15,7 +17,7 @@ pub mod rope;
 
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::{bail, ensure, Context};
 
 use hf_json::{opt_field, req_field, token_id_list};
 pub use rope::{
@@ -46,6 +48,10 @@ pub enum Family {
     /// Gemma 3: Gemma 2's layers without soft-capping, with per-head QK-norm, five sliding
     /// layers to a global one, each kind with its own RoPE.
     Gemma3,
+    /// gpt-oss: biases on every attention projection, learned attention sinks, sliding and
+    /// full layers alternating, YaRN, and mixtures of experts with biases, routed by a
+    /// softmax over the best `top_k` router logits, through a clamped SwiGLU.
+    GptOss,
 }
 
 impl Family {
@@ -60,6 +66,7 @@ impl Family {
             "Phi3ForCausalLM" => Some(Family::Phi3),
             "Gemma2ForCausalLM" => Some(Family::Gemma2),
             "Gemma3ForCausalLM" => Some(Family::Gemma3),
+            "GptOssForCausalLM" => Some(Family::GptOss),
             _ => None,
         }
     }
@@ -74,6 +81,7 @@ impl Family {
             "phi3" => Some(Family::Phi3),
             "gemma2" => Some(Family::Gemma2),
             "gemma3" => Some(Family::Gemma3),
+            "gpt-oss" => Some(Family::GptOss),
             _ => None,
         }
     }
@@ -116,12 +124,15 @@ pub enum NormPlacement {
 }
 
 /// The gated FFN's activation: `act(gate) · up`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// SwiGLU: `silu(gate) · up`.
     Silu,
     /// GeGLU with GELU's tanh approximation (`gelu_pytorch_tanh`): Gemma.
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `(clamp(up, −limit, limit) + 1) · g · σ(alpha · g)` with
+    /// `g = min(gate, limit)` (llama.cpp's `swiglu_oai`).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 /// How RMSNorm weights apply to the normalised row.
@@ -171,16 +182,46 @@ impl Ffn {
 }
 
 /// A mixture-of-experts FFN: a linear router scores every expert for each token; the
-/// token runs through the `top_k` best, and its output is their sum weighted by the
-/// router's softmax over all experts (Qwen3-MoE), renormalised over the chosen ones when
-/// `norm_topk_prob`.
+/// token runs through the `top_k` best, and its output is their sum weighted as `routing`
+/// says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpertSpec {
     pub num_experts: usize,
     pub top_k: usize,
     /// Each expert's gated FFN width (`moe_intermediate_size`).
     pub intermediate_size: usize,
-    pub norm_topk_prob: bool,
+    pub routing: Routing,
+    /// The router and every expert projection carry a bias (gpt-oss).
+    pub biases: bool,
+}
+
+impl ExpertSpec {
+    /// Checks the counts read from `file`, naming the top-k's key.
+    pub fn check(self, top_k_key: &str, file: &Path) -> anyhow::Result<()> {
+        ensure!(
+            (1..=self.num_experts).contains(&self.top_k),
+            "{top_k_key} {} must be between 1 and the {} experts in {}",
+            self.top_k,
+            self.num_experts,
+            file.display()
+        );
+        ensure!(
+            self.intermediate_size > 0,
+            "the experts' FFN width is 0 in {}",
+            file.display()
+        );
+        Ok(())
+    }
+}
+
+/// How a token's router logits become its experts' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over every expert, then the `top_k` most probable, renormalised to sum to 1
+    /// when `renormalise` (Qwen3-MoE's `norm_topk_prob`).
+    SoftmaxTopK { renormalise: bool },
+    /// The `top_k` largest logits, then a softmax over them (gpt-oss).
+    TopKSoftmax,
 }
 
 /// How far back a layer's queries attend.
@@ -200,8 +241,13 @@ pub struct LayerSpec {
     pub rope: RopeSpec,
     /// Per-head RMSNorm on q and k before RoPE (Qwen3).
     pub qk_norm: bool,
-    /// Biases on the q, k and v projections (Qwen2).
+    /// Biases on the q, k and v projections (Qwen2, gpt-oss).
     pub qkv_bias: bool,
+    /// A bias on the output projection (gpt-oss).
+    pub o_bias: bool,
+    /// A learned logit per query head that joins its softmax's denominator and takes no
+    /// value (gpt-oss's `sinks`).
+    pub sinks: bool,
     /// The factor on q·k: `head_dim^-0.5`, or Gemma's `query_pre_attn_scalar^-0.5`.
     pub attn_scale: f32,
     /// Attention logits soft-capped to `cap · tanh(s / cap)` after scaling (Gemma 2).
@@ -254,6 +300,8 @@ impl CommonLayer {
                 rope: self.rope.clone(),
                 qk_norm: false,
                 qkv_bias: false,
+                o_bias: false,
+                sinks: false,
                 attn_scale: (self.head_dim as f32).powf(-0.5),
                 attn_softcap: None,
                 norms: NormPlacement::Pre,
@@ -362,6 +410,10 @@ impl ModelConfig {
                 extras = gemma;
                 (layers, gemma::default_max_positions(family))
             }
+            Family::GptOss => (
+                gpt_oss::hf_layers(&json, &common, file)?,
+                gpt_oss::DEFAULT_MAX_POSITIONS,
+            ),
         };
 
         let mut eos_token_ids = token_id_list(&json, "eos_token_id", file)?;
@@ -415,6 +467,7 @@ pub fn gguf_layers(
         Family::Qwen3Moe => plain(qwen::gguf_moe_layers(file, common)?),
         Family::Phi3 => plain(phi3::gguf_layers(file, common)?),
         Family::Gemma2 | Family::Gemma3 => gemma::gguf_layers(family, file, common, hidden_size),
+        Family::GptOss => plain(gpt_oss::gguf_layers(file, common)?),
     }
 }
 

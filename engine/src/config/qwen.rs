@@ -10,7 +10,9 @@ use anyhow::{bail, ensure, Context};
 use serde_json::Value;
 
 use super::hf_json::{layer_types, opt_field, req_field};
-use super::{AttentionSpan, CommonLayer, ExpertSpec, Family, Ffn, GgufMetadata, LayerSpec};
+use super::{
+    AttentionSpan, CommonLayer, ExpertSpec, Family, Ffn, GgufMetadata, LayerSpec, Routing,
+};
 
 /// `max_position_embeddings` when a config leaves it out (transformers' default).
 pub const DEFAULT_MAX_POSITIONS: usize = 32_768;
@@ -102,27 +104,14 @@ fn hf_experts(json: &Value, file: &Path) -> anyhow::Result<Option<ExpertSpec>> {
         num_experts,
         top_k: req_field(json, "num_experts_per_tok", file)?,
         intermediate_size: req_field(json, "moe_intermediate_size", file)?,
-        // Qwen3MoeConfig's default.
-        norm_topk_prob: opt_field(json, "norm_topk_prob", file)?.unwrap_or(false),
+        routing: Routing::SoftmaxTopK {
+            // Qwen3MoeConfig's default.
+            renormalise: opt_field(json, "norm_topk_prob", file)?.unwrap_or(false),
+        },
+        biases: false,
     };
-    check_experts(spec, "num_experts_per_tok", file)?;
+    spec.check("num_experts_per_tok", file)?;
     Ok(Some(spec))
-}
-
-fn check_experts(spec: ExpertSpec, top_k_key: &str, file: &Path) -> anyhow::Result<()> {
-    ensure!(
-        (1..=spec.num_experts).contains(&spec.top_k),
-        "{top_k_key} {} must be between 1 and the {} experts in {}",
-        spec.top_k,
-        spec.num_experts,
-        file.display()
-    );
-    ensure!(
-        spec.intermediate_size > 0,
-        "the experts' FFN width is 0 in {}",
-        file.display()
-    );
-    Ok(())
 }
 
 /// A dense layer beside the experts needs the dense width.
@@ -168,11 +157,14 @@ pub fn gguf_moe_layers(
         num_experts: required("expert_count")?,
         top_k: required("expert_used_count")?,
         intermediate_size: required("expert_feed_forward_length")?,
-        norm_topk_prob: file
-            .usize_key(&key("expert_weights_norm"))?
-            .is_none_or(|v| v != 0),
+        routing: Routing::SoftmaxTopK {
+            renormalise: file
+                .usize_key(&key("expert_weights_norm"))?
+                .is_none_or(|v| v != 0),
+        },
+        biases: false,
     };
-    check_experts(spec, &key("expert_used_count"), file.path())?;
+    spec.check(&key("expert_used_count"), file.path())?;
     let mut layers = layers_of(Family::Qwen3Moe, common);
     for (i, layer) in layers.iter_mut().enumerate() {
         if file.has_tensor(&format!("blk.{i}.ffn_gate_inp.weight")) {
@@ -197,7 +189,7 @@ fn layers_of(family: Family, common: &CommonLayer) -> Vec<LayerSpec> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{ExpertSpec, Ffn, ModelConfig};
+    use super::super::{ExpertSpec, Ffn, ModelConfig, Routing};
 
     fn read(json: serde_json::Value) -> anyhow::Result<ModelConfig> {
         let dir = tempfile::tempdir().unwrap();
@@ -232,7 +224,8 @@ mod tests {
             num_experts: 8,
             top_k: 2,
             intermediate_size: 32,
-            norm_topk_prob: false,
+            routing: Routing::SoftmaxTopK { renormalise: false },
+            biases: false,
         });
         let dense = Ffn::Dense {
             intermediate_size: 96,

@@ -22,7 +22,7 @@ use anyhow::{bail, Context};
 use axum::serve::ListenerExt;
 use tokio::sync::oneshot;
 
-use crate::config::AttentionSpan;
+use crate::config::{AttentionSpan, Routing};
 use crate::engine::LlmEngine;
 use crate::grammar::GrammarCompiler;
 use crate::loader::{load_engine, EngineArgs};
@@ -189,7 +189,12 @@ fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> s
                 "num_experts": e.num_experts,
                 "top_k": e.top_k,
                 "expert_intermediate_size": e.intermediate_size,
-                "norm_topk_prob": e.norm_topk_prob,
+                "routing": match e.routing {
+                    Routing::SoftmaxTopK { renormalise: false } => "softmax_top_k",
+                    Routing::SoftmaxTopK { renormalise: true } => "softmax_top_k_renormalised",
+                    Routing::TopKSoftmax => "top_k_softmax",
+                },
+                "biases": e.biases,
             })
         })
         .collect();
@@ -463,13 +468,15 @@ mod tests {
             num_experts: 16,
             top_k: 4,
             intermediate_size: 32,
-            norm_topk_prob: true,
+            routing: crate::config::Routing::SoftmaxTopK { renormalise: true },
+            biases: false,
         };
         config.layers[1].ffn = crate::config::Ffn::Experts(spec);
         assert_eq!(
             super::architecture(&config, 64)["experts"],
             serde_json::json!([{"layers": 1, "num_experts": 16, "top_k": 4,
-                "expert_intermediate_size": 32, "norm_topk_prob": true}])
+                "expert_intermediate_size": 32, "routing": "softmax_top_k_renormalised",
+                "biases": false}])
         );
     }
 

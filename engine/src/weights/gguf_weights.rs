@@ -33,6 +33,8 @@ const LAYER_NAMES: &[(&str, &str)] = &[
 /// (e.g. `rope_freqs.weight`). A family that stores fused projections keeps q/k/v in
 /// `attn_qkv` and gate/up in `ffn_up`; one with sandwich norms (Gemma) names its pre-FFN
 /// norm `ffn_norm` and the two post-norms `post_attention_norm` and `post_ffw_norm`.
+/// gpt-oss names its pre-FFN norm `post_attention_norm` and its router `mlp.router`, and
+/// its sinks (`attn_sinks.weight`) are HF's `self_attn.sinks`.
 pub fn hf_name(gguf_name: &str, family: Family) -> Option<String> {
     let (stem, suffix) = gguf_name.rsplit_once('.')?;
     if suffix != "weight" && suffix != "bias" {
@@ -48,7 +50,13 @@ pub fn hf_name(gguf_name: &str, family: Family) -> Option<String> {
             let layer: usize = layer.parse().ok()?;
             let fused = family.stores_fused_projections();
             let sandwich = family.has_sandwich_norms();
+            let gpt_oss = family == Family::GptOss;
+            if part == "attn_sinks" && suffix == "weight" {
+                return Some(format!("model.layers.{layer}.self_attn.sinks"));
+            }
             let hf_part = match part {
+                "post_attention_norm" if gpt_oss => "post_attention_layernorm",
+                "ffn_gate_inp" if gpt_oss => "mlp.router",
                 "attn_qkv" if fused => "self_attn.qkv_proj",
                 "ffn_up" if fused => "mlp.gate_up_proj",
                 "post_attention_norm" if sandwich => "post_attention_layernorm",

@@ -170,6 +170,77 @@ impl HostTensor {
             .collect())
     }
 
+    /// The even rows and the odd rows of a matrix (or the even and odd elements of a
+    /// vector): gate and up where a checkpoint interleaves them (gpt-oss). Quantised rows
+    /// move as whole blocks.
+    pub fn split_interleaved_rows(self, name: &str) -> anyhow::Result<(HostTensor, HostTensor)> {
+        let rows = *self.shape.first().unwrap_or(&0);
+        ensure!(
+            rows > 0 && rows.is_multiple_of(2) && self.data.len() == self.numel(),
+            "tensor `{name}` of shape {:?} has no even number of rows to split into gate and up",
+            self.shape
+        );
+        fn halves<T: Clone>(
+            v: &[T],
+            rows: usize,
+            wrap: impl Fn(Vec<T>) -> TensorData,
+        ) -> [TensorData; 2] {
+            let row = v.len() / rows;
+            [0, 1].map(|parity| {
+                wrap(
+                    v.chunks(row)
+                        .skip(parity)
+                        .step_by(2)
+                        .flatten()
+                        .cloned()
+                        .collect(),
+                )
+            })
+        }
+        let [even, odd] = match &self.data {
+            TensorData::F32(v) => halves(v, rows, TensorData::F32),
+            TensorData::F16(v) => halves(v, rows, TensorData::F16),
+            TensorData::BF16(v) => halves(v, rows, TensorData::BF16),
+            TensorData::Quant(q, b) => {
+                let q = *q;
+                halves(b, rows, |c| TensorData::Quant(q, c))
+            }
+            TensorData::QuantParts(_) => {
+                bail!("tensor `{name}` mixes quantisation types and cannot be split")
+            }
+        };
+        let mut shape = self.shape.clone();
+        shape[0] = rows / 2;
+        let half = |data| HostTensor {
+            shape: shape.clone(),
+            data,
+        };
+        Ok((half(even), half(odd)))
+    }
+
+    /// A matrix transposed (`[a, b]` to `[b, a]`), in its own float type: a checkpoint that
+    /// stores `x · W` rather than HF's `x · Wᵀ` (gpt-oss's unquantised experts).
+    pub fn transposed(self, name: &str) -> anyhow::Result<HostTensor> {
+        let (rows, cols) = self.matrix_dims(name)?;
+        fn flip<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
+            (0..cols)
+                .flat_map(|c| (0..rows).map(move |r| v[r * cols + c]))
+                .collect()
+        }
+        let data = match &self.data {
+            TensorData::F32(v) => TensorData::F32(flip(v, rows, cols)),
+            TensorData::F16(v) => TensorData::F16(flip(v, rows, cols)),
+            TensorData::BF16(v) => TensorData::BF16(flip(v, rows, cols)),
+            TensorData::Quant(..) | TensorData::QuantParts(_) => {
+                bail!("tensor `{name}` is quantised along its rows and cannot be transposed")
+            }
+        };
+        Ok(HostTensor {
+            shape: vec![cols, rows],
+            data,
+        })
+    }
+
     /// `(rows, cols)` of a 2-D weight whose data fills its shape; `name` is for errors.
     pub fn matrix_dims(&self, name: &str) -> anyhow::Result<(usize, usize)> {
         let &[rows, cols] = self.shape.as_slice() else {

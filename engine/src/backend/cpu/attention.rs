@@ -175,13 +175,24 @@ fn write_rows<E: Elem>(
     }
 }
 
+/// What shapes each query row's softmax.
+#[derive(Debug, Clone, Copy)]
+pub struct Softmax<'a> {
+    /// Sliding window: each row attends to its last `window` positions only.
+    pub window: Option<usize>,
+    pub scores: ScoreSpec,
+    /// One logit per query head that joins the denominator and weighs no value.
+    pub sinks: Option<&'a [f32]>,
+}
+
 /// Writes K/V of every row to its slot, then `out[t, q heads] = softmax(s(q kᵀ)) v` with
-/// the logits `s` as `scores` says, over positions `0..=pos(t)` of the row's sequence, or
-/// with a `window` over its last `window` of them (`pos(t) - window < k <= pos(t)`).
+/// the logits `s` as `softmax.scores` says, over positions `0..=pos(t)` of the row's
+/// sequence, or with a `window` over its last `window` of them
+/// (`pos(t) - window < k <= pos(t)`); a head's sink adds `exp(sink)` to its denominator.
 pub fn attention(
     qkv: &[f32],
     layout: QkvLayout,
-    (window, scores): (Option<usize>, ScoreSpec),
+    softmax: Softmax<'_>,
     cache: &mut CpuKvCache,
     seqs: &[AttnSeq<'_>],
     slots: &[usize],
@@ -200,11 +211,19 @@ pub fn attention(
         out.len() == rows * layout.q_width(),
         "attention: output shape"
     );
+    if let Some(sinks) = softmax.sinks {
+        ensure!(
+            sinks.len() == layout.num_heads,
+            "attention: {} sinks for {} heads",
+            sinks.len(),
+            layout.num_heads
+        );
+    }
     let threads = rayon::current_num_threads();
     attention_with(
         qkv,
         layout,
-        (window, scores),
+        softmax,
         cache,
         seqs,
         slots,
@@ -219,7 +238,7 @@ pub fn attention(
 fn attention_with(
     qkv: &[f32],
     layout: QkvLayout,
-    (window, scores): (Option<usize>, ScoreSpec),
+    softmax: Softmax<'_>,
     cache: &mut CpuKvCache,
     seqs: &[AttnSeq<'_>],
     slots: &[usize],
@@ -228,7 +247,7 @@ fn attention_with(
     isa: Isa,
 ) -> anyhow::Result<()> {
     cache.write(qkv, layout, slots)?;
-    let mut items = work_items(seqs, layout, window, slots.len(), cache)?;
+    let mut items = work_items(seqs, layout, softmax.window, slots.len(), cache)?;
     let splits = split_contexts(&mut items, cache.block_size, threads);
     let group = layout.group_size();
     let part_len = group * (layout.head_dim + 2);
@@ -236,8 +255,7 @@ fn attention_with(
     let run = Run {
         qkv,
         layout,
-        window,
-        scores,
+        softmax,
         cache: &*cache,
         seqs,
         out: SendPtr(out.as_mut_ptr()),
@@ -249,7 +267,7 @@ fn attention_with(
     }
     for split in &splits {
         let parts = &partials[split.first * part_len..(split.first + split.parts) * part_len];
-        merge_parts(parts, split, layout, &seqs[split.seq], out);
+        merge_parts(parts, split, layout, softmax.sinks, &seqs[split.seq], out);
     }
     Ok(())
 }
@@ -370,11 +388,13 @@ fn split_contexts(items: &mut Vec<Work>, block_size: usize, threads: usize) -> V
 }
 
 /// Combines a split's parts (each per work row: `head_dim` unnormalised outputs, then per
-/// row the part's max score and sum of `exp(score − max)`) into the row's output.
+/// row the part's max score and sum of `exp(score − max)`) into the row's output. A head's
+/// sink is one more part: its logit is its max, its sum 1, its values none.
 fn merge_parts(
     parts: &[f32],
     split: &Split,
     layout: QkvLayout,
+    sinks: Option<&[f32]>,
     seq: &AttnSeq<'_>,
     out: &mut [f32],
 ) {
@@ -383,13 +403,14 @@ fn merge_parts(
     let t = seq.row_start + split.q0;
     for w in 0..group {
         let stat = |p: &[f32], i: usize| p[group * hd + i * group + w];
+        let qh = split.kv_head * group + w;
+        let sink = sinks.map(|s| s[qh]);
         let max = parts
             .chunks_exact(part_len)
-            .fold(f32::NEG_INFINITY, |m, p| m.max(stat(p, 0)));
-        let qh = split.kv_head * group + w;
+            .fold(sink.unwrap_or(f32::NEG_INFINITY), |m, p| m.max(stat(p, 0)));
         let dst = &mut out[(t * layout.num_heads + qh) * hd..][..hd];
         dst.fill(0.0);
-        let mut total = 0.0;
+        let mut total = sink.map_or(0.0, |s| (s - max).exp());
         for p in parts.chunks_exact(part_len) {
             let weight = (stat(p, 0) - max).exp();
             total += weight * stat(p, 1);
@@ -407,9 +428,7 @@ fn merge_parts(
 struct Run<'a> {
     qkv: &'a [f32],
     layout: QkvLayout,
-    /// Sliding window: each row attends to its last `window` positions only.
-    window: Option<usize>,
-    scores: ScoreSpec,
+    softmax: Softmax<'a>,
     cache: &'a CpuKvCache,
     seqs: &'a [AttnSeq<'a>],
     out: SendPtr<f32>,
@@ -482,7 +501,7 @@ impl<E: Elem> Item<'_, E> {
         let group = self.run.layout.group_size();
         let width = self.run.layout.qkv_width();
         let bs = self.run.cache.block_size;
-        let ScoreSpec { scale, softcap } = self.run.scores;
+        let ScoreSpec { scale, softcap } = self.run.softmax.scores;
         let Work {
             kv_head,
             q0,
@@ -570,19 +589,30 @@ impl<E: Elem> Item<'_, E> {
             }
         }
         // Softmax over each row's own causal context (within its window) among the item's
-        // keys; other keys get probability 0. A part of a split context keeps its max and
-        // sum instead. Every part holds at least one key of the row's window: the item's
-        // keys start on the page of its first row's earliest key.
+        // keys, its head's sink in the denominator; other keys get probability 0. A part of
+        // a split context keeps its max and sum instead (the sink joins at the merge).
+        // Every part holds at least one key of the row's window: the item's keys start on
+        // the page of its first row's earliest key.
         for w in 0..rows {
             let pos = self.seq.start_pos + q0 + w / group;
             let ctx = (pos + 1).min(k1) - k0;
-            let lo = earliest_key(pos, self.run.window).max(k0) - k0;
+            let lo = earliest_key(pos, self.run.softmax.window).max(k0) - k0;
             let s = &mut scores[w * span..(w + 1) * span];
-            let max = s[lo..ctx].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let sink = match part {
+                None => self
+                    .run
+                    .softmax
+                    .sinks
+                    .map(|s| s[kv_head * group + w % group]),
+                Some(_) => None,
+            };
+            let max = s[lo..ctx]
+                .iter()
+                .fold(sink.unwrap_or(f32::NEG_INFINITY), |m, &v| m.max(v));
             for v in s[lo..ctx].iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            let total = sum::<FMA>(&s[lo..ctx]);
+            let total = sum::<FMA>(&s[lo..ctx]) + sink.map_or(0.0, |s| fast_exp(s - max));
             match part {
                 Some(p) => {
                     *p.add(rows * hd + w) = max;
@@ -823,11 +853,15 @@ impl Tiles for Avx2 {
 mod tests {
     use super::*;
 
-    /// Scores of heads `head_dim` wide: `q·k / √d`, no cap.
-    fn plain_scores(head_dim: usize) -> ScoreSpec {
-        ScoreSpec {
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            softcap: None,
+    /// Scores of heads `head_dim` wide: `q·k / √d`, no cap, no sinks, over `window`.
+    fn plain(window: Option<usize>, head_dim: usize) -> Softmax<'static> {
+        Softmax {
+            window,
+            scores: ScoreSpec {
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                softcap: None,
+            },
+            sinks: None,
         }
     }
 
@@ -881,7 +915,7 @@ mod tests {
             attention_with(
                 &first,
                 layout,
-                (None, plain_scores(hd)),
+                plain(None, hd),
                 &mut cache,
                 &[seq_a],
                 &slots,
@@ -910,7 +944,7 @@ mod tests {
             attention_with(
                 &second,
                 layout,
-                (None, plain_scores(hd)),
+                plain(None, hd),
                 &mut cache,
                 &seqs,
                 &slots,
@@ -949,6 +983,17 @@ mod tests {
     /// Checks the output of the last row of `hist` (rows of qkv, the sequence so far)
     /// against f64 attention on the keys and values as a cache of `dtype` holds them.
     fn assert_like_plain(hist: &[&[f32]], got: &[f32], dtype: KvCacheDtype, what: &str) {
+        assert_like_reference(hist, got, dtype, None, what);
+    }
+
+    /// [`assert_like_plain`] with a sink per head in each softmax's denominator.
+    fn assert_like_reference(
+        hist: &[&[f32]],
+        got: &[f32],
+        dtype: KvCacheDtype,
+        sinks: Option<&[f32]>,
+        what: &str,
+    ) {
         let (hd, group) = (LAYOUT.head_dim, LAYOUT.group_size());
         let (k_at, v_at) = (LAYOUT.q_width(), LAYOUT.q_width() + LAYOUT.kv_width());
         let q_row = hist[hist.len() - 1];
@@ -966,9 +1011,13 @@ mod tests {
                         / (hd as f64).sqrt()
                 })
                 .collect();
-            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sink = sinks.map(|s| f64::from(s[h]));
+            let max = scores
+                .iter()
+                .cloned()
+                .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let total: f64 = e.iter().sum();
+            let total: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
             for d in 0..hd {
                 let want: f64 = hist
                     .iter()
@@ -1064,7 +1113,7 @@ mod tests {
                 attention_with(
                     &qkv[..(n - 1) * width],
                     LAYOUT,
-                    (None, plain_scores(LAYOUT.head_dim)),
+                    plain(None, LAYOUT.head_dim),
                     &mut cache,
                     &[prefill],
                     &slots,
@@ -1088,7 +1137,7 @@ mod tests {
                 attention_with(
                     last,
                     LAYOUT,
-                    (None, plain_scores(LAYOUT.head_dim)),
+                    plain(None, LAYOUT.head_dim),
                     &mut cache,
                     &[decode],
                     &[n - 1],
@@ -1129,7 +1178,7 @@ mod tests {
                 attention_with(
                     &qkv[start * width..end * width],
                     LAYOUT,
-                    (Some(window), plain_scores(LAYOUT.head_dim)),
+                    plain(Some(window), LAYOUT.head_dim),
                     &mut cache,
                     &[seq],
                     &slots,
@@ -1156,6 +1205,113 @@ mod tests {
             assert_eq!(items[0].keys, (576, n));
             assert!(!split_contexts(&mut items, 16, 4).is_empty());
             assert!(items.iter().all(|w| w.keys.0 >= 576 && w.keys.0 % 16 == 0));
+        }
+    }
+
+    /// A hand-made case: queries of zeros score both keys 0, so a head whose sink is
+    /// `ln 2` weighs each value by `1 / (1 + 1 + 2) = 1/4`: values of 1 and 3 give 1. A
+    /// sink of −100 takes nothing (their mean, 2), one of `ln 6` leaves `4 / 8` = 0.5.
+    #[test]
+    fn a_sink_joins_the_denominator_and_weighs_no_value() {
+        let width = LAYOUT.qkv_width();
+        let v_at = LAYOUT.q_width() + LAYOUT.kv_width();
+        let mut qkv = vec![0.0f32; 2 * width];
+        for (t, value) in [(0, 1.0), (1, 3.0)] {
+            qkv[t * width + v_at..(t + 1) * width].fill(value);
+        }
+        let sinks = [2f32.ln(), -100.0, 6f32.ln(), 0.0];
+        let table = [0u32];
+        for isa in Isa::available() {
+            let mut cache = CpuKvCache::new(KvCacheDtype::F32, 1, 16, 2, 32).unwrap();
+            let seq = AttnSeq {
+                row_start: 0,
+                n_tokens: 2,
+                start_pos: 0,
+                block_table: &table,
+            };
+            let mut out = vec![0.0; 2 * LAYOUT.q_width()];
+            let softmax = Softmax {
+                sinks: Some(&sinks),
+                ..plain(None, LAYOUT.head_dim)
+            };
+            attention_with(
+                &qkv,
+                LAYOUT,
+                softmax,
+                &mut cache,
+                &[seq],
+                &[0, 1],
+                &mut out,
+                1,
+                isa,
+            )
+            .unwrap();
+            let row = &out[LAYOUT.q_width()..];
+            // Head 3's sink of 0 weighs as a third key: (1 + 3) / 3.
+            for (h, want) in [1.0, 2.0, 0.5, 4.0 / 3.0].into_iter().enumerate() {
+                for &got in &row[h * 32..(h + 1) * 32] {
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "{isa:?} head {h}: {got} vs {want}"
+                    );
+                }
+            }
+            // The first row sees its own value only: 1 / (1 + e^sink).
+            assert!((out[0] - 1.0 / 3.0).abs() < 1e-5, "{isa:?}: {}", out[0]);
+        }
+    }
+
+    /// Sinks through a prefill of whole items and a decode whose context is split over
+    /// four threads (the sink joins at the merge), against the f64 reference.
+    #[test]
+    fn sinks_hold_in_whole_and_split_contexts() {
+        let (width, n) = (LAYOUT.qkv_width(), 700);
+        let qkv = random_rows(n * width, 5);
+        let hist: Vec<&[f32]> = qkv.chunks(width).collect();
+        let sinks = [0.5f32, -1.0, 3.0, 1.5];
+        let softmax = Softmax {
+            sinks: Some(&sinks),
+            ..plain(None, LAYOUT.head_dim)
+        };
+        let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
+        for isa in Isa::available() {
+            let mut cache = CpuKvCache::new(KvCacheDtype::F32, table.len(), 16, 2, 32).unwrap();
+            for (start, end, threads) in [(0, n - 1, 2), (n - 1, n, 4)] {
+                let seq = AttnSeq {
+                    row_start: 0,
+                    n_tokens: end - start,
+                    start_pos: start,
+                    block_table: &table,
+                };
+                let slots: Vec<usize> = (start..end).collect();
+                let mut out = vec![0.0; (end - start) * LAYOUT.q_width()];
+                let rows = &qkv[start * width..end * width];
+                attention_with(
+                    rows,
+                    LAYOUT,
+                    softmax,
+                    &mut cache,
+                    &[seq],
+                    &slots,
+                    &mut out,
+                    threads,
+                    isa,
+                )
+                .unwrap();
+                for t in [0, 1, 17, 350, n - 2, n - 1] {
+                    if (start..end).contains(&t) {
+                        let row = &out[(t - start) * LAYOUT.q_width()..][..LAYOUT.q_width()];
+                        let what = format!("{isa:?} row {t}");
+                        assert_like_reference(
+                            &hist[..=t],
+                            row,
+                            KvCacheDtype::F32,
+                            Some(&sinks),
+                            &what,
+                        );
+                    }
+                }
+            }
         }
     }
 

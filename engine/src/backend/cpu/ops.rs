@@ -207,6 +207,39 @@ pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
     });
 }
 
+/// gpt-oss's clamped SwiGLU, `(clamp(up, −limit, limit) + 1) · g · σ(alpha · g)` with
+/// `g = min(gate, limit)`, where each row of `gate_up` is `[gate | up]`, `inter` wide each.
+pub fn clamped_swiglu_mul(gate_up: &[f32], inter: usize, alpha: f32, limit: f32, out: &mut [f32]) {
+    for_row_blocks(out, inter, |r0, block| {
+        let n = block.len() / inter;
+        let gu = &gate_up[r0 * 2 * inter..(r0 + n) * 2 * inter];
+        for (g_u, o) in gu
+            .chunks_exact(2 * inter)
+            .zip(block.chunks_exact_mut(inter))
+        {
+            let (g, u) = g_u.split_at(inter);
+            for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
+                let g = gv.min(limit);
+                let u = uv.clamp(-limit, limit);
+                *ov = (u + 1.0) * g / (1.0 + (-alpha * g).exp());
+            }
+        }
+    });
+}
+
+/// `out = act(gate) · up` for the gated activation `act`, where each row of `gate_up` is
+/// `[gate | up]`, `inter` wide each.
+pub fn gated(act: crate::config::Activation, gate_up: &[f32], inter: usize, out: &mut [f32]) {
+    use crate::config::Activation;
+    match act {
+        Activation::Silu => silu_mul(gate_up, inter, out),
+        Activation::GeluTanh => gelu_tanh_mul(gate_up, inter, out),
+        Activation::ClampedSwiglu { alpha, limit } => {
+            clamped_swiglu_mul(gate_up, inter, alpha, limit, out)
+        }
+    }
+}
+
 /// GELU with the tanh approximation (PyTorch's `gelu(approximate="tanh")`,
 /// transformers' `gelu_pytorch_tanh`).
 #[inline(always)]
