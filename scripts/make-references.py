@@ -352,13 +352,16 @@ def ggml_mxfp4(codes, exps):
     return out.reshape(*codes.shape[:-1], -1).numpy()
 
 
-# gpt-oss's harmony tokens in the tiny vocabulary (after the 256 bytes), in o200k_harmony's
+# The tiny gpt-oss vocabulary's merges (GGUF byte-level BPE needs some), after the bytes.
+GPT_OSS_MERGES = [("Ġ", "t"), ("h", "e"), ("i", "n"), ("e", "r")]
+# gpt-oss's harmony tokens in the tiny vocabulary (after the bytes and merges), in o200k_harmony's
 # order: <|startoftext|> 199998, <|endoftext|> 199999, <|return|> 200002, <|constrain|>
 # 200003, <|channel|> 200005, <|start|> 200006, <|end|> 200007, <|message|> 200008,
 # <|call|> 200012.
 HARMONY_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
                   "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
-GPT_OSS_VOCAB = 256 + len(HARMONY_TOKENS)
+HARMONY_BASE = 256 + len(GPT_OSS_MERGES)
+GPT_OSS_VOCAB = HARMONY_BASE + len(HARMONY_TOKENS)
 
 
 def byte_pieces():
@@ -447,11 +450,12 @@ def gpt_oss_gguf_writer(packed):
         w.add_sliding_window(c.sliding_window)
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("gpt-4o")
-        w.add_token_list(byte_pieces() + HARMONY_TOKENS)
-        w.add_token_types([1] * 256 + [3] * len(HARMONY_TOKENS))
-        w.add_token_merges([])
-        w.add_bos_token_id(256 + HARMONY_TOKENS.index("<|startoftext|>"))
-        w.add_eos_token_id(256 + HARMONY_TOKENS.index("<|return|>"))
+        merged = [a + b for a, b in GPT_OSS_MERGES]
+        w.add_token_list(byte_pieces() + merged + HARMONY_TOKENS)
+        w.add_token_types([1] * HARMONY_BASE + [3] * len(HARMONY_TOKENS))
+        w.add_token_merges([f"{a} {b}" for a, b in GPT_OSS_MERGES])
+        w.add_bos_token_id(HARMONY_BASE + HARMONY_TOKENS.index("<|startoftext|>"))
+        w.add_eos_token_id(HARMONY_BASE + HARMONY_TOKENS.index("<|return|>"))
         sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
         w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
         w.add_tensor("output_norm.weight", sd["model.norm.weight"])
@@ -558,7 +562,7 @@ def main():
     # of 32, untruncated as published). The experts are rounded to MXFP4 first, so that the
     # f32 checkpoint (model.safetensors, as save_pretrained writes it), the MXFP4 one
     # (mxfp4/, OpenAI's blocks and scales) and the GGUF hold the same weights. The
-    # vocabulary is the 256 bytes and the harmony tokens.
+    # vocabulary is the 256 bytes, four merges and the harmony tokens.
     from transformers import GptOssConfig, GptOssForCausalLM
 
     def gpt_oss_prepare(model, config, folder):
@@ -573,12 +577,15 @@ def main():
 
     yarn = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32}
-    eos = [256 + HARMONY_TOKENS.index(t) for t in ["<|return|>", "<|endoftext|>", "<|call|>"]]
+    eos = [HARMONY_BASE + HARMONY_TOKENS.index(t)
+           for t in ["<|return|>", "<|endoftext|>", "<|call|>"]]
     make("gpt-oss-tiny", GptOssConfig, GptOssForCausalLM,
          dict(vocab_size=GPT_OSS_VOCAB, intermediate_size=32, num_local_experts=4,
+              max_position_embeddings=4096,
               num_experts_per_tok=2, sliding_window=5,
               layer_types=["sliding_attention", "full_attention"], rope_parameters=yarn,
-              attention_bias=True, bos_token_id=256, eos_token_id=eos, pad_token_id=257),
+              attention_bias=True, bos_token_id=HARMONY_BASE, eos_token_id=eos,
+              pad_token_id=HARMONY_BASE + 1),
          1237, prepare=gpt_oss_prepare)
 
 

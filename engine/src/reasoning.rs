@@ -18,6 +18,10 @@ pub enum ReasoningParser {
     /// write `<think>`); everything before `</think>` is reasoning.
     #[value(name = "deepseek-r1")]
     DeepseekR1,
+    /// gpt-oss: harmony's `analysis` channel (vLLM's `openai_gptoss`), read from the
+    /// answer's text by the server's harmony reader, not by markers.
+    #[value(name = "harmony", alias = "openai_gptoss")]
+    Harmony,
 }
 
 /// The marker token ids of one model and parser.
@@ -33,6 +37,10 @@ impl ThinkMarkers {
     /// The markers of `parser` in `tokenizer`'s vocabulary; an error when either is not one
     /// token of it.
     pub fn resolve(parser: ReasoningParser, tokenizer: &Tokenizer) -> anyhow::Result<ThinkMarkers> {
+        anyhow::ensure!(
+            parser != ReasoningParser::Harmony,
+            "--reasoning-parser harmony reads channels, not think markers"
+        );
         let id = |marker: &str| {
             tokenizer.token_to_id(marker).with_context(|| {
                 format!("--reasoning-parser {parser:?}: the tokenizer has no `{marker}` token")

@@ -48,6 +48,10 @@ const END_OF_TURN_TOKENS: &[&str] = &[
     "<|endoftext|>",
     "<|eom_id|>",
     "<end_of_turn>",
+    // gpt-oss's harmony: an answer or a tool call ends the turn (`<|end|>` ends a message
+    // within it).
+    "<|return|>",
+    "<|call|>",
 ];
 
 /// GPT-2's pre-tokenizer regex (also what transformers uses for SmolLM2's GGUF).

@@ -87,6 +87,9 @@ pub struct ChatFields {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// `"low"`, `"medium"` or `"high"`: harmony's `Reasoning:` for gpt-oss, the template
+    /// variable `reasoning_effort` for other models.
+    pub reasoning_effort: Option<String>,
     /// OpenAI's deprecated form of `tools`: refused, naming it.
     pub functions: Option<Value>,
     /// OpenAI's deprecated form of `tool_choice`: refused, naming it.

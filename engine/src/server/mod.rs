@@ -7,6 +7,7 @@
 pub mod bodies;
 pub mod constraints;
 pub mod engine_loop;
+pub mod harmony;
 pub mod metrics;
 pub mod protocol;
 pub mod routes;
@@ -74,6 +75,34 @@ pub struct ServeArgs {
     pub tool_call_parser: Option<ToolCallParser>,
 }
 
+/// A harmony model (gpt-oss) is read by harmony's parsers, which `--reasoning-parser` and
+/// `--tool-call-parser` may name (or leave out); other models have no harmony to read.
+fn check_harmony_parsers(args: &ServeArgs, harmony: bool) -> anyhow::Result<()> {
+    let reasoning = args.reasoning_parser.map(|p| p == ReasoningParser::Harmony);
+    let tools = args.tool_call_parser.map(|p| p == ToolCallParser::Harmony);
+    for (flag, is_harmony) in [
+        ("--reasoning-parser", reasoning),
+        ("--tool-call-parser", tools),
+    ] {
+        match (harmony, is_harmony) {
+            (true, Some(false)) => anyhow::bail!(
+                "{flag}: this model (gpt-oss) writes harmony: give `{flag} harmony` or leave it out"
+            ),
+            (false, Some(true)) => anyhow::bail!(
+                "{flag} harmony: this model does not write harmony (only gpt-oss does)"
+            ),
+            _ => {}
+        }
+    }
+    if harmony && !args.default_chat_template_kwargs.is_empty() {
+        anyhow::bail!(
+            "--default-chat-template-kwargs: this model's prompts are rendered in harmony, not by \
+             a chat template"
+        );
+    }
+    Ok(())
+}
+
 /// `--default-chat-template-kwargs`: a JSON object.
 fn parse_kwargs(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
     match serde_json::from_str(text) {
@@ -116,7 +145,9 @@ fn memory_bandwidth(device: crate::backend::Device) -> Result<(f64, &'static str
 
 fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
     let mut loaded = load_engine(&args.engine)?;
-    if let Some(parser) = args.reasoning_parser {
+    let harmony = loaded.config.family == crate::config::Family::GptOss;
+    check_harmony_parsers(args, harmony)?;
+    if let Some(parser) = args.reasoning_parser.filter(|_| !harmony) {
         let markers = ThinkMarkers::resolve(parser, &loaded.tokenizer)?;
         loaded.engine.set_think_markers(markers);
     }
@@ -135,9 +166,11 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             served_names,
             limits,
             default_chat_template_kwargs: args.default_chat_template_kwargs.clone(),
-            split_reasoning: args.reasoning_parser.is_some(),
+            // Harmony's reader splits the reasoning from the text, whatever the flag.
+            split_reasoning: args.reasoning_parser.is_some() && !harmony,
             tool_call_parser: args.tool_call_parser,
             template_reads_tools,
+            harmony,
         },
         grammar,
         kv_capacity_tokens: loaded.kv_capacity_tokens,

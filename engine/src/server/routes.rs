@@ -17,6 +17,7 @@ use futures::{stream, Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::engine_loop::{AddRequest, Command, SeqOutput, EVENT_CHANNEL_CAPACITY};
+use super::harmony::HarmonyReader;
 use super::metrics::Metrics;
 use super::protocol::{
     unix_now, ApiError, ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs,
@@ -358,9 +359,13 @@ impl ChunkWriter {
         }
     }
 
-    /// A reader of one choice's answer as tool calls, when the request has them.
-    fn call_reader(&self) -> Option<CallReader> {
-        self.tool_calls.clone().map(CallReader::new)
+    /// A reader of one choice's answer as tool calls, or as a harmony stream, when the
+    /// request has one.
+    fn call_reader(&self) -> Option<AnswerReader> {
+        self.tool_calls.clone().map(|format| match format {
+            CallFormat::Harmony { calls } => AnswerReader::Harmony(HarmonyReader::new(calls)),
+            other => AnswerReader::Calls(CallReader::new(other)),
+        })
     }
 
     fn token_text(&self, id: u32) -> String {
@@ -451,7 +456,7 @@ impl ChunkWriter {
         &self,
         out: &SeqOutput,
         offset: usize,
-        reader: Option<&mut CallReader>,
+        reader: Option<&mut AnswerReader>,
     ) -> String {
         let usage = self.continuous_usage.then(|| {
             Usage::new(
@@ -466,13 +471,14 @@ impl ChunkWriter {
                 to_json(&self.completion(vec![self.completion_choice(out, offset)], usage))
             }
             Endpoint::Chat => {
+                let mut reasoning = out.reasoning.clone();
                 let (content, tool_calls, called) = match reader {
                     Some(reader) => {
                         let mut events = reader.push(&out.text);
                         if out.finish.is_some() {
                             events.extend(reader.finish());
                         }
-                        let (content, calls) = call_deltas(events);
+                        let (content, calls) = call_deltas(events, &mut reasoning);
                         let calls = (!calls.is_empty()).then_some(calls);
                         (content, calls, reader.called())
                     }
@@ -487,9 +493,8 @@ impl ChunkWriter {
                     delta: ChatDelta {
                         role: None,
                         content,
-                        reasoning: (!out.reasoning.is_empty()).then(|| out.reasoning.clone()),
-                        reasoning_content: (!out.reasoning.is_empty())
-                            .then(|| out.reasoning.clone()),
+                        reasoning_content: (!reasoning.is_empty()).then(|| reasoning.clone()),
+                        reasoning: (!reasoning.is_empty()).then_some(reasoning),
                         tool_calls,
                     },
                     logprobs: self
@@ -568,11 +573,12 @@ impl ChunkWriter {
                 choices: choices
                     .iter()
                     .map(|c| {
+                        let mut reasoning = c.reasoning.clone();
                         let (content, tool_calls, called) = match self.call_reader() {
                             Some(mut reader) => {
                                 let mut events = reader.push(&c.text);
                                 events.extend(reader.finish());
-                                let (content, calls) = whole_calls(events);
+                                let (content, calls) = whole_calls(events, &mut reasoning);
                                 let calls = (!calls.is_empty()).then_some(calls);
                                 (content, calls, reader.called())
                             }
@@ -584,9 +590,9 @@ impl ChunkWriter {
                                 role: "assistant",
                                 content,
                                 tool_calls,
-                                reasoning: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()),
-                                reasoning_content: (!c.reasoning.is_empty())
-                                    .then(|| c.reasoning.clone()),
+                                reasoning_content: (!reasoning.is_empty())
+                                    .then(|| reasoning.clone()),
+                                reasoning: (!reasoning.is_empty()).then_some(reasoning),
                             },
                             logprobs: self.want_logprobs.then(|| self.chat_logprobs(&c.logprobs)),
                             finish_reason: chat_finish_reason(c.finish, called),
@@ -600,6 +606,35 @@ impl ChunkWriter {
     }
 }
 
+/// Reads one choice's answer: tool calls in the model's text, or gpt-oss's harmony stream.
+enum AnswerReader {
+    Calls(CallReader),
+    Harmony(HarmonyReader),
+}
+
+impl AnswerReader {
+    fn push(&mut self, text: &str) -> Vec<CallEvent> {
+        match self {
+            AnswerReader::Calls(r) => r.push(text),
+            AnswerReader::Harmony(r) => r.push(text),
+        }
+    }
+
+    fn finish(&mut self) -> Vec<CallEvent> {
+        match self {
+            AnswerReader::Calls(r) => r.finish(),
+            AnswerReader::Harmony(r) => r.finish(),
+        }
+    }
+
+    fn called(&self) -> bool {
+        match self {
+            AnswerReader::Calls(r) => r.called(),
+            AnswerReader::Harmony(r) => r.called(),
+        }
+    }
+}
+
 /// A chat choice's finish reason: `tool_calls` when it stopped after calling tools.
 fn chat_finish_reason(reason: Option<FinishReason>, called: bool) -> Option<&'static str> {
     match reason {
@@ -608,13 +643,18 @@ fn chat_finish_reason(reason: Option<FinishReason>, called: bool) -> Option<&'st
     }
 }
 
-/// A stream chunk's content and tool-call pieces from what the reader found.
-fn call_deltas(events: Vec<CallEvent>) -> (Option<String>, Vec<ToolCallDelta>) {
+/// A stream chunk's content and tool-call pieces from what the reader found; its reasoning
+/// joins `reasoning`.
+fn call_deltas(
+    events: Vec<CallEvent>,
+    reasoning: &mut String,
+) -> (Option<String>, Vec<ToolCallDelta>) {
     let mut content = String::new();
     let mut calls = Vec::new();
     for event in events {
         match event {
             CallEvent::Content(text) => content.push_str(&text),
+            CallEvent::Reasoning(text) => reasoning.push_str(&text),
             CallEvent::Start { index, id, name } => calls.push(ToolCallDelta {
                 index,
                 id: Some(id),
@@ -638,13 +678,18 @@ fn call_deltas(events: Vec<CallEvent>) -> (Option<String>, Vec<ToolCallDelta>) {
     ((!content.is_empty()).then_some(content), calls)
 }
 
-/// A whole answer's content (`None` when it is only calls and whitespace) and calls.
-fn whole_calls(events: Vec<CallEvent>) -> (Option<String>, Vec<ToolCallOut>) {
+/// A whole answer's content (`None` when it is only calls and whitespace) and calls; its
+/// reasoning joins `reasoning`.
+fn whole_calls(
+    events: Vec<CallEvent>,
+    reasoning: &mut String,
+) -> (Option<String>, Vec<ToolCallOut>) {
     let mut content = String::new();
     let mut calls: Vec<ToolCallOut> = Vec::new();
     for event in events {
         match event {
             CallEvent::Content(text) => content.push_str(&text),
+            CallEvent::Reasoning(text) => reasoning.push_str(&text),
             CallEvent::Start { id, name, .. } => calls.push(ToolCallOut {
                 id,
                 kind: "function",
@@ -735,8 +780,8 @@ struct StreamState {
     request: GenerateRequest,
     events: mpsc::Receiver<SeqOutput>,
     text_lens: Vec<usize>,
-    /// Each choice's tool-call reader (empty without tools).
-    readers: Vec<CallReader>,
+    /// Each choice's tool-call or harmony reader (empty without either).
+    readers: Vec<AnswerReader>,
     /// Each choice's latest counts (its text is not kept).
     counts: Vec<SeqOutput>,
     open: usize,

@@ -19,6 +19,9 @@ pub enum ToolCallParser {
     /// separated by `;` (Llama 3.1 / 3.2).
     #[value(name = "llama3_json")]
     Llama3Json,
+    /// gpt-oss's harmony: `commentary` messages to `functions.NAME` (vLLM's `openai`).
+    #[value(name = "harmony", alias = "openai")]
+    Harmony,
 }
 
 /// One function of `tools`.
@@ -62,6 +65,9 @@ pub enum CallFormat {
     Array,
     /// A named function: the answer is its arguments.
     Arguments(String),
+    /// gpt-oss's harmony stream: reasoning, answer, and (when `calls`) tool calls, whatever
+    /// the choice (a grammar in the format enforces `required` and a named function).
+    Harmony { calls: bool },
 }
 
 const TOOLS_HELP: &str =
@@ -390,6 +396,8 @@ pub fn message_tool_calls(value: &Value, path: &str) -> Result<Vec<Value>, ApiEr
 pub enum CallEvent {
     /// Ordinary answer text.
     Content(String),
+    /// Reasoning text (harmony's `analysis` channel).
+    Reasoning(String),
     /// A call begins: its index among the answer's calls, id and function name.
     Start {
         index: usize,
@@ -464,6 +472,14 @@ impl CallReader {
                 parser: ToolCallParser::Hermes,
                 ..
             } => self.read_hermes(&mut events),
+            // Harmony streams have a reader of their own (`harmony::HarmonyReader`).
+            CallFormat::Parsed {
+                parser: ToolCallParser::Harmony,
+                ..
+            }
+            | CallFormat::Harmony { .. } => {
+                events.push(CallEvent::Content(std::mem::take(&mut self.pending)))
+            }
             CallFormat::Parsed {
                 parser: ToolCallParser::Llama3Json,
                 ..
@@ -495,7 +511,7 @@ impl CallReader {
             }
         );
         events.retain(|e| match e {
-            CallEvent::Content(t) => !t.is_empty(),
+            CallEvent::Content(t) | CallEvent::Reasoning(t) => !t.is_empty(),
             CallEvent::Start { index, .. } | CallEvent::Arguments { index, .. } => {
                 !single || *index == 0
             }
@@ -531,7 +547,7 @@ impl CallReader {
                 }
                 None => events.push(CallEvent::Content(rest)),
             },
-            CallFormat::Array | CallFormat::Arguments(_) => {}
+            CallFormat::Array | CallFormat::Arguments(_) | CallFormat::Harmony { .. } => {}
             CallFormat::Parsed { .. } => events.push(CallEvent::Content(rest)),
         }
         self.keep(events)
@@ -768,6 +784,7 @@ mod tests {
                     calls.push((name, String::new()));
                 }
                 CallEvent::Arguments { index, delta } => calls[index].1.push_str(&delta),
+                CallEvent::Reasoning(t) => panic!("reasoning {t:?} from a tool-call reader"),
             }
         }
         (content, calls)

@@ -13,8 +13,9 @@ use super::bodies::{
     StreamOptions, TokenizeBody,
 };
 use super::constraints::{request_constraint, Constraint, ConstraintFields};
+use super::harmony;
 use super::protocol::{ApiError, RequestFields};
-use super::tools::{self, CallFormat, ToolCallParser};
+use super::tools::{self, CallFormat, ToolCallParser, ToolChoice};
 use super::typed_body::Body;
 use crate::engine::{AdmissionLimits, CheckedRequest};
 use crate::sampler::SamplingParams;
@@ -44,6 +45,9 @@ pub struct ModelInfo {
     /// The chat template renders `tools` itself (else the Hermes prompt carries them):
     /// decided once, when the template is loaded.
     pub template_reads_tools: bool,
+    /// The model chats in harmony (gpt-oss): prompts are rendered and answers read by
+    /// `harmony`, not by the chat template and the parsers.
+    pub harmony: bool,
 }
 
 /// A checked request: its prompts as token ids and how to sample them.
@@ -541,13 +545,60 @@ pub fn chat_request(
         stream_flags(shared.stream, shared.stream_options.as_ref())?;
     let n = choices(shared.n)?;
     let mut messages = chat_messages(own.messages)?;
-    let mut kwargs = template_kwargs(own.chat_template_kwargs, info)?;
     let tools = tools::parse_tools(
         own.tools.as_ref(),
         own.tool_choice.as_ref(),
         own.parallel_tool_calls,
     )?;
     let mut constraint = request_constraint(&constraint_fields)?;
+    if info.harmony {
+        let prompt = harmony_prompt(
+            own.chat_template_kwargs.is_some(),
+            own.reasoning_effort.as_deref(),
+            &messages,
+            tools.as_ref(),
+            tokenizer,
+        )?;
+        if let Some(spec) = tools.as_ref().and_then(harmony::tool_grammar) {
+            if let Some(other) = &constraint {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "`tool_choice` \"required\" or a named function constrains the answer, and so does `{}`: give one",
+                        other.param
+                    ),
+                ));
+            }
+            constraint = Some(Constraint {
+                spec,
+                param: "tools".into(),
+            });
+        }
+        let calls = tools.as_ref().is_some_and(|t| t.choice != ToolChoice::None);
+        // The reader finds the format's markers in the text.
+        params.skip_special_tokens = false;
+        return Ok(chat_job(
+            model,
+            vec![prompt],
+            params,
+            (n, stream, include_usage, continuous_usage),
+            constraint,
+            Some(CallFormat::Harmony { calls }),
+            (own.max_completion_tokens, shared.max_tokens),
+            info,
+        ));
+    }
+    let mut kwargs = template_kwargs(own.chat_template_kwargs, info)?;
+    if let Some(effort) = own.reasoning_effort {
+        if kwargs.contains_key("reasoning_effort") {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs.reasoning_effort",
+                "`reasoning_effort` reaches the template as `reasoning_effort`; give it once",
+            ));
+        }
+        harmony::ReasoningEffort::parse(&effort)?;
+        kwargs.insert("reasoning_effort".into(), Value::String(effort));
+    }
     let mut tool_calls = None;
     if let Some(tools) = &tools {
         tool_calls = tools.call_format(info.tool_call_parser)?;
@@ -581,15 +632,39 @@ pub fn chat_request(
         messages = tools::hermes_messages(&messages, tools.as_ref());
     }
     let prompts = vec![render_chat(tokenizer, &messages, true, &kwargs, false)?];
+    Ok(chat_job(
+        model,
+        prompts,
+        params,
+        (n, stream, include_usage, continuous_usage),
+        constraint,
+        tool_calls,
+        (own.max_completion_tokens, shared.max_tokens),
+        info,
+    ))
+}
+
+/// A chat request's job: `max_tokens` from OpenAI's newer name or the old one (without
+/// either, the answer may fill the context).
+#[allow(clippy::too_many_arguments)]
+fn chat_job(
+    model: String,
+    prompts: Vec<Vec<u32>>,
+    mut params: SamplingParams,
+    (n, stream, include_usage, continuous_usage): (usize, bool, bool, bool),
+    constraint: Option<Constraint>,
+    tool_calls: Option<CallFormat>,
+    (max_completion_tokens, max_tokens): (Option<u64>, Option<u64>),
+    info: &ModelInfo,
+) -> GenerateRequest {
     params.split_reasoning = info.split_reasoning;
-    // OpenAI's newer name wins; without either, the answer may fill the context.
-    let (max_tokens_field, max_tokens) = match (own.max_completion_tokens, shared.max_tokens) {
+    let (max_tokens_field, max_tokens) = match (max_completion_tokens, max_tokens) {
         (Some(n), _) => ("max_completion_tokens", count(Some(n))),
         (None, Some(n)) => ("max_tokens", count(Some(n))),
         (None, None) => ("max_tokens", room_after(&prompts, info)),
     };
     params.max_tokens = max_tokens;
-    Ok(GenerateRequest {
+    GenerateRequest {
         model,
         prompts,
         params,
@@ -603,7 +678,32 @@ pub fn chat_request(
             max_tokens: max_tokens_field,
             ..RequestFields::CHAT
         },
-    })
+    }
+}
+
+/// A harmony model's prompt (`chat_template_kwargs` has no template to reach: refused),
+/// dated today (UTC), as gpt-oss's template dates it.
+fn harmony_prompt(
+    template_kwargs_given: bool,
+    reasoning_effort: Option<&str>,
+    messages: &[ChatMessage],
+    tools: Option<&tools::Tools>,
+    tokenizer: &Tokenizer,
+) -> Result<Vec<u32>, ApiError> {
+    if template_kwargs_given {
+        return Err(ApiError::invalid(
+            "chat_template_kwargs",
+            "this model's prompts are rendered in harmony, not by a chat template: \
+             `chat_template_kwargs` has nothing to reach (`reasoning_effort` sets its effort)",
+        ));
+    }
+    let effort = match reasoning_effort {
+        Some(effort) => harmony::ReasoningEffort::parse(effort)?,
+        None => harmony::ReasoningEffort::Medium,
+    };
+    let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+    let text = harmony::render(messages, tools, effort, &today)?;
+    encode(tokenizer, &text, "messages", false)
 }
 
 /// Whether the chat template renders `tools` itself (else the Hermes prompt carries them):
@@ -654,6 +754,27 @@ pub fn tokenize_request(
             tokenizer.encode(&text, add_special).map_err(|e| {
                 ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}"))
             })?
+        }
+        (None, Some(messages)) if info.harmony => {
+            if b.chat_template_kwargs.is_some() {
+                return Err(ApiError::invalid(
+                    "chat_template_kwargs",
+                    "this model's prompts are rendered in harmony, not by a chat template",
+                ));
+            }
+            let messages = chat_messages(Some(messages))?;
+            let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+            let mut text =
+                harmony::render(&messages, None, harmony::ReasoningEffort::Medium, &today)?;
+            if !b.add_generation_prompt.unwrap_or(true) {
+                text.truncate(text.len() - "<|start|>assistant".len());
+            }
+            encode(
+                tokenizer,
+                &text,
+                "messages",
+                b.add_special_tokens.unwrap_or(false),
+            )?
         }
         (None, Some(messages)) => {
             let messages = chat_messages(Some(messages))?;
@@ -749,6 +870,7 @@ mod tests {
             split_reasoning: false,
             tool_call_parser: None,
             template_reads_tools: false,
+            harmony: false,
         };
         assert_eq!(room_after(&[vec![1; 6], vec![1; 2]], &info), 4);
         assert_eq!(room_after(&[vec![1; 12]], &info), 0);

@@ -1,0 +1,200 @@
+//! gpt-oss's harmony end to end: `engine serve` on the tiny gpt-oss (its GGUF: MXFP4
+//! experts, a byte-level vocabulary with the harmony tokens) renders chats in harmony and
+//! reads the answers' channels back; the official `openai` client gets parsed tool calls for
+//! `tool_choice: "required"` and a named function, streamed and not (a random model calls
+//! no tool unless the grammar makes it), and the server refuses parsers of other formats.
+
+mod common;
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use common::server::{post, run_openai_script, Server};
+
+fn gpt_oss_gguf() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/families/gpt-oss-tiny/model.gguf")
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 8}},
+                           "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {
+            "name": "get_time", "description": "The time in a time zone",
+            "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                           "required": ["tz"], "additionalProperties": false}}},
+    ])
+}
+
+/// Checks one call's arguments against its tool's schema in [`weather_tools`].
+fn assert_weather_call(name: &str, arguments: &str) {
+    let args: Value =
+        serde_json::from_str(arguments).unwrap_or_else(|e| panic!("{arguments:?}: {e}"));
+    let obj = args.as_object().expect("arguments are an object");
+    assert_eq!(obj.len(), 1, "{arguments}");
+    match name {
+        "get_weather" => {
+            let city = obj["city"].as_str().expect("city is a string");
+            assert!((1..=8).contains(&city.chars().count()), "{arguments}");
+        }
+        "get_time" => assert!(
+            ["UTC", "CET"].contains(&obj["tz"].as_str().unwrap()),
+            "{arguments}"
+        ),
+        other => panic!("a call to `{other}`, which is not a tool"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_client_gets_tool_calls_from_a_harmony_model() {
+    let mut server = Server::start(
+        &gpt_oss_gguf(),
+        &[
+            "--reasoning-parser",
+            "harmony",
+            "--tool-call-parser",
+            "harmony",
+        ],
+    );
+    server.wait_ready().await;
+    const SCRIPT: &str = r#"
+import json, sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="none")
+tools = json.loads(sys.argv[2])
+model = client.models.list().data[0].id
+weather = [{"role": "system", "content": "Answer briefly."},
+           {"role": "user", "content": "What is the weather in Paris?"}]
+def ask(**kw):
+    return client.chat.completions.create(model=model, messages=weather, tools=tools,
+                                          max_tokens=120, **kw)
+def calls(message):
+    return [[c.function.name, c.function.arguments] for c in message.tool_calls or []]
+out = {}
+r = ask(tool_choice="required", temperature=0, seed=1, reasoning_effort="low")
+out["required"], out["required_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
+out["required_content"] = r.choices[0].message.content
+r = ask(tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0.9, seed=5)
+out["named"], out["named_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
+joined, finish = {}, None
+for chunk in ask(tool_choice="required", temperature=0, seed=1, reasoning_effort="low", stream=True):
+    for choice in chunk.choices:
+        finish = choice.finish_reason or finish
+        for d in choice.delta.tool_calls or []:
+            entry = joined.setdefault(d.index, ["", ""])
+            if d.function.name:
+                entry[0] = d.function.name
+            entry[1] += d.function.arguments or ""
+out["streamed_required"] = [joined[i] for i in sorted(joined)]
+out["streamed_finish"] = finish
+call = client.chat.completions.create(model=model, messages=weather, tools=tools, max_tokens=120,
+    tool_choice="required", temperature=0, seed=1).choices[0].message.tool_calls[0]
+second = client.chat.completions.create(model=model, temperature=0, max_tokens=20, tools=tools,
+    messages=weather + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                        {"role": "tool", "tool_call_id": call.id, "content": "{\"sky\": \"sunny\"}"}])
+out["second_finish"] = second.choices[0].finish_reason
+print(json.dumps(out))
+"#;
+    let read = run_openai_script(SCRIPT, &[&server.url("/v1"), &weather_tools().to_string()]);
+    println!("what the openai client read: {read}");
+    for key in ["required", "named", "streamed_required"] {
+        let calls = read[key].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{key}: one call per harmony turn: {read}");
+        assert_weather_call(calls[0][0].as_str().unwrap(), calls[0][1].as_str().unwrap());
+    }
+    assert_eq!(read["named"][0][0], "get_time", "{read}");
+    for key in ["required_finish", "named_finish", "streamed_finish"] {
+        assert_eq!(read[key], "tool_calls", "{key}: {read}");
+    }
+    assert_eq!(read["required_content"], Value::Null, "{read}");
+    // Greedy with the same prompt: the stream's call is the whole answer's, piece by piece.
+    assert_eq!(read["streamed_required"], read["required"], "{read}");
+    // A random model rarely closes a message: the second turn runs to its length.
+    assert!(read["second_finish"].is_string(), "{read}");
+
+    // Bad input is refused by field: an effort harmony does not have, template variables
+    // that no template reads.
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/chat/completions");
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    for (body, param) in [
+        (
+            json!({"messages": hi, "reasoning_effort": "extreme"}),
+            "reasoning_effort",
+        ),
+        (
+            json!({"messages": hi, "chat_template_kwargs": {"x": 1}}),
+            "chat_template_kwargs",
+        ),
+    ] {
+        let (status, reply) = post(&client, &url, &body).await;
+        assert_eq!(status, 400, "{reply}");
+        assert_eq!(reply["error"]["param"], param, "{reply}");
+    }
+    // /tokenize renders the same prompt: the system message, the user's turn, and the
+    // assistant's turn opened (the token strings are the vocabulary's byte-level pieces).
+    let (status, reply) = post(
+        &client,
+        &server.url("/tokenize"),
+        &json!({"messages": hi, "return_token_strs": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    let text: String = reply["token_strs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert!(
+        text.starts_with("<|start|>system<|message|>YouĠareĠChatGPT"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("<|start|>user<|message|>hi<|end|><|start|>assistant"),
+        "{text}"
+    );
+}
+
+/// A harmony model refuses the parsers of other formats at start-up, naming the flag; a
+/// model without harmony refuses `harmony`.
+#[test]
+fn parsers_of_other_formats_are_refused_at_start_up() {
+    let engine = env!("CARGO_BIN_EXE_engine");
+    let llama = common::golden_dir_with("llama-tiny", "model.safetensors");
+    for (model, flag, value, want) in [
+        (
+            gpt_oss_gguf(),
+            "--reasoning-parser",
+            "qwen3",
+            "give `--reasoning-parser harmony`",
+        ),
+        (
+            gpt_oss_gguf(),
+            "--tool-call-parser",
+            "hermes",
+            "give `--tool-call-parser harmony`",
+        ),
+        (
+            llama,
+            "--tool-call-parser",
+            "harmony",
+            "does not write harmony",
+        ),
+    ] {
+        let out = std::process::Command::new(engine)
+            .args(["serve", "--model"])
+            .arg(&model)
+            .args(["--port", "0", "--kv-cache-memory", "16MiB", flag, value])
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{log}");
+        assert!(log.contains(flag) && log.contains(want), "{log}");
+    }
+}
