@@ -8,8 +8,11 @@
 // Sliding windows and soft-capping: every kernel has a `*_sliding` twin taking two last
 // arguments, `window` (0: every earlier key) by which a query at position p attends to keys
 // p - window < k <= p only (transformers' and vLLM's `sliding_window`), and `softcap` (0: none)
-// by which each scaled score s becomes softcap · tanh(s / softcap) (Gemma 2). The plain kernels
-// pass 0 and 0 to the same code, which the compiler folds away. The twins are compiled only
+// by which each scaled score s becomes softcap · tanh(s / softcap) (Gemma 2), then `sinks`
+// (nullptr: none), one logit per query head that joins the head's softmax denominator and
+// weighs no value (gpt-oss): only the final normalisation changes (`sink_inv`), and with
+// split decode contexts `paged_decode_reduce` applies it. The plain kernels pass 0, 0 and
+// nullptr to the same code, which the compiler folds away. The twins are compiled only
 // with -DEXTENDED_KERNELS, which the backend passes for a model that needs them (so start-up
 // compiles no more for other models).
 #ifdef EXTENDED_KERNELS
@@ -73,6 +76,18 @@ __device__ __forceinline__ void decode_load_q(const bf16* __restrict__ qkv, int 
     }
 }
 
+// The factor that normalises a row whose scores have max `m` and sum of exp(score - m) `l`:
+// 1 / l, or with a sink s for query head `head`, exp(m - m') / (l exp(m - m') + exp(s - m'))
+// where m' = max(m, s), so that the sink's exp(s) joins the denominator without overflow.
+__device__ __forceinline__ float sink_inv(float m, float l, const float* __restrict__ sinks,
+                                          int head) {
+    if (sinks == nullptr) return 1.0f / l;
+    float s = sinks[head];
+    float mm = fmaxf(m, s);
+    float c = m == -INFINITY ? 0.0f : __expf(m - mm);
+    return c / (l * c + __expf(s - mm));
+}
+
 // The decode kernels' end: the key groups' accumulators are summed through shared memory and
 // the block writes the normalised output (one split) or its unnormalised partial with its
 // running max and sum (several splits, merged by paged_decode_reduce).
@@ -81,7 +96,7 @@ __device__ __forceinline__ void decode_write_out(
     const float (&acc)[G][8], float (*s_acc)[G][8 * KL], const float* s_m, const float* s_l, int sub,
     int d0, int tid, int group, int head_dim, int row, int kvh, int di, int split, int num_splits,
     int num_heads, float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
-    int out_stride) {
+    int out_stride, const float* __restrict__ sinks) {
     constexpr int NKG = DEC_THREADS / KL;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -98,7 +113,8 @@ __device__ __forceinline__ void decode_write_out(
         float mx = s_m[g], lsum = s_l[g];
         int hq = kvh * group + g;
         if (num_splits == 1) {
-            out[(size_t)row * out_stride + (size_t)hq * head_dim + d] = f32_to_bf16(a / lsum);
+            out[(size_t)row * out_stride + (size_t)hq * head_dim + d] =
+                f32_to_bf16(a * sink_inv(mx, lsum, sinks, hq));
         } else {
             size_t pi = ((size_t)di * num_heads + hq) * num_splits + split;
             part_acc[pi * head_dim + d] = a;
@@ -220,7 +236,7 @@ __device__ __forceinline__ void paged_decode_impl(
     const int* __restrict__ seq_n_tokens, const int* __restrict__ seq_start_pos,
     float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
     int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
-    int num_splits, float scale, int window, float softcap) {
+    int num_splits, float scale, int window, float softcap, const float* __restrict__ sinks) {
     constexpr int KEYS_PER_PASS = DEC_THREADS / KL;  // phase 1: keys scored together
     constexpr int PASSES = DEC_TILE / KEYS_PER_PASS;
     constexpr int NKG = DEC_THREADS / KL;            // phase 3: key groups
@@ -292,7 +308,7 @@ __device__ __forceinline__ void paged_decode_impl(
     }
 
     decode_write_out<G, KL>(acc, s_acc, s_m, s_l, sub, d0, tid, group, head_dim, row, kvh, di, split,
-                            num_splits, num_heads, part_acc, part_ml, out, out_stride);
+                            num_splits, num_heads, part_acc, part_ml, out, out_stride, sinks);
 }
 
 // The parameters every decode entry point takes, and the same names as arguments.
@@ -307,14 +323,15 @@ __device__ __forceinline__ void paged_decode_impl(
         seq_n_tokens, seq_start_pos, part_acc, part_ml, out, out_stride, num_heads,            \
         num_kv_heads, head_dim, block_size, num_splits, scale
 
-// A decode kernel `NAME` on IMPL<G, KL> (no window, no cap) and its sliding twin.
+// A decode kernel `NAME` on IMPL<G, KL> (no window, no cap, no sinks) and its sliding twin.
 #define DECODE_ENTRIES(NAME, IMPL, G, KL)                                                      \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS) NAME(DECODE_PARAMS) {            \
-        IMPL<G, KL>(DECODE_ARGS, 0, 0.0f);                                                     \
+        IMPL<G, KL>(DECODE_ARGS, 0, 0.0f, nullptr);                                            \
     }                                                                                          \
     SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(DEC_THREADS)                     \
-                     NAME##_sliding(DECODE_PARAMS, int window, float softcap) {                \
-                         IMPL<G, KL>(DECODE_ARGS, window, softcap);                            \
+                     NAME##_sliding(DECODE_PARAMS, int window, float softcap,                  \
+                                    const float* sinks) {                                      \
+                         IMPL<G, KL>(DECODE_ARGS, window, softcap, sinks);                     \
                      })
 
 #define DECODE_KERNEL(G, KL) DECODE_ENTRIES(paged_decode_g##G##_k##KL, paged_decode_impl, G, KL)
@@ -387,7 +404,7 @@ __device__ __forceinline__ void paged_decode_async_impl(
     const int* __restrict__ seq_n_tokens, const int* __restrict__ seq_start_pos,
     float* __restrict__ part_acc, float* __restrict__ part_ml, bf16* __restrict__ out,
     int out_stride, int num_heads, int num_kv_heads, int head_dim, int block_size,
-    int num_splits, float scale, int window, float softcap) {
+    int num_splits, float scale, int window, float softcap, const float* __restrict__ sinks) {
     constexpr int HD = 8 * KL, STAGES = DA_STAGES;
     constexpr int KEYS_PER_PASS = DEC_THREADS / KL;  // keys scored together
     constexpr int TILE = KEYS_PER_PASS > DA_TILE ? KEYS_PER_PASS : DA_TILE;
@@ -486,7 +503,7 @@ __device__ __forceinline__ void paged_decode_async_impl(
     cp_async_wait<0>();
     __syncthreads();
     decode_write_out<G, KL>(acc, s_acc, s_m, s_l, sub, d0, tid, group, head_dim, row, kvh, di, split,
-                            num_splits, num_heads, part_acc, part_ml, out, out_stride);
+                            num_splits, num_heads, part_acc, part_ml, out, out_stride, sinks);
 }
 
 #define DECODE_ASYNC_KERNEL(G, KL)                                                             \
@@ -509,14 +526,16 @@ DECODE_ASYNC_KERNEL(8, 8)
 DECODE_ASYNC_KERNEL(8, 16)
 DECODE_ASYNC_KERNEL(8, 32)
 
-// Merges the split partials of paged_decode_*: out = sum_j acc_j e^(m_j - M) / sum_j l_j e^(m_j - M).
+// Merges the split partials of paged_decode_*: out = sum_j acc_j e^(m_j - M) / sum_j l_j e^(m_j - M),
+// a head's sink (`sinks` non-null) joining the denominator (`sink_inv`).
 // grid = (H, num_decode_seqs), block = 128.
 extern "C" __global__ void paged_decode_reduce(const float* __restrict__ part_acc,
                                                const float* __restrict__ part_ml,
                                                const int* __restrict__ dec_seqs,
                                                const int* __restrict__ seq_row_start,
                                                bf16* __restrict__ out, int out_stride,
-                                               int num_heads, int head_dim, int num_splits) {
+                                               int num_heads, int head_dim, int num_splits,
+                                               const float* __restrict__ sinks) {
     int hq = blockIdx.x, di = blockIdx.y;
     size_t base = ((size_t)di * num_heads + hq) * num_splits;
     float mx = -INFINITY;
@@ -527,13 +546,14 @@ extern "C" __global__ void paged_decode_reduce(const float* __restrict__ part_ac
         if (mj != -INFINITY) lsum += part_ml[(base + j) * 2 + 1] * __expf(mj - mx);
     }
     int row = seq_row_start[dec_seqs[di]];
+    float inv = sink_inv(mx, lsum, sinks, hq);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float a = 0.0f;
         for (int j = 0; j < num_splits; ++j) {
             float mj = part_ml[(base + j) * 2];
             if (mj != -INFINITY) a += part_acc[(base + j) * head_dim + d] * __expf(mj - mx);
         }
-        out[(size_t)row * out_stride + (size_t)hq * head_dim + d] = f32_to_bf16(a / lsum);
+        out[(size_t)row * out_stride + (size_t)hq * head_dim + d] = f32_to_bf16(a * inv);
     }
 }
 
@@ -556,7 +576,8 @@ __device__ __forceinline__ void prefill_impl(
     const int* __restrict__ tile_seq, const int* __restrict__ tile_q0,
     const int* __restrict__ seq_row_start, const int* __restrict__ seq_n_tokens,
     const int* __restrict__ seq_start_pos, bf16* __restrict__ out, int out_stride,
-    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap) {
+    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap,
+    const float* __restrict__ sinks) {
     extern __shared__ unsigned int pf_smem[];
     int ld = head_dim + 2;  // bf16 row stride (even, so rows stay 4-byte aligned)
     bf16* qs = reinterpret_cast<bf16*>(pf_smem);
@@ -661,7 +682,7 @@ __device__ __forceinline__ void prefill_impl(
 
     if (row_valid) {
         bf16* dst = out + (size_t)(row0 + q0 + r) * out_stride + (size_t)hq * head_dim;
-        float inv = 1.0f / l;
+        float inv = sink_inv(m, l, sinks, hq);
 #pragma unroll
         for (int j = 0; j < NP; ++j) {
             int d = 2 * c + 8 * j;
@@ -682,7 +703,8 @@ __device__ __forceinline__ void prefill_impl(
         int block_size, float scale) {                                                         \
         prefill_impl<NP>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,        \
                          tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos, out,   \
-                         out_stride, num_heads, num_kv_heads, head_dim, block_size, scale, 0, 0.0f); \
+                         out_stride, num_heads, num_kv_heads, head_dim, block_size, scale, 0, 0.0f, \
+                         nullptr);                                                             \
     }                                                                                          \
     SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(PF_THREADS)                      \
         prefill_attention_np##NP##_sliding(                                                    \
@@ -690,11 +712,12 @@ __device__ __forceinline__ void prefill_impl(
             const int* block_tables, int table_stride, const int* tile_seq,                    \
             const int* tile_q0, const int* seq_row_start, const int* seq_n_tokens,             \
             const int* seq_start_pos, bf16* out, int out_stride, int num_heads,                \
-            int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap) { \
+            int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap, \
+            const float* sinks) {                                                              \
         prefill_impl<NP>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,        \
                          tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos, out,   \
                          out_stride, num_heads, num_kv_heads, head_dim, block_size, scale,     \
-                         window, softcap);                                                     \
+                         window, softcap, sinks);                                              \
     })
 
 PREFILL_KERNEL(4)
@@ -744,7 +767,8 @@ __device__ __forceinline__ void prefill_mma_impl(
     const int* __restrict__ tile_seq, const int* __restrict__ tile_q0,
     const int* __restrict__ seq_row_start, const int* __restrict__ seq_n_tokens,
     const int* __restrict__ seq_start_pos, bf16* __restrict__ out, int out_stride,
-    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
+    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap,
+    const float* __restrict__ sinks) {
     constexpr int LD = D + 8;        // Q and K row stride (bf16)
     constexpr int LDV = PF_BK + 8;   // transposed V row stride (bf16)
     constexpr int KSTEPS = D / 16;   // k steps of Q·Kᵀ
@@ -893,7 +917,8 @@ __device__ __forceinline__ void prefill_mma_impl(
         }
     }
 
-    float inv0 = valid0 ? 1.0f / l0 : 0.0f, inv1 = valid1 ? 1.0f / l1 : 0.0f;
+    float inv0 = valid0 ? sink_inv(m0, l0, sinks, hq) : 0.0f;
+    float inv1 = valid1 ? sink_inv(m1, l1, sinks, hq) : 0.0f;
     bf16* dst0 = out + (size_t)(row0 + q0 + r0) * out_stride + (size_t)hq * D;
     bf16* dst1 = out + (size_t)(row0 + q0 + r1) * out_stride + (size_t)hq * D;
 #pragma unroll
@@ -915,7 +940,8 @@ __device__ __forceinline__ void prefill_mma_impl(
         int block_size, float scale) {                                                         \
         prefill_mma_impl<D>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,     \
                             tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos,     \
-                            out, out_stride, num_heads, num_kv_heads, block_size, scale, 0, 0.0f); \
+                            out, out_stride, num_heads, num_kv_heads, block_size, scale, 0, 0.0f, \
+                            nullptr);                                                          \
     }                                                                                          \
     SLIDING_TWIN(extern "C" __global__ void __launch_bounds__(PF_MMA_THREADS)                  \
         prefill_attention_mma_d##D##_sliding(                                                  \
@@ -923,11 +949,12 @@ __device__ __forceinline__ void prefill_mma_impl(
             const int* block_tables, int table_stride, const int* tile_seq,                    \
             const int* tile_q0, const int* seq_row_start, const int* seq_n_tokens,             \
             const int* seq_start_pos, bf16* out, int out_stride, int num_heads,                \
-            int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap) { \
+            int num_kv_heads, int head_dim, int block_size, float scale, int window, float softcap, \
+            const float* sinks) {                                                              \
         prefill_mma_impl<D>(qkv, qkv_stride, k_cache, v_cache, block_tables, table_stride,     \
                             tile_seq, tile_q0, seq_row_start, seq_n_tokens, seq_start_pos,     \
                             out, out_stride, num_heads, num_kv_heads, block_size, scale,       \
-                            window, softcap);                                                  \
+                            window, softcap, sinks);                                           \
     })
 
 PREFILL_MMA_KERNEL(16)

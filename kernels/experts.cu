@@ -1,18 +1,21 @@
-// Mixture-of-experts FFNs (Qwen3-MoE): routing on the device, the step's (token, slot)
+// Mixture-of-experts FFNs (Qwen3-MoE, gpt-oss): routing on the device, the step's (token, slot)
 // entries grouped by expert, each expert's gated FFN over its entries, and each token's
 // weighted sum. Every launch's grid depends only on the model's shapes and the step's row
 // count, so a decode step with experts is captured in a CUDA graph like any other.
 // Not yet run on a GPU (issue 45): the backend runs them under --cuda-unverified-kernels only.
 #ifdef EXTENDED_KERNELS
 
-// Routes token t = blockIdx.x: logits[e] = x[t] · router[e] (x bf16, router f32), softmax over
-// the experts in f32, the top_k most probable (ties to the lower index: strict >), their
-// probabilities renormalised to sum to 1 when `norm`. Writes ids[t * top_k + j] and
-// weights[t * top_k + j], best first. grid = T, block = 128, shared = num_experts floats.
+// Routes token t = blockIdx.x: logits[e] = x[t] · router[e] (+ bias[e] when `bias` is not
+// null; x bf16, router f32). With `top_k_first` 0 (Qwen3-MoE): a softmax over the experts in
+// f32, the top_k most probable, their probabilities renormalised to sum to 1 when `norm`;
+// with 1 (gpt-oss): the top_k largest logits, then a softmax over those. Ties go to the lower
+// index (strict >). Writes ids[t * top_k + j] and weights[t * top_k + j], best first.
+// grid = T, block = 128, shared = num_experts floats.
 extern "C" __global__ void moe_route(const bf16* __restrict__ x, const float* __restrict__ router,
-                                     int* __restrict__ ids, float* __restrict__ weights,
-                                     int hidden, int num_experts, int top_k, int norm) {
-    extern __shared__ float probs[];
+                                     const float* __restrict__ bias, int* __restrict__ ids,
+                                     float* __restrict__ weights, int hidden, int num_experts,
+                                     int top_k, int norm, int top_k_first) {
+    extern __shared__ float score[];
     size_t t = blockIdx.x;
     const bf16* row = x + t * hidden;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -21,33 +24,34 @@ extern "C" __global__ void moe_route(const bf16* __restrict__ x, const float* __
         float s = 0.0f;
         for (int c = lane; c < hidden; c += 32) s += bf16_to_f32(row[c]) * w[c];
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) probs[e] = s;
+        if (lane == 0) score[e] = bias != nullptr ? s + bias[e] : s;
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
-    float m = probs[0];
-    for (int e = 1; e < num_experts; ++e) m = fmaxf(m, probs[e]);
+    float m = score[0];
+    for (int e = 1; e < num_experts; ++e) m = fmaxf(m, score[e]);
+    // exp(logit - max): the ranking of the logits, and the softmax's numerators.
     float sum = 0.0f;
     for (int e = 0; e < num_experts; ++e) {
-        probs[e] = expf(probs[e] - m);
-        sum += probs[e];
+        score[e] = expf(score[e] - m);
+        sum += score[e];
     }
     float chosen = 0.0f;
     for (int j = 0; j < top_k; ++j) {
         int best = 0;
         float value = -1.0f;
         for (int e = 0; e < num_experts; ++e) {
-            if (probs[e] > value) {
-                value = probs[e];
+            if (score[e] > value) {
+                value = score[e];
                 best = e;
             }
         }
         ids[t * top_k + j] = best;
-        weights[t * top_k + j] = value / sum;
-        chosen += value / sum;
-        probs[best] = -2.0f;  // taken: below every probability
+        weights[t * top_k + j] = top_k_first ? value : value / sum;
+        chosen += weights[t * top_k + j];
+        score[best] = -2.0f;  // taken: below every score
     }
-    if (norm) {
+    if (norm || top_k_first) {
         for (int j = 0; j < top_k; ++j) weights[t * top_k + j] /= chosen;
     }
 }
@@ -77,17 +81,20 @@ extern "C" __global__ void moe_group(const int* __restrict__ ids, int entries, i
     for (int i = threadIdx.x; i < entries; i += blockDim.x) order[atomicAdd(&cursor[ids[i]], 1)] = i;
 }
 
-// Expert e = blockIdx.y's gate and up rows r over its entries: act[i, r] =
-// bf16(bf16(silu(g)) * u) with g = bf16(x[i / top_k] · gate_up_e[r]) and
-// u = bf16(x[i / top_k] · gate_up_e[inter + r]), as the dense path's GEMM and silu_mul round
-// (the same Silu).
-// gate_up_w[e] points at expert e's fused `[2 × inter, hidden]` weight. One warp per row r.
+// Expert e = blockIdx.y's gate and up rows r over its entries: g = bf16(x[i / top_k] ·
+// gate_up_e[r] (+ its bias)) and u = bf16(x[i / top_k] · gate_up_e[inter + r] (+ its bias)), as
+// the dense path's GEMM rounds; then act[i, r] = bf16(bf16(silu(g)) * u) (`limit` 0, the same
+// Silu as silu_mul), or gpt-oss's clamped SwiGLU bf16((clamp(u, -limit, limit) + 1) ·
+// bf16(g' σ(alpha g'))) with g' = min(g, limit).
+// gate_up_w[e] points at expert e's fused `[2 × inter, hidden]` weight, gate_up_b[e] (when the
+// table is not null) at its `[2 × inter]` f32 bias. One warp per row r.
 // grid = (ceil(inter / 8), num_experts), block = 256.
 extern "C" __global__ void moe_gate_up(const bf16* __restrict__ x,
                                        const unsigned long long* __restrict__ gate_up_w,
+                                       const unsigned long long* __restrict__ gate_up_b,
                                        const int* __restrict__ offsets,
                                        const int* __restrict__ order, bf16* __restrict__ act,
-                                       int hidden, int inter, int top_k) {
+                                       int hidden, int inter, int top_k, float alpha, float limit) {
     int e = blockIdx.y;
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -95,6 +102,8 @@ extern "C" __global__ void moe_gate_up(const bf16* __restrict__ x,
     const bf16* w = (const bf16*)gate_up_w[e];
     const bf16* wg = w + (size_t)r * hidden;
     const bf16* wu = w + (size_t)(inter + r) * hidden;
+    const float* b = gate_up_b != nullptr ? (const float*)gate_up_b[e] : nullptr;
+    float bg = b != nullptr ? b[r] : 0.0f, bu = b != nullptr ? b[inter + r] : 0.0f;
     for (int p = offsets[e]; p < offsets[e + 1]; ++p) {
         int i = order[p];
         const bf16* xr = x + (size_t)(i / top_k) * hidden;
@@ -109,19 +118,29 @@ extern "C" __global__ void moe_gate_up(const bf16* __restrict__ x,
             u += __shfl_xor_sync(0xffffffffu, u, o);
         }
         if (lane == 0) {
-            g = round_bf16(g);
-            float s = round_bf16(Silu()(g));
-            act[(size_t)i * inter + r] = f32_to_bf16(s * round_bf16(u));
+            g = round_bf16(g + bg);
+            u = round_bf16(u + bu);
+            float v;
+            if (limit > 0.0f) {
+                float gc = fminf(g, limit);
+                float uc = fminf(fmaxf(u, -limit), limit);
+                v = (uc + 1.0f) * round_bf16(gc / (1.0f + __expf(-alpha * gc)));
+            } else {
+                v = round_bf16(Silu()(g)) * u;
+            }
+            act[(size_t)i * inter + r] = f32_to_bf16(v);
         }
     }
 }
 
-// Expert e = blockIdx.y's down row c over its entries: y[i, c] = bf16(act[i] · down_e[c]) (the
-// dense path's GEMM output). down_w[e] points at expert e's `[hidden, inter]` weight. One warp
-// per row c.
+// Expert e = blockIdx.y's down row c over its entries: y[i, c] = bf16(act[i] · down_e[c]
+// (+ its bias)) (the dense path's GEMM output). down_w[e] points at expert e's `[hidden, inter]`
+// weight, down_b[e] (when the table is not null) at its `[hidden]` f32 bias. One warp per
+// row c.
 // grid = (ceil(hidden / 8), num_experts), block = 256.
 extern "C" __global__ void moe_down(const bf16* __restrict__ act,
                                     const unsigned long long* __restrict__ down_w,
+                                    const unsigned long long* __restrict__ down_b,
                                     const int* __restrict__ offsets,
                                     const int* __restrict__ order, bf16* __restrict__ y,
                                     int hidden, int inter) {
@@ -130,13 +149,14 @@ extern "C" __global__ void moe_down(const bf16* __restrict__ act,
     int lane = threadIdx.x % 32;
     if (c >= hidden) return;
     const bf16* w = (const bf16*)down_w[e] + (size_t)c * inter;
+    float bias = down_b != nullptr ? ((const float*)down_b[e])[c] : 0.0f;
     for (int p = offsets[e]; p < offsets[e + 1]; ++p) {
         int i = order[p];
         const bf16* a = act + (size_t)i * inter;
         float s = 0.0f;
         for (int k = lane; k < inter; k += 32) s += bf16_to_f32(a[k]) * bf16_to_f32(w[k]);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) y[(size_t)i * hidden + c] = f32_to_bf16(s);
+        if (lane == 0) y[(size_t)i * hidden + c] = f32_to_bf16(s + bias);
     }
 }
 

@@ -5,8 +5,9 @@
 # order they run (most needed first, so that a run cut off at its limit keeps what ran; each
 # writes its results to $OUT as it finishes and its wall time to $OUT/times.txt):
 #   tests     the GPU tests (tiny models with both prefill and both decode kernels, the
-#             windowed Mistral and Phi-3, the tiny Gemma 3 and Gemma 2, the tiny Qwen3-MoEs on
-#             --cuda-unverified-kernels (never run on a GPU yet), graphs, sampling, K-quant
+#             windowed Mistral and Phi-3, the tiny Gemma 3 and Gemma 2, the tiny Qwen3-MoEs and
+#             the tiny gpt-oss (sinks, MXFP4 experts) on --cuda-unverified-kernels (never run
+#             on a GPU yet), graphs, sampling, K-quant
 #             GGUFs) and the NVRTC compile tests (H100, 2026-11-27, before the MoE: 113-128 s)
 #   api       `engine serve --device cuda` on the tiny Llama: JSON-schema output (greedy and
 #             sampled), a required tool call, a stream (3 s)

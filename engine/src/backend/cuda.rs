@@ -343,11 +343,21 @@ struct ExpertScratch {
 /// expert's bf16 fused gate/up and down, and tables of their addresses for the kernels.
 pub struct CudaExperts {
     router: CudaSlice<f32>,
+    router_bias: Option<CudaSlice<f32>>,
     experts: Vec<(CudaWeight, CudaWeight)>,
     gate_up_ptrs: CudaSlice<u64>,
     down_ptrs: CudaSlice<u64>,
+    /// Each expert's gate/up and down biases (f32), and their address tables.
+    biases: Option<ExpertBiases>,
     hidden: usize,
     inter: usize,
+}
+
+/// A mixture of experts' biases on the device: the slices the tables point into, kept alive.
+pub struct ExpertBiases {
+    _slices: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
+    gate_up_ptrs: CudaSlice<u64>,
+    down_ptrs: CudaSlice<u64>,
 }
 
 /// Mutable backend state (ops take `&self`).
@@ -1067,8 +1077,9 @@ impl Backend for CudaBackend {
             experts,
         } = host;
         ensure!(
-            router_bias.is_none() && experts.iter().all(|e| e.biases.is_none()),
-            "{name}: experts with biases have no CUDA kernel yet"
+            experts.iter().all(|e| e.biases.is_some())
+                || experts.iter().all(|e| e.biases.is_none()),
+            "{name}: some experts have biases and some not"
         );
         let router_name = format!("{name}.mlp.router");
         let (num_experts, hidden) = router.matrix_dims(&router_name)?;
@@ -1081,12 +1092,26 @@ impl Backend for CudaBackend {
             .stream
             .clone_htod(&router.into_f32())
             .with_context(|| format!("uploading `{router_name}`"))?;
+        let router_bias = match router_bias {
+            Some(b) => Some(self.upload_param(&format!("{router_name}.bias"), b)?.data),
+            None => None,
+        };
         let mut weights = Vec::with_capacity(num_experts);
+        let mut bias_slices = Vec::new();
         for (x, e) in experts.into_iter().enumerate() {
+            let at = format!("{name}.mlp.experts.{x}");
             weights.push((
-                self.upload_weight(&format!("{name}.mlp.experts.{x}.gate_up"), e.gate_up)?,
-                self.upload_weight(&format!("{name}.mlp.experts.{x}.down_proj.weight"), e.down)?,
+                self.upload_weight(&format!("{at}.gate_up"), e.gate_up)?,
+                self.upload_weight(&format!("{at}.down_proj.weight"), e.down)?,
             ));
+            if let Some((gate_up, down)) = e.biases {
+                bias_slices.push((
+                    self.upload_param(&format!("{at}.gate_up.bias"), gate_up)?
+                        .data,
+                    self.upload_param(&format!("{at}.down_proj.bias"), down)?
+                        .data,
+                ));
+            }
         }
         let inter = weights.first().map_or(0, |(_, down)| down.cols);
         for (x, (gate_up, down)) in weights.iter().enumerate() {
@@ -1109,11 +1134,22 @@ impl Backend for CudaBackend {
         };
         let gate_up_ptrs = table(weights.iter().map(|(g, _)| self.ptr(&g.data)).collect())?;
         let down_ptrs = table(weights.iter().map(|(_, d)| self.ptr(&d.data)).collect())?;
+        let biases = if bias_slices.is_empty() {
+            None
+        } else {
+            Some(ExpertBiases {
+                gate_up_ptrs: table(bias_slices.iter().map(|(g, _)| self.ptr(g)).collect())?,
+                down_ptrs: table(bias_slices.iter().map(|(_, d)| self.ptr(d)).collect())?,
+                _slices: bias_slices,
+            })
+        };
         Ok(CudaExperts {
             router,
+            router_bias,
             experts: weights,
             gate_up_ptrs,
             down_ptrs,
+            biases,
             hidden,
             inter,
         })
@@ -1687,19 +1723,29 @@ impl Backend for CudaBackend {
             AttentionSpan::Full => None,
             AttentionSpan::Sliding { window } => Some(int(window, "sliding window")?),
         };
-        // The plain kernel, or its sliding twin with the window and the soft-cap (0 for
-        // none) as its last arguments.
-        let twin = window.is_some() || scores.softcap.is_some();
+        // The plain kernel, or its sliding twin with the window, the soft-cap (0 for none)
+        // and the sinks (null for none) as its last arguments.
+        let sinks_ptr = sinks.map_or(0, |s| self.ptr(&s.data));
+        let twin = window.is_some() || scores.softcap.is_some() || sinks.is_some();
         ensure!(
             !twin || self.kernel_set == KernelSet::Extended,
             "attention: this backend's kernels were compiled for a model without sliding \
-             windows or soft-capped scores"
+             windows, soft-capped scores or sinks"
         );
+        if let Some(s) = sinks {
+            ensure!(
+                s.len == layout.num_heads,
+                "attention: {} sinks for {} heads",
+                s.len,
+                layout.num_heads
+            );
+        }
         let kernel = |name: String| if twin { sliding_twin(&name) } else { name };
         let window_arg = |args: &mut Vec<KArg>| {
             if twin {
                 args.push(KArg::I32(window.unwrap_or(0)));
                 args.push(KArg::F32(scores.softcap.unwrap_or(0.0)));
+                args.push(KArg::Ptr(sinks_ptr));
             }
         };
         ensure!(
@@ -1809,6 +1855,7 @@ impl Backend for CudaBackend {
                     KArg::I32(h as i32),
                     KArg::I32(d as i32),
                     KArg::I32(splits as i32),
+                    KArg::Ptr(sinks_ptr),
                 ];
                 self.launch(
                     "paged_decode_reduce",
@@ -1879,12 +1926,18 @@ impl Backend for CudaBackend {
             self.unverified_kernels,
             "experts_ffn: the mixture-of-experts kernels run only under --cuda-unverified-kernels"
         );
-        ensure!(
-            act == Activation::Silu,
-            "experts_ffn: only SwiGLU experts have a CUDA kernel"
-        );
-        let Routing::SoftmaxTopK { renormalise } = spec.routing else {
-            bail!("experts_ffn: only a softmax over every expert has a CUDA kernel");
+        // moe_gate_up's activation: SwiGLU (a limit of 0) or the clamped SwiGLU.
+        let (alpha, limit) = match act {
+            Activation::Silu => (0.0, 0.0),
+            Activation::ClampedSwiglu { alpha, limit } => {
+                ensure!(limit > 0.0, "experts_ffn: a clamped SwiGLU's limit {limit}");
+                (alpha, limit)
+            }
+            Activation::GeluTanh => bail!("experts_ffn: GeGLU experts have no CUDA kernel"),
+        };
+        let (renormalise, top_k_first) = match spec.routing {
+            Routing::SoftmaxTopK { renormalise } => (renormalise, false),
+            Routing::TopKSoftmax => (false, true),
         };
         ensure!(
             (1..=spec.num_experts).contains(&spec.top_k),
@@ -1923,7 +1976,11 @@ impl Backend for CudaBackend {
             int(k, "top_k")?,
             int(inter, "expert width")?,
         );
-        // One f32 (moe_route's probabilities) or i32 (moe_group's cursors) per expert.
+        // An address table of the experts' biases, null without them.
+        let bias_table = |which: fn(&ExpertBiases) -> &CudaSlice<u64>| {
+            experts.biases.as_ref().map_or(0, |b| self.ptr(which(b)))
+        };
+        // One f32 (moe_route's scores) or i32 (moe_group's cursors) per expert.
         let smem = int(4 * e, "expert shared memory")? as u32;
         let rows_u = int(rows, "rows")? as u32;
         self.launch(
@@ -1934,12 +1991,14 @@ impl Backend for CudaBackend {
             &[
                 KArg::Ptr(xp),
                 KArg::Ptr(self.ptr(&experts.router)),
+                KArg::Ptr(experts.router_bias.as_ref().map_or(0, |b| self.ptr(b))),
                 KArg::Ptr(ids),
                 KArg::Ptr(weights),
                 KArg::I32(hi),
                 KArg::I32(ei),
                 KArg::I32(ki),
                 KArg::I32(renormalise as i32),
+                KArg::I32(top_k_first as i32),
             ],
         )?;
         self.launch(
@@ -1963,12 +2022,15 @@ impl Backend for CudaBackend {
             &[
                 KArg::Ptr(xp),
                 KArg::Ptr(self.ptr(&experts.gate_up_ptrs)),
+                KArg::Ptr(bias_table(|b| &b.gate_up_ptrs)),
                 KArg::Ptr(offsets),
                 KArg::Ptr(order),
                 KArg::Ptr(act_buf),
                 KArg::I32(hi),
                 KArg::I32(ii),
                 KArg::I32(ki),
+                KArg::F32(alpha),
+                KArg::F32(limit),
             ],
         )?;
         self.launch(
@@ -1979,6 +2041,7 @@ impl Backend for CudaBackend {
             &[
                 KArg::Ptr(act_buf),
                 KArg::Ptr(self.ptr(&experts.down_ptrs)),
+                KArg::Ptr(bias_table(|b| &b.down_ptrs)),
                 KArg::Ptr(offsets),
                 KArg::Ptr(order),
                 KArg::Ptr(y),

@@ -182,7 +182,7 @@ pub enum KernelSet {
     /// What every model runs.
     Plain,
     /// The plain set and what only some families need (`-DEXTENDED_KERNELS`): the sliding
-    /// twins (windows and soft-capped scores), `gelu_tanh_mul`, `scale_bf16`,
+    /// twins (windows, soft-capped scores and sinks), `gelu_tanh_mul`, `clamped_swiglu_mul`, `scale_bf16`,
     /// `softcap_bf16` and the mixture-of-experts kernels (`kernels/experts.cu`). Compiled only for a model that needs them ([`KernelSet::for_model`]),
     /// so that start-up compiles no more for the others.
     Extended,
@@ -190,12 +190,13 @@ pub enum KernelSet {
 
 impl KernelSet {
     /// The set `c` runs on: [`KernelSet::Extended`] for sliding windows, soft-capped scores
-    /// or logits, GeGLU, scaled embeddings or experts (windowed Mistral, Qwen2 and Phi-3;
-    /// Gemma 2 and 3; Qwen3-MoE).
+    /// or logits, attention sinks, activations other than SwiGLU, scaled embeddings or
+    /// experts (windowed Mistral, Qwen2 and Phi-3; Gemma 2 and 3; Qwen3-MoE; gpt-oss).
     pub fn for_model(c: &ModelConfig) -> KernelSet {
         let layer_needs = |l: &LayerSpec| {
             l.attention != AttentionSpan::Full
                 || l.attn_softcap.is_some()
+                || l.sinks
                 || l.activation != Activation::Silu
                 || matches!(l.ffn, Ffn::Experts(_))
         };
