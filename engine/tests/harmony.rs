@@ -70,9 +70,9 @@ tools = json.loads(sys.argv[2])
 model = client.models.list().data[0].id
 weather = [{"role": "system", "content": "Answer briefly."},
            {"role": "user", "content": "What is the weather in Paris?"}]
-def ask(**kw):
+def ask(max_tokens=120, **kw):
     return client.chat.completions.create(model=model, messages=weather, tools=tools,
-                                          max_tokens=120, **kw)
+                                          max_tokens=max_tokens, **kw)
 def calls(message):
     return [[c.function.name, c.function.arguments] for c in message.tool_calls or []]
 out = {}
@@ -98,6 +98,19 @@ second = client.chat.completions.create(model=model, temperature=0, max_tokens=2
     messages=weather + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                         {"role": "tool", "tool_call_id": call.id, "content": "{\"sky\": \"sunny\"}"}])
 out["second_finish"] = second.choices[0].finish_reason
+# Cut inside the call's arguments (its header is about 50 byte tokens): what arrived.
+r = ask(tool_choice="required", temperature=0, seed=1, max_tokens=53)
+out["cut"], out["cut_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
+joined, finish = {}, None
+for chunk in ask(tool_choice="required", temperature=0, seed=1, max_tokens=53, stream=True):
+    for choice in chunk.choices:
+        finish = choice.finish_reason or finish
+        for d in choice.delta.tool_calls or []:
+            entry = joined.setdefault(d.index, ["", ""])
+            if d.function.name:
+                entry[0] = d.function.name
+            entry[1] += d.function.arguments or ""
+out["streamed_cut"], out["streamed_cut_finish"] = [joined[i] for i in sorted(joined)], finish
 print(json.dumps(out))
 "#;
     let read = run_openai_script(SCRIPT, &[&server.url("/v1"), &weather_tools().to_string()]);
@@ -116,6 +129,24 @@ print(json.dumps(out))
     assert_eq!(read["streamed_required"], read["required"], "{read}");
     // A random model rarely closes a message: the second turn runs to its length.
     assert!(read["second_finish"].is_string(), "{read}");
+    // A stream cut inside a call's arguments ends with what arrived: the call, its arguments
+    // so far (a prefix of the whole answer's), and `length`.
+    for (key, finish) in [
+        ("cut", "cut_finish"),
+        ("streamed_cut", "streamed_cut_finish"),
+    ] {
+        assert_eq!(read[finish], "length", "{key}: {read}");
+        let cut = &read[key][0];
+        assert_eq!(cut[0], read["required"][0][0], "{key}: {read}");
+        let (part, whole) = (
+            cut[1].as_str().unwrap(),
+            read["required"][0][1].as_str().unwrap(),
+        );
+        assert!(
+            part.len() < whole.len() && whole.starts_with(part) && part.starts_with('{'),
+            "{key}: {read}"
+        );
+    }
 
     // Bad input is refused by field: an effort harmony does not have, template variables
     // that no template reads.
