@@ -30,26 +30,22 @@ extern "C" __global__ void moe_route(const bf16* __restrict__ x, const float* __
     if (threadIdx.x != 0) return;
     float m = score[0];
     for (int e = 1; e < num_experts; ++e) m = fmaxf(m, score[e]);
-    // exp(logit - max): the ranking of the logits, and the softmax's numerators.
+    // The softmax's denominator over every expert (Qwen3-MoE's).
     float sum = 0.0f;
-    for (int e = 0; e < num_experts; ++e) {
-        score[e] = expf(score[e] - m);
-        sum += score[e];
-    }
+    for (int e = 0; e < num_experts; ++e) sum += expf(score[e] - m);
+    // The top_k by logit (as the CPU ranks them, whatever exp underflows to), best first.
     float chosen = 0.0f;
     for (int j = 0; j < top_k; ++j) {
-        int best = 0;
-        float value = -1.0f;
+        int best = -1;
         for (int e = 0; e < num_experts; ++e) {
-            if (score[e] > value) {
-                value = score[e];
-                best = e;
-            }
+            bool taken = false;
+            for (int i = 0; i < j; ++i) taken |= ids[t * top_k + i] == e;
+            if (!taken && (best < 0 || score[e] > score[best])) best = e;
         }
+        float p = expf(score[best] - m);
         ids[t * top_k + j] = best;
-        weights[t * top_k + j] = top_k_first ? value : value / sum;
+        weights[t * top_k + j] = top_k_first ? p : p / sum;
         chosen += weights[t * top_k + j];
-        score[best] = -2.0f;  // taken: below every score
     }
     if (norm || top_k_first) {
         for (int j = 0; j < top_k; ++j) weights[t * top_k + j] /= chosen;

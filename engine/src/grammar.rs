@@ -55,7 +55,7 @@ impl GrammarSpec {
 /// The schema with compact JSON (no whitespace between tokens: `{"a":1,"b":2}`) unless it
 /// sets llguidance's own options (`x-guidance`). llguidance would otherwise allow any
 /// whitespace, which small models fill with runs of newlines and spaces.
-fn compact(mut schema: Value) -> Value {
+pub fn compact(mut schema: Value) -> Value {
     if let Value::Object(obj) = &mut schema {
         obj.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));

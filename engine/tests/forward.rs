@@ -33,7 +33,8 @@ enum Weights {
     AsStored,
     /// Quantised blocks dequantised, f32 kept as f16: the CPU path before integer kernels.
     DequantisedF16,
-    /// Quantised blocks dequantised (to f16, exact for MXFP4's values), f32 kept as f32.
+    /// Quantised blocks dequantised (to f16: exact for the tiny gpt-oss's MXFP4 values,
+    /// whose scales stay within f16's range), f32 kept as f32.
     Dequantised,
 }
 

@@ -98,6 +98,11 @@ second = client.chat.completions.create(model=model, temperature=0, max_tokens=2
     messages=weather + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                         {"role": "tool", "tool_call_id": call.id, "content": "{\"sky\": \"sunny\"}"}])
 out["second_finish"] = second.choices[0].finish_reason
+schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
+r = client.chat.completions.create(model=model, messages=weather, max_tokens=60, temperature=0,
+    response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}})
+out["structured"], out["structured_finish"] = r.choices[0].message.content, r.choices[0].finish_reason
 # Cut inside the call's arguments (its header is about 50 byte tokens): what arrived.
 r = ask(tool_choice="required", temperature=0, seed=1, max_tokens=53)
 out["cut"], out["cut_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
@@ -128,7 +133,15 @@ print(json.dumps(out))
     // Greedy with the same prompt: the stream's call is the whole answer's, piece by piece.
     assert_eq!(read["streamed_required"], read["required"], "{read}");
     // A random model rarely closes a message: the second turn runs to its length.
-    assert!(read["second_finish"].is_string(), "{read}");
+    assert_eq!(read["second_finish"], "length", "{read}");
+    // Structured output lands in the final channel, so in `content`.
+    let answer: Value = serde_json::from_str(read["structured"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {read}"));
+    assert!(
+        answer["ok"].is_boolean() && answer.as_object().unwrap().len() == 1,
+        "{read}"
+    );
+    assert_eq!(read["structured_finish"], "stop", "{read}");
     // A stream cut inside a call's arguments ends with what arrived: the call, its arguments
     // so far (a prefix of the whole answer's), and `length`.
     for (key, finish) in [
@@ -162,6 +175,14 @@ print(json.dumps(out))
             json!({"messages": hi, "chat_template_kwargs": {"x": 1}}),
             "chat_template_kwargs",
         ),
+        (
+            json!({"messages": hi, "skip_special_tokens": false}),
+            "skip_special_tokens",
+        ),
+        (
+            json!({"messages": hi, "guided_regex": "a+"}),
+            "guided_regex",
+        ),
     ] {
         let (status, reply) = post(&client, &url, &body).await;
         assert_eq!(status, 400, "{reply}");
@@ -188,6 +209,33 @@ print(json.dumps(out))
     );
     assert!(
         text.ends_with("<|start|>user<|message|>hi<|end|><|start|>assistant"),
+        "{text}"
+    );
+    // A call and its result render as the format writes them (the second turn's prompt).
+    let turn = json!([
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_7", "type": "function",
+         "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "noon"},
+    ]);
+    let (status, reply) = post(
+        &client,
+        &server.url("/tokenize"),
+        &json!({"messages": turn, "return_token_strs": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    let text: String = reply["token_strs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().replace('Ġ', " "))
+        .collect();
+    assert!(
+        text.ends_with(
+            "<|start|>assistant to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>{\"tz\": \"UTC\"}<|call|>\
+             <|start|>functions.get_time to=assistant<|channel|>commentary<|message|>noon<|end|><|start|>assistant"
+        ),
         "{text}"
     );
 }

@@ -343,15 +343,15 @@ impl Backend for CpuBackend {
     }
 
     fn upload_experts(&self, name: &str, host: HostExperts) -> anyhow::Result<CpuExperts> {
-        let router_name = format!("{name}.mlp.router");
+        let router_name = format!("{name}'s router");
         let (num_experts, _) = host.router.matrix_dims(&router_name)?;
         let router_bias = match host.router_bias {
-            Some(b) => Some(b.into_param(&format!("{router_name}.bias"))?),
+            Some(b) => Some(b.into_param(&format!("{router_name} bias"))?),
             None => None,
         };
         ensure!(
             router_bias.as_ref().is_none_or(|b| b.len() == num_experts),
-            "`{router_name}.bias` does not have one value per expert"
+            "`{router_name} bias` does not have one value per expert"
         );
         let mut experts = Vec::with_capacity(host.experts.len());
         for (x, e) in host.experts.into_iter().enumerate() {

@@ -1081,7 +1081,7 @@ impl Backend for CudaBackend {
                 || experts.iter().all(|e| e.biases.is_none()),
             "{name}: some experts have biases and some not"
         );
-        let router_name = format!("{name}.mlp.router");
+        let router_name = format!("{name}'s router");
         let (num_experts, hidden) = router.matrix_dims(&router_name)?;
         ensure!(
             experts.len() == num_experts,
@@ -1093,7 +1093,7 @@ impl Backend for CudaBackend {
             .clone_htod(&router.into_f32())
             .with_context(|| format!("uploading `{router_name}`"))?;
         let router_bias = match router_bias {
-            Some(b) => Some(self.upload_param(&format!("{router_name}.bias"), b)?.data),
+            Some(b) => Some(self.upload_param(&format!("{router_name} bias"), b)?.data),
             None => None,
         };
         let mut weights = Vec::with_capacity(num_experts);
@@ -1672,30 +1672,30 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet, nor attention sinks,
-    /// gpt-oss's clamped SwiGLU, or experts with biases, GeGLU or gpt-oss's routing (issue
-    /// 44); the mixture-of-experts kernels have not run on a GPU yet (issue 45) and run
-    /// only under `--cuda-unverified-kernels`. Everything else the per-layer description
-    /// holds runs on the kernel set chosen for the model.
+    /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet, nor a dense clamped
+    /// SwiGLU or GeGLU experts; the mixture-of-experts kernels and attention sinks (gpt-oss,
+    /// issue 44) have not run on a GPU yet (issue 45) and run only under
+    /// `--cuda-unverified-kernels`. Everything else the per-layer description holds runs on
+    /// the kernel set chosen for the model.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
-            let experts = match l.ffn {
-                Ffn::Experts(e) => Some(e),
-                Ffn::Dense { .. } => None,
+            let experts = matches!(l.ffn, Ffn::Experts(_));
+            let unverified = if experts {
+                Some("a mixture-of-experts FFN")
+            } else if l.sinks {
+                Some("attention sinks")
+            } else {
+                None
             };
             let missing = if l.rope.rotary_dim != c.head_dim {
                 "rotary embeddings on part of each head"
-            } else if l.sinks {
-                "attention sinks"
-            } else if matches!(l.activation, Activation::ClampedSwiglu { .. }) {
-                "the clamped SwiGLU"
-            } else if experts.is_some_and(|e| e.biases || e.routing == Routing::TopKSoftmax) {
-                "a mixture of experts with biases or a softmax over the chosen experts"
-            } else if experts.is_some() && l.activation != Activation::Silu {
+            } else if experts && l.activation == Activation::GeluTanh {
                 "a mixture of experts with GeGLU"
-            } else if experts.is_some() && !self.unverified_kernels {
+            } else if !experts && matches!(l.activation, Activation::ClampedSwiglu { .. }) {
+                "a dense clamped SwiGLU"
+            } else if let Some(what) = unverified.filter(|_| !self.unverified_kernels) {
                 return Some(format!(
-                    "a mixture-of-experts FFN (layer {i}), whose CUDA kernels run only under \
+                    "{what} (layer {i}), whose CUDA kernels run only under \
                      --cuda-unverified-kernels: they have not run on a GPU yet"
                 ));
             } else {
@@ -1718,7 +1718,6 @@ impl Backend for CudaBackend {
         step: &CudaStep,
         out: &mut CudaAct,
     ) -> anyhow::Result<()> {
-        ensure!(sinks.is_none(), "attention: sinks have no CUDA kernel yet");
         let window = match span {
             AttentionSpan::Full => None,
             AttentionSpan::Sliding { window } => Some(int(window, "sliding window")?),

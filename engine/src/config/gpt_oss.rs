@@ -22,7 +22,8 @@ pub const DEFAULT_MAX_POSITIONS: usize = 131_072;
 const ALPHA: f32 = 1.702;
 const LIMIT: f32 = 7.0;
 
-/// The window of the published models' sliding layers, for GGUF files without the key.
+/// The window of the published models' sliding layers, for files without the key
+/// (`GptOssConfig`'s default).
 const DEFAULT_WINDOW: usize = 128;
 
 /// The layers an HF config describes.
@@ -44,12 +45,12 @@ pub fn hf_layers(
         limit: opt_field::<f64>(json, "swiglu_limit", file)?.map_or(LIMIT, |l| l as f32),
     };
     let biases = opt_field::<bool>(json, "attention_bias", file)?.unwrap_or(true);
-    let spans = match layer_types(json, common.num_layers, file)? {
+    let window: usize = opt_field(json, "sliding_window", file)?.unwrap_or(DEFAULT_WINDOW);
+    let mut with_window = json.clone();
+    with_window["sliding_window"] = window.into();
+    let spans = match layer_types(&with_window, common.num_layers, file)? {
         Some(spans) => spans,
-        None => {
-            let window: usize = opt_field(json, "sliding_window", file)?.unwrap_or(DEFAULT_WINDOW);
-            alternating(common.num_layers, window)
-        }
+        None => alternating(common.num_layers, window),
     };
     Ok(layers(common, spans, experts, activation, biases))
 }
@@ -213,6 +214,14 @@ mod tests {
         json.as_object_mut().unwrap().remove("layer_types");
         json["sliding_window"] = 5.into();
         let c = read(json.clone()).unwrap();
+        let mut listed = published();
+        listed.as_object_mut().unwrap().remove("sliding_window");
+        let default = read(listed).unwrap();
+        assert_eq!(
+            default.layers[0].attention,
+            AttentionSpan::Sliding { window: 128 },
+            "GptOssConfig's default window"
+        );
         let sliding: Vec<bool> = c
             .layers
             .iter()

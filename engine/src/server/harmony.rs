@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::protocol::ApiError;
 use super::tools::{new_call_id, CallEvent, ToolChoice, Tools};
-use crate::grammar::GrammarSpec;
+use crate::grammar::{compact, GrammarSpec};
 use crate::tokenizer::ChatMessage;
 
 /// `reasoning_effort`: how long the model thinks (the system message's `Reasoning:`).
@@ -110,8 +110,14 @@ pub fn render(
                         "<|end|>",
                     );
                 }
+                // Text beside calls is a preamble in the commentary channel; alone, the
+                // turn's final answer.
                 if !m.content.is_empty() {
-                    push_message(&mut out, "assistant<|channel|>final", &m.content, "<|end|>");
+                    let header = match m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
+                        true => "assistant<|channel|>commentary",
+                        false => "assistant<|channel|>final",
+                    };
+                    push_message(&mut out, header, &m.content, "<|end|>");
                 }
                 for (j, call) in m.tool_calls.iter().flatten().enumerate() {
                     let at = format!("messages[{i}].tool_calls[{j}]");
@@ -133,19 +139,18 @@ pub fn render(
                 }
             }
             "tool" => {
-                // The call it answers by id, else the latest call.
-                let name = called
-                    .iter()
-                    .rev()
-                    .find(|(id, _)| id.is_some() && *id == m.tool_call_id)
-                    .or(called.last())
-                    .map(|(_, name)| name.clone())
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            &format!("messages[{i}]"),
-                            "a `tool` message answers no earlier tool call",
-                        )
-                    })?;
+                // The call it answers by its id, else (no id) the latest call.
+                let answered = match &m.tool_call_id {
+                    Some(id) => called.iter().rev().find(|(c, _)| c.as_ref() == Some(id)),
+                    None => called.last(),
+                };
+                let name = answered.map(|(_, name)| name.clone()).ok_or_else(|| {
+                    let param = match &m.tool_call_id {
+                        Some(_) => format!("messages[{i}].tool_call_id"),
+                        None => format!("messages[{i}]"),
+                    };
+                    ApiError::invalid(&param, "a `tool` message answers no earlier tool call")
+                })?;
                 let header = format!("functions.{name} to=assistant<|channel|>commentary");
                 push_message(&mut out, &header, &m.content, "<|end|>");
             }
@@ -314,11 +319,7 @@ pub fn tool_grammar(tools: &Tools) -> Option<GrammarSpec> {
     let mut calls = Vec::new();
     for (i, tool) in chosen.iter().enumerate() {
         // Compact JSON, as structured output's other grammars (no runs of whitespace).
-        let mut schema = tool.parameters.clone();
-        if let Value::Object(obj) = &mut schema {
-            obj.entry("x-guidance")
-                .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
-        }
+        let schema = compact(tool.parameters.clone());
         calls.push(format!("call_{i}"));
         rules.push(format!(
             "call_{i}: {} \" \" <|constrain|> \"json\" <|message|> %json {schema}",
@@ -329,6 +330,32 @@ pub fn tool_grammar(tools: &Tools) -> Option<GrammarSpec> {
         "start: <|channel|> \"commentary to=functions.\" ({})\n{}",
         calls.join(" | "),
         rules.join("\n")
+    )))
+}
+
+/// A structured-output grammar in harmony: the answer opens the final channel at once and
+/// its message follows the grammar. JSON (an object, or a schema) and a choice of strings
+/// are wrapped; a regular expression or a Lark grammar is refused (its own `start` rule and
+/// regex dialect are not rewritten), naming what is not supported.
+pub fn final_grammar(spec: &GrammarSpec) -> Result<GrammarSpec, String> {
+    let body = match spec {
+        GrammarSpec::JsonObject => format!("%json {}", compact(serde_json::json!({"type": "object"}))),
+        GrammarSpec::JsonSchema(schema) => format!("%json {}", compact(schema.clone())),
+        GrammarSpec::Choice(choices) => {
+            let alternatives: Vec<String> = choices
+                .iter()
+                .map(|c| Value::String(c.clone()).to_string())
+                .collect();
+            format!("({})", alternatives.join(" | "))
+        }
+        GrammarSpec::Regex(_) | GrammarSpec::Lark(_) => {
+            return Err("this model answers in harmony: its structured output takes JSON (an \
+                        object or a schema) or a choice, not a regular expression or a Lark grammar"
+                .to_string())
+        }
+    };
+    Ok(GrammarSpec::Lark(format!(
+        "start: <|channel|> \"final\" <|message|> {body}"
     )))
 }
 
@@ -446,35 +473,42 @@ impl HarmonyReader {
 
     fn marker(&mut self, marker: &str, events: &mut Vec<CallEvent>) {
         match (marker, &mut self.place) {
-            // The channel is part of the header.
+            // The channel is part of the header; a body that meets one has ended without
+            // its `<|end|>`, and the channel begins the next header.
             (CHANNEL, Place::Header(header)) => header.push_str(CHANNEL),
+            (CHANNEL, Place::Body(_)) => self.place = Place::Header(CHANNEL.to_string()),
             (MESSAGE, Place::Header(header)) => {
                 let header = std::mem::take(header);
                 self.place = Place::Body(self.body_of(&header, events));
             }
-            (START, _) => self.place = Place::Header(String::new()),
-            // `<|end|>` and the turn ends close a body; a stray marker elsewhere is dropped.
-            _ => {
-                if matches!(self.place, Place::Body(_)) {
-                    self.place = Place::Header(String::new());
-                }
-            }
+            // `<|start|>`, `<|end|>` and the turn ends close a body, or drop a header that
+            // never reached its `<|message|>`; a stray `<|message|>` in a body is dropped.
+            (MESSAGE, Place::Body(_)) => {}
+            _ => self.place = Place::Header(String::new()),
         }
     }
 
     /// What a body under `header` is: its channel, and its recipient (`to=NAME`, in the
     /// role part or after the channel).
     fn body_of(&mut self, header: &str, events: &mut Vec<CallEvent>) -> Body {
+        // Words end at whitespace or a marker (`to=functions.f<|constrain|>json`).
+        let word = |s: &str| -> String {
+            s.split(|c: char| c.is_whitespace() || c == '<')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        };
         let channel = header
             .split_once(CHANNEL)
-            .map(|(_, rest)| rest.split_whitespace().next().unwrap_or(""))
-            .unwrap_or("");
+            .map_or(String::new(), |(_, rest)| word(rest));
         let recipient = header
-            .replace(CHANNEL, " ")
-            .split_whitespace()
-            .find_map(|part| part.strip_prefix("to=").map(str::to_string));
+            .match_indices("to=")
+            .find(|&(at, _)| {
+                header[..at].ends_with(|c: char| c.is_whitespace() || c == '>') || at == 0
+            })
+            .map(|(at, _)| word(&header[at + 3..]));
         match (
-            channel,
+            channel.as_str(),
             recipient
                 .as_deref()
                 .and_then(|r| r.strip_prefix("functions.")),
@@ -610,6 +644,36 @@ format?: \"celsius\" | \"fahrenheit\", // default: celsius
         let orphan = vec![message("user", "hi"), message("tool", "{}")];
         let err = render(&orphan, None, ReasoningEffort::Low, "2026-11-27").unwrap_err();
         assert_eq!(err.param.as_deref(), Some("messages[1]"));
+        // A result naming a call that was not made is refused by its id.
+        let mut call = message("assistant", "Checking.");
+        call.tool_calls = Some(vec![json!({"id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": {}}})]);
+        let mut stray = message("tool", "{}");
+        stray.tool_call_id = Some("call_2".into());
+        let err = render(
+            &[message("user", "hi"), call.clone(), stray],
+            None,
+            ReasoningEffort::Low,
+            "2026-11-27",
+        )
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("messages[2].tool_call_id"));
+        // Text beside a call is a commentary preamble, not a final answer.
+        let got = render(
+            &[message("user", "hi"), call],
+            None,
+            ReasoningEffort::Low,
+            "d",
+        )
+        .unwrap();
+        assert!(
+            got.ends_with(
+                "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>\
+                 <|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{}<|call|>\
+                 <|start|>assistant"
+            ),
+            "{got}"
+        );
     }
 
     /// Reads `pieces` in order and joins what came out: (reasoning, answer, calls).
@@ -666,6 +730,23 @@ format?: \"celsius\" | \"fahrenheit\", // default: celsius
         );
     }
 
+    /// Headers written loosely still read: a recipient against `<|constrain|>`, a body that
+    /// meets the next `<|channel|>` without its `<|end|>`, a header cut by `<|end|>`.
+    #[test]
+    fn loose_headers_are_read() {
+        let (reasoning, answer, made) = read(
+            &["<|channel|>commentary to=functions.f<|constrain|>json<|message|>{}<|end|>"],
+            true,
+        );
+        assert_eq!(made, [("f".to_string(), "{}".to_string())]);
+        assert!(reasoning.is_empty() && answer.is_empty());
+        let (reasoning, answer, _) = read(
+            &["<|channel|>final<|message|>A<|channel|>analysis<|message|>B<|end|><|start|>assistant<|end|><|channel|>final<|message|>C"],
+            true,
+        );
+        assert_eq!((reasoning.as_str(), answer.as_str()), ("B", "AC"));
+    }
+
     /// A stream cut inside a channel keeps what arrived: the reasoning so far, or the
     /// call's arguments so far; a half-read header gives nothing.
     #[test]
@@ -680,6 +761,30 @@ format?: \"celsius\" | \"fahrenheit\", // default: celsius
         assert_eq!(made, [("f".to_string(), "{\"a\": <|".to_string())]);
         let (reasoning, answer, made) = read(&["<|channel|>fin"], true);
         assert!(reasoning.is_empty() && answer.is_empty() && made.is_empty());
+    }
+
+    /// Structured output opens the final channel and follows the grammar there; what cannot
+    /// be wrapped is refused.
+    #[test]
+    fn structured_output_goes_to_the_final_channel() {
+        let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}});
+        let Ok(GrammarSpec::Lark(lark)) = final_grammar(&GrammarSpec::JsonSchema(schema)) else {
+            panic!("not wrapped")
+        };
+        assert!(
+            lark.starts_with("start: <|channel|> \"final\" <|message|> %json {"),
+            "{lark}"
+        );
+        assert!(lark.contains("\"whitespace_flexible\":false"), "{lark}");
+        let choice = final_grammar(&GrammarSpec::Choice(vec!["yes".into(), "no".into()]));
+        assert_eq!(
+            choice,
+            Ok(GrammarSpec::Lark(
+                "start: <|channel|> \"final\" <|message|> (\"yes\" | \"no\")".into()
+            ))
+        );
+        assert!(final_grammar(&GrammarSpec::Regex("a+".into())).is_err());
+        assert!(final_grammar(&GrammarSpec::Lark("start: \"a\"".into())).is_err());
     }
 
     /// `required` is one call to any tool in the format; a named choice, to that tool.

@@ -472,13 +472,14 @@ impl CallReader {
                 parser: ToolCallParser::Hermes,
                 ..
             } => self.read_hermes(&mut events),
-            // Harmony streams have a reader of their own (`harmony::HarmonyReader`).
+            // Harmony streams have a reader of their own: routes make a
+            // `harmony::HarmonyReader` for them, never a `CallReader`.
             CallFormat::Parsed {
                 parser: ToolCallParser::Harmony,
                 ..
             }
             | CallFormat::Harmony { .. } => {
-                events.push(CallEvent::Content(std::mem::take(&mut self.pending)))
+                unreachable!("harmony answers are read by harmony::HarmonyReader")
             }
             CallFormat::Parsed {
                 parser: ToolCallParser::Llama3Json,

@@ -559,6 +559,17 @@ pub fn chat_request(
             tools.as_ref(),
             tokenizer,
         )?;
+        if shared.skip_special_tokens == Some(false) {
+            return Err(ApiError::invalid(
+                "skip_special_tokens",
+                "this model answers in harmony, whose markers the server reads out of the answer: \
+                 `skip_special_tokens: false` has no markers to keep",
+            ));
+        }
+        if let Some(c) = &mut constraint {
+            c.spec = harmony::final_grammar(&c.spec)
+                .map_err(|message| ApiError::invalid(&c.param, message))?;
+        }
         if let Some(spec) = tools.as_ref().and_then(harmony::tool_grammar) {
             if let Some(other) = &constraint {
                 return Err(ApiError::invalid(
@@ -588,15 +599,20 @@ pub fn chat_request(
             info,
         ));
     }
+    let effort_twice = own
+        .chat_template_kwargs
+        .as_ref()
+        .is_some_and(|k| k.contains_key("reasoning_effort"));
     let mut kwargs = template_kwargs(own.chat_template_kwargs, info)?;
     if let Some(effort) = own.reasoning_effort {
-        if kwargs.contains_key("reasoning_effort") {
+        if effort_twice {
             return Err(ApiError::invalid(
                 "chat_template_kwargs.reasoning_effort",
                 "`reasoning_effort` reaches the template as `reasoning_effort`; give it once",
             ));
         }
         harmony::ReasoningEffort::parse(&effort)?;
+        // The request's value wins over a server default.
         kwargs.insert("reasoning_effort".into(), Value::String(effort));
     }
     let mut tool_calls = None;

@@ -182,7 +182,7 @@ pub enum KernelSet {
     /// What every model runs.
     Plain,
     /// The plain set and what only some families need (`-DEXTENDED_KERNELS`): the sliding
-    /// twins (windows, soft-capped scores and sinks), `gelu_tanh_mul`, `clamped_swiglu_mul`, `scale_bf16`,
+    /// twins (windows, soft-capped scores and sinks), `gelu_tanh_mul`, `scale_bf16`,
     /// `softcap_bf16` and the mixture-of-experts kernels (`kernels/experts.cu`). Compiled only for a model that needs them ([`KernelSet::for_model`]),
     /// so that start-up compiles no more for the others.
     Extended,
