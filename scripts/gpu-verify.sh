@@ -13,18 +13,18 @@
 #             sampled), a required tool call, a stream (3 s)
 #   model     a random Qwen3-0.6B-shaped bf16 model with transformers' reference logprobs,
 #             bf16 and f32 (29-40 s)
-#   logprobs  those logprobs through `engine serve`: the default kernels, then the direct
-#             decode kernel (6 s)
+#   logprobs  those logprobs through `engine serve`: the default kernels, the direct decode
+#             kernel, then the pipelined tensor-core prefill (6 s for the first two)
 #   bench     `engine bench`, each decode kernel: one stream (512 + 256) and nano-vLLM's
 #             bench.py workload (28-30 s)
-#   dims      tensor-core prefill at head dims 64 and 32 (small random models) vs transformers
-#             (48 s)
+#   dims      tensor-core prefill (both kernels) at head dims 64 and 32 (small random models) vs
+#             transformers (48 s with one kernel)
 #   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512 (NCU_DECODE_KERNELS,
 #             default the pipelined one), the pipelined kernel's stall reasons at batch 256
 #             (NCU_DETAIL=1), every kernel's GPU time over a decode step at batch 256 and at
 #             batch 1 (34 s without the detail)
-#   ncu-prefill  ncu: the prefill kernels (PREFILL_KERNELS, default mma) over the 16k-token
-#             step (7 s a kernel)
+#   ncu-prefill  ncu: the prefill kernels (PREFILL_KERNELS, default mma and mma-pipelined, the
+#             latter never run on a GPU yet) over the 16k-token step (7 s a kernel)
 #   serve     `loadgen sweep --rates search` (the knee) of `engine serve --device cuda` (chat
 #             profile, p99 SLOs, five levels of 15 s), then 40 cut streams (207 s)
 #   peer      the 64-sequence slice beside transformers' generate_batch (not in the default)
@@ -227,6 +227,8 @@ if has logprobs; then
     # The default kernels (tensor-core prefill, pipelined decode), then the direct decode.
     logprobs_check $M -default
     logprobs_check $M -direct --decode-attention direct
+    # The pipelined tensor-core prefill (never run on a GPU yet), two heads a block here.
+    logprobs_check $M -mma-pipelined --prefill-attention mma-pipelined
     timed logprobs
 fi
 if has bench; then
@@ -237,10 +239,11 @@ if has bench; then
     timed bench
 fi
 if has dims; then
-    # The tensor-core prefill kernel at head dims 64 and 32 (128 is the model step's).
+    # The tensor-core prefill kernels at head dims 64 and 32 (128 is the model step's).
     for d in 64 32; do
         make_model /tmp/qd$d 512 2 8 4 $d 1024
         logprobs_check /tmp/qd$d -mma-d$d --prefill-attention mma
+        logprobs_check /tmp/qd$d -mma-pipelined-d$d --prefill-attention mma-pipelined
     done
     timed dims
 fi
@@ -351,9 +354,9 @@ PY
 fi
 if has ncu-prefill; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    # The tensor-core prefill kernel's GPU time over the 16k-token step's 28 layers
-    # (after the warm-up's 16-token prefill, 28 launches); PREFILL_KERNELS="scalar mma" for both.
-    for k in ${PREFILL_KERNELS:-mma}; do
+    # The tensor-core prefill kernels' GPU time over the 16k-token step's 28 layers (after the
+    # warm-up's 16-token prefill, 28 launches); PREFILL_KERNELS="scalar mma" for the CUDA-core one.
+    for k in ${PREFILL_KERNELS:-mma mma-pipelined}; do
         timeout 90 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
             "$G/engine" bench --model $M --device cuda --prefill-attention $k "${P16K[@]}" --max-num-batched-tokens 16384 \
             > "$W/ncu-prefill-$k.csv" 2> "$W/ncu-prefill-$k.err"

@@ -7,8 +7,9 @@ mod common;
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::backend::cuda::{
     all_kernel_names, cuda_available, decode_async_smem_bytes, decode_kernel_name, driver_present,
-    prefill_kernel_name, prefill_mma_kernel_name, resolve_device, CudaBackend, CudaOptions,
-    DecodeAttention, KernelSet, PrefillAttention, NO_DRIVER, SOURCES,
+    prefill_fa_kernel, prefill_fa_smem_bytes, prefill_kernel_name, prefill_mma_kernel_name,
+    resolve_device, CudaBackend, CudaOptions, DecodeAttention, KernelSet, PrefillAttention,
+    NO_DRIVER, PREFILL_FA_DIMS, SOURCES,
 };
 use engine::backend::Device;
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
@@ -120,6 +121,14 @@ fn every_launched_kernel_is_defined_in_the_sources() {
                 format!("PREFILL_MMA_KERNEL({d})"),
                 "prefill_attention_mma_d##D",
             );
+        } else if let Some(rest) = base.strip_prefix("prefill_attention_fa_d") {
+            let (d, heads) = rest
+                .split_once("_h")
+                .expect("pipelined prefill kernel name");
+            made_by(
+                format!("PREFILL_FA_KERNEL({d}, {heads})"),
+                "prefill_attention_fa_d##D##_h##HB",
+            );
         } else {
             assert!(
                 defined(&name),
@@ -131,6 +140,22 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         decode_kernel_name(DIRECT, 2, 128).as_deref(),
         Some("paged_decode_g2_k16")
     );
+    // The pipelined tensor-core prefill: two heads a block for an even group, 64 threads a
+    // head; two stages of 32-key (head dim 128) or 64-key K and V tiles, rows padded by 8.
+    let fa = |d, g| prefill_fa_kernel(d, g).unwrap();
+    assert_eq!(
+        fa(128, 2),
+        ("prefill_attention_fa_d128_h2".to_string(), 128)
+    );
+    assert_eq!(fa(64, 8), ("prefill_attention_fa_d64_h2".to_string(), 128));
+    assert_eq!(fa(64, 1), ("prefill_attention_fa_d64_h1".to_string(), 64));
+    assert_eq!(fa(32, 3), ("prefill_attention_fa_d32_h1".to_string(), 64));
+    assert!(prefill_fa_kernel(80, 2).is_err());
+    assert_eq!(prefill_fa_smem_bytes(128), 2 * 2 * 32 * 136 * 2);
+    assert_eq!(prefill_fa_smem_bytes(64), 2 * 2 * 64 * 72 * 2);
+    assert!(PREFILL_FA_DIMS
+        .iter()
+        .all(|&d| prefill_fa_smem_bytes(d) <= 48 * 1024));
     assert_eq!(
         decode_kernel_name(DecodeAttention::Pipelined, 2, 128).as_deref(),
         Some("paged_decode_async_g2_k16")
@@ -387,7 +412,11 @@ fn check_gpu_against_cpu(
 #[test]
 fn gpu_sliding_window_matches_cpu_on_mistral_tiny() {
     if gpu_or_skip("gpu_sliding_window_matches_cpu_on_mistral_tiny") {
-        for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
+        for prefill in [
+            PrefillAttention::Scalar,
+            PrefillAttention::Mma,
+            PrefillAttention::MmaPipelined,
+        ] {
             for decode in [DIRECT, DecodeAttention::Pipelined] {
                 let (cpu, gpu) = family_runners("mistral-tiny-window", prefill, decode);
                 let rel = format!("mistral-tiny-window {prefill:?} {decode:?}");
@@ -418,7 +447,11 @@ fn gpu_family_models_match_cpu() {
 fn gpu_gemma_matches_cpu() {
     if gpu_or_skip("gpu_gemma_matches_cpu") {
         for name in ["gemma3-tiny", "gemma2-tiny"] {
-            for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
+            for prefill in [
+                PrefillAttention::Scalar,
+                PrefillAttention::Mma,
+                PrefillAttention::MmaPipelined,
+            ] {
                 let (cpu, gpu) = family_runners(name, prefill, DecodeAttention::Pipelined);
                 let rel = format!("{name} {prefill:?}");
                 check_gpu_against_cpu(&rel, cpu, gpu, 256, 400, GEMMA_BF16_BOUND);
@@ -485,7 +518,11 @@ fn gpu_gpt_oss_matches_cpu() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/families/gpt-oss-tiny");
         for path in [dir.clone(), dir.join("model.gguf")] {
-            for prefill in [PrefillAttention::Scalar, PrefillAttention::Mma] {
+            for prefill in [
+                PrefillAttention::Scalar,
+                PrefillAttention::Mma,
+                PrefillAttention::MmaPipelined,
+            ] {
                 for decode in [DecodeAttention::Pipelined, DecodeAttention::Direct] {
                     let cuda_opts = CudaOptions {
                         prefill_attention: Some(prefill),
@@ -555,6 +592,22 @@ fn gpu_mma_prefill_matches_cpu_on_qwen3_tiny() {
 fn gpu_mma_prefill_matches_cpu_on_llama_tiny() {
     if gpu_or_skip("gpu_mma_prefill_matches_cpu_on_llama_tiny") {
         gpu_matches_cpu("llama-tiny", PrefillAttention::Mma, DIRECT);
+    }
+}
+
+/// The pipelined tensor-core prefill kernel (`--prefill-attention mma-pipelined`, never run on
+/// a GPU yet): the same checks.
+#[test]
+fn gpu_pipelined_mma_prefill_matches_cpu_on_qwen3_tiny() {
+    if gpu_or_skip("gpu_pipelined_mma_prefill_matches_cpu_on_qwen3_tiny") {
+        gpu_matches_cpu("qwen3-tiny/bf16", PrefillAttention::MmaPipelined, DIRECT);
+    }
+}
+
+#[test]
+fn gpu_pipelined_mma_prefill_matches_cpu_on_llama_tiny() {
+    if gpu_or_skip("gpu_pipelined_mma_prefill_matches_cpu_on_llama_tiny") {
+        gpu_matches_cpu("llama-tiny", PrefillAttention::MmaPipelined, DIRECT);
     }
 }
 

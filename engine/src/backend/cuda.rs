@@ -35,9 +35,9 @@ pub use device::{
 pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
     all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_async_smem_bytes,
-    decode_kernel_name, missing_kernels, nvrtc_present, prefill_kernel_name,
-    prefill_mma_kernel_name, prefill_mma_smem_bytes, prefill_smem_bytes, program, sliding_twin,
-    DecodeAttention, KernelSet, SOURCES,
+    decode_kernel_name, missing_kernels, nvrtc_present, prefill_fa_kernel, prefill_fa_smem_bytes,
+    prefill_kernel_name, prefill_mma_kernel_name, prefill_mma_smem_bytes, prefill_smem_bytes,
+    program, sliding_twin, DecodeAttention, KernelSet, PREFILL_FA_DIMS, SOURCES,
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
@@ -58,6 +58,11 @@ pub enum PrefillAttention {
     /// The tensor-core kernel (`prefill_attention_mma_d*`, FlashAttention-2 style; head dims
     /// 16, 32, 64 and 128; sm_80 or newer). Checked on an H100 against transformers.
     Mma,
+    /// The tensor-core kernel with cp.async tiles, ldmatrix fragments and two query heads of
+    /// a GQA group a block (`prefill_attention_fa_d*_h*`; head dims 16, 32, 64 and 128; sm_80
+    /// or newer). Not yet run on a GPU (issue 45): only when named.
+    #[value(name = "mma-pipelined")]
+    MmaPipelined,
 }
 
 /// How the CUDA runner is set up.
@@ -512,6 +517,14 @@ impl CudaBackend {
             );
             kernels::prefill_mma_kernel(head_dim).map(|_| ())
         };
+        if kernel == Some(PrefillAttention::MmaPipelined) {
+            ensure!(
+                major >= 8,
+                "--prefill-attention mma-pipelined needs bf16 tensor cores (sm_80 or newer); \
+                 this GPU is sm_{major}{minor}"
+            );
+            kernels::prefill_fa_kernel(head_dim, 1)?;
+        }
         self.prefill_attention = choose_kernel(
             kernel,
             (PrefillAttention::Mma, PrefillAttention::Scalar),
@@ -1878,6 +1891,15 @@ impl Backend for CudaBackend {
                     kernels::PREFILL_MMA_THREADS,
                     prefill_mma_smem_bytes(d),
                 ),
+                PrefillAttention::MmaPipelined => {
+                    let (name, threads) = kernels::prefill_fa_kernel(d, layout.group_size())?;
+                    (name, threads, kernels::prefill_fa_smem_bytes(d))
+                }
+            };
+            // The pipelined kernel's block holds its heads' query rows (two heads of a group).
+            let heads_per_block = match self.prefill_attention {
+                PrefillAttention::MmaPipelined => threads as usize / 64,
+                _ => 1,
             };
             let mut args = Vec::with_capacity(18);
             common(&mut args);
@@ -1897,7 +1919,11 @@ impl Backend for CudaBackend {
             ]);
             args.extend([KArg::I32(step.block_size as i32), KArg::F32(scale)]);
             window_arg(&mut args);
-            let grid = (int(step.n_tiles, "prefill tiles")? as u32, h as u32, 1);
+            let grid = (
+                int(step.n_tiles, "prefill tiles")? as u32,
+                (h / heads_per_block) as u32,
+                1,
+            );
             self.launch(&kernel(name), grid, threads, smem as u32, &args)?;
         }
         Ok(())

@@ -51,6 +51,9 @@ pub const PREFILL_PAIRS: [usize; 4] = [4, 8, 16, 32];
 pub const PREFILL_MMA_DIMS: [usize; 4] = [16, 32, 64, 128];
 /// Threads per tensor-core prefill block (`PF_MMA_THREADS`: two warps of 16 query rows).
 pub const PREFILL_MMA_THREADS: u32 = 64;
+/// Head dims the pipelined tensor-core prefill kernel is instantiated for
+/// (`prefill_attention_fa_d*_h*`), each with one or two query heads a block.
+pub const PREFILL_FA_DIMS: [usize; 4] = [16, 32, 64, 128];
 /// Query rows and key rows per prefill tile (`PF_BQ`, `PF_BK` in attention.cu).
 pub const PREFILL_TILE: usize = 32;
 /// Threads per prefill block (`PF_THREADS`).
@@ -158,6 +161,28 @@ pub fn prefill_mma_kernel(head_dim: usize) -> anyhow::Result<String> {
     })
 }
 
+/// The pipelined tensor-core prefill kernel for a head dim and GQA group size: two query
+/// heads a block where the group size is even, else one; its threads (64 a head).
+pub fn prefill_fa_kernel(head_dim: usize, group: usize) -> anyhow::Result<(String, u32)> {
+    ensure!(
+        PREFILL_FA_DIMS.contains(&head_dim),
+        "--prefill-attention mma-pipelined: no kernel for head_dim {head_dim} (it has \
+         {PREFILL_FA_DIMS:?})"
+    );
+    let heads = if group.is_multiple_of(2) { 2 } else { 1 };
+    Ok((
+        format!("prefill_attention_fa_d{head_dim}_h{heads}"),
+        64 * heads as u32,
+    ))
+}
+
+/// Dynamic shared memory of the pipelined tensor-core prefill kernel: two stages of k and v
+/// tiles (`PFA_BK` keys: 64 up to head dim 64, 32 above) of `head_dim + 8` bf16 a row.
+pub fn prefill_fa_smem_bytes(head_dim: usize) -> usize {
+    let keys = if head_dim <= 64 { 64 } else { 32 };
+    2 * 2 * keys * (head_dim + 8) * 2
+}
+
 /// Dynamic shared memory of the tensor-core prefill kernel: q and k tiles of `head_dim + 8`
 /// bf16 per row, and the transposed v tile of `head_dim` rows of 40 bf16.
 pub fn prefill_mma_smem_bytes(head_dim: usize) -> usize {
@@ -230,6 +255,11 @@ pub fn all_kernel_names(set: KernelSet) -> Vec<String> {
             .iter()
             .map(|d| format!("prefill_attention_mma_d{d}")),
     );
+    for d in PREFILL_FA_DIMS {
+        for heads in [1, 2] {
+            attention.push(format!("prefill_attention_fa_d{d}_h{heads}"));
+        }
+    }
     let twins: Vec<String> = match set {
         KernelSet::Plain => Vec::new(),
         KernelSet::Extended => attention
