@@ -760,6 +760,93 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
     return (unsigned int)f32_to_bf16(lo) | ((unsigned int)f32_to_bf16(hi) << 16);
 }
 
+// The online softmax of one key tile's score fragments on tensor cores (this thread's rows
+// r0: s[.][0..1], r1: s[.][2..3]; the tile's first key k0): scores masked by causality, the
+// window and the rows' validity, scaled and soft-capped; the running maxima and sums moved on
+// and the accumulators rescaled; s left holding the tile's unnormalised probabilities.
+template <int NT, int DT>
+__device__ __forceinline__ void mma_softmax_tile(float (&s)[NT][4], float (&o)[DT][4], int k0, int c,
+                                                 int qpos0, int qpos1, bool valid0, bool valid1,
+                                                 int window, float scale, float softcap, float& m0,
+                                                 float& m1, float& l0, float& l1) {
+    float t0 = -INFINITY, t1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            int kpos = k0 + 8 * nt + 2 * c + e;
+            bool seen0 = kpos <= qpos0 && (window == 0 || kpos > qpos0 - window);
+            bool seen1 = kpos <= qpos1 && (window == 0 || kpos > qpos1 - window);
+            s[nt][e] = (valid0 && seen0) ? soft_cap(s[nt][e] * scale, softcap) : -INFINITY;
+            s[nt][2 + e] = (valid1 && seen1) ? soft_cap(s[nt][2 + e] * scale, softcap) : -INFINITY;
+            t0 = fmaxf(t0, s[nt][e]);
+            t1 = fmaxf(t1, s[nt][2 + e]);
+        }
+    }
+    t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+    t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+    t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+    t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+    float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
+    float corr0 = n0 == -INFINITY ? 1.0f : __expf(m0 - n0);
+    float corr1 = n1 == -INFINITY ? 1.0f : __expf(m1 - n1);
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : __expf(s[nt][e] - n0);
+            s[nt][2 + e] = s[nt][2 + e] == -INFINITY ? 0.0f : __expf(s[nt][2 + e] - n1);
+            sum0 += s[nt][e];
+            sum1 += s[nt][2 + e];
+        }
+    }
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+    l0 = l0 * corr0 + sum0;
+    l1 = l1 * corr1 + sum1;
+    m0 = n0;
+    m1 = n1;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        o[dt][0] *= corr0;
+        o[dt][1] *= corr0;
+        o[dt][2] *= corr1;
+        o[dt][3] *= corr1;
+    }
+}
+
+// The A fragment of P for keys 16kc..16kc + 15: the probabilities of score n-tiles 2kc and
+// 2kc + 1, rounded to bf16 (as FlashAttention does).
+template <int NT>
+__device__ __forceinline__ void mma_p_fragment(const float (&s)[NT][4], int kc, unsigned int (&pa)[4]) {
+    pa[0] = pack_bf16x2(s[2 * kc][0], s[2 * kc][1]);
+    pa[1] = pack_bf16x2(s[2 * kc][2], s[2 * kc][3]);
+    pa[2] = pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+    pa[3] = pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+}
+
+// The tensor-core kernels' end: rows r0 and r1 of the tile normalised (`sink_inv`) and
+// written to dst0 and dst1 (each at its head's first dim), rows past the sequence skipped.
+template <int DT>
+__device__ __forceinline__ void mma_write_rows(const float (&o)[DT][4], float m0, float m1, float l0,
+                                               float l1, bool valid0, bool valid1,
+                                               const float* __restrict__ sinks, int hq, int c,
+                                               bf16* dst0, bf16* dst1) {
+    float inv0 = valid0 ? sink_inv(m0, l0, sinks, hq) : 0.0f;
+    float inv1 = valid1 ? sink_inv(m1, l1, sinks, hq) : 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        int d = 8 * dt + 2 * c;
+        if (valid0)
+            *reinterpret_cast<unsigned int*>(dst0 + d) = pack_bf16x2(o[dt][0] * inv0, o[dt][1] * inv0);
+        if (valid1)
+            *reinterpret_cast<unsigned int*>(dst1 + d) = pack_bf16x2(o[dt][2] * inv1, o[dt][3] * inv1);
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void prefill_mma_impl(
     const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
@@ -850,63 +937,14 @@ __device__ __forceinline__ void prefill_mma_impl(
                 mma_bf16_16816(s[nt], qa[kk], b0, b1);
             }
         }
-        float t0 = -INFINITY, t1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                int kpos = kt * PF_BK + 8 * nt + 2 * c + e;
-                bool seen0 = kpos <= qpos0 && (window == 0 || kpos > qpos0 - window);
-                bool seen1 = kpos <= qpos1 && (window == 0 || kpos > qpos1 - window);
-                s[nt][e] = (valid0 && seen0) ? soft_cap(s[nt][e] * scale, softcap) : -INFINITY;
-                s[nt][2 + e] = (valid1 && seen1) ? soft_cap(s[nt][2 + e] * scale, softcap) : -INFINITY;
-                t0 = fmaxf(t0, s[nt][e]);
-                t1 = fmaxf(t1, s[nt][2 + e]);
-            }
-        }
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
-        float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
-        float corr0 = n0 == -INFINITY ? 1.0f : __expf(m0 - n0);
-        float corr1 = n1 == -INFINITY ? 1.0f : __expf(m1 - n1);
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : __expf(s[nt][e] - n0);
-                s[nt][2 + e] = s[nt][2 + e] == -INFINITY ? 0.0f : __expf(s[nt][2 + e] - n1);
-                sum0 += s[nt][e];
-                sum1 += s[nt][2 + e];
-            }
-        }
-        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
-        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
-        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
-        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-        l0 = l0 * corr0 + sum0;
-        l1 = l1 * corr1 + sum1;
-        m0 = n0;
-        m1 = n1;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            o[dt][0] *= corr0;
-            o[dt][1] *= corr0;
-            o[dt][2] *= corr1;
-            o[dt][3] *= corr1;
-        }
+        mma_softmax_tile(s, o, kt * PF_BK, c, qpos0, qpos1, valid0, valid1, window, scale, softcap,
+                         m0, m1, l0, l1);
         // O += P·V, 16 keys per k step: the score fragments of n-tiles 2kc, 2kc + 1 are
         // the A fragment of P.
 #pragma unroll
         for (int kc = 0; kc < PF_BK / 16; ++kc) {
-            unsigned int pa[4] = {
-                pack_bf16x2(s[2 * kc][0], s[2 * kc][1]),
-                pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
-                pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]),
-            };
+            unsigned int pa[4];
+            mma_p_fragment(s, kc, pa);
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
                 const bf16* vrow = vt + (8 * dt + g) * LDV + 16 * kc + 2 * c;
@@ -917,18 +955,9 @@ __device__ __forceinline__ void prefill_mma_impl(
         }
     }
 
-    float inv0 = valid0 ? sink_inv(m0, l0, sinks, hq) : 0.0f;
-    float inv1 = valid1 ? sink_inv(m1, l1, sinks, hq) : 0.0f;
-    bf16* dst0 = out + (size_t)(row0 + q0 + r0) * out_stride + (size_t)hq * D;
-    bf16* dst1 = out + (size_t)(row0 + q0 + r1) * out_stride + (size_t)hq * D;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-        int d = 8 * dt + 2 * c;
-        if (valid0)
-            *reinterpret_cast<unsigned int*>(dst0 + d) = pack_bf16x2(o[dt][0] * inv0, o[dt][1] * inv0);
-        if (valid1)
-            *reinterpret_cast<unsigned int*>(dst1 + d) = pack_bf16x2(o[dt][2] * inv1, o[dt][3] * inv1);
-    }
+    mma_write_rows(o, m0, m1, l0, l1, valid0, valid1, sinks, hq, c,
+                   out + (size_t)(row0 + q0 + r0) * out_stride + (size_t)hq * D,
+                   out + (size_t)(row0 + q0 + r1) * out_stride + (size_t)hq * D);
 }
 
 #define PREFILL_MMA_KERNEL(D)                                                                  \
@@ -1006,7 +1035,8 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], const bf16* p)
 #if __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+                 : "r"(smem_u32(p))
+                 : "memory");
 #else
     __trap();
 #endif
@@ -1016,7 +1046,8 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned int& r0, unsigned int& r1, 
 #if __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
                  : "=r"(r0), "=r"(r1)
-                 : "r"(smem_u32(p)));
+                 : "r"(smem_u32(p))
+                 : "memory");
 #else
     __trap();
 #endif
@@ -1026,7 +1057,8 @@ __device__ __forceinline__ void ldmatrix_x2_trans(unsigned int& r0, unsigned int
 #if __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                  : "=r"(r0), "=r"(r1)
-                 : "r"(smem_u32(p)));
+                 : "r"(smem_u32(p))
+                 : "memory");
 #else
     __trap();
 #endif
@@ -1137,63 +1169,14 @@ __device__ __forceinline__ void prefill_fa_impl(
                 mma_bf16_16816(s[nt], qa[kk], b0, b1);
             }
         }
-        float t0 = -INFINITY, t1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                int kpos = kt * BK + 8 * nt + 2 * c + e;
-                bool seen0 = kpos <= qpos0 && (window == 0 || kpos > qpos0 - window);
-                bool seen1 = kpos <= qpos1 && (window == 0 || kpos > qpos1 - window);
-                s[nt][e] = (valid0 && seen0) ? soft_cap(s[nt][e] * scale, softcap) : -INFINITY;
-                s[nt][2 + e] = (valid1 && seen1) ? soft_cap(s[nt][2 + e] * scale, softcap) : -INFINITY;
-                t0 = fmaxf(t0, s[nt][e]);
-                t1 = fmaxf(t1, s[nt][2 + e]);
-            }
-        }
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
-        float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
-        float corr0 = n0 == -INFINITY ? 1.0f : __expf(m0 - n0);
-        float corr1 = n1 == -INFINITY ? 1.0f : __expf(m1 - n1);
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : __expf(s[nt][e] - n0);
-                s[nt][2 + e] = s[nt][2 + e] == -INFINITY ? 0.0f : __expf(s[nt][2 + e] - n1);
-                sum0 += s[nt][e];
-                sum1 += s[nt][2 + e];
-            }
-        }
-        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
-        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
-        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
-        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-        l0 = l0 * corr0 + sum0;
-        l1 = l1 * corr1 + sum1;
-        m0 = n0;
-        m1 = n1;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            o[dt][0] *= corr0;
-            o[dt][1] *= corr0;
-            o[dt][2] *= corr1;
-            o[dt][3] *= corr1;
-        }
+        mma_softmax_tile(s, o, kt * BK, c, qpos0, qpos1, valid0, valid1, window, scale, softcap,
+                         m0, m1, l0, l1);
         // O += P·V, 16 keys a k step: the score fragments of n-tiles 2kc, 2kc + 1 are the A
         // fragment of P; V's B fragments come transposed from its row-major tile.
 #pragma unroll
         for (int kc = 0; kc < BK / 16; ++kc) {
-            unsigned int pa[4] = {
-                pack_bf16x2(s[2 * kc][0], s[2 * kc][1]),
-                pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
-                pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]),
-            };
+            unsigned int pa[4];
+            mma_p_fragment(s, kc, pa);
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
                 unsigned int b0, b1;
@@ -1205,18 +1188,9 @@ __device__ __forceinline__ void prefill_fa_impl(
     }
     cp_async_wait<0>();
 
-    float inv0 = valid0 ? sink_inv(m0, l0, sinks, hq) : 0.0f;
-    float inv1 = valid1 ? sink_inv(m1, l1, sinks, hq) : 0.0f;
-    bf16* dst0 = out + (size_t)(row0 + q0 + r0) * out_stride + (size_t)hq * D;
-    bf16* dst1 = out + (size_t)(row0 + q0 + r1) * out_stride + (size_t)hq * D;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-        int d = 8 * dt + 2 * c;
-        if (valid0)
-            *reinterpret_cast<unsigned int*>(dst0 + d) = pack_bf16x2(o[dt][0] * inv0, o[dt][1] * inv0);
-        if (valid1)
-            *reinterpret_cast<unsigned int*>(dst1 + d) = pack_bf16x2(o[dt][2] * inv1, o[dt][3] * inv1);
-    }
+    mma_write_rows(o, m0, m1, l0, l1, valid0, valid1, sinks, hq, c,
+                   out + (size_t)(row0 + q0 + r0) * out_stride + (size_t)hq * D,
+                   out + (size_t)(row0 + q0 + r1) * out_stride + (size_t)hq * D);
 }
 
 #define PREFILL_FA_KERNEL(D, HB)                                                               \

@@ -10,44 +10,11 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use common::server::{post, run_openai_script, Server};
+use common::server::{assert_weather_call, post, run_openai_script, weather_tools, Server};
 
 fn gpt_oss_gguf() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/families/gpt-oss-tiny/model.gguf")
-}
-
-fn weather_tools() -> Value {
-    json!([
-        {"type": "function", "function": {
-            "name": "get_weather", "description": "The weather in a city",
-            "parameters": {"type": "object",
-                           "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 8}},
-                           "required": ["city"], "additionalProperties": false}}},
-        {"type": "function", "function": {
-            "name": "get_time", "description": "The time in a time zone",
-            "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}},
-                           "required": ["tz"], "additionalProperties": false}}},
-    ])
-}
-
-/// Checks one call's arguments against its tool's schema in [`weather_tools`].
-fn assert_weather_call(name: &str, arguments: &str) {
-    let args: Value =
-        serde_json::from_str(arguments).unwrap_or_else(|e| panic!("{arguments:?}: {e}"));
-    let obj = args.as_object().expect("arguments are an object");
-    assert_eq!(obj.len(), 1, "{arguments}");
-    match name {
-        "get_weather" => {
-            let city = obj["city"].as_str().expect("city is a string");
-            assert!((1..=8).contains(&city.chars().count()), "{arguments}");
-        }
-        "get_time" => assert!(
-            ["UTC", "CET"].contains(&obj["tz"].as_str().unwrap()),
-            "{arguments}"
-        ),
-        other => panic!("a call to `{other}`, which is not a tool"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,23 +42,25 @@ def ask(max_tokens=120, **kw):
                                           max_tokens=max_tokens, **kw)
 def calls(message):
     return [[c.function.name, c.function.arguments] for c in message.tool_calls or []]
+def streamed(**kw):
+    joined, finish = {}, None
+    for chunk in ask(stream=True, **kw):
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for d in choice.delta.tool_calls or []:
+                entry = joined.setdefault(d.index, ["", ""])
+                if d.function.name:
+                    entry[0] = d.function.name
+                entry[1] += d.function.arguments or ""
+    return [joined[i] for i in sorted(joined)], finish
 out = {}
 r = ask(tool_choice="required", temperature=0, seed=1, reasoning_effort="low")
 out["required"], out["required_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
 out["required_content"] = r.choices[0].message.content
 r = ask(tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0.9, seed=5)
 out["named"], out["named_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
-joined, finish = {}, None
-for chunk in ask(tool_choice="required", temperature=0, seed=1, reasoning_effort="low", stream=True):
-    for choice in chunk.choices:
-        finish = choice.finish_reason or finish
-        for d in choice.delta.tool_calls or []:
-            entry = joined.setdefault(d.index, ["", ""])
-            if d.function.name:
-                entry[0] = d.function.name
-            entry[1] += d.function.arguments or ""
-out["streamed_required"] = [joined[i] for i in sorted(joined)]
-out["streamed_finish"] = finish
+out["streamed_required"], out["streamed_finish"] = streamed(
+    tool_choice="required", temperature=0, seed=1, reasoning_effort="low")
 call = client.chat.completions.create(model=model, messages=weather, tools=tools, max_tokens=120,
     tool_choice="required", temperature=0, seed=1).choices[0].message.tool_calls[0]
 second = client.chat.completions.create(model=model, temperature=0, max_tokens=20, tools=tools,
@@ -106,24 +75,20 @@ out["structured"], out["structured_finish"] = r.choices[0].message.content, r.ch
 # Cut inside the call's arguments (its header is about 50 byte tokens): what arrived.
 r = ask(tool_choice="required", temperature=0, seed=1, max_tokens=53)
 out["cut"], out["cut_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
-joined, finish = {}, None
-for chunk in ask(tool_choice="required", temperature=0, seed=1, max_tokens=53, stream=True):
-    for choice in chunk.choices:
-        finish = choice.finish_reason or finish
-        for d in choice.delta.tool_calls or []:
-            entry = joined.setdefault(d.index, ["", ""])
-            if d.function.name:
-                entry[0] = d.function.name
-            entry[1] += d.function.arguments or ""
-out["streamed_cut"], out["streamed_cut_finish"] = [joined[i] for i in sorted(joined)], finish
+out["streamed_cut"], out["streamed_cut_finish"] = streamed(
+    tool_choice="required", temperature=0, seed=1, max_tokens=53)
 print(json.dumps(out))
 "#;
-    let read = run_openai_script(SCRIPT, &[&server.url("/v1"), &weather_tools().to_string()]);
+    let read = run_openai_script(SCRIPT, &[&server.url("/v1"), &weather_tools(8).to_string()]);
     println!("what the openai client read: {read}");
     for key in ["required", "named", "streamed_required"] {
         let calls = read[key].as_array().unwrap();
         assert_eq!(calls.len(), 1, "{key}: one call per harmony turn: {read}");
-        assert_weather_call(calls[0][0].as_str().unwrap(), calls[0][1].as_str().unwrap());
+        assert_weather_call(
+            calls[0][0].as_str().unwrap(),
+            calls[0][1].as_str().unwrap(),
+            8,
+        );
     }
     assert_eq!(read["named"][0][0], "get_time", "{read}");
     for key in ["required_finish", "named_finish", "streamed_finish"] {
@@ -189,22 +154,25 @@ print(json.dumps(out))
         assert_eq!(reply["error"]["param"], param, "{reply}");
     }
     // /tokenize renders the same prompt: the system message, the user's turn, and the
-    // assistant's turn opened (the token strings are the vocabulary's byte-level pieces).
-    let (status, reply) = post(
-        &client,
-        &server.url("/tokenize"),
-        &json!({"messages": hi, "return_token_strs": true}),
-    )
-    .await;
-    assert_eq!(status, 200, "{reply}");
-    let text: String = reply["token_strs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    // assistant's turn opened (the token strings are the vocabulary's byte-level pieces,
+    // `Ġ` a space).
+    let rendered = |messages: Value| {
+        let (client, url) = (client.clone(), server.url("/tokenize"));
+        async move {
+            let body = json!({"messages": messages, "return_token_strs": true});
+            let (status, reply) = post(&client, &url, &body).await;
+            assert_eq!(status, 200, "{reply}");
+            reply["token_strs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap().replace('Ġ', " "))
+                .collect::<String>()
+        }
+    };
+    let text = rendered(hi.clone()).await;
     assert!(
-        text.starts_with("<|start|>system<|message|>YouĠareĠChatGPT"),
+        text.starts_with("<|start|>system<|message|>You are ChatGPT"),
         "{text}"
     );
     assert!(
@@ -218,19 +186,7 @@ print(json.dumps(out))
          "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
         {"role": "tool", "tool_call_id": "call_7", "content": "noon"},
     ]);
-    let (status, reply) = post(
-        &client,
-        &server.url("/tokenize"),
-        &json!({"messages": turn, "return_token_strs": true}),
-    )
-    .await;
-    assert_eq!(status, 200, "{reply}");
-    let text: String = reply["token_strs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap().replace('Ġ', " "))
-        .collect();
+    let text = rendered(turn).await;
     assert!(
         text.ends_with(
             "<|start|>assistant to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>{\"tz\": \"UTC\"}<|call|>\

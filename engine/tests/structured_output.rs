@@ -7,7 +7,9 @@ mod common;
 
 use serde_json::{json, Value};
 
-use common::server::{chunks, post, post_stream, run_openai_script, Server};
+use common::server::{
+    assert_weather_call, chunks, post, post_stream, run_openai_script, weather_tools, Server,
+};
 use common::{golden_dir_with, smollm2_gguf};
 
 async fn tiny_server(extra: &[&str]) -> Server {
@@ -38,38 +40,6 @@ fn assert_person(text: &str) {
     assert!((1..=8).contains(&name.chars().count()), "{text}");
     let age = obj["age"].as_i64().expect("age is an integer");
     assert!((0..=120).contains(&age), "{text}");
-}
-
-fn weather_tools() -> Value {
-    json!([
-        {"type": "function", "function": {
-            "name": "get_weather", "description": "The weather in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 12}},
-                           "required": ["city"], "additionalProperties": false}}},
-        {"type": "function", "function": {
-            "name": "get_time", "description": "The time in a time zone",
-            "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}},
-                           "required": ["tz"], "additionalProperties": false}}},
-    ])
-}
-
-/// Checks one call's arguments against its tool's schema in [`weather_tools`].
-fn assert_weather_call(name: &str, arguments: &str) {
-    let args: Value =
-        serde_json::from_str(arguments).unwrap_or_else(|e| panic!("{arguments:?}: {e}"));
-    let obj = args.as_object().expect("arguments are an object");
-    assert_eq!(obj.len(), 1, "{arguments}");
-    match name {
-        "get_weather" => {
-            let city = obj["city"].as_str().expect("city is a string");
-            assert!((1..=12).contains(&city.chars().count()), "{arguments}");
-        }
-        "get_time" => assert!(
-            ["UTC", "CET"].contains(&obj["tz"].as_str().unwrap()),
-            "{arguments}"
-        ),
-        other => panic!("a call to `{other}`, which is not a tool"),
-    }
 }
 
 /// The stream's tool calls joined: (id, name, arguments) by index.
@@ -167,7 +137,7 @@ async fn bad_grammars_and_tool_requests_are_refused_by_field() {
     let client = reqwest::Client::new();
     let chat = server.url("/v1/chat/completions");
     let hi = json!([{"role": "user", "content": "hi"}]);
-    let tool = weather_tools();
+    let tool = weather_tools(12);
     let refused: Vec<(Value, &str, &str)> = vec![
         (
             json!({"messages": hi, "response_format": {"type": "json_schema",
@@ -255,7 +225,7 @@ async fn tool_choices_are_enforced_and_stream_like_the_whole() {
     let messages = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
 
     // `required` without parallel calls: exactly one call, whose arguments fit its tool.
-    let required = json!({"messages": messages, "tools": weather_tools(), "tool_choice": "required",
+    let required = json!({"messages": messages, "tools": weather_tools(12), "tool_choice": "required",
         "parallel_tool_calls": false, "max_tokens": 200, "temperature": 0});
     let (status, out) = post(&client, &chat, &required).await;
     assert_eq!(status, 200, "{out}");
@@ -268,7 +238,7 @@ async fn tool_choices_are_enforced_and_stream_like_the_whole() {
         calls[0]["function"]["name"].as_str().unwrap(),
         calls[0]["function"]["arguments"].as_str().unwrap(),
     );
-    assert_weather_call(name, arguments);
+    assert_weather_call(name, arguments, 12);
     assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
     assert_eq!(calls[0]["type"], "function");
 
@@ -314,6 +284,7 @@ async fn tool_choices_are_enforced_and_stream_like_the_whole() {
             assert_weather_call(
                 call["function"]["name"].as_str().unwrap(),
                 call["function"]["arguments"].as_str().unwrap(),
+                12,
             );
             checked += 1;
         }
@@ -321,14 +292,18 @@ async fn tool_choices_are_enforced_and_stream_like_the_whole() {
     assert!(checked > 0, "every sampled answer was cut by max_tokens");
 
     // A named function: its arguments, whatever the model would rather say.
-    let named = json!({"messages": messages, "tools": weather_tools(),
+    let named = json!({"messages": messages, "tools": weather_tools(12),
         "tool_choice": {"type": "function", "function": {"name": "get_time"}},
         "max_tokens": 50, "temperature": 0});
     let (status, out) = post(&client, &chat, &named).await;
     assert_eq!(status, 200, "{out}");
     let call = &out["choices"][0]["message"]["tool_calls"][0];
     assert_eq!(call["function"]["name"], "get_time");
-    assert_weather_call("get_time", call["function"]["arguments"].as_str().unwrap());
+    assert_weather_call(
+        "get_time",
+        call["function"]["arguments"].as_str().unwrap(),
+        12,
+    );
     assert_eq!(out["choices"][0]["finish_reason"], "tool_calls");
 
     // A second turn carrying the call and its result is accepted.
@@ -337,7 +312,7 @@ async fn tool_choices_are_enforced_and_stream_like_the_whole() {
             {"role": "assistant", "content": null, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": call["id"], "content": "{\"time\": \"12:00\"}"},
         ],
-        "tools": weather_tools(), "tool_choice": "none", "max_tokens": 5, "temperature": 0});
+        "tools": weather_tools(12), "tool_choice": "none", "max_tokens": 5, "temperature": 0});
     let (status, out) = post(&client, &chat, &second).await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["usage"]["completion_tokens"], 5);
@@ -365,7 +340,7 @@ async fn tools_and_earlier_calls_reach_a_template_that_reads_them() {
                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
             {"role": "tool", "tool_call_id": "c7", "content": "rain"},
         ],
-        "tools": weather_tools(), "tool_choice": "none", "max_tokens": 1, "temperature": 0});
+        "tools": weather_tools(12), "tool_choice": "none", "max_tokens": 1, "temperature": 0});
     let (status, out) = post(&client, &server.url("/v1/chat/completions"), &body).await;
     assert_eq!(status, 200, "{out}");
     let expected = "[tool get_weather][tool get_time][user]weather?[assistant]\
@@ -412,7 +387,7 @@ async fn smollm2_structured_output_and_tools_through_the_openai_client() {
         let calls = read[key].as_array().unwrap();
         assert!(!calls.is_empty(), "{key}: {read}");
         for call in calls {
-            assert_weather_call(call[0].as_str().unwrap(), call[1].as_str().unwrap());
+            assert_weather_call(call[0].as_str().unwrap(), call[1].as_str().unwrap(), 12);
         }
         assert_eq!(read[format!("{key}_finish")], "tool_calls", "{read}");
     }
@@ -466,7 +441,7 @@ print(json.dumps(out))
         SCRIPT,
         &[
             base_url,
-            &weather_tools().to_string(),
+            &weather_tools(12).to_string(),
             &person_schema().to_string(),
         ],
     )

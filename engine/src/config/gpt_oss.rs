@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use serde_json::Value;
 
 use super::hf_json::{layer_types, opt_field, req_field};
@@ -66,23 +65,7 @@ pub fn gguf_layers(
     common: &CommonLayer,
 ) -> anyhow::Result<Vec<LayerSpec>> {
     let key = |k: &str| format!("gpt-oss.{k}");
-    let required = |k: &str| -> anyhow::Result<usize> {
-        file.usize_key(&key(k))?.with_context(|| {
-            format!(
-                "missing metadata key `{}` in {}",
-                key(k),
-                file.path().display()
-            )
-        })
-    };
-    let experts = ExpertSpec {
-        num_experts: required("expert_count")?,
-        top_k: required("expert_used_count")?,
-        intermediate_size: required("expert_feed_forward_length")?,
-        routing: Routing::TopKSoftmax,
-        biases: true,
-    };
-    experts.check(&key("expert_used_count"), file.path())?;
+    let experts = ExpertSpec::from_gguf(file, "gpt-oss", Routing::TopKSoftmax, true)?;
     let window = file
         .usize_key(&key("attention.sliding_window"))?
         .unwrap_or(DEFAULT_WINDOW);
@@ -134,14 +117,8 @@ fn layers(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Activation, AttentionSpan, Ffn, ModelConfig, RopeScaling, Routing};
-
-    fn read(json: serde_json::Value) -> anyhow::Result<ModelConfig> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.json");
-        std::fs::write(&path, json.to_string()).unwrap();
-        ModelConfig::from_hf_config(&path)
-    }
+    use super::super::read_test_config as read;
+    use super::super::{Activation, AttentionSpan, Ffn, RopeScaling, Routing};
 
     /// gpt-oss-20b's published config.json, its layers cut to four.
     fn published() -> serde_json::Value {

@@ -196,6 +196,35 @@ pub struct ExpertSpec {
 }
 
 impl ExpertSpec {
+    /// The experts of an `arch` GGUF file (`{arch}.expert_count`, `expert_used_count` and
+    /// `expert_feed_forward_length`), routed and biased as its family's are, checked.
+    pub fn from_gguf(
+        file: &dyn GgufMetadata,
+        arch: &str,
+        routing: Routing,
+        biases: bool,
+    ) -> anyhow::Result<ExpertSpec> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let required = |k: &str| -> anyhow::Result<usize> {
+            file.usize_key(&key(k))?.with_context(|| {
+                format!(
+                    "missing metadata key `{}` in {}",
+                    key(k),
+                    file.path().display()
+                )
+            })
+        };
+        let spec = ExpertSpec {
+            num_experts: required("expert_count")?,
+            top_k: required("expert_used_count")?,
+            intermediate_size: required("expert_feed_forward_length")?,
+            routing,
+            biases,
+        };
+        spec.check(&key("expert_used_count"), file.path())?;
+        Ok(spec)
+    }
+
     /// Checks the counts read from `file`, naming the top-k's key.
     pub fn check(self, top_k_key: &str, file: &Path) -> anyhow::Result<()> {
         ensure!(
@@ -469,6 +498,15 @@ pub fn gguf_layers(
         Family::Gemma2 | Family::Gemma3 => gemma::gguf_layers(family, file, common, hidden_size),
         Family::GptOss => plain(gpt_oss::gguf_layers(file, common)?),
     }
+}
+
+/// The config a `config.json` of `json` reads as (the unit tests of the families' modules).
+#[cfg(test)]
+pub(crate) fn read_test_config(json: serde_json::Value) -> anyhow::Result<ModelConfig> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, json.to_string())?;
+    ModelConfig::from_hf_config(&path)
 }
 
 /// A two-layer Llama of head dimension 128 (RoPE base 500,000), for the unit tests of the

@@ -143,28 +143,11 @@ pub fn gguf_moe_layers(
     file: &dyn GgufMetadata,
     common: &CommonLayer,
 ) -> anyhow::Result<Vec<LayerSpec>> {
-    let key = |k: &str| format!("qwen3moe.{k}");
-    let required = |k: &str| -> anyhow::Result<usize> {
-        file.usize_key(&key(k))?.with_context(|| {
-            format!(
-                "missing metadata key `{}` in {}",
-                key(k),
-                file.path().display()
-            )
-        })
-    };
-    let spec = ExpertSpec {
-        num_experts: required("expert_count")?,
-        top_k: required("expert_used_count")?,
-        intermediate_size: required("expert_feed_forward_length")?,
-        routing: Routing::SoftmaxTopK {
-            renormalise: file
-                .usize_key(&key("expert_weights_norm"))?
-                .is_none_or(|v| v != 0),
-        },
-        biases: false,
-    };
-    spec.check(&key("expert_used_count"), file.path())?;
+    let renormalise = file
+        .usize_key("qwen3moe.expert_weights_norm")?
+        .is_none_or(|v| v != 0);
+    let routing = Routing::SoftmaxTopK { renormalise };
+    let spec = ExpertSpec::from_gguf(file, "qwen3moe", routing, false)?;
     let mut layers = layers_of(Family::Qwen3Moe, common);
     for (i, layer) in layers.iter_mut().enumerate() {
         if file.has_tensor(&format!("blk.{i}.ffn_gate_inp.weight")) {
@@ -189,14 +172,8 @@ fn layers_of(family: Family, common: &CommonLayer) -> Vec<LayerSpec> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{ExpertSpec, Ffn, ModelConfig, Routing};
-
-    fn read(json: serde_json::Value) -> anyhow::Result<ModelConfig> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.json");
-        std::fs::write(&path, json.to_string()).unwrap();
-        ModelConfig::from_hf_config(&path)
-    }
+    use super::super::read_test_config as read;
+    use super::super::{ExpertSpec, Ffn, Routing};
 
     fn config(extra: serde_json::Value) -> serde_json::Value {
         let mut json = serde_json::json!({

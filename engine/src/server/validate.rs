@@ -18,6 +18,7 @@ use super::protocol::{ApiError, RequestFields};
 use super::tools::{self, CallFormat, ToolCallParser, ToolChoice};
 use super::typed_body::Body;
 use crate::engine::{AdmissionLimits, CheckedRequest};
+use crate::grammar::GrammarSpec;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -571,19 +572,7 @@ pub fn chat_request(
                 .map_err(|message| ApiError::invalid(&c.param, message))?;
         }
         if let Some(spec) = tools.as_ref().and_then(harmony::tool_grammar) {
-            if let Some(other) = &constraint {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!(
-                        "`tool_choice` \"required\" or a named function constrains the answer, and so does `{}`: give one",
-                        other.param
-                    ),
-                ));
-            }
-            constraint = Some(Constraint {
-                spec,
-                param: "tools".into(),
-            });
+            constraint = Some(tool_constraint(spec, constraint.as_ref())?);
         }
         let calls = tools.as_ref().is_some_and(|t| t.choice != ToolChoice::None);
         // The reader finds the format's markers in the text.
@@ -619,19 +608,7 @@ pub fn chat_request(
     if let Some(tools) = &tools {
         tool_calls = tools.call_format(info.tool_call_parser)?;
         if let Some(spec) = tools.grammar() {
-            if let Some(other) = &constraint {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!(
-                        "`tool_choice` \"required\" or a named function constrains the answer, and so does `{}`: give one",
-                        other.param
-                    ),
-                ));
-            }
-            constraint = Some(Constraint {
-                spec,
-                param: "tools".into(),
-            });
+            constraint = Some(tool_constraint(spec, constraint.as_ref())?);
         }
     }
     if info.template_reads_tools {
@@ -658,6 +635,24 @@ pub fn chat_request(
         (own.max_completion_tokens, shared.max_tokens),
         info,
     ))
+}
+
+/// The constraint of a tool choice's grammar `spec`, refused beside the request's own
+/// structured output (`other`).
+fn tool_constraint(spec: GrammarSpec, other: Option<&Constraint>) -> Result<Constraint, ApiError> {
+    if let Some(other) = other {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            format!(
+                "`tool_choice` \"required\" or a named function constrains the answer, and so does `{}`: give one",
+                other.param
+            ),
+        ));
+    }
+    Ok(Constraint {
+        spec,
+        param: "tools".into(),
+    })
 }
 
 /// A chat request's job: `max_tokens` from OpenAI's newer name or the old one (without

@@ -139,8 +139,8 @@ impl SafetensorsWeights {
             .then_some((blocks, scales))
     }
 
-    /// A tensor's shape and raw bytes, whatever its dtype.
-    fn raw(&self, name: &str) -> anyhow::Result<(Dtype, Vec<usize>, &[u8])> {
+    /// A tensor's dtype, shape and raw bytes, whatever its dtype, and the file it is in.
+    fn raw(&self, name: &str) -> anyhow::Result<(Dtype, Vec<usize>, &[u8], &Path)> {
         let shard = self
             .index
             .get(name)
@@ -157,7 +157,7 @@ impl SafetensorsWeights {
                     shard.path.display()
                 )
             })?;
-        Ok((info.dtype, info.shape.clone(), bytes))
+        Ok((info.dtype, info.shape.clone(), bytes, &shard.path))
     }
 
     /// OpenAI's MXFP4 `blocks` (`[.., groups, 16]` bytes, values `2j` and `2j + 1` in the
@@ -166,8 +166,8 @@ impl SafetensorsWeights {
     /// bytes holding values `j` and `j + 16` in the low and high nibbles of byte `j` (the
     /// repacking of llama.cpp's converter). The codes index the same E2M1 table.
     fn load_mxfp4(&self, name: &str, blocks: &str, scales: &str) -> anyhow::Result<HostTensor> {
-        let (b_type, b_shape, b_bytes) = self.raw(blocks)?;
-        let (s_type, s_shape, s_bytes) = self.raw(scales)?;
+        let (b_type, b_shape, b_bytes, _) = self.raw(blocks)?;
+        let (s_type, s_shape, s_bytes, _) = self.raw(scales)?;
         let groups = s_shape.iter().product::<usize>();
         anyhow::ensure!(
             b_type == Dtype::U8 && s_type == Dtype::U8,
@@ -207,37 +207,27 @@ impl WeightSource for SafetensorsWeights {
                 return self.load_mxfp4(name, &blocks, &scales);
             }
         }
-        let shard = self
-            .index
-            .get(name)
-            .map(|&i| &self.shards[i])
-            .with_context(|| format!("missing tensor `{name}` in {}", self.dir.display()))?;
-        let info = &shard.tensors[name];
-        let dtype = match info.dtype {
+        let (dtype, shape, bytes, file) = self.raw(name)?;
+        let element = match dtype {
             Dtype::F32 => ElementType::F32,
             Dtype::F16 => ElementType::F16,
             Dtype::BF16 => ElementType::BF16,
             other => bail!(
                 "tensor `{name}` in {} has unsupported dtype {other:?} (supported: F32, F16, BF16)",
-                shard.path.display()
+                file.display()
             ),
         };
-        let (begin, end) = info.data_offsets;
-        let numel: usize = info.shape.iter().product();
-        let bytes = shard
-            .mmap
-            .get(shard.data_start + begin..shard.data_start + end)
-            .filter(|b| b.len() == numel * dtype.size())
-            .with_context(|| {
-                format!(
-                    "tensor `{name}` in {} has data offsets {begin}..{end} that do not fit its shape {:?} or the file",
-                    shard.path.display(),
-                    info.shape
-                )
-            })?;
+        let numel: usize = shape.iter().product();
+        if bytes.len() != numel * element.size() {
+            bail!(
+                "tensor `{name}` in {} has {} bytes of data for its shape {shape:?}",
+                file.display(),
+                bytes.len()
+            );
+        }
         Ok(HostTensor {
-            shape: info.shape.clone(),
-            data: decode_le_bytes(bytes, dtype),
+            data: decode_le_bytes(bytes, element),
+            shape,
         })
     }
 

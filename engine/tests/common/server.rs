@@ -195,3 +195,41 @@ pub fn run_openai_script(script: &str, args: &[&str]) -> Value {
     );
     serde_json::from_slice(&output.stdout).expect("the script prints JSON")
 }
+
+/// Two tools: `get_weather` of a city of 1 to `max_city` characters, `get_time` of a time
+/// zone, `UTC` or `CET`.
+pub fn weather_tools(max_city: usize) -> Value {
+    serde_json::json!([
+        {"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "minLength": 1, "maxLength": max_city}},
+                           "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {
+            "name": "get_time", "description": "The time in a time zone",
+            "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                           "required": ["tz"], "additionalProperties": false}}},
+    ])
+}
+
+/// Checks one call's arguments against its tool's schema in [`weather_tools`].
+pub fn assert_weather_call(name: &str, arguments: &str, max_city: usize) {
+    let args: Value =
+        serde_json::from_str(arguments).unwrap_or_else(|e| panic!("{arguments:?}: {e}"));
+    let obj = args.as_object().expect("arguments are an object");
+    assert_eq!(obj.len(), 1, "{arguments}");
+    match name {
+        "get_weather" => {
+            let city = obj["city"].as_str().expect("city is a string");
+            assert!(
+                (1..=max_city).contains(&city.chars().count()),
+                "{arguments}"
+            );
+        }
+        "get_time" => assert!(
+            ["UTC", "CET"].contains(&obj["tz"].as_str().unwrap()),
+            "{arguments}"
+        ),
+        other => panic!("a call to `{other}`, which is not a tool"),
+    }
+}

@@ -210,6 +210,16 @@ pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
 /// gpt-oss's clamped SwiGLU, `(clamp(up, −limit, limit) + 1) · g · σ(alpha · g)` with
 /// `g = min(gate, limit)`, where each row of `gate_up` is `[gate | up]`, `inter` wide each.
 pub fn clamped_swiglu_mul(gate_up: &[f32], inter: usize, alpha: f32, limit: f32, out: &mut [f32]) {
+    gated_map(gate_up, inter, out, |gv, uv| {
+        let g = gv.min(limit);
+        let u = uv.clamp(-limit, limit);
+        (u + 1.0) * g / (1.0 + (-alpha * g).exp())
+    });
+}
+
+/// `out[r][i] = f(gate[i], up[i])` where each row of `gate_up` is `[gate | up]`, `inter`
+/// wide each, over row blocks on the pool.
+fn gated_map(gate_up: &[f32], inter: usize, out: &mut [f32], f: impl Fn(f32, f32) -> f32 + Sync) {
     for_row_blocks(out, inter, |r0, block| {
         let n = block.len() / inter;
         let gu = &gate_up[r0 * 2 * inter..(r0 + n) * 2 * inter];
@@ -219,9 +229,7 @@ pub fn clamped_swiglu_mul(gate_up: &[f32], inter: usize, alpha: f32, limit: f32,
         {
             let (g, u) = g_u.split_at(inter);
             for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
-                let g = gv.min(limit);
-                let u = uv.clamp(-limit, limit);
-                *ov = (u + 1.0) * g / (1.0 + (-alpha * g).exp());
+                *ov = f(gv, uv);
             }
         }
     });
@@ -251,19 +259,7 @@ fn gelu_tanh(x: f32) -> f32 {
 /// `out[r] = gelu_tanh(gate) * up` where each row of `gate_up` is `[gate | up]`, `inter`
 /// wide each (GeGLU).
 pub fn gelu_tanh_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
-    for_row_blocks(out, inter, |r0, block| {
-        let n = block.len() / inter;
-        let gu = &gate_up[r0 * 2 * inter..(r0 + n) * 2 * inter];
-        for (g_u, o) in gu
-            .chunks_exact(2 * inter)
-            .zip(block.chunks_exact_mut(inter))
-        {
-            let (g, u) = g_u.split_at(inter);
-            for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
-                *ov = gelu_tanh(gv) * uv;
-            }
-        }
-    });
+    gated_map(gate_up, inter, out, |g, u| gelu_tanh(g) * u);
 }
 
 #[cfg(test)]
