@@ -370,11 +370,16 @@ DECODE_KERNEL(8, 32)
 // Below sm_80 the copies are plain loads and stores (correct, not overlapped).
 #define DA_TILE 32
 
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned int smem_u32(const void* p) {
+    unsigned int a;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if __CUDA_ARCH__ >= 800
-    unsigned int dst;
-    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(dst) : "l"(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
 #else
     *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif
@@ -1010,13 +1015,6 @@ PREFILL_MMA_KERNEL(128)
 // grid = (num_tiles, H / HB), block = 64 * HB, dynamic shared memory = prefill_fa_smem_bytes(D).
 #define PFA_BK(D) ((D) <= 64 ? 64 : 32)
 
-// The shared-memory address of a generic pointer into shared memory.
-__device__ __forceinline__ unsigned int smem_u32(const void* p) {
-    unsigned int a;
-    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 // cp_async16, or 16 zero bytes where `valid` is false (nothing is read from `gmem` then).
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
 #if __CUDA_ARCH__ >= 800
@@ -1029,8 +1027,8 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
 #endif
 }
 
-// ldmatrix: four 8x8 b16 matrices (lanes 8i..8i+7 give matrix i's row addresses), two, or two
-// transposed. sm_80 code only (the kernels that use it need bf16 mma.sync).
+// ldmatrix: four 8x8 b16 matrices (lanes 8i..8i+7 give matrix i's row addresses), or two.
+// sm_80 code only (the kernels that use it need bf16 mma.sync).
 __device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], const bf16* p) {
 #if __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -1042,23 +1040,21 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], const bf16* p)
 #endif
 }
 
+// TRANS: each matrix transposed on the way (`.trans`).
+template <bool TRANS>
 __device__ __forceinline__ void ldmatrix_x2(unsigned int& r0, unsigned int& r1, const bf16* p) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r0), "=r"(r1)
-                 : "r"(smem_u32(p))
-                 : "memory");
-#else
-    __trap();
-#endif
-}
-
-__device__ __forceinline__ void ldmatrix_x2_trans(unsigned int& r0, unsigned int& r1, const bf16* p) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r0), "=r"(r1)
-                 : "r"(smem_u32(p))
-                 : "memory");
+    if constexpr (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(r0), "=r"(r1)
+                     : "r"(smem_u32(p))
+                     : "memory");
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(r0), "=r"(r1)
+                     : "r"(smem_u32(p))
+                     : "memory");
+    }
 #else
     __trap();
 #endif
@@ -1165,7 +1161,7 @@ __device__ __forceinline__ void prefill_fa_impl(
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) {
                 unsigned int b0, b1;
-                ldmatrix_x2(b0, b1, ks + (8 * nt + (lane % 8)) * LD + 16 * kk + ((lane / 8) % 2) * 8);
+                ldmatrix_x2<false>(b0, b1, ks + (8 * nt + (lane % 8)) * LD + 16 * kk + ((lane / 8) % 2) * 8);
                 mma_bf16_16816(s[nt], qa[kk], b0, b1);
             }
         }
@@ -1180,7 +1176,7 @@ __device__ __forceinline__ void prefill_fa_impl(
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
                 unsigned int b0, b1;
-                ldmatrix_x2_trans(b0, b1, vs + (16 * kc + (lane % 8) + ((lane / 8) % 2) * 8) * LD + 8 * dt);
+                ldmatrix_x2<true>(b0, b1, vs + (16 * kc + (lane % 8) + ((lane / 8) % 2) * 8) * LD + 8 * dt);
                 mma_bf16_16816(o[dt], pa, b0, b1);
             }
         }

@@ -971,6 +971,13 @@ impl<B: Backend> ModelRunner for Model<B> {
                 }
             };
             vector_params += 2 * c.hidden_size;
+            // gpt-oss's router bias, and the biases of the `top_k` experts a token runs.
+            if let FfnWeights::Experts(e, _) = &l.ffn {
+                if e.biases {
+                    vector_params +=
+                        e.num_experts + e.top_k * (2 * e.intermediate_size + c.hidden_size);
+                }
+            }
             if l.qkv_bias.is_some() {
                 vector_params += (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
             }
