@@ -26,6 +26,9 @@ async fn the_openai_client_gets_tool_calls_from_a_harmony_model() {
             "harmony",
             "--tool-call-parser",
             "harmony",
+            // Every compared request prefills its whole prompt the same way: a prefix-cache
+            // hit would prefill only a tail, through other kernels than the first request's.
+            "--no-enable-prefix-caching",
         ],
     );
     server.wait_ready().await;
@@ -53,17 +56,23 @@ def streamed(**kw):
                     entry[0] = d.function.name
                 entry[1] += d.function.arguments or ""
     return [joined[i] for i in sorted(joined)], finish
+# The whole, streamed and cut answers are asked alike, only max_tokens differing, so that
+# greedy decoding makes each a prefix of the whole answer on any CPU.
+greedy_required = dict(tool_choice="required", temperature=0, seed=1, reasoning_effort="low")
 out = {}
-r = ask(tool_choice="required", temperature=0, seed=1, reasoning_effort="low")
+r = ask(**greedy_required)
 out["required"], out["required_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
 out["required_content"] = r.choices[0].message.content
+# A cut three tokens before the whole answer's end (<|call|>, the closing quote and brace)
+# lands inside the call's arguments, whichever tool and city the random model chose.
+cut_at = r.usage.completion_tokens - 3
 r = ask(tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0.9, seed=5)
 out["named"], out["named_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
-out["streamed_required"], out["streamed_finish"] = streamed(
-    tool_choice="required", temperature=0, seed=1, reasoning_effort="low")
+out["streamed_required"], out["streamed_finish"] = streamed(**greedy_required)
 call = client.chat.completions.create(model=model, messages=weather, tools=tools, max_tokens=120,
     tool_choice="required", temperature=0, seed=1).choices[0].message.tool_calls[0]
 second = client.chat.completions.create(model=model, temperature=0, max_tokens=20, tools=tools,
+    extra_body={"min_tokens": 20},
     messages=weather + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                         {"role": "tool", "tool_call_id": call.id, "content": "{\"sky\": \"sunny\"}"}])
 out["second_finish"] = second.choices[0].finish_reason
@@ -72,11 +81,10 @@ schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required
 r = client.chat.completions.create(model=model, messages=weather, max_tokens=60, temperature=0,
     response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}})
 out["structured"], out["structured_finish"] = r.choices[0].message.content, r.choices[0].finish_reason
-# Cut inside the call's arguments (its header is about 50 byte tokens): what arrived.
-r = ask(tool_choice="required", temperature=0, seed=1, max_tokens=53)
+# Cut inside the call's arguments: what arrived.
+r = ask(max_tokens=cut_at, **greedy_required)
 out["cut"], out["cut_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
-out["streamed_cut"], out["streamed_cut_finish"] = streamed(
-    tool_choice="required", temperature=0, seed=1, max_tokens=53)
+out["streamed_cut"], out["streamed_cut_finish"] = streamed(max_tokens=cut_at, **greedy_required)
 print(json.dumps(out))
 "#;
     let read = run_openai_script(SCRIPT, &[&server.url("/v1"), &weather_tools(8).to_string()]);
@@ -97,7 +105,8 @@ print(json.dumps(out))
     assert_eq!(read["required_content"], Value::Null, "{read}");
     // Greedy with the same prompt: the stream's call is the whole answer's, piece by piece.
     assert_eq!(read["streamed_required"], read["required"], "{read}");
-    // A random model rarely closes a message: the second turn runs to its length.
+    // The second turn (the call and its result in the prompt) runs to its length: min_tokens
+    // holds back the tokens that end a turn.
     assert_eq!(read["second_finish"], "length", "{read}");
     // Structured output lands in the final channel, so in `content`.
     let answer: Value = serde_json::from_str(read["structured"].as_str().unwrap())
