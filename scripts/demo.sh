@@ -14,8 +14,9 @@
 # Q4_1) or gemma3 (Gemma 3 270M Q4_K_M, served with templates/gemma3.jinja, Gemma 3's chat
 # template, which the GGUF file does not carry).
 # Environment knobs: RATES (default search; or auto, AUTO_FRACTIONS of the probed saturation
-# rate, 0.5,0.8,1.0,1.2,1.5; or a list such as 0.4,0.8,1.6), PRECISION (0.10) and MAX_LEVELS
-# (8) of the search,
+# rate, 0.5,0.8,1.0,1.2,1.5; or a list such as 0.4,0.8,1.6), PRECISION (0.10), MAX_LEVELS
+# (8) and REPEATS (3: each end of the final bracket runs twice more, for the crossing's
+# interval between runs, from which the plan sizes) of the search,
 # PROBE_DURATION (8s), DURATION (default 25s per level, lengthened to hold the 35 requests a p90 needs, plus a margin for the Poisson draw), WARMUP (5s),
 # SLO (default ttft:p90:2s,tpot:p90:100ms: p90, because a 2-core demo's levels hold tens of
 # requests, not the 368 a p99 needs),
@@ -70,7 +71,7 @@ if [ -z "$url" ]; then
 fi
 
 case "$rates" in
-  search) extra+=(--precision "${PRECISION:-0.10}" --max-levels "${MAX_LEVELS:-8}" --probe-duration "$probe_duration") ;;
+  search) extra+=(--precision "${PRECISION:-0.10}" --max-levels "${MAX_LEVELS:-8}" --probe-duration "$probe_duration" --repeats "${REPEATS:-3}") ;;
   auto) extra+=(--probe-duration "$probe_duration" --auto-fractions "${AUTO_FRACTIONS:-0.5,0.8,1.0,1.2,1.5}") ;;
 esac
 ./target/release/loadgen sweep --url "$url" --workload sharegpt-like --profile chat \

@@ -11,11 +11,10 @@ use reports::bound::BoundInputs;
 use reports::diagnosis::{diagnose, Observation};
 use reports::metrics::Metrics;
 use reports::records::{read_meta, RequestRecord};
-use reports::server_metrics::{read_scrapes, Scrape, ServerView};
 use reports::slo::SloSpec;
 use reports::summary::Summary;
 
-use crate::folders::measured_window_unix_ms;
+use crate::folders::window_server_view;
 
 /// Diagnoses the run in `dir` and records the result in `summary`.
 pub fn diagnose_run(
@@ -27,17 +26,12 @@ pub fn diagnose_run(
     summary: &mut Summary,
 ) -> Result<()> {
     let meta = read_meta(&dir.join("meta.json"))?;
-    let scrapes = read_scrapes(dir)?;
-    let in_window: Vec<Scrape> = match measured_window_unix_ms(&meta, records) {
-        Some((start, end)) => scrapes
-            .into_iter()
-            .filter(|s| (start..=end).contains(&s.unix_ms))
-            .collect(),
-        None => scrapes,
-    };
-    let server = ServerView::from_scrapes(&in_window);
+    let server = window_server_view(dir, &meta, records)?;
     // A closed loop cannot outrun its server: only an open-loop run saturates.
-    let saturation = crate::saturation::judge(records);
+    let saturation = crate::saturation::judge(
+        records,
+        crate::saturation::JudgeContext::new(slo, server.as_ref()),
+    );
     let open_loop = meta.schedule["mode"] != "closed";
     let saturated = (open_loop
         && saturation.state == crate::saturation::SaturationState::Saturated)

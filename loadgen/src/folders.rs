@@ -11,13 +11,13 @@ use reports::plan::{CapacityPlan, SweepLevel};
 use reports::records::{read_meta, read_records, Phase, RequestRecord, RunMeta};
 use reports::render::Conditions;
 use reports::samples::LatencySamples;
-use reports::server_metrics::{read_scrapes, window_hit_rate, ServerView};
+use reports::server_metrics::{read_scrapes, window_hit_rate, Scrape, ServerView};
 use reports::slo::{SloCheck, SloSpec};
 use reports::stats::Bootstrap;
 use reports::summary::Summary;
 use serde::{Deserialize, Serialize};
 
-use crate::saturation::{judge, Backlog, LevelRates, Saturation, SaturationState};
+use crate::saturation::{judge, Backlog, JudgeContext, LevelRates, Saturation, SaturationState};
 
 pub const SWEEP_FILE: &str = "sweep.json";
 /// The capacity plan of a sweep, beside `sweep.json`.
@@ -78,6 +78,24 @@ pub fn measured_window_unix_ms(meta: &RunMeta, records: &[RequestRecord]) -> Opt
     Some((origin + start, origin + end))
 }
 
+/// The server's view of the scrapes in `dir` taken inside the run's measured window (a
+/// warm-up's or the idle tail's scrapes would dilute it); `None` without scrapes.
+pub fn window_server_view(
+    dir: &Path,
+    meta: &RunMeta,
+    records: &[RequestRecord],
+) -> Result<Option<ServerView>> {
+    let scrapes = read_scrapes(dir)?;
+    let in_window: Vec<Scrape> = match measured_window_unix_ms(meta, records) {
+        Some((start, end)) => scrapes
+            .into_iter()
+            .filter(|s| (start..=end).contains(&s.unix_ms))
+            .collect(),
+        None => scrapes,
+    };
+    Ok(ServerView::from_scrapes(&in_window))
+}
+
 /// One level in `sweep.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LevelEntry {
@@ -106,6 +124,20 @@ pub struct LevelEntry {
     /// The saturation verdict and the rule that decided it.
     #[serde(default)]
     pub saturation: Option<Saturation>,
+    /// The level's warm-up and the rule that set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<LevelWarmup>,
+    /// With `--repeats`: which repeat of its rate this level is (1 to R − 1); absent for
+    /// the search's own levels and a list's first pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<usize>,
+}
+
+/// A level's warm-up: how long, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelWarmup {
+    pub secs: f64,
+    pub rule: String,
 }
 
 impl LevelEntry {
@@ -119,8 +151,10 @@ impl LevelEntry {
     ) -> Result<(LevelEntry, Option<SloCheck>)> {
         let per_request = slo.map(SloSpec::per_request).unwrap_or_default();
         let loaded = load_run(&sweep_dir.join(&dir), &per_request)?;
-        let records = read_records(&sweep_dir.join(&dir).join("records.jsonl"))?;
-        let saturation = judge(&records);
+        let run_dir = sweep_dir.join(&dir);
+        let records = read_records(&run_dir.join("records.jsonl"))?;
+        let server = window_server_view(&run_dir, &loaded.meta, &records)?;
+        let saturation = judge(&records, JudgeContext::new(slo, server.as_ref()));
         let check = slo.map(|s| s.check(&loaded.samples));
         let entry = LevelEntry {
             dir,
@@ -139,6 +173,8 @@ impl LevelEntry {
             slo_met: check.as_ref().map(|c| c.met),
             slo_verdict: check.as_ref().map(|c| c.verdict),
             saturation: Some(saturation),
+            warmup: None,
+            repeat: None,
         };
         Ok((entry, check))
     }
@@ -191,9 +227,16 @@ pub struct SweepFile {
     /// The knee search's path, with `--rates search`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search: Option<reports::search::SearchPath>,
+    /// `--repeats`: how many runs each repeated level has, its first included.
+    #[serde(default = "one")]
+    pub repeats: usize,
     pub levels: Vec<LevelEntry>,
     /// Why the sweep stopped before the last rate, or why the search ended.
     pub stop_reason: Option<String>,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl SweepFile {
@@ -247,6 +290,7 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
             scheduled_rate: entry.rates.map(|r| r.scheduled),
             saturation_rule: entry.saturation.as_ref().map(|s| s.rule.clone()),
             diagnosis: run_diagnosis(&dir.join(&entry.dir))?,
+            repeat: entry.repeat,
         });
     }
     let conditions = conditions.with_context(|| {

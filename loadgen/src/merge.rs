@@ -483,6 +483,7 @@ pub fn merge_sweeps(dirs: &[PathBuf], out: &Path) -> Result<Vec<MergedRun>> {
         rates: first.rates.clone(),
         probe: None,
         search: None,
+        repeats: 1,
         levels: Vec::new(),
         stop_reason: None,
     };

@@ -102,6 +102,12 @@ pub struct RunArgs {
     /// Requests per second (open loop).
     #[arg(long, default_value_t = 1.0)]
     pub rate: f64,
+    /// Scale the seeded draw by one factor so that its scheduled rate over the measured
+    /// window is --rate (with --arrival trace, --target-rate) within 0.5%; meta.json records
+    /// the factor. Without it the raw draw runs, whose window holds a rate off by about
+    /// 1/√n for n requests. Every sweep level runs so.
+    #[arg(long)]
+    pub exact_rate: bool,
     /// Gamma shape (vLLM meaning: 1 = Poisson, < 1 burstier).
     #[arg(long, default_value_t = 1.0)]
     pub burstiness: f64,

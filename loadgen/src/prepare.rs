@@ -14,7 +14,9 @@ use crate::options::{
     parse_headers, parse_window, ArrivalKind, RunArgs, WorkloadKind, DEFAULT_NUM_PROMPTS,
 };
 use crate::plan::{LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits};
-use crate::schedule::{scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling};
+use crate::schedule::{
+    scale_to_rate, scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling, Window,
+};
 use crate::tls::TlsSettings;
 use crate::workload::lengths::{clip_to_context, scale_lengths};
 use crate::workload::prompt::PromptBuilder;
@@ -82,6 +84,16 @@ pub fn build_plan(
     args: &RunArgs,
     prompts: &PromptBuilder,
 ) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if args.exact_rate {
+        if args.concurrency.is_some() {
+            bail!(
+                "--exact-rate scales an open-loop schedule: --concurrency (closed loop) has none"
+            );
+        }
+        if args.turns.is_some() {
+            bail!("--exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; give --rate alone");
+        }
+    }
     if let Some(spec) = session_spec(args)? {
         return build_session_plan(args, prompts, spec);
     }
@@ -161,11 +173,21 @@ pub fn build_plan(
             };
             let (kept, times) = scale_trace(&ts, &scaling)?;
             let rows: Vec<TraceRow> = kept.iter().map(|&i| rows[i].clone()).collect();
-            let meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
+            let mut meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
                 "bursts": "rows with equal timestamps are sent at the same instant"});
+            let end = duration.map(|d| warmup + d + cooldown);
             let mut times = times;
-            if let Some(d) = duration {
-                times.retain(|&t| t < warmup + d + cooldown);
+            if args.exact_rate {
+                let target = args.target_rate.context(
+                    "--exact-rate with --arrival trace needs --target-rate: a trace's own \
+                     timestamps are replayed as recorded",
+                )?;
+                let (scaled, exact) = scale_to_rate(&times, target, window(args), end)?;
+                times = scaled;
+                meta["exact_rate"] = json!(exact);
+            }
+            if let Some(end) = end {
+                times.retain(|&t| t < end);
             }
             let n = times.len();
             return finish_plan(
@@ -193,15 +215,27 @@ pub fn build_plan(
                     secs: r.as_secs_f64(),
                 }),
             };
-            let extent = match duration {
-                Some(d) => Extent::Until(warmup + d + cooldown),
-                None => Extent::Count(num_prompts),
+            let end = duration.map(|d| warmup + d + cooldown);
+            let mut meta =
+                json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed});
+            let times = if args.exact_rate {
+                // Drawn well past the end, so that a draw slowed down still fills the window.
+                let extent = match end {
+                    Some(end) => Extent::Until(4.0 * end),
+                    None => Extent::Count(num_prompts),
+                };
+                let draw = spec.generate(extent, schedule_seed)?;
+                let (times, exact) = scale_to_rate(&draw, args.rate, window(args), end)?;
+                meta["exact_rate"] = json!(exact);
+                times
+            } else {
+                let extent = match end {
+                    Some(end) => Extent::Until(end),
+                    None => Extent::Count(num_prompts),
+                };
+                spec.generate(extent, schedule_seed)?
             };
-            let times = spec.generate(extent, schedule_seed)?;
-            (
-                Sends::At(times),
-                json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed}),
-            )
+            (Sends::At(times), meta)
         }
     };
     let n = match &sends {
@@ -209,6 +243,14 @@ pub fn build_plan(
         Sends::Closed(_) => num_prompts,
     };
     finish_plan(args, sends, trace_rows, n, workload_meta, schedule_meta)
+}
+
+/// The measured window of `args`' schedule.
+fn window(args: &RunArgs) -> Window {
+    Window {
+        warmup_s: args.warmup.as_secs_f64(),
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+    }
 }
 
 /// How a plan's requests are sent: at these times (open loop), or by this many workers.

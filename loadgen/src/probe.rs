@@ -6,8 +6,10 @@
 //! a miss unloaded. Little's law needs whole requests: when a step
 //! completes fewer requests than its concurrency, the requests that finished are the short
 //! ones and their mean understates E2E (at concurrency 32 a CPU engine once completed 2
-//! requests in 8 s, whose mean gave 5.9 req/s against a real 1.8), so such a censored step ends
-//! the probe and does not count.
+//! requests in 8 s, whose mean gave 5.9 req/s against a real 1.8), so such a censored step
+//! (or one that completed nothing) is lengthened once to twice the step; if still censored it
+//! does not count, and the probe ends with the previous step's rate as its estimate. The probe
+//! fails only when its very first step measures nothing.
 
 use std::time::Duration;
 
@@ -42,76 +44,63 @@ pub async fn probe_saturation(
     let mut steps: Vec<ProbeStep> = Vec::new();
     let mut concurrency = 1;
     loop {
-        let mut args = run.clone();
-        args.concurrency = Some(concurrency);
-        args.max_concurrency = None;
-        args.ramp_up = None;
-        args.warmup = step_duration / 4;
-        args.duration = Some(step_duration);
-        args.cooldown = Duration::ZERO;
-        args.slo = None;
-        args.prompt_salt = salt_for(run.prompt_salt, SaltFor::ProbeStep, steps.len());
-        let prepared = prepare_run(&args)?;
-        let outcome = execute_prepared(
-            &args,
-            &prepared,
-            Execution {
-                url: args.url.clone(),
-                out: None,
-                server_version: None,
-                extra: Default::default(),
-                progress: false,
-                stop: stop.clone(),
-            },
-        )
-        .await
-        .with_context(|| format!("probe at concurrency {concurrency}"))?;
-        if *stop.borrow() {
-            if steps.is_empty() {
-                bail!("interrupted during the probe at concurrency {concurrency}");
-            }
-            return Ok((steps, format!("interrupted at concurrency {concurrency}")));
-        }
-        let m = &outcome.metrics;
-        let mean_s = m.e2el.mean / 1000.0;
-        let step = ProbeStep {
-            concurrency,
-            completed: m.completed,
-            failed: m.failed,
-            throughput: m.request_throughput,
-            mean_e2el_ms: m.e2el.mean,
-            little_rate: if mean_s > 0.0 {
-                concurrency as f64 / mean_s
+        let mut lengthened = false;
+        let step = loop {
+            let duration = if lengthened {
+                step_duration * 2
             } else {
-                0.0
-            },
-            slo_verdict: slo.map(|s| {
-                s.check(&LatencySamples::from_records(&outcome.records))
-                    .verdict
-            }),
-            slo_missed: slo
-                .is_some_and(|s| surely_missed(s, &LatencySamples::from_records(&outcome.records))),
+                step_duration
+            };
+            let Some(step) =
+                probe_step(run, concurrency, duration, steps.len(), slo, stop.clone()).await?
+            else {
+                if steps.is_empty() {
+                    bail!("interrupted during the probe at concurrency {concurrency}");
+                }
+                return Ok((steps, format!("interrupted at concurrency {concurrency}")));
+            };
+            // Little's law needs whole requests: with fewer completions than the concurrency,
+            // only the short requests finished.
+            if (step.completed as usize) >= concurrency.max(1) {
+                break step;
+            }
+            if step.completed == 0 && step.failed > 0 {
+                bail!(
+                    "probe at concurrency {concurrency}: no request completed ({} failed)",
+                    step.failed
+                );
+            }
+            if !lengthened {
+                eprintln!(
+                    "loadgen sweep: probe at concurrency {concurrency}: {} requests completed \
+                     within the step; lengthening it once to {:?}",
+                    step.completed,
+                    duration * 2
+                );
+                lengthened = true;
+                continue;
+            }
+            let Some(previous) = steps.last() else {
+                bail!(
+                    "probe at concurrency {concurrency}: {} requests completed even in a step \
+                     lengthened to {duration:?}: requests outlast it (give a longer \
+                     --probe-duration)",
+                    step.completed
+                );
+            };
+            let reason = format!(
+                "at concurrency {concurrency} only {} requests completed, even in a step \
+                 lengthened to {duration:?}: requests outlast it, so the previous step's rate \
+                 (concurrency {}) stands as the estimate",
+                step.completed, previous.concurrency
+            );
+            eprintln!("loadgen sweep: probe: {reason}");
+            return Ok((steps, reason));
         };
-        eprintln!(
-            "loadgen sweep: probe at concurrency {concurrency}: {:.3} req/s (Little: {:.3}), mean E2E {:.1} ms",
-            step.throughput, step.little_rate, step.mean_e2el_ms
-        );
         let best = steps.iter().map(|s| s.little_rate).fold(0.0, f64::max);
-        let (failed, completed, rate) = (step.failed, step.completed, step.little_rate);
-        if completed > 0 && (completed as usize) < concurrency {
-            return Ok((
-                steps,
-                format!(
-                    "at concurrency {concurrency} only {completed} requests completed within the \
-                     step: requests outlast it, so the earlier steps' rate stands"
-                ),
-            ));
-        }
+        let (failed, rate) = (step.failed, step.little_rate);
         let missed = step.slo_verdict == Some(SloVerdict::NotMet) || step.slo_missed;
         steps.push(step);
-        if completed == 0 {
-            bail!("probe at concurrency {concurrency}: no request completed");
-        }
         if concurrency == 1 && missed && end_if_unloaded_misses {
             return Ok((
                 steps,
@@ -141,6 +130,68 @@ pub async fn probe_saturation(
         }
         concurrency = (concurrency * 2).min(max_concurrency);
     }
+}
+
+/// One closed-loop probe step at `concurrency` for `duration` (plus a quarter of it as
+/// warm-up), the `index`-th step run; `None` when interrupted.
+async fn probe_step(
+    run: &RunArgs,
+    concurrency: usize,
+    duration: Duration,
+    index: usize,
+    slo: Option<&SloSpec>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<ProbeStep>> {
+    let mut args = run.clone();
+    args.concurrency = Some(concurrency);
+    args.max_concurrency = None;
+    args.ramp_up = None;
+    args.exact_rate = false;
+    args.warmup = duration / 4;
+    args.duration = Some(duration);
+    args.cooldown = Duration::ZERO;
+    args.slo = None;
+    args.prompt_salt = salt_for(run.prompt_salt, SaltFor::ProbeStep, index);
+    let prepared = prepare_run(&args)?;
+    let outcome = execute_prepared(
+        &args,
+        &prepared,
+        Execution {
+            url: args.url.clone(),
+            out: None,
+            server_version: None,
+            extra: Default::default(),
+            progress: false,
+            stop: stop.clone(),
+        },
+    )
+    .await
+    .with_context(|| format!("probe at concurrency {concurrency}"))?;
+    if *stop.borrow() {
+        return Ok(None);
+    }
+    let m = &outcome.metrics;
+    let mean_s = m.e2el.mean / 1000.0;
+    let samples = LatencySamples::from_records(&outcome.records);
+    let step = ProbeStep {
+        concurrency,
+        completed: m.completed,
+        failed: m.failed,
+        throughput: m.request_throughput,
+        mean_e2el_ms: m.e2el.mean,
+        little_rate: if mean_s > 0.0 {
+            concurrency as f64 / mean_s
+        } else {
+            0.0
+        },
+        slo_verdict: slo.map(|s| s.check(&samples).verdict),
+        slo_missed: slo.is_some_and(|s| surely_missed(s, &samples)),
+    };
+    eprintln!(
+        "loadgen sweep: probe at concurrency {concurrency}: {:.3} req/s (Little: {:.3}), mean E2E {:.1} ms",
+        step.throughput, step.little_rate, step.mean_e2el_ms
+    );
+    Ok(Some(step))
 }
 
 /// Whether `samples` miss a target of `slo` beyond doubt: the target percentile's 95%

@@ -1,27 +1,44 @@
-//! Whether a sweep level kept up with the rate its schedule held.
+//! Whether a sweep level kept up with the rate its schedule held: a tested verdict, each
+//! rule firing only on evidence beyond noise (one-sided, p < [`SATURATION_P`]) by an amount
+//! that matters.
 //!
-//! A level saturates when it completes fewer than 95% of the requests/s its schedule held, or
-//! when its waiting requests keep growing. The scheduled and completed rates
-//! (`reports::rates`) are compared over the same requests, so short levels are not misjudged
-//! by the Poisson noise of their request count (a server that keeps up ends them as fast as
-//! they were sent; one that does not spreads the ends out). Growing
-//! waiting requests: the number of requests in flight (sent, not yet ended),
-//! sampled evenly over the measured sends, is higher in the last third than in the first by
-//! more than the noise of a stable queue (see [`backlog_trend`]). At exactly the capacity a
-//! queue grows only like √t, which the backlog test can miss; the TTFT trend catches it: the
-//! median TTFT of the requests sent in the last third of the window is more than twice that
-//! of the first third (and at least 100 ms above it). [`judge`] combines the three into
-//! saturated, unsaturated or unclear (too few requests to tell), and says which rule decided.
+//! - **Completed below scheduled.** Over the measured requests, the least-squares slope of
+//!   the successful ends on their scheduled sends is 1 for a server that keeps up (an end is
+//!   its send plus a latency that does not grow) and scheduled / completed for one that does
+//!   not; the completed share of the schedule is (successes / requests) / slope. The rule
+//!   fires when that share is below [`SATURATION_FRACTION`] and below 1 beyond its standard
+//!   error (the slope's, and the binomial error of the successes).
+//! - **A growing backlog.** The requests in flight (sent, not yet ended), sampled evenly over
+//!   the measured sends, rise from the first third to the last beyond a stable queue's noise
+//!   and still stand at the end (see [`backlog_trend`]), with a significant slope over time.
+//! - **TTFT rising.** At exactly the capacity a queue grows only like √t, which the backlog
+//!   test can miss: the TTFTs of the requests sent in the last third of the window are
+//!   larger than the first third's (a one-sided Mann–Whitney test) by a rise of the median
+//!   that matters: half the SLO's TTFT limit, or without one a doubling of at least 100 ms. When the server's waiting gauge was scraped and read 0 throughout the window,
+//!   nothing queued, and this rule is vetoed: the TTFT of a level climbing to its steady
+//!   state is not a queue.
+//!
+//! [`judge`] combines them into saturated, unsaturated or unclear (too few requests to
+//! tell), and keeps the rule that decided with its numbers.
 
 use reports::records::{Phase, RequestRecord};
-use reports::stats::median;
+use reports::stats::{mann_whitney_u, median, ols_slope};
 use serde::{Deserialize, Serialize};
 
-/// A level saturates when its completed rate is below this fraction of its scheduled rate.
+/// A level saturates when it completes less than this fraction of its scheduled rate.
 pub const SATURATION_FRACTION: f64 = 0.95;
 
 /// Fewer successful measured requests than this: too few to call a level either way.
 pub const MIN_REQUESTS_TO_JUDGE: usize = 10;
+
+/// The one-sided false-positive rate of each saturation rule's test.
+pub const SATURATION_P: f64 = 0.01;
+
+/// The standard normal's upper [`SATURATION_P`] quantile.
+const Z_SATURATION: f64 = 2.326_347_874;
+
+/// A TTFT rise matters from this fraction of the SLO's TTFT limit.
+pub const TTFT_RISE_OF_LIMIT: f64 = 0.5;
 
 /// Whether a level kept up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,61 +49,169 @@ pub enum SaturationState {
     Unclear,
 }
 
+/// What the judgement knows besides the records.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JudgeContext {
+    /// The SLO's TTFT limit (ms), the smallest when it has several.
+    pub ttft_limit_ms: Option<f64>,
+    /// The server's waiting gauge, its largest value scraped inside the measured window.
+    pub waiting_max: Option<f64>,
+}
+
+impl JudgeContext {
+    /// The context of a level under `slo`, with `window_server` the server's view of the
+    /// scrapes inside its measured window.
+    pub fn new(
+        slo: Option<&reports::slo::SloSpec>,
+        window_server: Option<&reports::server_metrics::ServerView>,
+    ) -> JudgeContext {
+        JudgeContext {
+            ttft_limit_ms: slo.and_then(|s| {
+                s.targets
+                    .iter()
+                    .filter(|t| t.metric == reports::metrics::SloMetric::Ttft)
+                    .map(|t| t.limit_ms)
+                    .reduce(f64::min)
+            }),
+            waiting_max: window_server
+                .and_then(|v| v.get("requests waiting"))
+                .map(|q| q.max),
+        }
+    }
+}
+
 /// The saturation verdict of a level and the rule that decided it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Saturation {
     pub state: SaturationState,
     pub rule: String,
     pub rates: Option<LevelRates>,
+    /// The completed share of the schedule and its test.
+    #[serde(default)]
+    pub completion: Option<Completion>,
     pub backlog: Option<Backlog>,
-    /// Median TTFT (ms) of the requests sent in the first and the last third of the window.
-    pub ttft_thirds: Option<(f64, f64)>,
+    /// TTFT of the first and the last third of the window, and its test.
+    #[serde(default)]
+    pub ttft_trend: Option<TtftTrend>,
+    /// The server's waiting gauge, its largest value inside the window, when scraped.
+    #[serde(default)]
+    pub waiting_max: Option<f64>,
 }
 
-/// Median TTFT of the measured successful requests sent in the first and last third.
-fn ttft_thirds(records: &[RequestRecord]) -> Option<(f64, f64)> {
-    let ok: Vec<&RequestRecord> = records
+/// The completed share of a level's schedule (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    /// (successes / requests) / the slope of ends on scheduled sends.
+    pub share: f64,
+    /// (1 − share) / its standard error.
+    pub z: f64,
+}
+
+/// The TTFT of the requests sent in the first and the last third of the window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TtftTrend {
+    pub first_median_ms: f64,
+    pub last_median_ms: f64,
+    /// One-sided Mann–Whitney p-value of the last third being larger.
+    pub p_value: f64,
+}
+
+fn measured_successes(records: &[RequestRecord]) -> Vec<&RequestRecord> {
+    records
         .iter()
         .filter(|r| r.phase == Phase::Measured && r.is_success())
-        .collect();
+        .collect()
+}
+
+/// The completed share of the schedule (see the module doc); `None` with fewer than three
+/// successes or no spread in their sends.
+pub fn completion(records: &[RequestRecord]) -> Option<Completion> {
+    let requests = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured)
+        .count();
+    let ok = measured_successes(records);
+    let scheduled: Vec<f64> = ok.iter().map(|r| r.scheduled_ms).collect();
+    let ends: Vec<f64> = ok.iter().map(|r| r.end_ms).collect();
+    let fit = ols_slope(&scheduled, &ends)?;
+    if fit.slope <= 0.0 {
+        return None;
+    }
+    let kept = ok.len() as f64 / requests as f64;
+    let share = kept / fit.slope;
+    let relative_error =
+        ((fit.standard_error / fit.slope).powi(2) + (1.0 - kept) / ok.len() as f64).sqrt();
+    let error = share * relative_error;
+    let z = if error > 0.0 {
+        (1.0 - share) / error
+    } else if share < 1.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    };
+    Some(Completion { share, z })
+}
+
+/// The TTFT trend of a level's measured successful requests, by send time.
+pub fn ttft_trend(records: &[RequestRecord]) -> Option<TtftTrend> {
+    let ok = measured_successes(records);
     let start = ok.iter().map(|r| r.sent_ms).reduce(f64::min)?;
     let end = ok.iter().map(|r| r.sent_ms).reduce(f64::max)?;
     let third = (end - start) / 3.0;
-    let ttft_in = |lo: f64, hi: f64| {
-        let values: Vec<f64> = ok
-            .iter()
+    let ttft_in = |lo: f64, hi: f64| -> Vec<f64> {
+        ok.iter()
             .filter(|r| r.sent_ms >= lo && r.sent_ms <= hi)
             .filter_map(|r| Some(r.first_token_ms? - r.sent_ms))
-            .collect();
-        median(&values)
+            .collect()
     };
-    Some((ttft_in(start, start + third)?, ttft_in(end - third, end)?))
+    let (first, last) = (ttft_in(start, start + third), ttft_in(end - third, end));
+    let test = mann_whitney_u(&first, &last)?;
+    let p_value = if test.direction > 0 {
+        test.p_value / 2.0
+    } else {
+        1.0 - test.p_value / 2.0
+    };
+    Some(TtftTrend {
+        first_median_ms: median(&first)?,
+        last_median_ms: median(&last)?,
+        p_value,
+    })
+}
+
+/// The TTFT rise from the first third's median to the last's that matters.
+fn rise_that_matters(trend: &TtftTrend, ttft_limit_ms: Option<f64>) -> bool {
+    let rise = trend.last_median_ms - trend.first_median_ms;
+    match ttft_limit_ms {
+        Some(limit) => rise >= TTFT_RISE_OF_LIMIT * limit,
+        None => trend.last_median_ms > 2.0 * trend.first_median_ms && rise >= 100.0,
+    }
 }
 
 /// The saturation verdict of a level's records (see the module doc).
-pub fn judge(records: &[RequestRecord]) -> Saturation {
+pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
     let rates = level_rates(records);
+    let completion = completion(records);
     let backlog = backlog_trend(records);
-    let thirds = ttft_thirds(records);
-    let successes = records
-        .iter()
-        .filter(|r| r.phase == Phase::Measured && r.is_success())
-        .count();
+    let trend = ttft_trend(records);
+    let successes = measured_successes(records).len();
     let verdict = |state, rule: String| Saturation {
         state,
         rule,
         rates,
+        completion,
         backlog,
-        ttft_thirds: thirds,
+        ttft_trend: trend,
+        waiting_max: context.waiting_max,
     };
-    if let Some(r) = rates.filter(|r| r.completed < SATURATION_FRACTION * r.scheduled) {
+    if let Some(c) = completion.filter(|c| c.share < SATURATION_FRACTION && c.z > Z_SATURATION) {
         return verdict(
             SaturationState::Saturated,
             format!(
-                "completed {:.3} req/s < {:.0}% of the {:.3} req/s scheduled over the same requests",
-                r.completed,
+                "completed {:.1}% of the scheduled rate (< {:.0}%, {:.1} standard errors below \
+                 100%, p < {SATURATION_P})",
+                c.share * 100.0,
                 SATURATION_FRACTION * 100.0,
-                r.scheduled
+                c.z
             ),
         );
     }
@@ -94,16 +219,30 @@ pub fn judge(records: &[RequestRecord]) -> Saturation {
         return verdict(
             SaturationState::Saturated,
             format!(
-                "requests in flight kept growing ({:.1} → {:.1} from the first to the last third)",
-                b.first_third, b.last_third
+                "requests in flight kept growing ({:.1} → {:.1} from the first to the last \
+                 third, slope t = {:.1}, p < {SATURATION_P})",
+                b.first_third, b.last_third, b.slope_t
             ),
         );
     }
-    if let Some((first, last)) = thirds.filter(|(f, l)| *l > 2.0 * f && l - f >= 100.0) {
-        return verdict(
-            SaturationState::Saturated,
-            format!("TTFT kept rising (median {first:.0} → {last:.0} ms from the first to the last third)"),
-        );
+    let vetoed = context.waiting_max == Some(0.0);
+    if let Some(t) = trend.filter(|t| t.p_value < SATURATION_P && !vetoed) {
+        if rise_that_matters(&t, context.ttft_limit_ms) {
+            let against = context.ttft_limit_ms.map_or(String::new(), |limit| {
+                format!(
+                    ", ≥ {:.0}% of the {limit:.0} ms limit",
+                    TTFT_RISE_OF_LIMIT * 100.0
+                )
+            });
+            return verdict(
+                SaturationState::Saturated,
+                format!(
+                    "TTFT kept rising (median {:.0} → {:.0} ms from the first to the last \
+                     third{against}; Mann–Whitney p = {:.2e})",
+                    t.first_median_ms, t.last_median_ms, t.p_value
+                ),
+            );
+        }
     }
     if successes < MIN_REQUESTS_TO_JUDGE || rates.is_none() {
         return verdict(
@@ -111,12 +250,17 @@ pub fn judge(records: &[RequestRecord]) -> Saturation {
             format!("{successes} successful requests: too few to tell"),
         );
     }
-    let completed = rates.map_or(0.0, |r| r.completed / r.scheduled * 100.0);
+    let share = completion.map_or(String::from("–"), |c| format!("{:.0}%", c.share * 100.0));
+    let gauge = if vetoed {
+        "; the server's waiting gauge read 0 throughout"
+    } else {
+        ""
+    };
     verdict(
         SaturationState::Unsaturated,
         format!(
-            "completed {completed:.0}% of the scheduled rate over the same requests; requests \
-             in flight and TTFT steady"
+            "completed {share} of the scheduled rate; requests in flight and TTFT with no \
+             significant rise{gauge}"
         ),
     )
 }
@@ -146,7 +290,11 @@ pub struct Backlog {
     /// Mean number of requests in flight over the first and the last third of the window.
     pub first_third: f64,
     pub last_third: f64,
-    /// The last third exceeds the first by more than a stable queue's noise.
+    /// The least-squares slope of the samples over time, over its standard error.
+    #[serde(default)]
+    pub slope_t: f64,
+    /// The last third exceeds the first by more than a stable queue's noise, and the slope
+    /// is significant.
     pub growing: bool,
 }
 
@@ -156,10 +304,11 @@ const BACKLOG_SAMPLES: usize = 30;
 /// The in-flight trend of a level: the number of requests sent and not yet ended (any phase),
 /// sampled at evenly spaced instants from the first to the last measured send. It keeps
 /// growing when the means of the three thirds rise (first < middle < last), the count at the
-/// end (mean of the last 3 samples) is still at least the last third's mean, and the rise
-/// from the first third to the last exceeds max(3·√(first + 1), first / 2): a stable queue's
-/// count fluctuates by about its square root, and a burst near the end of the window has
-/// drained (or is draining) by the end, while an overloaded queue is still climbing.
+/// end (mean of the last 3 samples) is still at least the last third's mean, the rise from
+/// the first third to the last exceeds max(3·√(first + 1), first / 2), and the samples'
+/// slope over time is significant (one-sided, p < [`SATURATION_P`]): a stable queue's count
+/// fluctuates by about its square root, and a burst near the end of the window has drained
+/// (or is draining) by the end, while an overloaded queue is still climbing.
 pub fn backlog_trend(records: &[RequestRecord]) -> Option<Backlog> {
     let sends: Vec<f64> = records
         .iter()
@@ -177,9 +326,10 @@ pub fn backlog_trend(records: &[RequestRecord]) -> Option<Backlog> {
             .filter(|r| r.sent_ms <= t && r.end_ms > t)
             .count() as f64
     };
-    let samples: Vec<f64> = (0..BACKLOG_SAMPLES)
-        .map(|i| in_flight(start + (end - start) * i as f64 / (BACKLOG_SAMPLES - 1) as f64))
+    let instants: Vec<f64> = (0..BACKLOG_SAMPLES)
+        .map(|i| start + (end - start) * i as f64 / (BACKLOG_SAMPLES - 1) as f64)
         .collect();
+    let samples: Vec<f64> = instants.iter().map(|&t| in_flight(t)).collect();
     let third = BACKLOG_SAMPLES / 3;
     let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
     let first_third = mean(&samples[..third]);
@@ -188,10 +338,20 @@ pub fn backlog_trend(records: &[RequestRecord]) -> Option<Backlog> {
     let at_end = mean(&samples[BACKLOG_SAMPLES - 3..]);
     let noise = (3.0 * (first_third + 1.0).sqrt()).max(first_third / 2.0);
     let rising = first_third < middle_third && middle_third < last_third && at_end >= last_third;
+    let slope_t = ols_slope(&instants, &samples).map_or(0.0, |s| {
+        if s.standard_error > 0.0 {
+            s.t()
+        } else if s.slope > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        }
+    });
     Some(Backlog {
         first_third,
         last_third,
-        growing: rising && last_third - first_third > noise,
+        slope_t,
+        growing: rising && last_third - first_third > noise && slope_t > Z_SATURATION,
     })
 }
 
@@ -272,25 +432,78 @@ mod tests {
 
     #[test]
     fn judge_names_the_rule_that_decided() {
-        let fine = judge(&level(50.0));
+        let none = JudgeContext::default();
+        let fine = judge(&level(50.0), none);
         assert_eq!(fine.state, SaturationState::Unsaturated, "{fine:?}");
-        let over = judge(&level(30.0));
+        let over = judge(&level(30.0), none);
         assert_eq!(over.state, SaturationState::Saturated);
         assert!(over.rule.starts_with("completed "), "{}", over.rule);
-        assert_eq!(judge(&level(50.0)[..5]).state, SaturationState::Unclear);
+        assert_eq!(
+            judge(&level(50.0)[..5], none).state,
+            SaturationState::Unclear
+        );
         // At capacity: every request completes (no rate deficit) but TTFT climbs.
         let mut creeping = level(50.0);
         for r in &mut creeping {
             let delay = r.sent_ms / 10.0;
             r.first_token_ms = Some(r.sent_ms + 1.0 + delay);
         }
-        let creeping = judge(&creeping);
-        assert_eq!(creeping.state, SaturationState::Saturated, "{creeping:?}");
+        let judged = judge(&creeping, none);
+        assert_eq!(judged.state, SaturationState::Saturated, "{judged:?}");
         assert!(
-            creeping.rule.starts_with("TTFT kept rising"),
+            judged.rule.starts_with("TTFT kept rising"),
             "{}",
-            creeping.rule
+            judged.rule
         );
+        // The same rise (about 70 → 400 ms) against a 2 s TTFT limit does not matter: a
+        // level climbing to its steady state is not saturated for it.
+        let limit = JudgeContext {
+            ttft_limit_ms: Some(2000.0),
+            waiting_max: None,
+        };
+        let judged = judge(&creeping, limit);
+        assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
+        // Against a 600 ms limit it does (≥ 300 ms), unless the server's waiting gauge read
+        // 0 throughout: then nothing queued.
+        let tight = JudgeContext {
+            ttft_limit_ms: Some(600.0),
+            waiting_max: None,
+        };
+        assert_eq!(judge(&creeping, tight).state, SaturationState::Saturated);
+        let idle = JudgeContext {
+            waiting_max: Some(0.0),
+            ..tight
+        };
+        let judged = judge(&creeping, idle);
+        assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
+        assert!(
+            judged.rule.contains("waiting gauge read 0"),
+            "{}",
+            judged.rule
+        );
+        let queued = JudgeContext {
+            waiting_max: Some(3.0),
+            ..tight
+        };
+        assert_eq!(judge(&creeping, queued).state, SaturationState::Saturated);
+    }
+
+    #[test]
+    fn a_slow_end_of_a_level_that_keeps_up_is_noise_not_a_deficit() {
+        // 200 requests at 40 req/s served at 50 req/s, whose last one ends 400 ms late: the
+        // old two-end rate (199 / 5.37 s = 37.1 req/s, < 95% of 40) would call it saturated;
+        // the slope of ends on sends barely moves.
+        let mut late = level(50.0);
+        late.last_mut().unwrap().end_ms += 400.0;
+        let rates = level_rates(&late).unwrap();
+        assert!(
+            rates.completed < SATURATION_FRACTION * rates.scheduled,
+            "{rates:?}"
+        );
+        let c = completion(&late).unwrap();
+        assert!(c.share > 0.99, "{c:?}");
+        let judged = judge(&late, JudgeContext::default());
+        assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
     }
 
     #[test]

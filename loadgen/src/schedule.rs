@@ -4,7 +4,7 @@
 //! time through the inverse of the cumulative rate Λ(t). Without ramp-up Λ(t) = rate · t;
 //! with a linear ramp from `ramp.from_rate` to `rate` over `ramp.secs`, Λ is quadratic there.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Exp, Gamma};
@@ -116,6 +116,164 @@ impl ScheduleSpec {
         }
         Ok(times)
     }
+}
+
+/// The measured window of a run's schedule: sends at `warmup_s` ≤ t < `warmup_s` +
+/// `duration_s` are measured (every send from `warmup_s` on without a duration).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    pub warmup_s: f64,
+    pub duration_s: Option<f64>,
+}
+
+/// How a draw was scaled to hold its target rate over the measured window (`--exact-rate`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ExactRate {
+    /// The rate asked for, requests/s.
+    pub target_rate: f64,
+    /// Every send time of the draw was divided by this (its rate multiplied by it).
+    pub factor: f64,
+    /// The draw was first shifted this much earlier (seconds, before the scaling): 0 unless
+    /// no factor alone landed within the tolerance.
+    pub shift_s: f64,
+    /// The scaled draw's scheduled rate over the measured window, (n − 1) / span.
+    pub scheduled_rate: f64,
+    /// scheduled / target − 1: within ±[`EXACT_RATE_TOLERANCE`] unless no factor lands
+    /// there (a window of a few requests).
+    pub residual: f64,
+}
+
+/// How close `--exact-rate` brings the scheduled rate to its target.
+pub const EXACT_RATE_TOLERANCE: f64 = 0.005;
+
+/// The indices `lo..hi` of the sends of `times` (increasing) / `factor` in `window`.
+fn measured_range(times: &[f64], factor: f64, window: Window) -> (usize, usize) {
+    let lo = times.partition_point(|&t| t / factor < window.warmup_s);
+    let hi = match window.duration_s {
+        Some(d) => times.partition_point(|&t| t / factor < window.warmup_s + d),
+        None => times.len(),
+    };
+    (lo, hi.max(lo))
+}
+
+/// (n − 1) / span of the sends of `times` (increasing) / `factor` that fall in `window`.
+fn scheduled_over(times: &[f64], factor: f64, window: Window) -> Option<f64> {
+    let (lo, hi) = measured_range(times, factor, window);
+    if hi - lo < 2 {
+        return None;
+    }
+    let span = (times[hi - 1] - times[lo]) / factor;
+    (span > 0.0).then(|| (hi - lo - 1) as f64 / span)
+}
+
+/// The factor nearest `times`' own that makes their scheduled rate over `window` equal to
+/// `target`, and its residual (scheduled / target − 1): between two factors at which a send
+/// crosses an edge of the window the measured set is fixed and the rate proportional to the
+/// factor, so each such interval holds an exact solution or none; the exact solution nearest
+/// the draw's own factor wins, else the factor with the smallest residual.
+fn best_factor(times: &[f64], target: f64, window: Window) -> Option<(f64, f64)> {
+    let guess = target / scheduled_over(times, 1.0, window)?;
+    let (low, high) = (guess / 2.0, guess * 2.0);
+    let mut breaks: Vec<f64> = vec![low, high];
+    for &t in times {
+        if window.warmup_s > 0.0 {
+            breaks.push(t / window.warmup_s);
+        }
+        if let Some(d) = window.duration_s {
+            breaks.push(t / (window.warmup_s + d));
+        }
+    }
+    breaks.retain(|f| (low..=high).contains(f));
+    breaks.sort_by(f64::total_cmp);
+    breaks.dedup();
+    let mut exact: Option<f64> = None;
+    let mut best: Option<(f64, f64)> = None;
+    for pair in breaks.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let Some(rate) = scheduled_over(times, (a + b) / 2.0, window) else {
+            continue;
+        };
+        let solution = ((a + b) / 2.0 * target / rate).clamp(a, b);
+        let Some(residual) = scheduled_over(times, solution, window).map(|r| r / target - 1.0)
+        else {
+            continue;
+        };
+        if residual.abs() <= 1e-9 {
+            let distance = |f: f64| (f / guess).ln().abs();
+            if exact.is_none_or(|e| distance(solution) < distance(e)) {
+                exact = Some(solution);
+            }
+        }
+        if best.is_none_or(|(_, old)| residual.abs() < old.abs()) {
+            best = Some((solution, residual));
+        }
+    }
+    exact.map(|f| (f, 0.0)).or(best)
+}
+
+/// Shifts tried, in mean gaps of the draw, when no factor alone lands within the tolerance.
+const EXACT_RATE_SHIFTS: usize = 32;
+
+/// Scales the draw `times` (seconds, increasing) by one factor so that its scheduled rate over
+/// `window` is `target` req/s, keeping the draw's shape: its gaps, up to that factor. Scaling
+/// moves sends across the window's edges, which changes the measured set and makes the rate
+/// jump (by up to a gap over the window's span), so the factor is searched over the scaled
+/// draw's own measured set ([`best_factor`]). Where no factor lands within
+/// [`EXACT_RATE_TOLERANCE`], the draw is also shifted earlier by sixteenths of its mean gap
+/// (dropping the sends that fall before the origin; its gaps stay as they are) until one
+/// does; the smallest residual is recorded either way. The scaled sends at or after `end_s`
+/// are dropped; `times` must reach past `end_s` × the draw's own scheduled rate / `target`
+/// for the window to stay full.
+pub fn scale_to_rate(
+    times: &[f64],
+    target: f64,
+    window: Window,
+    end_s: Option<f64>,
+) -> Result<(Vec<f64>, ExactRate)> {
+    if !(target.is_finite() && target > 0.0) {
+        bail!("--exact-rate needs a positive rate, not {target}");
+    }
+    let Some(raw) = scheduled_over(times, 1.0, window) else {
+        bail!("--exact-rate: the schedule holds fewer than two sends in the measured window");
+    };
+    let mut chosen: Option<(f64, f64, f64)> = None;
+    for step in 0..=EXACT_RATE_SHIFTS {
+        let shift = step as f64 / 16.0 / raw;
+        let shifted: Vec<f64> = times
+            .iter()
+            .filter(|&&t| t >= shift)
+            .map(|t| t - shift)
+            .collect();
+        let Some((factor, residual)) = best_factor(&shifted, target, window) else {
+            continue;
+        };
+        if chosen.is_none_or(|(_, _, r)| residual.abs() < r.abs()) {
+            chosen = Some((shift, factor, residual));
+        }
+        if residual.abs() <= EXACT_RATE_TOLERANCE {
+            break;
+        }
+    }
+    let (shift, factor, _) =
+        chosen.context("--exact-rate: no scaling keeps two sends in the measured window")?;
+    let scaled: Vec<f64> = times
+        .iter()
+        .filter(|&&t| t >= shift)
+        .map(|t| (t - shift) / factor)
+        .filter(|&t| end_s.is_none_or(|end| t < end))
+        .collect();
+    let scheduled_rate = scheduled_over(&scaled, 1.0, window)
+        .context("--exact-rate: the scaled schedule holds fewer than two measured sends")?;
+    Ok((
+        scaled,
+        ExactRate {
+            target_rate: target,
+            factor,
+            shift_s: shift,
+            scheduled_rate,
+            residual: scheduled_rate / target - 1.0,
+        },
+    ))
 }
 
 /// How trace timestamps are rescaled before replay.
@@ -326,5 +484,46 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("row 2"), "{err}");
+    }
+
+    #[test]
+    fn an_exact_rate_draw_holds_its_target_over_the_window() {
+        let window = Window {
+            warmup_s: 5.0,
+            duration_s: Some(25.0),
+        };
+        for (seed, rate) in [(1, 4.39), (2, 8.78), (3, 0.9), (4, 40.0)] {
+            let spec = ScheduleSpec {
+                arrival: Arrival::Poisson,
+                rate,
+                ramp_up: None,
+            };
+            let draw = spec.generate(Extent::Until(2.0 * 35.0), seed).unwrap();
+            let (times, exact) = scale_to_rate(&draw, rate, window, Some(35.0)).unwrap();
+            assert!(exact.residual.abs() <= EXACT_RATE_TOLERANCE, "{exact:?}");
+            let measured: Vec<f64> = times
+                .iter()
+                .copied()
+                .filter(|&t| (5.0..30.0).contains(&t))
+                .collect();
+            let held = (measured.len() - 1) as f64 / (measured.last().unwrap() - measured[0]);
+            assert!(
+                (held / rate - 1.0).abs() <= EXACT_RATE_TOLERANCE,
+                "{held} for {rate}"
+            );
+            assert_eq!(held, exact.scheduled_rate);
+            // The draw's shape: every gap is the raw draw's divided by the one factor.
+            let kept: Vec<f64> = draw
+                .iter()
+                .copied()
+                .filter(|&t| t >= exact.shift_s)
+                .collect();
+            for (scaled, raw) in times.iter().zip(&kept) {
+                assert!((scaled * exact.factor + exact.shift_s - raw).abs() < 1e-9);
+            }
+            assert!(times.iter().all(|&t| t < 35.0));
+        }
+        let none = scale_to_rate(&[1.0], 1.0, window, None).unwrap_err();
+        assert!(none.to_string().contains("fewer than two"), "{none}");
     }
 }

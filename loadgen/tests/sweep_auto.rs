@@ -85,7 +85,7 @@ async fn auto_rates_find_the_saturation_rate() {
     // non-zero width inside ±30% of it.
     let crossing = plan
         .crossing
-        .expect("a level above the knee bounds the crossing");
+        .unwrap_or_else(|| panic!("a level above the knee bounds the crossing: {file:#?}"));
     assert!(
         (crossing.estimate / saturation - 1.0).abs() <= 0.15,
         "{crossing:?} vs {saturation}"

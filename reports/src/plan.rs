@@ -4,19 +4,31 @@
 //! Definitions (the rates of docs/ARCHITECTURE.md, made precise):
 //! - a level passes when every SLO target holds and it did not saturate;
 //! - max sustainable QPS = the sustained rate ([`crate::rates`]) of the highest passing level;
+//! - levels run at one offered rate (`--repeats`) are pooled: their requests together, saturated
+//!   when at least half of them were;
 //! - the interpolated crossing lies between that level (its sustained rate r1) and the next
-//!   higher level that failed, saturated or with the SLO not met (its sustained rate r2; a
-//!   level between them whose verdict is unknown, too few requests, bounds nothing): for each target that the higher level
-//!   breaks, the rate where the straight line through the two levels' percentile values meets
-//!   the limit, clamped to [r1, r2]; the crossing is the smallest over targets. Its CI comes from
-//!   resampling both boundary levels' requests (seeded percentile bootstrap); when the higher
-//!   level saturated, r2 is its completed rate and itself uncertain (k completions: a Poisson count,
-//!   relative error 1/√k), so each replicate also redraws r2. An interval that still has no
-//!   width is reported as none (a note says so), never as a point;
+//!   higher level that failed, saturated or with the SLO not met (its sustained rate r2: the
+//!   load it did not carry, or for a saturated level what it completed, the server's
+//!   throughput, which caps the crossing; a level between them whose verdict is unknown, too
+//!   few requests, bounds nothing): for each target that the higher level breaks, the rate
+//!   where the straight line through the two levels' percentile values meets the limit,
+//!   clamped to [r1, r2]; the crossing is the smallest over targets. Its CI comes from
+//!   resampling both boundary levels' requests (seeded percentile bootstrap): one run's
+//!   sampling error; when the higher level saturated, r2 is itself uncertain (k completions: a
+//!   Poisson count, relative error 1/√k), so each replicate also redraws it. An interval that
+//!   still has no width is reported as none (a note says so), never as a point;
+//! - the crossing between runs: each run of a sweep with `--repeats` (the levels of one
+//!   repeat index, the search's own being run 0) gives its own crossing between its highest
+//!   passing level and the next failing one ([`run_crossing`]: an arrival rate, interpolated
+//!   on the reciprocal of the percentiles); the Student t-interval of their mean (R − 1
+//!   degrees of freedom) covers the variation from run to run, which no resampling of one
+//!   run's requests can;
 //! - instances = ⌈target QPS × headroom / max QPS⌉: the headroom inflates the load before
 //!   rounding, so every instance runs at most at max QPS / headroom (applying it to the
 //!   rounded GPU count instead could give fractional GPUs); GPUs = instances × GPUs per
-//!   instance. The measured level, not the interpolated crossing, sizes the fleet;
+//!   instance. The measured level sizes the fleet, or with at least
+//!   [`MIN_RUNS_TO_SIZE_BETWEEN`] runs the lower end of the crossing between runs (what the
+//!   next run on the same machine may find), whichever is lower;
 //! - target QPS = the given QPS, or daily requests / 86 400 × peak factor.
 
 use anyhow::{bail, Result};
@@ -27,10 +39,13 @@ use serde::{Deserialize, Serialize};
 use crate::samples::LatencySamples;
 use crate::server_metrics::ServerView;
 use crate::slo::{SloCheck, SloSpec, SloVerdict};
-use crate::stats::{percentile_linear, Bootstrap, ConfidenceInterval, Statistic};
+use crate::stats::{percentile_linear, t_interval, Bootstrap, ConfidenceInterval, Statistic};
 
 /// Default headroom factor on the target load.
 pub const DEFAULT_HEADROOM: f64 = 1.2;
+
+/// Runs from which a plan sizes from the crossing between runs.
+pub const MIN_RUNS_TO_SIZE_BETWEEN: usize = 3;
 
 /// One level of a sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,14 +75,142 @@ pub struct SweepLevel {
     /// What limited the level (its `summary.json`'s diagnosis), when diagnosed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnosis: Option<crate::diagnosis::Diagnosis>,
+    /// Which run of a sweep with `--repeats` the level belongs to (`None`: the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<usize>,
 }
 
 impl SweepLevel {
     /// The level's sustained rate ([`crate::rates::sustained`]): every rate of a plan is
     /// this one, never the offered rate.
     pub fn sustained_rate(&self) -> f64 {
-        crate::rates::sustained(self.offered_rate, self.scheduled_rate, self.completed_rate)
+        crate::rates::sustained(
+            self.offered_rate,
+            self.scheduled_rate,
+            self.completed_rate,
+            self.saturated,
+        )
     }
+
+    /// The load the level's schedule held: its scheduled rate, else its offered rate.
+    pub fn load_rate(&self) -> f64 {
+        self.scheduled_rate.unwrap_or(self.offered_rate)
+    }
+}
+
+/// The levels run at each offered rate pooled into one (ascending): their requests
+/// together, mean rates, saturated when at least half of them were.
+fn pool(levels: &[SweepLevel]) -> Vec<(SweepLevel, usize)> {
+    let mut sorted: Vec<&SweepLevel> = levels.iter().collect();
+    sorted.sort_by(|a, b| a.offered_rate.total_cmp(&b.offered_rate));
+    let mut pooled: Vec<(SweepLevel, usize)> = Vec::new();
+    for group in sorted.chunk_by(|a, b| a.offered_rate == b.offered_rate) {
+        let n = group.len();
+        if n == 1 {
+            pooled.push((group[0].clone(), 1));
+            continue;
+        }
+        let mean =
+            |f: &dyn Fn(&SweepLevel) -> f64| group.iter().map(|l| f(l)).sum::<f64>() / n as f64;
+        let mut level = group[0].clone();
+        level.completed_rate = mean(&|l| l.completed_rate);
+        level.output_tokens_per_s = mean(&|l| l.output_tokens_per_s);
+        level.scheduled_rate = group
+            .iter()
+            .map(|l| l.scheduled_rate)
+            .sum::<Option<f64>>()
+            .map(|sum| sum / n as f64);
+        level.saturated = 2 * group.iter().filter(|l| l.saturated).count() >= n;
+        level.samples = LatencySamples {
+            requests: group
+                .iter()
+                .flat_map(|l| l.samples.requests.clone())
+                .collect(),
+            schedule_lag_ms: group
+                .iter()
+                .flat_map(|l| l.samples.schedule_lag_ms.clone())
+                .collect(),
+        };
+        level.repeat = None;
+        pooled.push((level, n));
+    }
+    pooled
+}
+
+/// Whether `level` passes under `slo`: met, and not saturated.
+fn passes(level: &SweepLevel, slo: &SloSpec) -> bool {
+    !level.saturated && slo.check(&level.samples).met
+}
+
+/// Whether `level` bounds the crossing from above: saturated, or the SLO not met.
+fn fails(level: &SweepLevel, slo: &SloSpec) -> bool {
+    level.saturated || slo.check(&level.samples).verdict == SloVerdict::NotMet
+}
+
+/// One run's crossing (the levels of one repeat index) between its highest passing level and
+/// the lowest failing level above it; `None` when the run brackets none. It is an arrival
+/// rate: the levels stand at their scheduled rates (a saturated upper level at what it
+/// completed, which caps it), and for each target the reciprocal of its percentile is
+/// interpolated linearly, the smallest crossing over targets kept. A queue's latency grows
+/// like 1 / (capacity − rate), convex in the rate, so a straight line through the latencies
+/// themselves would put every run's crossing low (by 4% on the simulated server of
+/// `loadgen/tests/coverage.rs`) and the mean of a few runs' crossings would miss the
+/// capacity more often than its interval admits; the reciprocal is about linear in the rate.
+pub fn run_crossing(levels: &[&SweepLevel], slo: &SloSpec) -> Option<f64> {
+    let low = levels
+        .iter()
+        .filter(|l| passes(l, slo))
+        .max_by(|a, b| a.sustained_rate().total_cmp(&b.sustained_rate()))?;
+    let high = levels
+        .iter()
+        .filter(|l| fails(l, slo) && l.load_rate() > low.sustained_rate())
+        .min_by(|a, b| a.load_rate().total_cmp(&b.load_rate()))?;
+    let r1 = low.load_rate();
+    let r2 = if high.saturated {
+        high.sustained_rate()
+    } else {
+        high.load_rate()
+    }
+    .max(r1);
+    let crossing = slo
+        .targets
+        .iter()
+        .map(|t| {
+            let p = Statistic::Percentile(t.percentile);
+            let v1 = p.compute(&mut low.samples.values(t.metric));
+            let v2 = p.compute(&mut high.samples.values(t.metric));
+            match (v1, v2) {
+                (Some(v1), Some(v2)) if v1 > 0.0 && v2 > v1 && r2 > r1 => {
+                    r1 + (1.0 / v1 - 1.0 / t.limit_ms) / (1.0 / v1 - 1.0 / v2) * (r2 - r1)
+                }
+                (Some(v1), Some(v2)) if v1 > 0.0 && v2 > 0.0 => {
+                    interpolate(r1, -1.0 / v1, r2, -1.0 / v2, -1.0 / t.limit_ms)
+                }
+                _ => r1,
+            }
+        })
+        .fold(f64::INFINITY, f64::min);
+    Some(crossing)
+}
+
+/// The crossing of each run of `levels` (by repeat index, the first run first), `None` for
+/// a run that brackets none.
+pub fn run_crossings(levels: &[SweepLevel], slo: &SloSpec) -> Vec<Option<f64>> {
+    let runs = levels
+        .iter()
+        .map(|l| l.repeat.unwrap_or(0))
+        .max()
+        .unwrap_or(0)
+        + 1;
+    (0..runs)
+        .map(|r| {
+            let run: Vec<&SweepLevel> = levels
+                .iter()
+                .filter(|l| l.repeat.unwrap_or(0) == r)
+                .collect();
+            run_crossing(&run, slo)
+        })
+        .collect()
 }
 
 /// The load to plan for.
@@ -104,6 +247,9 @@ pub struct PlanOptions {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LevelVerdict {
     pub offered_rate: f64,
+    /// The runs pooled at this rate (`--repeats`).
+    #[serde(default = "one")]
+    pub runs: usize,
     #[serde(alias = "achieved_rate")]
     pub completed_rate: f64,
     pub saturated: bool,
@@ -135,8 +281,18 @@ pub struct Cost {
     pub usd_per_million_output_tokens_at_target: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+fn one() -> usize {
+    1
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sizing {
+    /// The capacity of one instance the fleet is sized from, req/s.
+    #[serde(default)]
+    pub capacity_per_instance: f64,
+    /// Where that capacity comes from, in words.
+    #[serde(default)]
+    pub sized_from: String,
     pub target_qps: f64,
     pub headroom: f64,
     pub instances: u64,
@@ -151,9 +307,18 @@ pub struct CapacityPlan {
     pub levels: Vec<LevelVerdict>,
     /// `None` when no level met the SLO: then there is no plan.
     pub max_sustainable: Option<MaxSustainable>,
-    /// Interpolated max QPS with its bootstrap CI, when a failing level lies above the max.
+    /// Interpolated max QPS with its bootstrap CI, when a failing level lies above the max:
+    /// one run's sampling error (levels at one rate pooled).
     pub crossing: Option<ConfidenceInterval>,
-    pub sizing: Option<Sizing>,
+    /// The Student t-interval over the runs' own crossings (`--repeats`): the variation from
+    /// run to run included. `None` with fewer than two runs that bracket a crossing.
+    #[serde(default)]
+    pub crossing_between_runs: Option<ConfidenceInterval>,
+    /// Each run's own crossing, the first run first (`None`: that run bracketed none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_crossings: Vec<Option<f64>>,
+    /// Boxed: its words make it the largest part of a plan.
+    pub sizing: Option<Box<Sizing>>,
     /// Plain-language caveats (never met, met everywhere, crossing set by saturation, …).
     pub notes: Vec<String>,
 }
@@ -165,15 +330,16 @@ pub fn capacity_plan(
     options: &PlanOptions,
 ) -> Result<CapacityPlan> {
     validate(levels, options)?;
-    let mut sorted: Vec<&SweepLevel> = levels.iter().collect();
-    sorted.sort_by(|a, b| a.offered_rate.total_cmp(&b.offered_rate));
-    let verdicts: Vec<LevelVerdict> = sorted
+    let pooled = pool(levels);
+    let sorted: Vec<&SweepLevel> = pooled.iter().map(|(l, _)| l).collect();
+    let verdicts: Vec<LevelVerdict> = pooled
         .iter()
-        .map(|level| {
+        .map(|(level, runs)| {
             let check = slo.check(&level.samples);
             let passed = check.met && !level.saturated;
             LevelVerdict {
                 offered_rate: level.offered_rate,
+                runs: *runs,
                 completed_rate: level.completed_rate,
                 saturated: level.saturated,
                 check,
@@ -181,14 +347,32 @@ pub fn capacity_plan(
             }
         })
         .collect();
+    let run_crossings = run_crossings(levels, slo);
+    let bracketed: Vec<f64> = run_crossings.iter().flatten().copied().collect();
+    let crossing_between_runs = t_interval(&bracketed, options.bootstrap.confidence);
     let mut plan = CapacityPlan {
         slo: slo.clone(),
         levels: verdicts,
         max_sustainable: None,
         crossing: None,
+        crossing_between_runs,
+        run_crossings: if run_crossings.len() > 1 {
+            run_crossings.clone()
+        } else {
+            Vec::new()
+        },
         sizing: None,
         notes: Vec::new(),
     };
+    let unbracketed = run_crossings.iter().filter(|c| c.is_none()).count();
+    if run_crossings.len() > 1 && unbracketed > 0 {
+        plan.notes.push(format!(
+            "{unbracketed} of the {} runs bracketed no crossing of their own: the interval \
+             between runs is over the other {}.",
+            run_crossings.len(),
+            bracketed.len()
+        ));
+    }
     let Some(best) = plan.levels.iter().rposition(|v| v.passed) else {
         plan.notes.push(format!(
             "No level met the SLO ({slo}), not even the lowest rate tested ({:.3} req/s): \
@@ -244,14 +428,50 @@ pub fn capacity_plan(
                 ));
             } else {
                 plan.notes.push(format!(
-                    "The level at {:.3} req/s met the latency targets but saturated (completed \
-                     {:.3} req/s): the crossing is bounded by its completed rate.",
+                    "The level at {:.3} req/s met the latency targets but saturated: it \
+                     completed {:.3} req/s, the server's throughput, which caps the crossing.",
                     next.offered_rate, next.completed_rate
                 ));
             }
         }
     }
-    plan.sizing = Some(sizing(&max, options));
+    plan.notes.push(interval_sentence(
+        run_crossings.len(),
+        plan.crossing_between_runs.is_some(),
+    ));
+    let runs = bracketed.len();
+    let (capacity, sized_from) = match plan.crossing_between_runs {
+        Some(between) if runs >= MIN_RUNS_TO_SIZE_BETWEEN && between.lower < max.sustained_rate => {
+            (
+                between.lower.max(0.0),
+                format!(
+                    "the lower end of the crossing between {runs} runs ({:.3} req/s), below the \
+                 highest passing level's {:.3}",
+                    between.lower, max.sustained_rate
+                ),
+            )
+        }
+        _ => (
+            max.sustained_rate,
+            format!(
+                "the highest passing level's sustained rate ({:.3} req/s){}",
+                max.sustained_rate,
+                if runs >= MIN_RUNS_TO_SIZE_BETWEEN {
+                    ", at or below the crossing between runs' lower end"
+                } else {
+                    ""
+                }
+            ),
+        ),
+    };
+    if capacity <= 0.0 {
+        plan.notes.push(format!(
+            "The crossing between runs reaches down to {capacity:.3} req/s: the runs disagree \
+             too much to size a fleet from; no sizing."
+        ));
+        return Ok(plan);
+    }
+    plan.sizing = Some(Box::new(sizing(&max, capacity, sized_from, options)));
     Ok(plan)
 }
 
@@ -294,10 +514,39 @@ pub fn usd_per_million_tokens(usd_per_hour: f64, tokens_per_s: f64) -> f64 {
     usd_per_hour / (tokens_per_s * 3600.0) * 1e6
 }
 
-fn sizing(max: &MaxSustainable, options: &PlanOptions) -> Sizing {
+/// Which interval is which, in one sentence.
+fn interval_sentence(runs: usize, between: bool) -> String {
+    if runs <= 1 {
+        return "The crossing's interval covers one run's sampling error only (its levels' \
+                requests resampled): the next run on the same machine may fall outside it; \
+                --repeats 3 measures the variation between runs."
+            .into();
+    }
+    if between {
+        format!(
+            "Two intervals: `crossing` is one run's sampling error (the levels at each rate \
+             pooled, their requests resampled); `crossing between runs` is the Student \
+             t-interval over the {runs} runs' own crossings, which includes the variation \
+             from run to run."
+        )
+    } else {
+        format!(
+            "The crossing's interval covers one run's sampling error only: fewer than two of \
+             the {runs} runs bracketed a crossing of their own, so no interval between runs \
+             can be given."
+        )
+    }
+}
+
+fn sizing(
+    max: &MaxSustainable,
+    capacity: f64,
+    sized_from: String,
+    options: &PlanOptions,
+) -> Sizing {
     let target_qps = options.target.peak_qps();
     // The small epsilon keeps 6.000000001 (float noise) from becoming 7 instances.
-    let instances = ((target_qps * options.headroom / max.sustained_rate) - 1e-9)
+    let instances = ((target_qps * options.headroom / capacity) - 1e-9)
         .ceil()
         .max(1.0) as u64;
     let gpus = instances * u64::from(options.gpus_per_instance);
@@ -320,6 +569,8 @@ fn sizing(max: &MaxSustainable, options: &PlanOptions) -> Sizing {
         }
     });
     Sizing {
+        capacity_per_instance: capacity,
+        sized_from,
         target_qps,
         headroom: options.headroom,
         instances,
@@ -338,6 +589,8 @@ fn crossing(
     settings: Bootstrap,
 ) -> ConfidenceInterval {
     let r1 = low.sustained_rate();
+    // A saturated level carries no more than it completed: its sustained rate, the server's
+    // throughput, caps the crossing.
     let r2 = high.sustained_rate().max(r1);
     let values: Vec<(Vec<f64>, Vec<f64>)> = slo
         .targets

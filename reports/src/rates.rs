@@ -8,8 +8,9 @@
 //!   slot left out since that is the server's doing ([`sent`]).
 //! - **completed**: (k − 1) / span of the ends of the k measured requests that succeeded
 //!   ([`completed`]).
-//! - **sustained**: what a capacity plan sizes from: completed, or scheduled (offered where
-//!   unknown) where lower ([`sustained`]).
+//! - **sustained**: what a capacity plan sizes from: the scheduled rate (offered where
+//!   unknown) of a level that kept up; for a saturated one, completed, or scheduled where
+//!   lower ([`sustained`]).
 
 use crate::records::RequestRecord;
 
@@ -17,8 +18,8 @@ use crate::records::RequestRecord;
 pub const DEFINITIONS: &str = "Rates (req/s): offered = the nominal rate asked for; scheduled = \
 (n − 1) / span of the n measured requests' scheduled sends (what the seeded schedule actually \
 holds); sent = the same over their actual sends; completed = (k − 1) / span of the k successful \
-ones' ends, over the same requests; sustained = completed, or scheduled where lower (what a plan \
-sizes from).";
+ones' ends, over the same requests; sustained = what a plan sizes from: scheduled for a level that \
+kept up, completed (or scheduled where lower) for a saturated one.";
 
 /// (n − 1) / span of `n` instants in milliseconds; `None` with fewer than two or no span.
 fn over_span(times_ms: impl Iterator<Item = f64>) -> Option<f64> {
@@ -44,10 +45,18 @@ pub fn completed(measured: &[&RequestRecord]) -> Option<f64> {
     over_span(measured.iter().filter(|r| r.is_success()).map(|r| r.end_ms))
 }
 
-/// The sustained rate of a level: `completed`, or what the schedule held (`scheduled`, else
-/// `offered`) where lower; the held rate when nothing completed.
-pub fn sustained(offered: f64, scheduled: Option<f64>, completed: f64) -> f64 {
+/// The sustained rate of a level: what the schedule held (`scheduled`, else `offered`) when
+/// it kept up; when `saturated`, `completed`, or the held rate where lower (the held rate
+/// when nothing completed). A level that kept up completes what it was sent: its
+/// completed rate, the span of its ends, differs from the held rate only by the latencies of
+/// the requests at the window's edges (the longest of the last ones stretches the span by
+/// up to a tail latency, 2–5% of a 25-s window near capacity), which would make every level
+/// that kept up look as if it carried less than it did.
+pub fn sustained(offered: f64, scheduled: Option<f64>, completed: f64, saturated: bool) -> f64 {
     let held = scheduled.unwrap_or(offered);
+    if !saturated {
+        return held;
+    }
     if completed > 0.0 {
         completed.min(held)
     } else {
@@ -108,9 +117,12 @@ mod tests {
         // Six successes over 2,000 ms: 5 / 2 s.
         assert_eq!(completed(&measured), Some(2.5));
         assert_eq!(scheduled(&measured[..1]), None);
-        assert_eq!(sustained(12.0, Some(10.0), 2.5), 2.5);
-        assert_eq!(sustained(12.0, Some(10.0), 11.0), 10.0);
-        assert_eq!(sustained(12.0, None, 13.0), 12.0);
-        assert_eq!(sustained(12.0, Some(10.0), 0.0), 10.0);
+        assert_eq!(sustained(12.0, Some(10.0), 2.5, true), 2.5);
+        assert_eq!(sustained(12.0, Some(10.0), 11.0, true), 10.0);
+        assert_eq!(sustained(12.0, None, 13.0, true), 12.0);
+        assert_eq!(sustained(12.0, Some(10.0), 0.0, true), 10.0);
+        // A level that kept up sustained its schedule, whatever the span of its ends.
+        assert_eq!(sustained(12.0, Some(10.0), 9.6, false), 10.0);
+        assert_eq!(sustained(12.0, None, 11.5, false), 12.0);
     }
 }

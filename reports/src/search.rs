@@ -2,12 +2,13 @@
 //! sweep report shows it: each level in the order run, why its rate was chosen, its verdict
 //! and the bracket after it, then why the search ended.
 //!
-//! The bracket's lower end is the passing level with the highest sustained rate
-//! ([`crate::rates`]); its upper end is the failing level with the lowest rate above that: a
-//! failing level's sustained rate, or, where that is no higher than the lower end (a server
-//! that completes less under overload says nothing about where the SLO breaks), its offered
-//! rate times the passing level's sustained / offered (what the seeded draw held of the rate
-//! asked), so that both ends are in the same units.
+//! Each level's coordinate is the load its schedule held ([`crate::rates`]): a passing level
+//! bounds the crossing from below at its sustained rate (what it carried), a failing level
+//! from above at its scheduled rate (the load it did not carry). The bracket's lower end is
+//! the passing level with the highest sustained rate; its upper end the failing level with
+//! the lowest scheduled rate above that. A saturated level's completed rate is the server's
+//! throughput, reported beside the bracket as its ceiling ([`SearchPath::throughput_ceiling`]),
+//! never as an end: every saturated level completes about the same, so it could never narrow.
 
 use std::fmt;
 
@@ -120,11 +121,25 @@ pub struct SearchStep {
     /// The level's run folder.
     pub dir: String,
     pub offered_rate: f64,
+    /// The scheduled rate of its measured requests (absent in files written before it was
+    /// recorded, and with fewer than two).
+    #[serde(default)]
+    pub scheduled_rate: Option<f64>,
+    /// Its completed rate.
+    #[serde(default)]
+    pub completed_rate: Option<f64>,
     pub sustained_rate: f64,
     pub reason: StepReason,
     pub verdict: SearchVerdict,
     /// The bracket after this level.
     pub bracket: Bracket,
+}
+
+impl SearchStep {
+    /// The load the level's schedule held: its scheduled rate, else its offered rate.
+    pub fn load_rate(&self) -> f64 {
+        self.scheduled_rate.unwrap_or(self.offered_rate)
+    }
 }
 
 /// Why the search ended.
@@ -143,7 +158,7 @@ pub enum SearchEnd {
     MetAtMaxRate,
     /// A re-run with twice the requests was still unknown.
     StillUnknown,
-    /// The next bisecting rate would not lie between the ends' offered rates, or already ran.
+    /// The bracket's mid-point rounds to one of its ends or to a rate already run.
     Unresolved,
     /// Interrupted (Ctrl-C or SIGTERM).
     Interrupted,
@@ -166,6 +181,15 @@ pub struct SearchPath {
 }
 
 impl SearchPath {
+    /// The server's throughput ceiling: the highest completed rate of a saturated level.
+    pub fn throughput_ceiling(&self) -> Option<f64> {
+        self.steps
+            .iter()
+            .filter(|s| s.verdict == SearchVerdict::Saturated)
+            .filter_map(|s| s.completed_rate)
+            .reduce(f64::max)
+    }
+
     /// The bracket after the last level (empty before the first).
     pub fn bracket(&self) -> Bracket {
         self.steps

@@ -31,6 +31,7 @@ fn level(rate: f64, ttft_scale: f64, saturated: bool) -> SweepLevel {
         scheduled_rate: None,
         saturation_rule: None,
         diagnosis: None,
+        repeat: None,
     }
 }
 
@@ -160,11 +161,15 @@ fn the_plan_sizes_from_the_sustained_rate() {
     let max = plan.max_sustainable.unwrap();
     assert_eq!((max.sustained_rate, max.offered_rate), (1.096, 1.241));
     assert_eq!(plan.sizing.unwrap().instances, 11);
-    // A level that completed less than its schedule held sustained its completions.
-    let mut slow = level(2.0, 200.0, false);
+    // A saturated level that completed less than its schedule held sustained its
+    // completions; one that kept up (its completed rate off by the latencies at the window's
+    // edges, the saturation test found no deficit) sustained its schedule.
+    let mut slow = level(2.0, 200.0, true);
     slow.scheduled_rate = Some(1.98);
     slow.completed_rate = 1.9;
     assert!((slow.sustained_rate() - 1.9).abs() < 1e-12);
+    slow.saturated = false;
+    assert!((slow.sustained_rate() - 1.98).abs() < 1e-12);
 }
 
 /// A level whose sample cannot bound the SLO's p99 is "unknown (too few)": never the max

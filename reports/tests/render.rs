@@ -72,6 +72,7 @@ fn sweep_report(rng: &mut StdRng) -> Report {
                 scheduled_rate: None,
                 saturation_rule: None,
                 diagnosis: None,
+                repeat: None,
             }
         })
         .collect();
@@ -107,6 +108,8 @@ fn search_path() -> SearchPath {
     let step = |dir: &str, rate: f64, sustained: f64, reason, verdict, bracket| SearchStep {
         dir: dir.into(),
         offered_rate: rate,
+        scheduled_rate: Some(rate),
+        completed_rate: Some(sustained),
         sustained_rate: sustained,
         reason,
         verdict,

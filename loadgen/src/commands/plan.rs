@@ -105,11 +105,16 @@ pub fn plan_text(plan: &CapacityPlan) -> String {
     for level in &plan.levels {
         let _ = writeln!(
             out,
-            "  {:>9.3} req/s offered, {:>9.3} completed: {}{}",
+            "  {:>9.3} req/s offered, {:>9.3} completed: {}{}{}",
             level.offered_rate,
             level.completed_rate,
             if level.passed { "meets SLO" } else { "fails" },
-            if level.saturated { " (saturated)" } else { "" }
+            if level.saturated { " (saturated)" } else { "" },
+            if level.runs > 1 {
+                format!(" ({} runs pooled)", level.runs)
+            } else {
+                String::new()
+            }
         );
     }
     if let Some(max) = plan.max_sustainable {
@@ -130,7 +135,25 @@ pub fn plan_text(plan: &CapacityPlan) -> String {
             c.upper
         );
     }
-    if let Some(s) = plan.sizing {
+    if let Some(c) = plan.crossing_between_runs {
+        let runs: Vec<String> = plan
+            .run_crossings
+            .iter()
+            .map(|c| c.map_or("–".to_string(), |c| format!("{c:.3}")))
+            .collect();
+        let _ = writeln!(
+            out,
+            "Crossing between runs: {:.3} req/s ({:.0}% Student t-interval {:.3}–{:.3} over the \
+             runs' crossings {})",
+            c.estimate,
+            c.confidence * 100.0,
+            c.lower,
+            c.upper,
+            runs.join(", ")
+        );
+    }
+    if let Some(s) = &plan.sizing {
+        let _ = writeln!(out, "Sized from {}", s.sized_from);
         let _ = writeln!(
             out,
             "Target {:.3} req/s × headroom {} → {} instances × {} GPU = {} GPUs",

@@ -20,13 +20,13 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use reports::metrics::PERCENTILE_CI_LEVEL;
 use reports::render::write_report;
-use reports::search::{SearchPath, SearchVerdict, StepReason};
+use reports::search::{SearchEnd, SearchPath, StepReason};
 use reports::slo::{SloCheck, SloSpec, SloVerdict};
 use reports::stats::min_sample_for_quantile;
 
 use crate::execute::prepare_and_execute;
-use crate::folders::{LevelEntry, Probe, SweepFile, SWEEP_FILE};
-use crate::knee_search::{self, Next, SearchArgs};
+use crate::folders::{LevelEntry, LevelWarmup, Probe, SweepFile, SWEEP_FILE};
+use crate::knee_search::{self, Measured, Next, RepeatRun, SearchArgs};
 use crate::options::{ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
 use crate::probe::{auto_levels, probe_saturation, saturation_estimate};
 use crate::stop::stop_on_signals;
@@ -74,6 +74,12 @@ pub struct SweepArgs {
     pub probe_max_concurrency: Option<usize>,
     #[command(flatten)]
     pub search: SearchArgs,
+    /// Run-to-run variation, measured: after a search, each end of its final bracket runs
+    /// R − 1 more times (interleaved, each with a fresh seed and prompt words, stepping
+    /// outward when both ends agree); a list of rates runs every level R times. The plan's
+    /// `crossing_between_runs` is the Student t-interval over the runs' crossings.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeats: u32,
     /// Lengthen each level to hold at least this many measured requests (rate × --duration,
     /// or --num-prompts without --duration); `auto`: as many as the SLO's highest percentile
     /// needs for a 95% interval with an upper bound (p90: 35, p99: 368, p99.9: 3,688): the
@@ -174,8 +180,10 @@ fn refuse_unused(args: &SweepArgs, rates: &Rates) -> Result<()> {
 }
 
 /// When a level is saturated, printed under the sweep beside the rates' definitions.
-pub const SATURATION_RULE: &str = "A level is saturated when completed < 95% of scheduled, \
-requests in flight keep growing, or TTFT keeps rising; unclear with fewer than 10 requests.";
+pub const SATURATION_RULE: &str = "A level is saturated when, each beyond noise (one-sided p < \
+0.01), it completed < 95% of its schedule, its requests in flight kept growing, or its TTFT \
+rose by an amount that matters against the SLO (not when the server's waiting gauge read 0 \
+throughout); unclear with fewer than 10 requests.";
 
 /// The requests each level must hold, from `--min-requests` (a count or `auto`, the default
 /// with an SLO).
@@ -259,21 +267,74 @@ struct Levels<'a> {
     slo: Option<&'a SloSpec>,
     min_requests: Option<u64>,
     timetable: Option<(SystemTime, Duration)>,
+    /// The saturation probe, whose E2E at each load sets that level's warm-up.
+    probe: Option<Probe>,
     stop: tokio::sync::watch::Receiver<bool>,
 }
 
+/// Which run of a level: the first (repeat 0, the search's or the list's own), or a repeat.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LevelRun {
+    /// Twice the requests (a re-run of an unknown verdict).
+    doubled: bool,
+    repeat: usize,
+}
+
+/// A level's warm-up: the `--warmup` given, or (for a level of a given `--duration` after a
+/// probe) at least twice the probe's mean E2E at the level's load (the first probe step whose throughput reached its rate, else the busiest),
+/// so that the requests in flight have settled before the window opens.
+pub fn level_warmup(given: Duration, probe: Option<&Probe>, rate: f64) -> LevelWarmup {
+    let given_rule = || LevelWarmup {
+        secs: given.as_secs_f64(),
+        rule: "--warmup as given".into(),
+    };
+    let Some(probe) = probe else {
+        return given_rule();
+    };
+    let step = probe
+        .steps
+        .iter()
+        .find(|s| s.throughput >= rate)
+        .or_else(|| {
+            probe
+                .steps
+                .iter()
+                .max_by(|a, b| a.throughput.total_cmp(&b.throughput))
+        });
+    match step {
+        Some(step) if 2.0 * step.mean_e2el_ms / 1000.0 > given.as_secs_f64() => LevelWarmup {
+            secs: 2.0 * step.mean_e2el_ms / 1000.0,
+            rule: format!(
+                "twice the probe's mean E2E at this load (concurrency {}: 2 × {:.2} s), \
+                 longer than --warmup {:.2} s",
+                step.concurrency,
+                step.mean_e2el_ms / 1000.0,
+                given.as_secs_f64()
+            ),
+        },
+        _ => given_rule(),
+    }
+}
+
 impl Levels<'_> {
-    /// Runs level `i` at `rate` into `level-NN/` (with `doubled`, twice the requests it would
-    /// hold) and measures it.
+    /// Runs level `i` at `rate` into `level-NN/` and measures it: its schedule scaled to
+    /// hold `rate` over the window (`--exact-rate`, but for sessions, whose later turns
+    /// follow the answers), its warm-up from [`level_warmup`], a repeat with a seed of its
+    /// own.
     async fn run(
         &self,
         i: usize,
         rate: f64,
-        doubled: bool,
+        how: LevelRun,
     ) -> Result<(LevelEntry, Option<SloCheck>)> {
         let dir = format!("level-{i:02}");
+        let repeat = if how.repeat > 0 {
+            format!(" (repeat {})", how.repeat)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "loadgen sweep: level {} at {rate} req/s → {}",
+            "loadgen sweep: level {} at {rate} req/s{repeat} → {}",
             i + 1,
             self.out.join(&dir).display()
         );
@@ -285,10 +346,22 @@ impl Levels<'_> {
             None => run.arrival = Some(ArrivalKind::Poisson),
             Some(_) => {}
         }
+        run.exact_rate = run.turns.is_none();
         run.out = Some(self.out.join(&dir));
         run.prompt_salt = salt_for(self.args.run.prompt_salt, SaltFor::SweepLevel, i);
+        if how.repeat > 0 {
+            run.seed = repeat_seed(self.args.run.seed, how.repeat);
+        }
+        // A timetable fixes every level's span in advance, and a level of --num-prompts
+        // requests (no --duration) measures all of them after the warm-up given.
+        let warmup = if self.timetable.is_some() || run.duration.is_none() {
+            level_warmup(run.warmup, None, rate)
+        } else {
+            level_warmup(run.warmup, self.probe.as_ref(), rate)
+        };
+        run.warmup = Duration::from_secs_f64(warmup.secs);
         sized_level(&mut run, rate, self.min_requests);
-        if doubled {
+        if how.doubled {
             double_requests(&mut run);
         }
         if let Some((start, period)) = self.timetable {
@@ -296,12 +369,20 @@ impl Levels<'_> {
         }
         let outcome = prepare_and_execute(&run, self.stop.clone()).await?;
         print!("{}", reports::table::render(&outcome.summary));
-        LevelEntry::measure(self.out, dir, rate, self.slo)
+        let (mut entry, check) = LevelEntry::measure(self.out, dir, rate, self.slo)?;
+        entry.warmup = Some(warmup);
+        entry.repeat = (how.repeat > 0).then_some(how.repeat);
+        Ok((entry, check))
     }
 
     fn interrupted(&self) -> bool {
         *self.stop.borrow()
     }
+}
+
+/// The seed of a level's `repeat`-th repeat: a fresh schedule and workload draw.
+pub fn repeat_seed(seed: u64, repeat: usize) -> u64 {
+    crate::workload::mix(seed, 0x5EED_0000 + repeat as u64)
 }
 
 /// `run` with twice the requests: twice the duration, or twice --num-prompts.
@@ -382,21 +463,27 @@ pub async fn run_sweep(
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let timetable = sharded_timetable(args)?;
     let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
+    let repeats = args.repeats as usize;
+    if repeats > 1 && timetable.is_some() {
+        bail!("loadgen sweep --repeats {repeats} with --shard: repeats run after the levels they repeat, which a timetable fixed in advance cannot hold; run each shard's sweep again instead");
+    }
     let mut file = SweepFile {
         schema_version: 1,
         slo: args.run.slo.clone(),
         rates: Vec::new(),
         probe: None,
         search: None,
+        repeats,
         levels: Vec::new(),
         stop_reason: None,
     };
-    let levels = Levels {
+    let mut levels = Levels {
         args,
         out: &out,
         slo: slo.as_ref(),
         min_requests,
         timetable,
+        probe: None,
         stop: stop.clone(),
     };
     match rates {
@@ -412,6 +499,7 @@ pub async fn run_sweep(
                 .unwrap_or(DEFAULT_AUTO_FRACTIONS.to_vec());
             file.rates = auto_levels(probe.saturation_rate, &fractions)?;
             eprintln!("loadgen sweep: levels {:?} req/s", file.rates);
+            levels.probe = Some(probe.clone());
             file.probe = Some(Probe { fractions, ..probe });
             run_fixed_levels(&levels, &mut file).await?;
         }
@@ -421,8 +509,10 @@ pub async fn run_sweep(
             let unloaded_missed = probe.steps.first().is_some_and(|s| {
                 s.concurrency == 1 && (s.slo_verdict == Some(SloVerdict::NotMet) || s.slo_missed)
             });
+            levels.probe = Some(probe.clone());
             file.probe = Some(probe);
             run_search(&levels, &mut file, path, unloaded_missed).await?;
+            run_search_repeats(&levels, &mut file).await?;
         }
     }
     println!("{} {SATURATION_RULE}", reports::rates::DEFINITIONS);
@@ -434,8 +524,11 @@ pub async fn run_sweep(
             if level.saturated { "yes" } else { "no" }.to_string(),
             |s| format!("{:?} ({})", s.state, s.rule).to_lowercase(),
         );
+        let repeat = level
+            .repeat
+            .map_or(String::new(), |r| format!("  (repeat {r})"));
         println!(
-            "{:>8.3} offered  {scheduled:>8} scheduled  {completed:>8} completed/s  {:>8.1} tok/s  SLO: {:<17}  saturation: {saturation}",
+            "{:>8.3} offered  {scheduled:>8} scheduled  {completed:>8} completed/s  {:>8.1} tok/s  SLO: {:<17}  saturation: {saturation}{repeat}",
             level.offered_rate,
             level.output_tokens_per_s,
             level.slo_verdict.map_or("–".to_string(), |v| v.to_string()),
@@ -462,7 +555,8 @@ pub async fn run_sweep(
 }
 
 /// The levels of `file.rates` in order, stopping after the first that saturates or breaks
-/// the SLO (a sharded sweep runs them all: no worker can stop alone).
+/// the SLO (a sharded sweep runs them all: no worker can stop alone); with `--repeats R`,
+/// the levels that ran then run R − 1 more times, in the same order.
 async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<()> {
     let path = levels.out.join(SWEEP_FILE);
     file.write(&path)?;
@@ -473,7 +567,11 @@ async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<(
             file.write(&path)?;
             break;
         }
-        let (entry, check) = levels.run(i, rate, false).await?;
+        let first = LevelRun {
+            doubled: false,
+            repeat: 0,
+        };
+        let (entry, check) = levels.run(i, rate, first).await?;
         let saturated = entry.saturated;
         let rule = entry
             .saturation
@@ -502,19 +600,26 @@ async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<(
             break;
         }
     }
+    let ran: Vec<f64> = file.levels.iter().map(|l| l.offered_rate).collect();
+    for repeat in 1..file.repeats {
+        for &rate in &ran {
+            if levels.interrupted() {
+                file.stop_reason = Some(format!(
+                    "interrupted before repeat {repeat} at {rate} req/s"
+                ));
+                file.write(&path)?;
+                return Ok(());
+            }
+            let how = LevelRun {
+                doubled: false,
+                repeat,
+            };
+            let (entry, _) = levels.run(file.levels.len(), rate, how).await?;
+            file.levels.push(entry);
+            file.write(&path)?;
+        }
+    }
     Ok(())
-}
-
-/// A level's verdict for the knee search: saturated counts as failing.
-fn search_verdict(entry: &LevelEntry) -> SearchVerdict {
-    if entry.saturated {
-        return SearchVerdict::Saturated;
-    }
-    match entry.slo_verdict {
-        Some(SloVerdict::Met) => SearchVerdict::Met,
-        Some(SloVerdict::NotMet) => SearchVerdict::NotMet,
-        Some(SloVerdict::Unknown) | None => SearchVerdict::Unknown,
-    }
 }
 
 /// The knee search (`knee_search`), `sweep.json` rewritten after every level.
@@ -539,21 +644,24 @@ async fn run_search(
         }
         let i = file.levels.len();
         eprintln!("loadgen sweep: search: {reason} → {rate} req/s");
-        let (entry, _) = levels.run(i, rate, reason == StepReason::Rerun).await?;
-        let sustained = reports::rates::sustained(
-            entry.offered_rate,
-            entry.rates.map(|r| r.scheduled),
-            entry.completed_rate,
-        );
-        let verdict = search_verdict(&entry);
+        let how = LevelRun {
+            doubled: reason == StepReason::Rerun,
+            repeat: 0,
+        };
+        let (entry, _) = levels.run(i, rate, how).await?;
+        let verdict = knee_search::verdict(entry.saturated, entry.slo_verdict);
         next = knee_search::record(
             &mut search,
-            entry.dir.clone(),
-            rate,
-            sustained,
+            Measured {
+                dir: entry.dir.clone(),
+                offered_rate: rate,
+                scheduled_rate: entry.rates.map(|r| r.scheduled),
+                completed_rate: entry.completed_rate,
+                verdict,
+            },
             reason,
-            verdict,
         );
+        let sustained = search.steps.last().map_or(0.0, |s| s.sustained_rate);
         file.levels.push(entry);
         if levels.interrupted() {
             knee_search::interrupt(&mut search, rate);
@@ -572,6 +680,59 @@ async fn run_search(
     }
     if let Some(reason) = &search.end_reason {
         eprintln!("loadgen sweep: search ended: {reason}");
+    }
+    Ok(())
+}
+
+/// The repeats of the search's final bracket (`--repeats`, [`knee_search::next_repeat`]),
+/// `sweep.json` rewritten after every level; none when the search was interrupted.
+async fn run_search_repeats(levels: &Levels<'_>, file: &mut SweepFile) -> Result<()> {
+    let path = levels.out.join(SWEEP_FILE);
+    let Some(search) = file.search.clone() else {
+        return Ok(());
+    };
+    if file.repeats < 2 || search.end == Some(SearchEnd::Interrupted) {
+        return Ok(());
+    }
+    let mut done: Vec<RepeatRun> = Vec::new();
+    while let Some(next) = knee_search::next_repeat(&search, file.repeats, &done) {
+        if levels.interrupted() {
+            file.stop_reason = Some(format!(
+                "{}; interrupted before repeat {} at {} req/s",
+                search.end_reason.as_deref().unwrap_or("search ended"),
+                next.repeat,
+                next.rate
+            ));
+            file.write(&path)?;
+            return Ok(());
+        }
+        eprintln!(
+            "loadgen sweep: repeat {} of {}: {:?} end → {} req/s",
+            next.repeat,
+            file.repeats - 1,
+            next.side,
+            next.rate
+        );
+        let how = LevelRun {
+            doubled: false,
+            repeat: next.repeat,
+        };
+        let (entry, _) = levels.run(file.levels.len(), next.rate, how).await?;
+        let verdict = knee_search::verdict(entry.saturated, entry.slo_verdict);
+        eprintln!(
+            "loadgen sweep: repeat {}: {verdict} at {} req/s",
+            next.repeat, next.rate
+        );
+        done.push(RepeatRun {
+            repeat: next.repeat,
+            rate: next.rate,
+            verdict,
+        });
+        file.levels.push(entry);
+        file.rates = file.levels.iter().map(|l| l.offered_rate).collect();
+        file.rates.sort_by(f64::total_cmp);
+        file.rates.dedup();
+        file.write(&path)?;
     }
     Ok(())
 }
@@ -595,6 +756,12 @@ fn print_search(search: &SearchPath) {
     if let Some(reason) = &search.end_reason {
         println!("  end: {reason}");
     }
+    if let Some(ceiling) = search.throughput_ceiling() {
+        println!(
+            "  throughput ceiling: {ceiling:.3} req/s completed by a saturated level (beside \
+             the bracket, never an end of it)"
+        );
+    }
 }
 
 /// `--fail-on-slo`: not met (3) when no level met the SLO or the best that did sustained
@@ -611,6 +778,7 @@ fn sweep_gate(file: &SweepFile, require_rate: Option<f64>) -> Result<(), crate::
                 l.offered_rate,
                 l.rates.map(|r| r.scheduled),
                 l.completed_rate,
+                l.saturated,
             )
         })
         .fold(None, |best: Option<f64>, r| {

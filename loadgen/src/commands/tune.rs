@@ -339,6 +339,7 @@ fn search_args(args: &TuneArgs, url: &str, sweep_dir: &Path) -> SweepArgs {
         probe_duration: args.probe_duration,
         probe_max_concurrency: args.probe_max_concurrency,
         search: args.search.clone(),
+        repeats: 1,
         min_requests: args.min_requests.clone(),
         level_period: None,
         run,

@@ -321,7 +321,8 @@ pub(super) fn plan_section(plan: &CapacityPlan) -> Section {
         rows.push(vec![
             "interpolated crossing".into(),
             format!(
-                "{:.3} req/s ({:.0}% CI {:.3}–{:.3}, bootstrap of the boundary levels)",
+                "{:.3} req/s ({:.0}% CI {:.3}–{:.3}, bootstrap of the boundary levels: one \
+                 run's sampling error)",
                 c.estimate,
                 c.confidence * 100.0,
                 c.lower,
@@ -329,7 +330,34 @@ pub(super) fn plan_section(plan: &CapacityPlan) -> Section {
             ),
         ]);
     }
-    if let Some(s) = plan.sizing {
+    if let Some(c) = plan.crossing_between_runs {
+        let runs: Vec<String> = plan
+            .run_crossings
+            .iter()
+            .map(|c| c.map_or("–".to_string(), |c| format!("{c:.3}")))
+            .collect();
+        rows.push(vec![
+            "crossing between runs".into(),
+            format!(
+                "{:.3} req/s ({:.0}% Student t-interval {:.3}–{:.3} over the runs' crossings \
+                 {}: the variation from run to run included)",
+                c.estimate,
+                c.confidence * 100.0,
+                c.lower,
+                c.upper,
+                runs.join(", ")
+            ),
+        ]);
+    }
+    if let Some(s) = &plan.sizing {
+        rows.push(vec![
+            "sized from".into(),
+            format!(
+                "{} req/s per instance: {}",
+                rate(s.capacity_per_instance),
+                s.sized_from
+            ),
+        ]);
         rows.push(vec![
             "target load".into(),
             format!("{:.3} req/s", s.target_qps),
@@ -337,7 +365,7 @@ pub(super) fn plan_section(plan: &CapacityPlan) -> Section {
         rows.push(vec![
             "instances".into(),
             format!(
-                "{} (= ⌈target × headroom {} / max QPS⌉)",
+                "{} (= ⌈target × headroom {} / capacity per instance⌉)",
                 s.instances, s.headroom
             ),
         ]);

@@ -9,6 +9,7 @@ mod mann_whitney;
 mod percentile;
 mod quantile_ci;
 mod rank;
+mod regression;
 mod welch;
 mod wilcoxon;
 
@@ -17,6 +18,7 @@ pub use holm::holm_adjust;
 pub use mann_whitney::mann_whitney_u;
 pub use percentile::{median, percentile_linear, percentile_nearest_rank};
 pub use quantile_ci::{min_sample_for_quantile, quantile_ci, QuantileCi};
+pub use regression::{ols_slope, t_interval, Slope};
 pub use welch::{welch_t_test, WelchTest};
 pub use wilcoxon::wilcoxon_signed_rank;
 
