@@ -15,7 +15,8 @@ use crate::options::{
 };
 use crate::plan::{LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits};
 use crate::schedule::{
-    scale_to_rate, scale_trace, Arrival, Extent, RampUp, ScheduleSpec, TraceScaling, Window,
+    scale_to_rate, scale_trace, Arrival, ExactRate, Extent, RampUp, ScheduleSpec, TraceScaling,
+    Window, EXACT_RATE_TOLERANCE,
 };
 use crate::tls::TlsSettings;
 use crate::workload::lengths::{clip_to_context, scale_lengths};
@@ -177,13 +178,17 @@ pub fn build_plan(
                 "bursts": "rows with equal timestamps are sent at the same instant"});
             let end = duration.map(|d| warmup + d + cooldown);
             let mut times = times;
+            // The rows whose timestamps the shift of an exact rate dropped go with them.
+            let mut first_row = 0;
             if args.exact_rate {
                 let target = args.target_rate.context(
                     "--exact-rate with --arrival trace needs --target-rate: a trace's own \
                      timestamps are replayed as recorded",
                 )?;
                 let (scaled, exact) = scale_to_rate(&times, target, window(args), end)?;
+                warn_residual(&exact);
                 times = scaled;
+                first_row = exact.dropped;
                 meta["exact_rate"] = json!(exact);
             }
             if let Some(end) = end {
@@ -193,7 +198,7 @@ pub fn build_plan(
             return finish_plan(
                 args,
                 Sends::At(times),
-                Some(rows[..n].to_vec()),
+                Some(rows[first_row..first_row + n].to_vec()),
                 n,
                 workload_meta,
                 meta,
@@ -226,6 +231,7 @@ pub fn build_plan(
                 };
                 let draw = spec.generate(extent, schedule_seed)?;
                 let (times, exact) = scale_to_rate(&draw, args.rate, window(args), end)?;
+                warn_residual(&exact);
                 meta["exact_rate"] = json!(exact);
                 times
             } else {
@@ -243,6 +249,20 @@ pub fn build_plan(
         Sends::Closed(_) => num_prompts,
     };
     finish_plan(args, sends, trace_rows, n, workload_meta, schedule_meta)
+}
+
+/// Says so when no scaling brought the scheduled rate within the tolerance of its target.
+fn warn_residual(exact: &ExactRate) {
+    if exact.residual.abs() > EXACT_RATE_TOLERANCE {
+        eprintln!(
+            "loadgen: --exact-rate: the schedule holds {:.4} req/s over the window, {:+.2}% off \
+             the {} asked (no scaling of this draw lands within {:.1}%; meta.json records it)",
+            exact.scheduled_rate,
+            exact.residual * 100.0,
+            exact.target_rate,
+            EXACT_RATE_TOLERANCE * 100.0
+        );
+    }
 }
 
 /// The measured window of `args`' schedule.

@@ -8,8 +8,9 @@
 //! ones and their mean understates E2E (at concurrency 32 a CPU engine once completed 2
 //! requests in 8 s, whose mean gave 5.9 req/s against a real 1.8), so such a censored step
 //! (or one that completed nothing) is lengthened once to twice the step; if still censored it
-//! does not count, and the probe ends with the previous step's rate as its estimate. The probe
-//! fails only when its very first step measures nothing.
+//! does not count, and the probe ends with the previous step's rate as its estimate, as it does
+//! when every request of a step failed. The probe fails only when its very first step
+//! measures nothing.
 
 use std::time::Duration;
 
@@ -43,6 +44,9 @@ pub async fn probe_saturation(
 ) -> Result<(Vec<ProbeStep>, String)> {
     let mut steps: Vec<ProbeStep> = Vec::new();
     let mut concurrency = 1;
+    // Every execution gets prompt words of its own, a lengthened retry too: the server's
+    // prefix cache would otherwise answer the retry's prompts faster.
+    let mut executions = 0;
     loop {
         let mut lengthened = false;
         let step = loop {
@@ -51,8 +55,16 @@ pub async fn probe_saturation(
             } else {
                 step_duration
             };
-            let Some(step) =
-                probe_step(run, concurrency, duration, steps.len(), slo, stop.clone()).await?
+            executions += 1;
+            let Some(step) = probe_step(
+                run,
+                concurrency,
+                duration,
+                executions - 1,
+                slo,
+                stop.clone(),
+            )
+            .await?
             else {
                 if steps.is_empty() {
                     bail!("interrupted during the probe at concurrency {concurrency}");
@@ -65,10 +77,20 @@ pub async fn probe_saturation(
                 break step;
             }
             if step.completed == 0 && step.failed > 0 {
-                bail!(
-                    "probe at concurrency {concurrency}: no request completed ({} failed)",
-                    step.failed
-                );
+                if steps.is_empty() {
+                    bail!(
+                        "probe at concurrency {concurrency}: no request completed ({} failed)",
+                        step.failed
+                    );
+                }
+                return Ok((
+                    steps,
+                    format!(
+                        "all {} requests failed at concurrency {concurrency}: the previous \
+                         step's rate stands",
+                        step.failed
+                    ),
+                ));
             }
             if !lengthened {
                 eprintln!(

@@ -136,6 +136,9 @@ pub struct ExactRate {
     /// The draw was first shifted this much earlier (seconds, before the scaling): 0 unless
     /// no factor alone landed within the tolerance.
     pub shift_s: f64,
+    /// The draw's first sends, which the shift put before the origin and which were dropped.
+    #[serde(default)]
+    pub dropped: usize,
     /// The scaled draw's scheduled rate over the measured window, (n − 1) / span.
     pub scheduled_rate: f64,
     /// scheduled / target − 1: within ±[`EXACT_RATE_TOLERANCE`] unless no factor lands
@@ -222,7 +225,7 @@ const EXACT_RATE_SHIFTS: usize = 32;
 /// [`EXACT_RATE_TOLERANCE`], the draw is also shifted earlier by sixteenths of its mean gap
 /// (dropping the sends that fall before the origin; its gaps stay as they are) until one
 /// does; the smallest residual is recorded either way. The scaled sends at or after `end_s`
-/// are dropped; `times` must reach past `end_s` × the draw's own scheduled rate / `target`
+/// are dropped; `times` must reach past `end_s` × `target` / the draw's own scheduled rate
 /// for the window to stay full.
 pub fn scale_to_rate(
     times: &[f64],
@@ -256,6 +259,7 @@ pub fn scale_to_rate(
     }
     let (shift, factor, _) =
         chosen.context("--exact-rate: no scaling keeps two sends in the measured window")?;
+    let dropped = times.partition_point(|&t| t < shift);
     let scaled: Vec<f64> = times
         .iter()
         .filter(|&&t| t >= shift)
@@ -270,6 +274,7 @@ pub fn scale_to_rate(
             target_rate: target,
             factor,
             shift_s: shift,
+            dropped,
             scheduled_rate,
             residual: scheduled_rate / target - 1.0,
         },

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use reports::ab::{AbReport, Verdict};
-use reports::plan::{capacity_plan, CapacityPlan, PlanOptions, SweepLevel, TargetLoad};
+use reports::plan::{capacity_plan, CapacityPlan, PlanOptions, TargetLoad};
 use reports::samples::metric_label;
 use reports::slo::SloSpec;
 use reports::stats::{percentile_nearest_rank, Bootstrap};
@@ -56,10 +56,11 @@ pub fn measure(
         config.capacity_low = bracket.lower.map(|e| e.rate);
         config.capacity_high = bracket.upper.map(|e| e.rate);
     }
-    // `level_index` counts the levels sorted by offered rate (a stable sort, as the plan's).
-    let mut sorted: Vec<&SweepLevel> = sweep.levels.iter().collect();
-    sorted.sort_by(|a, b| a.offered_rate.total_cmp(&b.offered_rate));
-    let level = sorted.get(max.level_index).copied();
+    // The plan pools the levels run at one rate: the last run at the knee's rate is its own.
+    let level = sweep
+        .levels
+        .iter()
+        .rfind(|l| l.offered_rate == max.offered_rate);
     if let Some(level) = level {
         let p = config.latency_percentile;
         config.ttft_ms = percentile_nearest_rank(&level.samples.values(SloMetric::Ttft), p);

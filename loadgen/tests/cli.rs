@@ -455,3 +455,52 @@ fn sweep_refuses_options_its_rates_would_not_use() {
         assert!(!dir.path().join("sweep").exists(), "{args:?}: nothing ran");
     }
 }
+
+/// `--repeats 0` is a usage error (exit 2) before anything runs; `--exact-rate` is refused
+/// by flag where no factor can fix a rate: a trace replayed at its own timestamps, a closed
+/// loop, sessions.
+#[test]
+fn repeats_and_exact_rate_refuse_what_they_cannot_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = loadgen()
+        .args(["sweep", "--rates", "1,2", "--repeats", "0", "--out"])
+        .arg(dir.path().join("sweep"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--repeats"));
+    assert!(!dir.path().join("sweep").exists(), "nothing ran");
+    let trace = dir.path().join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 8, \"output_length\": 4, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 500, \"input_length\": 8, \"output_length\": 4, \"hash_ids\": [2]}\n",
+    )
+    .unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--workload", "trace", "--trace", trace.to_str().unwrap()],
+            "--exact-rate with --arrival trace needs --target-rate",
+        ),
+        (
+            &["--concurrency", "2"],
+            "--exact-rate scales an open-loop schedule",
+        ),
+        (
+            &["--turns", "3", "--backend", "chat"],
+            "--exact-rate with --turns",
+        ),
+    ];
+    for (args, message) in cases {
+        let out = loadgen()
+            .args(["run", "--url", "http://127.0.0.1:9", "--exact-rate"])
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("run"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+}

@@ -151,7 +151,8 @@ fn fails(level: &SweepLevel, slo: &SloSpec) -> bool {
 /// the lowest failing level above it; `None` when the run brackets none. It is an arrival
 /// rate: the levels stand at their scheduled rates (a saturated upper level at what it
 /// completed, which caps it), and for each target the reciprocal of its percentile is
-/// interpolated linearly, the smallest crossing over targets kept. A queue's latency grows
+/// interpolated linearly, clamped to the two levels' rates, the smallest crossing over
+/// targets kept (the upper level's rate when it broke no target: it failed by saturation). A queue's latency grows
 /// like 1 / (capacity − rate), convex in the rate, so a straight line through the latencies
 /// themselves would put every run's crossing low (by 4% on the simulated server of
 /// `loadgen/tests/coverage.rs`) and the mean of a few runs' crossings would miss the
@@ -180,16 +181,13 @@ pub fn run_crossing(levels: &[&SweepLevel], slo: &SloSpec) -> Option<f64> {
             let v1 = p.compute(&mut low.samples.values(t.metric));
             let v2 = p.compute(&mut high.samples.values(t.metric));
             match (v1, v2) {
-                (Some(v1), Some(v2)) if v1 > 0.0 && v2 > v1 && r2 > r1 => {
-                    r1 + (1.0 / v1 - 1.0 / t.limit_ms) / (1.0 / v1 - 1.0 / v2) * (r2 - r1)
-                }
                 (Some(v1), Some(v2)) if v1 > 0.0 && v2 > 0.0 => {
                     interpolate(r1, -1.0 / v1, r2, -1.0 / v2, -1.0 / t.limit_ms)
                 }
                 _ => r1,
             }
         })
-        .fold(f64::INFINITY, f64::min);
+        .fold(r2, f64::min);
     Some(crossing)
 }
 

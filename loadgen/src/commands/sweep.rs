@@ -182,8 +182,8 @@ fn refuse_unused(args: &SweepArgs, rates: &Rates) -> Result<()> {
 /// When a level is saturated, printed under the sweep beside the rates' definitions.
 pub const SATURATION_RULE: &str = "A level is saturated when, each beyond noise (one-sided p < \
 0.01), it completed < 95% of its schedule, its requests in flight kept growing, or its TTFT \
-rose by an amount that matters against the SLO (not when the server's waiting gauge read 0 \
-throughout); unclear with fewer than 10 requests.";
+rose by an amount that matters against the SLO; never when the server's waiting gauge read 0 \
+throughout the window; unclear with fewer than 10 requests.";
 
 /// The requests each level must hold, from `--min-requests` (a count or `auto`, the default
 /// with an SLO).
@@ -463,6 +463,9 @@ pub async fn run_sweep(
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let timetable = sharded_timetable(args)?;
     let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
+    if args.run.exact_rate && args.run.turns.is_some() {
+        bail!("loadgen sweep --exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; session levels run their raw draw");
+    }
     let repeats = args.repeats as usize;
     if repeats > 1 && timetable.is_some() {
         bail!("loadgen sweep --repeats {repeats} with --shard: repeats run after the levels they repeat, which a timetable fixed in advance cannot hold; run each shard's sweep again instead");
@@ -600,6 +603,9 @@ async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<(
             break;
         }
     }
+    if levels.interrupted() {
+        return Ok(());
+    }
     let ran: Vec<f64> = file.levels.iter().map(|l| l.offered_rate).collect();
     for repeat in 1..file.repeats {
         for &rate in &ran {
@@ -732,6 +738,18 @@ async fn run_search_repeats(levels: &Levels<'_>, file: &mut SweepFile) -> Result
         file.rates = file.levels.iter().map(|l| l.offered_rate).collect();
         file.rates.sort_by(f64::total_cmp);
         file.rates.dedup();
+        file.write(&path)?;
+    }
+    if done.is_empty() {
+        let note = format!(
+            "--repeats {}: the search left no bracket with both ends to repeat",
+            file.repeats
+        );
+        eprintln!("loadgen sweep: {note}");
+        file.stop_reason = Some(format!(
+            "{}; {note}",
+            search.end_reason.as_deref().unwrap_or("search ended")
+        ));
         file.write(&path)?;
     }
     Ok(())
