@@ -44,6 +44,10 @@ pub const SATURATION_P: f64 = 0.01;
 /// The standard normal's upper [`SATURATION_P`] quantile.
 const Z_SATURATION: f64 = 2.326_347_874;
 
+/// A request that waited this long (ms) before its send task started waited for the client's
+/// own `--max-concurrency`; every send takes a few microseconds to start.
+pub const CLIENT_QUEUE_MS: f64 = 1.0;
+
 /// Scrapes inside the window from which the waiting gauge speaks for it.
 pub const MIN_SCRAPES_FOR_GAUGE: usize = 3;
 
@@ -220,7 +224,9 @@ pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
         .collect();
     // The gauge speaks for the server's queue only: a request that failed, or waited for the
     // client's own --max-concurrency, is a deficit it cannot show.
-    let nothing_else_queued = measured.iter().all(|r| r.is_success() && r.queue_ms == 0.0);
+    let nothing_else_queued = measured
+        .iter()
+        .all(|r| r.is_success() && r.queue_ms < CLIENT_QUEUE_MS);
     if context.waiting_max == Some(0.0) && nothing_else_queued && successes >= MIN_REQUESTS_TO_JUDGE
     {
         return verdict(
@@ -508,6 +514,14 @@ mod tests {
             ..tight
         };
         assert_eq!(judge(&creeping, queued).state, SaturationState::Saturated);
+        // Every send task takes microseconds to start: that is no client queue, and the
+        // veto holds; a request held 50 ms by the client's --max-concurrency lifts it.
+        for r in &mut creeping {
+            r.queue_ms = 0.012;
+        }
+        assert_eq!(judge(&creeping, idle).state, SaturationState::Unsaturated);
+        creeping[100].queue_ms = 50.0;
+        assert_eq!(judge(&creeping, idle).state, SaturationState::Saturated);
     }
 
     #[test]
