@@ -321,6 +321,17 @@ pub struct CapacityPlan {
     pub notes: Vec<String>,
 }
 
+impl CapacityPlan {
+    /// Each run's own crossing, comma-separated ("–" for a run that bracketed none).
+    pub fn run_crossings_text(&self) -> String {
+        self.run_crossings
+            .iter()
+            .map(|c| c.map_or("–".to_string(), |c| format!("{c:.3}")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Builds the plan. Levels may come in any order; they are sorted by offered rate.
 pub fn capacity_plan(
     levels: &[SweepLevel],

@@ -136,11 +136,6 @@ pub fn plan_text(plan: &CapacityPlan) -> String {
         );
     }
     if let Some(c) = plan.crossing_between_runs {
-        let runs: Vec<String> = plan
-            .run_crossings
-            .iter()
-            .map(|c| c.map_or("–".to_string(), |c| format!("{c:.3}")))
-            .collect();
         let _ = writeln!(
             out,
             "Crossing between runs: {:.3} req/s ({:.0}% Student t-interval {:.3}–{:.3} over the \
@@ -149,7 +144,7 @@ pub fn plan_text(plan: &CapacityPlan) -> String {
             c.confidence * 100.0,
             c.lower,
             c.upper,
-            runs.join(", ")
+            plan.run_crossings_text()
         );
     }
     if let Some(s) = &plan.sizing {

@@ -331,11 +331,6 @@ pub(super) fn plan_section(plan: &CapacityPlan) -> Section {
         ]);
     }
     if let Some(c) = plan.crossing_between_runs {
-        let runs: Vec<String> = plan
-            .run_crossings
-            .iter()
-            .map(|c| c.map_or("–".to_string(), |c| format!("{c:.3}")))
-            .collect();
         rows.push(vec![
             "crossing between runs".into(),
             format!(
@@ -345,7 +340,7 @@ pub(super) fn plan_section(plan: &CapacityPlan) -> Section {
                 c.confidence * 100.0,
                 c.lower,
                 c.upper,
-                runs.join(", ")
+                plan.run_crossings_text()
             ),
         ]);
     }
