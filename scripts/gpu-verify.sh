@@ -6,27 +6,28 @@
 # writes its results to $OUT as it finishes and its wall time to $OUT/times.txt):
 #   tests     the GPU tests (tiny models with both prefill and both decode kernels, the
 #             windowed Mistral and Phi-3, the tiny Gemma 3 and Gemma 2, the tiny Qwen3-MoEs and
-#             the tiny gpt-oss (sinks, MXFP4 experts) on --cuda-unverified-kernels (never run
-#             on a GPU yet), graphs, sampling, K-quant
-#             GGUFs) and the NVRTC compile tests (H100, 2026-11-27, before the MoE: 113-128 s)
+#             the tiny gpt-oss (sinks, MXFP4 experts), graphs, sampling, K-quant GGUFs) and the
+#             NVRTC compile tests (H200, 2026-11-28: 156 s)
 #   api       `engine serve --device cuda` on the tiny Llama: JSON-schema output (greedy and
 #             sampled), a required tool call, a stream (3 s)
 #   model     a random Qwen3-0.6B-shaped bf16 model with transformers' reference logprobs,
 #             bf16 and f32 (29-40 s)
-#   logprobs  those logprobs through `engine serve`: the default kernels, the direct decode
-#             kernel, then the pipelined tensor-core prefill (6 s for the first two)
+#   logprobs  those logprobs through `engine serve`: the default kernels, then the direct
+#             decode kernel (12 s on an H200 with a third run)
 #   bench     `engine bench`, each decode kernel: one stream (512 + 256) and nano-vLLM's
 #             bench.py workload (28-30 s)
-#   dims      tensor-core prefill (both kernels) at head dims 64 and 32 (small random models) vs
-#             transformers (48 s with one kernel)
+#   dims      tensor-core prefill at head dims 64 and 32 (small random models) vs
+#             transformers (57 s on an H200 with two kernels)
 #   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512 (NCU_DECODE_KERNELS,
 #             default the pipelined one), the pipelined kernel's stall reasons at batch 256
 #             (NCU_DETAIL=1), every kernel's GPU time over a decode step at batch 256 and at
 #             batch 1 (34 s without the detail)
-#   ncu-prefill  ncu: the prefill kernels (PREFILL_KERNELS, default mma and mma-pipelined, the
-#             latter never run on a GPU yet) over the 16k-token step (7 s a kernel)
+#   ncu-prefill  ncu: the prefill kernels (PREFILL_KERNELS, default mma) over the 16k-token
+#             step (7 s a kernel)
 #   serve     `loadgen sweep --rates search` (the knee) of `engine serve --device cuda` (chat
-#             profile, p99 SLOs, five levels of 15 s), then 40 cut streams (207 s)
+#             profile, p99 SLOs, 10-s probe steps (3-s ones, shorter than a chat answer,
+#             estimated 5.6 req/s against a knee near 50 on an H200), up to seven levels to an
+#             8% bracket), then 40 cut streams
 #   peer      the 64-sequence slice beside transformers' generate_batch (not in the default)
 # STEPS picks a subset (the default: all but peer). Results go to $OUT (the device tool
 # brings them back).
@@ -67,7 +68,7 @@ if has tests; then
     # ... and for engine/tests/fixtures inside it (the K-quant GGUFs).
     mkdir -p "$BUILT_IN/engine" && ln -sfn "$PWD/.gpu/shared" "$(dirname "$BUILT_IN")/shared"
     ln -sfn "$PWD/engine/tests" "$BUILT_IN/engine/tests"
-    (cd "$BUILT_IN" && timeout 240 "$G/cuda-tests" --test-threads=1 --nocapture 2>&1) > "$W/cuda-tests.txt"
+    (cd "$BUILT_IN" && timeout 300 "$G/cuda-tests" --test-threads=1 --nocapture 2>&1) > "$W/cuda-tests.txt"
     grep -E "^test |test result|panicked|error|relative error|skipped" "$W/cuda-tests.txt" | tee -a "$V"
     (cd "$BUILT_IN" && timeout 60 "$G/nvrtc-tests" 2>&1) > "$W/nvrtc-tests.txt"
     grep -E "test result|FAILED|panicked" "$W/nvrtc-tests.txt" | tee -a "$V"
@@ -166,7 +167,8 @@ print("model written", out)
 PY
 }
 if has model; then
-    make_model $M 1024 28 16 8 128 3072
+    # A warm machine keeps the model of an earlier call.
+    [ -f $M/ref.json ] || make_model $M 1024 28 16 8 128 3072
     timed model
 fi
 
@@ -224,11 +226,10 @@ bench() {
 NANO=(--num-seqs 256 --max-num-seqs 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --gpu-memory-utilization 0.9)
 P16K=(--num-seqs 16 --max-num-seqs 16 --min-input-len 1024 --max-input-len 1024 --min-output-len 1 --max-output-len 1)
 if has logprobs; then
-    # The default kernels (tensor-core prefill, pipelined decode), then the direct decode.
+    # The default kernels (tensor-core prefill, two heads a block here; pipelined decode),
+    # then the direct decode.
     logprobs_check $M -default
     logprobs_check $M -direct --decode-attention direct
-    # The pipelined tensor-core prefill (never run on a GPU yet), two heads a block here.
-    logprobs_check $M -mma-pipelined --prefill-attention mma-pipelined
     timed logprobs
 fi
 if has bench; then
@@ -239,11 +240,10 @@ if has bench; then
     timed bench
 fi
 if has dims; then
-    # The tensor-core prefill kernels at head dims 64 and 32 (128 is the model step's).
+    # The tensor-core prefill kernel at head dims 64 and 32 (128 is the model step's).
     for d in 64 32; do
         make_model /tmp/qd$d 512 2 8 4 $d 1024
         logprobs_check /tmp/qd$d -mma-d$d --prefill-attention mma
-        logprobs_check /tmp/qd$d -mma-pipelined-d$d --prefill-attention mma-pipelined
     done
     timed dims
 fi
@@ -257,7 +257,7 @@ if has ncu; then
     # DRAM bytes per launch over 28 launches (one per layer) after the warm-up and the
     # prefill, as a share of HBM peak.
     for k in ${NCU_DECODE_KERNELS:-pipelined}; do
-        timeout 60 "$NCU" --kernel-name regex:"paged_decode_(g|async)" --launch-skip 112 --launch-count 28 --csv \
+        timeout 60 "$NCU" --clock-control none --kernel-name regex:"paged_decode_(g|async)" --launch-skip 112 --launch-count 28 --csv \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
             "$G/engine" bench --model $M --device cuda --decode-attention $k --num-seqs 64 --max-num-seqs 64 \
             --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 --min-output-len 6 --max-output-len 6 \
@@ -269,7 +269,7 @@ if has ncu; then
     # the 16 prefill steps, decodes mixed in, come to about 500 launches of it), with ncu's
     # throughput, occupancy, warp-state and memory sections.
     if [ -n "${NCU_DETAIL:-}" ]; then
-    timeout 90 "$NCU" --kernel-name regex:paged_decode_async --launch-skip 600 --launch-count 1 --csv --page raw \
+    timeout 90 "$NCU" --clock-control none --kernel-name regex:paged_decode_async --launch-skip 600 --launch-count 1 --csv --page raw \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section SchedulerStats \
         "$G/engine" bench --model $M --device cuda --decode-attention pipelined --enforce-eager --num-seqs 256 \
@@ -306,12 +306,12 @@ PY
     # (b) Every kernel's GPU time over about one decode step at batch 256 and at batch 1
     # (the default kernels), eager so that every kernel is its own launch (batch 256, 512-token prompts: the warm-up
     # and 8 prefill steps come to about 4,000 launches, a decode step to about 320).
-    timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 9000 --launch-count 330 \
+    timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 9000 --launch-count 330 \
         "$G/engine" bench --model $M --device cuda --enforce-eager --num-seqs 256 \
         --max-num-seqs 256 --max-num-batched-tokens 16384 --min-input-len 512 --max-input-len 512 \
         --min-output-len 48 --max-output-len 48 > "$W/ncu.csv" 2> "$W/ncu.err"
     reap
-    timeout 90 "$NCU" --metrics gpu__time_duration.sum --csv --launch-skip 2500 --launch-count 330 \
+    timeout 90 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 2500 --launch-count 330 \
         "$G/engine" bench --model $M --device cuda --enforce-eager --num-seqs 1 \
         --max-num-seqs 1 --min-input-len 512 --max-input-len 512 --min-output-len 16 --max-output-len 16 \
         > "$W/ncu-b1.csv" 2> "$W/ncu-b1.err"
@@ -356,8 +356,8 @@ if has ncu-prefill; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     # The tensor-core prefill kernels' GPU time over the 16k-token step's 28 layers (after the
     # warm-up's 16-token prefill, 28 launches); PREFILL_KERNELS="scalar mma" for the CUDA-core one.
-    for k in ${PREFILL_KERNELS:-mma mma-pipelined}; do
-        timeout 90 "$NCU" --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
+    for k in ${PREFILL_KERNELS:-mma}; do
+        timeout 90 "$NCU" --clock-control none --kernel-name regex:prefill_attention --launch-skip 28 --launch-count 28 --csv --metrics gpu__time_duration.sum \
             "$G/engine" bench --model $M --device cuda --prefill-attention $k "${P16K[@]}" --max-num-batched-tokens 16384 \
             > "$W/ncu-prefill-$k.csv" 2> "$W/ncu-prefill-$k.err"
         pkill -f "$G/engine" 2>/dev/null; sleep 2
@@ -379,8 +379,8 @@ if has serve; then
         --max-num-batched-tokens 8192 > "$W/serve-sweep.log" 2>&1 &
     sp=$!
     for _ in $(seq 1 120); do curl -sf localhost:8124/health >/dev/null && break; sleep 1; done
-    timeout 200 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
-        --rates search --probe-duration 3s --max-levels 5 --precision 0.15 --duration 15s --warmup 3s --seed 1 \
+    timeout 300 "$G/loadgen" sweep --url http://127.0.0.1:8124 --workload sharegpt-like --profile chat --prompt-ids \
+        --rates search --probe-duration 10s --max-rate 200 --max-levels 7 --precision 0.08 --duration 15s --warmup 3s --seed 1 \
         --slo ttft:p99:1s,tpot:p99:50ms --out $W/sweep > "$W/sweep.txt" 2>&1
     tail -25 "$W/sweep.txt" | tee -a "$V"
     cut=()

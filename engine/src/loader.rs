@@ -56,10 +56,6 @@ pub struct DeviceArgs {
     /// `direct` (loaded into registers, then used; the default on older GPUs).
     #[arg(long, value_enum)]
     pub decode_attention: Option<DecodeAttention>,
-    /// CUDA: run the kernels that have not yet run on a GPU (the mixture-of-experts
-    /// kernels); without it a model that needs them is refused on CUDA.
-    #[arg(long)]
-    pub cuda_unverified_kernels: bool,
 }
 
 /// Model, KV-cache and scheduler flags shared by `generate`, `bench` and `serve`: one set
@@ -265,11 +261,9 @@ pub fn load_model(
     let runner = match chosen {
         Device::Cpu => {
             anyhow::ensure!(
-                device.prefill_attention.is_none()
-                    && device.decode_attention.is_none()
-                    && !device.cuda_unverified_kernels,
-                "--prefill-attention, --decode-attention and --cuda-unverified-kernels are CUDA \
-                 options, and the model runs on the CPU ({why}), whose backend has one kernel set"
+                device.prefill_attention.is_none() && device.decode_attention.is_none(),
+                "--prefill-attention and --decode-attention are CUDA options, and the model runs \
+                 on the CPU ({why}), whose backend has one kernel set"
             );
             let options = RunnerOptions {
                 block_size: sizing.block_size,
@@ -303,7 +297,6 @@ pub fn load_model(
                 prefill_attention: device.prefill_attention,
                 decode_attention: device.decode_attention,
                 max_model_len: sizing.max_model_len,
-                unverified_kernels: device.cuda_unverified_kernels,
                 ..CudaOptions::default()
             };
             load_cuda_runner(&config, weights.as_mut(), &options)?

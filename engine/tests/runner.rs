@@ -149,7 +149,6 @@ fn max_model_len_past_the_models_positions_is_refused() {
             kv_cache_dtype: None,
             prefill_attention: None,
             decode_attention: None,
-            cuda_unverified_kernels: false,
         },
     };
     let err = load_engine(&args).err().expect("refused").to_string();
@@ -167,25 +166,14 @@ fn max_model_len_past_the_models_positions_is_refused() {
     cuda_only.device.prefill_attention = Some(PrefillAttention::Mma);
     let err = load_engine(&cuda_only).err().expect("refused").to_string();
     assert!(
-        err.contains(
-            "--prefill-attention, --decode-attention and --cuda-unverified-kernels are CUDA options"
-        ),
+        err.contains("--prefill-attention and --decode-attention are CUDA options"),
         "{err}"
     );
     let mut cuda_only = fits.clone();
     cuda_only.device.decode_attention = Some(DecodeAttention::Pipelined);
     let err = load_engine(&cuda_only).err().expect("refused").to_string();
     assert!(
-        err.contains(
-            "--prefill-attention, --decode-attention and --cuda-unverified-kernels are CUDA options"
-        ),
-        "{err}"
-    );
-    let mut cuda_only = fits.clone();
-    cuda_only.device.cuda_unverified_kernels = true;
-    let err = load_engine(&cuda_only).err().expect("refused").to_string();
-    assert!(
-        err.contains("--cuda-unverified-kernels are CUDA options"),
+        err.contains("--prefill-attention and --decode-attention are CUDA options"),
         "{err}"
     );
 }

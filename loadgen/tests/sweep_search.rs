@@ -298,3 +298,70 @@ async fn missed_unloaded_ends_the_search_at_once() {
         .starts_with("not met even unloaded"));
     assert!(!out.join("level-00").exists());
 }
+
+/// A stop (SIGTERM) during a level ends the search as interrupted: the cut level keeps its
+/// folder and the requests that finished, but is neither judged nor an end of the bracket
+/// (the stop, not the server, cut its requests in flight; a GPU run once had such a level
+/// judged saturated, which ended its search "cannot be narrowed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_level_ends_the_search_without_judging_it() {
+    let (addr, handle) = mock::spawn(four_slot_mock()).await.unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("search");
+    let argv = sweep_args(
+        &format!("http://{addr}"),
+        &out,
+        &[
+            "--rates",
+            "search",
+            "--probe-duration",
+            "800ms",
+            "--slo",
+            SLO,
+        ],
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(&argv)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !out.join("level-01").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second level never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Inside the second level's warm-up or window.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    handle.shutdown().await;
+    assert!(status.success(), "{status:?}");
+    let file = SweepFile::read(&out.join(SWEEP_FILE)).unwrap();
+    let path = file.search.unwrap();
+    assert_eq!(path.end, Some(SearchEnd::Interrupted), "{path:#?}");
+    assert_eq!(path.steps.len(), 1, "{path:#?}");
+    assert_eq!(
+        file.levels
+            .iter()
+            .map(|l| l.dir.as_str())
+            .collect::<Vec<_>>(),
+        ["level-00"]
+    );
+    let reason = file.stop_reason.unwrap();
+    assert!(
+        reason.starts_with("interrupted during the level at")
+            && reason.contains("its folder level-01 keeps the requests that finished"),
+        "{reason}"
+    );
+    assert!(out.join("level-01").join("records.jsonl").exists());
+}

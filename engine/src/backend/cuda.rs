@@ -36,8 +36,8 @@ pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{
     all_kernel_names, compile_cubin, compile_source_cubin, cubin_kernels, decode_async_smem_bytes,
     decode_kernel_name, missing_kernels, nvrtc_present, prefill_fa_kernel, prefill_fa_smem_bytes,
-    prefill_kernel_name, prefill_mma_kernel_name, prefill_mma_smem_bytes, prefill_smem_bytes,
-    program, sliding_twin, DecodeAttention, KernelSet, PREFILL_FA_DIMS, SOURCES,
+    prefill_kernel_name, prefill_smem_bytes, program, sliding_twin, DecodeAttention, KernelSet,
+    PREFILL_FA_DIMS, SOURCES,
 };
 pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 
@@ -55,14 +55,11 @@ use crate::weights::{HostTensor, TensorData};
 pub enum PrefillAttention {
     /// The CUDA-core kernel (`prefill_attention_np*`, any head dim up to 256, any GPU).
     Scalar,
-    /// The tensor-core kernel (`prefill_attention_mma_d*`, FlashAttention-2 style; head dims
-    /// 16, 32, 64 and 128; sm_80 or newer). Checked on an H100 against transformers.
+    /// The tensor-core kernel, FlashAttention-2 style, with cp.async tiles, ldmatrix
+    /// fragments and two query heads of a GQA group a block (`prefill_attention_fa_d*_h*`;
+    /// head dims 16, 32, 64 and 128; sm_80 or newer). Checked on an H200 against
+    /// transformers.
     Mma,
-    /// The tensor-core kernel with cp.async tiles, ldmatrix fragments and two query heads of
-    /// a GQA group a block (`prefill_attention_fa_d*_h*`; head dims 16, 32, 64 and 128; sm_80
-    /// or newer). Not yet run on a GPU (issue 45): only when named.
-    #[value(name = "mma-pipelined")]
-    MmaPipelined,
 }
 
 /// How the CUDA runner is set up.
@@ -88,9 +85,6 @@ pub struct CudaOptions {
     pub decode_attention: Option<DecodeAttention>,
     /// The longest sequence served (`--max-model-len`); `None`: the model's maximum position.
     pub max_model_len: Option<usize>,
-    /// Run the kernels that have not run on a GPU yet (issue 45): the mixture-of-experts
-    /// kernels (`kernels/experts.cu`).
-    pub unverified_kernels: bool,
 }
 
 impl Default for CudaOptions {
@@ -106,7 +100,6 @@ impl Default for CudaOptions {
             prefill_attention: None,
             decode_attention: None,
             max_model_len: None,
-            unverified_kernels: false,
         }
     }
 }
@@ -127,8 +120,7 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let mut backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?;
-    backend.unverified_kernels = opts.unverified_kernels;
+    let backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?;
     // Before the KV cache is sized from the model's weights.
     refuse_what_it_lacks(&backend, config)?;
     let backend = backend
@@ -481,8 +473,6 @@ pub struct CudaBackend {
     decode_attention: DecodeAttention,
     /// The plain set, or the extended one for a model that needs it ([`KernelSet::for_model`]).
     kernel_set: KernelSet,
-    /// `--cuda-unverified-kernels`: the kernels not yet run on a GPU may run.
-    unverified_kernels: bool,
     num_sms: usize,
     state: Mutex<State>,
     /// Timing events for [`Backend::record_mark`].
@@ -515,16 +505,8 @@ impl CudaBackend {
                 "--prefill-attention mma needs bf16 tensor cores (sm_80 or newer); this GPU is \
                  sm_{major}{minor}"
             );
-            kernels::prefill_mma_kernel(head_dim).map(|_| ())
+            kernels::prefill_fa_kernel(head_dim, 1).map(|_| ())
         };
-        if kernel == Some(PrefillAttention::MmaPipelined) {
-            ensure!(
-                major >= 8,
-                "--prefill-attention mma-pipelined needs bf16 tensor cores (sm_80 or newer); \
-                 this GPU is sm_{major}{minor}"
-            );
-            kernels::prefill_fa_kernel(head_dim, 1)?;
-        }
         self.prefill_attention = choose_kernel(
             kernel,
             (PrefillAttention::Mma, PrefillAttention::Scalar),
@@ -670,7 +652,6 @@ impl CudaBackend {
             prefill_attention: PrefillAttention::Scalar,
             decode_attention: DecodeAttention::Direct,
             kernel_set: set,
-            unverified_kernels: false,
             num_sms,
             state: Mutex::new(State::default()),
             marks,
@@ -1686,31 +1667,17 @@ impl Backend for CudaBackend {
     }
 
     /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet, nor a dense clamped
-    /// SwiGLU or GeGLU experts; the mixture-of-experts kernels and attention sinks (gpt-oss,
-    /// issue 44) have not run on a GPU yet (issue 45) and run only under
-    /// `--cuda-unverified-kernels`. Everything else the per-layer description holds runs on
-    /// the kernel set chosen for the model.
+    /// SwiGLU or GeGLU experts. Everything else the per-layer description holds runs on the
+    /// kernel set chosen for the model.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
             let experts = matches!(l.ffn, Ffn::Experts(_));
-            let unverified = if experts {
-                Some("a mixture-of-experts FFN")
-            } else if l.sinks {
-                Some("attention sinks")
-            } else {
-                None
-            };
             let missing = if l.rope.rotary_dim != c.head_dim {
                 "rotary embeddings on part of each head"
             } else if experts && l.activation == Activation::GeluTanh {
                 "a mixture of experts with GeGLU"
             } else if !experts && matches!(l.activation, Activation::ClampedSwiglu { .. }) {
                 "a dense clamped SwiGLU"
-            } else if let Some(what) = unverified.filter(|_| !self.unverified_kernels) {
-                return Some(format!(
-                    "{what} (layer {i}), whose CUDA kernels run only under \
-                     --cuda-unverified-kernels: they have not run on a GPU yet"
-                ));
             } else {
                 return None;
             };
@@ -1886,20 +1853,15 @@ impl Backend for CudaBackend {
                     kernels::PREFILL_THREADS,
                     prefill_smem_bytes(d),
                 ),
-                PrefillAttention::Mma => (
-                    kernels::prefill_mma_kernel(d)?,
-                    kernels::PREFILL_MMA_THREADS,
-                    prefill_mma_smem_bytes(d),
-                ),
-                PrefillAttention::MmaPipelined => {
+                PrefillAttention::Mma => {
                     let (name, threads) = kernels::prefill_fa_kernel(d, layout.group_size())?;
                     (name, threads, kernels::prefill_fa_smem_bytes(d))
                 }
             };
-            // The pipelined kernel's block holds its heads' query rows (two heads of a group).
+            // The tensor-core kernel's block holds its heads' query rows (two heads of a group).
             let heads_per_block = match self.prefill_attention {
-                PrefillAttention::MmaPipelined => threads as usize / 64,
-                _ => 1,
+                PrefillAttention::Mma => threads as usize / 64,
+                PrefillAttention::Scalar => 1,
             };
             let mut args = Vec::with_capacity(18);
             common(&mut args);
@@ -1946,10 +1908,6 @@ impl Backend for CudaBackend {
         ensure!(
             self.kernel_set == KernelSet::Extended,
             "experts_ffn: this backend's kernels were compiled for a model without experts"
-        );
-        ensure!(
-            self.unverified_kernels,
-            "experts_ffn: the mixture-of-experts kernels run only under --cuda-unverified-kernels"
         );
         // moe_gate_up's activation: SwiGLU (a limit of 0) or the clamped SwiGLU.
         let (alpha, limit) = match act {

@@ -380,6 +380,17 @@ impl Levels<'_> {
     }
 }
 
+/// The stop reason of a level cut short by a stop (SIGTERM, Ctrl-C): its folder keeps the
+/// requests that finished, but the level is neither judged nor kept in `sweep.json`, since the
+/// stop, not the server, cut its requests in flight (a saturation verdict would blame the
+/// server for them).
+fn cut_level(rate: f64, dir: &str) -> String {
+    format!(
+        "interrupted during the level at {rate} req/s: its folder {dir} keeps the requests that \
+         finished; the level is not judged"
+    )
+}
+
 /// The seed of a level's `repeat`-th repeat: a fresh schedule and workload draw.
 pub fn repeat_seed(seed: u64, repeat: usize) -> u64 {
     crate::workload::mix(seed, 0x5EED_0000 + repeat as u64)
@@ -575,6 +586,11 @@ async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<(
             repeat: 0,
         };
         let (entry, check) = levels.run(i, rate, first).await?;
+        if levels.interrupted() {
+            file.stop_reason = Some(cut_level(rate, &entry.dir));
+            file.write(&path)?;
+            return Ok(());
+        }
         let saturated = entry.saturated;
         let rule = entry
             .saturation
@@ -593,9 +609,6 @@ async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<(
                     c.worst_ratio()
                 ));
             }
-        }
-        if levels.interrupted() {
-            file.stop_reason = Some(format!("interrupted during the level at {rate} req/s"));
         }
         file.write(&path)?;
         if let Some(reason) = &file.stop_reason {
@@ -621,6 +634,11 @@ async fn run_fixed_levels(levels: &Levels<'_>, file: &mut SweepFile) -> Result<(
                 repeat,
             };
             let (entry, _) = levels.run(file.levels.len(), rate, how).await?;
+            if levels.interrupted() {
+                file.stop_reason = Some(cut_level(rate, &entry.dir));
+                file.write(&path)?;
+                return Ok(());
+            }
             file.levels.push(entry);
             file.write(&path)?;
         }
@@ -655,6 +673,13 @@ async fn run_search(
             repeat: 0,
         };
         let (entry, _) = levels.run(i, rate, how).await?;
+        if levels.interrupted() {
+            knee_search::interrupt(&mut search, rate);
+            file.search = Some(search.clone());
+            file.stop_reason = Some(cut_level(rate, &entry.dir));
+            file.write(&path)?;
+            break;
+        }
         let verdict = knee_search::verdict(entry.saturated, entry.slo_verdict);
         next = knee_search::record(
             &mut search,
@@ -669,10 +694,6 @@ async fn run_search(
         );
         let sustained = search.steps.last().map_or(0.0, |s| s.sustained_rate);
         file.levels.push(entry);
-        if levels.interrupted() {
-            knee_search::interrupt(&mut search, rate);
-            next = Next::End;
-        }
         eprintln!(
             "loadgen sweep: search: {verdict} at {rate} req/s (sustained {sustained:.3}); bracket {}",
             search.bracket()
@@ -724,6 +745,15 @@ async fn run_search_repeats(levels: &Levels<'_>, file: &mut SweepFile) -> Result
             repeat: next.repeat,
         };
         let (entry, _) = levels.run(file.levels.len(), next.rate, how).await?;
+        if levels.interrupted() {
+            file.stop_reason = Some(format!(
+                "{}; {}",
+                search.end_reason.as_deref().unwrap_or("search ended"),
+                cut_level(next.rate, &entry.dir)
+            ));
+            file.write(&path)?;
+            return Ok(());
+        }
         let verdict = knee_search::verdict(entry.saturated, entry.slo_verdict);
         eprintln!(
             "loadgen sweep: repeat {}: {verdict} at {} req/s",

@@ -47,11 +47,7 @@ pub const DECODE_GROUPS: [usize; 4] = [1, 2, 4, 8];
 pub const DECODE_LANES: [usize; 4] = [2, 8, 16, 32];
 /// Dim pairs per thread the prefill kernel is instantiated for (head_dim <= 8 * pairs).
 pub const PREFILL_PAIRS: [usize; 4] = [4, 8, 16, 32];
-/// Head dims the tensor-core prefill kernel is instantiated for (`prefill_attention_mma_d*`).
-pub const PREFILL_MMA_DIMS: [usize; 4] = [16, 32, 64, 128];
-/// Threads per tensor-core prefill block (`PF_MMA_THREADS`: two warps of 16 query rows).
-pub const PREFILL_MMA_THREADS: u32 = 64;
-/// Head dims the pipelined tensor-core prefill kernel is instantiated for
+/// Head dims the tensor-core prefill kernel is instantiated for
 /// (`prefill_attention_fa_d*_h*`), each with one or two query heads a block.
 pub const PREFILL_FA_DIMS: [usize; 4] = [16, 32, 64, 128];
 /// Query rows and key rows per prefill tile (`PF_BQ`, `PF_BK` in attention.cu).
@@ -144,29 +140,12 @@ pub fn prefill_kernel_name(head_dim: usize) -> Option<String> {
     Some(format!("prefill_attention_np{p}"))
 }
 
-/// The tensor-core prefill kernel for a head dim, if instantiated.
-pub fn prefill_mma_kernel_name(head_dim: usize) -> Option<String> {
-    PREFILL_MMA_DIMS
-        .contains(&head_dim)
-        .then(|| format!("prefill_attention_mma_d{head_dim}"))
-}
-
-/// [`prefill_mma_kernel_name`], or the error that names the head dims there are.
-pub fn prefill_mma_kernel(head_dim: usize) -> anyhow::Result<String> {
-    prefill_mma_kernel_name(head_dim).ok_or_else(|| {
-        anyhow!(
-            "--prefill-attention mma: no tensor-core kernel for head_dim {head_dim} (it has \
-             {PREFILL_MMA_DIMS:?})"
-        )
-    })
-}
-
-/// The pipelined tensor-core prefill kernel for a head dim and GQA group size: two query
+/// The tensor-core prefill kernel for a head dim and GQA group size: two query
 /// heads a block where the group size is even, else one; its threads (64 a head).
 pub fn prefill_fa_kernel(head_dim: usize, group: usize) -> anyhow::Result<(String, u32)> {
     ensure!(
         PREFILL_FA_DIMS.contains(&head_dim),
-        "--prefill-attention mma-pipelined: no kernel for head_dim {head_dim} (it has \
+        "--prefill-attention mma: no tensor-core kernel for head_dim {head_dim} (it has \
          {PREFILL_FA_DIMS:?})"
     );
     let heads = if group.is_multiple_of(2) { 2 } else { 1 };
@@ -176,17 +155,11 @@ pub fn prefill_fa_kernel(head_dim: usize, group: usize) -> anyhow::Result<(Strin
     ))
 }
 
-/// Dynamic shared memory of the pipelined tensor-core prefill kernel: two stages of k and v
+/// Dynamic shared memory of the tensor-core prefill kernel: two stages of k and v
 /// tiles (`PFA_BK` keys: 64 up to head dim 64, 32 above) of `head_dim + 8` bf16 a row.
 pub fn prefill_fa_smem_bytes(head_dim: usize) -> usize {
     let keys = if head_dim <= 64 { 64 } else { 32 };
     2 * 2 * keys * (head_dim + 8) * 2
-}
-
-/// Dynamic shared memory of the tensor-core prefill kernel: q and k tiles of `head_dim + 8`
-/// bf16 per row, and the transposed v tile of `head_dim` rows of 40 bf16.
-pub fn prefill_mma_smem_bytes(head_dim: usize) -> usize {
-    (2 * PREFILL_TILE * (head_dim + 8) + head_dim * (PREFILL_TILE + 8)) * 2
 }
 
 /// Dynamic shared memory of the prefill kernel: q, k and v tiles of `head_dim + 2` bf16
@@ -249,11 +222,6 @@ pub fn all_kernel_names(set: KernelSet) -> Vec<String> {
         PREFILL_PAIRS
             .iter()
             .map(|p| format!("prefill_attention_np{p}")),
-    );
-    attention.extend(
-        PREFILL_MMA_DIMS
-            .iter()
-            .map(|d| format!("prefill_attention_mma_d{d}")),
     );
     for d in PREFILL_FA_DIMS {
         for heads in [1, 2] {
