@@ -262,3 +262,124 @@ async fn a_bad_file_is_refused_before_anything_runs() {
         );
     }
 }
+
+/// `--repeats 3`: every row runs three times, interleaved across rows, each run with its own
+/// seed and prompt words in its own folder; each statement is decided across the runs (a
+/// t-interval over the runs' percentiles) as well as within each, and each run's own entry
+/// is kept under `runs`. `--repeats 0` is refused by the parser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeats_decide_each_statement_across_interleaved_runs() {
+    let (addr, handle) = mock::spawn(mock_config()).await.unwrap();
+    let url = format!("http://{addr}");
+    let temp = tempfile::tempdir().unwrap();
+    let file = temp.path().join("m.toml");
+    std::fs::write(&file, KNOWN).unwrap();
+    let refused = Cli::try_parse_from([
+        "loadgen",
+        "matrix",
+        file.to_str().unwrap(),
+        "--url",
+        &url,
+        "--repeats",
+        "0",
+        "--out",
+        "unused",
+    ]);
+    assert!(refused.unwrap_err().to_string().contains("--repeats"));
+    let out = temp.path().join("out");
+    let argv = [
+        file.to_str().unwrap(),
+        "--url",
+        &url,
+        "--model",
+        "loadgen-mock",
+        "--seed",
+        "5",
+        "--weight-bytes",
+        "2e6",
+        "--kv-bytes-per-token",
+        "1",
+        "--bandwidth",
+        "1e9",
+        "--repeats",
+        "3",
+    ];
+    let matrix = matrix_into(&out, &argv).await;
+    handle.shutdown().await;
+    assert_eq!(matrix.rows.len(), 2);
+    let known = &matrix.rows[0];
+    let folders: Vec<&str> = known.runs.iter().map(|r| r.folder.as_str()).collect();
+    assert_eq!(
+        folders,
+        [
+            "row-01-known/run",
+            "row-01-known/repeat-1/run",
+            "row-01-known/repeat-2/run"
+        ]
+    );
+    use Verdict::*;
+    let verdicts: Vec<Verdict> = known.expectations.iter().map(|e| e.verdict).collect();
+    assert_eq!(
+        verdicts,
+        [Confirmed, Refuted, Inconclusive, Confirmed, Refuted],
+        "{:#?}",
+        known.expectations
+    );
+    // The first statement's interval is the t-interval over the three runs' medians.
+    let medians: Vec<f64> = known
+        .runs
+        .iter()
+        .map(|r| r.expectations[0].observed.unwrap())
+        .collect();
+    let mean = medians.iter().sum::<f64>() / 3.0;
+    assert!((known.expectations[0].observed.unwrap() - mean).abs() < 1e-9);
+    let [lower, upper] = known.expectations[0].interval.unwrap();
+    assert!(lower.unwrap() <= mean && mean <= upper.unwrap());
+    assert!(known.expectations[0]
+        .reason
+        .starts_with("3 runs: confirmed"));
+    // Interleaved: each run of row 1 started before the next run of row 2, and after the
+    // previous one's; each with its own seed and words.
+    let started = |folder: &str| -> String {
+        let meta: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join(folder).join("meta.json")).unwrap(),
+        )
+        .unwrap();
+        meta["start_time"].as_str().unwrap().to_string()
+    };
+    let closed = &matrix.rows[1];
+    assert_eq!(closed.runs.len(), 3);
+    let mut order: Vec<(String, &str)> = known
+        .runs
+        .iter()
+        .chain(&closed.runs)
+        .map(|r| (started(&r.folder), r.folder.as_str()))
+        .collect();
+    order.sort();
+    let order: Vec<&str> = order.into_iter().map(|(_, f)| f).collect();
+    assert_eq!(
+        order,
+        [
+            "row-01-known/run",
+            "row-02-closed/run",
+            "row-01-known/repeat-1/run",
+            "row-02-closed/repeat-1/run",
+            "row-01-known/repeat-2/run",
+            "row-02-closed/repeat-2/run"
+        ]
+    );
+    let words = |folder: &str| -> (u64, u64) {
+        let meta: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join(folder).join("meta.json")).unwrap(),
+        )
+        .unwrap();
+        (
+            meta["seed"].as_u64().unwrap(),
+            meta["workload"]["prompt_salt"].as_u64().unwrap(),
+        )
+    };
+    let known_words: Vec<(u64, u64)> = folders.iter().map(|f| words(f)).collect();
+    assert_eq!(known_words[0].0, 5);
+    assert!(known_words[1] != known_words[0] && known_words[2] != known_words[1]);
+    assert!(known_words[1].0 != 5 && known_words[2].0 != known_words[1].0);
+}

@@ -24,6 +24,13 @@
 //! sample too small to bound the percentile, an unknown bound, an undetermined regime).
 //! A row is refuted when one of its expectations is, confirmed when all are, and
 //! inconclusive otherwise (a row without expectations is inconclusive).
+//!
+//! A row run several times (`--repeats R`) decides each statement across its runs as well
+//! as within each ([`Expectation::decide_across`]): a latency statement by the Student
+//! t-interval (R − 1 degrees of freedom) over the runs' observed percentiles, and only when
+//! every run's own interval decided the same way; a regime or capacity statement when every
+//! run decided it the same way. Runs that disagree leave it inconclusive: the verdict the
+//! next run would not repeat is not given.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -36,6 +43,7 @@ use crate::diagnosis::{Diagnosis, Regime};
 use crate::latency::DistStats;
 use crate::plan::usd_per_million_tokens;
 use crate::slo::parse_limit_ms;
+use crate::stats::t_interval;
 
 /// The file a matrix writes into its folder.
 pub const MATRIX_FILE: &str = "matrix.json";
@@ -478,6 +486,168 @@ impl Expectation {
     }
 }
 
+impl Expectation {
+    /// The statement decided across the runs of a row run several times (`runs`: its
+    /// decision in each, in order; see the module doc). The interval is the between-run
+    /// t-interval of a latency statement, the hull of the runs' brackets of a capacity one.
+    pub fn decide_across(&self, runs: &[&Decided]) -> Decided {
+        let Some(first) = runs.first() else {
+            return self.decide(&Evidence {
+                metrics: &BTreeMap::new(),
+                diagnosis: None,
+                capacity: None,
+            });
+        };
+        let agreed = runs
+            .iter()
+            .all(|d| d.verdict == first.verdict)
+            .then_some(first.verdict);
+        let each: Vec<String> = runs
+            .iter()
+            .map(|d| match d.observed {
+                Some(v) => format!("{} ({v:.3})", d.verdict),
+                None => d.verdict.to_string(),
+            })
+            .collect();
+        let mut decided = Decided {
+            expectation: self.to_string(),
+            verdict: agreed.unwrap_or(Verdict::Inconclusive),
+            observed: None,
+            interval: None,
+            limit: first.limit,
+            reason: format!("{} runs: {}", runs.len(), each.join(", ")),
+        };
+        match self {
+            Expectation::Latency { comparison, .. } => {
+                let observed: Vec<f64> = runs.iter().filter_map(|d| d.observed).collect();
+                let between = (observed.len() == runs.len())
+                    .then(|| t_interval(&observed, 0.95))
+                    .flatten();
+                let (Some(ci), Some(limit)) = (between, first.limit) else {
+                    decided.verdict = Verdict::Inconclusive;
+                    decided.reason.push_str(
+                        "; a run without a value (or a limit): no interval across the runs",
+                    );
+                    return decided;
+                };
+                decided.observed = Some(ci.estimate);
+                decided.interval = Some([Some(ci.lower), Some(ci.upper)]);
+                let across = comparison.decide(Some(ci.lower), Some(ci.upper), limit);
+                decided.reason.push_str(&format!(
+                    "; across them {:.3} ms, 95% t-interval [{:.3}, {:.3}] ms ({} degrees of \
+                     freedom), limit {limit:.3} ms",
+                    ci.estimate,
+                    ci.lower,
+                    ci.upper,
+                    runs.len() - 1
+                ));
+                decided.verdict = match agreed {
+                    Some(v) if v == across => v,
+                    _ => {
+                        decided.reason.push_str(&format!(
+                            ": inconclusive, the interval across the runs says {across} and \
+                             the runs' own intervals {}",
+                            agreed.map_or("disagree".to_string(), |v| format!("say {v}"))
+                        ));
+                        Verdict::Inconclusive
+                    }
+                };
+            }
+            Expectation::Capacity { .. } => {
+                let ends = |pick: fn(&[Option<f64>; 2]) -> Option<f64>| -> Vec<Option<f64>> {
+                    runs.iter()
+                        .map(|d| d.interval.as_ref().and_then(pick))
+                        .collect()
+                };
+                let hull = |values: Vec<Option<f64>>, min: bool| -> Option<f64> {
+                    values.into_iter().try_fold(None::<f64>, |acc, v| {
+                        let v = v?;
+                        Some(Some(
+                            acc.map_or(v, |a| if min { a.min(v) } else { a.max(v) }),
+                        ))
+                    })?
+                };
+                decided.interval = Some([hull(ends(|i| i[0]), true), hull(ends(|i| i[1]), false)]);
+                decided.observed = runs
+                    .iter()
+                    .map(|d| d.observed)
+                    .collect::<Option<Vec<f64>>>()
+                    .map(|v| v.iter().sum::<f64>() / v.len() as f64);
+                if agreed.is_none() {
+                    decided.reason.push_str(": the runs disagree");
+                }
+            }
+            Expectation::Regime { .. } => {
+                if agreed.is_none() {
+                    decided.reason.push_str(": the runs disagree");
+                }
+            }
+        }
+        decided
+    }
+}
+
+/// The entry of a row run several times (`--repeats`): each statement of `expect` decided
+/// across `runs` (each run's own entry, in order, kept under `runs`), the row's figures
+/// (TPOT, its ratio to the bound, output rate) the runs' means, its regime theirs where they
+/// agree, its capacity the hull of their brackets. A run that failed is kept but decides
+/// nothing.
+pub fn repeated_row(expect: &[Expectation], runs: Vec<MatrixRow>) -> MatrixRow {
+    let measured: Vec<&MatrixRow> = runs.iter().filter(|r| r.error.is_none()).collect();
+    let mean = |pick: fn(&MatrixRow) -> Option<f64>| {
+        let values: Vec<f64> = measured.iter().filter_map(|r| pick(r)).collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    };
+    let expectations: Vec<Decided> = expect
+        .iter()
+        .enumerate()
+        .map(|(j, e)| {
+            let each: Vec<&Decided> = measured
+                .iter()
+                .filter_map(|r| r.expectations.get(j))
+                .collect();
+            e.decide_across(&each)
+        })
+        .collect();
+    let first = runs.first().cloned().expect("a row ran at least once");
+    let agreed_regime = measured
+        .iter()
+        .all(|r| r.regime == first.regime)
+        .then_some(first.regime);
+    let capacity = measured
+        .iter()
+        .filter_map(|r| r.capacity)
+        .reduce(|a, b| CapacityBracket {
+            lower: a.lower.zip(b.lower).map(|(x, y)| x.min(y)),
+            upper: a.upper.zip(b.upper).map(|(x, y)| x.max(y)),
+        });
+    MatrixRow {
+        verdict: row_verdict(&expectations),
+        expectations,
+        regime: agreed_regime.unwrap_or(Regime::Undetermined),
+        regime_evidence: match agreed_regime {
+            Some(_) => first.regime_evidence.clone(),
+            None => format!(
+                "the runs disagree: {}",
+                measured
+                    .iter()
+                    .map(|r| r.regime.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+        tpot_p50_ms: mean(|r| r.tpot_p50_ms),
+        bound_tpot_ms: mean(|r| r.bound_tpot_ms),
+        tpot_over_bound: mean(|r| r.tpot_over_bound),
+        output_tok_per_s: mean(|r| r.output_tok_per_s),
+        usd_per_million_output_tokens: mean(|r| r.usd_per_million_output_tokens),
+        capacity,
+        error: measured.is_empty().then(|| "every run failed".to_string()),
+        runs,
+        ..first
+    }
+}
+
 /// A row's verdict from its expectations' (see the module doc).
 pub fn row_verdict(decided: &[Decided]) -> Verdict {
     if decided.iter().any(|d| d.verdict == Verdict::Refuted) {
@@ -527,6 +697,10 @@ pub struct MatrixRow {
     pub capacity: Option<CapacityBracket>,
     /// Why the row has no measurement, when it failed.
     pub error: Option<String>,
+    /// With `--repeats`: each run's own entry, in the order they ran (the first is the
+    /// row's own folder); the fields above are then decided across them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<MatrixRow>,
 }
 
 /// `matrix.json`.
@@ -573,6 +747,71 @@ mod tests {
         };
         s.ci.p50 = QuantileCi { lower, upper };
         BTreeMap::from([("ttft".to_string(), s), ("tpot".to_string(), s)])
+    }
+
+    /// Across runs: confirmed only where every run's own interval and the t-interval over
+    /// the runs' values agree; three runs each confirmed on its own but spread across the
+    /// limit are inconclusive, as are runs that disagree.
+    #[test]
+    fn a_statement_is_decided_across_runs_and_within_each() {
+        let e = Expectation::parse("ttft:p50 < 100ms").unwrap();
+        let run = |p50: f64, lower: f64, upper: f64| {
+            e.decide(&Evidence {
+                metrics: &stats(p50, Some(lower), Some(upper)),
+                diagnosis: None,
+                capacity: None,
+            })
+        };
+        let tight = [
+            run(60.0, 58.0, 62.0),
+            run(61.0, 59.0, 63.0),
+            run(62.0, 60.0, 64.0),
+        ];
+        let decided = e.decide_across(&tight.iter().collect::<Vec<_>>());
+        assert_eq!(decided.verdict, Verdict::Confirmed, "{}", decided.reason);
+        // mean 61, sd 1: t(2 df) 4.303 × 1 / √3 = 2.484.
+        let [lower, upper] = decided.interval.unwrap();
+        assert!((lower.unwrap() - 58.516).abs() < 1e-3 && (upper.unwrap() - 63.484).abs() < 1e-3);
+        assert_eq!(decided.observed, Some(61.0));
+        // Each run confirmed on its own, but the runs spread: mean 70, sd 26.5, the
+        // t-interval reaches past 100 ms.
+        let spread = [
+            run(40.0, 38.0, 42.0),
+            run(95.0, 93.0, 97.0),
+            run(75.0, 73.0, 77.0),
+        ];
+        let decided = e.decide_across(&spread.iter().collect::<Vec<_>>());
+        assert_eq!(decided.verdict, Verdict::Inconclusive, "{}", decided.reason);
+        assert!(decided
+            .reason
+            .contains("the interval across the runs says inconclusive"));
+        // One run refuted, two confirmed.
+        let split = [
+            run(60.0, 58.0, 62.0),
+            run(110.0, 105.0, 115.0),
+            run(61.0, 59.0, 63.0),
+        ];
+        let decided = e.decide_across(&split.iter().collect::<Vec<_>>());
+        assert_eq!(decided.verdict, Verdict::Inconclusive, "{}", decided.reason);
+        assert!(decided.reason.contains("runs' own intervals disagree"));
+        // A regime statement: the runs' verdicts, where they agree.
+        let regime = Expectation::parse("regime != queueing").unwrap();
+        let confirmed = Decided {
+            verdict: Verdict::Confirmed,
+            ..tight[0].clone()
+        };
+        let refuted = Decided {
+            verdict: Verdict::Refuted,
+            ..tight[0].clone()
+        };
+        assert_eq!(
+            regime.decide_across(&[&confirmed, &confirmed]).verdict,
+            Verdict::Confirmed
+        );
+        assert_eq!(
+            regime.decide_across(&[&confirmed, &refuted]).verdict,
+            Verdict::Inconclusive
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub enum SaltFor {
     ProbeStep = 1,
     SweepLevel = 2,
     MatrixRow = 3,
+    /// A matrix row's repeat (`--repeats`), from the row's own salt.
+    MatrixRepeat = 4,
 }
 
 /// The `--prompt-salt` of the `index`-th of several runs of one workload (a sweep's probe

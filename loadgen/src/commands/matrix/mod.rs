@@ -18,13 +18,13 @@ use anyhow::{bail, Context, Result};
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
 use reports::diagnosis::Regime;
 use reports::matrix::{
-    row_verdict, usd_per_million_output_tokens, CapacityBracket, Evidence, MatrixFile, MatrixRow,
-    Verdict, MATRIX_FILE,
+    repeated_row, row_verdict, usd_per_million_output_tokens, CapacityBracket, Evidence,
+    MatrixFile, MatrixRow, Verdict, MATRIX_FILE,
 };
 use reports::render::write_report;
 use reports::summary::Summary;
 
-use crate::commands::sweep::{run_sweep, DEFAULT_PROBE_DURATION};
+use crate::commands::sweep::{repeat_seed, run_sweep, DEFAULT_PROBE_DURATION};
 use crate::execute::prepare_and_execute;
 use crate::options::RunArgs;
 use crate::prepare::prepare_run;
@@ -92,6 +92,13 @@ pub struct MatrixArgs {
     /// written).
     #[arg(long)]
     pub fail_on_refuted: bool,
+    /// Run every row R times, interleaved across rows (every row once, then every row again),
+    /// each run with a fresh seed and prompt words, into `row-NN-NAME/repeat-K/` after the
+    /// first. Each statement is then decided across the runs (a Student t-interval over their
+    /// values, R − 1 degrees of freedom) as well as within each: confirmed or refuted only
+    /// where both agree, so that a verdict is one the next run would repeat.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeats: u32,
     /// Every `loadgen run` option given here is each row's default (--model, --backend,
     /// --header, --api-key, TLS, --tokenizer, --seed, --slo, …); a row's own keys win.
     /// `--out` (required) is the matrix's folder.
@@ -161,6 +168,7 @@ fn given_run_options(matches: &ArgMatches) -> Vec<String> {
 }
 
 /// One row ready to run.
+#[derive(Clone)]
 struct PreparedRow {
     spec: RowSpec,
     args: RowArgs,
@@ -186,6 +194,9 @@ fn write_preset(args: &MatrixArgs, path: &Path) -> Result<()> {
     }
     if args.gpu_hour_usd.is_some() {
         ignored.push("--gpu-hour-usd".into());
+    }
+    if args.repeats != 1 {
+        ignored.push("--repeats".into());
     }
     if !ignored.is_empty() {
         bail!(
@@ -278,37 +289,55 @@ pub async fn matrix_command(args: MatrixArgs) -> Result<()> {
     let path = out.join(MATRIX_FILE);
     file.write(&path)?;
     let total = rows.len();
-    for (i, row) in rows.into_iter().enumerate() {
-        if *stop.borrow() {
-            file.stop_reason = Some(format!("interrupted before {}", row.spec.label()));
-            break;
-        }
-        if server.as_mut().is_some_and(|s| s.exited()) {
-            file.stop_reason = Some(format!(
-                "the server exited before {}: see {}",
-                row.spec.label(),
-                out.join("server.log").display()
-            ));
-            break;
-        }
-        eprintln!(
-            "loadgen matrix: {} ({}/{total}) → {}",
-            row.spec.label(),
-            i + 1,
-            out.join(&row.folder).display()
-        );
-        let entry = match run_row(&args, &out, &row, &stop).await {
-            // A row cut short by Ctrl-C measured part of its window: no verdict on it.
-            Ok(_) if *stop.borrow() => unmeasured(&row, "interrupted (Ctrl-C or SIGTERM)".into()),
-            Ok(entry) => entry,
-            Err(e) => {
-                eprintln!("loadgen matrix: {}: {e:#}", row.spec.label());
-                unmeasured(&row, format!("{e:#}"))
+    let mut runs: Vec<Vec<MatrixRow>> = vec![Vec::new(); total];
+    'passes: for repeat in 0..args.repeats as usize {
+        for (i, first) in rows.iter().enumerate() {
+            let row = first.repeat(repeat);
+            let label = match args.repeats {
+                1 => row.spec.label(),
+                r => format!("{} (run {} of {r})", row.spec.label(), repeat + 1),
+            };
+            if *stop.borrow() {
+                file.stop_reason = Some(format!("interrupted before {label}"));
+                break 'passes;
             }
-        };
-        print_row(&entry);
-        file.rows.push(entry);
-        file.write(&path)?;
+            if server.as_mut().is_some_and(|s| s.exited()) {
+                file.stop_reason = Some(format!(
+                    "the server exited before {label}: see {}",
+                    out.join("server.log").display()
+                ));
+                break 'passes;
+            }
+            eprintln!(
+                "loadgen matrix: {label} ({}/{total}) → {}",
+                i + 1,
+                out.join(&row.folder).display()
+            );
+            let entry = match run_row(&args, &out, &row, &stop).await {
+                // A row cut short by Ctrl-C measured part of its window: no verdict on it.
+                Ok(_) if *stop.borrow() => {
+                    unmeasured(&row, "interrupted (Ctrl-C or SIGTERM)".into())
+                }
+                Ok(entry) => entry,
+                Err(e) => {
+                    eprintln!("loadgen matrix: {label}: {e:#}");
+                    unmeasured(&row, format!("{e:#}"))
+                }
+            };
+            print_row(&entry);
+            runs[i].push(entry);
+            let decided = match runs[i].as_slice() {
+                [only] => only.clone(),
+                all => repeated_row(&first.spec.expect, all.to_vec()),
+            };
+            if repeat == 0 {
+                file.rows.push(decided);
+            } else {
+                print_row(&decided);
+                file.rows[i] = decided;
+            }
+            file.write(&path)?;
+        }
     }
     if let Some(server) = server {
         server.stop().await?;
@@ -465,6 +494,21 @@ async fn fit_rows(rows: &mut [PreparedRow], url: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl PreparedRow {
+    /// The row's `repeat`-th repeat (`--repeats`; 0: the row itself): a fresh seed and
+    /// prompt words, in `row-NN-NAME/repeat-K/`.
+    fn repeat(&self, repeat: usize) -> PreparedRow {
+        let mut row = self.clone();
+        if repeat > 0 {
+            row.folder = format!("{}/repeat-{repeat}", self.folder);
+            let run = row.args.run_mut();
+            run.seed = repeat_seed(run.seed, repeat);
+            run.prompt_salt = salt_for(run.prompt_salt, SaltFor::MatrixRepeat, repeat);
+        }
+        row
+    }
 }
 
 /// `row-03-NAME`: the position keeps folders apart and in order.
@@ -627,6 +671,7 @@ fn unmeasured(row: &PreparedRow, error: String) -> MatrixRow {
         usd_per_million_output_tokens: None,
         capacity: None,
         error: (!error.is_empty()).then_some(error),
+        runs: Vec::new(),
     }
 }
 
