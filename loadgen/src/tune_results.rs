@@ -51,6 +51,8 @@ pub fn measure(
     config.capacity = Some(max.sustained_rate);
     config.capacity_offered_rate = Some(max.offered_rate);
     config.crossing = plan.crossing;
+    config.crossing_between_runs = plan.crossing_between_runs;
+    config.run_crossings = plan.run_crossings.clone();
     if let Some(search) = &file.search {
         let bracket = search.bracket();
         config.capacity_low = bracket.lower.map(|e| e.rate);
@@ -157,6 +159,51 @@ pub fn separation(analysis: &AbReport, slo: &SloSpec) -> (Separation, Vec<(Strin
     (separation, verdicts)
 }
 
+/// Whether `a`'s capacity exceeds `b`'s beyond the spread of their runs' crossings
+/// (`--repeats`): Welch's t-test over the crossings each run bracketed, one-sided at
+/// `alpha`; why, in words. Fewer than two runs of either that bracketed a crossing leave
+/// the spread unknown, and "better" is not claimed.
+pub fn beyond_between_runs(a: &Configuration, b: &Configuration, alpha: f64) -> (bool, String) {
+    let crossings =
+        |c: &Configuration| -> Vec<f64> { c.run_crossings.iter().flatten().copied().collect() };
+    let (xa, xb) = (crossings(a), crossings(b));
+    let listed = |x: &[f64]| {
+        x.iter()
+            .map(|v| format!("{v:.3}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(test) = reports::stats::welch_t_test(&xa, &xb) else {
+        return (
+            false,
+            format!(
+                "the runs' crossings ({} and {} req/s) are too few to measure their spread: \
+                 better is not claimed",
+                listed(&xa),
+                listed(&xb)
+            ),
+        );
+    };
+    let one_sided = if test.t > 0.0 {
+        test.p_value / 2.0
+    } else {
+        1.0 - test.p_value / 2.0
+    };
+    let beyond = one_sided < alpha;
+    (
+        beyond,
+        format!(
+            "the runs' crossings, {} against {} req/s: Welch t = {:.2}, {:.1} df, one-sided p = \
+             {one_sided:.3} ({} α = {alpha})",
+            listed(&xa),
+            listed(&xb),
+            test.t,
+            test.df,
+            if beyond { "<" } else { "≥" }
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +221,28 @@ mod tests {
         c
     }
 
+    /// Better beyond the between-run spread: separated crossings are; overlapping ones,
+    /// reversed ones, and too few runs are not.
+    #[test]
+    fn between_runs_needs_crossings_apart_beyond_their_spread() {
+        let with = |crossings: &[Option<f64>]| {
+            let mut c = config("4", Some(10.0), ConfigStatus::Ok);
+            c.run_crossings = crossings.to_vec();
+            c
+        };
+        let apart = with(&[Some(20.0), Some(21.0), Some(19.5)]);
+        let below = with(&[Some(10.0), Some(11.0), Some(10.5)]);
+        let (beyond, why) = beyond_between_runs(&apart, &below, 0.05);
+        assert!(beyond, "{why}");
+        assert!(why.starts_with("the runs' crossings, 20.000, 21.000, 19.500 against"));
+        assert!(!beyond_between_runs(&below, &apart, 0.05).0);
+        let overlapping = with(&[Some(11.0), Some(19.0), Some(15.0)]);
+        let near = with(&[Some(13.0), Some(14.0), Some(12.0)]);
+        assert!(!beyond_between_runs(&overlapping, &near, 0.05).0);
+        let (beyond, why) = beyond_between_runs(&apart, &with(&[Some(10.0), None, None]), 0.05);
+        assert!(!beyond && why.contains("too few"), "{why}");
+    }
+
     #[test]
     fn ranking_is_by_capacity_then_by_the_knob_lists_order() {
         let file = TuneFile {
@@ -188,6 +257,7 @@ mod tests {
             winner: None,
             runner_up: None,
             winner_vs_runner_up: Separation::NotCompared,
+            between_runs: None,
             duel: None,
             configurations: vec![
                 config("1", Some(10.0), ConfigStatus::Ok),

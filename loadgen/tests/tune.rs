@@ -166,6 +166,69 @@ async fn tune_picks_the_largest_capacity_and_brackets_each_crossing() {
     assert!(report.contains("Capacity plan (the winner)"));
 }
 
+/// `--repeats 3`: each configuration's search repeats its bracket's ends, so its capacity
+/// carries the between-run interval of three runs' crossings; twice the slots is better
+/// beyond that spread as well as in the duel. `--repeats 0` is refused by the parser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeats_give_each_capacity_its_between_run_interval() {
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("tune");
+    let template =
+        format!("{BIN} mock-server --ttft 20ms --itl 5ms --slots {{slots}} --port {{port}}");
+    let zero = tune_argv(
+        &template,
+        &["slots=4,8"],
+        &["--slo", SLO, "--repeats", "0"],
+        &out,
+    );
+    assert!(Tune::try_parse_from(zero)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("--repeats"));
+    let mut argv = tune_argv(
+        &template,
+        &["slots=4,8"],
+        &[
+            "--slo",
+            SLO,
+            "--probe-duration",
+            "800ms",
+            "--rounds",
+            "2",
+            "--repeats",
+            "3",
+            "--precision",
+            "0.2",
+        ],
+        &out,
+    );
+    // 3-s windows and a 20% precision, whose outward steps (× or ÷ 1.2, twice) reach far
+    // enough: in 1-s windows (50 requests) one schedule draw's burst moved a repeat's
+    // crossing below every rate it tried (÷ 1.1 twice), so it bracketed none.
+    let i = argv.iter().position(|a| a == "1s").unwrap();
+    argv[i] = "3s".into();
+    tune_command(Tune::try_parse_from(argv).unwrap().args)
+        .await
+        .unwrap();
+    let file = TuneFile::read(&out.join(TUNE_FILE)).unwrap();
+    for config in &file.configurations {
+        assert_eq!(config.run_crossings.len(), 3, "{config:#?}");
+        let ci = config
+            .crossing_between_runs
+            .unwrap_or_else(|| panic!("{:?} {:?}", config.run_crossings, config.search_end));
+        assert!(ci.lower <= ci.estimate && ci.estimate <= ci.upper);
+        let mean = config.run_crossings.iter().flatten().sum::<f64>() / 3.0;
+        assert!((ci.estimate - mean).abs() < 1e-9);
+    }
+    assert_eq!(file.winner.as_ref().unwrap().knobs["slots"], "8");
+    assert_eq!(file.winner_vs_runner_up, Separation::Better, "{file:#?}");
+    let why = file.between_runs.as_deref().unwrap();
+    assert!(why.contains("Welch t") && why.contains("< α"), "{why}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("crossing between runs") && report.contains("Between runs"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ignored_knob_is_indistinguishable_and_a_bad_value_fails_to_start() {
     let temp = tempfile::tempdir().unwrap();

@@ -519,27 +519,38 @@ impl Expectation {
         };
         match self {
             Expectation::Latency { comparison, .. } => {
-                let observed: Vec<f64> = runs.iter().filter_map(|d| d.observed).collect();
-                let between = (observed.len() == runs.len())
-                    .then(|| t_interval(&observed, 0.95))
+                // Each run's value over its own limit (a multiple of the bound differs from
+                // run to run with the batch and context measured), compared with 1.
+                let ratios: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|d| d.observed.zip(d.limit).map(|(v, l)| v / l))
+                    .collect();
+                let between = (ratios.len() == runs.len())
+                    .then(|| t_interval(&ratios, 0.95))
                     .flatten();
-                let (Some(ci), Some(limit)) = (between, first.limit) else {
+                let Some(ci) = between else {
                     decided.verdict = Verdict::Inconclusive;
                     decided.reason.push_str(
                         "; a run without a value (or a limit): no interval across the runs",
                     );
                     return decided;
                 };
-                decided.observed = Some(ci.estimate);
-                decided.interval = Some([Some(ci.lower), Some(ci.upper)]);
-                let across = comparison.decide(Some(ci.lower), Some(ci.upper), limit);
+                let limit = runs.iter().filter_map(|d| d.limit).sum::<f64>() / runs.len() as f64;
+                decided.limit = Some(limit);
+                decided.observed = Some(ci.estimate * limit);
+                decided.interval = Some([Some(ci.lower * limit), Some(ci.upper * limit)]);
+                let across = comparison.decide(Some(ci.lower), Some(ci.upper), 1.0);
                 decided.reason.push_str(&format!(
-                    "; across them {:.3} ms, 95% t-interval [{:.3}, {:.3}] ms ({} degrees of \
-                     freedom), limit {limit:.3} ms",
+                    "; across them {:.3} times the limit, 95% t-interval [{:.3}, {:.3}] ({} \
+                     degrees of freedom; {:.3} ms, [{:.3}, {:.3}] ms at the mean limit \
+                     {limit:.3} ms)",
                     ci.estimate,
                     ci.lower,
                     ci.upper,
-                    runs.len() - 1
+                    runs.len() - 1,
+                    ci.estimate * limit,
+                    ci.lower * limit,
+                    ci.upper * limit,
                 ));
                 decided.verdict = match agreed {
                     Some(v) if v == across => v,
@@ -772,7 +783,7 @@ mod tests {
         // mean 61, sd 1: t(2 df) 4.303 × 1 / √3 = 2.484.
         let [lower, upper] = decided.interval.unwrap();
         assert!((lower.unwrap() - 58.516).abs() < 1e-3 && (upper.unwrap() - 63.484).abs() < 1e-3);
-        assert_eq!(decided.observed, Some(61.0));
+        assert!((decided.observed.unwrap() - 61.0).abs() < 1e-9);
         // Each run confirmed on its own, but the runs spread: mean 70, sd 26.5, the
         // t-interval reaches past 100 ms.
         let spread = [
@@ -794,6 +805,21 @@ mod tests {
         let decided = e.decide_across(&split.iter().collect::<Vec<_>>());
         assert_eq!(decided.verdict, Verdict::Inconclusive, "{}", decided.reason);
         assert!(decided.reason.contains("runs' own intervals disagree"));
+        // A limit that is a multiple of the bound differs from run to run: each run's value
+        // is read against its own (0.9, 0.9 and 0.91 of it), not the values against one.
+        let against = |observed: f64, limit: f64| Decided {
+            observed: Some(observed),
+            limit: Some(limit),
+            ..tight[0].clone()
+        };
+        let bound = [
+            against(90.0, 100.0),
+            against(45.0, 50.0),
+            against(91.0, 100.0),
+        ];
+        let decided = e.decide_across(&bound.iter().collect::<Vec<_>>());
+        assert_eq!(decided.verdict, Verdict::Confirmed, "{}", decided.reason);
+        assert!((decided.limit.unwrap() - 250.0 / 3.0).abs() < 1e-9);
         // A regime statement: the runs' verdicts, where they agree.
         let regime = Expectation::parse("regime != queueing").unwrap();
         let confirmed = Decided {

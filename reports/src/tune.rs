@@ -74,6 +74,14 @@ pub struct Configuration {
     /// resamples the two boundary levels' requests, not their seeded schedules, and so is
     /// narrower than the bracket's own uncertainty).
     pub crossing: Option<crate::stats::ConfidenceInterval>,
+    /// With `--repeats`: the crossing's Student t-interval over the runs' own crossings, run
+    /// to run included (`None` with fewer than two runs that bracketed one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crossing_between_runs: Option<crate::stats::ConfidenceInterval>,
+    /// With `--repeats`: each run's own crossing, the search's first (`None`: that run
+    /// bracketed none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_crossings: Vec<Option<f64>>,
     /// The offered rate of the level that sustained `capacity`.
     pub capacity_offered_rate: Option<f64>,
     /// The SLO's highest percentile, at which `ttft_ms` and `tpot_ms` are given.
@@ -104,6 +112,8 @@ impl Configuration {
             capacity_low: None,
             capacity_high: None,
             crossing: None,
+            crossing_between_runs: None,
+            run_crossings: Vec::new(),
             capacity_offered_rate: None,
             latency_percentile,
             ttft_ms: None,
@@ -167,6 +177,10 @@ pub struct TuneFile {
     pub winner: Option<Pick>,
     pub runner_up: Option<Pick>,
     pub winner_vs_runner_up: Separation,
+    /// With `--repeats`: whether the winner's capacity exceeds the runner-up's beyond the
+    /// between-run spread of their crossings (Welch's t-test), in words; "better" needs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub between_runs: Option<String>,
     pub duel: Option<Duel>,
     pub configurations: Vec<Configuration>,
     /// The capacity plan from the winner's search.

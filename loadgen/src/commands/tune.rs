@@ -36,7 +36,7 @@ use crate::knobs::{self, Knob, Strategy};
 use crate::options::{ArrivalKind, RunArgs};
 use crate::server_proc;
 use crate::stop::stop_on_signals;
-use crate::tune_results::{measure, measuring_options, ranking, separation};
+use crate::tune_results::{beyond_between_runs, measure, measuring_options, ranking, separation};
 use crate::units::{duration_arg, parse_fraction};
 use crate::views::tune_report;
 
@@ -102,6 +102,13 @@ pub struct TuneArgs {
     pub min_effect: f64,
     #[arg(long, default_value_t = DEFAULT_ALPHA)]
     pub alpha: f64,
+    /// Run-to-run variation, measured: each configuration's search repeats the ends of its
+    /// final bracket R − 1 more times (as `sweep --repeats`), so its capacity carries the
+    /// between-run interval; the winner is "better" only when, beside the comparison of the
+    /// two best, its runs' crossings exceed the runner-up's beyond their spread (Welch's
+    /// t-test at --alpha).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeats: u32,
     /// The winner's capacity plan (none without --target-qps or --daily-requests).
     #[command(flatten)]
     pub sizing: SizingArgs,
@@ -153,6 +160,7 @@ pub async fn tune_command(args: TuneArgs) -> Result<()> {
         winner: None,
         runner_up: None,
         winner_vs_runner_up: Separation::NotCompared,
+        between_runs: None,
         duel: None,
         configurations: Vec::new(),
         plan: None,
@@ -339,7 +347,7 @@ fn search_args(args: &TuneArgs, url: &str, sweep_dir: &Path) -> SweepArgs {
         probe_duration: args.probe_duration,
         probe_max_concurrency: args.probe_max_concurrency,
         search: args.search.clone(),
-        repeats: 1,
+        repeats: args.repeats,
         min_requests: args.min_requests.clone(),
         level_period: None,
         run,
@@ -363,8 +371,20 @@ async fn finish(
     };
     let (mut winner, mut runner_up) = (ranked.first().copied(), ranked.get(1).copied());
     if let (Some(best), Some(second), true) = (winner, runner_up, compare) {
-        let (duel, verdict) = duel(args, out, file, slo, best, second).await;
+        let (duel, mut verdict) = duel(args, out, file, slo, best, second).await;
         file.duel = Some(duel);
+        if args.repeats > 1 {
+            let (beyond, why) = beyond_between_runs(
+                &file.configurations[best],
+                &file.configurations[second],
+                args.alpha,
+            );
+            if !beyond && verdict == Separation::Better {
+                verdict = Separation::Indistinguishable;
+            }
+            eprintln!("loadgen tune: between runs: {why}");
+            file.between_runs = Some(why);
+        }
         file.winner_vs_runner_up = verdict;
         let order = |i: usize| file.value_order(&file.configurations[i].knobs);
         if verdict == Separation::Indistinguishable && order(second) < order(best) {
@@ -489,10 +509,16 @@ fn print_summary(file: &TuneFile) {
             .iter()
             .filter_map(|(name, _)| c.knobs.get(name).map(|v| format!("{name}={v}")))
             .collect();
-        let interval = match (c.capacity_low, c.capacity_high) {
+        let mut interval = match (c.capacity_low, c.capacity_high) {
             (Some(low), Some(high)) => format!(" (bracket {low:.3}–{high:.3})"),
             _ => String::new(),
         };
+        if let Some(ci) = c.crossing_between_runs {
+            interval.push_str(&format!(
+                " (crossing between runs {:.3} [{:.3}, {:.3}])",
+                ci.estimate, ci.lower, ci.upper
+            ));
+        }
         println!(
             "{:>3}. {:<40} {:<16} capacity {}{interval}",
             i + 1,

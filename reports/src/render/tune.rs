@@ -61,6 +61,7 @@ fn configurations_section(file: &TuneFile) -> Section {
         "capacity (req/s)".into(),
         "bracket (req/s)".into(),
         "interpolated crossing (req/s)".into(),
+        "crossing between runs (req/s)".into(),
         format!("TTFT p{percentile} (ms)"),
         format!("TPOT p{percentile} (ms)"),
         "output (tok/s)".into(),
@@ -84,6 +85,9 @@ fn configurations_section(file: &TuneFile) -> Section {
                     _ => "–".into(),
                 },
                 c.crossing.map_or("–".into(), |x| {
+                    format!("{:.3} ({:.3}–{:.3})", x.estimate, x.lower, x.upper)
+                }),
+                c.crossing_between_runs.map_or("–".into(), |x| {
                     format!("{:.3} ({:.3}–{:.3})", x.estimate, x.lower, x.upper)
                 }),
                 fmt_ms(c.ttft_ms),
@@ -154,6 +158,12 @@ fn winner_section(file: &TuneFile) -> Section {
                       or the comparison could not run)."
                     .into(),
             });
+            if let Some(why) = &file.between_runs {
+                paragraphs.push(format!(
+                    "Between runs (--repeats; \"better\" needs the winner's crossings above the \
+                     runner-up's beyond their spread): {why}."
+                ));
+            }
         }
     }
     if let Some(duel) = &file.duel {
