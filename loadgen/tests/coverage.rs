@@ -286,13 +286,18 @@ fn saturated_share(utilisation: f64, slo: &SloSpec) -> f64 {
 }
 
 /// Issue 54's bounds on the saturation verdicts: at most 1% of levels at 0.8 utilisation
-/// saturated, at least 99% at 1.2. Not met yet (11% and 97% on this simulated server): a
-/// 5-s warm-up leaves the queue of a level whose speed draw puts it near 0.89 utilisation
-/// still climbing through the window (its TTFT and in-flight trends are real, not noise),
-/// and at 1.09 the backlog grows too slowly for 25 s to show; a warm-up that waits for the
-/// requests in flight to settle, measured during the run, is what remains.
+/// saturated, at least 99% at 1.2. Not met (11.6% and 97.8% over 2,000 level runs each).
+/// The speed draw puts real utilisation anywhere in 0.73–0.89 and 1.09–1.33, and near 0.89
+/// this 4-slot queue's own fluctuations last about as long as the 25-s window, so every
+/// trend the rules test is autocorrelated. Measured on the same runs: the TTFT rule alone
+/// brings 8.4% of the false positives; dropping it leaves 2.1% and 95.4%, requiring a rise
+/// of the whole limit 5.1% and 96.2%, the completion rule alone 1.4% and 95.2%. Of the
+/// statistics tried (completed share, in-flight growth, TTFT and E2E ratios between the
+/// thirds, in-flight at the end over λ·E2E), only the absolute number in flight at the
+/// window's end separates the two (its 99th percentile at 0.8 is 19, its 1st at 1.2 is 20),
+/// and it has no scale for a real server without the server's own concurrency limit.
 #[test]
-#[ignore = "issue 54: the warm-up is not yet measured during the run; run with --ignored"]
+#[ignore = "issue 54: the bounds are not met (see above); run with --ignored"]
 fn saturation_verdicts_hold_their_false_positive_rates() {
     let slo = SloSpec::parse("ttft:p90:570ms").unwrap();
     let (at_08, at_12) = (saturated_share(0.8, &slo), saturated_share(1.2, &slo));
