@@ -28,13 +28,13 @@ pub fn diagnose_run(
     let meta = read_meta(&dir.join("meta.json"))?;
     let server = window_server_view(dir, &meta, records)?;
     // A closed loop cannot outrun its server: only an open-loop run saturates.
-    let saturation = crate::saturation::judge(
+    let saturation = reports::saturation::judge(
         records,
-        crate::saturation::JudgeContext::new(slo, server.as_ref()),
+        reports::saturation::JudgeContext::new(slo, server.as_ref()),
     );
     let open_loop = meta.schedule["mode"] != "closed";
     let saturated = (open_loop
-        && saturation.state == crate::saturation::SaturationState::Saturated)
+        && saturation.state == reports::saturation::SaturationState::Saturated)
         .then_some(saturation.rule.as_str());
     let diagnosis = diagnose(&Observation {
         records,

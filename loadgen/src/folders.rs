@@ -17,7 +17,7 @@ use reports::stats::Bootstrap;
 use reports::summary::Summary;
 use serde::{Deserialize, Serialize};
 
-use crate::saturation::{judge, Backlog, JudgeContext, LevelRates, Saturation, SaturationState};
+use reports::saturation::{judge, Backlog, JudgeContext, LevelRates, Saturation, SaturationState};
 
 pub const SWEEP_FILE: &str = "sweep.json";
 /// The capacity plan of a sweep, beside `sweep.json`.

@@ -28,7 +28,6 @@ pub mod plan;
 pub mod prepare;
 pub mod probe;
 pub mod progress;
-pub mod saturation;
 pub mod schedule;
 pub mod scrape;
 pub mod send;

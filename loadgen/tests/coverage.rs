@@ -16,7 +16,6 @@
 //! the saturation rules or `reports`.
 
 use loadgen::knee_search::{self, Measured, Next, RepeatRun, SearchArgs};
-use loadgen::saturation::{judge, level_rates, JudgeContext, SaturationState};
 use loadgen::schedule::{scale_to_rate, Arrival, Extent, ScheduleSpec, Window};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -24,6 +23,7 @@ use rand_distr::{Distribution, Exp};
 use reports::plan::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
 use reports::records::{ChunkTokensSource, CountSource, Phase, RequestRecord};
 use reports::samples::LatencySamples;
+use reports::saturation::{judge, level_rates, JudgeContext, SaturationState};
 use reports::slo::SloSpec;
 use reports::stats::Bootstrap;
 

@@ -11,6 +11,7 @@ pub mod rates;
 pub mod records;
 pub mod render;
 pub mod samples;
+pub mod saturation;
 pub mod search;
 pub mod server_metrics;
 pub mod sessions;

@@ -28,8 +28,8 @@
 //! [`judge`] combines them into saturated, unsaturated or unclear (too few requests to
 //! tell), and keeps the rule that decided with its numbers.
 
-use reports::records::{Phase, RequestRecord};
-use reports::stats::{mann_whitney_u, median, ols_slope};
+use crate::records::{Phase, RequestRecord};
+use crate::stats::{mann_whitney_u, median, ols_slope};
 use serde::{Deserialize, Serialize};
 
 /// A level saturates when it completes less than this fraction of its scheduled rate.
@@ -76,14 +76,14 @@ impl JudgeContext {
     /// The context of a level under `slo`, with `window_server` the server's view of the
     /// scrapes inside its measured window.
     pub fn new(
-        slo: Option<&reports::slo::SloSpec>,
-        window_server: Option<&reports::server_metrics::ServerView>,
+        slo: Option<&crate::slo::SloSpec>,
+        window_server: Option<&crate::server_metrics::ServerView>,
     ) -> JudgeContext {
         JudgeContext {
             ttft_limit_ms: slo.and_then(|s| {
                 s.targets
                     .iter()
-                    .filter(|t| t.metric == reports::metrics::SloMetric::Ttft)
+                    .filter(|t| t.metric == crate::metrics::SloMetric::Ttft)
                     .map(|t| t.limit_ms)
                     .reduce(f64::min)
             }),
@@ -293,7 +293,7 @@ pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
     )
 }
 
-/// The scheduled and completed rates of a level's measured requests (`reports::rates`).
+/// The scheduled and completed rates of a level's measured requests (`crate::rates`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LevelRates {
     pub scheduled: f64,
@@ -307,8 +307,8 @@ pub fn level_rates(records: &[RequestRecord]) -> Option<LevelRates> {
         .filter(|r| r.phase == Phase::Measured)
         .collect();
     Some(LevelRates {
-        scheduled: reports::rates::scheduled(&measured)?,
-        completed: reports::rates::completed(&measured)?,
+        scheduled: crate::rates::scheduled(&measured)?,
+        completed: crate::rates::completed(&measured)?,
     })
 }
 
@@ -385,7 +385,7 @@ pub fn backlog_trend(records: &[RequestRecord]) -> Option<Backlog> {
 
 #[cfg(test)]
 mod tests {
-    use reports::records::{ChunkTokensSource, CountSource};
+    use crate::records::{ChunkTokensSource, CountSource};
 
     use super::*;
 
@@ -551,8 +551,8 @@ mod tests {
         assert!((rates.completed - 30.0).abs() < 1e-9, "{rates:?}");
         let mut failed = level(50.0);
         for r in failed.iter_mut().skip(1).step_by(2) {
-            r.error = Some(reports::records::RequestError {
-                kind: reports::records::ErrorKind::Http5xx,
+            r.error = Some(crate::records::RequestError {
+                kind: crate::records::ErrorKind::Http5xx,
                 message: "500".into(),
             });
         }
