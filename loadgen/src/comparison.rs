@@ -14,7 +14,7 @@ use reports::samples::LatencySamples;
 use reports::stats::Bootstrap;
 use serde::{Deserialize, Serialize};
 
-use crate::folders::{load_run, same_requests, CompareFile, COMPARE_FILE};
+use reports::folders::{load_run, same_requests, CompareFile, COMPARE_FILE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

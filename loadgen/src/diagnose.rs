@@ -14,7 +14,7 @@ use reports::records::{read_meta, RequestRecord};
 use reports::slo::SloSpec;
 use reports::summary::Summary;
 
-use crate::folders::window_server_view;
+use reports::folders::window_server_view;
 
 /// Diagnoses the run in `dir` and records the result in `summary`.
 pub fn diagnose_run(

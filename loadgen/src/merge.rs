@@ -22,7 +22,7 @@ use reports::server_metrics::{read_scrapes, SERVER_METRICS_FILE};
 use reports::summary::Summary;
 use reports::timeline::{self, Timeline};
 
-use crate::folders::{LevelEntry, SweepFile, SWEEP_FILE};
+use reports::folders::{LevelEntry, SweepFile, SWEEP_FILE};
 
 /// What a merge joined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

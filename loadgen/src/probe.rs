@@ -22,10 +22,10 @@ use reports::slo::{SloSpec, SloVerdict};
 use reports::stats::quantile_ci;
 
 use crate::execute::{execute_prepared, Execution};
-use crate::folders::{Probe, ProbeStep};
 use crate::options::RunArgs;
 use crate::prepare::prepare_run;
 use crate::workload::prompt::{salt_for, SaltFor};
+use reports::folders::{Probe, ProbeStep};
 
 /// The probe stops doubling the concurrency when the Little's-law rate grows by less than this.
 pub const PROBE_MIN_GAIN: f64 = 1.10;

@@ -5,8 +5,8 @@
 
 use clap::Parser;
 use loadgen::commands::compare::{compare_command, CompareArgs};
-use loadgen::folders::{round_dir, CompareFile, Side, COMPARE_FILE};
 use reports::ab::Verdict;
+use reports::folders::{round_dir, CompareFile, Side, COMPARE_FILE};
 use reports::metrics::SloMetric;
 use reports::records::read_meta;
 

@@ -9,9 +9,9 @@ use capacity::{four_slot_mock, Plan, Sweep, SATURATION};
 use clap::Parser;
 use loadgen::commands::plan::plan_command;
 use loadgen::commands::sweep::sweep_command;
-use loadgen::folders::PLAN_FILE;
-use loadgen::folders::{SweepFile, SWEEP_FILE};
 use loadgen::mock;
+use reports::folders::PLAN_FILE;
+use reports::folders::{SweepFile, SWEEP_FILE};
 use reports::plan::CapacityPlan;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

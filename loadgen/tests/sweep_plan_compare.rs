@@ -13,11 +13,11 @@ use loadgen::commands::compare::{compare_command, CompareArgs};
 use loadgen::commands::plan::plan_command;
 use loadgen::commands::report::{report_command, ReportArgs};
 use loadgen::commands::sweep::sweep_command;
-use loadgen::folders::PLAN_FILE;
-use loadgen::folders::{CompareFile, COMPARE_FILE};
-use loadgen::folders::{SweepFile, SWEEP_FILE};
 use loadgen::mock;
 use reports::ab::Verdict;
+use reports::folders::PLAN_FILE;
+use reports::folders::{CompareFile, COMPARE_FILE};
+use reports::folders::{SweepFile, SWEEP_FILE};
 use reports::plan::CapacityPlan;
 
 #[derive(Parser)]
@@ -201,8 +201,8 @@ fn reads_the_earlier_rate_names(sweep_dir: &Path) {
     }
     assert_eq!(SweepFile::read(&copy.join(SWEEP_FILE)).unwrap(), file);
     let (new, earlier) = (
-        loadgen::folders::load_sweep(sweep_dir).unwrap(),
-        loadgen::folders::load_sweep(&copy).unwrap(),
+        reports::folders::load_sweep(sweep_dir).unwrap(),
+        reports::folders::load_sweep(&copy).unwrap(),
     );
     assert_eq!(earlier.levels, new.levels);
     let plan = |dir: &Path| -> CapacityPlan {

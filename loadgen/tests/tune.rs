@@ -18,8 +18,8 @@ use clap::Parser;
 use loadgen::commands::plan::plan_command;
 use loadgen::commands::sweep::sweep_command;
 use loadgen::commands::tune::{tune_command, TuneArgs};
-use loadgen::folders::PLAN_FILE;
 use loadgen::mock::{self, MockConfig};
+use reports::folders::PLAN_FILE;
 use reports::plan::CapacityPlan;
 use reports::tune::{ConfigStatus, Separation, TuneFile, TUNE_FILE};
 

@@ -1,7 +1,9 @@
 //! Statistics, SLO checks, capacity plans, A/B tests and renderers for loadgen runs.
 pub mod ab;
 pub mod bound;
+pub mod conditions;
 pub mod diagnosis;
+pub mod folders;
 pub mod histograms;
 pub mod latency;
 pub mod matrix;

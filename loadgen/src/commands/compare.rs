@@ -29,12 +29,12 @@ use serde_json::json;
 
 use crate::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use crate::execute::{execute_prepared, Execution};
-use crate::folders::{online_rounds, round_dir, side_rounds, CompareFile, Side};
 use crate::options::RunArgs;
 use crate::prepare::prepare_run;
 use crate::server_proc::{self, ServerProcess};
 use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
+use reports::folders::{online_rounds, round_dir, side_rounds, CompareFile, Side};
 
 #[derive(Args, Debug, Clone)]
 pub struct CompareArgs {

@@ -7,9 +7,9 @@ use anyhow::{bail, Result};
 use clap::Args;
 use reports::render::write_report;
 
-use crate::folders::SWEEP_FILE;
 use crate::merge::{merge_runs, merge_sweeps};
-use crate::views::{run_report, sweep_report};
+use reports::folders::SWEEP_FILE;
+use reports::render::views::{run_report, sweep_report};
 
 #[derive(Args, Debug, Clone)]
 pub struct MergeArgs {

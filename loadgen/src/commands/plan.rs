@@ -11,8 +11,8 @@ use reports::render::write_report;
 use reports::slo::SloSpec;
 use reports::stats::Bootstrap;
 
-use crate::folders::{load_sweep, PLAN_FILE};
-use crate::views::sweep_report;
+use reports::folders::{load_sweep, PLAN_FILE};
+use reports::render::views::sweep_report;
 
 #[derive(Args, Debug, Clone)]
 pub struct PlanArgs {

@@ -8,9 +8,9 @@ use clap::Args;
 use reports::render::write_report;
 
 use crate::comparison::compare_view;
-use crate::folders::{CompareFile, COMPARE_FILE, SWEEP_FILE};
-use crate::views::{matrix_report, run_report, sweep_report, tune_report};
+use reports::folders::{CompareFile, COMPARE_FILE, SWEEP_FILE};
 use reports::matrix::MATRIX_FILE;
+use reports::render::views::{matrix_report, run_report, sweep_report, tune_report};
 use reports::tune::TUNE_FILE;
 
 #[derive(Args, Debug, Clone)]

@@ -25,14 +25,14 @@ use reports::slo::{SloCheck, SloSpec, SloVerdict};
 use reports::stats::min_sample_for_quantile;
 
 use crate::execute::prepare_and_execute;
-use crate::folders::{LevelEntry, LevelWarmup, Probe, SweepFile, SWEEP_FILE};
 use crate::knee_search::{self, Measured, Next, RepeatRun, SearchArgs};
 use crate::options::{ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
 use crate::probe::{auto_levels, probe_saturation, saturation_estimate};
 use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
-use crate::views::sweep_report;
 use crate::workload::prompt::{salt_for, SaltFor};
+use reports::folders::{LevelEntry, LevelWarmup, Probe, SweepFile, SWEEP_FILE};
+use reports::render::views::sweep_report;
 
 /// `--rate` and `--target-rate` are each level's to set: given here they are refused as a
 /// usage error (exit 2), never silently replaced.

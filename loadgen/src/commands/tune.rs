@@ -4,7 +4,7 @@
 //! best run again in alternating rounds at the runner-up's capacity (`compare`'s paired
 //! analysis, each round as long as a search level): the best wins outright only when an SLO
 //! metric is significantly better for it beyond `--min-effect`, in the median or the tail
-//! (`tune_results::separation`); otherwise the one listed first in the knob lists is kept.
+//! (`reports::tune::results::separation`); otherwise the one listed first in the knob lists is kept.
 //!
 //! Layout of `--out`: `tune.json` (rewritten after every configuration), `config-NN/`
 //! (`server.log` and the search's `sweep/`), `duel/` (the comparison's rounds), and the
@@ -30,15 +30,17 @@ use crate::commands::sweep::{
     DEFAULT_PROBE_MAX_CONCURRENCY,
 };
 use crate::comparison::{analyse_rounds, AnalysisOptions, PairMode};
-use crate::folders::load_sweep;
 use crate::knee_search::{SearchArgs, DEFAULT_MAX_LEVELS};
 use crate::knobs::{self, Knob, Strategy};
 use crate::options::{ArrivalKind, RunArgs};
 use crate::server_proc;
 use crate::stop::stop_on_signals;
-use crate::tune_results::{beyond_between_runs, measure, measuring_options, ranking, separation};
 use crate::units::{duration_arg, parse_fraction};
-use crate::views::tune_report;
+use reports::folders::load_sweep;
+use reports::render::views::tune_report;
+use reports::tune::results::{
+    beyond_between_runs, measure, measuring_options, ranking, separation,
+};
 
 /// `--url`, `--rate` and `--concurrency` are the tune's to set: given, they are refused.
 #[derive(Args, Debug, Clone)]

@@ -31,9 +31,9 @@ use crate::prepare::prepare_run;
 use crate::server_proc;
 use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
-use crate::views::matrix_report;
 use crate::workload::prompt::{salt_for, SaltFor};
 use crate::workload::PromptSource;
+use reports::render::views::matrix_report;
 
 use file::{parse_matrix, read_matrix, row_command, Prefix, RowArgs, RowSpec, METHODOLOGY_PRESET};
 

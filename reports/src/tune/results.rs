@@ -4,16 +4,16 @@
 
 use std::path::Path;
 
+use super::{ConfigStatus, Configuration, LevelPoint, Separation, TuneFile};
+use crate::ab::{AbReport, Verdict};
+use crate::plan::{capacity_plan, CapacityPlan, PlanOptions, TargetLoad};
+use crate::samples::metric_label;
+use crate::slo::SloSpec;
+use crate::stats::{percentile_nearest_rank, Bootstrap};
 use anyhow::Result;
-use reports::ab::{AbReport, Verdict};
-use reports::plan::{capacity_plan, CapacityPlan, PlanOptions, TargetLoad};
-use reports::samples::metric_label;
-use reports::slo::SloSpec;
-use reports::stats::{percentile_nearest_rank, Bootstrap};
-use reports::tune::{ConfigStatus, Configuration, LevelPoint, Separation, TuneFile};
 
 use crate::folders::{load_sweep, SweepFile, SWEEP_FILE};
-use reports::metrics::SloMetric;
+use crate::metrics::SloMetric;
 
 /// The knee search's results in `sweep_dir`, filled into `config`; returns the capacity
 /// plan under `options` (its crossing is the capacity's interval), or `None` when the search
@@ -127,7 +127,7 @@ pub fn separation(analysis: &AbReport, slo: &SloSpec) -> (Separation, Vec<(Strin
         .iter()
         .filter(|m| slo.targets.iter().any(|t| t.metric == m.metric))
         .collect();
-    let tail = |m: &reports::ab::MetricVerdict| -> (bool, bool) {
+    let tail = |m: &crate::ab::MetricVerdict| -> (bool, bool) {
         match (m.p99_ratio, m.margin) {
             (Some(ci), Some(margin)) => (ci.lower > 1.0 + margin, ci.upper < 1.0 - margin),
             _ => (false, false),
@@ -173,7 +173,7 @@ pub fn beyond_between_runs(a: &Configuration, b: &Configuration, alpha: f64) -> 
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let Some(test) = reports::stats::welch_t_test(&xa, &xb) else {
+    let Some(test) = crate::stats::welch_t_test(&xa, &xb) else {
         return (
             false,
             format!(
@@ -207,7 +207,7 @@ pub fn beyond_between_runs(a: &Configuration, b: &Configuration, alpha: f64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reports::tune::Knobs;
+    use crate::tune::Knobs;
 
     fn config(slots: &str, capacity: Option<f64>, status: ConfigStatus) -> Configuration {
         let mut c = Configuration::new(

@@ -1,12 +1,11 @@
 //! The reports of a run folder, a sweep folder, a tune folder and a matrix folder (a
-//! comparison's is in `comparison`).
+//! comparison's is in loadgen's `comparison`).
 
 use std::path::Path;
 
-use anyhow::Result;
-use reports::render::{Conditions, Report, ReportBody, RunView, SweepView};
-
+use super::{Conditions, Report, ReportBody, RunView, SweepView};
 use crate::folders::{load_run, load_sweep, read_plan};
+use anyhow::Result;
 
 /// The report of a run folder.
 pub fn run_report(dir: &Path) -> Result<Report> {
@@ -18,7 +17,7 @@ pub fn run_report(dir: &Path) -> Result<Report> {
             metrics: run.metrics,
             samples: run.samples,
             server: run.server,
-            timeline: reports::timeline::Timeline::read(dir)?,
+            timeline: crate::timeline::Timeline::read(dir)?,
             diagnosis: crate::folders::run_diagnosis(dir)?,
         })),
     })
@@ -42,7 +41,7 @@ pub fn sweep_report(dir: &Path) -> Result<Report> {
 /// The report of a tune folder: its configurations (`tune.json`), under the conditions of
 /// its first configuration that ran a search.
 pub fn tune_report(dir: &Path) -> Result<Report> {
-    let file = reports::tune::TuneFile::read(&dir.join(reports::tune::TUNE_FILE))?;
+    let file = crate::tune::TuneFile::read(&dir.join(crate::tune::TUNE_FILE))?;
     let mut conditions = file
         .configurations
         .iter()
@@ -66,7 +65,7 @@ pub fn tune_report(dir: &Path) -> Result<Report> {
 /// The report of a matrix folder: `matrix.json`, then each row's run or sweep report, under
 /// the conditions of its first row that ran.
 pub fn matrix_report(dir: &Path) -> Result<Report> {
-    let file = reports::matrix::MatrixFile::read(&dir.join(reports::matrix::MATRIX_FILE))?;
+    let file = crate::matrix::MatrixFile::read(&dir.join(crate::matrix::MATRIX_FILE))?;
     let reports: Vec<Result<Report, String>> = file
         .rows
         .iter()
@@ -95,6 +94,6 @@ pub fn matrix_report(dir: &Path) -> Result<Report> {
     Ok(Report {
         title: format!("Matrix {}", dir.display()),
         conditions,
-        body: ReportBody::Matrix(Box::new(reports::render::MatrixView { file, reports })),
+        body: ReportBody::Matrix(Box::new(super::MatrixView { file, reports })),
     })
 }

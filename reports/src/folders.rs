@@ -4,20 +4,20 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::ab::AbReport;
+use crate::conditions::Conditions;
+use crate::metrics::{compute, Metrics, MetricsOptions, Slo};
+use crate::plan::{CapacityPlan, SweepLevel};
+use crate::records::{read_meta, read_records, Phase, RequestRecord, RunMeta};
+use crate::samples::LatencySamples;
+use crate::server_metrics::{read_scrapes, window_hit_rate, Scrape, ServerView};
+use crate::slo::{SloCheck, SloSpec};
+use crate::stats::Bootstrap;
+use crate::summary::Summary;
 use anyhow::{bail, Context, Result};
-use reports::ab::AbReport;
-use reports::metrics::{compute, Metrics, MetricsOptions, Slo};
-use reports::plan::{CapacityPlan, SweepLevel};
-use reports::records::{read_meta, read_records, Phase, RequestRecord, RunMeta};
-use reports::render::Conditions;
-use reports::samples::LatencySamples;
-use reports::server_metrics::{read_scrapes, window_hit_rate, Scrape, ServerView};
-use reports::slo::{SloCheck, SloSpec};
-use reports::stats::Bootstrap;
-use reports::summary::Summary;
 use serde::{Deserialize, Serialize};
 
-use reports::saturation::{judge, Backlog, JudgeContext, LevelRates, Saturation, SaturationState};
+use crate::saturation::{judge, Backlog, JudgeContext, LevelRates, Saturation, SaturationState};
 
 pub const SWEEP_FILE: &str = "sweep.json";
 /// The capacity plan of a sweep, beside `sweep.json`.
@@ -101,7 +101,7 @@ pub fn window_server_view(
 pub struct LevelEntry {
     /// Run folder, relative to the sweep folder.
     pub dir: String,
-    /// The offered rate (see `reports::rates`).
+    /// The offered rate (see `crate::rates`).
     pub offered_rate: f64,
     /// The completed rate of the level's measured requests.
     #[serde(alias = "achieved_rate")]
@@ -120,7 +120,7 @@ pub struct LevelEntry {
     /// Met, not met, or unknown (too few requests to bound a percentile); `None` without
     /// an SLO.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slo_verdict: Option<reports::slo::SloVerdict>,
+    pub slo_verdict: Option<crate::slo::SloVerdict>,
     /// The saturation verdict and the rule that decided it.
     #[serde(default)]
     pub saturation: Option<Saturation>,
@@ -159,7 +159,7 @@ impl LevelEntry {
         let entry = LevelEntry {
             dir,
             offered_rate: rate,
-            completed_rate: reports::rates::completed(
+            completed_rate: crate::rates::completed(
                 &records
                     .iter()
                     .filter(|r| r.phase == Phase::Measured)
@@ -193,7 +193,7 @@ pub struct ProbeStep {
     pub little_rate: f64,
     /// The SLO's verdict on the step's requests, when the sweep has an SLO.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slo_verdict: Option<reports::slo::SloVerdict>,
+    pub slo_verdict: Option<crate::slo::SloVerdict>,
     /// A target's percentile lies above its limit beyond doubt (its 95% interval's lower
     /// end), which a step too short to bound it from above can still show.
     #[serde(default)]
@@ -226,7 +226,7 @@ pub struct SweepFile {
     pub probe: Option<Probe>,
     /// The knee search's path, with `--rates search`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub search: Option<reports::search::SearchPath>,
+    pub search: Option<crate::search::SearchPath>,
     /// `--repeats`: how many runs each repeated level has, its first included.
     #[serde(default = "one")]
     pub repeats: usize,
@@ -286,7 +286,7 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
             saturated: entry.saturated,
             samples: run.samples,
             server: run.server,
-            timeline: reports::timeline::Timeline::read(&dir.join(&entry.dir))?,
+            timeline: crate::timeline::Timeline::read(&dir.join(&entry.dir))?,
             scheduled_rate: entry.rates.map(|r| r.scheduled),
             saturation_rule: entry.saturation.as_ref().map(|s| s.rule.clone()),
             diagnosis: run_diagnosis(&dir.join(&entry.dir))?,
@@ -309,7 +309,7 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
 }
 
 /// The diagnosis a run folder's `summary.json` holds, if any.
-pub fn run_diagnosis(dir: &Path) -> Result<Option<reports::diagnosis::Diagnosis>> {
+pub fn run_diagnosis(dir: &Path) -> Result<Option<crate::diagnosis::Diagnosis>> {
     let path = dir.join("summary.json");
     if !path.is_file() {
         return Ok(None);
@@ -347,7 +347,7 @@ pub struct CompareFile {
 }
 
 fn default_min_effect() -> f64 {
-    reports::ab::DEFAULT_MIN_EFFECT
+    crate::ab::DEFAULT_MIN_EFFECT
 }
 
 impl CompareFile {

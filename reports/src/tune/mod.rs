@@ -9,6 +9,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+pub mod results;
+
 use crate::plan::CapacityPlan;
 use crate::search::SearchPath;
 
