@@ -13,11 +13,11 @@
 #   model     a random Qwen3-0.6B-shaped bf16 model with transformers' reference logprobs,
 #             bf16 and f32 (29-40 s)
 #   logprobs  those logprobs through `engine serve`: the default kernels, then the direct
-#             decode kernel (12 s on an H200 with a third run)
+#             decode kernel
 #   bench     `engine bench`, each decode kernel: one stream (512 + 256) and nano-vLLM's
 #             bench.py workload (28-30 s)
 #   dims      tensor-core prefill at head dims 64 and 32 (small random models) vs
-#             transformers (57 s on an H200 with two kernels)
+#             transformers
 #   ncu       ncu: decode attention's share of HBM peak at batch 64 x 512 (NCU_DECODE_KERNELS,
 #             default the pipelined one), the pipelined kernel's stall reasons at batch 256
 #             (NCU_DETAIL=1), every kernel's GPU time over a decode step at batch 256 and at

@@ -462,9 +462,10 @@ fn kernel_set_follows_the_model() {
     }
 }
 
-/// The largest [`rel_err`] for the tiny Qwen3-MoE whose 8 experts are not renormalised: at the batched
-/// decode (token 77 at position 400) its layer 1's second and third router logits are one
-/// bf16 step apart (−0.498 and −0.500 once rounded), so a bf16 run routes to either expert.
+/// The largest [`rel_err`] for the tiny Qwen3-MoE whose 8 experts are not renormalised: at
+/// the batched decode (token 77 at position 400) its layer 1's second and third router
+/// logits are one bf16 step apart (−0.498 and −0.500 once rounded), so a bf16 run routes to
+/// either expert.
 /// In a numpy emulation of the model (f32 against bf16 with one-step jitter) 18 runs of 40
 /// took the other expert, and that swap alone moved the logits by 0.071–0.088 (unswapped:
 /// 0.010–0.020); an H200 read 0.0736. A wrong expert, weight or grouping moves them by 0.2
@@ -499,9 +500,10 @@ fn gpu_qwen3moe_matches_cpu() {
 }
 
 /// The tiny gpt-oss (sinks on both kinds of layer, biases, experts routed by a softmax over
-/// their top-k logits through the clamped SwiGLU, with biases), from its f32 checkpoint and from its GGUF (MXFP4 experts, dequantised at upload), each
-/// prefill kernel, against the CPU. transformers' own bf16 run of it is up to 0.022 from its
-/// f32 run at the test's positions, within the bound.
+/// their top-k logits through the clamped SwiGLU, with biases), from its f32 checkpoint and
+/// from its GGUF (MXFP4 experts, dequantised at upload), each prefill kernel, against the
+/// CPU. transformers' own bf16 run of it is up to 0.022 from its f32 run at the test's
+/// positions, within the bound.
 #[test]
 fn gpu_gpt_oss_matches_cpu() {
     if gpu_or_skip("gpu_gpt_oss_matches_cpu") {
@@ -636,8 +638,8 @@ fn gpu_graph_replay_matches_eager() {
     graph_replay_matches_eager(&moe, 256, DecodeAttention::Pipelined);
 }
 
-/// The model at `dir` (token ids below `vocab`)
-/// decoding three sequences, from captured graphs and eagerly: the same tokens and logits.
+/// The model at `dir` (token ids below `vocab`) decoding three sequences, from captured
+/// graphs and eagerly: the same tokens and logits.
 fn graph_replay_matches_eager(
     dir: &std::path::Path,
     vocab: u32,

@@ -65,21 +65,14 @@ seed = 9
 expect = "e2e:p50 < 1s"
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expectations_are_decided_by_intervals_on_a_mock_of_known_timing() {
-    let (addr, handle) = mock::spawn(mock_config()).await.unwrap();
-    let url = format!("http://{addr}");
-    let temp = tempfile::tempdir().unwrap();
-    let file = temp.path().join("m.toml");
-    std::fs::write(&file, KNOWN).unwrap();
-    let out = temp.path().join("out");
-    // The bound on the matrix's command line (2 MB a step at 1 GB/s, the KV cache's bytes
-    // negligible: 2 ms a token) and the
-    // seed are defaults of every row; the second row's own seed wins.
-    let argv = [
+/// The matrix file `file` of [`KNOWN`] against the mock at `url`, with the defaults both
+/// its tests give every row: the model, seed 5 and the bound's inputs (2 MB a step at
+/// 1 GB/s, the KV cache's bytes negligible: 2 ms a token).
+fn known_defaults<'a>(file: &'a Path, url: &'a str) -> Vec<&'a str> {
+    vec![
         file.to_str().unwrap(),
         "--url",
-        &url,
+        url,
         "--model",
         "loadgen-mock",
         "--seed",
@@ -90,11 +83,20 @@ async fn expectations_are_decided_by_intervals_on_a_mock_of_known_timing() {
         "1",
         "--bandwidth",
         "1e9",
-        "--gpu-hour-usd",
-        "3",
-        "--gpus-per-instance",
-        "2",
-    ];
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expectations_are_decided_by_intervals_on_a_mock_of_known_timing() {
+    let (addr, handle) = mock::spawn(mock_config()).await.unwrap();
+    let url = format!("http://{addr}");
+    let temp = tempfile::tempdir().unwrap();
+    let file = temp.path().join("m.toml");
+    std::fs::write(&file, KNOWN).unwrap();
+    let out = temp.path().join("out");
+    // The bound and the seed are defaults of every row; the second row's own seed wins.
+    let mut argv = known_defaults(&file, &url);
+    argv.extend(["--gpu-hour-usd", "3", "--gpus-per-instance", "2"]);
     let file = matrix_into(&out, &argv).await;
     handle.shutdown().await;
     assert_eq!(file.rows.len(), 2);
@@ -287,23 +289,8 @@ async fn repeats_decide_each_statement_across_interleaved_runs() {
     ]);
     assert!(refused.unwrap_err().to_string().contains("--repeats"));
     let out = temp.path().join("out");
-    let argv = [
-        file.to_str().unwrap(),
-        "--url",
-        &url,
-        "--model",
-        "loadgen-mock",
-        "--seed",
-        "5",
-        "--weight-bytes",
-        "2e6",
-        "--kv-bytes-per-token",
-        "1",
-        "--bandwidth",
-        "1e9",
-        "--repeats",
-        "3",
-    ];
+    let mut argv = known_defaults(&file, &url);
+    argv.extend(["--repeats", "3"]);
     let matrix = matrix_into(&out, &argv).await;
     handle.shutdown().await;
     assert_eq!(matrix.rows.len(), 2);
@@ -325,16 +312,28 @@ async fn repeats_decide_each_statement_across_interleaved_runs() {
         "{:#?}",
         known.expectations
     );
-    // The first statement's interval is the t-interval over the three runs' medians.
+    // The first statement's interval is the t-interval over the three runs' medians (one
+    // limit, 100 ms, for all three): mean ± t(0.975, 2 df) · sd / √3.
     let medians: Vec<f64> = known
         .runs
         .iter()
         .map(|r| r.expectations[0].observed.unwrap())
         .collect();
     let mean = medians.iter().sum::<f64>() / 3.0;
+    let sd = (medians.iter().map(|m| (m - mean).powi(2)).sum::<f64>() / 2.0).sqrt();
+    let half = 4.302_652_7 * sd / 3f64.sqrt();
     assert!((known.expectations[0].observed.unwrap() - mean).abs() < 1e-9);
     let [lower, upper] = known.expectations[0].interval.unwrap();
-    assert!(lower.unwrap() <= mean && mean <= upper.unwrap());
+    assert!(
+        (lower.unwrap() - (mean - half)).abs() < 1e-6,
+        "{lower:?} vs {}",
+        mean - half
+    );
+    assert!(
+        (upper.unwrap() - (mean + half)).abs() < 1e-6,
+        "{upper:?} vs {}",
+        mean + half
+    );
     assert!(known.expectations[0]
         .reason
         .starts_with("3 runs: confirmed"));

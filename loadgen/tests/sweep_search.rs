@@ -299,27 +299,13 @@ async fn missed_unloaded_ends_the_search_at_once() {
     assert!(!out.join("level-00").exists());
 }
 
-/// A stop (SIGTERM) during a level ends the search as interrupted: the cut level keeps its
-/// folder and the requests that finished, but is neither judged nor an end of the bracket
-/// (the stop, not the server, cut its requests in flight; a GPU run once had such a level
-/// judged saturated, which ended its search "cannot be narrowed").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stop_during_a_level_ends_the_search_without_judging_it() {
+/// `loadgen sweep` on the 4-slot mock with `extra`, stopped by SIGTERM inside its second
+/// level: its `sweep.json` and folder.
+async fn stopped_in_the_second_level(extra: &[&str]) -> (SweepFile, tempfile::TempDir) {
     let (addr, handle) = mock::spawn(four_slot_mock()).await.unwrap();
     let temp = tempfile::tempdir().unwrap();
-    let out = temp.path().join("search");
-    let argv = sweep_args(
-        &format!("http://{addr}"),
-        &out,
-        &[
-            "--rates",
-            "search",
-            "--probe-duration",
-            "800ms",
-            "--slo",
-            SLO,
-        ],
-    );
+    let out = temp.path().join("sweep");
+    let argv = sweep_args(&format!("http://{addr}"), &out, extra);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
         .args(&argv)
         .stdout(std::process::Stdio::null())
@@ -346,22 +332,44 @@ async fn a_stop_during_a_level_ends_the_search_without_judging_it() {
         .unwrap();
     handle.shutdown().await;
     assert!(status.success(), "{status:?}");
-    let file = SweepFile::read(&out.join(SWEEP_FILE)).unwrap();
+    assert!(out.join("level-01").join("records.jsonl").exists());
+    (SweepFile::read(&out.join(SWEEP_FILE)).unwrap(), temp)
+}
+
+/// A stop (SIGTERM) during a level ends the search as interrupted: the cut level keeps its
+/// folder and the requests that finished, but is neither judged nor an end of the bracket
+/// (the stop, not the server, cut its requests in flight; a GPU run once had such a level
+/// judged saturated, which ended its search "cannot be narrowed"). A list of rates keeps
+/// its cut level out of `sweep.json` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_level_ends_the_sweep_without_judging_it() {
+    let (file, _temp) = stopped_in_the_second_level(&[
+        "--rates",
+        "search",
+        "--probe-duration",
+        "800ms",
+        "--slo",
+        SLO,
+    ])
+    .await;
     let path = file.search.unwrap();
     assert_eq!(path.end, Some(SearchEnd::Interrupted), "{path:#?}");
     assert_eq!(path.steps.len(), 1, "{path:#?}");
-    assert_eq!(
-        file.levels
-            .iter()
-            .map(|l| l.dir.as_str())
-            .collect::<Vec<_>>(),
-        ["level-00"]
-    );
+    let dirs: Vec<&str> = file.levels.iter().map(|l| l.dir.as_str()).collect();
+    assert_eq!(dirs, ["level-00"]);
     let reason = file.stop_reason.unwrap();
     assert!(
         reason.starts_with("interrupted during the level at")
             && reason.contains("its folder level-01 keeps the requests that finished"),
         "{reason}"
     );
-    assert!(out.join("level-01").join("records.jsonl").exists());
+
+    let (file, _temp) = stopped_in_the_second_level(&["--rates", "10,20,30", "--slo", SLO]).await;
+    let dirs: Vec<&str> = file.levels.iter().map(|l| l.dir.as_str()).collect();
+    assert_eq!(dirs, ["level-00"]);
+    let reason = file.stop_reason.unwrap();
+    assert!(
+        reason.starts_with("interrupted during the level at 20 req/s: its folder level-01"),
+        "{reason}"
+    );
 }

@@ -217,9 +217,13 @@ async fn repeats_give_each_capacity_its_between_run_interval() {
         let ci = config
             .crossing_between_runs
             .unwrap_or_else(|| panic!("{:?} {:?}", config.run_crossings, config.search_end));
-        assert!(ci.lower <= ci.estimate && ci.estimate <= ci.upper);
-        let mean = config.run_crossings.iter().flatten().sum::<f64>() / 3.0;
+        // mean ± t(0.975, 2 df) · sd / √3 over the three runs' crossings.
+        let runs: Vec<f64> = config.run_crossings.iter().flatten().copied().collect();
+        let mean = runs.iter().sum::<f64>() / 3.0;
+        let sd = (runs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 2.0).sqrt();
+        let half = 4.302_652_7 * sd / 3f64.sqrt();
         assert!((ci.estimate - mean).abs() < 1e-9);
+        assert!((ci.upper - ci.lower - 2.0 * half).abs() < 1e-6, "{ci:?}");
     }
     assert_eq!(file.winner.as_ref().unwrap().knobs["slots"], "8");
     assert_eq!(file.winner_vs_runner_up, Separation::Better, "{file:#?}");

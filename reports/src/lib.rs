@@ -1,4 +1,6 @@
-//! Statistics, SLO checks, capacity plans, A/B tests and renderers for loadgen runs.
+//! Statistics, SLO checks, capacity plans, A/B tests and renderers for loadgen runs; the
+//! run, sweep and comparison folder formats, and the judgements on them (saturation, tune
+//! results).
 pub mod ab;
 pub mod bound;
 pub mod conditions;

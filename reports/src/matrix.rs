@@ -27,9 +27,11 @@
 //!
 //! A row run several times (`--repeats R`) decides each statement across its runs as well
 //! as within each ([`Expectation::decide_across`]): a latency statement by the Student
-//! t-interval (R − 1 degrees of freedom) over the runs' observed percentiles, and only when
-//! every run's own interval decided the same way; a regime or capacity statement when every
-//! run decided it the same way. Runs that disagree leave it inconclusive: the verdict the
+//! t-interval over the runs' observed percentiles, each over its own limit (a multiple of the
+//! bound moves with the batch measured), with one degree of freedom fewer than the runs
+//! measured, and only when every run's own interval decided the same way; a regime or
+//! capacity statement when every run decided it the same way. With one run measured (the
+//! others failed or were cut short), that run decides, as without repeats. Runs that disagree leave it inconclusive: the verdict the
 //! next run would not repeat is not given.
 
 use std::collections::BTreeMap;
@@ -498,6 +500,16 @@ impl Expectation {
                 capacity: None,
             });
         };
+        // One run measured (the others failed or were cut short): its own decision, as with
+        // a single run, and no interval across runs.
+        if let [only] = runs {
+            let mut decided = (*only).clone();
+            decided.reason = format!(
+                "1 run measured, so no interval across runs: {}",
+                decided.reason
+            );
+            return decided;
+        }
         let agreed = runs
             .iter()
             .all(|d| d.verdict == first.verdict)
@@ -620,11 +632,25 @@ pub fn repeated_row(expect: &[Expectation], runs: Vec<MatrixRow>) -> MatrixRow {
             e.decide_across(&each)
         })
         .collect();
-    let first = runs.first().cloned().expect("a row ran at least once");
+    // The first measured run stands for the row (its folder, its report); a failed one has
+    // neither.
+    let first = measured
+        .first()
+        .copied()
+        .or(runs.first())
+        .cloned()
+        .expect("a row ran at least once");
     let agreed_regime = measured
         .iter()
         .all(|r| r.regime == first.regime)
         .then_some(first.regime);
+    let output_tok_per_s = mean(|r| r.output_tok_per_s);
+    // The cost is inverse to the output rate: the mean rate's, not the mean of the costs.
+    let usd_per_million_output_tokens = measured
+        .iter()
+        .find_map(|r| r.usd_per_million_output_tokens.zip(r.output_tok_per_s))
+        .zip(output_tok_per_s)
+        .map(|((usd, rate), mean_rate)| usd * rate / mean_rate);
     let capacity = measured
         .iter()
         .filter_map(|r| r.capacity)
@@ -650,8 +676,8 @@ pub fn repeated_row(expect: &[Expectation], runs: Vec<MatrixRow>) -> MatrixRow {
         tpot_p50_ms: mean(|r| r.tpot_p50_ms),
         bound_tpot_ms: mean(|r| r.bound_tpot_ms),
         tpot_over_bound: mean(|r| r.tpot_over_bound),
-        output_tok_per_s: mean(|r| r.output_tok_per_s),
-        usd_per_million_output_tokens: mean(|r| r.usd_per_million_output_tokens),
+        output_tok_per_s,
+        usd_per_million_output_tokens,
         capacity,
         error: measured.is_empty().then(|| "every run failed".to_string()),
         runs,
@@ -784,7 +810,7 @@ mod tests {
         let [lower, upper] = decided.interval.unwrap();
         assert!((lower.unwrap() - 58.516).abs() < 1e-3 && (upper.unwrap() - 63.484).abs() < 1e-3);
         assert!((decided.observed.unwrap() - 61.0).abs() < 1e-9);
-        // Each run confirmed on its own, but the runs spread: mean 70, sd 26.5, the
+        // Each run confirmed on its own, but the runs spread: mean 70, sd 27.8, the
         // t-interval reaches past 100 ms.
         let spread = [
             run(40.0, 38.0, 42.0),

@@ -1,7 +1,7 @@
 //! `loadgen sweep`: the same seeded workload at a series of offered rates, one level after
 //! another. A list of rates (or `--rates auto`: fractions of the saturation rate that a
 //! closed-loop probe finds, see `probe`) runs in ascending order and stops after the first
-//! level that saturates (see `saturation`) or breaks the SLO; `--rates search` starts at the
+//! level that saturates (see `reports::saturation`) or breaks the SLO; `--rates search` starts at the
 //! probe's estimate and chooses each next rate from the levels so far (see `knee_search`).
 //!
 //! Every probe step and level sends the seeded workload with words of its own (the
@@ -11,7 +11,8 @@
 //!
 //! Layout of the output folder: `sweep.json` (levels, the search path and why the sweep
 //! stopped, rewritten after every level so a cut-short sweep stays readable) and one run
-//! folder per level (`level-00/`, …) as `loadgen run --out` writes it.
+//! folder per level (`level-00/`, …) as `loadgen run --out` writes it. A level cut short by
+//! a stop keeps its folder but is not in `sweep.json` (the stop reason names it).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};

@@ -4,7 +4,9 @@
 //! best run again in alternating rounds at the runner-up's capacity (`compare`'s paired
 //! analysis, each round as long as a search level): the best wins outright only when an SLO
 //! metric is significantly better for it beyond `--min-effect`, in the median or the tail
-//! (`reports::tune::results::separation`); otherwise the one listed first in the knob lists is kept.
+//! (`reports::tune::results::separation`), and with `--repeats` only when its runs' crossings
+//! also exceed the runner-up's beyond their spread (`beyond_between_runs`); otherwise the one
+//! listed first in the knob lists is kept.
 //!
 //! Layout of `--out`: `tune.json` (rewritten after every configuration), `config-NN/`
 //! (`server.log` and the search's `sweep/`), `duel/` (the comparison's rounds), and the

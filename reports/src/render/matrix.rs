@@ -84,7 +84,10 @@ fn rows_section(file: &MatrixFile) -> Section {
         "An expectation is confirmed when the whole 95% interval of what it is about satisfies \
          it, refuted when the whole interval violates it, and inconclusive otherwise; a row is \
          refuted by one refuted expectation and confirmed when all are confirmed. A knee-search \
-         row is measured at its knee (the highest rate that met its SLO)."
+         row is measured at its knee (the highest rate that met its SLO). A row run several \
+         times (--repeats) decides each statement across its runs as well: a latency statement \
+         by the Student t-interval over the runs' values, each against its own limit, and only \
+         where every run's own interval agrees; any other statement where every run agrees."
             .into(),
     );
     match file.gpu_hour_usd {

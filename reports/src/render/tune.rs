@@ -151,7 +151,9 @@ fn winner_section(file: &TuneFile) -> Section {
                 (Separation::Indistinguishable, Some(r)) => format!(
                     "Indistinguishable from the runner-up ({}) at this precision: no SLO \
                      metric differed significantly in the higher-capacity configuration's \
-                     favour, so the one whose values come first in the knob lists is kept.",
+                     favour, or (with --repeats) its runs' crossings did not exceed the \
+                     runner-up's beyond their spread, so the one whose values come first in \
+                     the knob lists is kept.",
                     knobs_text(&r.knobs, &file.knobs)
                 ),
                 _ => "Not compared with a runner-up (fewer than two configurations met the SLO, \

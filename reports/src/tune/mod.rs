@@ -140,11 +140,13 @@ pub struct Pick {
 /// The winner against the runner-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Separation {
-    /// An SLO metric is significantly better for the winner beyond `--min-effect`, none worse.
+    /// An SLO metric is significantly better for the winner beyond `--min-effect`, none worse;
+    /// with `--repeats`, its runs' crossings also exceed the runner-up's beyond their spread.
     #[serde(rename = "better")]
     Better,
-    /// No such difference at this precision: the configuration whose values come first in
-    /// the knob lists is the winner.
+    /// No such difference at this precision (or, with `--repeats`, one the runs' crossings do
+    /// not bear out): the configuration whose values come first in the knob lists is the
+    /// winner.
     #[serde(rename = "indistinguishable")]
     Indistinguishable,
     /// Fewer than two configurations met the SLO, or the comparison could not run.

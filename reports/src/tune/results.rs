@@ -177,9 +177,11 @@ pub fn beyond_between_runs(a: &Configuration, b: &Configuration, alpha: f64) -> 
         return (
             false,
             format!(
-                "the runs' crossings ({} and {} req/s) are too few to measure their spread: \
-                 better is not claimed",
+                "the runs' crossings ({}: {}; {}: {} req/s) are too few to measure their \
+                 spread: better is not claimed",
+                a.dir,
                 listed(&xa),
+                b.dir,
                 listed(&xb)
             ),
         );
@@ -193,9 +195,11 @@ pub fn beyond_between_runs(a: &Configuration, b: &Configuration, alpha: f64) -> 
     (
         beyond,
         format!(
-            "the runs' crossings, {} against {} req/s: Welch t = {:.2}, {:.1} df, one-sided p = \
-             {one_sided:.3} ({} α = {alpha})",
+            "the runs' crossings, {}: {} against {}: {} req/s: Welch t = {:.2}, {:.1} df, \
+             one-sided p = {one_sided:.3} ({} α = {alpha})",
+            a.dir,
             listed(&xa),
+            b.dir,
             listed(&xb),
             test.t,
             test.df,
@@ -234,7 +238,10 @@ mod tests {
         let below = with(&[Some(10.0), Some(11.0), Some(10.5)]);
         let (beyond, why) = beyond_between_runs(&apart, &below, 0.05);
         assert!(beyond, "{why}");
-        assert!(why.starts_with("the runs' crossings, 20.000, 21.000, 19.500 against"));
+        assert!(
+            why.starts_with("the runs' crossings, config-4: 20.000, 21.000, 19.500 against"),
+            "{why}"
+        );
         assert!(!beyond_between_runs(&below, &apart, 0.05).0);
         let overlapping = with(&[Some(11.0), Some(19.0), Some(15.0)]);
         let near = with(&[Some(13.0), Some(14.0), Some(12.0)]);

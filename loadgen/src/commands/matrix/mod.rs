@@ -5,8 +5,9 @@
 //! by the row's intervals (`reports::matrix`).
 //!
 //! Layout of `--out`: `matrix.json` (rewritten after every row, so a cut-short matrix keeps
-//! what ran), `row-NN-NAME/` per row (with `prefix-warmup/` for a warm row), `server.log`
-//! with `--server-cmd`, and the report: one line per row, then each row's own report.
+//! what ran), `row-NN-NAME/` per row (with `prefix-warmup/` for a warm row; with `--repeats`,
+//! the later runs in `row-NN-NAME/repeat-K/`), `server.log` with `--server-cmd`, and the
+//! report: one line per row, then each row's own report.
 
 pub mod file;
 mod warm;
@@ -350,14 +351,20 @@ pub async fn matrix_command(args: MatrixArgs) -> Result<()> {
     println!("matrix: {}  report: {}", path.display(), html.display());
     if let Some(reason) = &file.stop_reason {
         bail!(
-            "loadgen matrix: stopped after {} row(s): {reason}",
-            file.rows.len()
+            "loadgen matrix: stopped after {} row run(s): {reason}",
+            runs.iter().map(Vec::len).sum::<usize>()
         );
     }
-    let failed = file.rows.iter().filter(|r| r.error.is_some()).count();
+    // A row failed when it, or one of its runs (--repeats), did.
+    let failed = file
+        .rows
+        .iter()
+        .filter(|r| r.error.is_some() || r.runs.iter().any(|run| run.error.is_some()))
+        .count();
     if failed > 0 {
         bail!(
-            "loadgen matrix: {failed} row(s) failed to run: see {}",
+            "loadgen matrix: {failed} row(s) failed to run, in whole or in one of their runs: \
+             see {}",
             path.display()
         );
     }
