@@ -175,7 +175,7 @@ pub async fn execute_prepared(
             outcome.start_time,
             args.slice,
         )?;
-        crate::diagnose::diagnose_run(
+        reports::folders::diagnose_run(
             dir,
             &outcome.records,
             &outcome.metrics,

@@ -13,7 +13,6 @@ pub mod clock;
 pub mod commands;
 pub mod comparison;
 pub mod connections;
-pub mod diagnose;
 pub mod execute;
 pub mod extra_body;
 pub mod gate;

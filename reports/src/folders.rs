@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::ab::AbReport;
+use crate::bound::BoundInputs;
 use crate::conditions::Conditions;
+use crate::diagnosis::{diagnose, Observation};
 use crate::metrics::{compute, Metrics, MetricsOptions, Slo};
 use crate::plan::{CapacityPlan, SweepLevel};
 use crate::records::{read_meta, read_records, Phase, RequestRecord, RunMeta};
@@ -306,6 +308,41 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
         levels,
         conditions,
     })
+}
+
+/// The diagnosis of a finished run (`diagnosis`): its records and metrics, the server's
+/// gauges scraped into its folder during the measurement window (a warm-up's or the idle
+/// tail's scrapes would dilute the running batch), its SLO and the bound's inputs resolved
+/// at its start, written into `summary.json` as `regime`, `regime_evidence` and `diagnosis`.
+pub fn diagnose_run(
+    dir: &Path,
+    records: &[RequestRecord],
+    metrics: &Metrics,
+    slo: Option<&SloSpec>,
+    inputs: &BoundInputs,
+    summary: &mut Summary,
+) -> Result<()> {
+    let meta = read_meta(&dir.join("meta.json"))?;
+    let server = window_server_view(dir, &meta, records)?;
+    // A closed loop cannot outrun its server: only an open-loop run saturates.
+    let saturation = judge(records, JudgeContext::new(slo, server.as_ref()));
+    let open_loop = meta.schedule["mode"] != "closed";
+    let saturated = (open_loop && saturation.state == SaturationState::Saturated)
+        .then_some(saturation.rule.as_str());
+    let diagnosis = diagnose(&Observation {
+        records,
+        server: server.as_ref(),
+        slo,
+        bound_inputs: inputs,
+        completed_rate: Some(metrics.request_throughput),
+        output_tok_per_s: metrics.output_throughput,
+        client_bound_reasons: &metrics.client_bound_reasons,
+        saturated,
+    });
+    summary.regime = Some(diagnosis.regime);
+    summary.regime_evidence = Some(diagnosis.evidence.clone());
+    summary.diagnosis = Some(diagnosis);
+    Ok(())
 }
 
 /// The diagnosis a run folder's `summary.json` holds, if any.
