@@ -3,19 +3,17 @@
 //! send loop, and `timeline.json` at the end.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use reports::records::{RunMeta, ShardInfo, SCHEMA_VERSION};
 
-use crate::calibrate::{calibrate, CalibrateConfig};
 use crate::client;
 use crate::extra_body::ExtraBody;
 use crate::host::host_info;
 use crate::options::RunArgs;
 use crate::plan::Plan;
-use crate::prepare::{fnv1a, prepare_run, PreparedRun};
+use crate::prepare::{fnv1a, PreparedRun};
 use crate::scrape::{ScrapeTarget, Scraper};
 use crate::send::{self, RunOutcome, SendOptions};
 use crate::target::Target;
@@ -241,46 +239,6 @@ fn write_meta(dir: &std::path::Path, meta: &RunMeta) -> Result<()> {
     let path = dir.join("meta.json");
     std::fs::write(&path, serde_json::to_string_pretty(meta)? + "\n")
         .with_context(|| format!("writing {}", path.display()))
-}
-
-/// Prepares `args`, calibrates against the built-in mock first when `--calibrate` asks, and
-/// executes the plan against `--url` into `--out` (`loadgen run`, and each sweep level).
-pub async fn prepare_and_execute(
-    args: &RunArgs,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<RunOutcome> {
-    let mut prepared = prepare_run(args)?;
-    if args.calibrate {
-        eprintln!("loadgen: calibrating against the built-in mock…");
-        prepared.calibration = Some(
-            calibrate(&CalibrateConfig {
-                rate: args.rate,
-                concurrency: args.concurrency,
-                // An https:// run is calibrated over TLS too.
-                tls: args
-                    .url
-                    .starts_with("https://")
-                    .then(crate::tls::self_signed_pair)
-                    .transpose()?
-                    .map(Arc::new),
-                ..CalibrateConfig::default()
-            })
-            .await?,
-        );
-    }
-    execute_prepared(
-        args,
-        &prepared,
-        Execution {
-            url: args.url.clone(),
-            out: args.out.clone(),
-            server_version: None,
-            extra: Default::default(),
-            progress: !args.no_progress,
-            stop,
-        },
-    )
-    .await
 }
 
 #[cfg(test)]

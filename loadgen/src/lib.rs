@@ -19,6 +19,7 @@ pub mod gate;
 pub mod host;
 pub mod knee_search;
 pub mod knobs;
+pub mod launch;
 pub mod merge;
 pub mod mock;
 pub mod options;

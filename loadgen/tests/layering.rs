@@ -426,3 +426,29 @@ fn the_checker_finds_cycles_and_ignores_tests() {
 fn engine_modules_import_one_way() {
     assert_no_cycles("engine");
 }
+
+/// A run does not link the mock server: nothing `execute` (one execution into a run folder)
+/// reaches imports `mock`; calibration, which runs the mock, sits above it (`launch`).
+#[test]
+fn a_run_does_not_reach_the_mock() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = edges(&src);
+    let mut reached = BTreeSet::from(["execute".to_string()]);
+    let mut frontier = vec!["execute".to_string()];
+    while let Some(module) = frontier.pop() {
+        for next in files.get(&module).into_iter().flatten() {
+            if reached.insert(next.clone()) {
+                frontier.push(next.clone());
+            }
+        }
+    }
+    assert!(
+        reached.contains("send"),
+        "the scanner is broken: {reached:?}"
+    );
+    let mock: Vec<&String> = reached
+        .iter()
+        .filter(|m| *m == "mock" || m.starts_with("mock::") || *m == "calibrate")
+        .collect();
+    assert!(mock.is_empty(), "execute reaches {mock:?}");
+}

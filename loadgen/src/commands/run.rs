@@ -3,8 +3,8 @@
 use anyhow::Result;
 use reports::samples::LatencySamples;
 
-use crate::execute::prepare_and_execute;
 use crate::gate::slo_gate;
+use crate::launch::prepare_and_execute;
 use crate::options::{slo_spec, RunArgs};
 
 /// `loadgen run`; with `--fail-on-slo`, the SLO judged over the measured window as a sweep

@@ -25,8 +25,8 @@ use reports::search::{SearchEnd, SearchPath, StepReason};
 use reports::slo::{SloCheck, SloSpec, SloVerdict};
 use reports::stats::min_sample_for_quantile;
 
-use crate::execute::prepare_and_execute;
 use crate::knee_search::{self, Measured, Next, RepeatRun, SearchArgs};
+use crate::launch::prepare_and_execute;
 use crate::options::{ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
 use crate::probe::{auto_levels, probe_saturation, saturation_estimate};
 use crate::stop::stop_on_signals;

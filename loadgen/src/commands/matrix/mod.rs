@@ -26,7 +26,7 @@ use reports::render::write_report;
 use reports::summary::Summary;
 
 use crate::commands::sweep::{repeat_seed, run_sweep, DEFAULT_PROBE_DURATION};
-use crate::execute::prepare_and_execute;
+use crate::launch::prepare_and_execute;
 use crate::options::RunArgs;
 use crate::prepare::prepare_run;
 use crate::server_proc;
