@@ -11,7 +11,6 @@ pub mod client;
 pub mod client_cpu;
 pub mod clock;
 pub mod commands;
-pub mod comparison;
 pub mod connections;
 pub mod execute;
 pub mod extra_body;

@@ -3,6 +3,7 @@
 //! results).
 pub mod ab;
 pub mod bound;
+pub mod comparison;
 pub mod conditions;
 pub mod diagnosis;
 pub mod folders;

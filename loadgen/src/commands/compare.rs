@@ -27,14 +27,33 @@ use reports::ab::{Verdict, DEFAULT_ALPHA};
 use reports::metrics::SloMetric;
 use serde_json::json;
 
-use crate::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use crate::execute::{execute_prepared, Execution};
 use crate::options::RunArgs;
 use crate::prepare::prepare_run;
 use crate::server_proc::{self, ServerProcess};
 use crate::stop::stop_on_signals;
 use crate::units::duration_arg;
+use reports::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use reports::folders::{online_rounds, round_dir, side_rounds, CompareFile, Side};
+
+/// `--pair`'s values (`reports::comparison::PairMode`), with their help: reports has no
+/// command-line types of its own.
+fn pair_mode_arg() -> impl clap::builder::TypedValueParser<Value = PairMode> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new("auto").help(
+            "Paired when both sides sent the same requests: identical schedule.jsonl and \
+             --extra-body",
+        ),
+        PossibleValue::new("yes"),
+        PossibleValue::new("no"),
+    ])
+    .map(|value| match value.as_str() {
+        "yes" => PairMode::Yes,
+        "no" => PairMode::No,
+        _ => PairMode::Auto,
+    })
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct CompareArgs {
@@ -64,7 +83,7 @@ pub struct CompareArgs {
     /// Online: how long a started server may take to answer GET /health with 200.
     #[arg(long, value_parser = duration_arg, default_value = "300s")]
     pub server_timeout: Duration,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_parser = pair_mode_arg(), default_value = "auto")]
     pub pair: PairMode,
     #[arg(long, default_value_t = DEFAULT_ALPHA)]
     pub alpha: f64,

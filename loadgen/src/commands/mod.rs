@@ -1,7 +1,7 @@
 //! One module per subcommand: its arguments and what it does with them. Shared work lives
-//! outside: run preparation in `prepare`, the probe and the knee search in `probe` and
-//! `knee_search`, the comparison's rounds in `comparison`; folder formats, judgements and
-//! views in `reports` (`folders`, `saturation`, `tune::results`, `render::views`).
+//! outside: run preparation in `prepare` and `launch`, the probe and the knee search in
+//! `probe` and `knee_search`; folder formats, judgements and views in `reports` (`folders`,
+//! `saturation`, `tune::results`, `comparison`, `render::views`).
 
 pub mod calibrate;
 pub mod compare;

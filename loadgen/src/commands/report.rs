@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use reports::render::write_report;
 
-use crate::comparison::compare_view;
+use reports::comparison::compare_view;
 use reports::folders::{CompareFile, COMPARE_FILE, SWEEP_FILE};
 use reports::matrix::MATRIX_FILE;
 use reports::render::views::{matrix_report, run_report, sweep_report, tune_report};

@@ -31,13 +31,13 @@ use crate::commands::sweep::{
     min_requests, run_sweep, sized_level, SweepArgs, DEFAULT_PROBE_DURATION,
     DEFAULT_PROBE_MAX_CONCURRENCY,
 };
-use crate::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use crate::knee_search::{SearchArgs, DEFAULT_MAX_LEVELS};
 use crate::knobs::{self, Knob, Strategy};
 use crate::options::{ArrivalKind, RunArgs};
 use crate::server_proc;
 use crate::stop::stop_on_signals;
 use crate::units::{duration_arg, parse_fraction};
+use reports::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use reports::folders::load_sweep;
 use reports::render::views::tune_report;
 use reports::tune::results::{

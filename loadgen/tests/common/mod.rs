@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use loadgen::commands::compare::{run_rounds, CompareArgs, ServerSpec};
-use loadgen::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use loadgen::mock::{self, MockConfig};
 use reports::ab::{MetricVerdict, DEFAULT_ALPHA, DEFAULT_MIN_EFFECT};
+use reports::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use reports::folders::CompareFile;
 use reports::metrics::SloMetric;
 

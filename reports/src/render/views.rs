@@ -1,5 +1,5 @@
 //! The reports of a run folder, a sweep folder, a tune folder and a matrix folder (a
-//! comparison's is in loadgen's `comparison`).
+//! comparison's is in `crate::comparison`).
 
 use std::path::Path;
 

@@ -6,17 +6,17 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::ab::{compare, AbInput, AbReport};
+use crate::render::{write_report, CompareView, Conditions, Report, ReportBody};
+use crate::samples::LatencySamples;
+use crate::stats::Bootstrap;
 use anyhow::{Context, Result};
-use clap::ValueEnum;
-use reports::ab::{compare, AbInput, AbReport};
-use reports::render::{write_report, CompareView, Conditions, Report, ReportBody};
-use reports::samples::LatencySamples;
-use reports::stats::Bootstrap;
 use serde::{Deserialize, Serialize};
 
-use reports::folders::{load_run, same_requests, CompareFile, COMPARE_FILE};
+use crate::folders::{load_run, same_requests, CompareFile, COMPARE_FILE};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+/// Whether the two sides' requests are paired (`loadgen compare --pair`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PairMode {
     /// Paired when both sides sent the same requests: identical schedule.jsonl and --extra-body.
@@ -217,7 +217,7 @@ pub fn verdict_text(analysis: &AbReport) -> String {
             .unwrap_or_else(|| "–".into());
         out.push_str(&format!(
             "{:<5} median B/A {ratio}  p (Holm) {}  → {}\n",
-            reports::samples::metric_label(v.metric),
+            crate::samples::metric_label(v.metric),
             v.p_adjusted.map_or("–".into(), |p| format!("{p:.4}")),
             v.verdict_text()
         ));
