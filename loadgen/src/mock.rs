@@ -9,7 +9,9 @@
 //! (`delta.reasoning`) or the one SGLang, llama.cpp and DeepSeek use (`reasoning_content`),
 //! unless the request turns thinking off (`chat_template_kwargs.enable_thinking: false`). Fault
 //! injection: a seeded fraction of requests answered with an error status, and streams cut
-//! (connection aborted) after a number of tokens.
+//! (connection aborted) after a number of tokens. `/metrics` exports the running and waiting
+//! requests under vLLM's gauge names, so the saturation judgement sees the queue it would see
+//! on a real server.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -273,6 +275,8 @@ struct MockState {
     /// Requests received on the generation routes.
     received: std::sync::atomic::AtomicU64,
     slots: Option<Arc<Semaphore>>,
+    /// Requests waiting for a slot now (exported as vLLM's `num_requests_waiting`).
+    waiting: Arc<std::sync::atomic::AtomicU64>,
     rng: Mutex<StdRng>,
 }
 
@@ -434,6 +438,7 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
         slots: (cfg.slots > 0).then(|| Arc::new(Semaphore::new(cfg.slots))),
         rng: Mutex::new(StdRng::seed_from_u64(cfg.seed)),
         received: std::sync::atomic::AtomicU64::new(0),
+        waiting: Arc::default(),
         cfg,
     });
     let app = Router::new()
@@ -470,12 +475,44 @@ async fn version() -> Json<Value> {
     Json(json!({"version": format!("loadgen-mock {}", env!("CARGO_PKG_VERSION"))}))
 }
 
-/// `GET /metrics`: the requests received so far, in Prometheus text (for the scraper).
+/// `GET /metrics`: the requests received so far, and the running and waiting gauges under
+/// vLLM's names (as the scraper reads them from a real server), in Prometheus text.
 async fn metrics(State(s): State<Arc<MockState>>) -> String {
-    format!(
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut text = format!(
         "# TYPE loadgen_mock_requests_total counter\nloadgen_mock_requests_total {}\n",
-        s.received.load(std::sync::atomic::Ordering::Relaxed)
-    )
+        s.received.load(Relaxed)
+    );
+    let model = &s.cfg.model;
+    if let Some(sem) = &s.slots {
+        let running = s.cfg.slots - sem.available_permits();
+        let _ = writeln!(
+            text,
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{model}\"}} {running}"
+        );
+    }
+    let _ = writeln!(
+        text,
+        "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{model}\"}} {}",
+        s.waiting.load(Relaxed)
+    );
+    text
+}
+
+/// Counts one request as waiting for a slot while it lives (a dropped request stops waiting).
+struct Waiting(Arc<std::sync::atomic::AtomicU64>);
+
+impl Waiting {
+    fn start(count: &Arc<std::sync::atomic::AtomicU64>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Waiting(count.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 async fn models(State(s): State<Arc<MockState>>) -> Json<Value> {
@@ -639,10 +676,17 @@ async fn serve(
     let (permit, start) = match &s.slots {
         Some(sem) => match sem.clone().try_acquire_owned() {
             Ok(p) => (Some(p), arrival.0),
-            Err(_) => match sem.clone().acquire_owned().await {
-                Ok(p) => (Some(p), Instant::now()),
-                Err(_) => return error_response(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
-            },
+            Err(_) => {
+                let waiting = Waiting::start(&s.waiting);
+                let acquired = sem.clone().acquire_owned().await;
+                drop(waiting);
+                match acquired {
+                    Ok(p) => (Some(p), Instant::now()),
+                    Err(_) => {
+                        return error_response(StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+                    }
+                }
+            }
         },
         None => (None, arrival.0),
     };

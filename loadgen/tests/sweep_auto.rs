@@ -44,6 +44,8 @@ async fn auto_rates_find_the_saturation_rate() {
         "2s",
         "--seed",
         "4",
+        "--scrape-interval",
+        "500ms",
         "--slo",
         "ttft:p90:5s",
         "--no-progress",

@@ -67,6 +67,8 @@ async fn sweep_plan_compare_and_report_on_the_mock() {
         "4s",
         "--seed",
         "3",
+        "--scrape-interval",
+        "500ms",
         "--slo",
         "ttft:p90:5s",
         "--no-progress",

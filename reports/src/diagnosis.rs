@@ -6,9 +6,8 @@
 //!   its CPU, its send lag against TTFT, its sent rate against the scheduled one): the
 //!   numbers describe the client, not the server;
 //! - **kv-pressure**: the KV cache nearly full (usage ≥ 95%) or requests preempted;
-//! - **queueing**: the run saturated (the sweep's saturation rules: completed rate, backlog,
-//!   TTFT trend), or requests waited in the server's queue (its waiting gauge ≥ 1 on
-//!   average), or, without the gauge, the TTFT median of the last third of the sends is over twice the
+//! - **queueing**: the run saturated (`crate::saturation`), or requests waited in the server's
+//!   queue (its waiting gauge ≥ 1 on average), or, without the gauge, the TTFT median of the last third of the sends is over twice the
 //!   first third's (and 100 ms above it) while the TPOT median holds within 25%;
 //! - **cold-cache**: the requests sent in the first tenth of the window (at least 5) have a
 //!   TTFT median over 1.5 × the rest's, significantly (Mann–Whitney p < 0.01, the A/B test);
@@ -89,8 +88,7 @@ pub struct Observation<'a> {
     pub output_tok_per_s: f64,
     /// Why the metrics call the run client-bound (empty when they do not).
     pub client_bound_reasons: &'a [String],
-    /// The rule by which the run saturated (completed rate, backlog or TTFT trend), when it
-    /// did.
+    /// The rule by which the run saturated (`crate::saturation`), when it did.
     pub saturated: Option<&'a str>,
 }
 
@@ -424,6 +422,7 @@ mod tests {
                     mean,
                     max,
                     last: max,
+                    nonzero_share: if max > 0.0 { 1.0 } else { 0.0 },
                 })
                 .collect(),
             other_names: Vec::new(),

@@ -109,7 +109,7 @@ pub struct LevelEntry {
     #[serde(alias = "achieved_rate")]
     pub completed_rate: f64,
     pub output_tokens_per_s: f64,
-    /// Completed < 95% of scheduled, or the backlog kept growing.
+    /// Saturated by `crate::saturation::judge`.
     pub saturated: bool,
     /// Scheduled and completed rates over the same requests (see [`level_rates`]).
     #[serde(default)]
@@ -156,7 +156,7 @@ impl LevelEntry {
         let run_dir = sweep_dir.join(&dir);
         let records = read_records(&run_dir.join("records.jsonl"))?;
         let server = window_server_view(&run_dir, &loaded.meta, &records)?;
-        let saturation = judge(&records, JudgeContext::new(slo, server.as_ref()));
+        let saturation = judge(&records, JudgeContext::new(server.as_ref()));
         let check = slo.map(|s| s.check(&loaded.samples));
         let entry = LevelEntry {
             dir,
@@ -325,7 +325,7 @@ pub fn diagnose_run(
     let meta = read_meta(&dir.join("meta.json"))?;
     let server = window_server_view(dir, &meta, records)?;
     // A closed loop cannot outrun its server: only an open-loop run saturates.
-    let saturation = judge(records, JudgeContext::new(slo, server.as_ref()));
+    let saturation = judge(records, JudgeContext::new(server.as_ref()));
     let open_loop = meta.schedule["mode"] != "closed";
     let saturated = (open_loop && saturation.state == SaturationState::Saturated)
         .then_some(saturation.rule.as_str());

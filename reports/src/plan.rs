@@ -63,7 +63,7 @@ pub struct SweepLevel {
     pub saturation_rule: Option<String>,
     /// Output tokens/s over the measurement window.
     pub output_tokens_per_s: f64,
-    /// Completed < 95% of scheduled, or the waiting queue kept growing (decided by the sweep).
+    /// Saturated by `crate::saturation::judge` (decided by the sweep).
     pub saturated: bool,
     pub samples: LatencySamples,
     /// The server's own view of the level (its `/metrics`), when it exposes one.

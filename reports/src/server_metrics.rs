@@ -139,6 +139,9 @@ pub struct QuantityView {
     pub mean: f64,
     pub max: f64,
     pub last: f64,
+    /// The share of scrapes that read above 0.
+    #[serde(default)]
+    pub nonzero_share: f64,
 }
 
 /// The server's view of one run.
@@ -243,6 +246,7 @@ impl ServerView {
                     mean: series.iter().sum::<f64>() / n,
                     max: series.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                     last: series[series.len() - 1],
+                    nonzero_share: series.iter().filter(|&&v| v > 0.0).count() as f64 / n,
                 })
             })
             .collect();

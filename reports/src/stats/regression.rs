@@ -1,5 +1,5 @@
-//! Least-squares slopes and Student t-intervals: the tests behind a level's saturation rules
-//! and the between-run interval of a capacity.
+//! Least-squares slopes and Student t-intervals: the tests behind a level's fallback saturation
+//! rules and the between-run interval of a capacity.
 
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
