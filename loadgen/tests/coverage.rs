@@ -78,24 +78,21 @@ fn level_run(rate: f64, seed: u64) -> (Vec<RequestRecord>, JudgeContext) {
             record(i as u64, phase, at * 1e3, first * 1e3, free[slot] * 1e3)
         })
         .collect();
-    let scrapes: Vec<usize> = (0..)
+    let readings = (0..)
         .map(|k| WARMUP_S + (seed % 2000) as f64 / 1000.0 + 2.0 * k as f64)
         .take_while(|&t| t <= end)
         .map(|t| {
-            waits
+            let waiting = waits
                 .iter()
                 .filter(|&&(at, start)| at <= t && t < start)
-                .count()
+                .count();
+            (t * 1e3, waiting as f64)
         })
         .collect();
-    let gauge = WaitingGauge {
-        max: scrapes.iter().copied().max().unwrap_or(0) as f64,
-        nonzero_share: scrapes.iter().filter(|&&w| w > 0).count() as f64 / scrapes.len() as f64,
-    };
     (
         records,
         JudgeContext {
-            waiting: Some(gauge),
+            waiting: Some(WaitingGauge { readings }),
         },
     )
 }
@@ -172,7 +169,7 @@ struct Level {
 
 fn measure(rate: f64, seed: u64, slo: &SloSpec, repeat: usize) -> Level {
     let (records, context) = level_run(rate, seed);
-    let saturation = judge(&records, context);
+    let saturation = judge(&records, &context);
     let rates = level_rates(&records).unwrap();
     let samples = LatencySamples::from_records(&records);
     let saturated = saturation.state == SaturationState::Saturated;
@@ -306,7 +303,7 @@ fn saturated_share(utilisation: f64, runs: u64, gauge: bool) -> f64 {
             } else {
                 JudgeContext::default()
             };
-            judge(&records, context).state == SaturationState::Saturated
+            judge(&records, &context).state == SaturationState::Saturated
         })
         .count() as f64
         / runs as f64

@@ -422,7 +422,6 @@ mod tests {
                     mean,
                     max,
                     last: max,
-                    nonzero_share: if max > 0.0 { 1.0 } else { 0.0 },
                 })
                 .collect(),
             other_names: Vec::new(),

@@ -68,34 +68,40 @@ pub fn load_run(dir: &Path, slos: &[Slo]) -> Result<LoadedRun> {
     })
 }
 
+/// The run's origin, the instant its records' milliseconds count from (Unix ms).
+pub fn run_origin_unix_ms(meta: &RunMeta) -> Option<f64> {
+    Some(
+        chrono::DateTime::parse_from_rfc3339(&meta.start_time)
+            .ok()?
+            .timestamp_micros() as f64
+            / 1000.0,
+    )
+}
+
 /// The measurement window in Unix ms: the first measured send to the last measured end.
 pub fn measured_window_unix_ms(meta: &RunMeta, records: &[RequestRecord]) -> Option<(f64, f64)> {
-    let origin = chrono::DateTime::parse_from_rfc3339(&meta.start_time)
-        .ok()?
-        .timestamp_micros() as f64
-        / 1000.0;
+    let origin = run_origin_unix_ms(meta)?;
     let measured = records.iter().filter(|r| r.phase == Phase::Measured);
     let start = measured.clone().map(|r| r.sent_ms).reduce(f64::min)?;
     let end = measured.map(|r| r.end_ms).reduce(f64::max)?;
     Some((origin + start, origin + end))
 }
 
-/// The server's view of the scrapes in `dir` taken inside the run's measured window (a
-/// warm-up's or the idle tail's scrapes would dilute it); `None` without scrapes.
-pub fn window_server_view(
+/// The scrapes in `dir` taken inside the run's measured window (a warm-up's or the idle
+/// tail's scrapes would dilute the server's view of it).
+pub fn window_scrapes(
     dir: &Path,
     meta: &RunMeta,
     records: &[RequestRecord],
-) -> Result<Option<ServerView>> {
+) -> Result<Vec<Scrape>> {
     let scrapes = read_scrapes(dir)?;
-    let in_window: Vec<Scrape> = match measured_window_unix_ms(meta, records) {
+    Ok(match measured_window_unix_ms(meta, records) {
         Some((start, end)) => scrapes
             .into_iter()
             .filter(|s| (start..=end).contains(&s.unix_ms))
             .collect(),
         None => scrapes,
-    };
-    Ok(ServerView::from_scrapes(&in_window))
+    })
 }
 
 /// One level in `sweep.json`.
@@ -155,8 +161,9 @@ impl LevelEntry {
         let loaded = load_run(&sweep_dir.join(&dir), &per_request)?;
         let run_dir = sweep_dir.join(&dir);
         let records = read_records(&run_dir.join("records.jsonl"))?;
-        let server = window_server_view(&run_dir, &loaded.meta, &records)?;
-        let saturation = judge(&records, JudgeContext::new(server.as_ref()));
+        let scrapes = window_scrapes(&run_dir, &loaded.meta, &records)?;
+        let context = JudgeContext::new(&scrapes, run_origin_unix_ms(&loaded.meta));
+        let saturation = judge(&records, &context);
         let check = slo.map(|s| s.check(&loaded.samples));
         let entry = LevelEntry {
             dir,
@@ -323,9 +330,13 @@ pub fn diagnose_run(
     summary: &mut Summary,
 ) -> Result<()> {
     let meta = read_meta(&dir.join("meta.json"))?;
-    let server = window_server_view(dir, &meta, records)?;
+    let scrapes = window_scrapes(dir, &meta, records)?;
+    let server = ServerView::from_scrapes(&scrapes);
     // A closed loop cannot outrun its server: only an open-loop run saturates.
-    let saturation = judge(records, JudgeContext::new(server.as_ref()));
+    let saturation = judge(
+        records,
+        &JudgeContext::new(&scrapes, run_origin_unix_ms(&meta)),
+    );
     let open_loop = meta.schedule["mode"] != "closed";
     let saturated = (open_loop && saturation.state == SaturationState::Saturated)
         .then_some(saturation.rule.as_str());

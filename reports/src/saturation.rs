@@ -3,23 +3,26 @@
 //! that matters.
 //!
 //! - **Asked beyond the server's capacity.** While some request waits for the server (sent,
-//!   its first token not yet begun), every slot or batch place is taken, so the successful
-//!   ends in that time come at the server's capacity. A request's wait is its TTFT beyond the
-//!   level's quickest TTFT (that of a request that found the server free). The capacity is
-//!   those ends per second of queued time, over the measured sends; the level's utilisation is
-//!   its scheduled rate over that capacity. The rule fires when the utilisation exceeds 1 and
-//!   exceeds a margin beyond its standard error (one-sided p < [`SATURATION_P`], the ends
-//!   counted as Poisson).
-//!   - Where the server's waiting gauge read above 0 at [`GAUGE_QUEUED_SHARE`] of the
-//!     window's scrapes or more, the queue is the server's own, and the margin is
-//!     [`UTILISATION_MARGIN`]: a level at ≤ 90% utilisation is called saturated in at most
-//!     1% of runs, and one at ≥ 109% in nearly all of a 25-s window's
+//!   not yet admitted), every slot or batch place is taken, so the successful ends in that
+//!   time come at the server's capacity. The capacity is those ends per second of queued
+//!   time, over the measured sends; the level's utilisation is its scheduled rate over that
+//!   capacity. The rule fires when the utilisation exceeds 1 and exceeds a margin beyond its
+//!   standard error (one-sided p < [`SATURATION_P`], the ends counted as Poisson).
+//!   - A request waited, as the client sees it, for its TTFT beyond the level's quickest (that
+//!     of a request that found the server free). That is exact for a server that starts a
+//!     request when it admits it; a continuous-batching server's TTFT also stretches while
+//!     it prefills other prompts, and those stretches come when its ends are slow, so read
+//!     alone they show time as queued in which ends come below the capacity (on our engine,
+//!     "capacities" of a third of its throughput).
+//!   - Where the server's waiting gauge was scraped, the queued time is only that in which
+//!     both say requests waited: the gauge's own queue, each reading above 0 standing for
+//!     the half-gaps to its neighbours. A request the client's own `--max-concurrency` held
+//!     (sent later than scheduled) waited too, where no gauge sees: that time counts as well.
+//!   - Where the gauge read above 0 at [`GAUGE_QUEUED_SHARE`] of the window's scrapes or
+//!     more, the margin is [`UTILISATION_MARGIN`]: a level at ≤ 90% utilisation is called
+//!     saturated in at most 1% of runs, and one at ≥ 109% in nearly all of a 25-s window's
 //!     (`loadgen/tests/coverage.rs` measures both); between, no window of that length can
-//!     tell.
-//!   - Otherwise the margin is 1. A TTFT stretched by batching rather than by a queue makes
-//!     time look queued in which ends come at the arrival rate: that pulls the estimate
-//!     towards a utilisation of 1 (never above it), which a margin below 1 would call
-//!     saturated once the ends are many.
+//!     tell. Otherwise the margin is 1.
 //! - **Requests that failed.** Fewer than [`SATURATION_FRACTION`] of the measured requests
 //!   succeeded, beyond their binomial error: the server did not carry the rest.
 //! - **Without first tokens** (a run that does not stream), no wait can be seen, and the
@@ -89,41 +92,103 @@ pub enum SaturationState {
 }
 
 /// What the judgement knows besides the records.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct JudgeContext {
-    /// The server's waiting gauge over the scrapes inside the measured window.
+    /// The server's waiting gauge over the scrapes inside the measured window, when at
+    /// least [`MIN_SCRAPES_FOR_GAUGE`] of them read it.
     pub waiting: Option<WaitingGauge>,
 }
 
 /// The server's waiting gauge over a level's window.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WaitingGauge {
-    /// Its largest value.
-    pub max: f64,
-    /// The share of the scrapes that read above 0.
-    pub nonzero_share: f64,
+    /// Its readings in time order: (ms on the records' clock, requests waiting).
+    pub readings: Vec<(f64, f64)>,
+}
+
+impl WaitingGauge {
+    /// Its largest reading.
+    pub fn max(&self) -> f64 {
+        self.readings.iter().map(|r| r.1).fold(0.0, f64::max)
+    }
+
+    /// The share of its readings above 0.
+    pub fn nonzero_share(&self) -> f64 {
+        let nonzero = self.readings.iter().filter(|r| r.1 > 0.0).count();
+        nonzero as f64 / self.readings.len().max(1) as f64
+    }
+
+    /// The time (records' ms, merged, in order) the gauge says requests waited: each reading
+    /// above 0 stands for the half-gaps to its neighbours on either side.
+    fn queued_spans(&self) -> Vec<(f64, f64)> {
+        let times: Vec<f64> = self.readings.iter().map(|r| r.0).collect();
+        let mut gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        gaps.sort_by(f64::total_cmp);
+        let half_gap = gaps.get(gaps.len() / 2).copied().unwrap_or(0.0) / 2.0;
+        merged(
+            self.readings
+                .iter()
+                .filter(|r| r.1 > 0.0)
+                .map(|r| (r.0 - half_gap, r.0 + half_gap))
+                .collect(),
+        )
+    }
 }
 
 impl JudgeContext {
-    /// The context of a level, with `window_server` the server's view of the scrapes inside
-    /// its measured window.
-    pub fn new(window_server: Option<&crate::server_metrics::ServerView>) -> JudgeContext {
-        JudgeContext {
-            waiting: window_server
-                .filter(|v| v.scrapes >= MIN_SCRAPES_FOR_GAUGE)
-                .and_then(|v| v.get("requests waiting"))
-                .map(|q| WaitingGauge {
-                    max: q.max,
-                    nonzero_share: q.nonzero_share,
-                }),
-        }
+    /// The context of a level, from the scrapes inside its measured window and the run's
+    /// origin (Unix ms; the records count from it).
+    pub fn new(
+        window_scrapes: &[crate::server_metrics::Scrape],
+        origin_unix_ms: Option<f64>,
+    ) -> JudgeContext {
+        let waiting = origin_unix_ms
+            .and_then(|origin| {
+                let readings = crate::server_metrics::readings(window_scrapes, "requests waiting")?;
+                Some(WaitingGauge {
+                    readings: readings.into_iter().map(|(t, v)| (t - origin, v)).collect(),
+                })
+            })
+            .filter(|g| g.readings.len() >= MIN_SCRAPES_FOR_GAUGE);
+        JudgeContext { waiting }
     }
 
     /// Whether the gauge read above 0 at [`GAUGE_QUEUED_SHARE`] of its scrapes or more.
     fn gauge_shows_a_queue(&self) -> bool {
         self.waiting
-            .is_some_and(|w| w.nonzero_share >= GAUGE_QUEUED_SHARE)
+            .as_ref()
+            .is_some_and(|w| w.nonzero_share() >= GAUGE_QUEUED_SHARE)
     }
+}
+
+/// `spans` sorted and merged where they touch.
+fn merged(mut spans: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for (from, to) in spans {
+        match out.last_mut() {
+            Some(last) if from <= last.1 => last.1 = last.1.max(to),
+            _ => out.push((from, to)),
+        }
+    }
+    out
+}
+
+/// The time both merged, ordered span lists cover.
+fn intersection(a: &[(f64, f64)], b: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (from, to) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if from < to {
+            out.push((from, to));
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
 }
 
 /// The saturation verdict of a level and the rule that decided it.
@@ -184,7 +249,11 @@ fn measured_successes(records: &[RequestRecord]) -> Vec<&RequestRecord> {
 /// The server's capacity while requests waited (see the module doc); `None` without a
 /// scheduled rate, without first tokens, or with fewer than [`MIN_REQUESTS_TO_JUDGE`] ends
 /// while requests waited.
-pub fn queued_capacity(records: &[RequestRecord], margin: f64) -> Option<QueuedCapacity> {
+pub fn queued_capacity(
+    records: &[RequestRecord],
+    waiting: Option<&WaitingGauge>,
+    margin: f64,
+) -> Option<QueuedCapacity> {
     let measured: Vec<&RequestRecord> = records
         .iter()
         .filter(|r| r.phase == Phase::Measured)
@@ -197,21 +266,26 @@ pub fn queued_capacity(records: &[RequestRecord], margin: f64) -> Option<QueuedC
         .iter()
         .filter_map(|r| Some(r.first_token_ms? - r.sent_ms))
         .reduce(f64::min)?;
-    let mut waits: Vec<(f64, f64)> = ok
+    let waits = merged(
+        ok.iter()
+            .filter_map(|r| {
+                let began = r.first_token_ms? - quickest;
+                (began.min(end) > r.sent_ms.max(start))
+                    .then(|| (r.sent_ms.max(start), began.min(end)))
+            })
+            .collect(),
+    );
+    let at_server = match waiting {
+        Some(gauge) => intersection(&waits, &gauge.queued_spans()),
+        None => waits,
+    };
+    // A request the client's own --max-concurrency held waited too, where no gauge sees.
+    let at_client = records
         .iter()
-        .filter_map(|r| {
-            let began = r.first_token_ms? - quickest;
-            (began.min(end) > r.sent_ms.max(start)).then(|| (r.sent_ms.max(start), began.min(end)))
-        })
-        .collect();
-    waits.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut queued: Vec<(f64, f64)> = Vec::new();
-    for (from, to) in waits {
-        match queued.last_mut() {
-            Some(last) if from <= last.1 => last.1 = last.1.max(to),
-            _ => queued.push((from, to)),
-        }
-    }
+        .filter(|r| r.queue_ms >= CLIENT_QUEUE_MS)
+        .map(|r| ((r.sent_ms - r.queue_ms).max(start), r.sent_ms.min(end)))
+        .filter(|(from, to)| to > from);
+    let queued = merged(at_server.into_iter().chain(at_client).collect());
     let queued_s = queued.iter().map(|(from, to)| to - from).sum::<f64>() / 1000.0;
     let ends = ok
         .iter()
@@ -265,14 +339,14 @@ pub fn completion(records: &[RequestRecord]) -> Option<Completion> {
 }
 
 /// The saturation verdict of a level's records (see the module doc).
-pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
+pub fn judge(records: &[RequestRecord], context: &JudgeContext) -> Saturation {
     let rates = level_rates(records);
     let margin = if context.gauge_shows_a_queue() {
         UTILISATION_MARGIN
     } else {
         1.0
     };
-    let capacity = queued_capacity(records, margin);
+    let capacity = queued_capacity(records, context.waiting.as_ref(), margin);
     let completion = completion(records);
     let backlog = backlog_trend(records);
     let successes = measured_successes(records).len();
@@ -283,8 +357,8 @@ pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
         capacity,
         completion,
         backlog,
-        waiting_max: context.waiting.map(|w| w.max),
-        waiting_nonzero_share: context.waiting.map(|w| w.nonzero_share),
+        waiting_max: context.waiting.as_ref().map(WaitingGauge::max),
+        waiting_nonzero_share: context.waiting.as_ref().map(WaitingGauge::nonzero_share),
     };
     let measured: Vec<&RequestRecord> = records
         .iter()
@@ -295,7 +369,7 @@ pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
     let nothing_else_queued = measured
         .iter()
         .all(|r| r.is_success() && r.queue_ms < CLIENT_QUEUE_MS);
-    if context.waiting.is_some_and(|w| w.max == 0.0)
+    if context.waiting.as_ref().is_some_and(|w| w.max() == 0.0)
         && nothing_else_queued
         && successes >= MIN_REQUESTS_TO_JUDGE
     {
@@ -312,12 +386,13 @@ pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
             SaturationState::Saturated,
             format!(
                 "asked {:.0}% of the server's capacity ({:.3} req/s: {} ends in the {:.1} s \
-                 during which requests waited; > {:.0}% at {:.1} standard errors, p < \
+                 during which requests waited{}; > {:.0}% at {:.1} standard errors, p < \
                  {SATURATION_P})",
                 c.utilisation * 100.0,
                 c.rate,
                 c.ends,
                 c.queued_s,
+                wait_source(context),
                 c.margin * 100.0,
                 c.z
             ),
@@ -374,16 +449,18 @@ pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
     }
     let why = match capacity {
         Some(c) => format!(
-            "asked {:.0}% of the server's capacity ({:.3} req/s while requests waited, {:.1} \
+            "asked {:.0}% of the server's capacity ({:.3} req/s while requests waited{}, {:.1} \
              s): not beyond {:.0}% at p < {SATURATION_P}",
             c.utilisation * 100.0,
             c.rate,
+            wait_source(context),
             c.queued_s,
             c.margin * 100.0
         ),
         None if first_tokens => format!(
-            "requests waited for the server too briefly to end {MIN_REQUESTS_TO_JUDGE} of them \
-             meanwhile: it had room"
+            "requests waited for the server{} too briefly to end {MIN_REQUESTS_TO_JUDGE} of \
+             them meanwhile: it had room",
+            wait_source(context)
         ),
         None => {
             let share =
@@ -392,6 +469,15 @@ pub fn judge(records: &[RequestRecord], context: JudgeContext) -> Saturation {
         }
     };
     verdict(SaturationState::Unsaturated, why)
+}
+
+/// Where the queued time was read from, for a rule's text.
+fn wait_source(context: &JudgeContext) -> &'static str {
+    if context.waiting.is_some() {
+        " (by their TTFT and the waiting gauge)"
+    } else {
+        " (by their TTFT alone: no waiting gauge)"
+    }
 }
 
 /// The scheduled and completed rates of a level's measured requests (`crate::rates`).
@@ -563,14 +649,28 @@ mod tests {
         assert!(!burst.growing, "{burst:?}");
     }
 
+    /// A waiting gauge scraped every 500 ms over [`level`]'s 5 s, reading `at(ms)`.
+    fn gauge(at: impl Fn(f64) -> f64) -> JudgeContext {
+        JudgeContext {
+            waiting: Some(WaitingGauge {
+                readings: (0..=10)
+                    .map(|k| {
+                        let t = k as f64 * 500.0;
+                        (t, at(t))
+                    })
+                    .collect(),
+            }),
+        }
+    }
+
     #[test]
     fn judge_names_the_rule_that_decided() {
         let none = JudgeContext::default();
-        let fine = judge(&level(50.0), none);
+        let fine = judge(&level(50.0), &none);
         assert_eq!(fine.state, SaturationState::Unsaturated, "{fine:?}");
         assert_eq!(fine.capacity, None, "nobody waited: {fine:?}");
         // 40 req/s asked of a server that carries 30: while requests wait it ends 30 a second.
-        let over = judge(&level(30.0), none);
+        let over = judge(&level(30.0), &none);
         assert_eq!(over.state, SaturationState::Saturated, "{over:?}");
         assert!(over.rule.starts_with("asked 13"), "{}", over.rule);
         let capacity = over.capacity.unwrap();
@@ -580,7 +680,7 @@ mod tests {
             "{capacity:?}"
         );
         assert_eq!(
-            judge(&level(50.0)[..5], none).state,
+            judge(&level(50.0)[..5], &none).state,
             SaturationState::Unclear
         );
         // Half the requests failed: the server did not carry them.
@@ -591,7 +691,7 @@ mod tests {
                 message: "500".into(),
             });
         }
-        let judged = judge(&failing, none);
+        let judged = judge(&failing, &none);
         assert_eq!(judged.state, SaturationState::Saturated, "{judged:?}");
         assert!(
             judged.rule.starts_with("100 of 200 requests succeeded"),
@@ -604,40 +704,39 @@ mod tests {
             r.first_token_ms = None;
             r.first_answer_ms = None;
         }
-        let judged = judge(&unstreamed, none);
+        let judged = judge(&unstreamed, &none);
         assert_eq!(judged.state, SaturationState::Saturated, "{judged:?}");
         assert!(judged.rule.starts_with("completed "), "{}", judged.rule);
         assert!(judged.rule.contains("no first tokens"), "{}", judged.rule);
         // The waiting gauge at 0 throughout vetoes every rule, unless a request failed or
         // waited for the client's own --max-concurrency: every send task takes microseconds
         // to start, which is no client queue, and a request held 50 ms is one.
-        let idle = JudgeContext {
-            waiting: Some(WaitingGauge {
-                max: 0.0,
-                nonzero_share: 0.0,
-            }),
-        };
+        let idle = gauge(|_| 0.0);
         let mut vetoed = level(30.0);
         for r in &mut vetoed {
             r.queue_ms = 0.012;
         }
-        let judged = judge(&vetoed, idle);
+        let judged = judge(&vetoed, &idle);
         assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
         assert!(
             judged.rule.contains("waiting gauge read 0"),
             "{}",
             judged.rule
         );
-        let queued = JudgeContext {
-            waiting: Some(WaitingGauge {
-                max: 3.0,
-                nonzero_share: 0.8,
-            }),
-        };
-        assert_eq!(judge(&vetoed, queued).state, SaturationState::Saturated);
-        vetoed[100].queue_ms = 50.0;
-        assert_eq!(judge(&vetoed, idle).state, SaturationState::Saturated);
-        assert_eq!(judge(&failing, idle).state, SaturationState::Saturated);
+        let queued = gauge(|_| 3.0);
+        assert_eq!(judge(&vetoed, &queued).state, SaturationState::Saturated);
+        assert_eq!(judge(&failing, &idle).state, SaturationState::Saturated);
+        // The same overload held in the client by its --max-concurrency: each request sent
+        // when the server could start it. The gauge cannot see that queue; the client can.
+        let mut capped = level(30.0);
+        for r in &mut capped {
+            let start = r.first_token_ms.unwrap() - 1.0;
+            r.queue_ms = start - r.sent_ms;
+            r.sent_ms = start;
+        }
+        let judged = judge(&capped, &idle);
+        assert_eq!(judged.state, SaturationState::Saturated, "{judged:?}");
+        assert!(judged.rule.starts_with("asked 13"), "{}", judged.rule);
     }
 
     #[test]
@@ -650,7 +749,7 @@ mod tests {
         for r in &mut creeping {
             r.first_token_ms = Some(r.sent_ms + 1.0 + r.sent_ms / 10.0);
         }
-        let judged = judge(&creeping, JudgeContext::default());
+        let judged = judge(&creeping, &JudgeContext::default());
         assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
         let capacity = judged.capacity.unwrap();
         assert!(
@@ -659,6 +758,39 @@ mod tests {
             judged.rule
         );
         assert!(capacity.z < Z_SATURATION, "{capacity:?}");
+    }
+
+    #[test]
+    fn a_batching_servers_prefill_stalls_are_no_queue_where_its_gauge_reads_none() {
+        // A server that keeps up (40 req/s sent, every request ended 100 ms after it began)
+        // but stalls for 300 ms of every 600 (a long prompt's prefill): a request sent in a
+        // stall gets its first token when the stall ends. Read from TTFT alone, the stalls
+        // look queued, and the few ends in them a capacity far below the arrival rate.
+        let stall_end = |sent: f64| {
+            let k = ((sent - 300.0) / 600.0).floor();
+            let from = 300.0 + 600.0 * k;
+            (sent >= from && sent < from + 300.0).then_some(from + 300.0)
+        };
+        let stalled: Vec<RequestRecord> = level(50.0)
+            .into_iter()
+            .map(|mut r| {
+                if let Some(until) = stall_end(r.sent_ms) {
+                    r.first_token_ms = Some(until);
+                    r.first_answer_ms = r.first_token_ms;
+                    r.end_ms = until + 100.0;
+                    r.chunk_ms = vec![until, until + 100.0];
+                }
+                r
+            })
+            .collect();
+        let alone = judge(&stalled, &JudgeContext::default());
+        assert_eq!(alone.state, SaturationState::Saturated, "{alone:?}");
+        assert!(alone.rule.contains("TTFT alone"), "{}", alone.rule);
+        // Its waiting gauge read a request waiting once in 11 scrapes: the time both call
+        // queued holds too few ends to measure a capacity, and the level kept up.
+        let judged = judge(&stalled, &gauge(|t| if t == 2500.0 { 1.0 } else { 0.0 }));
+        assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
+        assert_eq!(judged.capacity, None, "{judged:?}");
     }
 
     #[test]
@@ -675,7 +807,7 @@ mod tests {
         );
         let c = completion(&late).unwrap();
         assert!(c.share > 0.99, "{c:?}");
-        let judged = judge(&late, JudgeContext::default());
+        let judged = judge(&late, &JudgeContext::default());
         assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
     }
 

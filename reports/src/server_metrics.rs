@@ -139,9 +139,6 @@ pub struct QuantityView {
     pub mean: f64,
     pub max: f64,
     pub last: f64,
-    /// The share of scrapes that read above 0.
-    #[serde(default)]
-    pub nonzero_share: f64,
 }
 
 /// The server's view of one run.
@@ -223,6 +220,24 @@ pub fn window_hit_rate(scrapes: &[Scrape], start_ms: f64, end_ms: f64) -> Option
     None
 }
 
+/// The readings of the quantity labelled `label` (one of [`QUANTITIES`]) over `scrapes`, as
+/// (Unix ms, value), under the first of its names the first scrape carries; `None` when it
+/// carries none of them.
+pub fn readings(scrapes: &[Scrape], label: &str) -> Option<Vec<(f64, f64)>> {
+    let quantity = QUANTITIES.iter().find(|q| q.label == label)?;
+    let first = scrapes.first()?;
+    let name = quantity
+        .names
+        .iter()
+        .find(|n| first.values.contains_key(**n))?;
+    Some(
+        scrapes
+            .iter()
+            .filter_map(|s| Some((s.unix_ms, *s.values.get(*name)?)))
+            .collect(),
+    )
+}
+
 impl ServerView {
     /// The view of `scrapes` (in time order); `None` without any.
     pub fn from_scrapes(scrapes: &[Scrape]) -> Option<ServerView> {
@@ -246,7 +261,6 @@ impl ServerView {
                     mean: series.iter().sum::<f64>() / n,
                     max: series.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                     last: series[series.len() - 1],
-                    nonzero_share: series.iter().filter(|&&v| v > 0.0).count() as f64 / n,
                 })
             })
             .collect();
