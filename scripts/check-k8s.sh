@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks deploy/k8s/*.yaml offline (no cluster): each manifest, with its ${VARIABLES}
-# substituted as the README does, validates strictly (unknown fields are errors) against the
+# substituted as docs/guide/merge-and-shards.md does, validates strictly (unknown fields are errors) against the
 # Kubernetes API schema bundled in PyPI's `kubernetes-validate`; the shard Job is an Indexed
 # Job whose completions, parallelism and --shard K agree, and the merge Job reads every shard
 # folder; and the loadgen command lines of both Jobs parse (the binary is run with them and

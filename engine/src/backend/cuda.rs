@@ -971,7 +971,7 @@ fn push_penalties(m: &mut Vec<i32>, samples: &[SampleSpec<'_>]) -> anyhow::Resul
     for (row, spec) in samples.iter().enumerate() {
         let row = int(row, "sampled row")?;
         // A grammar's disallowed ids are masked like the others (one entry each; this is
-        // the host path of structured output, see the README).
+        // the host path of structured output, see docs/guide/engine.md).
         let disallowed = |t: u32| {
             spec.allowed
                 .is_some_and(|a| t as usize >= a.len() || !a.is_allowed(t))

@@ -37,7 +37,7 @@ pub struct SharedFields {
 }
 
 /// Fields both generation routes accept that change nothing in the answer here (listed in
-/// the README).
+/// docs/guide/engine.md).
 #[derive(Debug, Deserialize)]
 pub struct NoEffectFields {
     #[serde(rename = "user")]

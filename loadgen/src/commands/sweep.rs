@@ -537,7 +537,7 @@ pub async fn run_sweep(
         });
         let saturation = level.saturation.as_ref().map_or(
             if level.saturated { "yes" } else { "no" }.to_string(),
-            |s| format!("{:?} ({})", s.state, s.rule).to_lowercase(),
+            |s| format!("{} ({})", format!("{:?}", s.state).to_lowercase(), s.rule),
         );
         let repeat = level
             .repeat
