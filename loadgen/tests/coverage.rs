@@ -313,7 +313,8 @@ fn saturated_share(utilisation: f64, runs: u64, gauge: bool) -> f64 {
 /// saturated, at least 99% at 1.2, the server's waiting gauge scraped as `loadgen run` does
 /// by default. The speed draw puts real utilisation anywhere in 0.73–0.89 and 1.09–1.33.
 /// Without the gauge the capacity rule tests against a utilisation of 1 rather than 0.9
-/// (see `reports::saturation`), and the shares are printed, not asserted.
+/// (see `reports::saturation`): its false positives at 0.8 are held to the same 1%, and its
+/// share at 1.2 is printed, not asserted.
 #[test]
 fn saturation_verdicts_hold_their_false_positive_rates() {
     let runs = 2000;

@@ -1019,3 +1019,68 @@ fn a_sharegpt_file_replays_every_turn() {
         ]
     );
 }
+
+/// The mock's `/metrics` reads (running, waiting) under vLLM's gauge names.
+async fn mock_gauges(client: &reqwest::Client, addr: std::net::SocketAddr) -> (f64, f64) {
+    let text = client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let gauge = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+    };
+    (
+        gauge("vllm:num_requests_running"),
+        gauge("vllm:num_requests_waiting"),
+    )
+}
+
+/// Polls the mock's gauges until they read `want`, for at most 5 s.
+async fn gauges_reach(client: &reqwest::Client, addr: std::net::SocketAddr, want: (f64, f64)) {
+    let mut last = (f64::NAN, f64::NAN);
+    for _ in 0..100 {
+        last = mock_gauges(client, addr).await;
+        if last == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("gauges (running, waiting) read {last:?}, not {want:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mocks_gauges_count_running_and_waiting_requests() {
+    let _guard = SERIAL.lock().await;
+    // One slot held for about 2 s by a 40-token stream.
+    let cfg = MockConfig {
+        slots: 1,
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(50),
+        ..MockConfig::default()
+    };
+    let (addr, handle) = mock::spawn(cfg).await.unwrap();
+    let client = reqwest::Client::new();
+    gauges_reach(&client, addr, (0.0, 0.0)).await;
+    let url = format!("http://{addr}/v1/completions");
+    let body = serde_json::json!({"model": "loadgen-mock", "prompt": "a b c", "max_tokens": 40, "stream": true});
+    let holding = client.post(&url).json(&body).send().await.unwrap();
+    gauges_reach(&client, addr, (1.0, 0.0)).await;
+    let queued = tokio::spawn({
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        async move { client.post(&url).json(&body).send().await }
+    });
+    gauges_reach(&client, addr, (1.0, 1.0)).await;
+    // A client that hangs up while it waits stops counting as waiting.
+    queued.abort();
+    gauges_reach(&client, addr, (1.0, 0.0)).await;
+    drop(holding);
+    handle.shutdown().await;
+}

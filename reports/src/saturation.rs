@@ -7,7 +7,9 @@
 //!   time come at the server's capacity. The capacity is those ends per second of queued
 //!   time, over the measured sends; the level's utilisation is its scheduled rate over that
 //!   capacity. The rule fires when the utilisation exceeds 1 and exceeds a margin beyond its
-//!   standard error (one-sided p < [`SATURATION_P`], the ends counted as Poisson).
+//!   standard error (one-sided p < [`SATURATION_P`], the ends counted as Poisson). A level
+//!   whose requests waited for less than [`MIN_QUEUED_SHARE`] of the window, or through fewer
+//!   than [`MIN_REQUESTS_TO_JUDGE`] ends, has no capacity read: it had room.
 //!   - A request waited, as the client sees it, for its TTFT beyond the level's quickest (that
 //!     of a request that found the server free). That is exact for a server that starts a
 //!     request when it admits it; a continuous-batching server's TTFT also stretches while
@@ -23,8 +25,10 @@
 //!     saturated in at most 1% of runs, and one at ≥ 109% in nearly all of a 25-s window's
 //!     (`loadgen/tests/coverage.rs` measures both); between, no window of that length can
 //!     tell. Otherwise the margin is 1.
-//! - **Requests that failed.** Fewer than [`SATURATION_FRACTION`] of the measured requests
-//!   succeeded, beyond their binomial error: the server did not carry the rest.
+//! - **Requests the server did not carry.** Fewer than [`SATURATION_FRACTION`] of the measured
+//!   requests were carried, beyond their binomial error: the rest were refused (a refused
+//!   connection, 429, 5xx), timed out or cut off. A failure the server would give at any load
+//!   (another 4xx, an answer that does not parse) or the run's own stop says nothing of it.
 //! - **Without first tokens** (a run that does not stream), no wait can be seen, and the
 //!   older rules decide: the completed share of the schedule (the least-squares slope of
 //!   the successful ends on their scheduled sends is 1 for a server that keeps up and
@@ -79,6 +83,13 @@ const Z_SATURATION: f64 = 2.326_347_874;
 /// own `--max-concurrency`; every send takes a few microseconds to start.
 pub const CLIENT_QUEUE_MS: f64 = 1.0;
 
+/// The share of the measured sends' span that requests must have waited for a capacity to be
+/// read from it: a server asked beyond its capacity keeps a queue through most of the window
+/// once one forms, while a level that waited less was caught in a burst or in the client's own
+/// timing noise (a few ends that happen to fall in a millisecond's wait say nothing of a
+/// capacity).
+pub const MIN_QUEUED_SHARE: f64 = 0.25;
+
 /// Scrapes inside the window from which the waiting gauge speaks for it.
 pub const MIN_SCRAPES_FOR_GAUGE: usize = 3;
 
@@ -119,7 +130,7 @@ impl WaitingGauge {
     }
 
     /// The time (records' ms, merged, in order) the gauge says requests waited: each reading
-    /// above 0 stands for the half-gaps to its neighbours on either side.
+    /// above 0 stands for half the median gap between scrapes on either side of it.
     fn queued_spans(&self) -> Vec<(f64, f64)> {
         let times: Vec<f64> = self.readings.iter().map(|r| r.0).collect();
         let mut gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
@@ -204,7 +215,8 @@ pub struct Saturation {
     #[serde(default)]
     pub completion: Option<Completion>,
     pub backlog: Option<Backlog>,
-    /// The server's waiting gauge, its largest value inside the window, when scraped.
+    /// The server's waiting gauge, its largest value inside the window, when it was read there
+    /// [`MIN_SCRAPES_FOR_GAUGE`] times or more.
     #[serde(default)]
     pub waiting_max: Option<f64>,
     /// The share of the window's scrapes whose waiting gauge read above 0.
@@ -248,7 +260,7 @@ fn measured_successes(records: &[RequestRecord]) -> Vec<&RequestRecord> {
 
 /// The server's capacity while requests waited (see the module doc); `None` without a
 /// scheduled rate, without first tokens, or with fewer than [`MIN_REQUESTS_TO_JUDGE`] ends
-/// while requests waited.
+/// while requests waited or less than [`MIN_QUEUED_SHARE`] of the sends' span queued.
 pub fn queued_capacity(
     records: &[RequestRecord],
     waiting: Option<&WaitingGauge>,
@@ -294,7 +306,7 @@ pub fn queued_capacity(
             i > 0 && r.end_ms <= queued[i - 1].1
         })
         .count();
-    if ends < MIN_REQUESTS_TO_JUDGE {
+    if ends < MIN_REQUESTS_TO_JUDGE || queued_s < MIN_QUEUED_SHARE * (end - start) / 1000.0 {
         return None;
     }
     let rate = ends as f64 / queued_s;
@@ -399,15 +411,20 @@ pub fn judge(records: &[RequestRecord], context: &JudgeContext) -> Saturation {
         );
     }
     let requests = measured.len();
+    let refused = measured
+        .iter()
+        .filter(|r| r.error.as_ref().is_some_and(|e| server_refusal(e.kind)))
+        .count();
     if requests > 0 {
-        let kept = successes as f64 / requests as f64;
+        let carried = requests - refused;
+        let kept = carried as f64 / requests as f64;
         let error = (SATURATION_FRACTION * (1.0 - SATURATION_FRACTION) / requests as f64).sqrt();
         if (SATURATION_FRACTION - kept) / error > Z_SATURATION {
             return verdict(
                 SaturationState::Saturated,
                 format!(
-                    "{successes} of {requests} requests succeeded ({:.1}% < {:.0}%, p < \
-                     {SATURATION_P})",
+                    "{carried} of {requests} requests carried ({:.1}% < {:.0}%, p < \
+                     {SATURATION_P}; the rest refused, timed out or cut off)",
                     kept * 100.0,
                     SATURATION_FRACTION * 100.0
                 ),
@@ -458,9 +475,10 @@ pub fn judge(records: &[RequestRecord], context: &JudgeContext) -> Saturation {
             c.margin * 100.0
         ),
         None if first_tokens => format!(
-            "requests waited for the server{} too briefly to end {MIN_REQUESTS_TO_JUDGE} of \
-             them meanwhile: it had room",
-            wait_source(context)
+            "requests waited for the server{} too briefly to read a capacity (under {:.0}% of \
+             the window, or fewer than {MIN_REQUESTS_TO_JUDGE} ends meanwhile): it had room",
+            wait_source(context),
+            MIN_QUEUED_SHARE * 100.0
         ),
         None => {
             let share =
@@ -471,12 +489,26 @@ pub fn judge(records: &[RequestRecord], context: &JudgeContext) -> Saturation {
     verdict(SaturationState::Unsaturated, why)
 }
 
+/// Whether a failure is the server not carrying a request (refused, timed out, cut off), rather
+/// than one it would never serve (a 404, a body it cannot parse) or the run's own stop.
+fn server_refusal(kind: crate::records::ErrorKind) -> bool {
+    use crate::records::ErrorKind;
+    matches!(
+        kind,
+        ErrorKind::Connect
+            | ErrorKind::Http429
+            | ErrorKind::Http5xx
+            | ErrorKind::Timeout
+            | ErrorKind::StreamCut
+    )
+}
+
 /// Where the queued time was read from, for a rule's text.
 fn wait_source(context: &JudgeContext) -> &'static str {
     if context.waiting.is_some() {
         " (by their TTFT and the waiting gauge)"
     } else {
-        " (by their TTFT alone: no waiting gauge)"
+        " (by their TTFT alone: no waiting gauge read 3 times in the window)"
     }
 }
 
@@ -694,7 +726,7 @@ mod tests {
         let judged = judge(&failing, &none);
         assert_eq!(judged.state, SaturationState::Saturated, "{judged:?}");
         assert!(
-            judged.rule.starts_with("100 of 200 requests succeeded"),
+            judged.rule.starts_with("100 of 200 requests carried"),
             "{}",
             judged.rule
         );
@@ -791,6 +823,38 @@ mod tests {
         let judged = judge(&stalled, &gauge(|t| if t == 2500.0 { 1.0 } else { 0.0 }));
         assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
         assert_eq!(judged.capacity, None, "{judged:?}");
+    }
+
+    #[test]
+    fn a_few_brief_stalls_are_no_queue() {
+        // 400 req/s for 5 s, each request 100 ms, and five 40-ms stalls (the server's or the
+        // client's runtime busy elsewhere): a request sent in one gets its first token when it
+        // ends, and every other end due in one comes after it. The stalls look queued from
+        // TTFT, and their few ends (about 40 in 0.2 s) read as half the arrival rate, but
+        // 4% of the window queued is no server beyond its capacity.
+        let stall_end = |t: f64| {
+            let k = (t / 1000.0).floor();
+            (k >= 1.0 && t < 1000.0 * k + 40.0).then_some(1000.0 * k + 40.0)
+        };
+        let records: Vec<RequestRecord> = (0..2000u64)
+            .map(|i| {
+                let sent = i as f64 * 2.5;
+                let first = stall_end(sent).unwrap_or(sent + 1.0);
+                let due = first + 100.0;
+                let end = match stall_end(due) {
+                    Some(until) if i % 2 == 0 => until + 1.0,
+                    _ => due,
+                };
+                let mut r = record(i, sent, end);
+                r.first_token_ms = Some(first);
+                r.first_answer_ms = r.first_token_ms;
+                r.chunk_ms = vec![first, end];
+                r
+            })
+            .collect();
+        let judged = judge(&records, &JudgeContext::default());
+        assert_eq!(judged.state, SaturationState::Unsaturated, "{judged:?}");
+        assert!(judged.rule.contains("too briefly"), "{}", judged.rule);
     }
 
     #[test]

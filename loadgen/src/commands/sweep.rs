@@ -183,8 +183,9 @@ fn refuse_unused(args: &SweepArgs, rates: &Rates) -> Result<()> {
 /// When a level is saturated, printed under the sweep beside the rates' definitions.
 pub const SATURATION_RULE: &str = "A level is saturated when, each beyond noise (one-sided p < \
 0.01), its schedule asked more than the server's capacity (its ends per second while requests \
-waited for it) or fewer than 95% of its requests succeeded; never when the server's waiting \
-gauge read 0 throughout the window; unclear with fewer than 10 requests.";
+waited for it) or it carried fewer than 95% of its requests; never when the server's waiting \
+gauge read 0 throughout the window, every request succeeded and none waited for --max-concurrency; \
+unclear with fewer than 10 successful requests.";
 
 /// The requests each level must hold, from `--min-requests` (a count or `auto`, the default
 /// with an SLO).
