@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use crate::commands::{
     calibrate, compare, matrix, merge, mock_server, plan, report, run, sweep, tune,
 };
-use crate::options::RunArgs;
+use crate::spec::run_args::RunArgs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,19 +29,19 @@ pub enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Run the same seeded workload at a series of rates: a list, fractions of the probed
     /// saturation rate, or a knee search that brackets and bisects the SLO's crossing.
-    Sweep(Box<sweep::SweepArgs>),
+    Sweep(Box<crate::spec::sweep::SweepArgs>),
     /// Find the server configuration that serves the most under the SLO: a fresh server and
     /// a knee search per configuration of --knob values, the two best then compared.
-    Tune(Box<tune::TuneArgs>),
+    Tune(Box<crate::spec::tune::TuneArgs>),
     /// A benchmark as an experiment: the rows of a matrix file (or --preset methodology),
     /// each a workload with its question, hypothesis and refutable expectations, run one
     /// after another against one server; a verdict, regime and cost per row.
-    Matrix(Box<matrix::MatrixCommand>),
+    Matrix(Box<crate::spec::matrix::MatrixCommand>),
     /// Capacity plan of a sweep under an SLO: max sustainable QPS, instances, GPUs, cost.
     Plan(plan::PlanArgs),
     /// A/B verdict per latency metric: online (--a/--b URLs or --a-cmd/--b-cmd servers, in
     /// alternating rounds) or offline from saved runs.
-    Compare(Box<compare::CompareArgs>),
+    Compare(Box<crate::spec::compare::CompareArgs>),
     /// Render a run, sweep, comparison, tune or matrix folder to report.md and report.html.
     Report(report::ReportArgs),
     /// Join the folders of the K shards of one schedule (--shard I/K) into one folder.

@@ -1,40 +1,20 @@
 //! `loadgen`: an open-loop load generator for OpenAI-compatible LLM servers, with a
 //! built-in mock server for self-calibration. See the workspace's docs/ARCHITECTURE.md
 //! ("loadgen's pipeline").
+//!
+//! Its wings, each pointing only at those listed after it: `commands` (the command line's
+//! subcommands: parse, print, exit codes) → `experiments` (sweep, compare, tune, matrix:
+//! many runs and the server process) → `mock` (the built-in server and calibration against
+//! it) → `run` (one run's execution) → `spec` (the typed options of a run) → `load` (what is
+//! sent and when) → `wire` (how it is sent). Folder formats and judgements live in `reports`.
 
-pub mod api;
-pub mod backend;
-pub mod bound_inputs;
-pub mod calibrate;
 pub mod cli;
-pub mod client;
-pub mod client_cpu;
-pub mod clock;
 pub mod commands;
-pub mod connections;
-pub mod execute;
-pub mod extra_body;
+pub mod experiments;
 pub mod gate;
-pub mod host;
-pub mod knee_search;
-pub mod knobs;
-pub mod launch;
-pub mod merge;
+pub mod load;
 pub mod mock;
-pub mod options;
-pub mod plan;
-pub mod prepare;
-pub mod probe;
-pub mod progress;
-pub mod schedule;
-pub mod scrape;
-pub mod send;
-pub mod server_proc;
-pub mod shard;
-pub mod sse;
-pub mod stamped_tcp;
-pub mod stop;
-pub mod target;
-pub mod tls;
+pub mod run;
+pub mod spec;
 pub mod units;
-pub mod workload;
+pub mod wire;

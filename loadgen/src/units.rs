@@ -1,7 +1,7 @@
-//! Parsing of human-friendly durations (`50ms`, `10s`, `2m`, `1.5` = seconds) and fractions
-//! (`2%`, `0.02`).
+//! Parsing of human-friendly durations (`50ms`, `10s`, `2m`, `1.5` = seconds), fractions
+//! (`2%`, `0.02`) and instants (RFC 3339 or Unix seconds).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
@@ -46,6 +46,21 @@ pub fn parse_fraction(text: &str) -> Result<f64, String> {
         return Err(format!("`{text}`: must be at least 0 and below 100%"));
     }
     Ok(value)
+}
+
+/// Parses `--start-at`: RFC 3339 (`2026-11-23T12:00:00Z`) or Unix seconds (`1795435200.5`).
+pub fn parse_instant(text: &str) -> Result<SystemTime> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if !(secs.is_finite() && secs > 0.0) {
+            bail!("--start-at `{text}`: Unix seconds must be positive");
+        }
+        return Ok(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc3339(text).with_context(|| {
+        format!("--start-at `{text}`: expected RFC 3339 (2026-11-23T12:00:00Z) or Unix seconds")
+    })?;
+    Ok(SystemTime::from(at))
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! `loadgen compare DIR` on the same folder reproduces the verdicts.
 
 use clap::Parser;
-use loadgen::commands::compare::{compare_command, CompareArgs};
+use loadgen::commands::compare::compare_command;
+use loadgen::spec::compare::CompareArgs;
 use reports::ab::Verdict;
 use reports::folders::{round_dir, CompareFile, Side, COMPARE_FILE};
 use reports::metrics::SloMetric;

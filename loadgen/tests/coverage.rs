@@ -15,8 +15,9 @@
 //! event simulation and nearest-rank percentile ([`truth`]), sharing no code with the search,
 //! the saturation rules or `reports`.
 
-use loadgen::knee_search::{self, Measured, Next, RepeatRun, SearchArgs};
-use loadgen::schedule::{scale_to_rate, Arrival, Extent, ScheduleSpec, Window};
+use loadgen::experiments::sweep::knee_search::{self, Measured, Next, RepeatRun};
+use loadgen::load::schedule::{scale_to_rate, Arrival, Extent, ScheduleSpec, Window};
+use loadgen::spec::search::SearchArgs;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};

@@ -427,14 +427,92 @@ fn engine_modules_import_one_way() {
     assert_no_cycles("engine");
 }
 
-/// A run does not link the mock server: nothing `execute` (one execution into a run folder)
-/// reaches imports `mock`; calibration, which runs the mock, sits above it (`launch`).
+/// loadgen's wings, each importing only the wings after it (a leaf module such as `units` or
+/// `gate` belongs to none): `commands` parse, print and map exit codes; `experiments` run
+/// many runs; `mock` serves and calibrates; `run` executes one run; `spec` is the typed
+/// options; `wire` sends; `load` says what is sent and when.
+const WINGS: [&str; 7] = [
+    "commands",
+    "experiments",
+    "mock",
+    "run",
+    "spec",
+    "wire",
+    "load",
+];
+
+fn wing(module: &str) -> Option<usize> {
+    let top = module.split("::").next()?;
+    WINGS.iter().position(|w| *w == top)
+}
+
+fn loadgen_edges() -> BTreeMap<String, BTreeSet<String>> {
+    edges(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+}
+
+/// The wings point one way: no module imports a wing listed before its own, so nothing in
+/// `load/`, `wire/` or `run/` imports `experiments/`, and `mock/` imports no command.
+#[test]
+fn loadgen_wings_point_one_way() {
+    let files = loadgen_edges();
+    assert!(
+        files.keys().any(|m| m.starts_with("experiments::"))
+            && files.keys().any(|m| m.starts_with("wire::")),
+        "the scanner is broken: {:?}",
+        files.keys().collect::<Vec<_>>()
+    );
+    let mut upward: Vec<String> = Vec::new();
+    for (from, tos) in &files {
+        for to in tos {
+            if let (Some(a), Some(b)) = (wing(from), wing(to)) {
+                if b < a {
+                    upward.push(format!("{from} -> {to}"));
+                }
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "imports against the wings' order: {upward:?}"
+    );
+}
+
+/// No command imports another: a subcommand's shared work lives in a wing below
+/// `commands`, never in another command's file.
+#[test]
+fn no_command_imports_another() {
+    let files = loadgen_edges();
+    assert!(
+        files.contains_key("commands::sweep"),
+        "the scanner is broken"
+    );
+    let crossings: Vec<String> = files
+        .iter()
+        .filter(|(from, _)| from.starts_with("commands::"))
+        .flat_map(|(from, tos)| {
+            tos.iter()
+                .filter(|to| to.starts_with("commands::") || to.as_str() == "commands")
+                .map(move |to| format!("{from} -> {to}"))
+        })
+        .collect();
+    assert!(
+        crossings.is_empty(),
+        "commands importing commands: {crossings:?}"
+    );
+}
+
+/// A run does not link the mock server: nothing any module of `run/` reaches imports
+/// `mock/`; calibration, which runs the mock, is called from `experiments::launch` and the
+/// `calibrate` command.
 #[test]
 fn a_run_does_not_reach_the_mock() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files = edges(&src);
-    let mut reached = BTreeSet::from(["execute".to_string()]);
-    let mut frontier = vec!["execute".to_string()];
+    let files = loadgen_edges();
+    let mut frontier: Vec<String> = files
+        .keys()
+        .filter(|m| m.starts_with("run::"))
+        .cloned()
+        .collect();
+    let mut reached: BTreeSet<String> = frontier.iter().cloned().collect();
     while let Some(module) = frontier.pop() {
         for next in files.get(&module).into_iter().flatten() {
             if reached.insert(next.clone()) {
@@ -443,12 +521,43 @@ fn a_run_does_not_reach_the_mock() {
         }
     }
     assert!(
-        reached.contains("send"),
+        reached.contains("run::send") && reached.contains("wire::client"),
         "the scanner is broken: {reached:?}"
     );
     let mock: Vec<&String> = reached
         .iter()
-        .filter(|m| *m == "mock" || m.starts_with("mock::") || *m == "calibrate")
+        .filter(|m| *m == "mock" || m.starts_with("mock::"))
         .collect();
-    assert!(mock.is_empty(), "execute reaches {mock:?}");
+    assert!(mock.is_empty(), "run/ reaches {mock:?}");
+}
+
+/// reports judges what loadgen sends: it imports nothing of loadgen, in its code or its
+/// manifest.
+#[test]
+fn reports_imports_nothing_of_loadgen() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("reports");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let depends: Vec<&str> = manifest
+        .lines()
+        .filter(|l| l.trim_start().starts_with("loadgen") || l.contains("../loadgen"))
+        .collect();
+    assert!(
+        depends.is_empty(),
+        "reports/Cargo.toml depends on loadgen: {depends:?}"
+    );
+    let mods = modules(&root.join("src"));
+    assert!(mods.len() > 10, "the scanner is broken");
+    let naming: Vec<&String> = mods
+        .iter()
+        .filter(|(_, path)| {
+            code_only(&std::fs::read_to_string(path).unwrap()).contains("loadgen::")
+        })
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        naming.is_empty(),
+        "reports modules naming loadgen: {naming:?}"
+    );
 }

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use loadgen::backend::Backend;
+use loadgen::load::plan::{LoadMode, Plan};
+use loadgen::load::schedule::{Arrival, Extent, ScheduleSpec};
+use loadgen::load::workload::prompt::PromptBuilder;
+use loadgen::load::workload::{prefixed_blocks, PromptSource, RequestSpec};
 use loadgen::mock::{self, MockConfig};
-use loadgen::plan::{LoadMode, Plan};
-use loadgen::schedule::{Arrival, Extent, ScheduleSpec};
-use loadgen::send::{send_plan, RunOutcome, SendOptions};
-use loadgen::target::Target;
-use loadgen::workload::prompt::PromptBuilder;
-use loadgen::workload::{prefixed_blocks, PromptSource, RequestSpec};
+use loadgen::run::send::{send_plan, RunOutcome, SendOptions};
+use loadgen::wire::backend::Backend;
+use loadgen::wire::target::Target;
 use reports::records::{ChunkTokensSource, CountSource};
 
 /// Request `id` of 16 prompt and `output_len` output tokens as `client::execute` takes it:
@@ -21,14 +21,14 @@ fn one_request(
     t: &Target,
     id: u64,
     output_len: u32,
-) -> (loadgen::client::RequestStub, bytes::Bytes) {
+) -> (loadgen::wire::client::RequestStub, bytes::Bytes) {
     let spec = RequestSpec {
         input_len: 16,
         output_len,
         prefix_group: None,
         prompt: PromptSource::Blocks(prefixed_blocks(1, id, 16, None)),
     };
-    let stub = loadgen::client::RequestStub {
+    let stub = loadgen::wire::client::RequestStub {
         id,
         phase: reports::records::Phase::Measured,
         scheduled_ms: 0.0,
@@ -37,7 +37,8 @@ fn one_request(
         output_len,
         prefix_group: None,
     };
-    let body = loadgen::client::encoded_body(t, &spec, &PromptBuilder::approximate()).unwrap();
+    let body =
+        loadgen::wire::client::encoded_body(t, &spec, &PromptBuilder::approximate()).unwrap();
     (stub, body)
 }
 
@@ -86,7 +87,7 @@ async fn run_plan(plan: Plan, target: Target) -> RunOutcome {
             out_dir: None,
             slos: Vec::new(),
             progress: false,
-            stop: loadgen::stop::never_stop(),
+            stop: loadgen::run::stop::never_stop(),
             start_at: None,
         },
     )
@@ -373,8 +374,8 @@ async fn an_unbuildable_body_is_a_record_with_its_error() {
 /// second connection; two sent together over two idle connections open none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_open_a_connection_carry_its_connect_time() {
-    use loadgen::client;
-    use loadgen::connections;
+    use loadgen::wire::client;
+    use loadgen::wire::connections;
 
     let _guard = SERIAL.lock().await;
     let cfg = MockConfig {
@@ -388,7 +389,14 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
     let origin = std::time::Instant::now();
     let send = |id: u64| {
         let (stub, body) = one_request(&t, id, 4);
-        client::execute(&http, &t, stub, body, origin, loadgen::stop::never_stop())
+        client::execute(
+            &http,
+            &t,
+            stub,
+            body,
+            origin,
+            loadgen::run::stop::never_stop(),
+        )
     };
     let first = send(0).await;
     assert!(first.is_success(), "{:?}", first.error);
@@ -430,8 +438,8 @@ async fn requests_that_open_a_connection_carry_its_connect_time() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_chunk_read_late_is_timed_at_its_arrival() {
-    use loadgen::client;
-    use loadgen::connections;
+    use loadgen::wire::client;
+    use loadgen::wire::connections;
 
     let _guard = SERIAL.blocking_lock();
     let (addr, mock) = mock::ThreadedMock::start(MockConfig {
@@ -454,8 +462,15 @@ fn a_chunk_read_late_is_timed_at_its_arrival() {
             std::thread::sleep(Duration::from_millis(150));
         });
         let origin = std::time::Instant::now();
-        let record =
-            client::execute(&http, &t, stub, body, origin, loadgen::stop::never_stop()).await;
+        let record = client::execute(
+            &http,
+            &t,
+            stub,
+            body,
+            origin,
+            loadgen::run::stop::never_stop(),
+        )
+        .await;
         blocker.await.unwrap();
         record
     });
@@ -576,7 +591,7 @@ async fn no_reasoning_answers_at_ttft_and_reasoning_only_has_no_answer() {
 /// bodies, inside TGI's `parameters`, beside loadgen's own fields.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extra_body_reaches_every_request_of_each_backend() {
-    use loadgen::extra_body::ExtraBody;
+    use loadgen::wire::extra_body::ExtraBody;
 
     let _guard = SERIAL.lock().await;
     let extra = r#"{"chat_template_kwargs": {"enable_thinking": false}, "temperature": 0.5}"#;
@@ -626,7 +641,7 @@ fn planned(argv: &[&str]) -> Plan {
     let loadgen::cli::Command::Run(args) = cli.command else {
         unreachable!()
     };
-    loadgen::prepare::build_plan(&args, &PromptBuilder::approximate())
+    loadgen::run::prepare::build_plan(&args, &PromptBuilder::approximate())
         .unwrap()
         .0
 }
@@ -705,7 +720,7 @@ fn session_arrivals_and_think_times_have_their_distributions() {
         };
         let e = format!(
             "{:#}",
-            loadgen::prepare::build_plan(&args, &PromptBuilder::approximate()).unwrap_err()
+            loadgen::run::prepare::build_plan(&args, &PromptBuilder::approximate()).unwrap_err()
         );
         assert!(e.contains(reason), "{argv:?}: {e}");
     }

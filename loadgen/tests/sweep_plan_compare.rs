@@ -9,11 +9,12 @@ use std::path::Path;
 
 use capacity::{four_slot_mock, Plan, Sweep, SATURATION};
 use clap::Parser;
-use loadgen::commands::compare::{compare_command, CompareArgs};
+use loadgen::commands::compare::compare_command;
 use loadgen::commands::plan::plan_command;
 use loadgen::commands::report::{report_command, ReportArgs};
 use loadgen::commands::sweep::sweep_command;
 use loadgen::mock;
+use loadgen::spec::compare::CompareArgs;
 use reports::ab::Verdict;
 use reports::folders::PLAN_FILE;
 use reports::folders::{CompareFile, COMPARE_FILE};

@@ -7,15 +7,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loadgen::backend::Backend;
+use loadgen::load::plan::Plan;
+use loadgen::load::schedule::{Arrival, Extent, ScheduleSpec};
+use loadgen::load::workload::prompt::PromptBuilder;
+use loadgen::load::workload::{prefixed_blocks, PromptSource, RequestSpec};
 use loadgen::mock::{self, MockConfig};
-use loadgen::plan::Plan;
-use loadgen::schedule::{Arrival, Extent, ScheduleSpec};
-use loadgen::send::{send_plan, RunOutcome, SendOptions};
-use loadgen::target::Target;
-use loadgen::tls::{server_config, TlsArgs, TlsSettings};
-use loadgen::workload::prompt::PromptBuilder;
-use loadgen::workload::{prefixed_blocks, PromptSource, RequestSpec};
+use loadgen::run::send::{send_plan, RunOutcome, SendOptions};
+use loadgen::wire::backend::Backend;
+use loadgen::wire::target::Target;
+use loadgen::wire::tls::{server_config, TlsArgs, TlsSettings};
 
 /// A CA, and a leaf certificate it signed for `names`, as PEM files in `dir`: `ca.pem`,
 /// `leaf.pem`, `leaf.key`.
@@ -80,7 +80,7 @@ async fn run_plan(plan: Plan, target: Target) -> anyhow::Result<RunOutcome> {
             out_dir: None,
             slos: Vec::new(),
             progress: false,
-            stop: loadgen::stop::never_stop(),
+            stop: loadgen::run::stop::never_stop(),
             start_at: None,
         },
     )
@@ -251,7 +251,7 @@ async fn certificate_problems_fail_at_start_up_with_their_own_message() {
     assert!(out.metrics.completed > 0 && out.metrics.failed == 0);
     handle.shutdown().await;
     // A self-signed certificate with --insecure.
-    let pair = loadgen::tls::self_signed_pair().unwrap();
+    let pair = loadgen::wire::tls::self_signed_pair().unwrap();
     let (addr, handle) = mock::spawn(MockConfig {
         tls: Some(pair.server.clone()),
         ..MockConfig::default()
@@ -271,7 +271,7 @@ async fn certificate_problems_fail_at_start_up_with_their_own_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scraper_reads_metrics_over_https() {
     let _guard = SERIAL.lock().await;
-    let pair = loadgen::tls::self_signed_pair().unwrap();
+    let pair = loadgen::wire::tls::self_signed_pair().unwrap();
     let (addr, handle) = mock::spawn(MockConfig {
         tls: Some(pair.server.clone()),
         ..MockConfig::default()
@@ -279,7 +279,7 @@ async fn the_scraper_reads_metrics_over_https() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let scraper = loadgen::scrape::Scraper::start(loadgen::scrape::ScrapeTarget {
+    let scraper = loadgen::wire::scrape::Scraper::start(loadgen::wire::scrape::ScrapeTarget {
         base_url: format!("https://{addr}"),
         headers: Vec::new(),
         api_key: None,

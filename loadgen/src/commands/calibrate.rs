@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
-use crate::calibrate::{calibrate, CalibrateConfig};
+use crate::mock::calibrate::{calibrate, CalibrateConfig};
 use crate::units::duration_arg;
 
 #[derive(Args, Debug, Clone)]
@@ -46,10 +46,10 @@ pub async fn calibrate_command(args: CalibrateArgs) -> Result<()> {
         mock_itl: args.itl,
         seed: 1,
         tls: match (&args.tls_cert, &args.tls_key) {
-            (Some(cert), Some(key)) => {
-                Some(std::sync::Arc::new(crate::tls::files_pair(cert, key)?))
-            }
-            _ if args.tls => Some(std::sync::Arc::new(crate::tls::self_signed_pair()?)),
+            (Some(cert), Some(key)) => Some(std::sync::Arc::new(crate::wire::tls::files_pair(
+                cert, key,
+            )?)),
+            _ if args.tls => Some(std::sync::Arc::new(crate::wire::tls::self_signed_pair()?)),
             _ => None,
         },
     })

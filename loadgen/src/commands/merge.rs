@@ -1,5 +1,5 @@
 //! `loadgen merge`: the folders of the K shards of one schedule (`run` or `sweep` with
-//! `--shard I/K --start-at T`) joined into one folder, checked first (see `crate::merge`).
+//! `--shard I/K --start-at T`) joined into one folder, checked first (see `crate::run::merge`).
 
 use std::path::PathBuf;
 
@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use reports::render::write_report;
 
-use crate::merge::{merge_runs, merge_sweeps};
+use crate::run::merge::{merge_runs, merge_sweeps};
 use reports::folders::SWEEP_FILE;
 use reports::render::views::{run_report, sweep_report};
 

@@ -82,7 +82,7 @@ pub async fn mock_command(a: MockArgs) -> Result<()> {
         reasoning_usage: a.reasoning_usage,
         bodies: None,
         tls: match (&a.tls_cert, &a.tls_key) {
-            (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
+            (Some(cert), Some(key)) => Some(crate::wire::tls::server_config(cert, key)?),
             _ => None,
         },
     })

@@ -3,15 +3,15 @@
 use anyhow::Result;
 use reports::samples::LatencySamples;
 
+use crate::experiments::launch::prepare_and_execute;
 use crate::gate::slo_gate;
-use crate::launch::prepare_and_execute;
-use crate::options::{slo_spec, RunArgs};
+use crate::spec::run_args::{slo_spec, RunArgs};
 
 /// `loadgen run`; with `--fail-on-slo`, the SLO judged over the measured window as a sweep
 /// level is judged decides the exit code.
 pub async fn run_command(args: RunArgs) -> Result<()> {
     let slo = slo_spec(&args)?;
-    let stop = crate::stop::stop_on_signals()?;
+    let stop = crate::run::stop::stop_on_signals()?;
     let outcome = prepare_and_execute(&args, stop).await?;
     print!("{}", reports::table::render(&outcome.summary));
     if let Some(slo) = slo {

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use loadgen::commands::plan::PlanArgs;
-use loadgen::commands::sweep::SweepArgs;
 use loadgen::mock::MockConfig;
+use loadgen::spec::sweep::SweepArgs;
 
 #[derive(Parser)]
 pub struct Sweep {

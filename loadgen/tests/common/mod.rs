@@ -4,8 +4,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use clap::Parser;
-use loadgen::commands::compare::{run_rounds, CompareArgs, ServerSpec};
+use loadgen::experiments::compare::run_rounds;
 use loadgen::mock::{self, MockConfig};
+use loadgen::spec::compare::{CompareArgs, ServerSpec};
 use reports::ab::{MetricVerdict, DEFAULT_ALPHA, DEFAULT_MIN_EFFECT};
 use reports::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use reports::folders::CompareFile;

@@ -1,0 +1,274 @@
+//! One execution of a prepared run against a server: the model and the server's identity
+//! resolved, `meta.json` written before and after, the server's metrics scraped beside the
+//! send loop, and `timeline.json` at the end.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use reports::records::{RunMeta, ShardInfo, SCHEMA_VERSION};
+
+use crate::load::plan::Plan;
+use crate::run::host::host_info;
+use crate::run::prepare::{fnv1a, PreparedRun};
+use crate::run::send::{self, RunOutcome, SendOptions};
+use crate::spec::run_args::RunArgs;
+use crate::wire::client;
+use crate::wire::extra_body::ExtraBody;
+use crate::wire::scrape::{ScrapeTarget, Scraper};
+use crate::wire::target::Target;
+
+/// Where one execution of a prepared run goes.
+pub struct Execution {
+    /// Base URL of the server (without /v1).
+    pub url: String,
+    /// Run folder (`meta.json` is written there too); `None` keeps everything in memory.
+    pub out: Option<PathBuf>,
+    /// Server version, when known (e.g. from its `/version`).
+    pub server_version: Option<String>,
+    /// Extra facts for `meta.json` (A/B side and round, server command line, …).
+    pub extra: std::collections::BTreeMap<String, serde_json::Value>,
+    pub progress: bool,
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Runs `prepared` against `exec.url` with the target options of `args` (backend, model,
+/// headers, timeouts); writes `meta.json` beside the records when `exec.out` is set.
+pub async fn execute_prepared(
+    args: &RunArgs,
+    prepared: &PreparedRun,
+    exec: Execution,
+) -> Result<RunOutcome> {
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => {
+            client::first_model(
+                &crate::wire::connections::http_client(1, prepared.tls.as_ref()),
+                &exec.url,
+                &prepared.headers,
+                args.api_key.as_deref(),
+            )
+            .await?
+        }
+    };
+    // Who is measured, in meta.json: asked once per execution unless the caller knows.
+    let mut extra = exec.extra;
+    let server_version = match exec.server_version {
+        Some(v) => Some(v),
+        None => {
+            let identity = crate::wire::identify::identify(
+                &exec.url,
+                &prepared.headers,
+                args.api_key.as_deref(),
+                prepared.tls.as_ref(),
+            )
+            .await;
+            if let Some(info) = identity.info {
+                extra.entry("server_info".into()).or_insert(info);
+            }
+            if let Some(hardware) = identity.hardware {
+                extra
+                    .entry("server_hardware".into())
+                    .or_insert(serde_json::Value::String(hardware));
+            }
+            identity.version
+        }
+    };
+    // Resolved once the server has said what it is: recorded so reports can recompute.
+    let bound_inputs = crate::spec::bound::resolve(&args.bound, extra.get("server_info"))?;
+    extra.insert(
+        "bound_inputs".into(),
+        serde_json::to_value(&bound_inputs).context("recording the bound's inputs")?,
+    );
+    let target = Target {
+        base_url: exec.url.clone(),
+        backend: args.backend,
+        model: model.clone(),
+        headers: prepared.headers.clone(),
+        api_key: args.api_key.clone(),
+        timeout: args.timeout,
+        ignore_eos: !args.no_ignore_eos,
+        min_tokens: args.min_tokens,
+        prompt_ids: args.prompt_ids,
+        continuous_usage: !args.no_continuous_usage,
+        extra_body: prepared.extra_body.clone(),
+        tls: prepared.tls.clone(),
+    };
+    let mut meta = RunMeta {
+        schema_version: SCHEMA_VERSION,
+        loadgen_version: env!("CARGO_PKG_VERSION").to_string(),
+        command_line: redacted_command_line(std::env::args()),
+        seed: args.seed,
+        workload: prepared.workload_meta.clone(),
+        schedule: prepared.schedule_meta.clone(),
+        url: exec.url.clone(),
+        backend: args.backend.name().to_string(),
+        model,
+        server_version,
+        host: host_info(),
+        start_time: chrono::Utc::now().to_rfc3339(),
+        approximate_lengths: prepared.prompts.is_approximate(),
+        planned_requests: prepared.plan.requests.len() as u64,
+        calibration: prepared.calibration.clone(),
+        extra,
+        complete: false,
+        shard: args.shard.zip(args.start_at).map(|(shard, at)| ShardInfo {
+            index: shard.index,
+            count: shard.count,
+            schedule_requests: prepared.schedule_requests,
+            schedule_digest: prepared.schedule_digest.clone(),
+            start_at: crate::run::clock::rfc3339(at),
+            ready_before_start_ms: None,
+            clock: crate::run::clock::clock_sync(),
+        }),
+        merged_from: Vec::new(),
+        extra_body: prepared.extra_body.as_ref().map(ExtraBody::to_value),
+    };
+    // Written first as it stands, so that a run killed hard still says what it was.
+    if let Some(dir) = &exec.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_meta(dir, &meta)?;
+    }
+    let scraper = match &exec.out {
+        Some(dir) if !args.scrape_interval.is_zero() => Some(Scraper::start(ScrapeTarget {
+            base_url: exec.url.clone(),
+            headers: prepared.headers.clone(),
+            api_key: args.api_key.clone(),
+            interval: args.scrape_interval,
+            out_dir: dir.clone(),
+            start_at: args.start_at,
+            tls: prepared.tls.clone(),
+        })),
+        _ => None,
+    };
+    let outcome = send::send_plan(
+        prepared.plan.clone(),
+        target,
+        prepared.prompts.clone(),
+        SendOptions {
+            out_dir: exec.out.clone(),
+            slos: prepared.slos.clone(),
+            progress: exec.progress,
+            stop: exec.stop,
+            start_at: args.start_at,
+        },
+    )
+    .await;
+    if let Some(scraper) = scraper {
+        scraper.finish().await;
+    }
+    let mut outcome = outcome?;
+    if let Some(dir) = &exec.out {
+        meta.start_time = outcome.start_time.to_rfc3339();
+        meta.complete = true;
+        if let Some(shard) = meta.shard.as_mut() {
+            shard.ready_before_start_ms = outcome.ready_before_start_ms;
+            shard.clock = crate::run::clock::clock_sync();
+        }
+        write_meta(dir, &meta)?;
+        write_timeline(
+            dir,
+            &prepared.plan,
+            &outcome.records,
+            outcome.start_time,
+            args.slice,
+        )?;
+        reports::folders::diagnose_run(
+            dir,
+            &outcome.records,
+            &outcome.metrics,
+            crate::spec::run_args::slo_spec(args)?.as_ref(),
+            &bound_inputs,
+            &mut outcome.summary,
+        )?;
+        outcome.summary.write(&dir.join("summary.json"))?;
+    }
+    Ok(outcome)
+}
+
+/// `timeline.json` of a run folder: its records in slices, with the scrapes written beside
+/// them (which is why it comes after the scraper's last scrape).
+fn write_timeline(
+    dir: &std::path::Path,
+    plan: &Plan,
+    records: &[reports::records::RequestRecord],
+    origin: chrono::DateTime<chrono::Utc>,
+    slice: Option<Duration>,
+) -> Result<()> {
+    let origin_unix_ms = origin.timestamp_micros() as f64 / 1000.0;
+    let phases = reports::timeline::PhaseBounds {
+        warmup_s: plan.warmup_s,
+        measured_end_s: plan.duration_s.map(|d| plan.warmup_s + d),
+    };
+    let scrapes = reports::server_metrics::read_scrapes(dir)?;
+    reports::timeline::build(
+        records,
+        phases,
+        slice.map(|s| s.as_secs_f64()),
+        &scrapes,
+        origin_unix_ms,
+    )
+    .write(dir)
+}
+
+/// The command line with the values of `--api-key` and `--header` replaced by a digest: enough
+/// to tell two runs apart, never the secret.
+pub fn redacted_command_line(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    const SECRET_FLAGS: [&str; 2] = ["--api-key", "--header"];
+    let digest = |value: &str| format!("<redacted fnv1a:{:016x}>", fnv1a(value.as_bytes()));
+    let mut out = Vec::new();
+    let mut secret_next = false;
+    for arg in args {
+        if secret_next {
+            out.push(digest(&arg));
+            secret_next = false;
+        } else if let Some((flag, value)) = arg
+            .split_once('=')
+            .filter(|(flag, _)| SECRET_FLAGS.contains(flag))
+        {
+            out.push(format!("{flag}={}", digest(value)));
+        } else {
+            secret_next = SECRET_FLAGS.contains(&arg.as_str());
+            out.push(arg);
+        }
+    }
+    out
+}
+
+fn write_meta(dir: &std::path::Path, meta: &RunMeta) -> Result<()> {
+    let path = dir.join("meta.json");
+    std::fs::write(&path, serde_json::to_string_pretty(meta)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_reach_the_recorded_command_line() {
+        let argv = [
+            "loadgen",
+            "run",
+            "--api-key",
+            "sk-live-123",
+            "--header=X-Token: abc",
+            "--header",
+            "Authorization: Bearer xyz",
+            "--rate",
+            "2",
+        ];
+        let line = redacted_command_line(argv.iter().map(|s| s.to_string())).join(" ");
+        for secret in ["sk-live-123", "abc", "xyz"] {
+            assert!(!line.contains(secret), "{line}");
+        }
+        assert!(
+            line.contains("--api-key <redacted fnv1a:") && line.contains("--rate 2"),
+            "{line}"
+        );
+        assert!(line.contains("--header=<redacted fnv1a:"), "{line}");
+        // Two runs with another key tell apart.
+        let other = redacted_command_line(["--api-key", "sk-live-124"].map(String::from));
+        assert!(!line.contains(&other[1]));
+    }
+}

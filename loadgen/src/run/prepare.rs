@@ -1,0 +1,754 @@
+//! Run preparation, shared by `run`, `sweep`, `compare` and `probe`: the request plan the
+//! options describe (workload, schedule, warm-up, sessions), built without touching the
+//! network, and its digest.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use reports::slo::SloSpec;
+use serde_json::json;
+
+use crate::load::plan::{LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits};
+use crate::load::schedule::{
+    scale_to_rate, scale_trace, Arrival, ExactRate, Extent, RampUp, ScheduleSpec, TraceScaling,
+    Window, EXACT_RATE_TOLERANCE,
+};
+use crate::load::workload::lengths::{clip_to_context, scale_lengths};
+use crate::load::workload::prompt::PromptBuilder;
+use crate::load::workload::sessions::{SessionSpec, ThinkTime, TurnCount};
+use crate::load::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
+use crate::load::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
+use crate::load::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
+use crate::spec::run_args::{
+    parse_headers, parse_window, ArrivalKind, RunArgs, WorkloadKind, DEFAULT_NUM_PROMPTS,
+};
+use crate::wire::backend::Backend;
+use crate::wire::extra_body::ExtraBody;
+use crate::wire::tls::TlsSettings;
+
+fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
+    let prompt = match (&row.prompt, row.hash_ids.is_empty()) {
+        (Some(text), _) => PromptSource::Text(text.clone()),
+        (None, false) => PromptSource::Blocks(hash_id_blocks(
+            seed,
+            &row.hash_ids,
+            row.input_len,
+            MOONCAKE_BLOCK,
+        )),
+        (None, true) => {
+            PromptSource::Blocks(prefixed_blocks(seed, index, row.input_len, row.prefix))
+        }
+    };
+    RequestSpec {
+        input_len: row.input_len,
+        output_len: row.output_len,
+        prefix_group: row.prefix.map(|(g, _)| g),
+        prompt,
+    }
+}
+
+/// The session options of `args`; the options that only sessions take are refused without
+/// `--turns`, never ignored.
+fn session_spec(args: &RunArgs) -> Result<Option<SessionSpec>> {
+    let Some(turns) = args.turns.as_deref() else {
+        let stray = [
+            ("--think-time", args.think_time.is_some()),
+            ("--max-session-turns", args.max_session_turns.is_some()),
+            ("--max-history-tokens", args.max_history_tokens.is_some()),
+            ("--session-drain", args.session_drain.is_some()),
+        ];
+        if let Some((flag, _)) = stray.iter().find(|(_, given)| *given) {
+            bail!("{flag} shapes multi-turn sessions: give --turns too");
+        }
+        return Ok(None);
+    };
+    let think = match args.think_time.as_deref() {
+        Some(t) => ThinkTime::parse(t)?,
+        None => ThinkTime::Constant { secs: 0.0 },
+    };
+    if args.max_session_turns == Some(0) {
+        bail!("--max-session-turns must be at least 1");
+    }
+    if args.session_drain.is_some() && args.duration.is_none() {
+        bail!("--session-drain limits sessions after --duration; without --duration every session runs to its end");
+    }
+    Ok(Some(SessionSpec {
+        turns: TurnCount::parse(turns)?,
+        think,
+        max_turns: args.max_session_turns,
+    }))
+}
+
+/// Builds the plan (request list + schedule) for `args`; also returns workload / schedule
+/// descriptions for `meta.json`.
+pub fn build_plan(
+    args: &RunArgs,
+    prompts: &PromptBuilder,
+) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if args.exact_rate {
+        if args.concurrency.is_some() {
+            bail!(
+                "--exact-rate scales an open-loop schedule: --concurrency (closed loop) has none"
+            );
+        }
+        if args.turns.is_some() {
+            bail!("--exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; give --rate alone");
+        }
+    }
+    if let Some(spec) = session_spec(args)? {
+        return build_session_plan(args, prompts, spec);
+    }
+    let warmup = args.warmup.as_secs_f64();
+    let duration = args.duration.map(|d| d.as_secs_f64());
+    let cooldown = args.cooldown.as_secs_f64();
+    let schedule_seed = mix(args.seed, 0x5C4E_D01E);
+    let mut workload_meta = json!({"kind": format!("{:?}", args.workload), "seed": args.seed});
+
+    // Trace rows (lengths, maybe timestamps) when the workload is a trace.
+    let trace_rows = if args.workload == WorkloadKind::Trace {
+        let path = args
+            .trace
+            .as_ref()
+            .context("--workload trace needs --trace PATH")?;
+        let format = match args.trace_format {
+            Some(f) => f,
+            None => traces::detect_format(path)?,
+        };
+        let count = |t: &str| prompts.count_tokens(t);
+        let rows = traces::load(path, format, &count)?;
+        let usable: Vec<TraceRow> = rows
+            .iter()
+            .filter(|r| r.input_len > 0 && r.output_len > 0)
+            .cloned()
+            .collect();
+        workload_meta["trace"] = json!({"path": path, "format": format, "rows": rows.len(),
+            "skipped_zero_length_rows": rows.len() - usable.len()});
+        if usable.is_empty() {
+            bail!(
+                "{}: no row with positive input and output lengths",
+                path.display()
+            );
+        }
+        Some(usable)
+    } else {
+        None
+    };
+
+    // A timestamped trace replays its timestamps unless another arrival process is asked for.
+    let timestamped = trace_rows
+        .as_ref()
+        .is_some_and(|rows| rows.iter().all(|r| r.timestamp_ms.is_some()));
+    let arrival = match args.arrival {
+        Some(a) => a,
+        None if timestamped && args.concurrency.is_none() => {
+            eprintln!(
+                "loadgen: replaying the trace's timestamps, each row once (--arrival poisson \
+                 --rate R for a Poisson schedule instead)"
+            );
+            ArrivalKind::Trace
+        }
+        None => ArrivalKind::Poisson,
+    };
+    let num_prompts = args
+        .num_prompts
+        .unwrap_or(trace_rows.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len));
+    // How requests are sent, and the number of requests.
+    let (sends, schedule_meta): (Sends, serde_json::Value) = match (args.concurrency, arrival) {
+        (Some(c), _) => (
+            Sends::Closed(c),
+            json!({"mode": "closed", "concurrency": c}),
+        ),
+        (None, ArrivalKind::Trace) => {
+            let rows = trace_rows
+                .as_ref()
+                .context("--arrival trace needs --workload trace")?;
+            let ts: Vec<f64> = rows
+                .iter()
+                .map(|r| r.timestamp_ms)
+                .collect::<Option<Vec<f64>>>()
+                .context("--arrival trace: this trace has no timestamps")?;
+            let scaling = TraceScaling {
+                window: args.trace_window.as_deref().map(parse_window).transpose()?,
+                time_scale: args.time_scale,
+                target_rate: args.target_rate,
+            };
+            let (kept, times) = scale_trace(&ts, &scaling)?;
+            let rows: Vec<TraceRow> = kept.iter().map(|&i| rows[i].clone()).collect();
+            let mut meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
+                "bursts": "rows with equal timestamps are sent at the same instant"});
+            let end = duration.map(|d| warmup + d + cooldown);
+            let mut times = times;
+            // The rows whose timestamps the shift of an exact rate dropped go with them.
+            let mut first_row = 0;
+            if args.exact_rate {
+                let target = args.target_rate.context(
+                    "--exact-rate with --arrival trace needs --target-rate: a trace's own \
+                     timestamps are replayed as recorded",
+                )?;
+                let (scaled, exact) = scale_to_rate(&times, target, window(args), end)?;
+                warn_residual(&exact);
+                times = scaled;
+                first_row = exact.dropped;
+                meta["exact_rate"] = json!(exact);
+            }
+            if let Some(end) = end {
+                times.retain(|&t| t < end);
+            }
+            let n = times.len();
+            return finish_plan(
+                args,
+                Sends::At(times),
+                Some(rows[first_row..first_row + n].to_vec()),
+                n,
+                workload_meta,
+                meta,
+            );
+        }
+        (None, arrival) => {
+            let arrival = match arrival {
+                ArrivalKind::Poisson => Arrival::Poisson,
+                ArrivalKind::Gamma => Arrival::Gamma {
+                    burstiness: args.burstiness,
+                },
+                ArrivalKind::Constant | ArrivalKind::Trace => Arrival::Constant,
+            };
+            let spec = ScheduleSpec {
+                arrival,
+                rate: args.rate,
+                ramp_up: args.ramp_up.map(|r| RampUp {
+                    from_rate: args.ramp_start_rate,
+                    secs: r.as_secs_f64(),
+                }),
+            };
+            let end = duration.map(|d| warmup + d + cooldown);
+            let mut meta =
+                json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed});
+            let times = if args.exact_rate {
+                // Drawn well past the end, so that a draw slowed down still fills the window.
+                let extent = match end {
+                    Some(end) => Extent::Until(4.0 * end),
+                    None => Extent::Count(num_prompts),
+                };
+                let draw = spec.generate(extent, schedule_seed)?;
+                let (times, exact) = scale_to_rate(&draw, args.rate, window(args), end)?;
+                warn_residual(&exact);
+                meta["exact_rate"] = json!(exact);
+                times
+            } else {
+                let extent = match end {
+                    Some(end) => Extent::Until(end),
+                    None => Extent::Count(num_prompts),
+                };
+                spec.generate(extent, schedule_seed)?
+            };
+            (Sends::At(times), meta)
+        }
+    };
+    let n = match &sends {
+        Sends::At(times) => times.len(),
+        Sends::Closed(_) => num_prompts,
+    };
+    finish_plan(args, sends, trace_rows, n, workload_meta, schedule_meta)
+}
+
+/// Says so when no scaling brought the scheduled rate within the tolerance of its target.
+fn warn_residual(exact: &ExactRate) {
+    if exact.residual.abs() > EXACT_RATE_TOLERANCE {
+        eprintln!(
+            "loadgen: --exact-rate: the schedule holds {:.4} req/s over the window, {:+.2}% off \
+             the {} asked (no scaling of this draw lands within {:.1}%; meta.json records it)",
+            exact.scheduled_rate,
+            exact.residual * 100.0,
+            exact.target_rate,
+            EXACT_RATE_TOLERANCE * 100.0
+        );
+    }
+}
+
+/// The measured window of `args`' schedule.
+fn window(args: &RunArgs) -> Window {
+    Window {
+        warmup_s: args.warmup.as_secs_f64(),
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+    }
+}
+
+/// How a plan's requests are sent: at these times (open loop), or by this many workers.
+enum Sends {
+    At(Vec<f64>),
+    Closed(usize),
+}
+
+fn finish_plan(
+    args: &RunArgs,
+    sends: Sends,
+    trace_rows: Option<Vec<TraceRow>>,
+    n: usize,
+    mut workload_meta: serde_json::Value,
+    mut schedule_meta: serde_json::Value,
+) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if n == 0 {
+        bail!("the schedule has no requests (rate too low for the duration?)");
+    }
+    let mut specs: Vec<RequestSpec> = match &trace_rows {
+        Some(rows) => (0..n)
+            .map(|i| row_spec(args.seed, i as u64, &rows[i % rows.len()]))
+            .collect(),
+        None => synthetic_specs(args, n, &mut workload_meta)?,
+    };
+    reshape(args, &mut specs, &mut workload_meta)?;
+    let mut specs = specs.into_iter();
+    let mut next = |_| specs.next().expect("one spec per request");
+    let plan = match sends {
+        Sends::Closed(c) => Plan::closed(c, n, &mut next),
+        Sends::At(times) => Plan::open(times, &mut next),
+    };
+    let plan = Plan {
+        warmup_s: args.warmup.as_secs_f64(),
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+        cooldown_s: args.cooldown.as_secs_f64(),
+        max_concurrency: args.max_concurrency,
+        ..plan
+    };
+    schedule_meta["warmup_s"] = json!(plan.warmup_s);
+    schedule_meta["duration_s"] = json!(plan.duration_s);
+    schedule_meta["cooldown_s"] = json!(plan.cooldown_s);
+    schedule_meta["max_concurrency"] = json!(plan.max_concurrency);
+    Ok((plan, workload_meta, schedule_meta))
+}
+
+/// `--length-scale`, `--max-model-len` and `--prompt-salt` applied to the drawn requests
+/// (the salt acts when prompts are built) and recorded in `workload_meta`.
+fn reshape(
+    args: &RunArgs,
+    specs: &mut [RequestSpec],
+    workload_meta: &mut serde_json::Value,
+) -> Result<()> {
+    if args.length_scale != 1.0 {
+        scale_lengths(specs, args.length_scale)?;
+        workload_meta["length_scale"] = json!(args.length_scale);
+    }
+    if let Some(limit) = args.max_model_len {
+        let clipped = clip_to_context(specs, limit)?;
+        workload_meta["max_model_len"] = json!({"limit": limit, "clipped_requests": clipped});
+    }
+    if args.prompt_salt != 0 {
+        workload_meta["prompt_salt"] = json!(args.prompt_salt);
+    }
+    Ok(())
+}
+
+/// `n` requests of the synthetic workload `args` asks for; their length model in
+/// `workload_meta`.
+fn synthetic_specs(
+    args: &RunArgs,
+    n: usize,
+    workload_meta: &mut serde_json::Value,
+) -> Result<Vec<RequestSpec>> {
+    let model = match args.workload {
+        WorkloadKind::Random => LengthModel::Random {
+            input_len: args.random_input_len,
+            output_len: args.random_output_len,
+            range_ratio: args.random_range_ratio,
+        },
+        _ => LengthModel::ShareGptLike {
+            profile: args.profile.clone(),
+            max_input_len: args.max_input_len,
+            max_output_len: args.max_output_len,
+        },
+    };
+    let prefix = (args.prefix_len > 0).then_some(PrefixGroups {
+        len: args.prefix_len,
+        groups: args.prefix_groups,
+    });
+    workload_meta["lengths"] = serde_json::to_value(&model)?;
+    workload_meta["prefix"] = serde_json::to_value(prefix)?;
+    SyntheticWorkload::new(model, prefix)?.generate(n, args.seed)
+}
+
+/// The plan of a session run (`--turns`): session start times on the arrival process at
+/// `--rate` sessions/s, each session's turns (synthetic user turns and answer lengths, or a
+/// ShareGPT file's conversations with `--turns all`) and think times, all from the seed.
+fn build_session_plan(
+    args: &RunArgs,
+    prompts: &PromptBuilder,
+    spec: SessionSpec,
+) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if args.length_scale != 1.0 || args.max_model_len.is_some() {
+        bail!("--length-scale and --max-model-len reshape single requests; a session's prompt grows with its history: shape sessions with --max-history-tokens");
+    }
+    if args.backend != Backend::Chat {
+        bail!("--turns needs --backend chat: a session re-sends its history as chat messages, which the {} API has no place for", args.backend.name());
+    }
+    if args.concurrency.is_some() {
+        bail!("--turns with --concurrency: sessions arrive open-loop at --rate sessions/s; a closed loop of sessions is not supported");
+    }
+    let mut workload_meta = json!({"kind": format!("{:?}", args.workload), "seed": args.seed,
+        "sessions": spec});
+    let conversations = match (args.workload, spec.turns) {
+        (WorkloadKind::Trace, TurnCount::All) => {
+            let path = args
+                .trace
+                .as_ref()
+                .context("--workload trace needs --trace PATH")?;
+            let format = match args.trace_format {
+                Some(f) => f,
+                None => traces::detect_format(path)?,
+            };
+            if format != TraceFormat::Sharegpt {
+                bail!("--turns all replays the turns of a ShareGPT conversation file; {} is {format:?}, which has none", path.display());
+            }
+            let count = |t: &str| prompts.count_tokens(t);
+            let conversations = traces::load_sharegpt_conversations(path, &count)?;
+            if conversations.is_empty() {
+                bail!("{}: no conversation with a human turn and its answer", path.display());
+            }
+            workload_meta["trace"] = json!({"path": path, "format": format,
+                "conversations": conversations.len()});
+            Some(conversations)
+        }
+        (WorkloadKind::Trace, _) => bail!("--workload trace with sessions: give --turns all to replay a ShareGPT file's conversations with all their turns"),
+        (_, TurnCount::All) => bail!("--turns all replays a ShareGPT file (--workload trace --trace FILE.json); a synthetic workload takes --turns N or constant:N"),
+        _ => None,
+    };
+    let arrival = match args.arrival {
+        None | Some(ArrivalKind::Poisson) => Arrival::Poisson,
+        Some(ArrivalKind::Gamma) => Arrival::Gamma {
+            burstiness: args.burstiness,
+        },
+        Some(ArrivalKind::Constant) => Arrival::Constant,
+        Some(ArrivalKind::Trace) => bail!(
+            "--turns: sessions arrive on --arrival poisson, gamma or constant at --rate sessions/s"
+        ),
+    };
+    let schedule = ScheduleSpec {
+        arrival,
+        rate: args.rate,
+        ramp_up: args.ramp_up.map(|r| RampUp {
+            from_rate: args.ramp_start_rate,
+            secs: r.as_secs_f64(),
+        }),
+    };
+    let warmup = args.warmup.as_secs_f64();
+    let extent = match args.duration {
+        Some(d) => Extent::Until(warmup + d.as_secs_f64() + args.cooldown.as_secs_f64()),
+        None => Extent::Count(
+            args.num_prompts
+                .unwrap_or(conversations.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len)),
+        ),
+    };
+    let schedule_seed = mix(args.seed, 0x5C4E_D01E);
+    let starts = schedule.generate(extent, schedule_seed)?;
+    if starts.is_empty() {
+        bail!("the schedule has no sessions (rate too low for the duration?)");
+    }
+    let recorded = |s: usize| {
+        conversations
+            .as_ref()
+            .map_or(1, |c| c[s % c.len()].len() as u32)
+    };
+    let draws = spec.draw(starts.len(), mix(args.seed, SESSION_SEED_TAG), recorded)?;
+    let total: usize = draws.iter().map(|d| d.think_s.len()).sum();
+    let mut turn_specs = match &conversations {
+        Some(c) => draws
+            .iter()
+            .enumerate()
+            .flat_map(|(s, d)| {
+                let rows = &c[s % c.len()];
+                (0..d.think_s.len()).map(move |k| RequestSpec {
+                    input_len: rows[k].input_len,
+                    output_len: rows[k].output_len,
+                    prefix_group: None,
+                    prompt: PromptSource::Text(rows[k].prompt.clone().unwrap_or_default()),
+                })
+            })
+            .collect::<Vec<_>>(),
+        None => synthetic_specs(args, total, &mut workload_meta)?,
+    }
+    .into_iter();
+    let mut requests = Vec::with_capacity(total);
+    for (s, (draw, &start)) in draws.iter().zip(&starts).enumerate() {
+        let turns = draw.think_s.len();
+        for (k, &think_s) in draw.think_s.iter().enumerate() {
+            let last = k + 1 == turns;
+            requests.push(PlannedRequest {
+                id: requests.len() as u64,
+                at_s: (k == 0).then_some(start),
+                spec: turn_specs.next().context("a turn without its request")?,
+                session: Some(PlannedTurn {
+                    session: s as u64,
+                    turn: k as u32 + 1,
+                    think_s,
+                    last,
+                    capped: last && draw.capped,
+                }),
+            });
+        }
+    }
+    let plan = Plan {
+        warmup_s: warmup,
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+        cooldown_s: args.cooldown.as_secs_f64(),
+        max_concurrency: args.max_concurrency,
+        sessions: Some(SessionLimits {
+            max_history_tokens: args.max_history_tokens,
+            drain_s: Some(
+                args.session_drain
+                    .map_or(DEFAULT_SESSION_DRAIN_S, |d| d.as_secs_f64()),
+            ),
+        }),
+        ..Plan::with_requests(LoadMode::Open, requests)
+    };
+    let schedule_meta = json!({"mode": "open", "unit": "sessions", "schedule": schedule,
+        "schedule_seed": schedule_seed, "sessions": starts.len(), "turns": total,
+        "warmup_s": plan.warmup_s, "duration_s": plan.duration_s, "cooldown_s": plan.cooldown_s,
+        "max_concurrency": plan.max_concurrency, "max_history_tokens": args.max_history_tokens,
+        "session_drain_s": plan.sessions.and_then(|s| s.drain_s)});
+    Ok((plan, workload_meta, schedule_meta))
+}
+
+/// `--session-drain` unless given, seconds.
+const DEFAULT_SESSION_DRAIN_S: f64 = 60.0;
+
+/// Seeds the session draws apart from the schedule's and the workload's.
+const SESSION_SEED_TAG: u64 = 0x5E55_1015;
+
+/// Everything a run decides before sending: prompts, SLOs, headers and the request plan.
+/// Built once and executed any number of times (sweep probes, A/B rounds) with identical
+/// requests and schedule.
+pub struct PreparedRun {
+    pub prompts: Arc<PromptBuilder>,
+    pub slos: Vec<reports::metrics::Slo>,
+    pub headers: Vec<(String, String)>,
+    pub plan: Arc<Plan>,
+    pub workload_meta: serde_json::Value,
+    pub schedule_meta: serde_json::Value,
+    /// Recorded in `meta.json` when the run calibrated against the mock first.
+    pub calibration: Option<reports::records::Calibration>,
+    /// Requests in the whole schedule (`plan` holds only a shard's with `--shard`).
+    pub schedule_requests: u64,
+    /// See [`reports::records::ShardInfo::schedule_digest`].
+    pub schedule_digest: String,
+    /// `--extra-body`, checked.
+    pub extra_body: Option<ExtraBody>,
+    /// `--ca-cert` / `--insecure`, read.
+    pub tls: Option<TlsSettings>,
+}
+
+/// Builds the prompts, SLOs, headers and plan of `args` (no network).
+pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
+    let prompts = Arc::new(
+        match &args.tokenizer {
+            Some(p) => PromptBuilder::from_tokenizer(p)?,
+            None => PromptBuilder::approximate(),
+        }
+        .with_salt(args.prompt_salt),
+    );
+    let slos = args
+        .slo
+        .as_deref()
+        .map(SloSpec::parse)
+        .transpose()?
+        .map(|spec| spec.per_request())
+        .unwrap_or_default();
+    let headers = parse_headers(&args.headers)?;
+    // Each API also refuses such a body per request (a `Target` built without these options);
+    // here a command-line run fails before it sends anything.
+    if args.prompt_ids && args.backend != Backend::Completions {
+        bail!(
+            "--prompt-ids needs --backend completions: only a completions prompt may be token ids"
+        );
+    }
+    let extra_body = args
+        .extra_body
+        .as_deref()
+        .map(|arg| ExtraBody::parse(arg, args.backend))
+        .transpose()?;
+    let tls = Some(TlsSettings::new(&args.tls)?);
+    let (mut plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
+    let schedule_requests = plan.requests.len() as u64;
+    let schedule_digest = schedule_digest(args, &plan, &prompts, extra_body.as_ref())?;
+    if let Some(shard) = args.shard {
+        if args.concurrency.is_some() {
+            bail!("--shard splits an open-loop schedule; a closed loop (--concurrency) has none: give each worker its own --concurrency instead");
+        }
+        if args.start_at.is_none() {
+            bail!("--shard {shard}: every worker needs the same --start-at (RFC 3339 or Unix seconds)");
+        }
+        if args.max_concurrency.is_some() {
+            bail!("--shard with --max-concurrency: each worker would cap its own requests in flight, so K workers would allow K times the cap; leave the cap out");
+        }
+        if args.calibrate {
+            bail!("--shard: calibrate each worker with `loadgen calibrate` before the run, not with --calibrate");
+        }
+        shard.restrict(&mut plan)?;
+    }
+    Ok(PreparedRun {
+        prompts,
+        slos,
+        headers,
+        plan: Arc::new(plan),
+        workload_meta,
+        schedule_meta,
+        calibration: None,
+        schedule_requests,
+        schedule_digest,
+        extra_body,
+        tls,
+    })
+}
+
+/// The digest that tells the shards of one schedule apart from those of another: the whole
+/// request list and every option that shapes a request on the wire (FNV-1a, 64 bits, hex).
+fn schedule_digest(
+    args: &RunArgs,
+    plan: &Plan,
+    prompts: &PromptBuilder,
+    extra_body: Option<&ExtraBody>,
+) -> Result<String> {
+    let shape = json!({
+        "requests": plan.requests,
+        "phases": [plan.warmup_s, plan.duration_s, plan.cooldown_s],
+        "backend": args.backend.name(),
+        "prompt_ids": args.prompt_ids,
+        "ignore_eos": !args.no_ignore_eos,
+        "min_tokens": args.min_tokens,
+        "continuous_usage": !args.no_continuous_usage,
+        "timeout_s": args.timeout.as_secs_f64(),
+        "slo": args.slo,
+        "approximate_lengths": prompts.is_approximate(),
+        "prompt_salt": args.prompt_salt,
+        "extra_body": extra_body.map(ExtraBody::to_value),
+    });
+    Ok(format!("{:016x}", fnv1a(&serde_json::to_vec(&shape)?)))
+}
+
+/// FNV-1a, 64 bits: a digest to tell things apart (not a secret's protection against guessing).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn run_args(argv: &[&str]) -> RunArgs {
+        let mut full = vec!["loadgen", "run"];
+        full.extend_from_slice(argv);
+        match crate::cli::Cli::try_parse_from(full).unwrap().command {
+            crate::cli::Command::Run(args) => *args,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn shards_of_one_schedule_share_its_digest_and_other_options_change_it() {
+        let base = ["--num-prompts", "20", "--start-at", "2099-01-01T00:00:00Z"];
+        let digest = |extra: &[&str]| {
+            let mut argv = base.to_vec();
+            argv.extend_from_slice(extra);
+            let prepared = prepare_run(&run_args(&argv)).unwrap();
+            (prepared.schedule_digest, prepared.plan.requests.len())
+        };
+        let (d0, n0) = digest(&["--shard", "0/2"]);
+        let (d1, n1) = digest(&["--shard", "1/2"]);
+        assert_eq!(d0, d1);
+        assert_eq!((n0, n1), (10, 10));
+        assert_eq!(digest(&[]).0, d0);
+        assert_ne!(digest(&["--min-tokens"]).0, d0);
+        assert_ne!(digest(&["--seed", "1"]).0, d0);
+        assert_ne!(digest(&["--rate", "2"]).0, d0);
+        assert_ne!(digest(&["--extra-body", r#"{"temperature": 0}"#]).0, d0);
+        assert_ne!(digest(&["--prompt-salt", "3"]).0, d0);
+        assert_ne!(digest(&["--length-scale", "0.5"]).0, d0);
+        assert_eq!(d0.len(), 16);
+    }
+
+    #[test]
+    fn lengths_scale_then_clip_to_the_context_and_are_recorded() {
+        let base = [
+            "--workload",
+            "random",
+            "--random-input-len",
+            "1000",
+            "--random-output-len",
+            "100",
+            "--num-prompts",
+            "4",
+        ];
+        let with = |extra: &[&str]| {
+            let mut argv = base.to_vec();
+            argv.extend_from_slice(extra);
+            build_plan(&run_args(&argv), &PromptBuilder::approximate()).unwrap()
+        };
+        let lengths = |plan: &Plan| -> Vec<(u32, u32)> {
+            plan.requests
+                .iter()
+                .map(|r| (r.spec.input_len, r.spec.output_len))
+                .collect()
+        };
+        let (plan, meta, _) = with(&["--length-scale", "0.5"]);
+        assert_eq!(lengths(&plan), [(500, 50); 4]);
+        assert_eq!(meta["length_scale"], 0.5);
+        let (plan, meta, _) = with(&["--length-scale", "0.5", "--max-model-len", "300"]);
+        assert_eq!(lengths(&plan), [(250, 50); 4]);
+        assert_eq!(meta["max_model_len"]["clipped_requests"], 4);
+        let (plain, _, _) = with(&[]);
+        assert_eq!(lengths(&plain), [(1000, 100); 4]);
+    }
+
+    #[test]
+    fn prompt_ids_are_refused_before_the_run_for_apis_that_take_text() {
+        for backend in ["chat", "tgi"] {
+            let err = prepare_run(&run_args(&["--prompt-ids", "--backend", backend]))
+                .err()
+                .unwrap();
+            assert!(format!("{err}").contains("--prompt-ids needs --backend completions"));
+        }
+        assert!(prepare_run(&run_args(&["--prompt-ids", "--num-prompts", "3"])).is_ok());
+    }
+
+    #[test]
+    fn a_timestamped_trace_replays_its_timestamps_once_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("mooncake.jsonl");
+        let lines: Vec<String> = [1000, 1500, 1500, 4000]
+            .iter()
+            .map(|t| {
+                format!(r#"{{"timestamp": {t}, "input_length": 64, "output_length": 8, "hash_ids": [1]}}"#)
+            })
+            .collect();
+        std::fs::write(&trace, lines.join("\n")).unwrap();
+        let path = trace.to_str().unwrap();
+        let prompts = PromptBuilder::approximate();
+        let (plan, _, schedule) = build_plan(
+            &run_args(&["--workload", "trace", "--trace", path]),
+            &prompts,
+        )
+        .unwrap();
+        let times: Vec<f64> = plan.requests.iter().map(|r| r.at_s.unwrap()).collect();
+        assert_eq!(times, [0.0, 0.5, 0.5, 3.0]);
+        assert_eq!(schedule["arrival"], "trace");
+        // Asked otherwise: Poisson at --rate, the rows cycled for --num-prompts.
+        let args = run_args(&[
+            "--workload",
+            "trace",
+            "--trace",
+            path,
+            "--arrival",
+            "poisson",
+            "--num-prompts",
+            "10",
+        ]);
+        let (plan, _, schedule) = build_plan(&args, &prompts).unwrap();
+        assert_eq!(plan.requests.len(), 10);
+        assert_eq!(schedule["schedule"]["arrival"]["kind"], "poisson");
+        // A synthetic workload keeps the default of 1,000 Poisson requests.
+        let (plan, _, _) = build_plan(&run_args(&[]), &prompts).unwrap();
+        assert_eq!(plan.requests.len(), DEFAULT_NUM_PROMPTS);
+    }
+}

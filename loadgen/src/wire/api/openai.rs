@@ -1,0 +1,183 @@
+//! What the two OpenAI formats share: the streamed request's common fields and the event
+//! parse (a typed borrowed parse, not a JSON tree, per event).
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::StreamEvent;
+use crate::load::workload::RequestSpec;
+use crate::wire::target::Target;
+
+/// `model`, `max_tokens`, streaming with usage, and the length-forcing extensions asked for.
+pub(super) fn common_body(target: &Target, spec: &RequestSpec) -> Value {
+    let mut body = json!({
+        "model": target.model,
+        "max_tokens": spec.output_len,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if target.continuous_usage {
+        body["stream_options"]["continuous_usage_stats"] = json!(true);
+    }
+    if target.ignore_eos {
+        body["ignore_eos"] = json!(true);
+    }
+    if target.min_tokens {
+        body["min_tokens"] = json!(spec.output_len);
+    }
+    body
+}
+
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default, borrow)]
+    choices: Vec<Choice<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionTokensDetails>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptTokensDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct CompletionTokensDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    delta: Option<Delta<'a>>,
+    #[serde(default)]
+    finish_reason: Option<serde::de::IgnoredAny>,
+}
+
+/// A chat delta. Reasoning comes as `reasoning` (vLLM since it renamed the field) or
+/// `reasoning_content` (SGLang, llama.cpp, DeepSeek's API, older vLLM); a server in between
+/// sends both with the same text, which counts once.
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<Vec<serde::de::IgnoredAny>>,
+}
+
+/// One OpenAI stream event; `chat` reads the choice's `delta` instead of its `text`.
+pub(super) fn event(data: &str, chat: bool) -> Result<StreamEvent<'_>, String> {
+    if data.trim() == "[DONE]" {
+        return Ok(StreamEvent {
+            done: true,
+            ..StreamEvent::default()
+        });
+    }
+    let event: Event = serde_json::from_str(data).map_err(|e| e.to_string())?;
+    if event.error.is_some() {
+        let detail = serde_json::from_str::<Value>(data)
+            .map(|v| v["error"].to_string())
+            .unwrap_or_default();
+        return Ok(StreamEvent {
+            error: Some(detail),
+            ..StreamEvent::default()
+        });
+    }
+    let choice = event.choices.into_iter().next();
+    let mut parsed = StreamEvent {
+        has_choice: choice.is_some(),
+        finished: choice.as_ref().is_some_and(|c| c.finish_reason.is_some()),
+        ..StreamEvent::default()
+    };
+    if let Some(usage) = event.usage {
+        parsed.prompt_tokens = usage.prompt_tokens;
+        parsed.completion_tokens = usage.completion_tokens;
+        parsed.reasoning_tokens = usage
+            .completion_tokens_details
+            .and_then(|d| d.reasoning_tokens);
+        parsed.cached_tokens = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
+    }
+    match choice {
+        Some(Choice {
+            delta: Some(delta), ..
+        }) if chat => {
+            parsed.text = delta.content;
+            parsed.reasoning = delta.reasoning.or(delta.reasoning_content);
+            parsed.tool_call = delta.tool_calls.is_some_and(|calls| !calls.is_empty());
+        }
+        Some(choice) if !chat => parsed.text = choice.text,
+        _ => {}
+    }
+    Ok(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_in_either_field_counts_once() {
+        let vllm = event(
+            r#"{"choices":[{"index":0,"delta":{"reasoning":"Let me"},"finish_reason":null}]}"#,
+            true,
+        )
+        .unwrap();
+        assert_eq!(vllm.reasoning.as_deref(), Some("Let me"));
+        assert_eq!(vllm.text, None);
+        let sglang = event(
+            r#"{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"Let me"}}]}"#,
+            true,
+        )
+        .unwrap();
+        assert_eq!(sglang.reasoning.as_deref(), Some("Let me"));
+        assert_eq!(sglang.text, None);
+        let both = event(
+            r#"{"choices":[{"delta":{"reasoning":"x","reasoning_content":"x"}}]}"#,
+            true,
+        )
+        .unwrap();
+        assert_eq!(both.reasoning.as_deref(), Some("x"));
+        let answer = event(r#"{"choices":[{"delta":{"content":"Paris"}}],"usage":{"prompt_tokens":3,"completion_tokens":9,"completion_tokens_details":{"reasoning_tokens":7}}}"#, true).unwrap();
+        assert_eq!(answer.text.as_deref(), Some("Paris"));
+        assert_eq!(
+            (answer.completion_tokens, answer.reasoning_tokens),
+            (Some(9), Some(7))
+        );
+        let call = event(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\""}}]}}]}"#, true).unwrap();
+        assert!(call.tool_call && call.text.is_none());
+        let none = event(r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#, true).unwrap();
+        assert!(!none.tool_call);
+        // A completions choice has no delta: its reasoning, if any, is in the text.
+        let text = event(
+            r#"{"choices":[{"text":"a","finish_reason":"length"}]}"#,
+            false,
+        )
+        .unwrap();
+        assert_eq!(text.text.as_deref(), Some("a"));
+        assert!(text.finished);
+    }
+}
