@@ -21,7 +21,7 @@ use loadgen::spec::search::SearchArgs;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
-use reports::plan::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
+use reports::capacity::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
 use reports::records::{ChunkTokensSource, CountSource, Phase, RequestRecord};
 use reports::samples::LatencySamples;
 use reports::saturation::{judge, level_rates, JudgeContext, SaturationState, WaitingGauge};

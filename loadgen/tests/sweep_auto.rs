@@ -10,9 +10,9 @@ use clap::Parser;
 use loadgen::commands::plan::plan_command;
 use loadgen::commands::sweep::sweep_command;
 use loadgen::mock;
+use reports::capacity::CapacityPlan;
 use reports::folders::PLAN_FILE;
 use reports::folders::{SweepFile, SWEEP_FILE};
-use reports::plan::CapacityPlan;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_rates_find_the_saturation_rate() {

@@ -16,10 +16,10 @@ use loadgen::commands::sweep::sweep_command;
 use loadgen::mock;
 use loadgen::spec::compare::CompareArgs;
 use reports::ab::Verdict;
+use reports::capacity::CapacityPlan;
 use reports::folders::PLAN_FILE;
 use reports::folders::{CompareFile, COMPARE_FILE};
 use reports::folders::{SweepFile, SWEEP_FILE};
-use reports::plan::CapacityPlan;
 
 #[derive(Parser)]
 struct Compare {

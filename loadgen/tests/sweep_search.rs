@@ -15,8 +15,8 @@ use clap::Parser;
 use loadgen::commands::plan::plan_command;
 use loadgen::commands::sweep::sweep_command;
 use loadgen::mock::{self, MockConfig};
+use reports::capacity::CapacityPlan;
 use reports::folders::{SweepFile, PLAN_FILE, SWEEP_FILE};
-use reports::plan::CapacityPlan;
 use reports::records::{read_records, Phase};
 use reports::search::{SearchEnd, SearchVerdict, StepReason};
 

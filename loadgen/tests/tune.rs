@@ -20,8 +20,8 @@ use loadgen::commands::sweep::sweep_command;
 use loadgen::commands::tune::tune_command;
 use loadgen::mock::{self, MockConfig};
 use loadgen::spec::tune::TuneArgs;
+use reports::capacity::CapacityPlan;
 use reports::folders::PLAN_FILE;
-use reports::plan::CapacityPlan;
 use reports::tune::{ConfigStatus, Separation, TuneFile, TUNE_FILE};
 
 #[derive(Parser)]

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use crate::ab::AbReport;
 use crate::bound::BoundInputs;
+use crate::capacity::{CapacityPlan, SweepLevel};
 use crate::conditions::Conditions;
 use crate::diagnosis::{diagnose, Observation};
 use crate::metrics::{compute, Metrics, MetricsOptions, Slo};
-use crate::plan::{CapacityPlan, SweepLevel};
 use crate::records::{read_meta, read_records, Phase, RequestRecord, RunMeta};
 use crate::samples::LatencySamples;
 use crate::server_metrics::{read_scrapes, window_hit_rate, Scrape, ServerView};

@@ -3,6 +3,7 @@
 //! results).
 pub mod ab;
 pub mod bound;
+pub mod capacity;
 pub mod comparison;
 pub mod conditions;
 pub mod diagnosis;
@@ -11,7 +12,6 @@ pub mod histograms;
 pub mod latency;
 pub mod matrix;
 pub mod metrics;
-pub mod plan;
 pub mod rates;
 pub mod records;
 pub mod render;

@@ -41,9 +41,9 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::capacity::usd_per_million_tokens;
 use crate::diagnosis::{Diagnosis, Regime};
 use crate::latency::DistStats;
-use crate::plan::usd_per_million_tokens;
 use crate::slo::parse_limit_ms;
 use crate::stats::t_interval;
 

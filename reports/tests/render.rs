@@ -10,9 +10,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reports::ab::{compare, AbInput};
 use reports::bound::DecodeBound;
+use reports::capacity::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
 use reports::diagnosis::{Diagnosis, Regime};
 use reports::metrics::{DistStats, Metrics};
-use reports::plan::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
 use reports::render::{
     write_report, CompareView, Conditions, Report, ReportBody, RunView, SweepView,
 };

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use reports::plan::{capacity_plan, CapacityPlan};
+use reports::capacity::{capacity_plan, CapacityPlan};
 use reports::render::write_report;
 use reports::slo::SloSpec;
 

@@ -1,7 +1,7 @@
 //! The load to plan for and what an instance costs: `plan`'s and `tune`'s sizing options.
 
 use clap::Args;
-use reports::plan::{PlanOptions, TargetLoad, DEFAULT_HEADROOM};
+use reports::capacity::{PlanOptions, TargetLoad, DEFAULT_HEADROOM};
 use reports::stats::Bootstrap;
 
 /// The load to plan for and what an instance costs (`plan`, and `tune`'s plan from its

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::ab::AbReport;
+use crate::capacity::{CapacityPlan, SweepLevel};
 use crate::metrics::Metrics;
-use crate::plan::{CapacityPlan, SweepLevel};
 use crate::samples::LatencySamples;
 use crate::server_metrics::ServerView;
 use crate::slo::SloSpec;

@@ -3,9 +3,9 @@
 use super::run::{cdf_plot, lag_histogram};
 use super::svg::{self, Chart, Marker, Series, Style};
 use super::{fmt_ms, Plot, Section, SweepView, Table};
+use crate::capacity::{CapacityPlan, SweepLevel};
 use crate::metrics::SloMetric;
 use crate::metrics::PERCENTILE_CI_LEVEL;
-use crate::plan::{CapacityPlan, SweepLevel};
 use crate::samples::{metric_label, LATENCY_METRICS};
 use crate::search::SearchPath;
 use crate::server_metrics::QuantityView;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod results;
 
-use crate::plan::CapacityPlan;
+use crate::capacity::CapacityPlan;
 use crate::search::SearchPath;
 
 /// Knob name → value, as substituted into the server command.

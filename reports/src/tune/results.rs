@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::{ConfigStatus, Configuration, LevelPoint, Separation, TuneFile};
 use crate::ab::{AbReport, Verdict};
-use crate::plan::{capacity_plan, CapacityPlan, PlanOptions, TargetLoad};
+use crate::capacity::{capacity_plan, CapacityPlan, PlanOptions, TargetLoad};
 use crate::samples::metric_label;
 use crate::slo::SloSpec;
 use crate::stats::{percentile_nearest_rank, Bootstrap};

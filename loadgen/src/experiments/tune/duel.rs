@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use reports::capacity::{capacity_plan, PlanOptions};
 use reports::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use reports::folders::load_sweep;
-use reports::plan::{capacity_plan, PlanOptions};
 use reports::render::views::tune_report;
 use reports::render::write_report;
 use reports::slo::SloSpec;

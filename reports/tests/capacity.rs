@@ -1,6 +1,6 @@
 //! Capacity plans on synthetic sweeps with known percentiles.
 
-use reports::plan::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
+use reports::capacity::{capacity_plan, PlanOptions, SweepLevel, TargetLoad};
 use reports::samples::{LatencySamples, RequestSample};
 use reports::slo::SloSpec;
 use reports::stats::Bootstrap;
