@@ -561,3 +561,25 @@ fn reports_imports_nothing_of_loadgen() {
         "reports modules naming loadgen: {naming:?}"
     );
 }
+
+/// Nothing below the typed options sees a command-line type: no module of `run/`, `wire/`
+/// or `load/` names clap or `RunArgs` (outside its tests); they read `spec::RunSpec`.
+#[test]
+fn below_the_spec_no_command_line_types() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mods = modules(&src);
+    assert!(mods.contains_key("run::prepare"), "the scanner is broken");
+    let naming: Vec<&String> = mods
+        .iter()
+        .filter(|(m, _)| ["run", "wire", "load"].contains(&m.split("::").next().unwrap_or("")))
+        .filter(|(_, path)| {
+            let code = code_only(&std::fs::read_to_string(path).unwrap());
+            code.contains("clap") || code.contains("RunArgs")
+        })
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        naming.is_empty(),
+        "command-line types below the spec: {naming:?}"
+    );
+}

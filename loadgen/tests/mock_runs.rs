@@ -641,7 +641,8 @@ fn planned(argv: &[&str]) -> Plan {
     let loadgen::cli::Command::Run(args) = cli.command else {
         unreachable!()
     };
-    loadgen::run::prepare::build_plan(&args, &PromptBuilder::approximate())
+    let spec = loadgen::spec::RunSpec::from_args(&args).unwrap();
+    loadgen::run::prepare::build_plan(&spec, &PromptBuilder::approximate())
         .unwrap()
         .0
 }
@@ -720,7 +721,11 @@ fn session_arrivals_and_think_times_have_their_distributions() {
         };
         let e = format!(
             "{:#}",
-            loadgen::run::prepare::build_plan(&args, &PromptBuilder::approximate()).unwrap_err()
+            loadgen::spec::RunSpec::from_args(&args)
+                .and_then(|spec| {
+                    loadgen::run::prepare::build_plan(&spec, &PromptBuilder::approximate())
+                })
+                .unwrap_err()
         );
         assert!(e.contains(reason), "{argv:?}: {e}");
     }

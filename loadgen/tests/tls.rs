@@ -15,7 +15,7 @@ use loadgen::mock::{self, MockConfig};
 use loadgen::run::send::{send_plan, RunOutcome, SendOptions};
 use loadgen::wire::backend::Backend;
 use loadgen::wire::target::Target;
-use loadgen::wire::tls::{server_config, TlsArgs, TlsSettings};
+use loadgen::wire::tls::{server_config, TlsOptions, TlsSettings};
 
 /// A CA, and a leaf certificate it signed for `names`, as PEM files in `dir`: `ca.pem`,
 /// `leaf.pem`, `leaf.key`.
@@ -88,7 +88,7 @@ async fn run_plan(plan: Plan, target: Target) -> anyhow::Result<RunOutcome> {
 }
 
 fn settings(ca_cert: Option<&Path>, insecure: bool) -> TlsSettings {
-    TlsSettings::new(&TlsArgs {
+    TlsSettings::new(&TlsOptions {
         ca_cert: ca_cert.map(Path::to_path_buf),
         insecure,
     })

@@ -9,6 +9,7 @@ use reports::metrics::SloMetric;
 
 use crate::experiments::compare::run_rounds;
 use crate::spec::compare::{server_spec, CompareArgs};
+use crate::spec::RunSpec;
 
 /// `loadgen compare`: online when `--a`/`--a-cmd` are given, else on saved runs.
 pub async fn compare_command(args: CompareArgs) -> Result<()> {
@@ -38,7 +39,9 @@ pub async fn compare_command(args: CompareArgs) -> Result<()> {
     if online {
         let a = server_spec(&args.a_url, &args.a_cmd, Side::A)?;
         let b = server_spec(&args.b_url, &args.b_cmd, Side::B)?;
-        let (a_rounds, b_rounds) = run_rounds(&args, &a, &b, &out).await?;
+        let run = RunSpec::from_args(&args.run)?;
+        let (a_rounds, b_rounds) =
+            run_rounds(&run, args.rounds, args.server_timeout, &a, &b, &out).await?;
         let file = analyse_rounds(a_rounds, b_rounds, options, &out)?;
         return regression_gate(&args, &file);
     }

@@ -18,6 +18,7 @@
 //! folder): each side is a run folder or a folder of `round-*` run folders.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use reports::folders::{round_dir, Side};
@@ -27,7 +28,8 @@ use crate::experiments::server::{self, ServerProcess};
 use crate::run::execute::{execute_prepared, Execution};
 use crate::run::prepare::prepare_run;
 use crate::run::stop::stop_on_signals;
-use crate::spec::compare::{CompareArgs, ServerSpec};
+use crate::spec::compare::ServerSpec;
+use crate::spec::RunSpec;
 
 /// The online run order: `rounds` rounds per side, A first in even rounds and B first in odd
 /// ones (A B, B A, A B, B A, …).
@@ -43,24 +45,27 @@ pub fn round_order(rounds: usize) -> Vec<(usize, Side)> {
         .collect()
 }
 
-/// Runs the online rounds (see the module doc); returns each side's round folders in order.
+/// Runs `rounds` online rounds per side of `run` (see the module doc), each server command
+/// given `server_timeout` to answer `/health`; returns each side's round folders in order.
 pub async fn run_rounds(
-    args: &CompareArgs,
+    run: &RunSpec,
+    rounds: usize,
+    server_timeout: Duration,
     a: &ServerSpec,
     b: &ServerSpec,
     out: &Path,
 ) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    if args.rounds == 0 {
+    if rounds == 0 {
         bail!("loadgen compare: --rounds must be at least 1");
     }
-    if args.run.shard.is_some() || args.run.start_at.is_some() {
+    if run.shard.is_some() || run.start_at.is_some() {
         bail!("loadgen compare: --shard / --start-at are for run and sweep; an online comparison alternates its rounds from one client");
     }
     let stop = stop_on_signals()?;
     // Built once: both sides and every round get the identical requests and schedule.
-    let prepared = prepare_run(&args.run)?;
+    let prepared = prepare_run(run)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let order = round_order(args.rounds);
+    let order = round_order(rounds);
     let order_text: Vec<&str> = order.iter().map(|(_, s)| s.label()).collect();
     let order_text = order_text.join(" ");
     let (mut a_rounds, mut b_rounds) = (Vec::new(), Vec::new());
@@ -79,7 +84,7 @@ pub async fn run_rounds(
         let (url, server): (String, Option<ServerProcess>) = match spec {
             ServerSpec::Url(u) => (u.clone(), None),
             ServerSpec::Command(cmd) => {
-                let s = server::start(cmd, &dir.join("server.log"), args.server_timeout)
+                let s = server::start(cmd, &dir.join("server.log"), server_timeout)
                     .await
                     .with_context(|| {
                         format!("starting server {} for round {round}", side.label())
@@ -89,9 +94,9 @@ pub async fn run_rounds(
         };
         let identity = crate::wire::identify::identify(
             &url,
-            &prepared.headers,
-            args.run.api_key.as_deref(),
-            prepared.tls.as_ref(),
+            &run.target.headers,
+            run.target.api_key.as_deref(),
+            Some(&run.target.tls),
         )
         .await;
         let mut extra = std::collections::BTreeMap::new();
@@ -118,14 +123,14 @@ pub async fn run_rounds(
             dir.display()
         );
         let result = execute_prepared(
-            &args.run,
+            run,
             &prepared,
             Execution {
                 url,
                 out: Some(dir.clone()),
                 server_version: identity.version,
                 extra,
-                progress: !args.run.no_progress,
+                progress: run.progress,
                 stop: stop.clone(),
             },
         )

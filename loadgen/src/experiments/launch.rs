@@ -10,12 +10,12 @@ use crate::mock::calibrate::{calibrate, CalibrateConfig};
 use crate::run::execute::{execute_prepared, Execution};
 use crate::run::prepare::prepare_run;
 use crate::run::send::RunOutcome;
-use crate::spec::run_args::RunArgs;
+use crate::spec::RunSpec;
 
 /// Prepares `args`, calibrates against the built-in mock first when `--calibrate` asks, and
 /// executes the plan against `--url` into `--out` (`loadgen run`, and each sweep level).
 pub async fn prepare_and_execute(
-    args: &RunArgs,
+    args: &RunSpec,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<RunOutcome> {
     let mut prepared = prepare_run(args)?;
@@ -23,10 +23,12 @@ pub async fn prepare_and_execute(
         eprintln!("loadgen: calibrating against the built-in mock…");
         prepared.calibration = Some(
             calibrate(&CalibrateConfig {
-                rate: args.rate,
-                concurrency: args.concurrency,
+                // The rate is unused by a closed loop.
+                rate: args.rate().unwrap_or(CalibrateConfig::default().rate),
+                concurrency: args.concurrency(),
                 // An https:// run is calibrated over TLS too.
                 tls: args
+                    .target
                     .url
                     .starts_with("https://")
                     .then(crate::wire::tls::self_signed_pair)
@@ -41,11 +43,11 @@ pub async fn prepare_and_execute(
         args,
         &prepared,
         Execution {
-            url: args.url.clone(),
+            url: args.target.url.clone(),
             out: args.out.clone(),
             server_version: None,
             extra: Default::default(),
-            progress: !args.no_progress,
+            progress: args.progress,
             stop,
         },
     )

@@ -12,7 +12,7 @@ use crate::load::plan::Plan;
 use crate::run::host::host_info;
 use crate::run::prepare::{fnv1a, PreparedRun};
 use crate::run::send::{self, RunOutcome, SendOptions};
-use crate::spec::run_args::RunArgs;
+use crate::spec::RunSpec;
 use crate::wire::client;
 use crate::wire::extra_body::ExtraBody;
 use crate::wire::scrape::{ScrapeTarget, Scraper};
@@ -35,18 +35,20 @@ pub struct Execution {
 /// Runs `prepared` against `exec.url` with the target options of `args` (backend, model,
 /// headers, timeouts); writes `meta.json` beside the records when `exec.out` is set.
 pub async fn execute_prepared(
-    args: &RunArgs,
+    args: &RunSpec,
     prepared: &PreparedRun,
     exec: Execution,
 ) -> Result<RunOutcome> {
-    let model = match &args.model {
+    let spec = &args.target;
+    let tls = Some(&spec.tls);
+    let model = match &spec.model {
         Some(m) => m.clone(),
         None => {
             client::first_model(
-                &crate::wire::connections::http_client(1, prepared.tls.as_ref()),
+                &crate::wire::connections::http_client(1, tls),
                 &exec.url,
-                &prepared.headers,
-                args.api_key.as_deref(),
+                &spec.headers,
+                spec.api_key.as_deref(),
             )
             .await?
         }
@@ -58,9 +60,9 @@ pub async fn execute_prepared(
         None => {
             let identity = crate::wire::identify::identify(
                 &exec.url,
-                &prepared.headers,
-                args.api_key.as_deref(),
-                prepared.tls.as_ref(),
+                &spec.headers,
+                spec.api_key.as_deref(),
+                tls,
             )
             .await;
             if let Some(info) = identity.info {
@@ -82,17 +84,17 @@ pub async fn execute_prepared(
     );
     let target = Target {
         base_url: exec.url.clone(),
-        backend: args.backend,
+        backend: spec.backend,
         model: model.clone(),
-        headers: prepared.headers.clone(),
-        api_key: args.api_key.clone(),
-        timeout: args.timeout,
-        ignore_eos: !args.no_ignore_eos,
-        min_tokens: args.min_tokens,
-        prompt_ids: args.prompt_ids,
-        continuous_usage: !args.no_continuous_usage,
-        extra_body: prepared.extra_body.clone(),
-        tls: prepared.tls.clone(),
+        headers: spec.headers.clone(),
+        api_key: spec.api_key.clone(),
+        timeout: spec.timeout,
+        ignore_eos: spec.ignore_eos,
+        min_tokens: spec.min_tokens,
+        prompt_ids: spec.prompt_ids,
+        continuous_usage: spec.continuous_usage,
+        extra_body: spec.extra_body.clone(),
+        tls: Some(spec.tls.clone()),
     };
     let mut meta = RunMeta {
         schema_version: SCHEMA_VERSION,
@@ -102,7 +104,7 @@ pub async fn execute_prepared(
         workload: prepared.workload_meta.clone(),
         schedule: prepared.schedule_meta.clone(),
         url: exec.url.clone(),
-        backend: args.backend.name().to_string(),
+        backend: spec.backend.name().to_string(),
         model,
         server_version,
         host: host_info(),
@@ -122,7 +124,7 @@ pub async fn execute_prepared(
             clock: crate::run::clock::clock_sync(),
         }),
         merged_from: Vec::new(),
-        extra_body: prepared.extra_body.as_ref().map(ExtraBody::to_value),
+        extra_body: spec.extra_body.as_ref().map(ExtraBody::to_value),
     };
     // Written first as it stands, so that a run killed hard still says what it was.
     if let Some(dir) = &exec.out {
@@ -132,12 +134,12 @@ pub async fn execute_prepared(
     let scraper = match &exec.out {
         Some(dir) if !args.scrape_interval.is_zero() => Some(Scraper::start(ScrapeTarget {
             base_url: exec.url.clone(),
-            headers: prepared.headers.clone(),
-            api_key: args.api_key.clone(),
+            headers: spec.headers.clone(),
+            api_key: spec.api_key.clone(),
             interval: args.scrape_interval,
             out_dir: dir.clone(),
             start_at: args.start_at,
-            tls: prepared.tls.clone(),
+            tls: Some(spec.tls.clone()),
         })),
         _ => None,
     };
@@ -177,7 +179,7 @@ pub async fn execute_prepared(
             dir,
             &outcome.records,
             &outcome.metrics,
-            crate::spec::run_args::slo_spec(args)?.as_ref(),
+            args.slo.as_ref(),
             &bound_inputs,
             &mut outcome.summary,
         )?;

@@ -10,21 +10,17 @@ use serde_json::json;
 
 use crate::load::plan::{LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits};
 use crate::load::schedule::{
-    scale_to_rate, scale_trace, Arrival, ExactRate, Extent, RampUp, ScheduleSpec, TraceScaling,
-    Window, EXACT_RATE_TOLERANCE,
+    scale_to_rate, scale_trace, Arrival, ExactRate, Extent, RampUp, ScheduleSpec, Window,
+    EXACT_RATE_TOLERANCE,
 };
 use crate::load::workload::lengths::{clip_to_context, scale_lengths};
 use crate::load::workload::prompt::PromptBuilder;
-use crate::load::workload::sessions::{SessionSpec, ThinkTime, TurnCount};
 use crate::load::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
 use crate::load::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
 use crate::load::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
-use crate::spec::run_args::{
-    parse_headers, parse_window, ArrivalKind, RunArgs, WorkloadKind, DEFAULT_NUM_PROMPTS,
-};
-use crate::wire::backend::Backend;
+use crate::spec::run::{Lengths, LoadSpec, RunSpec, SessionsSpec, WindowSpec, DEFAULT_NUM_PROMPTS};
+use crate::spec::run_args::ArrivalKind;
 use crate::wire::extra_body::ExtraBody;
-use crate::wire::tls::TlsSettings;
 
 fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
     let prompt = match (&row.prompt, row.hash_ids.is_empty()) {
@@ -47,71 +43,26 @@ fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
     }
 }
 
-/// The session options of `args`; the options that only sessions take are refused without
-/// `--turns`, never ignored.
-fn session_spec(args: &RunArgs) -> Result<Option<SessionSpec>> {
-    let Some(turns) = args.turns.as_deref() else {
-        let stray = [
-            ("--think-time", args.think_time.is_some()),
-            ("--max-session-turns", args.max_session_turns.is_some()),
-            ("--max-history-tokens", args.max_history_tokens.is_some()),
-            ("--session-drain", args.session_drain.is_some()),
-        ];
-        if let Some((flag, _)) = stray.iter().find(|(_, given)| *given) {
-            bail!("{flag} shapes multi-turn sessions: give --turns too");
-        }
-        return Ok(None);
-    };
-    let think = match args.think_time.as_deref() {
-        Some(t) => ThinkTime::parse(t)?,
-        None => ThinkTime::Constant { secs: 0.0 },
-    };
-    if args.max_session_turns == Some(0) {
-        bail!("--max-session-turns must be at least 1");
-    }
-    if args.session_drain.is_some() && args.duration.is_none() {
-        bail!("--session-drain limits sessions after --duration; without --duration every session runs to its end");
-    }
-    Ok(Some(SessionSpec {
-        turns: TurnCount::parse(turns)?,
-        think,
-        max_turns: args.max_session_turns,
-    }))
-}
-
 /// Builds the plan (request list + schedule) for `args`; also returns workload / schedule
 /// descriptions for `meta.json`.
 pub fn build_plan(
-    args: &RunArgs,
+    args: &RunSpec,
     prompts: &PromptBuilder,
 ) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
-    if args.exact_rate {
-        if args.concurrency.is_some() {
-            bail!(
-                "--exact-rate scales an open-loop schedule: --concurrency (closed loop) has none"
-            );
-        }
-        if args.turns.is_some() {
-            bail!("--exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; give --rate alone");
-        }
+    if let Some(sessions) = &args.sessions {
+        return build_session_plan(args, prompts, sessions);
     }
-    if let Some(spec) = session_spec(args)? {
-        return build_session_plan(args, prompts, spec);
-    }
-    let warmup = args.warmup.as_secs_f64();
-    let duration = args.duration.map(|d| d.as_secs_f64());
-    let cooldown = args.cooldown.as_secs_f64();
+    let warmup = args.window.warmup.as_secs_f64();
+    let duration = args.window.duration.map(|d| d.as_secs_f64());
+    let cooldown = args.window.cooldown.as_secs_f64();
     let schedule_seed = mix(args.seed, 0x5C4E_D01E);
-    let mut workload_meta = json!({"kind": format!("{:?}", args.workload), "seed": args.seed});
+    let mut workload_meta =
+        json!({"kind": format!("{:?}", args.workload.lengths.kind()), "seed": args.seed});
 
     // Trace rows (lengths, maybe timestamps) when the workload is a trace.
-    let trace_rows = if args.workload == WorkloadKind::Trace {
-        let path = args
-            .trace
-            .as_ref()
-            .context("--workload trace needs --trace PATH")?;
-        let format = match args.trace_format {
-            Some(f) => f,
+    let trace_rows = if let Lengths::Trace { path, format } = &args.workload.lengths {
+        let format = match format {
+            Some(f) => *f,
             None => traces::detect_format(path)?,
         };
         let count = |t: &str| prompts.count_tokens(t);
@@ -138,9 +89,13 @@ pub fn build_plan(
     let timestamped = trace_rows
         .as_ref()
         .is_some_and(|rows| rows.iter().all(|r| r.timestamp_ms.is_some()));
-    let arrival = match args.arrival {
+    let open = match &args.load {
+        LoadSpec::Open(open) => Some(open),
+        LoadSpec::Closed { .. } => None,
+    };
+    let arrival = match open.and_then(|o| o.arrival) {
         Some(a) => a,
-        None if timestamped && args.concurrency.is_none() => {
+        None if timestamped && open.is_some() => {
             eprintln!(
                 "loadgen: replaying the trace's timestamps, each row once (--arrival poisson \
                  --rate R for a Poisson schedule instead)"
@@ -150,15 +105,16 @@ pub fn build_plan(
         None => ArrivalKind::Poisson,
     };
     let num_prompts = args
+        .window
         .num_prompts
         .unwrap_or(trace_rows.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len));
     // How requests are sent, and the number of requests.
-    let (sends, schedule_meta): (Sends, serde_json::Value) = match (args.concurrency, arrival) {
-        (Some(c), _) => (
+    let (sends, schedule_meta): (Sends, serde_json::Value) = match (&args.load, arrival) {
+        (&LoadSpec::Closed { concurrency: c }, _) => (
             Sends::Closed(c),
             json!({"mode": "closed", "concurrency": c}),
         ),
-        (None, ArrivalKind::Trace) => {
+        (LoadSpec::Open(open), ArrivalKind::Trace) => {
             let rows = trace_rows
                 .as_ref()
                 .context("--arrival trace needs --workload trace")?;
@@ -167,11 +123,7 @@ pub fn build_plan(
                 .map(|r| r.timestamp_ms)
                 .collect::<Option<Vec<f64>>>()
                 .context("--arrival trace: this trace has no timestamps")?;
-            let scaling = TraceScaling {
-                window: args.trace_window.as_deref().map(parse_window).transpose()?,
-                time_scale: args.time_scale,
-                target_rate: args.target_rate,
-            };
+            let scaling = open.trace;
             let (kept, times) = scale_trace(&ts, &scaling)?;
             let rows: Vec<TraceRow> = kept.iter().map(|&i| rows[i].clone()).collect();
             let mut meta = json!({"mode": "open", "arrival": "trace", "scaling": scaling,
@@ -180,12 +132,12 @@ pub fn build_plan(
             let mut times = times;
             // The rows whose timestamps the shift of an exact rate dropped go with them.
             let mut first_row = 0;
-            if args.exact_rate {
-                let target = args.target_rate.context(
+            if open.exact_rate {
+                let target = open.trace.target_rate.context(
                     "--exact-rate with --arrival trace needs --target-rate: a trace's own \
                      timestamps are replayed as recorded",
                 )?;
-                let (scaled, exact) = scale_to_rate(&times, target, window(args), end)?;
+                let (scaled, exact) = scale_to_rate(&times, target, window(&args.window), end)?;
                 warn_residual(&exact);
                 times = scaled;
                 first_row = exact.dropped;
@@ -204,33 +156,33 @@ pub fn build_plan(
                 meta,
             );
         }
-        (None, arrival) => {
+        (LoadSpec::Open(open), arrival) => {
             let arrival = match arrival {
                 ArrivalKind::Poisson => Arrival::Poisson,
                 ArrivalKind::Gamma => Arrival::Gamma {
-                    burstiness: args.burstiness,
+                    burstiness: open.burstiness,
                 },
                 ArrivalKind::Constant | ArrivalKind::Trace => Arrival::Constant,
             };
             let spec = ScheduleSpec {
                 arrival,
-                rate: args.rate,
-                ramp_up: args.ramp_up.map(|r| RampUp {
-                    from_rate: args.ramp_start_rate,
+                rate: open.rate,
+                ramp_up: open.ramp_up.map(|r| RampUp {
+                    from_rate: open.ramp_start_rate,
                     secs: r.as_secs_f64(),
                 }),
             };
             let end = duration.map(|d| warmup + d + cooldown);
             let mut meta =
                 json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed});
-            let times = if args.exact_rate {
+            let times = if open.exact_rate {
                 // Drawn well past the end, so that a draw slowed down still fills the window.
                 let extent = match end {
                     Some(end) => Extent::Until(4.0 * end),
                     None => Extent::Count(num_prompts),
                 };
                 let draw = spec.generate(extent, schedule_seed)?;
-                let (times, exact) = scale_to_rate(&draw, args.rate, window(args), end)?;
+                let (times, exact) = scale_to_rate(&draw, open.rate, window(&args.window), end)?;
                 warn_residual(&exact);
                 meta["exact_rate"] = json!(exact);
                 times
@@ -265,11 +217,11 @@ fn warn_residual(exact: &ExactRate) {
     }
 }
 
-/// The measured window of `args`' schedule.
-fn window(args: &RunArgs) -> Window {
+/// The measured window of a run's schedule.
+fn window(window: &WindowSpec) -> Window {
     Window {
-        warmup_s: args.warmup.as_secs_f64(),
-        duration_s: args.duration.map(|d| d.as_secs_f64()),
+        warmup_s: window.warmup.as_secs_f64(),
+        duration_s: window.duration.map(|d| d.as_secs_f64()),
     }
 }
 
@@ -280,7 +232,7 @@ enum Sends {
 }
 
 fn finish_plan(
-    args: &RunArgs,
+    args: &RunSpec,
     sends: Sends,
     trace_rows: Option<Vec<TraceRow>>,
     n: usize,
@@ -304,10 +256,10 @@ fn finish_plan(
         Sends::At(times) => Plan::open(times, &mut next),
     };
     let plan = Plan {
-        warmup_s: args.warmup.as_secs_f64(),
-        duration_s: args.duration.map(|d| d.as_secs_f64()),
-        cooldown_s: args.cooldown.as_secs_f64(),
-        max_concurrency: args.max_concurrency,
+        warmup_s: args.window.warmup.as_secs_f64(),
+        duration_s: args.window.duration.map(|d| d.as_secs_f64()),
+        cooldown_s: args.window.cooldown.as_secs_f64(),
+        max_concurrency: args.window.max_concurrency,
         ..plan
     };
     schedule_meta["warmup_s"] = json!(plan.warmup_s);
@@ -320,20 +272,21 @@ fn finish_plan(
 /// `--length-scale`, `--max-model-len` and `--prompt-salt` applied to the drawn requests
 /// (the salt acts when prompts are built) and recorded in `workload_meta`.
 fn reshape(
-    args: &RunArgs,
+    args: &RunSpec,
     specs: &mut [RequestSpec],
     workload_meta: &mut serde_json::Value,
 ) -> Result<()> {
-    if args.length_scale != 1.0 {
-        scale_lengths(specs, args.length_scale)?;
-        workload_meta["length_scale"] = json!(args.length_scale);
+    let workload = &args.workload;
+    if workload.length_scale != 1.0 {
+        scale_lengths(specs, workload.length_scale)?;
+        workload_meta["length_scale"] = json!(workload.length_scale);
     }
-    if let Some(limit) = args.max_model_len {
+    if let Some(limit) = workload.max_model_len {
         let clipped = clip_to_context(specs, limit)?;
         workload_meta["max_model_len"] = json!({"limit": limit, "clipped_requests": clipped});
     }
-    if args.prompt_salt != 0 {
-        workload_meta["prompt_salt"] = json!(args.prompt_salt);
+    if workload.prompt_salt != 0 {
+        workload_meta["prompt_salt"] = json!(workload.prompt_salt);
     }
     Ok(())
 }
@@ -341,25 +294,34 @@ fn reshape(
 /// `n` requests of the synthetic workload `args` asks for; their length model in
 /// `workload_meta`.
 fn synthetic_specs(
-    args: &RunArgs,
+    args: &RunSpec,
     n: usize,
     workload_meta: &mut serde_json::Value,
 ) -> Result<Vec<RequestSpec>> {
-    let model = match args.workload {
-        WorkloadKind::Random => LengthModel::Random {
-            input_len: args.random_input_len,
-            output_len: args.random_output_len,
-            range_ratio: args.random_range_ratio,
+    let model = match &args.workload.lengths {
+        Lengths::Random {
+            input_len,
+            output_len,
+            range_ratio,
+        } => LengthModel::Random {
+            input_len: *input_len,
+            output_len: *output_len,
+            range_ratio: *range_ratio,
         },
-        _ => LengthModel::ShareGptLike {
-            profile: args.profile.clone(),
-            max_input_len: args.max_input_len,
-            max_output_len: args.max_output_len,
+        Lengths::SharegptLike {
+            profile,
+            max_input_len,
+            max_output_len,
+        } => LengthModel::ShareGptLike {
+            profile: profile.clone(),
+            max_input_len: *max_input_len,
+            max_output_len: *max_output_len,
         },
+        Lengths::Trace { .. } => unreachable!("a trace's requests come from its rows"),
     };
-    let prefix = (args.prefix_len > 0).then_some(PrefixGroups {
-        len: args.prefix_len,
-        groups: args.prefix_groups,
+    let prefix = (args.workload.prefix_len > 0).then_some(PrefixGroups {
+        len: args.workload.prefix_len,
+        groups: args.workload.prefix_groups,
     });
     workload_meta["lengths"] = serde_json::to_value(&model)?;
     workload_meta["prefix"] = serde_json::to_value(prefix)?;
@@ -370,29 +332,19 @@ fn synthetic_specs(
 /// `--rate` sessions/s, each session's turns (synthetic user turns and answer lengths, or a
 /// ShareGPT file's conversations with `--turns all`) and think times, all from the seed.
 fn build_session_plan(
-    args: &RunArgs,
+    args: &RunSpec,
     prompts: &PromptBuilder,
-    spec: SessionSpec,
+    sessions: &SessionsSpec,
 ) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
-    if args.length_scale != 1.0 || args.max_model_len.is_some() {
-        bail!("--length-scale and --max-model-len reshape single requests; a session's prompt grows with its history: shape sessions with --max-history-tokens");
-    }
-    if args.backend != Backend::Chat {
-        bail!("--turns needs --backend chat: a session re-sends its history as chat messages, which the {} API has no place for", args.backend.name());
-    }
-    if args.concurrency.is_some() {
-        bail!("--turns with --concurrency: sessions arrive open-loop at --rate sessions/s; a closed loop of sessions is not supported");
-    }
-    let mut workload_meta = json!({"kind": format!("{:?}", args.workload), "seed": args.seed,
-        "sessions": spec});
-    let conversations = match (args.workload, spec.turns) {
-        (WorkloadKind::Trace, TurnCount::All) => {
-            let path = args
-                .trace
-                .as_ref()
-                .context("--workload trace needs --trace PATH")?;
-            let format = match args.trace_format {
-                Some(f) => f,
+    let spec = &sessions.spec;
+    let mut workload_meta = json!({"kind": format!("{:?}", args.workload.lengths.kind()),
+        "seed": args.seed, "sessions": spec});
+    // `RunSpec::from_args` took a trace with `--turns all` only, and a synthetic workload
+    // without it.
+    let conversations = match &args.workload.lengths {
+        Lengths::Trace { path, format } => {
+            let format = match format {
+                Some(f) => *f,
                 None => traces::detect_format(path)?,
             };
             if format != TraceFormat::Sharegpt {
@@ -401,39 +353,43 @@ fn build_session_plan(
             let count = |t: &str| prompts.count_tokens(t);
             let conversations = traces::load_sharegpt_conversations(path, &count)?;
             if conversations.is_empty() {
-                bail!("{}: no conversation with a human turn and its answer", path.display());
+                bail!(
+                    "{}: no conversation with a human turn and its answer",
+                    path.display()
+                );
             }
             workload_meta["trace"] = json!({"path": path, "format": format,
                 "conversations": conversations.len()});
             Some(conversations)
         }
-        (WorkloadKind::Trace, _) => bail!("--workload trace with sessions: give --turns all to replay a ShareGPT file's conversations with all their turns"),
-        (_, TurnCount::All) => bail!("--turns all replays a ShareGPT file (--workload trace --trace FILE.json); a synthetic workload takes --turns N or constant:N"),
         _ => None,
     };
-    let arrival = match args.arrival {
-        None | Some(ArrivalKind::Poisson) => Arrival::Poisson,
+    // Sessions arrive open-loop, never on a trace's timestamps (`RunSpec::from_args`).
+    let LoadSpec::Open(open) = &args.load else {
+        unreachable!("a closed loop of sessions is refused by RunSpec::from_args")
+    };
+    let arrival = match open.arrival {
         Some(ArrivalKind::Gamma) => Arrival::Gamma {
-            burstiness: args.burstiness,
+            burstiness: open.burstiness,
         },
         Some(ArrivalKind::Constant) => Arrival::Constant,
-        Some(ArrivalKind::Trace) => bail!(
-            "--turns: sessions arrive on --arrival poisson, gamma or constant at --rate sessions/s"
-        ),
+        _ => Arrival::Poisson,
     };
     let schedule = ScheduleSpec {
         arrival,
-        rate: args.rate,
-        ramp_up: args.ramp_up.map(|r| RampUp {
-            from_rate: args.ramp_start_rate,
+        rate: open.rate,
+        ramp_up: open.ramp_up.map(|r| RampUp {
+            from_rate: open.ramp_start_rate,
             secs: r.as_secs_f64(),
         }),
     };
-    let warmup = args.warmup.as_secs_f64();
-    let extent = match args.duration {
-        Some(d) => Extent::Until(warmup + d.as_secs_f64() + args.cooldown.as_secs_f64()),
+    let window = &args.window;
+    let warmup = window.warmup.as_secs_f64();
+    let extent = match window.duration {
+        Some(d) => Extent::Until(warmup + d.as_secs_f64() + window.cooldown.as_secs_f64()),
         None => Extent::Count(
-            args.num_prompts
+            window
+                .num_prompts
                 .unwrap_or(conversations.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len)),
         ),
     };
@@ -487,13 +443,14 @@ fn build_session_plan(
     }
     let plan = Plan {
         warmup_s: warmup,
-        duration_s: args.duration.map(|d| d.as_secs_f64()),
-        cooldown_s: args.cooldown.as_secs_f64(),
-        max_concurrency: args.max_concurrency,
+        duration_s: window.duration.map(|d| d.as_secs_f64()),
+        cooldown_s: window.cooldown.as_secs_f64(),
+        max_concurrency: window.max_concurrency,
         sessions: Some(SessionLimits {
-            max_history_tokens: args.max_history_tokens,
+            max_history_tokens: sessions.max_history_tokens,
             drain_s: Some(
-                args.session_drain
+                sessions
+                    .drain
                     .map_or(DEFAULT_SESSION_DRAIN_S, |d| d.as_secs_f64()),
             ),
         }),
@@ -502,7 +459,7 @@ fn build_session_plan(
     let schedule_meta = json!({"mode": "open", "unit": "sessions", "schedule": schedule,
         "schedule_seed": schedule_seed, "sessions": starts.len(), "turns": total,
         "warmup_s": plan.warmup_s, "duration_s": plan.duration_s, "cooldown_s": plan.cooldown_s,
-        "max_concurrency": plan.max_concurrency, "max_history_tokens": args.max_history_tokens,
+        "max_concurrency": plan.max_concurrency, "max_history_tokens": sessions.max_history_tokens,
         "session_drain_s": plan.sessions.and_then(|s| s.drain_s)});
     Ok((plan, workload_meta, schedule_meta))
 }
@@ -513,13 +470,12 @@ const DEFAULT_SESSION_DRAIN_S: f64 = 60.0;
 /// Seeds the session draws apart from the schedule's and the workload's.
 const SESSION_SEED_TAG: u64 = 0x5E55_1015;
 
-/// Everything a run decides before sending: prompts, SLOs, headers and the request plan.
+/// Everything a run decides before sending: prompts, SLOs and the request plan.
 /// Built once and executed any number of times (sweep probes, A/B rounds) with identical
 /// requests and schedule.
 pub struct PreparedRun {
     pub prompts: Arc<PromptBuilder>,
     pub slos: Vec<reports::metrics::Slo>,
-    pub headers: Vec<(String, String)>,
     pub plan: Arc<Plan>,
     pub workload_meta: serde_json::Value,
     pub schedule_meta: serde_json::Value,
@@ -529,96 +485,57 @@ pub struct PreparedRun {
     pub schedule_requests: u64,
     /// See [`reports::records::ShardInfo::schedule_digest`].
     pub schedule_digest: String,
-    /// `--extra-body`, checked.
-    pub extra_body: Option<ExtraBody>,
-    /// `--ca-cert` / `--insecure`, read.
-    pub tls: Option<TlsSettings>,
 }
 
-/// Builds the prompts, SLOs, headers and plan of `args` (no network).
-pub fn prepare_run(args: &RunArgs) -> Result<PreparedRun> {
+/// Builds the prompts, SLOs and plan of `args` (no network).
+pub fn prepare_run(args: &RunSpec) -> Result<PreparedRun> {
     let prompts = Arc::new(
-        match &args.tokenizer {
+        match &args.workload.tokenizer {
             Some(p) => PromptBuilder::from_tokenizer(p)?,
             None => PromptBuilder::approximate(),
         }
-        .with_salt(args.prompt_salt),
+        .with_salt(args.workload.prompt_salt),
     );
     let slos = args
         .slo
-        .as_deref()
-        .map(SloSpec::parse)
-        .transpose()?
-        .map(|spec| spec.per_request())
+        .as_ref()
+        .map(SloSpec::per_request)
         .unwrap_or_default();
-    let headers = parse_headers(&args.headers)?;
-    // Each API also refuses such a body per request (a `Target` built without these options);
-    // here a command-line run fails before it sends anything.
-    if args.prompt_ids && args.backend != Backend::Completions {
-        bail!(
-            "--prompt-ids needs --backend completions: only a completions prompt may be token ids"
-        );
-    }
-    let extra_body = args
-        .extra_body
-        .as_deref()
-        .map(|arg| ExtraBody::parse(arg, args.backend))
-        .transpose()?;
-    let tls = Some(TlsSettings::new(&args.tls)?);
     let (mut plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
     let schedule_requests = plan.requests.len() as u64;
-    let schedule_digest = schedule_digest(args, &plan, &prompts, extra_body.as_ref())?;
+    let schedule_digest = schedule_digest(args, &plan, &prompts)?;
     if let Some(shard) = args.shard {
-        if args.concurrency.is_some() {
-            bail!("--shard splits an open-loop schedule; a closed loop (--concurrency) has none: give each worker its own --concurrency instead");
-        }
-        if args.start_at.is_none() {
-            bail!("--shard {shard}: every worker needs the same --start-at (RFC 3339 or Unix seconds)");
-        }
-        if args.max_concurrency.is_some() {
-            bail!("--shard with --max-concurrency: each worker would cap its own requests in flight, so K workers would allow K times the cap; leave the cap out");
-        }
-        if args.calibrate {
-            bail!("--shard: calibrate each worker with `loadgen calibrate` before the run, not with --calibrate");
-        }
         shard.restrict(&mut plan)?;
     }
     Ok(PreparedRun {
         prompts,
         slos,
-        headers,
         plan: Arc::new(plan),
         workload_meta,
         schedule_meta,
         calibration: None,
         schedule_requests,
         schedule_digest,
-        extra_body,
-        tls,
     })
 }
 
 /// The digest that tells the shards of one schedule apart from those of another: the whole
 /// request list and every option that shapes a request on the wire (FNV-1a, 64 bits, hex).
-fn schedule_digest(
-    args: &RunArgs,
-    plan: &Plan,
-    prompts: &PromptBuilder,
-    extra_body: Option<&ExtraBody>,
-) -> Result<String> {
+fn schedule_digest(args: &RunSpec, plan: &Plan, prompts: &PromptBuilder) -> Result<String> {
+    let target = &args.target;
     let shape = json!({
         "requests": plan.requests,
         "phases": [plan.warmup_s, plan.duration_s, plan.cooldown_s],
-        "backend": args.backend.name(),
-        "prompt_ids": args.prompt_ids,
-        "ignore_eos": !args.no_ignore_eos,
-        "min_tokens": args.min_tokens,
-        "continuous_usage": !args.no_continuous_usage,
-        "timeout_s": args.timeout.as_secs_f64(),
-        "slo": args.slo,
+        "backend": target.backend.name(),
+        "prompt_ids": target.prompt_ids,
+        "ignore_eos": target.ignore_eos,
+        "min_tokens": target.min_tokens,
+        "continuous_usage": target.continuous_usage,
+        "timeout_s": target.timeout.as_secs_f64(),
+        "slo": args.slo_text,
         "approximate_lengths": prompts.is_approximate(),
-        "prompt_salt": args.prompt_salt,
-        "extra_body": extra_body.map(ExtraBody::to_value),
+        "prompt_salt": args.workload.prompt_salt,
+        "extra_body": target.extra_body.as_ref().map(ExtraBody::to_value),
     });
     Ok(format!("{:016x}", fnv1a(&serde_json::to_vec(&shape)?)))
 }
@@ -636,13 +553,23 @@ mod tests {
 
     use super::*;
 
-    fn run_args(argv: &[&str]) -> RunArgs {
+    /// The spec of `loadgen run ARGV`.
+    fn run_args(argv: &[&str]) -> RunSpec {
+        spec(argv).unwrap()
+    }
+
+    fn spec(argv: &[&str]) -> Result<RunSpec> {
         let mut full = vec!["loadgen", "run"];
         full.extend_from_slice(argv);
         match crate::cli::Cli::try_parse_from(full).unwrap().command {
-            crate::cli::Command::Run(args) => *args,
+            crate::cli::Command::Run(args) => RunSpec::from_args(&args),
             _ => unreachable!(),
         }
+    }
+
+    /// `loadgen run ARGV`'s spec and its prepared run.
+    fn prepare(argv: &[&str]) -> Result<PreparedRun> {
+        prepare_run(&spec(argv)?)
     }
 
     #[test]
@@ -704,12 +631,12 @@ mod tests {
     #[test]
     fn prompt_ids_are_refused_before_the_run_for_apis_that_take_text() {
         for backend in ["chat", "tgi"] {
-            let err = prepare_run(&run_args(&["--prompt-ids", "--backend", backend]))
+            let err = prepare(&["--prompt-ids", "--backend", backend])
                 .err()
                 .unwrap();
             assert!(format!("{err}").contains("--prompt-ids needs --backend completions"));
         }
-        assert!(prepare_run(&run_args(&["--prompt-ids", "--num-prompts", "3"])).is_ok());
+        assert!(prepare(&["--prompt-ids", "--num-prompts", "3"]).is_ok());
     }
 
     #[test]

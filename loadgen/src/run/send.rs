@@ -548,7 +548,7 @@ pub async fn send_plan(
 /// certificate problem is one clear start-up error, not a failure per request.
 async fn preflight(uri: &http::Uri, tls: Option<&TlsSettings>) -> Result<()> {
     if uri.scheme_str() != Some("https") {
-        if tls.is_some_and(|t| t.args.ca_cert.is_some() || t.args.insecure) {
+        if tls.is_some_and(|t| t.options.ca_cert.is_some() || t.options.insecure) {
             anyhow::bail!("--ca-cert and --insecure are for https:// URLs; {uri} is plain HTTP");
         }
         return Ok(());
@@ -563,7 +563,7 @@ async fn preflight(uri: &http::Uri, tls: Option<&TlsSettings>) -> Result<()> {
     {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) => {
-            anyhow::bail!("{}", tls.args.explain(host, &e))
+            anyhow::bail!("{}", tls.options.explain(host, &e))
         }
         Ok(Err(e)) => Err(anyhow::anyhow!("{uri}: cannot connect: {e}")),
         Err(_) => anyhow::bail!("{uri}: no TLS handshake within 30 s"),

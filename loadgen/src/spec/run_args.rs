@@ -5,17 +5,14 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
-use reports::slo::SloSpec;
 
 use crate::load::shard::Shard;
 use crate::load::workload::traces::TraceFormat;
 use crate::units::duration_arg;
 use crate::wire::backend::Backend;
-use crate::wire::tls::TlsArgs;
-
-/// Requests a run sends without --duration or a trace to size it.
-pub const DEFAULT_NUM_PROMPTS: usize = 1000;
+use crate::wire::tls::TlsOptions;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WorkloadKind {
@@ -41,7 +38,7 @@ pub struct RunArgs {
     /// Base URL of the server (without /v1).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     pub url: String,
-    #[arg(long, value_enum, default_value = "completions")]
+    #[arg(long, value_parser = backend_arg(), default_value = "completions")]
     pub backend: Backend,
     /// Model name; default: the first of GET /v1/models.
     #[arg(long)]
@@ -84,7 +81,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Trace format; guessed from the file when omitted.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = trace_format_arg())]
     pub trace_format: Option<TraceFormat>,
     /// Replay the trace this many times faster (2 = twice as fast).
     #[arg(long)]
@@ -225,8 +222,51 @@ pub struct RunArgs {
     pub no_progress: bool,
 }
 
+/// How loadgen checks the servers it talks to over TLS.
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsArgs {
+    /// PEM file of a CA certificate (or several) to trust besides the webpki roots, for a
+    /// server whose certificate a private CA signed (curl's --cacert).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Do not verify the server's certificate (curl's -k): for a self-signed test server.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+impl TlsArgs {
+    pub fn options(&self) -> TlsOptions {
+        TlsOptions {
+            ca_cert: self.ca_cert.clone(),
+            insecure: self.insecure,
+        }
+    }
+}
+
+/// `--backend`'s values (`wire::backend::Backend`), with their help: the wire keeps no
+/// command-line types of its own.
+fn backend_arg() -> impl TypedValueParser<Value = Backend> {
+    PossibleValuesParser::new(Backend::ALL.map(|b| PossibleValue::new(b.name()).help(b.help())))
+        .map(|name| {
+            Backend::ALL
+                .into_iter()
+                .find(|b| b.name() == name)
+                .expect("clap took one of the names")
+        })
+}
+
+/// `--trace-format`'s values (`load::workload::traces::TraceFormat`).
+fn trace_format_arg() -> impl TypedValueParser<Value = TraceFormat> {
+    PossibleValuesParser::new(TraceFormat::ALL.map(TraceFormat::name)).map(|name| {
+        TraceFormat::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .expect("clap took one of the names")
+    })
+}
+
 /// `--trace-window START:END` in seconds.
-pub(crate) fn parse_window(text: &str) -> Result<(f64, f64)> {
+pub fn parse_window(text: &str) -> Result<(f64, f64)> {
     let (a, b) = text
         .split_once(':')
         .with_context(|| format!("--trace-window `{text}`: expected START:END in seconds"))?;
@@ -245,7 +285,7 @@ pub(crate) fn parse_window(text: &str) -> Result<(f64, f64)> {
 }
 
 /// `--header Name: value` pairs.
-pub(crate) fn parse_headers(raw: &[String]) -> Result<Vec<(String, String)>> {
+pub fn parse_headers(raw: &[String]) -> Result<Vec<(String, String)>> {
     raw.iter()
         .map(|h| {
             h.split_once(':')
@@ -253,20 +293,4 @@ pub(crate) fn parse_headers(raw: &[String]) -> Result<Vec<(String, String)>> {
                 .with_context(|| format!("--header `{h}`: expected `Name: value`"))
         })
         .collect()
-}
-
-/// The `--slo` of `args` with its `--max-error-rate`.
-pub fn slo_spec(args: &RunArgs) -> Result<Option<SloSpec>> {
-    if args.fail_on_slo && args.slo.is_none() {
-        bail!("--fail-on-slo needs --slo (e.g. --slo ttft:p90:2s,tpot:p90:100ms)");
-    }
-    Ok(args
-        .slo
-        .as_deref()
-        .map(SloSpec::parse)
-        .transpose()?
-        .map(|spec| SloSpec {
-            max_error_rate: args.max_error_rate,
-            ..spec
-        }))
 }

@@ -16,28 +16,25 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, S
 /// A client configuration with the options it came from (to explain its refusals).
 #[derive(Debug, Clone)]
 pub struct TlsSettings {
-    pub args: TlsArgs,
+    pub options: TlsOptions,
     pub config: Arc<ClientConfig>,
 }
 
 impl TlsSettings {
-    pub fn new(args: &TlsArgs) -> Result<TlsSettings> {
+    pub fn new(options: &TlsOptions) -> Result<TlsSettings> {
         Ok(TlsSettings {
-            args: args.clone(),
-            config: args.client_config()?,
+            options: options.clone(),
+            config: options.client_config()?,
         })
     }
 }
 
-/// How loadgen checks the servers it talks to over TLS.
-#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
-pub struct TlsArgs {
-    /// PEM file of a CA certificate (or several) to trust besides the webpki roots, for a
-    /// server whose certificate a private CA signed (curl's --cacert).
-    #[arg(long, value_name = "FILE")]
+/// How loadgen checks the servers it talks to over TLS (`--ca-cert`, `--insecure`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// PEM file of a CA certificate (or several) to trust besides the webpki roots.
     pub ca_cert: Option<PathBuf>,
-    /// Do not verify the server's certificate (curl's -k): for a self-signed test server.
-    #[arg(long)]
+    /// No verification of the server's certificate.
     pub insecure: bool,
 }
 
@@ -46,7 +43,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-impl TlsArgs {
+impl TlsOptions {
     /// The client configuration: HTTP/1.1 (ALPN), the webpki roots and `--ca-cert`, or no
     /// verification with `--insecure`.
     pub fn client_config(&self) -> Result<Arc<ClientConfig>> {
@@ -268,7 +265,7 @@ pub fn self_signed_pair() -> Result<LocalPair> {
     Ok(LocalPair {
         server,
         client: TlsSettings {
-            args: TlsArgs::default(),
+            options: TlsOptions::default(),
             config: client_trusting(roots)?,
         },
     })
@@ -277,12 +274,12 @@ pub fn self_signed_pair() -> Result<LocalPair> {
 /// A pair from the server's own PEM files; the client skips verification (it only measures
 /// its own timing against that server).
 pub fn files_pair(cert: &Path, key: &Path) -> Result<LocalPair> {
-    let args = TlsArgs {
+    let options = TlsOptions {
         ca_cert: None,
         insecure: true,
     };
     Ok(LocalPair {
         server: server_config(cert, key)?,
-        client: TlsSettings::new(&args)?,
+        client: TlsSettings::new(&options)?,
     })
 }

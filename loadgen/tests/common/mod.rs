@@ -7,6 +7,7 @@ use clap::Parser;
 use loadgen::experiments::compare::run_rounds;
 use loadgen::mock::{self, MockConfig};
 use loadgen::spec::compare::{CompareArgs, ServerSpec};
+use loadgen::spec::RunSpec;
 use reports::ab::{MetricVerdict, DEFAULT_ALPHA, DEFAULT_MIN_EFFECT};
 use reports::comparison::{analyse_rounds, AnalysisOptions, PairMode};
 use reports::folders::CompareFile;
@@ -73,10 +74,16 @@ pub async fn compare_mocks(
         .collect();
     argv.extend(run_options(seed, rounds, out));
     let args = Compare::try_parse_from(argv).unwrap().args;
-    let (a_rounds, b_rounds) =
-        run_rounds(&args, &ServerSpec::Url(a_url), &ServerSpec::Url(b_url), out)
-            .await
-            .unwrap();
+    let (a_rounds, b_rounds) = run_rounds(
+        &RunSpec::from_args(&args.run).unwrap(),
+        args.rounds,
+        args.server_timeout,
+        &ServerSpec::Url(a_url),
+        &ServerSpec::Url(b_url),
+        out,
+    )
+    .await
+    .unwrap();
     a_handle.shutdown().await;
     b_handle.shutdown().await;
     let options = AnalysisOptions {

@@ -15,6 +15,7 @@ use crate::experiments::launch::prepare_and_execute;
 use crate::experiments::sweep::run_sweep;
 use crate::spec::matrix::MatrixArgs;
 use crate::spec::matrix_toml::{Prefix, RowArgs};
+use crate::spec::RunSpec;
 
 /// Runs one row (its prefixes first when warm) and decides its expectations.
 pub(super) async fn run_row(
@@ -27,12 +28,13 @@ pub(super) async fn run_row(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut row_args = row.args.clone();
     if row.spec.prefix == Prefix::Warm {
-        warm::warm_prefixes(row_args.run(), dir.join("prefix-warmup"), stop).await?;
+        let run = RunSpec::from_args(row_args.run())?;
+        warm::warm_prefixes(&run, dir.join("prefix-warmup"), stop).await?;
     }
     let (summary, capacity, folder) = match &mut row_args {
         RowArgs::Run(run) => {
             run.out = Some(dir.join("run"));
-            let outcome = prepare_and_execute(run, stop.clone()).await?;
+            let outcome = prepare_and_execute(&RunSpec::from_args(run)?, stop.clone()).await?;
             print!("{}", reports::table::render(&outcome.summary));
             (Some(outcome.summary), None, format!("{}/run", row.folder))
         }

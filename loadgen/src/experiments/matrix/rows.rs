@@ -12,6 +12,7 @@ use crate::spec::matrix::MatrixArgs;
 use crate::spec::matrix_toml::{Prefix, RowArgs, RowSpec};
 use crate::spec::run_args::RunArgs;
 use crate::spec::sweep::DEFAULT_PROBE_DURATION;
+use crate::spec::RunSpec;
 
 /// The chat template's tokens around a prompt (a system prompt, role markers), kept free
 /// under the server's context when requests are clipped to it (`--backend chat`).
@@ -50,7 +51,9 @@ pub(super) fn check_rows(args: &MatrixArgs, specs: Vec<RowSpec>) -> Result<Vec<P
                 run.prompt_salt
             };
             run.prompt_salt = salt_for(base, SaltFor::MatrixRow, i);
-            let prepared = prepare_run(run).with_context(|| format!("{label}: its workload"))?;
+            let prepared = RunSpec::from_args(run)
+                .and_then(|spec| prepare_run(&spec))
+                .with_context(|| format!("{label}: its workload"))?;
             crate::spec::bound::resolve(&run.bound, None)
                 .with_context(|| format!("{label}: the bound's inputs"))?;
             let replay = prepared.schedule_meta["arrival"] == "trace";
@@ -117,7 +120,7 @@ pub(super) async fn fit_rows(rows: &mut [PreparedRow], url: &str) -> Result<()> 
     };
     let run = first.args.run();
     let headers = crate::spec::run_args::parse_headers(&run.headers)?;
-    let tls = crate::wire::tls::TlsSettings::new(&run.tls)?;
+    let tls = crate::wire::tls::TlsSettings::new(&run.tls.options())?;
     let identity =
         crate::wire::identify::identify(url, &headers, run.api_key.as_deref(), Some(&tls)).await;
     for row in rows.iter_mut() {
@@ -136,9 +139,11 @@ pub(super) async fn fit_rows(rows: &mut [PreparedRow], url: &str) -> Result<()> 
             limit = limit / 10 * 9;
         }
         run.max_model_len = Some(run.max_model_len.map_or(limit, |own| own.min(limit)));
-        let prepared = prepare_run(run).with_context(|| {
-            format!("{label}: its workload clipped to the server's context of {context} tokens")
-        })?;
+        let prepared = RunSpec::from_args(run)
+            .and_then(|spec| prepare_run(&spec))
+            .with_context(|| {
+                format!("{label}: its workload clipped to the server's context of {context} tokens")
+            })?;
         let clipped = prepared.workload_meta["max_model_len"]["clipped_requests"]
             .as_u64()
             .unwrap_or(0);

@@ -10,7 +10,7 @@ use crate::load::plan::Plan;
 use crate::load::workload::{PromptSource, RequestSpec};
 use crate::run::execute::{execute_prepared, Execution};
 use crate::run::prepare::prepare_run;
-use crate::spec::run_args::RunArgs;
+use crate::spec::RunSpec;
 
 /// The distinct shared prefixes of a plan's requests, each as a request of its own (one
 /// output token).
@@ -36,7 +36,7 @@ pub fn prefixes(plan: &Plan) -> Vec<RequestSpec> {
 /// Sends the prefixes of `run`'s plan one at a time into `dir`, a run folder of its own so
 /// that what warmed the cache is on record; fails when any of them failed.
 pub async fn warm_prefixes(
-    run: &RunArgs,
+    run: &RunSpec,
     dir: PathBuf,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<usize> {
@@ -49,6 +49,7 @@ pub async fn warm_prefixes(
     }));
     let mut args = run.clone();
     args.slo = None;
+    args.slo_text = None;
     args.out = Some(dir.clone());
     eprintln!(
         "loadgen matrix: warming {n} shared prefix(es) → {}",
@@ -58,7 +59,7 @@ pub async fn warm_prefixes(
         &args,
         &prepared,
         Execution {
-            url: run.url.clone(),
+            url: run.target.url.clone(),
             out: Some(dir),
             server_version: None,
             extra: Default::default(),

@@ -11,33 +11,13 @@ use reports::slo::{SloCheck, SloSpec};
 
 use crate::experiments::launch::prepare_and_execute;
 use crate::experiments::sweep::probe::{probe_saturation, saturation_estimate};
-use crate::load::workload::prompt::{salt_for, SaltFor};
-use crate::spec::run_args::{ArrivalKind, RunArgs, DEFAULT_NUM_PROMPTS};
 use crate::spec::sweep::{SweepArgs, DEFAULT_PROBE_DURATION, DEFAULT_PROBE_MAX_CONCURRENCY};
-
-/// `run` at `rate`, lengthened to hold at least `min` measured requests.
-pub fn sized_level(run: &mut RunArgs, rate: f64, min: Option<u64>) {
-    let Some(min) = min else {
-        return;
-    };
-    // A Poisson schedule's count over a span varies by √n: the span expects three standard
-    // deviations more than `min`, so that its seeded draw holds `min` all but rarely.
-    let expected = min as f64 + 3.0 * (min as f64).sqrt();
-    match run.duration {
-        Some(d) if rate * d.as_secs_f64() < expected => {
-            run.duration = Some(Duration::from_secs_f64(expected / rate));
-        }
-        Some(_) => {}
-        None => {
-            let n = run.num_prompts.unwrap_or(DEFAULT_NUM_PROMPTS);
-            run.num_prompts = Some(n.max(min as usize));
-        }
-    }
-}
+use crate::spec::RunSpec;
 
 /// What every level of one sweep shares.
 pub(super) struct Levels<'a> {
-    pub(super) args: &'a SweepArgs,
+    /// The sweep's run options, typed once; each level's are these at its rate.
+    pub(super) spec: &'a RunSpec,
     pub(super) out: &'a Path,
     pub(super) slo: Option<&'a SloSpec>,
     pub(super) min_requests: Option<u64>,
@@ -113,31 +93,21 @@ impl Levels<'_> {
             i + 1,
             self.out.join(&dir).display()
         );
-        let mut run = self.args.run.clone();
-        run.rate = rate;
-        // A replayed trace is rescaled to each level's rate; otherwise levels are Poisson.
-        match run.arrival {
-            Some(ArrivalKind::Trace) => run.target_rate = Some(rate),
-            None => run.arrival = Some(ArrivalKind::Poisson),
-            Some(_) => {}
-        }
-        run.exact_rate = run.turns.is_none();
-        run.out = Some(self.out.join(&dir));
-        run.prompt_salt = salt_for(self.args.run.prompt_salt, SaltFor::SweepLevel, i);
+        let mut run = self.spec.at_level(rate, i, self.out.join(&dir));
         if how.repeat > 0 {
-            run.seed = repeat_seed(self.args.run.seed, how.repeat);
+            run.seed = repeat_seed(self.spec.seed, how.repeat);
         }
         // A timetable fixes every level's span in advance, and a level of --num-prompts
         // requests (no --duration) measures all of them after the warm-up given.
-        let warmup = if self.timetable.is_some() || run.duration.is_none() {
-            level_warmup(run.warmup, None, rate)
+        let warmup = if self.timetable.is_some() || run.window.duration.is_none() {
+            level_warmup(run.window.warmup, None, rate)
         } else {
-            level_warmup(run.warmup, self.probe.as_ref(), rate)
+            level_warmup(run.window.warmup, self.probe.as_ref(), rate)
         };
-        run.warmup = Duration::from_secs_f64(warmup.secs);
-        sized_level(&mut run, rate, self.min_requests);
+        run.window.warmup = Duration::from_secs_f64(warmup.secs);
+        let mut run = run.lengthened_to(rate, self.min_requests);
         if how.doubled {
-            double_requests(&mut run);
+            run = run.doubled();
         }
         if let Some((start, period)) = self.timetable {
             run.start_at = Some(start + period * i as u32);
@@ -171,23 +141,16 @@ pub fn repeat_seed(seed: u64, repeat: usize) -> u64 {
     crate::load::workload::mix(seed, 0x5EED_0000 + repeat as u64)
 }
 
-/// `run` with twice the requests: twice the duration, or twice --num-prompts.
-fn double_requests(run: &mut RunArgs) {
-    match run.duration {
-        Some(d) => run.duration = Some(d * 2),
-        None => run.num_prompts = Some(2 * run.num_prompts.unwrap_or(DEFAULT_NUM_PROMPTS)),
-    }
-}
-
 /// The closed-loop probe of `--rates auto` and `search` (`for_search`: it ends early when
 /// the SLO is missed unloaded).
 pub(super) async fn probe(
     args: &SweepArgs,
+    spec: &RunSpec,
     slo: Option<&SloSpec>,
     for_search: bool,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Probe> {
-    if args.run.turns.is_some() {
+    if spec.sessions.is_some() {
         bail!(
             "loadgen sweep --rates {} with --turns: the saturation probe is a closed loop of \
              single requests, which sessions are not; give the session rates (--rates 0.5,1,2)",
@@ -199,7 +162,7 @@ pub(super) async fn probe(
         args.rates
     );
     let (steps, reason) = probe_saturation(
-        &args.run,
+        spec,
         args.probe_duration.unwrap_or(DEFAULT_PROBE_DURATION),
         args.probe_max_concurrency
             .unwrap_or(DEFAULT_PROBE_MAX_CONCURRENCY)
@@ -235,28 +198,28 @@ mod tests {
         assert_eq!(min_requests(Some("100"), None).unwrap(), Some(100));
         assert!(min_requests(Some("auto"), None).is_err());
         assert!(min_requests(Some("many"), None).is_err());
-        let mut run = <crate::cli::Cli as clap::Parser>::try_parse_from([
+        let run = <crate::cli::Cli as clap::Parser>::try_parse_from([
             "loadgen",
             "run",
             "--duration",
             "40s",
         ])
         .map(|c| match c.command {
-            crate::cli::Command::Run(r) => *r,
+            crate::cli::Command::Run(r) => RunSpec::from_args(&r).unwrap(),
             _ => unreachable!(),
         })
         .unwrap();
         // 0.4 req/s × 40 s = 16 requests < 368: the level lasts long enough to expect
         // 368 + 3·√368 = 425.5 requests, 1,063.9 s.
-        sized_level(&mut run, 0.4, Some(368));
-        let secs = run.duration.unwrap().as_secs_f64();
+        let run = run.lengthened_to(0.4, Some(368));
+        let secs = run.window.duration.unwrap().as_secs_f64();
         assert!(
             (secs - (368.0 + 3.0 * 368f64.sqrt()) / 0.4).abs() < 1e-6,
             "{secs}"
         );
-        sized_level(&mut run, 10.0, Some(368));
+        let run = run.lengthened_to(10.0, Some(368));
         assert_eq!(
-            run.duration.unwrap().as_secs_f64(),
+            run.window.duration.unwrap().as_secs_f64(),
             secs,
             "long enough already"
         );

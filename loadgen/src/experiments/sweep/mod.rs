@@ -32,8 +32,9 @@ use crate::spec::sweep::{
     min_requests, parse_rates, refuse_unused, sharded_timetable, Rates, SweepArgs,
     DEFAULT_AUTO_FRACTIONS,
 };
+use crate::spec::RunSpec;
 use levels::{cut_level, probe, LevelRun, Levels};
-pub use levels::{level_warmup, repeat_seed, sized_level};
+pub use levels::{level_warmup, repeat_seed};
 use search::{run_search, run_search_repeats};
 
 /// When a level is saturated, printed under the sweep beside the rates' definitions.
@@ -59,16 +60,17 @@ pub async fn run_sweep(
     }
     let rates = parse_rates(&args.rates)?;
     refuse_unused(args, &rates)?;
-    let slo = crate::spec::run_args::slo_spec(&args.run)?;
+    if args.run.exact_rate && args.run.turns.is_some() {
+        bail!("loadgen sweep --exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; session levels run their raw draw");
+    }
+    let spec = RunSpec::from_args(&args.run)?;
+    let slo = spec.slo.clone();
     if rates == Rates::Search && slo.is_none() {
         bail!("loadgen sweep --rates search looks for where the SLO breaks: give --slo (e.g. ttft:p90:2s,tpot:p90:100ms)");
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let timetable = sharded_timetable(args)?;
     let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
-    if args.run.exact_rate && args.run.turns.is_some() {
-        bail!("loadgen sweep --exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; session levels run their raw draw");
-    }
     let repeats = args.repeats as usize;
     if repeats > 1 && timetable.is_some() {
         bail!("loadgen sweep --repeats {repeats} with --shard: repeats run after the levels they repeat, which a timetable fixed in advance cannot hold; run each shard's sweep again instead");
@@ -84,7 +86,7 @@ pub async fn run_sweep(
         stop_reason: None,
     };
     let mut levels = Levels {
-        args,
+        spec: &spec,
         out: &out,
         slo: slo.as_ref(),
         min_requests,
@@ -98,7 +100,7 @@ pub async fn run_sweep(
             run_fixed_levels(&levels, &mut file).await?;
         }
         Rates::Auto => {
-            let probe = probe(args, slo.as_ref(), false, stop.clone()).await?;
+            let probe = probe(args, &spec, slo.as_ref(), false, stop.clone()).await?;
             let fractions = args
                 .auto_fractions
                 .clone()
@@ -110,7 +112,7 @@ pub async fn run_sweep(
             run_fixed_levels(&levels, &mut file).await?;
         }
         Rates::Search => {
-            let probe = probe(args, slo.as_ref(), true, stop.clone()).await?;
+            let probe = probe(args, &spec, slo.as_ref(), true, stop.clone()).await?;
             let path = args.search.settings(probe.saturation_rate)?;
             let unloaded_missed = probe.steps.first().is_some_and(|s| {
                 s.concurrency == 1 && (s.slo_verdict == Some(SloVerdict::NotMet) || s.slo_missed)

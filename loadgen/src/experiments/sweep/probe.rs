@@ -21,10 +21,9 @@ use reports::samples::LatencySamples;
 use reports::slo::{SloSpec, SloVerdict};
 use reports::stats::quantile_ci;
 
-use crate::load::workload::prompt::{salt_for, SaltFor};
 use crate::run::execute::{execute_prepared, Execution};
 use crate::run::prepare::prepare_run;
-use crate::spec::run_args::RunArgs;
+use crate::spec::RunSpec;
 use reports::folders::{Probe, ProbeStep};
 
 /// The probe stops doubling the concurrency when the Little's-law rate grows by less than this.
@@ -35,7 +34,7 @@ pub const PROBE_MIN_GAIN: f64 = 1.10;
 /// step checked against `slo` when given, and with `end_if_unloaded_misses` the probe ends
 /// after a concurrency-1 step that does not meet it (a knee search has nothing left to find).
 pub async fn probe_saturation(
-    run: &RunArgs,
+    run: &RunSpec,
     step_duration: Duration,
     max_concurrency: usize,
     slo: Option<&SloSpec>,
@@ -157,29 +156,20 @@ pub async fn probe_saturation(
 /// One closed-loop probe step at `concurrency` for `duration` (plus a quarter of it as
 /// warm-up), the `index`-th step run; `None` when interrupted.
 async fn probe_step(
-    run: &RunArgs,
+    run: &RunSpec,
     concurrency: usize,
     duration: Duration,
     index: usize,
     slo: Option<&SloSpec>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<ProbeStep>> {
-    let mut args = run.clone();
-    args.concurrency = Some(concurrency);
-    args.max_concurrency = None;
-    args.ramp_up = None;
-    args.exact_rate = false;
-    args.warmup = duration / 4;
-    args.duration = Some(duration);
-    args.cooldown = Duration::ZERO;
-    args.slo = None;
-    args.prompt_salt = salt_for(run.prompt_salt, SaltFor::ProbeStep, index);
+    let args = run.probe_step(concurrency, duration, index);
     let prepared = prepare_run(&args)?;
     let outcome = execute_prepared(
         &args,
         &prepared,
         Execution {
-            url: args.url.clone(),
+            url: args.target.url.clone(),
             out: None,
             server_version: None,
             extra: Default::default(),

@@ -14,16 +14,16 @@ use reports::tune::results::{beyond_between_runs, ranking, separation};
 use reports::tune::{Duel, Pick, Separation, TuneFile, TUNE_FILE};
 
 use crate::experiments::compare::run_rounds;
-use crate::experiments::sweep::sized_level;
-use crate::spec::compare::{CompareArgs, ServerSpec};
-use crate::spec::run_args::ArrivalKind;
+use crate::spec::compare::ServerSpec;
 use crate::spec::sweep::min_requests;
 use crate::spec::tune::TuneArgs;
+use crate::spec::RunSpec;
 
 /// Ranks the configurations, compares the two best (when `compare` and both exist), plans
 /// from the winner, and writes `tune.json` and the report.
 pub(super) async fn finish(
     args: &TuneArgs,
+    spec: &RunSpec,
     out: &Path,
     file: &mut TuneFile,
     slo: &SloSpec,
@@ -37,7 +37,7 @@ pub(super) async fn finish(
     };
     let (mut winner, mut runner_up) = (ranked.first().copied(), ranked.get(1).copied());
     if let (Some(best), Some(second), true) = (winner, runner_up, compare) {
-        let (duel, mut verdict) = duel(args, out, file, slo, best, second).await;
+        let (duel, mut verdict) = duel(args, spec, out, file, slo, best, second).await;
         file.duel = Some(duel);
         if args.repeats > 1 {
             let (beyond, why) = beyond_between_runs(
@@ -78,6 +78,7 @@ pub(super) async fn finish(
 /// the runner-up sustained its capacity.
 async fn duel(
     args: &TuneArgs,
+    spec: &RunSpec,
     out: &Path,
     file: &TuneFile,
     slo: &SloSpec,
@@ -87,39 +88,15 @@ async fn duel(
     let (a, b) = (&file.configurations[best], &file.configurations[second]);
     let rate = b.capacity_offered_rate.unwrap_or_default();
     let dir: PathBuf = out.join("duel");
-    let mut run = args.run.clone();
-    run.rate = rate;
     // A replayed trace is rescaled to the rate, as a search level is; otherwise Poisson.
-    match run.arrival {
-        Some(ArrivalKind::Trace) => run.target_rate = Some(rate),
-        None => run.arrival = Some(ArrivalKind::Poisson),
-        Some(_) => {}
-    }
-    run.out = Some(dir.clone());
+    let mut run = spec.at_rate(rate, dir.clone());
     run.slo = None;
+    run.slo_text = None;
     // Each round holds as many requests as a level of the search: enough for the SLO's
     // percentile.
     if let Ok(min) = min_requests(args.min_requests.as_deref(), Some(slo)) {
-        sized_level(&mut run, rate, min);
+        run = run.lengthened_to(rate, min);
     }
-    let compare = CompareArgs {
-        a_dir: None,
-        b_dir: None,
-        a_url: None,
-        b_url: None,
-        a_cmd: Some(a.command.clone()),
-        b_cmd: Some(b.command.clone()),
-        rounds: args.rounds,
-        server_timeout: args.server_timeout,
-        pair: PairMode::Auto,
-        alpha: args.alpha,
-        min_effect: args.min_effect,
-        bootstrap_seed: args.run.seed,
-        fail_on_regression: false,
-        metrics: Vec::new(),
-        fail_on_inconclusive: false,
-        run,
-    };
     eprintln!(
         "loadgen tune: comparing configuration {} (A) with {} (B) at {rate} req/s, {} rounds each → {}",
         best + 1,
@@ -129,7 +106,9 @@ async fn duel(
     );
     let analysed = async {
         let (a_rounds, b_rounds) = run_rounds(
-            &compare,
+            &run,
+            args.rounds,
+            args.server_timeout,
             &ServerSpec::Command(a.command.clone()),
             &ServerSpec::Command(b.command.clone()),
             &dir,

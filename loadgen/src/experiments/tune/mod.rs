@@ -28,6 +28,7 @@ use crate::spec::search::DEFAULT_MAX_LEVELS;
 use crate::spec::sweep::{SweepArgs, DEFAULT_PROBE_DURATION, DEFAULT_PROBE_MAX_CONCURRENCY};
 use crate::spec::tune::Strategy;
 use crate::spec::tune::TuneArgs;
+use crate::spec::RunSpec;
 use duel::finish;
 use knobs::Knob;
 
@@ -42,18 +43,16 @@ pub async fn run_tune(
         .out
         .clone()
         .context("loadgen tune: --out FOLDER is required")?;
-    let slo_text = args
-        .run
-        .slo
-        .clone()
-        .context("loadgen tune: give --slo (e.g. ttft:p90:2s,tpot:p90:100ms): a configuration's capacity is the most it serves under it")?;
-    let slo = SloSpec::parse(&slo_text)?;
     if args.run.shard.is_some() || args.run.start_at.is_some() {
         bail!("loadgen tune: --shard / --start-at are for run and sweep");
     }
     if args.run.turns.is_some() {
         bail!("loadgen tune with --turns: a knee search's probe is a closed loop of single requests, which sessions are not");
     }
+    let spec = RunSpec::from_args(&args.run)?;
+    let (Some(slo), Some(slo_text)) = (spec.slo.clone(), spec.slo_text.clone()) else {
+        bail!("loadgen tune: give --slo (e.g. ttft:p90:2s,tpot:p90:100ms): a configuration's capacity is the most it serves under it");
+    };
     let knobs: Vec<Knob> = args
         .knobs
         .iter()
@@ -113,13 +112,22 @@ pub async fn run_tune(
             }
             Err(e) => {
                 file.stop_reason = Some(format!("{e:#}"));
-                finish(args, &out, &mut file, &slo, &plan_options, false).await?;
+                finish(args, &spec, &out, &mut file, &slo, &plan_options, false).await?;
                 return Err(e);
             }
         }
     }
     let interrupted = file.stop_reason.is_some();
-    finish(args, &out, &mut file, &slo, &plan_options, !interrupted).await?;
+    finish(
+        args,
+        &spec,
+        &out,
+        &mut file,
+        &slo,
+        &plan_options,
+        !interrupted,
+    )
+    .await?;
     if *stop.borrow() && !interrupted {
         file.stop_reason = Some("interrupted during the comparison of the two best".into());
         file.write(&out.join(TUNE_FILE))?;

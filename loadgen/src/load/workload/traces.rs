@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub const MOONCAKE_BLOCK: u32 = 512;
 
 /// A trace file format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TraceFormat {
     Jsonl,
@@ -32,6 +32,29 @@ pub enum TraceFormat {
     Burstgpt,
     Sharegpt,
     SharegptTable,
+}
+
+impl TraceFormat {
+    pub const ALL: [TraceFormat; 6] = [
+        TraceFormat::Jsonl,
+        TraceFormat::Mooncake,
+        TraceFormat::Azure,
+        TraceFormat::Burstgpt,
+        TraceFormat::Sharegpt,
+        TraceFormat::SharegptTable,
+    ];
+
+    /// The format's name, as `--trace-format` and `meta.json` write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceFormat::Jsonl => "jsonl",
+            TraceFormat::Mooncake => "mooncake",
+            TraceFormat::Azure => "azure",
+            TraceFormat::Burstgpt => "burstgpt",
+            TraceFormat::Sharegpt => "sharegpt",
+            TraceFormat::SharegptTable => "sharegpt-table",
+        }
+    }
 }
 
 /// One request of a trace.
