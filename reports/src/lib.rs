@@ -12,6 +12,7 @@ pub mod histograms;
 pub mod latency;
 pub mod matrix;
 pub mod metrics;
+pub mod probe;
 pub mod rates;
 pub mod records;
 pub mod render;

@@ -122,6 +122,17 @@ impl SloCheck {
 }
 
 impl SloSpec {
+    /// The measured requests a window must hold for the [`PERCENTILE_CI_LEVEL`] interval of
+    /// this SLO's highest percentile to have an upper bound (p90: 35, p99: 368, p99.9: 3,688).
+    pub fn min_requests(&self) -> u64 {
+        let highest = self
+            .targets
+            .iter()
+            .map(|t| t.percentile)
+            .fold(0.0, f64::max);
+        min_sample_for_quantile(highest / 100.0, PERCENTILE_CI_LEVEL)
+    }
+
     /// Parses `metric[:pNN]:limit[,…]`, e.g. `ttft:p99:500ms,tpot:50ms`.
     pub fn parse(text: &str) -> Result<SloSpec> {
         let mut targets = Vec::new();

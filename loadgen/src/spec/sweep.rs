@@ -6,9 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use reports::metrics::PERCENTILE_CI_LEVEL;
 use reports::slo::SloSpec;
-use reports::stats::min_sample_for_quantile;
 
 use crate::spec::run_args::RunArgs;
 use crate::spec::search::SearchArgs;
@@ -169,11 +167,7 @@ pub fn min_requests(text: Option<&str>, slo: Option<&SloSpec>) -> Result<Option<
     };
     if text.trim().eq_ignore_ascii_case("auto") {
         let slo = slo.context("--min-requests auto needs an --slo with percentiles")?;
-        let highest = slo.targets.iter().map(|t| t.percentile).fold(0.0, f64::max);
-        return Ok(Some(min_sample_for_quantile(
-            highest / 100.0,
-            PERCENTILE_CI_LEVEL,
-        )));
+        return Ok(Some(slo.min_requests()));
     }
     let n: u64 = text
         .trim()

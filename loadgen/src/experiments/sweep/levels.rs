@@ -10,7 +10,9 @@ use reports::folders::{LevelEntry, LevelWarmup, Probe};
 use reports::slo::{SloCheck, SloSpec};
 
 use crate::experiments::launch::prepare_and_execute;
-use crate::experiments::sweep::probe::{probe_saturation, saturation_estimate};
+use reports::probe::saturation_estimate;
+
+use crate::experiments::sweep::probe::probe_saturation;
 use crate::spec::sweep::{SweepArgs, DEFAULT_PROBE_DURATION, DEFAULT_PROBE_MAX_CONCURRENCY};
 use crate::spec::RunSpec;
 

@@ -16,15 +16,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use reports::metrics::PERCENTILE_CI_LEVEL;
-use reports::samples::LatencySamples;
+use reports::probe::measure_step;
 use reports::slo::{SloSpec, SloVerdict};
-use reports::stats::quantile_ci;
 
 use crate::run::execute::{execute_prepared, Execution};
 use crate::run::prepare::prepare_run;
 use crate::spec::RunSpec;
-use reports::folders::{Probe, ProbeStep};
+use reports::folders::ProbeStep;
 
 /// The probe stops doubling the concurrency when the Little's-law rate grows by less than this.
 pub const PROBE_MIN_GAIN: f64 = 1.10;
@@ -182,61 +180,12 @@ async fn probe_step(
     if *stop.borrow() {
         return Ok(None);
     }
-    let m = &outcome.metrics;
-    let mean_s = m.e2el.mean / 1000.0;
-    let samples = LatencySamples::from_records(&outcome.records);
-    let step = ProbeStep {
-        concurrency,
-        completed: m.completed,
-        failed: m.failed,
-        throughput: m.request_throughput,
-        mean_e2el_ms: m.e2el.mean,
-        little_rate: if mean_s > 0.0 {
-            concurrency as f64 / mean_s
-        } else {
-            0.0
-        },
-        slo_verdict: slo.map(|s| s.check(&samples).verdict),
-        slo_missed: slo.is_some_and(|s| surely_missed(s, &samples)),
-    };
+    let step = measure_step(concurrency, &outcome.metrics, &outcome.records, slo);
     eprintln!(
         "loadgen sweep: probe at concurrency {concurrency}: {:.3} req/s (Little: {:.3}), mean E2E {:.1} ms",
         step.throughput, step.little_rate, step.mean_e2el_ms
     );
     Ok(Some(step))
-}
-
-/// Whether `samples` miss a target of `slo` beyond doubt: the target percentile's 95%
-/// interval lies wholly above its limit. A short step cannot bound a high percentile from
-/// above (the "p99" of 20 requests is their maximum), but it can from below: when the 4th
-/// smallest of 5 values already exceeds the limit, so does the p99.
-pub fn surely_missed(slo: &SloSpec, samples: &LatencySamples) -> bool {
-    slo.targets.iter().any(|t| {
-        let mut values = samples.values(t.metric);
-        values.sort_by(f64::total_cmp);
-        quantile_ci(&values, t.percentile / 100.0, PERCENTILE_CI_LEVEL)
-            .lower
-            .is_some_and(|low| low > t.limit_ms)
-    })
-}
-
-/// The probe's saturation estimate: its step with the highest Little's-law rate.
-pub fn saturation_estimate(steps: Vec<ProbeStep>, stop_reason: String) -> Result<Probe> {
-    let knee = steps
-        .iter()
-        .max_by(|a, b| a.little_rate.total_cmp(&b.little_rate))
-        .context("the probe has no step")?;
-    let saturation_rate = knee.little_rate;
-    if !(saturation_rate.is_finite() && saturation_rate > 0.0) {
-        bail!("the probe found no positive saturation rate");
-    }
-    Ok(Probe {
-        knee_concurrency: knee.concurrency,
-        saturation_rate,
-        fractions: Vec::new(),
-        stop_reason,
-        steps,
-    })
 }
 
 /// `--rates auto`'s levels: `fractions` of the saturation rate, rounded to 0.001 req/s.
@@ -257,6 +206,7 @@ pub fn auto_levels(saturation_rate: f64, fractions: &[f64]) -> Result<Vec<f64>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reports::probe::saturation_estimate;
 
     #[test]
     fn auto_levels_spread_below_saturation() {
@@ -278,41 +228,5 @@ mod tests {
         assert_eq!(rates, vec![6.2, 12.4, 18.6, 24.8, 27.9, 31.0]);
         assert!(saturation_estimate(Vec::new(), String::new()).is_err());
         assert!(auto_levels(31.0, &[0.5, -1.0]).is_err());
-    }
-
-    #[test]
-    fn a_short_step_surely_misses_when_even_its_low_values_do() {
-        let slo = SloSpec::parse("ttft:p99:100ms").unwrap();
-        let samples = |ttfts: &[f64]| LatencySamples {
-            requests: ttfts
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| reports::samples::RequestSample {
-                    id: i as u64,
-                    ttft_ms: t,
-                    ttfa_ms: Some(t),
-                    tpot_ms: None,
-                    e2el_ms: t,
-                })
-                .collect(),
-            schedule_lag_ms: Vec::new(),
-        };
-        // 5 values: the p99's 95% interval starts at the 4th smallest.
-        assert!(surely_missed(
-            &slo,
-            &samples(&[90.0, 120.0, 130.0, 140.0, 150.0])
-        ));
-        assert!(!surely_missed(
-            &slo,
-            &samples(&[90.0, 95.0, 99.0, 100.0, 150.0])
-        ));
-        // Even 2 values both above the limit put a p99 above it (0.01² chance otherwise),
-        // but not a p50 (a 1 in 4 chance).
-        assert!(surely_missed(&slo, &samples(&[150.0, 160.0])));
-        let p50 = SloSpec::parse("ttft:p50:100ms").unwrap();
-        assert!(
-            !surely_missed(&p50, &samples(&[150.0, 160.0])),
-            "too few to say"
-        );
     }
 }
