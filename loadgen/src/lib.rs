@@ -2,11 +2,12 @@
 //! built-in mock server for self-calibration. See the workspace's docs/ARCHITECTURE.md
 //! ("loadgen's pipeline").
 //!
-//! Its wings, each pointing only at those listed after it: `commands` (the command line's
-//! subcommands: parse, print, exit codes) → `experiments` (sweep, compare, tune, matrix:
-//! many runs and the server process) → `mock` (the built-in server and calibration against
-//! it) → `run` (one run's execution) → `spec` (the typed options of a run) → `load` (what is
-//! sent and when) → `wire` (how it is sent). Folder formats and judgements live in `reports`.
+//! Its wings, each importing only the wings after it: `commands` (the subcommands: parse,
+//! print, exit codes) → `experiments` (sweep, compare, tune, matrix: many runs, and the server
+//! process) → `mock` (the built-in server, and calibration against it) → `run` (one run:
+//! prepared from its spec, then executed) → `spec` (the options, and a run's typed
+//! `RunSpec`) → `wire` (how a request is sent) → `load` (what is sent and when). `units` and
+//! `gate` are leaves. Folder formats and judgements live in `reports`.
 
 pub mod cli;
 pub mod commands;

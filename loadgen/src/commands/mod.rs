@@ -1,7 +1,7 @@
-//! One module per subcommand: its arguments and what it does with them. Shared work lives
-//! outside: run preparation in `prepare` and `launch`, the probe and the knee search in
-//! `probe` and `knee_search`; folder formats, judgements and views in `reports` (`folders`,
-//! `saturation`, `tune::results`, `comparison`, `render::views`).
+//! One module per subcommand: it parses its arguments (their clap types in `spec`), calls
+//! the experiment or run that does the work, prints, and maps the outcome to an exit code
+//! (`gate`). No command imports another: shared work lives in `experiments`, `run` and
+//! `reports`.
 
 pub mod calibrate;
 pub mod compare;

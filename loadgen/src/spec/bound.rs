@@ -42,6 +42,34 @@ pub struct BoundArgs {
     pub flops: Option<f64>,
 }
 
+/// The bound's flags as given, with no command-line type (what a run's spec carries).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BoundOptions {
+    pub model_config: Option<PathBuf>,
+    pub weight_dtype: Option<String>,
+    pub kv_dtype: Option<String>,
+    pub weight_bytes: Option<f64>,
+    pub kv_bytes_per_token: Option<f64>,
+    pub hardware: Option<String>,
+    pub bandwidth: Option<f64>,
+    pub flops: Option<f64>,
+}
+
+impl BoundArgs {
+    pub fn options(&self) -> BoundOptions {
+        BoundOptions {
+            model_config: self.model_config.clone(),
+            weight_dtype: self.weight_dtype.clone(),
+            kv_dtype: self.kv_dtype.clone(),
+            weight_bytes: self.weight_bytes,
+            kv_bytes_per_token: self.kv_bytes_per_token,
+            hardware: self.hardware.clone(),
+            bandwidth: self.bandwidth,
+            flops: self.flops,
+        }
+    }
+}
+
 fn positive(flag: &str, value: Option<f64>) -> Result<Option<f64>> {
     match value {
         Some(v) if !(v.is_finite() && v > 0.0) => bail!("{flag} {v}: expected a positive number"),
@@ -50,7 +78,7 @@ fn positive(flag: &str, value: Option<f64>) -> Result<Option<f64>> {
 }
 
 /// The bound's inputs from `args` and the server's self-description `server_info`.
-pub fn resolve(args: &BoundArgs, server_info: Option<&Value>) -> Result<BoundInputs> {
+pub fn resolve(args: &BoundOptions, server_info: Option<&Value>) -> Result<BoundInputs> {
     let mut inputs = BoundInputs::default();
     let server_number = |key: &str| {
         server_info
@@ -156,13 +184,13 @@ mod tests {
         .unwrap();
         let server = serde_json::json!({"weight_bytes": 5.0, "kv_bytes_per_token": 7.0,
             "parameters": 9.0, "memory_bandwidth_bytes_per_s": 1e10});
-        let args = BoundArgs {
+        let args = BoundOptions {
             model_config: Some(config),
             kv_dtype: Some("fp8".into()),
             kv_bytes_per_token: None,
             hardware: Some("h100-sxm".into()),
             flops: Some(1e15),
-            ..BoundArgs::default()
+            ..BoundOptions::default()
         };
         let inputs = resolve(&args, Some(&server)).unwrap();
         assert_eq!(inputs.weight_bytes, Some(1_192_085_504.0));
@@ -175,22 +203,22 @@ mod tests {
         assert_eq!(inputs.bandwidth_bytes_per_s, Some(3.35e12));
         assert_eq!(inputs.flops, Some(1e15));
         // The server alone.
-        let inputs = resolve(&BoundArgs::default(), Some(&server)).unwrap();
+        let inputs = resolve(&BoundOptions::default(), Some(&server)).unwrap();
         assert_eq!(inputs.weight_bytes, Some(5.0));
         assert_eq!(inputs.bandwidth_bytes_per_s, Some(1e10));
         assert_eq!(inputs.flops, None, "nothing says it: unknown, not guessed");
         assert!(resolve(
-            &BoundArgs {
+            &BoundOptions {
                 bandwidth: Some(-1.0),
-                ..BoundArgs::default()
+                ..BoundOptions::default()
             },
             None
         )
         .is_err());
         assert!(resolve(
-            &BoundArgs {
+            &BoundOptions {
                 hardware: Some("tpu".into()),
-                ..BoundArgs::default()
+                ..BoundOptions::default()
             },
             None
         )

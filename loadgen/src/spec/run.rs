@@ -14,7 +14,7 @@ use crate::load::shard::Shard;
 use crate::load::workload::prompt::{salt_for, SaltFor};
 use crate::load::workload::sessions::{SessionSpec, ThinkTime, TurnCount};
 use crate::load::workload::traces::TraceFormat;
-use crate::spec::bound::BoundArgs;
+use crate::spec::bound::BoundOptions;
 use crate::spec::run_args::{parse_headers, parse_window, ArrivalKind, RunArgs, WorkloadKind};
 use crate::wire::backend::Backend;
 use crate::wire::extra_body::ExtraBody;
@@ -46,7 +46,7 @@ pub struct RunSpec {
     /// `--shard I/K` with the shared `--start-at`, checked together.
     pub shard: Option<Shard>,
     pub start_at: Option<SystemTime>,
-    pub bound: BoundArgs,
+    pub bound: BoundOptions,
     pub calibrate: bool,
     pub progress: bool,
 }
@@ -304,7 +304,7 @@ impl RunSpec {
             scrape_interval: args.scrape_interval,
             shard: args.shard,
             start_at: args.start_at,
-            bound: args.bound.clone(),
+            bound: args.bound.options(),
             calibrate: args.calibrate,
             progress: !args.no_progress,
         })

@@ -54,7 +54,7 @@ pub(super) fn check_rows(args: &MatrixArgs, specs: Vec<RowSpec>) -> Result<Vec<P
             let prepared = RunSpec::from_args(run)
                 .and_then(|spec| prepare_run(&spec))
                 .with_context(|| format!("{label}: its workload"))?;
-            crate::spec::bound::resolve(&run.bound, None)
+            crate::spec::bound::resolve(&run.bound.options(), None)
                 .with_context(|| format!("{label}: the bound's inputs"))?;
             let replay = prepared.schedule_meta["arrival"] == "trace";
             if !spec.search && !parsed.gave("rate") && !parsed.gave("concurrency") && !replay {
