@@ -18,7 +18,9 @@ use crate::load::workload::prompt::PromptBuilder;
 use crate::load::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
 use crate::load::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
 use crate::load::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
-use crate::spec::run::{Lengths, LoadSpec, RunSpec, SessionsSpec, WindowSpec, DEFAULT_NUM_PROMPTS};
+use crate::spec::run::{
+    Lengths, LoadSpec, OpenLoad, RunSpec, SessionsSpec, WindowSpec, DEFAULT_NUM_PROMPTS,
+};
 use crate::spec::run_args::ArrivalKind;
 use crate::wire::extra_body::ExtraBody;
 
@@ -164,14 +166,7 @@ pub fn build_plan(
                 },
                 ArrivalKind::Constant | ArrivalKind::Trace => Arrival::Constant,
             };
-            let spec = ScheduleSpec {
-                arrival,
-                rate: open.rate,
-                ramp_up: open.ramp_up.map(|r| RampUp {
-                    from_rate: open.ramp_start_rate,
-                    secs: r.as_secs_f64(),
-                }),
-            };
+            let spec = schedule_spec(open, arrival);
             let end = duration.map(|d| warmup + d + cooldown);
             let mut meta =
                 json!({"mode": "open", "schedule": spec, "schedule_seed": schedule_seed});
@@ -222,6 +217,18 @@ fn window(window: &WindowSpec) -> Window {
     Window {
         warmup_s: window.warmup.as_secs_f64(),
         duration_s: window.duration.map(|d| d.as_secs_f64()),
+    }
+}
+
+/// The open-loop schedule of `open` on `arrival`: its rate and ramp.
+fn schedule_spec(open: &OpenLoad, arrival: Arrival) -> ScheduleSpec {
+    ScheduleSpec {
+        arrival,
+        rate: open.rate,
+        ramp_up: open.ramp_up.map(|r| RampUp {
+            from_rate: open.ramp_start_rate,
+            secs: r.as_secs_f64(),
+        }),
     }
 }
 
@@ -375,14 +382,7 @@ fn build_session_plan(
         Some(ArrivalKind::Constant) => Arrival::Constant,
         _ => Arrival::Poisson,
     };
-    let schedule = ScheduleSpec {
-        arrival,
-        rate: open.rate,
-        ramp_up: open.ramp_up.map(|r| RampUp {
-            from_rate: open.ramp_start_rate,
-            secs: r.as_secs_f64(),
-        }),
-    };
+    let schedule = schedule_spec(open, arrival);
     let window = &args.window;
     let warmup = window.warmup.as_secs_f64();
     let extent = match window.duration {
