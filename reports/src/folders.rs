@@ -16,6 +16,7 @@ use crate::server_metrics::{read_scrapes, window_hit_rate, Scrape, ServerView};
 use crate::slo::{SloCheck, SloSpec};
 use crate::stats::Bootstrap;
 use crate::summary::Summary;
+use crate::timeline::PhaseBounds;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
@@ -321,7 +322,7 @@ pub fn load_sweep(dir: &Path) -> Result<LoadedSweep> {
 /// gauges scraped into its folder during the measurement window (a warm-up's or the idle
 /// tail's scrapes would dilute the running batch), its SLO and the bound's inputs resolved
 /// at its start, written into `summary.json` as `regime`, `regime_evidence` and `diagnosis`.
-pub fn diagnose_run(
+fn diagnose_run(
     dir: &Path,
     records: &[RequestRecord],
     metrics: &Metrics,
@@ -354,6 +355,44 @@ pub fn diagnose_run(
     summary.regime_evidence = Some(diagnosis.evidence.clone());
     summary.diagnosis = Some(diagnosis);
     Ok(())
+}
+
+/// A run's end as loadgen measured it, for [`finish_run`].
+pub struct RunEnd<'a> {
+    pub records: &'a [RequestRecord],
+    pub metrics: &'a Metrics,
+    /// The run's phases, seconds from its start.
+    pub phases: PhaseBounds,
+    /// The run's start (t = 0), Unix milliseconds.
+    pub origin_unix_ms: f64,
+    /// `--slice`, seconds; `None`: the timeline's default.
+    pub slice_s: Option<f64>,
+    pub slo: Option<&'a SloSpec>,
+    pub bound_inputs: &'a BoundInputs,
+}
+
+/// Writes the rest of a run folder once its requests have ended and its scrapes are on
+/// disk: `timeline.json` (the records in slices beside the scrapes), the diagnosis into
+/// `summary`, and `summary.json`.
+pub fn finish_run(dir: &Path, end: &RunEnd, summary: &mut Summary) -> Result<()> {
+    let scrapes = read_scrapes(dir)?;
+    crate::timeline::build(
+        end.records,
+        end.phases,
+        end.slice_s,
+        &scrapes,
+        end.origin_unix_ms,
+    )
+    .write(dir)?;
+    diagnose_run(
+        dir,
+        end.records,
+        end.metrics,
+        end.slo,
+        end.bound_inputs,
+        summary,
+    )?;
+    summary.write(&dir.join("summary.json"))
 }
 
 /// The diagnosis a run folder's `summary.json` holds, if any.

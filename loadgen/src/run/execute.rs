@@ -3,12 +3,12 @@
 //! send loop, and `timeline.json` at the end.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
+use reports::folders::RunEnd;
 use reports::records::{RunMeta, ShardInfo, SCHEMA_VERSION};
+use reports::timeline::PhaseBounds;
 
-use crate::load::plan::Plan;
 use crate::run::host::host_info;
 use crate::run::prepare::{fnv1a, PreparedRun};
 use crate::run::send::{self, RunOutcome, SendOptions};
@@ -168,49 +168,23 @@ pub async fn execute_prepared(
             shard.clock = crate::run::clock::clock_sync();
         }
         write_meta(dir, &meta)?;
-        write_timeline(
-            dir,
-            &prepared.plan,
-            &outcome.records,
-            outcome.start_time,
-            args.slice,
-        )?;
-        reports::folders::diagnose_run(
-            dir,
-            &outcome.records,
-            &outcome.metrics,
-            args.slo.as_ref(),
-            &bound_inputs,
-            &mut outcome.summary,
-        )?;
-        outcome.summary.write(&dir.join("summary.json"))?;
+        // After the scraper's last scrape, which the timeline puts beside the records.
+        let plan = &prepared.plan;
+        let end = RunEnd {
+            records: &outcome.records,
+            metrics: &outcome.metrics,
+            phases: PhaseBounds {
+                warmup_s: plan.warmup_s,
+                measured_end_s: plan.duration_s.map(|d| plan.warmup_s + d),
+            },
+            origin_unix_ms: outcome.start_time.timestamp_micros() as f64 / 1000.0,
+            slice_s: args.slice.map(|s| s.as_secs_f64()),
+            slo: args.slo.as_ref(),
+            bound_inputs: &bound_inputs,
+        };
+        reports::folders::finish_run(dir, &end, &mut outcome.summary)?;
     }
     Ok(outcome)
-}
-
-/// `timeline.json` of a run folder: its records in slices, with the scrapes written beside
-/// them (which is why it comes after the scraper's last scrape).
-fn write_timeline(
-    dir: &std::path::Path,
-    plan: &Plan,
-    records: &[reports::records::RequestRecord],
-    origin: chrono::DateTime<chrono::Utc>,
-    slice: Option<Duration>,
-) -> Result<()> {
-    let origin_unix_ms = origin.timestamp_micros() as f64 / 1000.0;
-    let phases = reports::timeline::PhaseBounds {
-        warmup_s: plan.warmup_s,
-        measured_end_s: plan.duration_s.map(|d| plan.warmup_s + d),
-    };
-    let scrapes = reports::server_metrics::read_scrapes(dir)?;
-    reports::timeline::build(
-        records,
-        phases,
-        slice.map(|s| s.as_secs_f64()),
-        &scrapes,
-        origin_unix_ms,
-    )
-    .write(dir)
 }
 
 /// The command line with the values of `--api-key` and `--header` replaced by a digest: enough
