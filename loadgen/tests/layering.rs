@@ -514,7 +514,11 @@ fn a_run_does_not_reach_the_mock() {
         .collect();
     let mut reached: BTreeSet<String> = frontier.iter().cloned().collect();
     while let Some(module) = frontier.pop() {
-        for next in files.get(&module).into_iter().flatten() {
+        // A module reached reaches its children too: a parent's `pub use child::X` is no edge.
+        let children = files
+            .keys()
+            .filter(|m| m.starts_with(&format!("{module}::")));
+        for next in files.get(&module).into_iter().flatten().chain(children) {
             if reached.insert(next.clone()) {
                 frontier.push(next.clone());
             }
@@ -563,23 +567,46 @@ fn reports_imports_nothing_of_loadgen() {
 }
 
 /// Nothing below the typed options sees a command-line type: no module of `run/`, `wire/`
-/// or `load/` names clap or `RunArgs` (outside its tests); they read `spec::RunSpec`.
+/// or `load/` names clap or `RunArgs` (outside its tests), nor imports a module that does
+/// (`spec::run_args`, where the clap types live); they read `spec::RunSpec`.
 #[test]
 fn below_the_spec_no_command_line_types() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mods = modules(&src);
+    let files = edges(&src);
     assert!(mods.contains_key("run::prepare"), "the scanner is broken");
-    let naming: Vec<&String> = mods
-        .iter()
-        .filter(|(m, _)| ["run", "wire", "load"].contains(&m.split("::").next().unwrap_or("")))
-        .filter(|(_, path)| {
+    let names_clap = |m: &str| {
+        mods.get(m).is_some_and(|path| {
             let code = code_only(&std::fs::read_to_string(path).unwrap());
             code.contains("clap") || code.contains("RunArgs")
         })
-        .map(|(m, _)| m)
-        .collect();
+    };
+    assert!(names_clap("spec::run_args"), "the scanner is broken");
+    let below = |m: &str| ["run", "wire", "load"].contains(&m.split("::").next().unwrap_or(""));
+    let mut seen: Vec<String> = Vec::new();
+    for m in mods.keys().filter(|m| below(m)) {
+        if names_clap(m) {
+            seen.push(m.clone());
+        }
+        for to in files.get(m).into_iter().flatten() {
+            if names_clap(to) {
+                seen.push(format!("{m} -> {to}"));
+            }
+        }
+    }
     assert!(
-        naming.is_empty(),
-        "command-line types below the spec: {naming:?}"
+        seen.is_empty(),
+        "command-line types below the spec: {seen:?}"
     );
+}
+
+/// The leaves `units` (value parsing) and `gate` (exit codes) import no module of loadgen.
+#[test]
+fn the_leaves_import_nothing_of_loadgen() {
+    let files = loadgen_edges();
+    assert!(files.contains_key("commands::run"), "the scanner is broken");
+    for leaf in ["units", "gate"] {
+        let to = files.get(leaf).cloned().unwrap_or_default();
+        assert!(to.is_empty(), "{leaf} imports {to:?}");
+    }
 }

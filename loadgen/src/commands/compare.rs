@@ -7,7 +7,7 @@ use reports::comparison::{analyse_rounds, AnalysisOptions};
 use reports::folders::{online_rounds, side_rounds, CompareFile, Side};
 use reports::metrics::SloMetric;
 
-use crate::experiments::compare::run_rounds;
+use crate::experiments::compare::{refuse_rounds, run_rounds};
 use crate::spec::compare::{server_spec, CompareArgs};
 use crate::spec::RunSpec;
 
@@ -39,6 +39,12 @@ pub async fn compare_command(args: CompareArgs) -> Result<()> {
     if online {
         let a = server_spec(&args.a_url, &args.a_cmd, Side::A)?;
         let b = server_spec(&args.b_url, &args.b_cmd, Side::B)?;
+        // Compare's own refusals before the run options' (a shard would be asked for its
+        // --start-at first).
+        refuse_rounds(
+            args.rounds,
+            args.run.shard.is_some() || args.run.start_at.is_some(),
+        )?;
         let run = RunSpec::from_args(&args.run)?;
         let (a_rounds, b_rounds) =
             run_rounds(&run, args.rounds, args.server_timeout, &a, &b, &out).await?;

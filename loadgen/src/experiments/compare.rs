@@ -45,6 +45,18 @@ pub fn round_order(rounds: usize) -> Vec<(usize, Side)> {
         .collect()
 }
 
+/// Refuses what online rounds cannot run: no rounds, or a sharded schedule (`sharded`: a
+/// `--shard` or `--start-at` given).
+pub fn refuse_rounds(rounds: usize, sharded: bool) -> Result<()> {
+    if rounds == 0 {
+        bail!("loadgen compare: --rounds must be at least 1");
+    }
+    if sharded {
+        bail!("loadgen compare: --shard / --start-at are for run and sweep; an online comparison alternates its rounds from one client");
+    }
+    Ok(())
+}
+
 /// Runs `rounds` online rounds per side of `run` (see the module doc), each server command
 /// given `server_timeout` to answer `/health`; returns each side's round folders in order.
 pub async fn run_rounds(
@@ -55,12 +67,7 @@ pub async fn run_rounds(
     b: &ServerSpec,
     out: &Path,
 ) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    if rounds == 0 {
-        bail!("loadgen compare: --rounds must be at least 1");
-    }
-    if run.shard.is_some() || run.start_at.is_some() {
-        bail!("loadgen compare: --shard / --start-at are for run and sweep; an online comparison alternates its rounds from one client");
-    }
+    refuse_rounds(rounds, run.shard.is_some() || run.start_at.is_some())?;
     let stop = stop_on_signals()?;
     // Built once: both sides and every round get the identical requests and schedule.
     let prepared = prepare_run(run)?;

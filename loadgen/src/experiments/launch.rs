@@ -12,22 +12,22 @@ use crate::run::prepare::prepare_run;
 use crate::run::send::RunOutcome;
 use crate::spec::RunSpec;
 
-/// Prepares `args`, calibrates against the built-in mock first when `--calibrate` asks, and
+/// Prepares `run`, calibrates against the built-in mock first when `--calibrate` asks, and
 /// executes the plan against `--url` into `--out` (`loadgen run`, and each sweep level).
 pub async fn prepare_and_execute(
-    args: &RunSpec,
+    run: &RunSpec,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<RunOutcome> {
-    let mut prepared = prepare_run(args)?;
-    if args.calibrate {
+    let mut prepared = prepare_run(run)?;
+    if run.calibrate {
         eprintln!("loadgen: calibrating against the built-in mock…");
         prepared.calibration = Some(
             calibrate(&CalibrateConfig {
                 // The rate is unused by a closed loop.
-                rate: args.rate().unwrap_or(CalibrateConfig::default().rate),
-                concurrency: args.concurrency(),
+                rate: run.rate().unwrap_or(CalibrateConfig::default().rate),
+                concurrency: run.concurrency(),
                 // An https:// run is calibrated over TLS too.
-                tls: args
+                tls: run
                     .target
                     .url
                     .starts_with("https://")
@@ -40,14 +40,14 @@ pub async fn prepare_and_execute(
         );
     }
     execute_prepared(
-        args,
+        run,
         &prepared,
         Execution {
-            url: args.target.url.clone(),
-            out: args.out.clone(),
+            url: run.target.url.clone(),
+            out: run.out.clone(),
             server_version: None,
             extra: Default::default(),
-            progress: args.progress,
+            progress: run.progress,
             stop,
         },
     )

@@ -32,23 +32,23 @@ pub struct Execution {
     pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
-/// Runs `prepared` against `exec.url` with the target options of `args` (backend, model,
+/// Runs `prepared` against `exec.url` with the target options of `run` (backend, model,
 /// headers, timeouts); writes `meta.json` beside the records when `exec.out` is set.
 pub async fn execute_prepared(
-    args: &RunSpec,
+    run: &RunSpec,
     prepared: &PreparedRun,
     exec: Execution,
 ) -> Result<RunOutcome> {
-    let spec = &args.target;
-    let tls = Some(&spec.tls);
-    let model = match &spec.model {
+    let target_spec = &run.target;
+    let tls = Some(&target_spec.tls);
+    let model = match &target_spec.model {
         Some(m) => m.clone(),
         None => {
             client::first_model(
                 &crate::wire::connections::http_client(1, tls),
                 &exec.url,
-                &spec.headers,
-                spec.api_key.as_deref(),
+                &target_spec.headers,
+                target_spec.api_key.as_deref(),
             )
             .await?
         }
@@ -60,8 +60,8 @@ pub async fn execute_prepared(
         None => {
             let identity = crate::wire::identify::identify(
                 &exec.url,
-                &spec.headers,
-                spec.api_key.as_deref(),
+                &target_spec.headers,
+                target_spec.api_key.as_deref(),
                 tls,
             )
             .await;
@@ -77,34 +77,34 @@ pub async fn execute_prepared(
         }
     };
     // Resolved once the server has said what it is: recorded so reports can recompute.
-    let bound_inputs = crate::spec::bound::resolve(&args.bound, extra.get("server_info"))?;
+    let bound_inputs = crate::spec::bound::resolve(&run.bound, extra.get("server_info"))?;
     extra.insert(
         "bound_inputs".into(),
         serde_json::to_value(&bound_inputs).context("recording the bound's inputs")?,
     );
     let target = Target {
         base_url: exec.url.clone(),
-        backend: spec.backend,
+        backend: target_spec.backend,
         model: model.clone(),
-        headers: spec.headers.clone(),
-        api_key: spec.api_key.clone(),
-        timeout: spec.timeout,
-        ignore_eos: spec.ignore_eos,
-        min_tokens: spec.min_tokens,
-        prompt_ids: spec.prompt_ids,
-        continuous_usage: spec.continuous_usage,
-        extra_body: spec.extra_body.clone(),
-        tls: Some(spec.tls.clone()),
+        headers: target_spec.headers.clone(),
+        api_key: target_spec.api_key.clone(),
+        timeout: target_spec.timeout,
+        ignore_eos: target_spec.ignore_eos,
+        min_tokens: target_spec.min_tokens,
+        prompt_ids: target_spec.prompt_ids,
+        continuous_usage: target_spec.continuous_usage,
+        extra_body: target_spec.extra_body.clone(),
+        tls: Some(target_spec.tls.clone()),
     };
     let mut meta = RunMeta {
         schema_version: SCHEMA_VERSION,
         loadgen_version: env!("CARGO_PKG_VERSION").to_string(),
         command_line: redacted_command_line(std::env::args()),
-        seed: args.seed,
+        seed: run.seed,
         workload: prepared.workload_meta.clone(),
         schedule: prepared.schedule_meta.clone(),
         url: exec.url.clone(),
-        backend: spec.backend.name().to_string(),
+        backend: target_spec.backend.name().to_string(),
         model,
         server_version,
         host: host_info(),
@@ -114,7 +114,7 @@ pub async fn execute_prepared(
         calibration: prepared.calibration.clone(),
         extra,
         complete: false,
-        shard: args.shard.zip(args.start_at).map(|(shard, at)| ShardInfo {
+        shard: run.shard.zip(run.start_at).map(|(shard, at)| ShardInfo {
             index: shard.index,
             count: shard.count,
             schedule_requests: prepared.schedule_requests,
@@ -124,7 +124,7 @@ pub async fn execute_prepared(
             clock: crate::run::clock::clock_sync(),
         }),
         merged_from: Vec::new(),
-        extra_body: spec.extra_body.as_ref().map(ExtraBody::to_value),
+        extra_body: target_spec.extra_body.as_ref().map(ExtraBody::to_value),
     };
     // Written first as it stands, so that a run killed hard still says what it was.
     if let Some(dir) = &exec.out {
@@ -132,14 +132,14 @@ pub async fn execute_prepared(
         write_meta(dir, &meta)?;
     }
     let scraper = match &exec.out {
-        Some(dir) if !args.scrape_interval.is_zero() => Some(Scraper::start(ScrapeTarget {
+        Some(dir) if !run.scrape_interval.is_zero() => Some(Scraper::start(ScrapeTarget {
             base_url: exec.url.clone(),
-            headers: spec.headers.clone(),
-            api_key: spec.api_key.clone(),
-            interval: args.scrape_interval,
+            headers: target_spec.headers.clone(),
+            api_key: target_spec.api_key.clone(),
+            interval: run.scrape_interval,
             out_dir: dir.clone(),
-            start_at: args.start_at,
-            tls: Some(spec.tls.clone()),
+            start_at: run.start_at,
+            tls: Some(target_spec.tls.clone()),
         })),
         _ => None,
     };
@@ -152,7 +152,7 @@ pub async fn execute_prepared(
             slos: prepared.slos.clone(),
             progress: exec.progress,
             stop: exec.stop,
-            start_at: args.start_at,
+            start_at: run.start_at,
         },
     )
     .await;
@@ -178,8 +178,8 @@ pub async fn execute_prepared(
                 measured_end_s: plan.duration_s.map(|d| plan.warmup_s + d),
             },
             origin_unix_ms: outcome.start_time.timestamp_micros() as f64 / 1000.0,
-            slice_s: args.slice.map(|s| s.as_secs_f64()),
-            slo: args.slo.as_ref(),
+            slice_s: run.slice.map(|s| s.as_secs_f64()),
+            slo: run.slo.as_ref(),
             bound_inputs: &bound_inputs,
         };
         reports::folders::finish_run(dir, &end, &mut outcome.summary)?;

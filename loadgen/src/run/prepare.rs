@@ -19,9 +19,9 @@ use crate::load::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkl
 use crate::load::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
 use crate::load::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
 use crate::spec::run::{
-    Lengths, LoadSpec, OpenLoad, RunSpec, SessionsSpec, WindowSpec, DEFAULT_NUM_PROMPTS,
+    ArrivalKind, Lengths, LoadSpec, OpenLoad, RunSpec, SessionsSpec, WindowSpec,
+    DEFAULT_NUM_PROMPTS,
 };
-use crate::spec::run_args::ArrivalKind;
 use crate::wire::extra_body::ExtraBody;
 
 fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
@@ -45,24 +45,24 @@ fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
     }
 }
 
-/// Builds the plan (request list + schedule) for `args`; also returns workload / schedule
+/// Builds the plan (request list + schedule) for `run`; also returns workload / schedule
 /// descriptions for `meta.json`.
 pub fn build_plan(
-    args: &RunSpec,
+    run: &RunSpec,
     prompts: &PromptBuilder,
 ) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
-    if let Some(sessions) = &args.sessions {
-        return build_session_plan(args, prompts, sessions);
+    if let Some(sessions) = &run.sessions {
+        return build_session_plan(run, prompts, sessions);
     }
-    let warmup = args.window.warmup.as_secs_f64();
-    let duration = args.window.duration.map(|d| d.as_secs_f64());
-    let cooldown = args.window.cooldown.as_secs_f64();
-    let schedule_seed = mix(args.seed, 0x5C4E_D01E);
+    let warmup = run.window.warmup.as_secs_f64();
+    let duration = run.window.duration.map(|d| d.as_secs_f64());
+    let cooldown = run.window.cooldown.as_secs_f64();
+    let schedule_seed = mix(run.seed, 0x5C4E_D01E);
     let mut workload_meta =
-        json!({"kind": format!("{:?}", args.workload.lengths.kind()), "seed": args.seed});
+        json!({"kind": format!("{:?}", run.workload.lengths.kind()), "seed": run.seed});
 
     // Trace rows (lengths, maybe timestamps) when the workload is a trace.
-    let trace_rows = if let Lengths::Trace { path, format } = &args.workload.lengths {
+    let trace_rows = if let Lengths::Trace { path, format } = &run.workload.lengths {
         let format = match format {
             Some(f) => *f,
             None => traces::detect_format(path)?,
@@ -91,7 +91,7 @@ pub fn build_plan(
     let timestamped = trace_rows
         .as_ref()
         .is_some_and(|rows| rows.iter().all(|r| r.timestamp_ms.is_some()));
-    let open = match &args.load {
+    let open = match &run.load {
         LoadSpec::Open(open) => Some(open),
         LoadSpec::Closed { .. } => None,
     };
@@ -106,12 +106,12 @@ pub fn build_plan(
         }
         None => ArrivalKind::Poisson,
     };
-    let num_prompts = args
+    let num_prompts = run
         .window
         .num_prompts
         .unwrap_or(trace_rows.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len));
     // How requests are sent, and the number of requests.
-    let (sends, schedule_meta): (Sends, serde_json::Value) = match (&args.load, arrival) {
+    let (sends, schedule_meta): (Sends, serde_json::Value) = match (&run.load, arrival) {
         (&LoadSpec::Closed { concurrency: c }, _) => (
             Sends::Closed(c),
             json!({"mode": "closed", "concurrency": c}),
@@ -139,7 +139,7 @@ pub fn build_plan(
                     "--exact-rate with --arrival trace needs --target-rate: a trace's own \
                      timestamps are replayed as recorded",
                 )?;
-                let (scaled, exact) = scale_to_rate(&times, target, window(&args.window), end)?;
+                let (scaled, exact) = scale_to_rate(&times, target, window(&run.window), end)?;
                 warn_residual(&exact);
                 times = scaled;
                 first_row = exact.dropped;
@@ -150,7 +150,7 @@ pub fn build_plan(
             }
             let n = times.len();
             return finish_plan(
-                args,
+                run,
                 Sends::At(times),
                 Some(rows[first_row..first_row + n].to_vec()),
                 n,
@@ -177,7 +177,7 @@ pub fn build_plan(
                     None => Extent::Count(num_prompts),
                 };
                 let draw = spec.generate(extent, schedule_seed)?;
-                let (times, exact) = scale_to_rate(&draw, open.rate, window(&args.window), end)?;
+                let (times, exact) = scale_to_rate(&draw, open.rate, window(&run.window), end)?;
                 warn_residual(&exact);
                 meta["exact_rate"] = json!(exact);
                 times
@@ -195,7 +195,7 @@ pub fn build_plan(
         Sends::At(times) => times.len(),
         Sends::Closed(_) => num_prompts,
     };
-    finish_plan(args, sends, trace_rows, n, workload_meta, schedule_meta)
+    finish_plan(run, sends, trace_rows, n, workload_meta, schedule_meta)
 }
 
 /// Says so when no scaling brought the scheduled rate within the tolerance of its target.
@@ -239,7 +239,7 @@ enum Sends {
 }
 
 fn finish_plan(
-    args: &RunSpec,
+    run: &RunSpec,
     sends: Sends,
     trace_rows: Option<Vec<TraceRow>>,
     n: usize,
@@ -251,11 +251,11 @@ fn finish_plan(
     }
     let mut specs: Vec<RequestSpec> = match &trace_rows {
         Some(rows) => (0..n)
-            .map(|i| row_spec(args.seed, i as u64, &rows[i % rows.len()]))
+            .map(|i| row_spec(run.seed, i as u64, &rows[i % rows.len()]))
             .collect(),
-        None => synthetic_specs(args, n, &mut workload_meta)?,
+        None => synthetic_specs(run, n, &mut workload_meta)?,
     };
-    reshape(args, &mut specs, &mut workload_meta)?;
+    reshape(run, &mut specs, &mut workload_meta)?;
     let mut specs = specs.into_iter();
     let mut next = |_| specs.next().expect("one spec per request");
     let plan = match sends {
@@ -263,10 +263,10 @@ fn finish_plan(
         Sends::At(times) => Plan::open(times, &mut next),
     };
     let plan = Plan {
-        warmup_s: args.window.warmup.as_secs_f64(),
-        duration_s: args.window.duration.map(|d| d.as_secs_f64()),
-        cooldown_s: args.window.cooldown.as_secs_f64(),
-        max_concurrency: args.window.max_concurrency,
+        warmup_s: run.window.warmup.as_secs_f64(),
+        duration_s: run.window.duration.map(|d| d.as_secs_f64()),
+        cooldown_s: run.window.cooldown.as_secs_f64(),
+        max_concurrency: run.window.max_concurrency,
         ..plan
     };
     schedule_meta["warmup_s"] = json!(plan.warmup_s);
@@ -279,11 +279,11 @@ fn finish_plan(
 /// `--length-scale`, `--max-model-len` and `--prompt-salt` applied to the drawn requests
 /// (the salt acts when prompts are built) and recorded in `workload_meta`.
 fn reshape(
-    args: &RunSpec,
+    run: &RunSpec,
     specs: &mut [RequestSpec],
     workload_meta: &mut serde_json::Value,
 ) -> Result<()> {
-    let workload = &args.workload;
+    let workload = &run.workload;
     if workload.length_scale != 1.0 {
         scale_lengths(specs, workload.length_scale)?;
         workload_meta["length_scale"] = json!(workload.length_scale);
@@ -298,14 +298,14 @@ fn reshape(
     Ok(())
 }
 
-/// `n` requests of the synthetic workload `args` asks for; their length model in
+/// `n` requests of the synthetic workload `run` asks for; their length model in
 /// `workload_meta`.
 fn synthetic_specs(
-    args: &RunSpec,
+    run: &RunSpec,
     n: usize,
     workload_meta: &mut serde_json::Value,
 ) -> Result<Vec<RequestSpec>> {
-    let model = match &args.workload.lengths {
+    let model = match &run.workload.lengths {
         Lengths::Random {
             input_len,
             output_len,
@@ -326,29 +326,29 @@ fn synthetic_specs(
         },
         Lengths::Trace { .. } => unreachable!("a trace's requests come from its rows"),
     };
-    let prefix = (args.workload.prefix_len > 0).then_some(PrefixGroups {
-        len: args.workload.prefix_len,
-        groups: args.workload.prefix_groups,
+    let prefix = (run.workload.prefix_len > 0).then_some(PrefixGroups {
+        len: run.workload.prefix_len,
+        groups: run.workload.prefix_groups,
     });
     workload_meta["lengths"] = serde_json::to_value(&model)?;
     workload_meta["prefix"] = serde_json::to_value(prefix)?;
-    SyntheticWorkload::new(model, prefix)?.generate(n, args.seed)
+    SyntheticWorkload::new(model, prefix)?.generate(n, run.seed)
 }
 
 /// The plan of a session run (`--turns`): session start times on the arrival process at
 /// `--rate` sessions/s, each session's turns (synthetic user turns and answer lengths, or a
 /// ShareGPT file's conversations with `--turns all`) and think times, all from the seed.
 fn build_session_plan(
-    args: &RunSpec,
+    run: &RunSpec,
     prompts: &PromptBuilder,
     sessions: &SessionsSpec,
 ) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
     let spec = &sessions.spec;
-    let mut workload_meta = json!({"kind": format!("{:?}", args.workload.lengths.kind()),
-        "seed": args.seed, "sessions": spec});
+    let mut workload_meta = json!({"kind": format!("{:?}", run.workload.lengths.kind()),
+        "seed": run.seed, "sessions": spec});
     // `RunSpec::from_args` took a trace with `--turns all` only, and a synthetic workload
     // without it.
-    let conversations = match &args.workload.lengths {
+    let conversations = match &run.workload.lengths {
         Lengths::Trace { path, format } => {
             let format = match format {
                 Some(f) => *f,
@@ -372,7 +372,7 @@ fn build_session_plan(
         _ => None,
     };
     // Sessions arrive open-loop, never on a trace's timestamps (`RunSpec::from_args`).
-    let LoadSpec::Open(open) = &args.load else {
+    let LoadSpec::Open(open) = &run.load else {
         unreachable!("a closed loop of sessions is refused by RunSpec::from_args")
     };
     let arrival = match open.arrival {
@@ -383,7 +383,7 @@ fn build_session_plan(
         _ => Arrival::Poisson,
     };
     let schedule = schedule_spec(open, arrival);
-    let window = &args.window;
+    let window = &run.window;
     let warmup = window.warmup.as_secs_f64();
     let extent = match window.duration {
         Some(d) => Extent::Until(warmup + d.as_secs_f64() + window.cooldown.as_secs_f64()),
@@ -393,7 +393,7 @@ fn build_session_plan(
                 .unwrap_or(conversations.as_ref().map_or(DEFAULT_NUM_PROMPTS, Vec::len)),
         ),
     };
-    let schedule_seed = mix(args.seed, 0x5C4E_D01E);
+    let schedule_seed = mix(run.seed, 0x5C4E_D01E);
     let starts = schedule.generate(extent, schedule_seed)?;
     if starts.is_empty() {
         bail!("the schedule has no sessions (rate too low for the duration?)");
@@ -403,7 +403,7 @@ fn build_session_plan(
             .as_ref()
             .map_or(1, |c| c[s % c.len()].len() as u32)
     };
-    let draws = spec.draw(starts.len(), mix(args.seed, SESSION_SEED_TAG), recorded)?;
+    let draws = spec.draw(starts.len(), mix(run.seed, SESSION_SEED_TAG), recorded)?;
     let total: usize = draws.iter().map(|d| d.think_s.len()).sum();
     let mut turn_specs = match &conversations {
         Some(c) => draws
@@ -419,7 +419,7 @@ fn build_session_plan(
                 })
             })
             .collect::<Vec<_>>(),
-        None => synthetic_specs(args, total, &mut workload_meta)?,
+        None => synthetic_specs(run, total, &mut workload_meta)?,
     }
     .into_iter();
     let mut requests = Vec::with_capacity(total);
@@ -487,24 +487,24 @@ pub struct PreparedRun {
     pub schedule_digest: String,
 }
 
-/// Builds the prompts, SLOs and plan of `args` (no network).
-pub fn prepare_run(args: &RunSpec) -> Result<PreparedRun> {
+/// Builds the prompts, SLOs and plan of `run` (no network).
+pub fn prepare_run(run: &RunSpec) -> Result<PreparedRun> {
     let prompts = Arc::new(
-        match &args.workload.tokenizer {
+        match &run.workload.tokenizer {
             Some(p) => PromptBuilder::from_tokenizer(p)?,
             None => PromptBuilder::approximate(),
         }
-        .with_salt(args.workload.prompt_salt),
+        .with_salt(run.workload.prompt_salt),
     );
-    let slos = args
+    let slos = run
         .slo
         .as_ref()
         .map(SloSpec::per_request)
         .unwrap_or_default();
-    let (mut plan, workload_meta, schedule_meta) = build_plan(args, &prompts)?;
+    let (mut plan, workload_meta, schedule_meta) = build_plan(run, &prompts)?;
     let schedule_requests = plan.requests.len() as u64;
-    let schedule_digest = schedule_digest(args, &plan, &prompts)?;
-    if let Some(shard) = args.shard {
+    let schedule_digest = schedule_digest(run, &plan, &prompts)?;
+    if let Some(shard) = run.shard {
         shard.restrict(&mut plan)?;
     }
     Ok(PreparedRun {
@@ -521,8 +521,8 @@ pub fn prepare_run(args: &RunSpec) -> Result<PreparedRun> {
 
 /// The digest that tells the shards of one schedule apart from those of another: the whole
 /// request list and every option that shapes a request on the wire (FNV-1a, 64 bits, hex).
-fn schedule_digest(args: &RunSpec, plan: &Plan, prompts: &PromptBuilder) -> Result<String> {
-    let target = &args.target;
+fn schedule_digest(run: &RunSpec, plan: &Plan, prompts: &PromptBuilder) -> Result<String> {
+    let target = &run.target;
     let shape = json!({
         "requests": plan.requests,
         "phases": [plan.warmup_s, plan.duration_s, plan.cooldown_s],
@@ -532,9 +532,9 @@ fn schedule_digest(args: &RunSpec, plan: &Plan, prompts: &PromptBuilder) -> Resu
         "min_tokens": target.min_tokens,
         "continuous_usage": target.continuous_usage,
         "timeout_s": target.timeout.as_secs_f64(),
-        "slo": args.slo_text,
+        "slo": run.slo_text,
         "approximate_lengths": prompts.is_approximate(),
-        "prompt_salt": args.workload.prompt_salt,
+        "prompt_salt": run.workload.prompt_salt,
         "extra_body": target.extra_body.as_ref().map(ExtraBody::to_value),
     });
     Ok(format!("{:016x}", fnv1a(&serde_json::to_vec(&shape)?)))
@@ -554,7 +554,7 @@ mod tests {
     use super::*;
 
     /// The spec of `loadgen run ARGV`.
-    fn run_args(argv: &[&str]) -> RunSpec {
+    fn run_spec(argv: &[&str]) -> RunSpec {
         spec(argv).unwrap()
     }
 
@@ -578,7 +578,7 @@ mod tests {
         let digest = |extra: &[&str]| {
             let mut argv = base.to_vec();
             argv.extend_from_slice(extra);
-            let prepared = prepare_run(&run_args(&argv)).unwrap();
+            let prepared = prepare_run(&run_spec(&argv)).unwrap();
             (prepared.schedule_digest, prepared.plan.requests.len())
         };
         let (d0, n0) = digest(&["--shard", "0/2"]);
@@ -610,7 +610,7 @@ mod tests {
         let with = |extra: &[&str]| {
             let mut argv = base.to_vec();
             argv.extend_from_slice(extra);
-            build_plan(&run_args(&argv), &PromptBuilder::approximate()).unwrap()
+            build_plan(&run_spec(&argv), &PromptBuilder::approximate()).unwrap()
         };
         let lengths = |plan: &Plan| -> Vec<(u32, u32)> {
             plan.requests
@@ -653,7 +653,7 @@ mod tests {
         let path = trace.to_str().unwrap();
         let prompts = PromptBuilder::approximate();
         let (plan, _, schedule) = build_plan(
-            &run_args(&["--workload", "trace", "--trace", path]),
+            &run_spec(&["--workload", "trace", "--trace", path]),
             &prompts,
         )
         .unwrap();
@@ -661,7 +661,7 @@ mod tests {
         assert_eq!(times, [0.0, 0.5, 0.5, 3.0]);
         assert_eq!(schedule["arrival"], "trace");
         // Asked otherwise: Poisson at --rate, the rows cycled for --num-prompts.
-        let args = run_args(&[
+        let args = run_spec(&[
             "--workload",
             "trace",
             "--trace",
@@ -675,7 +675,7 @@ mod tests {
         assert_eq!(plan.requests.len(), 10);
         assert_eq!(schedule["schedule"]["arrival"]["kind"], "poisson");
         // A synthetic workload keeps the default of 1,000 Poisson requests.
-        let (plan, _, _) = build_plan(&run_args(&[]), &prompts).unwrap();
+        let (plan, _, _) = build_plan(&run_spec(&[]), &prompts).unwrap();
         assert_eq!(plan.requests.len(), DEFAULT_NUM_PROMPTS);
     }
 }

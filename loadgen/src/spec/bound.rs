@@ -7,40 +7,8 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use reports::bound::{dtype_bytes, hardware, BoundInputs, ModelShape};
 use serde_json::Value;
-
-#[derive(Args, Debug, Clone, Default)]
-pub struct BoundArgs {
-    /// For the bandwidth bound: the model's Hugging Face config.json (layer shapes →
-    /// parameters, weight bytes a decode step reads, KV bytes per token).
-    #[arg(long)]
-    pub model_config: Option<PathBuf>,
-    /// With --model-config: the weights' dtype as served (bf16, f16, fp8, int8, int4, fp4)
-    /// [default: bf16].
-    #[arg(long, requires = "model_config")]
-    pub weight_dtype: Option<String>,
-    /// With --model-config: the KV cache's dtype [default: bf16].
-    #[arg(long, requires = "model_config")]
-    pub kv_dtype: Option<String>,
-    /// For the bandwidth bound: the bytes one decode step reads for the weights.
-    #[arg(long)]
-    pub weight_bytes: Option<f64>,
-    /// For the bandwidth bound: the KV-cache bytes of one token.
-    #[arg(long)]
-    pub kv_bytes_per_token: Option<f64>,
-    /// For the bandwidth bound: the server's accelerator from the built-in table (h100-sxm,
-    /// h100-pcie, h200, a100-40gb, a100-80gb, l40s, l4).
-    #[arg(long)]
-    pub hardware: Option<String>,
-    /// For the bandwidth bound: the memory bandwidth in bytes/s (e.g. 3.35e12).
-    #[arg(long)]
-    pub bandwidth: Option<f64>,
-    /// For the prefill floor: dense FLOP/s (e.g. 989e12).
-    #[arg(long)]
-    pub flops: Option<f64>,
-}
 
 /// The bound's flags as given, with no command-line type (what a run's spec carries).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -53,21 +21,6 @@ pub struct BoundOptions {
     pub hardware: Option<String>,
     pub bandwidth: Option<f64>,
     pub flops: Option<f64>,
-}
-
-impl BoundArgs {
-    pub fn options(&self) -> BoundOptions {
-        BoundOptions {
-            model_config: self.model_config.clone(),
-            weight_dtype: self.weight_dtype.clone(),
-            kv_dtype: self.kv_dtype.clone(),
-            weight_bytes: self.weight_bytes,
-            kv_bytes_per_token: self.kv_bytes_per_token,
-            hardware: self.hardware.clone(),
-            bandwidth: self.bandwidth,
-            flops: self.flops,
-        }
-    }
 }
 
 fn positive(flag: &str, value: Option<f64>) -> Result<Option<f64>> {

@@ -6,32 +6,23 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use clap::{Args, ValueEnum};
+use clap::Args;
 
+use crate::load::schedule::TraceScaling;
 use crate::load::shard::Shard;
+use crate::load::workload::sessions::{SessionSpec, ThinkTime, TurnCount};
 use crate::load::workload::traces::TraceFormat;
+use crate::spec::bound::BoundOptions;
+use crate::spec::run::{
+    ArrivalKind, Lengths, LoadSpec, OpenLoad, RunSpec, SessionsSpec, TargetSpec, WindowSpec,
+    WorkloadKind, WorkloadSpec,
+};
 use crate::units::duration_arg;
 use crate::wire::backend::Backend;
+use crate::wire::extra_body::ExtraBody;
 use crate::wire::tls::TlsOptions;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum WorkloadKind {
-    /// Seeded log-normal lengths (`--profile`), parameters in traces/sharegpt-like.json.
-    SharegptLike,
-    /// vLLM `random`: uniform lengths around --random-input-len / --random-output-len.
-    Random,
-    /// Lengths (and timestamps) from `--trace`.
-    Trace,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ArrivalKind {
-    Poisson,
-    Gamma,
-    Constant,
-    /// The trace's own timestamps (after --trace-window, --time-scale / --target-rate).
-    Trace,
-}
+use crate::wire::tls::TlsSettings;
+use reports::slo::SloSpec;
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
@@ -55,7 +46,7 @@ pub struct RunArgs {
     /// `parameters`. Fields loadgen sets itself (stream, max_tokens, model, …) are refused.
     #[arg(long, value_name = "JSON|@FILE")]
     pub extra_body: Option<String>,
-    #[arg(long, value_enum, default_value = "sharegpt-like")]
+    #[arg(long, value_parser = workload_arg(), default_value = "sharegpt-like")]
     pub workload: WorkloadKind,
     /// ShareGPT-like profile: chat, code, summarization, long-context.
     #[arg(long, default_value = "chat")]
@@ -94,7 +85,7 @@ pub struct RunArgs {
     pub trace_window: Option<String>,
     /// Arrival process. Default: the trace's own timestamps when `--workload trace` has them
     /// (each row sent once), else Poisson at --rate.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = arrival_arg())]
     pub arrival: Option<ArrivalKind>,
     /// Requests per second (open loop).
     #[arg(long, default_value_t = 1.0)]
@@ -214,12 +205,260 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration_arg)]
     pub session_drain: Option<Duration>,
     #[command(flatten)]
-    pub bound: crate::spec::bound::BoundArgs,
+    pub bound: BoundArgs,
     /// Calibrate against the built-in mock at this run's rate first; recorded in meta.json.
     #[arg(long)]
     pub calibrate: bool,
     #[arg(long)]
     pub no_progress: bool,
+}
+
+impl RunSpec {
+    /// The spec of `args`, every option checked that can be before the run is prepared (the
+    /// TLS certificate and an `--extra-body @FILE` are read here; a trace's rows and
+    /// timestamps are checked when the run is prepared, the server when it is sent).
+    pub fn from_args(args: &RunArgs) -> Result<RunSpec> {
+        let sessions = sessions(args)?;
+        if args.exact_rate {
+            if args.concurrency.is_some() {
+                bail!(
+                    "--exact-rate scales an open-loop schedule: --concurrency (closed loop) has none"
+                );
+            }
+            if args.turns.is_some() {
+                bail!("--exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; give --rate alone");
+            }
+        }
+        if sessions.is_some() {
+            if args.length_scale != 1.0 || args.max_model_len.is_some() {
+                bail!("--length-scale and --max-model-len reshape single requests; a session's prompt grows with its history: shape sessions with --max-history-tokens");
+            }
+            if args.backend != Backend::Chat {
+                bail!("--turns needs --backend chat: a session re-sends its history as chat messages, which the {} API has no place for", args.backend.name());
+            }
+            if args.concurrency.is_some() {
+                bail!("--turns with --concurrency: sessions arrive open-loop at --rate sessions/s; a closed loop of sessions is not supported");
+            }
+            if args.arrival == Some(ArrivalKind::Trace) {
+                bail!("--turns: sessions arrive on --arrival poisson, gamma or constant at --rate sessions/s");
+            }
+        }
+        let lengths = match args.workload {
+            WorkloadKind::SharegptLike => Lengths::SharegptLike {
+                profile: args.profile.clone(),
+                max_input_len: args.max_input_len,
+                max_output_len: args.max_output_len,
+            },
+            WorkloadKind::Random => Lengths::Random {
+                input_len: args.random_input_len,
+                output_len: args.random_output_len,
+                range_ratio: args.random_range_ratio,
+            },
+            WorkloadKind::Trace => match &args.trace {
+                Some(path) => Lengths::Trace {
+                    path: path.clone(),
+                    format: args.trace_format,
+                },
+                None => bail!("--workload trace needs --trace PATH"),
+            },
+        };
+        if let (Some(s), Lengths::Trace { .. }) = (&sessions, &lengths) {
+            if s.spec.turns != TurnCount::All {
+                bail!("--workload trace with sessions: give --turns all to replay a ShareGPT file's conversations with all their turns");
+            }
+        }
+        if let (Some(s), false) = (&sessions, matches!(lengths, Lengths::Trace { .. })) {
+            if s.spec.turns == TurnCount::All {
+                bail!("--turns all replays a ShareGPT file (--workload trace --trace FILE.json); a synthetic workload takes --turns N or constant:N");
+            }
+        }
+        // Each API also refuses such a body per request (a `Target` built without these
+        // options); here a command-line run fails before it sends anything.
+        if args.prompt_ids && args.backend != Backend::Completions {
+            bail!(
+                "--prompt-ids needs --backend completions: only a completions prompt may be token ids"
+            );
+        }
+        let load = match args.concurrency {
+            Some(concurrency) => LoadSpec::Closed { concurrency },
+            None => LoadSpec::Open(OpenLoad {
+                rate: args.rate,
+                arrival: args.arrival,
+                burstiness: args.burstiness,
+                ramp_up: args.ramp_up,
+                ramp_start_rate: args.ramp_start_rate,
+                exact_rate: args.exact_rate,
+                trace: TraceScaling {
+                    window: args.trace_window.as_deref().map(parse_window).transpose()?,
+                    time_scale: args.time_scale,
+                    target_rate: args.target_rate,
+                },
+            }),
+        };
+        if let Some(shard) = args.shard {
+            if args.concurrency.is_some() {
+                bail!("--shard splits an open-loop schedule; a closed loop (--concurrency) has none: give each worker its own --concurrency instead");
+            }
+            if args.start_at.is_none() {
+                bail!("--shard {shard}: every worker needs the same --start-at (RFC 3339 or Unix seconds)");
+            }
+            if args.max_concurrency.is_some() {
+                bail!("--shard with --max-concurrency: each worker would cap its own requests in flight, so K workers would allow K times the cap; leave the cap out");
+            }
+            if args.calibrate {
+                bail!("--shard: calibrate each worker with `loadgen calibrate` before the run, not with --calibrate");
+            }
+        }
+        Ok(RunSpec {
+            target: TargetSpec {
+                url: args.url.clone(),
+                backend: args.backend,
+                model: args.model.clone(),
+                headers: parse_headers(&args.headers)?,
+                api_key: args.api_key.clone(),
+                tls: TlsSettings::new(&args.tls.options())?,
+                extra_body: args
+                    .extra_body
+                    .as_deref()
+                    .map(|arg| ExtraBody::parse(arg, args.backend))
+                    .transpose()?,
+                prompt_ids: args.prompt_ids,
+                ignore_eos: !args.no_ignore_eos,
+                min_tokens: args.min_tokens,
+                continuous_usage: !args.no_continuous_usage,
+                timeout: args.timeout,
+            },
+            workload: WorkloadSpec {
+                lengths,
+                prefix_len: args.prefix_len,
+                prefix_groups: args.prefix_groups,
+                tokenizer: args.tokenizer.clone(),
+                length_scale: args.length_scale,
+                max_model_len: args.max_model_len,
+                prompt_salt: args.prompt_salt,
+            },
+            load,
+            window: WindowSpec {
+                warmup: args.warmup,
+                duration: args.duration,
+                num_prompts: args.num_prompts,
+                cooldown: args.cooldown,
+                max_concurrency: args.max_concurrency,
+            },
+            sessions,
+            seed: args.seed,
+            out: args.out.clone(),
+            slo: slo_spec(args)?,
+            slo_text: args.slo.clone(),
+            fail_on_slo: args.fail_on_slo,
+            slice: args.slice,
+            scrape_interval: args.scrape_interval,
+            shard: args.shard,
+            start_at: args.start_at,
+            bound: args.bound.options(),
+            calibrate: args.calibrate,
+            progress: !args.no_progress,
+        })
+    }
+}
+
+/// The session options of `args`; the options that only sessions take are refused without
+/// `--turns`, never ignored.
+fn sessions(args: &RunArgs) -> Result<Option<SessionsSpec>> {
+    let Some(turns) = args.turns.as_deref() else {
+        let stray = [
+            ("--think-time", args.think_time.is_some()),
+            ("--max-session-turns", args.max_session_turns.is_some()),
+            ("--max-history-tokens", args.max_history_tokens.is_some()),
+            ("--session-drain", args.session_drain.is_some()),
+        ];
+        if let Some((flag, _)) = stray.iter().find(|(_, given)| *given) {
+            bail!("{flag} shapes multi-turn sessions: give --turns too");
+        }
+        return Ok(None);
+    };
+    let think = match args.think_time.as_deref() {
+        Some(t) => ThinkTime::parse(t)?,
+        None => ThinkTime::Constant { secs: 0.0 },
+    };
+    if args.max_session_turns == Some(0) {
+        bail!("--max-session-turns must be at least 1");
+    }
+    if args.session_drain.is_some() && args.duration.is_none() {
+        bail!("--session-drain limits sessions after --duration; without --duration every session runs to its end");
+    }
+    Ok(Some(SessionsSpec {
+        spec: SessionSpec {
+            turns: TurnCount::parse(turns)?,
+            think,
+            max_turns: args.max_session_turns,
+        },
+        max_history_tokens: args.max_history_tokens,
+        drain: args.session_drain,
+    }))
+}
+
+/// The `--slo` of `args` with its `--max-error-rate`.
+fn slo_spec(args: &RunArgs) -> Result<Option<SloSpec>> {
+    if args.fail_on_slo && args.slo.is_none() {
+        bail!("--fail-on-slo needs --slo (e.g. --slo ttft:p90:2s,tpot:p90:100ms)");
+    }
+    Ok(args
+        .slo
+        .as_deref()
+        .map(SloSpec::parse)
+        .transpose()?
+        .map(|spec| SloSpec {
+            max_error_rate: args.max_error_rate,
+            ..spec
+        }))
+}
+
+/// The bandwidth bound's flags (`spec::bound` resolves them).
+#[derive(Args, Debug, Clone, Default)]
+pub struct BoundArgs {
+    /// For the bandwidth bound: the model's Hugging Face config.json (layer shapes →
+    /// parameters, weight bytes a decode step reads, KV bytes per token).
+    #[arg(long)]
+    pub model_config: Option<PathBuf>,
+    /// With --model-config: the weights' dtype as served (bf16, f16, fp8, int8, int4, fp4)
+    /// [default: bf16].
+    #[arg(long, requires = "model_config")]
+    pub weight_dtype: Option<String>,
+    /// With --model-config: the KV cache's dtype [default: bf16].
+    #[arg(long, requires = "model_config")]
+    pub kv_dtype: Option<String>,
+    /// For the bandwidth bound: the bytes one decode step reads for the weights.
+    #[arg(long)]
+    pub weight_bytes: Option<f64>,
+    /// For the bandwidth bound: the KV-cache bytes of one token.
+    #[arg(long)]
+    pub kv_bytes_per_token: Option<f64>,
+    /// For the bandwidth bound: the server's accelerator from the built-in table (h100-sxm,
+    /// h100-pcie, h200, a100-40gb, a100-80gb, l40s, l4).
+    #[arg(long)]
+    pub hardware: Option<String>,
+    /// For the bandwidth bound: the memory bandwidth in bytes/s (e.g. 3.35e12).
+    #[arg(long)]
+    pub bandwidth: Option<f64>,
+    /// For the prefill floor: dense FLOP/s (e.g. 989e12).
+    #[arg(long)]
+    pub flops: Option<f64>,
+}
+
+impl BoundArgs {
+    pub fn options(&self) -> BoundOptions {
+        BoundOptions {
+            model_config: self.model_config.clone(),
+            weight_dtype: self.weight_dtype.clone(),
+            kv_dtype: self.kv_dtype.clone(),
+            weight_bytes: self.weight_bytes,
+            kv_bytes_per_token: self.kv_bytes_per_token,
+            hardware: self.hardware.clone(),
+            bandwidth: self.bandwidth,
+            flops: self.flops,
+        }
+    }
 }
 
 /// How loadgen checks the servers it talks to over TLS.
@@ -243,26 +482,41 @@ impl TlsArgs {
     }
 }
 
-/// `--backend`'s values (`wire::backend::Backend`), with their help: the wire keeps no
-/// command-line types of its own.
-fn backend_arg() -> impl TypedValueParser<Value = Backend> {
-    PossibleValuesParser::new(Backend::ALL.map(|b| PossibleValue::new(b.name()).help(b.help())))
-        .map(|name| {
-            Backend::ALL
-                .into_iter()
-                .find(|b| b.name() == name)
-                .expect("clap took one of the names")
-        })
-}
-
-/// `--trace-format`'s values (`load::workload::traces::TraceFormat`).
-fn trace_format_arg() -> impl TypedValueParser<Value = TraceFormat> {
-    PossibleValuesParser::new(TraceFormat::ALL.map(TraceFormat::name)).map(|name| {
-        TraceFormat::ALL
-            .into_iter()
-            .find(|f| f.name() == name)
+/// A value parser for one of the enums the run's spec and the layers below it hold, by its
+/// names and their help: those modules keep no command-line types of their own.
+fn named<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+    help: fn(T) -> Option<&'static str>,
+) -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(all.iter().map(|&v| {
+        let value = PossibleValue::new(name(v));
+        match help(v) {
+            Some(text) => value.help(text),
+            None => value,
+        }
+    }))
+    .map(move |text| {
+        *all.iter()
+            .find(|&&v| name(v) == text)
             .expect("clap took one of the names")
     })
+}
+
+fn backend_arg() -> impl TypedValueParser<Value = Backend> {
+    named(&Backend::ALL, Backend::name, |b| Some(b.help()))
+}
+
+fn trace_format_arg() -> impl TypedValueParser<Value = TraceFormat> {
+    named(&TraceFormat::ALL, TraceFormat::name, |_| None)
+}
+
+fn workload_arg() -> impl TypedValueParser<Value = WorkloadKind> {
+    named(&WorkloadKind::ALL, WorkloadKind::name, |w| Some(w.help()))
+}
+
+fn arrival_arg() -> impl TypedValueParser<Value = ArrivalKind> {
+    named(&ArrivalKind::ALL, ArrivalKind::name, ArrivalKind::help)
 }
 
 /// `--trace-window START:END` in seconds.

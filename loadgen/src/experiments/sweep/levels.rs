@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use reports::folders::{LevelEntry, LevelWarmup, Probe};
 use reports::slo::{SloCheck, SloSpec};
 
@@ -152,13 +152,6 @@ pub(super) async fn probe(
     for_search: bool,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Probe> {
-    if spec.sessions.is_some() {
-        bail!(
-            "loadgen sweep --rates {} with --turns: the saturation probe is a closed loop of \
-             single requests, which sessions are not; give the session rates (--rates 0.5,1,2)",
-            args.rates
-        );
-    }
     eprintln!(
         "loadgen sweep: --rates {}: probing the saturation rate (closed loop)…",
         args.rates

@@ -63,13 +63,22 @@ pub async fn run_sweep(
     if args.run.exact_rate && args.run.turns.is_some() {
         bail!("loadgen sweep --exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; session levels run their raw draw");
     }
+    // The sweep's own refusals come before the run options' (which would ask a sharded
+    // sweep without --start-at for it, or sessions for --backend chat, before saying why).
+    let timetable = sharded_timetable(args)?;
+    if !matches!(rates, Rates::List(_)) && args.run.turns.is_some() {
+        bail!(
+            "loadgen sweep --rates {} with --turns: the saturation probe is a closed loop of \
+             single requests, which sessions are not; give the session rates (--rates 0.5,1,2)",
+            args.rates
+        );
+    }
     let spec = RunSpec::from_args(&args.run)?;
     let slo = spec.slo.clone();
     if rates == Rates::Search && slo.is_none() {
         bail!("loadgen sweep --rates search looks for where the SLO breaks: give --slo (e.g. ttft:p90:2s,tpot:p90:100ms)");
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let timetable = sharded_timetable(args)?;
     let min_requests = min_requests(args.min_requests.as_deref(), slo.as_ref())?;
     let repeats = args.repeats as usize;
     if repeats > 1 && timetable.is_some() {

@@ -12,7 +12,7 @@
 //! (`server.log` and the search's `sweep/`), `duel/` (the comparison's rounds), and the
 //! report.
 
-pub mod duel;
+pub mod finish;
 pub mod knobs;
 
 use std::path::Path;
@@ -29,7 +29,7 @@ use crate::spec::sweep::{SweepArgs, DEFAULT_PROBE_DURATION, DEFAULT_PROBE_MAX_CO
 use crate::spec::tune::Strategy;
 use crate::spec::tune::TuneArgs;
 use crate::spec::RunSpec;
-use duel::finish;
+use finish::finish;
 use knobs::Knob;
 
 /// Runs the tune into `--out` (`tune.json`, a folder per configuration, the report) and
