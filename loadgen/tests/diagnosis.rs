@@ -100,3 +100,73 @@ async fn without_the_bounds_inputs_the_regime_is_undetermined_and_says_why() {
         d.missing
     );
 }
+
+/// A server that goes away a second into a 3-s run reads as server-errors (not as queueing,
+/// which its refusals would otherwise suggest), and the printed summary ends with the failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_gone_mid_run_reads_as_server_errors() {
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(5),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("run");
+    let url = format!("http://{addr}");
+    let out_text = out.to_str().unwrap().to_string();
+    let argv: Vec<String> = [
+        "loadgen",
+        "run",
+        "--url",
+        &url,
+        "--model",
+        "loadgen-mock",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "17",
+        "--rate",
+        "20",
+        "--duration",
+        "3s",
+        "--seed",
+        "3",
+        "--scrape-interval",
+        "0s",
+        "--no-progress",
+        "--out",
+        &out_text,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = tokio::spawn(async move {
+        loadgen::cli::main(loadgen::cli::Cli::try_parse_from(argv).unwrap()).await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    handle.shutdown().await;
+    run.await.unwrap().unwrap();
+    let summary = Summary::read(&out.join("summary.json")).unwrap();
+    assert_eq!(
+        summary.regime,
+        Some(Regime::ServerErrors),
+        "{:?}",
+        summary.regime_evidence
+    );
+    assert!(
+        summary.failed as f64 >= 0.05 * (summary.failed + summary.completed) as f64,
+        "{} failed, {} completed",
+        summary.failed,
+        summary.completed
+    );
+    let table = reports::table::render(&summary);
+    let last = table.lines().rev().nth(1).unwrap();
+    assert!(
+        last.starts_with("FAILED:") && last.contains(&format!("{} of ", summary.failed)),
+        "{table}"
+    );
+}

@@ -2,6 +2,9 @@
 //! measured requests, the server's gauges, the SLO and the bandwidth bound ([`crate::bound`]).
 //!
 //! The rules, in the order they are tried (the first that holds decides):
+//! - **server-errors**: at least [`SERVER_ERROR_SHARE`] of the window's requests failed on the
+//!   server's side (refused connections, 429s, 5xx, timeouts, cut streams), named by kind: the
+//!   latencies of the rest describe a server that was not serving;
 //! - **client-bound**: the load generator itself fell behind (the metrics' client-bound rules:
 //!   its CPU, its send lag against TTFT, its sent rate against the scheduled one): the
 //!   numbers describe the client, not the server;
@@ -35,11 +38,15 @@ use crate::stats::{mann_whitney_u, median, quantile_ci};
 pub const DECODE_FACTOR: f64 = 2.0;
 /// Prefill is compute-bound when its TTFT median is at most this many times the floor.
 pub const PREFILL_FACTOR: f64 = 3.0;
+/// A run is in server-errors when at least this share of its window's requests failed on the
+/// server's side.
+pub const SERVER_ERROR_SHARE: f64 = 0.05;
 
 /// What limited a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Regime {
+    ServerErrors,
     DecodeMemoryBound,
     PrefillComputeBound,
     Queueing,
@@ -57,6 +64,27 @@ impl std::fmt::Display for Regime {
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
         f.write_str(&text)
+    }
+}
+
+impl Regime {
+    /// The server knob to try next and its direction, or why none helps.
+    pub fn knob_to_try(self) -> &'static str {
+        match self {
+            Regime::ServerErrors => "none: fix the server, or raise its queue limit for 429s",
+            Regime::ClientBound => "none on the server: more client machines (--shard)",
+            Regime::KvPressure => "more KV memory, a smaller max context, or a quantised KV cache",
+            Regime::Queueing => {
+                "more instances, or more concurrent sequences if the KV cache allows"
+            }
+            Regime::ColdCache => "none on the server: a longer warm-up",
+            Regime::Tail => "none yet: read the timeline for what the slow requests shared",
+            Regime::DecodeMemoryBound => "fewer bytes per weight, or a larger batch",
+            Regime::PrefillComputeBound => {
+                "a smaller per-step token budget if decodes suffer, else more instances"
+            }
+            Regime::Undetermined => "none: the telemetry named as missing would tell",
+        }
     }
 }
 
@@ -197,6 +225,10 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
         missing,
     };
 
+    // Server errors.
+    if let Some(evidence) = server_errors(o.records) {
+        return verdict(Regime::ServerErrors, evidence, missing);
+    }
     // Client-bound.
     if !o.client_bound_reasons.is_empty() {
         return verdict(
@@ -363,6 +395,53 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
     verdict(Regime::Undetermined, evidence, missing)
 }
 
+/// The evidence of server-errors: the window's requests that failed on the server's side, by
+/// kind, when they are at least [`SERVER_ERROR_SHARE`] of them.
+fn server_errors(records: &[RequestRecord]) -> Option<String> {
+    use crate::records::ErrorKind;
+    let window: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured)
+        .collect();
+    let mut kinds: Vec<(ErrorKind, u64)> = Vec::new();
+    for kind in window
+        .iter()
+        .filter_map(|r| r.error.as_ref().map(|e| e.kind))
+        .filter(|&k| crate::saturation::server_refusal(k))
+    {
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((kind, 1)),
+        }
+    }
+    let failed: u64 = kinds.iter().map(|(_, n)| n).sum();
+    let total = window.len() as u64;
+    if total == 0 || (failed as f64) < SERVER_ERROR_SHARE * total as f64 {
+        return None;
+    }
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+    let named: Vec<String> = kinds
+        .iter()
+        .map(|&(kind, n)| {
+            let what = match kind {
+                ErrorKind::Connect => {
+                    "connections refused or failed (the server down or restarting)"
+                }
+                ErrorKind::Http429 => "429 responses (the server's queue limit)",
+                ErrorKind::Http5xx => "5xx responses",
+                ErrorKind::Timeout => "timeouts",
+                _ => "streams cut before their end",
+            };
+            format!("{n} {what}")
+        })
+        .collect();
+    Some(format!(
+        "{failed} of the window's {total} requests failed on the server's side ({:.1}%): {}",
+        failed as f64 / total as f64 * 100.0,
+        named.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,6 +548,65 @@ mod tests {
             client_bound_reasons: client_bound,
             saturated: None,
         })
+    }
+
+    /// `recs` with the requests of ids in `ids` failed with `kind` (nothing received).
+    fn failed(
+        mut recs: Vec<RequestRecord>,
+        ids: &[u64],
+        kind: crate::records::ErrorKind,
+    ) -> Vec<RequestRecord> {
+        for r in recs.iter_mut().filter(|r| ids.contains(&r.id)) {
+            r.error = Some(crate::records::RequestError {
+                kind,
+                message: "refused".into(),
+            });
+            r.first_token_ms = None;
+            r.first_answer_ms = None;
+            r.chunk_ms.clear();
+            r.chunk_tokens.clear();
+            r.output_tokens = 0;
+            r.http_status = None;
+        }
+        recs
+    }
+
+    #[test]
+    fn server_errors_come_first_and_name_their_kinds() {
+        use crate::records::ErrorKind;
+        // 40 requests near the decode bound (decode-memory-bound otherwise), 2 refused and 1
+        // cut: 7.5% failed on the server's side, even with the client behind.
+        let recs = failed(
+            records(40, |_| 300.0, |_| 3.0),
+            &[30, 31],
+            ErrorKind::Connect,
+        );
+        let recs = failed(recs, &[35], ErrorKind::StreamCut);
+        let d = run(&recs, Some(&calm()), None, &["its CPU".to_string()]);
+        assert_eq!(d.regime, Regime::ServerErrors, "{}", d.evidence);
+        assert!(
+            d.evidence.starts_with("3 of the window's 40 requests failed on the server's side (7.5%): 2 connections refused"),
+            "{}",
+            d.evidence
+        );
+        assert!(d.evidence.contains("1 streams cut"), "{}", d.evidence);
+        // One refusal in 40 (2.5%) is below the share: the run is what it otherwise is.
+        let recs = failed(records(40, |_| 300.0, |_| 3.0), &[30], ErrorKind::Connect);
+        assert_eq!(
+            run(&recs, Some(&calm()), None, &[]).regime,
+            Regime::DecodeMemoryBound
+        );
+        // Failures the server did not cause (a 404, the run's own stop) do not count.
+        let recs = failed(
+            records(40, |_| 300.0, |_| 3.0),
+            &[1, 2, 3],
+            ErrorKind::HttpOther,
+        );
+        let recs = failed(recs, &[4, 5, 6], ErrorKind::Interrupted);
+        assert_ne!(
+            run(&recs, Some(&calm()), None, &[]).regime,
+            Regime::ServerErrors
+        );
     }
 
     #[test]

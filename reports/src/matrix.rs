@@ -257,7 +257,7 @@ impl Expectation {
                 bail!("`{text}`: a regime is compared with = or !=, e.g. `regime = decode-memory-bound`");
             };
             let regime: Regime = serde_json::from_value(serde_json::json!(name))
-                .map_err(|_| anyhow::anyhow!("unknown regime `{name}` (decode-memory-bound, prefill-compute-bound, queueing, kv-pressure, cold-cache, tail, client-bound)"))?;
+                .map_err(|_| anyhow::anyhow!("unknown regime `{name}` (server-errors, decode-memory-bound, prefill-compute-bound, queueing, kv-pressure, cold-cache, tail, client-bound)"))?;
             if regime == Regime::Undetermined {
                 bail!("`{text}`: `undetermined` is no regime the run could show or rule out");
             }

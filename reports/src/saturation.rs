@@ -491,7 +491,7 @@ pub fn judge(records: &[RequestRecord], context: &JudgeContext) -> Saturation {
 
 /// Whether a failure is the server not carrying a request (refused, timed out, cut off), rather
 /// than one it would never serve (a 404, a body it cannot parse) or the run's own stop.
-fn server_refusal(kind: crate::records::ErrorKind) -> bool {
+pub(crate) fn server_refusal(kind: crate::records::ErrorKind) -> bool {
     use crate::records::ErrorKind;
     matches!(
         kind,

@@ -244,6 +244,25 @@ pub fn render(summary: &Summary) -> String {
     }
     if let (Some(regime), Some(evidence)) = (summary.regime, &summary.regime_evidence) {
         row(&mut out, "Regime:", format!("{regime}: {evidence}"));
+        row(&mut out, "Knob to try:", regime.knob_to_try());
+    }
+    // Last, so that a failed run never reads as a clean one.
+    if summary.failed > 0 {
+        let kinds: Vec<String> = summary
+            .errors
+            .iter()
+            .map(|(kind, n)| format!("{n} {kind}"))
+            .collect();
+        row(
+            &mut out,
+            "FAILED:",
+            format!(
+                "{} of {} requests ({})",
+                summary.failed,
+                summary.failed + summary.completed,
+                kinds.join(", ")
+            ),
+        );
     }
     let _ = writeln!(out, "{}", "=".repeat(WIDTH));
     out
