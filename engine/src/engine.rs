@@ -304,6 +304,36 @@ pub struct EngineStats {
     pub generation_tokens_total: u64,
 }
 
+/// What one step computed: decode tokens only, prefill chunks beside decodes, or prefill
+/// chunks only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    DecodeOnly,
+    Mixed,
+    PrefillOnly,
+}
+
+impl StepKind {
+    pub const ALL: [StepKind; 3] = [StepKind::DecodeOnly, StepKind::Mixed, StepKind::PrefillOnly];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StepKind::DecodeOnly => "decode-only",
+            StepKind::Mixed => "mixed",
+            StepKind::PrefillOnly => "prefill-only",
+        }
+    }
+}
+
+/// The last step's kind, the tokens it computed (prefill chunks' and decodes') and its
+/// seconds, for the server's step telemetry.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepRecord {
+    pub kind: StepKind,
+    pub tokens: u64,
+    pub secs: f64,
+}
+
 /// Step-level timing for offline benchmarks: steps with any prefill work versus
 /// decode-only steps, and where the decode steps' time went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -368,6 +398,8 @@ pub struct LlmEngine {
     prompt_tokens_total: u64,
     generation_tokens_total: u64,
     timings: StepTimings,
+    /// The step [`LlmEngine::step_observed`] last ran.
+    last_step: Option<StepRecord>,
 }
 
 impl LlmEngine {
@@ -405,6 +437,7 @@ impl LlmEngine {
             prompt_tokens_total: 0,
             generation_tokens_total: 0,
             timings: StepTimings::default(),
+            last_step: None,
         }
     }
 
@@ -504,6 +537,11 @@ impl LlmEngine {
     /// Accumulated step timings since creation or the last `reset_timings`.
     pub fn timings(&self) -> StepTimings {
         self.timings
+    }
+
+    /// The last step run, if any: its kind, tokens and seconds.
+    pub fn last_step(&self) -> Option<StepRecord> {
+        self.last_step
     }
 
     pub fn reset_timings(&mut self) {
@@ -714,6 +752,16 @@ impl LlmEngine {
         update_secs: f64,
     ) {
         let secs = started.elapsed().as_secs_f64();
+        let prefills = chunks.iter().filter(|c| c.is_prefill).count();
+        self.last_step = Some(StepRecord {
+            kind: match prefills {
+                0 => StepKind::DecodeOnly,
+                n if n == chunks.len() => StepKind::PrefillOnly,
+                _ => StepKind::Mixed,
+            },
+            tokens: chunks.iter().map(|c| c.len as u64).sum(),
+            secs,
+        });
         let runner = self.runner.profile();
         let t = &mut self.timings;
         if chunks.iter().any(|c| c.is_prefill) {

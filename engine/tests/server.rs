@@ -842,6 +842,58 @@ async fn disconnected_clients_are_aborted_and_free_their_blocks() {
     );
 }
 
+/// The step telemetry of one request, counted by hand: a 3-token prompt and 3 output tokens
+/// are one prefill-only step of 3 tokens (which samples the first) and two decode-only steps
+/// of 1 token each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_telemetry_counts_one_requests_steps() {
+    let server = tiny_server(&[]).await;
+    let client = reqwest::Client::new();
+    let (status, body) = post(
+        &client,
+        &server.url("/v1/completions"),
+        &greedy(json!([1, 2, 3]), 3),
+    )
+    .await;
+    assert_eq!(
+        (status, body["usage"]["completion_tokens"].clone()),
+        (200, json!(3))
+    );
+    let text = client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&text, "vllm:iteration_tokens_total_count"),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "vllm:iteration_tokens_total_sum"), 5.0);
+    let steps = |kind: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("engine:step_duration_seconds_count{")
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap_or_else(|| panic!("no {kind} steps:\n{text}"))
+            .to_string()
+    };
+    assert_eq!(
+        [steps("prefill-only"), steps("decode-only"), steps("mixed")],
+        ["1", "2", "0"]
+    );
+    assert_eq!(
+        metric(&text, "vllm:request_inference_time_seconds_count"),
+        1.0
+    );
+    assert!(metric(&text, "engine:busy_seconds_total") > 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let mut server = tiny_server(&["--shutdown-grace", "30"]).await;

@@ -127,7 +127,12 @@ impl EngineLoop {
                 let step_start = Instant::now();
                 let metrics = &self.metrics;
                 match self.engine.step_observed(|stats| metrics.set_stats(stats)) {
-                    Ok(updates) => self.dispatch(&updates, step_start),
+                    Ok(updates) => {
+                        if let Some(step) = self.engine.last_step() {
+                            self.metrics.record_step(step);
+                        }
+                        self.dispatch(&updates, step_start)
+                    }
                     Err(e) => self.fail_all(&e),
                 }
             }
@@ -380,11 +385,15 @@ fn seq_timings(
     let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
     let first = slot.first_token.unwrap_or(now);
     let last = slot.last_token.unwrap_or(now);
+    let scheduled = slot.scheduled.unwrap_or(now);
     SeqTimings {
-        queue: secs(arrival, slot.scheduled.unwrap_or(now)),
+        queue: secs(arrival, scheduled),
         ttft: secs(arrival, first),
         e2e: secs(arrival, now),
         tpot: (num_output_tokens > 1).then(|| secs(first, last) / (num_output_tokens - 1) as f64),
+        prefill: secs(scheduled, first),
+        decode: secs(first, last),
+        inference: secs(scheduled, last),
     }
 }
 

@@ -1,11 +1,15 @@
-//! Prometheus metrics under vLLM's names, so existing dashboards work.
+//! Prometheus metrics under vLLM's names, so existing dashboards work, and the engine's step
+//! telemetry under names of its own (`engine:`), where vLLM has none.
 //!
 //! A "request" here is one generated sequence (a choice); with `n = 1` the two coincide.
+//! Its phases are vLLM's: queued from arrival to first scheduled, prefill from first
+//! scheduled to first token, decode from first to last token, inference from first
+//! scheduled to last token.
 
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use crate::engine::{EngineStats, FinishReason};
+use crate::engine::{EngineStats, FinishReason, StepKind, StepRecord};
 
 /// vLLM's buckets for `vllm:time_to_first_token_seconds`.
 const TTFT_BUCKETS: &[f64] = &[
@@ -16,6 +20,15 @@ const TTFT_BUCKETS: &[f64] = &[
 const TPOT_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
+];
+/// vLLM's buckets for `vllm:iteration_tokens_total` (tokens per engine step).
+const ITERATION_TOKEN_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// Buckets of `engine:step_duration_seconds`: a CPU decode step of a small model takes a few
+/// milliseconds, a long prefill chunk seconds.
+const STEP_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 /// vLLM's buckets for request-level latencies (e2e, queue time).
 const REQUEST_BUCKETS: &[f64] = &[
@@ -55,6 +68,11 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, labels);
+    }
+
+    /// The buckets, sum and count under `labels`, without the header (one series of several).
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (i, count) in self.counts.iter().enumerate() {
             cumulative += count;
@@ -77,6 +95,12 @@ pub struct SeqTimings {
     pub e2e: f64,
     /// Mean time per output token after the first; `None` with fewer than 2 tokens.
     pub tpot: Option<f64>,
+    /// First scheduled to first token.
+    pub prefill: f64,
+    /// First token to last token.
+    pub decode: f64,
+    /// First scheduled to last token.
+    pub inference: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -86,8 +110,14 @@ struct Inner {
     tpot: Histogram,
     e2e: Histogram,
     queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+    inference: Histogram,
     /// Finished sequences by reason: stop, length, abort, error.
     finished: [u64; 4],
+    iteration_tokens: Histogram,
+    /// Step seconds by [`StepKind`] (in `StepKind::ALL`'s order).
+    steps: [Histogram; 3],
 }
 
 /// Shared between the engine loop (writer) and `/metrics` (reader).
@@ -120,7 +150,12 @@ impl Metrics {
                 tpot: Histogram::new(TPOT_BUCKETS),
                 e2e: Histogram::new(REQUEST_BUCKETS),
                 queue: Histogram::new(REQUEST_BUCKETS),
+                prefill: Histogram::new(REQUEST_BUCKETS),
+                decode: Histogram::new(REQUEST_BUCKETS),
+                inference: Histogram::new(REQUEST_BUCKETS),
                 finished: [0; 4],
+                iteration_tokens: Histogram::new(ITERATION_TOKEN_BUCKETS),
+                steps: StepKind::ALL.map(|_| Histogram::new(STEP_BUCKETS)),
             }),
         }
     }
@@ -148,10 +183,24 @@ impl Metrics {
             inner.queue.observe(t.queue);
             inner.ttft.observe(t.ttft);
             inner.e2e.observe(t.e2e);
+            inner.prefill.observe(t.prefill);
+            inner.decode.observe(t.decode);
+            inner.inference.observe(t.inference);
             if let Some(tpot) = t.tpot {
                 inner.tpot.observe(tpot);
             }
         }
+    }
+
+    /// An engine step ran.
+    pub fn record_step(&self, step: StepRecord) {
+        let mut inner = self.lock();
+        inner.iteration_tokens.observe(step.tokens as f64);
+        let slot = StepKind::ALL
+            .iter()
+            .position(|k| *k == step.kind)
+            .unwrap_or(0);
+        inner.steps[slot].observe(step.secs);
     }
 
     /// Prometheus text exposition format 0.0.4.
@@ -253,6 +302,42 @@ impl Metrics {
             "Histogram of time spent in WAITING phase for request.",
             l,
         );
+        for (histogram, name, help) in [
+            (
+                &inner.prefill,
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+            ),
+            (
+                &inner.decode,
+                "vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.",
+            ),
+            (
+                &inner.inference,
+                "vllm:request_inference_time_seconds",
+                "Histogram of time spent in RUNNING phase for request.",
+            ),
+            (
+                &inner.iteration_tokens,
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+            ),
+        ] {
+            histogram.render(&mut out, name, help, l);
+        }
+        let name = "engine:step_duration_seconds";
+        let _ = writeln!(out, "# HELP {name} Engine step seconds by kind: decode-only, mixed (prefill chunks beside decodes), prefill-only.
+# TYPE {name} histogram");
+        for (kind, histogram) in StepKind::ALL.iter().zip(&inner.steps) {
+            histogram.render_series(&mut out, name, &format!("{l},kind=\"{}\"", kind.name()));
+        }
+        let busy: f64 = inner.steps.iter().map(|h| h.sum).sum();
+        let name = "engine:busy_seconds_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Seconds the engine spent in steps.\n# TYPE {name} counter\n{name}{{{l}}} {busy:?}"
+        );
         out
     }
 }
@@ -271,6 +356,9 @@ mod tests {
                 ttft: 0.003,
                 e2e: 1.2,
                 tpot: Some(0.02),
+                prefill: 0.001,
+                decode: 0.9,
+                inference: 0.95,
             }),
         );
         metrics.record_finished(FinishReason::Abort, None);
@@ -297,5 +385,54 @@ mod tests {
             "vllm:request_success_total{model_name=\"m\\\"x\",finished_reason=\"abort\"} 1\n"
         ));
         assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.25\n"));
+    }
+
+    /// A scripted mix of steps and one finished request, counted by hand: the iteration
+    /// tokens, each kind's step histogram, the busy seconds and the request's phases.
+    #[test]
+    fn step_telemetry_counts_by_hand() {
+        let metrics = Metrics::new("m");
+        let step = |kind, tokens, secs| StepRecord { kind, tokens, secs };
+        // A 300-token prefill alone, two decode steps of 4 tokens, a mixed step of 64 + 3.
+        metrics.record_step(step(StepKind::PrefillOnly, 300, 0.2));
+        metrics.record_step(step(StepKind::DecodeOnly, 4, 0.004));
+        metrics.record_step(step(StepKind::DecodeOnly, 4, 0.006));
+        metrics.record_step(step(StepKind::Mixed, 67, 0.05));
+        metrics.record_finished(
+            FinishReason::Stop,
+            Some(SeqTimings {
+                queue: 0.1,
+                ttft: 0.3,
+                e2e: 2.0,
+                tpot: Some(0.02),
+                prefill: 0.2,
+                decode: 1.7,
+                inference: 1.9,
+            }),
+        );
+        let text = metrics.render();
+        let has = |line: &str| assert!(text.contains(&format!("{line}\n")), "{line}\n{text}");
+        has("vllm:iteration_tokens_total_bucket{model_name=\"m\",le=\"1.0\"} 0");
+        has("vllm:iteration_tokens_total_bucket{model_name=\"m\",le=\"8.0\"} 2");
+        has("vllm:iteration_tokens_total_bucket{model_name=\"m\",le=\"128.0\"} 3");
+        has("vllm:iteration_tokens_total_bucket{model_name=\"m\",le=\"512.0\"} 4");
+        has("vllm:iteration_tokens_total_sum{model_name=\"m\"} 375.0");
+        has("vllm:iteration_tokens_total_count{model_name=\"m\"} 4");
+        has("engine:step_duration_seconds_count{model_name=\"m\",kind=\"decode-only\"} 2");
+        has("engine:step_duration_seconds_sum{model_name=\"m\",kind=\"decode-only\"} 0.01");
+        has("engine:step_duration_seconds_count{model_name=\"m\",kind=\"mixed\"} 1");
+        has("engine:step_duration_seconds_count{model_name=\"m\",kind=\"prefill-only\"} 1");
+        has("engine:step_duration_seconds_bucket{model_name=\"m\",kind=\"prefill-only\",le=\"0.1\"} 0");
+        has("engine:step_duration_seconds_bucket{model_name=\"m\",kind=\"prefill-only\",le=\"0.25\"} 1");
+        has("engine:busy_seconds_total{model_name=\"m\"} 0.26");
+        has("vllm:request_prefill_time_seconds_sum{model_name=\"m\"} 0.2");
+        has("vllm:request_decode_time_seconds_sum{model_name=\"m\"} 1.7");
+        has("vllm:request_inference_time_seconds_sum{model_name=\"m\"} 1.9");
+        has("vllm:request_inference_time_seconds_count{model_name=\"m\"} 1");
+        assert_eq!(
+            text.matches("# TYPE engine:step_duration_seconds histogram")
+                .count(),
+            1
+        );
     }
 }
