@@ -706,14 +706,7 @@ async fn overload_answers_429_without_hurting_admitted_requests() {
     // Wait until the second request is queued, then a third must be refused.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let metrics = client
-            .get(server.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics_text(&client, &server).await;
         if metric(&metrics, "vllm:num_requests_waiting") == 1.0 {
             break;
         }
@@ -757,6 +750,18 @@ async fn overload_answers_429_without_hurting_admitted_requests() {
 }
 
 /// The value of an unlabelled-but-for-model metric in Prometheus text.
+/// The server's `/metrics` text.
+async fn metrics_text(client: &reqwest::Client, server: &Server) -> String {
+    client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(&format!("{name}{{")))
@@ -817,14 +822,7 @@ async fn disconnected_clients_are_aborted_and_free_their_blocks() {
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let text = client
-            .get(server.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics_text(&client, &server).await;
         let settled = metric(&text, "vllm:num_requests_running") == 0.0
             && metric(&text, "vllm:num_requests_waiting") == 0.0
             && abort_count(&text) == STREAMS as f64;
@@ -859,14 +857,7 @@ async fn step_telemetry_counts_one_requests_steps() {
         (status, body["usage"]["completion_tokens"].clone()),
         (200, json!(3))
     );
-    let text = client
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&client, &server).await;
     assert_eq!(
         metric(&text, "vllm:iteration_tokens_total_count"),
         3.0,

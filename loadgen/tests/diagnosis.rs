@@ -8,23 +8,24 @@ use reports::diagnosis::Regime;
 use reports::summary::Summary;
 use std::time::Duration;
 
-async fn run(extra: &[&str]) -> Summary {
-    // 5 ms between tokens, 20 ms to the first: decode dominates.
-    let (addr, handle) = mock::spawn(MockConfig {
+/// The mock of these tests: 5 ms between tokens, 20 ms to the first, so decode dominates.
+async fn decode_heavy_mock() -> (std::net::SocketAddr, mock::MockHandle) {
+    mock::spawn(MockConfig {
         ttft: Duration::from_millis(20),
         itl: Duration::from_millis(5),
         ..MockConfig::default()
     })
     .await
-    .unwrap();
-    let temp = tempfile::tempdir().unwrap();
-    let out = temp.path().join("run");
-    let url = format!("http://{addr}");
-    let mut argv = vec![
+    .unwrap()
+}
+
+/// `loadgen run` against `url` at 20 req/s for `duration` into `out`, then `extra`.
+fn run_argv(url: &str, duration: &str, out: &std::path::Path, extra: &[&str]) -> Vec<String> {
+    let mut argv: Vec<String> = [
         "loadgen",
         "run",
         "--url",
-        &url,
+        url,
         "--model",
         "loadgen-mock",
         "--workload",
@@ -36,17 +37,27 @@ async fn run(extra: &[&str]) -> Summary {
         "--rate",
         "20",
         "--duration",
-        "2s",
+        duration,
         "--seed",
         "3",
         "--scrape-interval",
         "0s",
         "--no-progress",
         "--out",
-    ];
-    let out_text = out.to_str().unwrap().to_string();
-    argv.push(&out_text);
-    argv.extend_from_slice(extra);
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.push(out.to_str().unwrap().to_string());
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    argv
+}
+
+async fn run(extra: &[&str]) -> Summary {
+    let (addr, handle) = decode_heavy_mock().await;
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("run");
+    let argv = run_argv(&format!("http://{addr}"), "2s", &out, extra);
     loadgen::cli::main(loadgen::cli::Cli::try_parse_from(argv).unwrap())
         .await
         .unwrap();
@@ -105,45 +116,10 @@ async fn without_the_bounds_inputs_the_regime_is_undetermined_and_says_why() {
 /// which its refusals would otherwise suggest), and the printed summary ends with the failures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_gone_mid_run_reads_as_server_errors() {
-    let (addr, handle) = mock::spawn(MockConfig {
-        ttft: Duration::from_millis(20),
-        itl: Duration::from_millis(5),
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
+    let (addr, handle) = decode_heavy_mock().await;
     let temp = tempfile::tempdir().unwrap();
     let out = temp.path().join("run");
-    let url = format!("http://{addr}");
-    let out_text = out.to_str().unwrap().to_string();
-    let argv: Vec<String> = [
-        "loadgen",
-        "run",
-        "--url",
-        &url,
-        "--model",
-        "loadgen-mock",
-        "--workload",
-        "random",
-        "--random-input-len",
-        "32",
-        "--random-output-len",
-        "17",
-        "--rate",
-        "20",
-        "--duration",
-        "3s",
-        "--seed",
-        "3",
-        "--scrape-interval",
-        "0s",
-        "--no-progress",
-        "--out",
-        &out_text,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let argv = run_argv(&format!("http://{addr}"), "3s", &out, &[]);
     let run = tokio::spawn(async move {
         loadgen::cli::main(loadgen::cli::Cli::try_parse_from(argv).unwrap()).await
     });
