@@ -385,13 +385,19 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
             );
         }
     }
-    let evidence = match (tpot_over_bound, bound) {
+    let mut evidence = match (tpot_over_bound, bound) {
         (Some(ratio), Some(b)) => format!(
             "no rule holds: the queue was empty, and the TPOT median is {ratio:.2}× the bandwidth bound of {:.2} ms at a batch of {:.1}: more than the memory's bandwidth explains (prefill chunks sharing the decode steps, or the engine's own time per step)",
             b.tpot_ms, b.batch
         ),
         _ => format!("no rule holds; missing: {}", if missing.is_empty() { "nothing".into() } else { missing.join("; ") }),
     };
+    if let Some(share) = o.server.and_then(ServerView::busy_share) {
+        evidence.push_str(&format!(
+            "; the engine was in steps {:.0}% of the scraped span",
+            share * 100.0
+        ));
+    }
     verdict(Regime::Undetermined, evidence, missing)
 }
 
@@ -781,5 +787,33 @@ mod tests {
             d.missing
         );
         assert!(d.evidence.contains("missing"), "{}", d.evidence);
+    }
+
+    #[test]
+    fn undetermined_says_how_busy_the_engine_was() {
+        // TPOT 12 ms is 5.9× the 2.04-ms bound and TTFT 300 ms 7.5× the 40-ms floor: no rule holds.
+        let recs = records(100, |_| 300.0, |_| 12.0);
+        let mut server = calm();
+        // 8.1 s in steps over the 10-s scraped span.
+        server.quantities.push(QuantityView {
+            label: "engine busy (s)".into(),
+            name: "engine:busy_seconds_total".into(),
+            kind: Kind::Counter,
+            first: 1.0,
+            mean: 5.0,
+            max: 9.1,
+            last: 9.1,
+        });
+        let d = run(&recs, Some(&server), None, &[]);
+        assert_eq!(d.regime, Regime::Undetermined, "{}", d.evidence);
+        assert!(
+            d.evidence
+                .ends_with("; the engine was in steps 81% of the scraped span"),
+            "{}",
+            d.evidence
+        );
+        // Without the counter the evidence says nothing of it.
+        let d = run(&recs, Some(&calm()), None, &[]);
+        assert!(!d.evidence.contains("in steps"), "{}", d.evidence);
     }
 }

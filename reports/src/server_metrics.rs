@@ -126,6 +126,11 @@ pub const QUANTITIES: &[Quantity] = &[
         ],
         kind: Kind::Counter,
     },
+    Quantity {
+        label: "engine busy (s)",
+        names: &["engine:busy_seconds_total"],
+        kind: Kind::Counter,
+    },
 ];
 
 /// One quantity over a run: a gauge's first, mean, max and last value; a counter's increase.
@@ -281,6 +286,13 @@ impl ServerView {
     /// A quantity by its label.
     pub fn get(&self, label: &str) -> Option<&QuantityView> {
         self.quantities.iter().find(|q| q.label == label)
+    }
+
+    /// The share of the scraped span the engine spent in steps (`engine:busy_seconds_total`'s
+    /// increase over the span), where the server exports it and the span is not empty.
+    pub fn busy_share(&self) -> Option<f64> {
+        let busy = self.get("engine busy (s)")?;
+        (self.span_s > 0.0).then(|| (busy.last - busy.first) / self.span_s)
     }
 }
 
