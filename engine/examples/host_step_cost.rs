@@ -72,6 +72,7 @@ impl ModelRunner for NullRunner {
             weight_bytes: 0,
             parameters: 0,
             kv_bytes_per_token: 0,
+            attention_flops_per_context_token: 0,
         }
     }
 }

@@ -82,6 +82,9 @@ pub struct Footprint {
     /// compute a prefill token costs is twice this.
     pub parameters: usize,
     pub kv_bytes_per_token: usize,
+    /// FLOPs one decode token spends per token of its context in attention: q·k and p·v,
+    /// 2 × 2 × heads × head dim on every layer (a sliding window's cap not applied).
+    pub attention_flops_per_context_token: usize,
 }
 
 /// One decoder layer: its description and its weights (Q/K/V and gate/up fused row-wise at
@@ -1008,6 +1011,7 @@ impl<B: Backend> ModelRunner for Model<B> {
             weight_bytes,
             parameters: matrices + tables * c.vocab_size * c.hidden_size + vector_params,
             kv_bytes_per_token: kv_bytes_per_token(c, b.kv_value_bytes()),
+            attention_flops_per_context_token: 4 * c.num_layers() * q,
         }
     }
 }

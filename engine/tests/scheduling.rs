@@ -180,6 +180,7 @@ impl ModelRunner for MockRunner {
             weight_bytes: 0,
             parameters: 0,
             kv_bytes_per_token: 0,
+            attention_flops_per_context_token: 0,
         }
     }
 }

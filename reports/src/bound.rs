@@ -1,9 +1,12 @@
-//! The bandwidth bound a measurement is set beside: a decode step at batch B and mean context
-//! L reads the weights once (W bytes) and every sequence's cached K and V
-//! (B · L · kv_bytes_per_token), so no engine can take less than bytes / bandwidth per step:
-//! bound TPOT = (W + B·L·kv) / bandwidth, bound output tok/s = B / bound TPOT. Prefill's floor
-//! is compute: about 2 × parameters FLOPs per prompt token. No efficiency factor is assumed;
-//! a report shows observed / bound, and that ratio is the finding.
+//! The roofline a measurement is set beside. A decode step at batch B and mean context L
+//! reads the weights once (W bytes) and every sequence's cached K and V
+//! (B · L · kv_bytes_per_token), and computes 2 · parameters · B FLOPs in the matrices plus
+//! attention_flops_per_context_token · B · L in attention (4 · layers · heads · head dim per
+//! context token: q·k and p·v). No engine can take less than the larger of bytes / bandwidth
+//! and FLOPs / compute per step: bound TPOT = max of the two, bound output tok/s = B / bound
+//! TPOT, and the larger side is the one that binds. Prefill's floor is compute: about
+//! 2 × parameters FLOPs per prompt token. No efficiency factor is assumed; a report shows
+//! observed / bound, and that ratio is the finding.
 //!
 //! The inputs come from the server (`engine serve`'s `/version`), from a Hugging Face
 //! `config.json` ([`ModelShape::from_hf_config`]), from the hardware table ([`hardware`]) or
@@ -91,16 +94,39 @@ pub struct BoundInputs {
     /// Bytes one decode step reads for the weights.
     pub weight_bytes: Option<f64>,
     pub kv_bytes_per_token: Option<f64>,
-    /// Parameters (for the prefill floor).
+    /// Parameters one token is computed with (for the prefill floor and decode's compute side).
     pub parameters: Option<f64>,
+    /// Attention FLOPs a decode token spends per token of its context (decode's compute side).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_flops_per_context_token: Option<f64>,
     pub bandwidth_bytes_per_s: Option<f64>,
-    /// Dense FLOP/s (for the prefill floor).
+    /// Dense FLOP/s (for the prefill floor and decode's compute side).
     pub flops: Option<f64>,
     /// Where the inputs came from, in words.
     pub sources: Vec<String>,
 }
 
-/// The bound of a decode step.
+/// The side of the roofline that binds a step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Side {
+    /// Bytes / bandwidth is the larger time.
+    #[default]
+    Memory,
+    /// FLOPs / compute is the larger time.
+    Compute,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Memory => "memory",
+            Side::Compute => "compute",
+        })
+    }
+}
+
+/// The roofline of a decode step.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct DecodeBound {
     /// Sequences decoding together.
@@ -108,8 +134,38 @@ pub struct DecodeBound {
     /// Mean context length (tokens) each one attends to.
     pub context: f64,
     pub bytes_per_step: f64,
+    /// The larger of the two sides' times: the step's floor.
     pub tpot_ms: f64,
     pub output_tok_per_s: f64,
+    /// Bytes / bandwidth.
+    #[serde(default)]
+    pub memory_ms: f64,
+    /// FLOPs of the step, when parameters and compute are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flops_per_step: Option<f64>,
+    /// FLOPs / compute, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_ms: Option<f64>,
+    /// Which side is the larger.
+    #[serde(default)]
+    pub binds: Side,
+}
+
+impl DecodeBound {
+    /// "the roofline of 5.38 ms (memory binds; compute 1.20 ms)" or, without the compute
+    /// side, "the bandwidth bound of 5.38 ms".
+    pub fn describe(&self) -> String {
+        match self.compute_ms {
+            Some(compute) => format!(
+                "the roofline of {:.2} ms ({} binds: memory {:.2} ms, compute {compute:.2} ms)",
+                self.tpot_ms, self.binds, self.memory_ms
+            ),
+            None => format!(
+                "the bandwidth bound of {:.2} ms (compute unknown)",
+                self.tpot_ms
+            ),
+        }
+    }
 }
 
 impl BoundInputs {
@@ -128,8 +184,21 @@ impl BoundInputs {
         missing
     }
 
-    /// The decode bound at `batch` sequences of mean context `context`, when every input is
-    /// known.
+    /// What the roofline's compute side still lacks, by name.
+    pub fn missing_for_compute(&self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if self.parameters.is_none() {
+            missing.push("parameters (--model-config, or a server /version)");
+        }
+        if self.flops.is_none() {
+            missing.push("compute FLOP/s (--hardware or --flops, or a server /version)");
+        }
+        missing
+    }
+
+    /// The decode roofline at `batch` sequences of mean context `context`, when the memory
+    /// side's inputs are known; its compute side when parameters and FLOP/s are known too
+    /// (attention's FLOPs counted when their per-token figure is known).
     pub fn decode(&self, batch: f64, context: f64) -> Option<DecodeBound> {
         let (w, kv, bw) = (
             self.weight_bytes?,
@@ -140,13 +209,28 @@ impl BoundInputs {
             return None;
         }
         let bytes_per_step = w + batch * context * kv;
-        let tpot_s = bytes_per_step / bw;
+        let memory_s = bytes_per_step / bw;
+        let flops_per_step = self.parameters.map(|p| {
+            2.0 * p * batch
+                + self.attention_flops_per_context_token.unwrap_or(0.0) * batch * context
+        });
+        let compute_s = flops_per_step
+            .zip(self.flops.filter(|f| *f > 0.0))
+            .map(|(f, rate)| f / rate);
+        let (tpot_s, binds) = match compute_s {
+            Some(c) if c > memory_s => (c, Side::Compute),
+            _ => (memory_s, Side::Memory),
+        };
         Some(DecodeBound {
             batch,
             context,
             bytes_per_step,
             tpot_ms: tpot_s * 1000.0,
             output_tok_per_s: batch / tpot_s,
+            memory_ms: memory_s * 1000.0,
+            flops_per_step: compute_s.and(flops_per_step),
+            compute_ms: compute_s.map(|c| c * 1000.0),
+            binds,
         })
     }
 
@@ -180,6 +264,8 @@ pub struct ModelShape {
     pub decode_parameters: f64,
     /// K and V values cached per token: 2 × layers × KV heads × head dim.
     pub kv_values_per_token: f64,
+    /// Attention FLOPs per decode token per context token: 4 × layers × heads × head dim.
+    pub attention_flops_per_context_token: f64,
 }
 
 impl ModelShape {
@@ -219,6 +305,7 @@ impl ModelShape {
             parameters,
             decode_parameters: body + embedding,
             kv_values_per_token: 2.0 * layers * kv_heads * head_dim,
+            attention_flops_per_context_token: 4.0 * layers * heads * head_dim,
         })
     }
 }
@@ -247,6 +334,8 @@ mod tests {
         assert_eq!(shape.decode_parameters, shape.parameters);
         // 2 × 28 × 8 × 128.
         assert_eq!(shape.kv_values_per_token, 57_344.0);
+        // 4 × 28 × 16 × 128.
+        assert_eq!(shape.attention_flops_per_context_token, 229_376.0);
         let mut untied = qwen3_0_6b();
         untied["tie_word_embeddings"] = false.into();
         let untied = ModelShape::from_hf_config(&untied).unwrap();
@@ -266,6 +355,7 @@ mod tests {
             weight_bytes: Some(shape.decode_parameters * dtype_bytes("bf16").unwrap()),
             kv_bytes_per_token: Some(shape.kv_values_per_token * 2.0),
             parameters: Some(shape.parameters),
+            attention_flops_per_context_token: Some(shape.attention_flops_per_context_token),
             bandwidth_bytes_per_s: Some(h100.bandwidth_bytes_per_s),
             flops: Some(h100.bf16_flops),
             sources: Vec::new(),
@@ -280,6 +370,37 @@ mod tests {
             (bound.output_tok_per_s - 25_128.58).abs() < 0.01,
             "{bound:?}"
         );
+        // Its compute: 2 × 596,042,752 × 64 + 229,376 × 64 × 1,000 = 90,973,536,256 FLOPs
+        // / 989.4e12 = 0.091948 ms: memory binds.
+        assert_eq!(bound.flops_per_step, Some(90_973_536_256.0));
+        assert!(
+            (bound.compute_ms.unwrap() - 0.091948).abs() < 1e-5,
+            "{bound:?}"
+        );
+        assert_eq!(bound.binds, Side::Memory);
+        assert_eq!(bound.memory_ms, bound.tpot_ms);
+        // On a CPU of 50 GB/s and 200 GFLOP/s at batch 16 and context 500: memory
+        // (1,192,085,504 + 16 × 500 × 114,688) / 50e9 = 42.19 ms; compute
+        // (2 × 596,042,752 × 16 + 229,376 × 16 × 500) / 200e9 = 104.54 ms: compute binds.
+        let cpu = BoundInputs {
+            bandwidth_bytes_per_s: Some(50e9),
+            flops: Some(200e9),
+            ..inputs.clone()
+        };
+        let bound = cpu.decode(16.0, 500.0).unwrap();
+        assert!((bound.memory_ms - 42.19179).abs() < 1e-4, "{bound:?}");
+        assert!((bound.tpot_ms - 104.54188).abs() < 1e-4, "{bound:?}");
+        assert_eq!(bound.binds, Side::Compute);
+        assert!((bound.output_tok_per_s - 16.0 / 0.10454188).abs() < 0.01);
+        // Without FLOP/s, the memory side alone, and the compute side named as missing.
+        let no_compute = BoundInputs {
+            flops: None,
+            ..cpu.clone()
+        };
+        let bound = no_compute.decode(16.0, 500.0).unwrap();
+        assert_eq!((bound.compute_ms, bound.binds), (None, Side::Memory));
+        assert!((bound.tpot_ms - 42.19179).abs() < 1e-4);
+        assert_eq!(no_compute.missing_for_compute().len(), 1);
         // Prefill of 1,000 tokens: 2 × 596,042,752 × 1,000 / 989.4e12 = 1.2049 ms.
         let floor = inputs.prefill_floor_ms(1000.0).unwrap();
         assert!((floor - 1.204857).abs() < 1e-5, "{floor}");

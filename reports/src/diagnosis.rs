@@ -14,12 +14,21 @@
 //!   first third's (and 100 ms above it) while the TPOT median holds within 25%;
 //! - **cold-cache**: the requests sent in the first tenth of the window (at least 5) have a
 //!   TTFT median over 1.5 × the rest's, significantly (Mann–Whitney p < 0.01, the A/B test);
+//! - **prefill-interference**: decode steps that carry prefill chunks (the engine's mixed
+//!   steps) run at least [`INTERFERENCE_SLOWDOWN`]× slower than decode-only ones and take at
+//!   least [`INTERFERENCE_SHARE`] of decode's time; without step metrics, the ITL p95 is at
+//!   least [`ITL_TAIL_FACTOR`]× its median;
 //! - **tail**: an SLO target whose median meets its limit while the target percentile's 95%
 //!   interval lies wholly above it;
-//! - **decode-memory-bound**: the TPOT median within [`DECODE_FACTOR`] of the bandwidth bound
-//!   at the observed batch and context;
+//! - **decode-memory-bound** / **decode-compute-bound**: the TPOT median within
+//!   [`DECODE_FACTOR`] of the roofline at the observed batch and context
+//!   ([`crate::bound`]), named by the side that binds;
 //! - **prefill-compute-bound**: the TTFT median within [`PREFILL_FACTOR`] of the compute floor
-//!   of the mean prompt;
+//!   of the mean prompt, or prefill at least [`PREFILL_SHARE`] of the engine's time in steps
+//!   while the queue was empty;
+//! - **step-overhead**: the decode-only steps (or, without step metrics, the TPOT median at a
+//!   batch of at most [`SMALL_BATCH`]) take over [`DECODE_FACTOR`]× the roofline: the engine's
+//!   own time per step, which neither side of the roofline explains;
 //! - **undetermined**: none holds, with the telemetry that was missing named.
 //!
 //! The batch is the server's mean running requests when scraped (and above 0), else Little's
@@ -27,7 +36,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bound::{BoundInputs, DecodeBound};
+use crate::bound::{BoundInputs, DecodeBound, Side};
 use crate::latency::request_latency;
 use crate::records::{Phase, RequestRecord};
 use crate::server_metrics::ServerView;
@@ -38,6 +47,16 @@ use crate::stats::{mann_whitney_u, median, quantile_ci};
 pub const DECODE_FACTOR: f64 = 2.0;
 /// Prefill is compute-bound when its TTFT median is at most this many times the floor.
 pub const PREFILL_FACTOR: f64 = 3.0;
+/// Mixed steps are interfering when they take at least this many times a decode-only step…
+pub const INTERFERENCE_SLOWDOWN: f64 = 2.0;
+/// …and at least this share of the time decode spends in steps.
+pub const INTERFERENCE_SHARE: f64 = 0.10;
+/// Without step metrics: the ITL p95 over its median that reads as prefill interference.
+pub const ITL_TAIL_FACTOR: f64 = 3.0;
+/// Prefill is compute-bound when it took at least this share of the engine's time in steps.
+pub const PREFILL_SHARE: f64 = 0.5;
+/// Without step metrics, step-overhead is read only at a batch this small.
+pub const SMALL_BATCH: f64 = 4.0;
 /// A run is in server-errors when at least this share of its window's requests failed on the
 /// server's side.
 pub const SERVER_ERROR_SHARE: f64 = 0.05;
@@ -47,8 +66,11 @@ pub const SERVER_ERROR_SHARE: f64 = 0.05;
 #[serde(rename_all = "kebab-case")]
 pub enum Regime {
     ServerErrors,
+    PrefillInterference,
     DecodeMemoryBound,
+    DecodeComputeBound,
     PrefillComputeBound,
+    StepOverhead,
     Queueing,
     KvPressure,
     ColdCache,
@@ -79,7 +101,16 @@ impl Regime {
             }
             Regime::ColdCache => "none on the server: a longer warm-up",
             Regime::Tail => "none yet: read the timeline for what the slow requests shared",
+            Regime::PrefillInterference => {
+                "a smaller per-step token budget, or a decode-first policy"
+            }
             Regime::DecodeMemoryBound => "fewer bytes per weight, or a larger batch",
+            Regime::DecodeComputeBound => {
+                "more instances, or a faster device: no batch knob helps"
+            }
+            Regime::StepOverhead => {
+                "a larger batch (more concurrent sequences) amortises it; otherwise the engine itself"
+            }
             Regime::PrefillComputeBound => {
                 "a smaller per-step token budget if decodes suffer, else more instances"
             }
@@ -341,6 +372,14 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
             }
         }
     }
+    // Prefill interference.
+    let steps = o.server.and_then(|s| s.steps);
+    if let Some(evidence) = prefill_interference(steps.as_ref(), o.records) {
+        return verdict(Regime::PrefillInterference, evidence, missing);
+    }
+    if steps.is_none() {
+        missing.push("the engine's step durations by kind (engine:step_duration_seconds, for prefill interference and step overhead)".into());
+    }
     // Tail.
     if let Some(slo) = o.slo {
         let samples = crate::samples::LatencySamples::from_records(o.records);
@@ -361,12 +400,24 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
     } else {
         missing.push("an SLO (for the tail rule)".into());
     }
-    // Decode memory-bound.
+    // Decode memory- or compute-bound.
+    if bound.is_some_and(|b| b.compute_ms.is_none()) {
+        missing.extend(
+            o.bound_inputs
+                .missing_for_compute()
+                .iter()
+                .map(|s| format!("{s}, for the roofline's compute side")),
+        );
+    }
     if let (Some(b), Some(ratio), Some(tpot)) = (bound, tpot_over_bound, tpot_p50) {
         if ratio <= DECODE_FACTOR {
+            let regime = match b.binds {
+                Side::Memory => Regime::DecodeMemoryBound,
+                Side::Compute => Regime::DecodeComputeBound,
+            };
             return verdict(
-                Regime::DecodeMemoryBound,
-                format!("the TPOT median, {tpot:.2} ms, is {ratio:.2}× the bandwidth bound of {:.2} ms at a batch of {:.1} and a context of {:.0} tokens ({:.2} GB a step)", b.tpot_ms, b.batch, b.context, b.bytes_per_step / 1e9),
+                regime,
+                format!("the TPOT median, {tpot:.2} ms, is {ratio:.2}× {} at a batch of {:.1} and a context of {:.0} tokens ({:.2} GB{} a step)", b.describe(), b.batch, b.context, b.bytes_per_step / 1e9, b.flops_per_step.map_or(String::new(), |f| format!(" and {:.2} GFLOP", f / 1e9))),
                 missing,
             );
         }
@@ -385,10 +436,54 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
             );
         }
     }
+    if let Some((share, st)) = steps
+        .as_ref()
+        .and_then(|st| Some((st.prefill_share()?, st)))
+        .filter(|(share, _)| *share >= PREFILL_SHARE)
+    {
+        return verdict(
+            Regime::PrefillComputeBound,
+            format!(
+                "prefill took {:.0}% of the engine's {:.1} s in steps ({:.1} s: {:.1} s of prefill-only steps and what {:.0} mixed steps took beyond as many decode-only ones) while the queue was empty",
+                share * 100.0,
+                st.busy_seconds(),
+                st.prefill_seconds(),
+                st.prefill_only.seconds,
+                st.mixed.steps
+            ),
+            missing,
+        );
+    }
+    // Step overhead.
+    if let Some(b) = bound {
+        let decode_step = steps.as_ref().and_then(|st| st.decode_only.mean_ms());
+        let (step, what) = match decode_step {
+            Some(ms) => (Some(ms), "the decode-only steps' mean"),
+            None => (
+                tpot_p50.filter(|_| b.batch <= SMALL_BATCH),
+                "the TPOT median",
+            ),
+        };
+        if let Some(step) = step.filter(|&t| t > DECODE_FACTOR * b.tpot_ms) {
+            return verdict(
+                Regime::StepOverhead,
+                format!(
+                    "{what}, {step:.2} ms, is {:.2}× {} at a batch of {:.1}: {:.2} ms of each step ({:.0}%) is the engine's own time, which neither bandwidth nor compute explains",
+                    step / b.tpot_ms,
+                    b.describe(),
+                    b.batch,
+                    step - b.tpot_ms,
+                    (1.0 - b.tpot_ms / step) * 100.0
+                ),
+                missing,
+            );
+        }
+    }
     let mut evidence = match (tpot_over_bound, bound) {
         (Some(ratio), Some(b)) => format!(
-            "no rule holds: the queue was empty, and the TPOT median is {ratio:.2}× the bandwidth bound of {:.2} ms at a batch of {:.1}: more than the memory's bandwidth explains (prefill chunks sharing the decode steps, or the engine's own time per step)",
-            b.tpot_ms, b.batch
+            "no rule holds: the queue was empty, and the TPOT median is {ratio:.2}× {} at a batch of {:.1}: more than the roofline explains",
+            b.describe(),
+            b.batch
         ),
         _ => format!("no rule holds; missing: {}", if missing.is_empty() { "nothing".into() } else { missing.join("; ") }),
     };
@@ -399,6 +494,40 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
         ));
     }
     verdict(Regime::Undetermined, evidence, missing)
+}
+
+/// The evidence of prefill interference: from the engine's steps when it exports them,
+/// else from the ITL tail against its median.
+fn prefill_interference(
+    steps: Option<&crate::server_metrics::StepBreakdown>,
+    records: &[RequestRecord],
+) -> Option<String> {
+    if let Some(st) = steps {
+        let (slowdown, share) = (st.mixed_slowdown()?, st.mixed_share_of_decode()?);
+        return (slowdown >= INTERFERENCE_SLOWDOWN && share >= INTERFERENCE_SHARE).then(|| {
+            format!(
+                "decode steps that carried prefill chunks took {:.1} ms, {slowdown:.1}× the {:.1} ms of a decode-only step, and were {:.0}% of decode's time in steps ({} mixed of {} steps)",
+                st.mixed.mean_ms().unwrap_or(0.0),
+                st.decode_only.mean_ms().unwrap_or(0.0),
+                share * 100.0,
+                st.mixed.steps,
+                st.mixed.steps + st.decode_only.steps + st.prefill_only.steps
+            )
+        });
+    }
+    let measured: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Measured)
+        .collect();
+    let itl = crate::metrics::WindowSamples::of(&measured).token_itl;
+    let p50 = median(&itl)?;
+    let p95 = crate::stats::percentile_nearest_rank(&itl, 95.0)?;
+    (itl.len() >= 50 && p50 > 0.0 && p95 >= ITL_TAIL_FACTOR * p50).then(|| {
+        format!(
+            "the ITL p95, {p95:.1} ms, is {:.1}× its median of {p50:.1} ms: some decode steps ran far slower than most, as steps carrying prefill chunks do (the server gives no step metrics to confirm it)",
+            p95 / p50
+        )
+    })
 }
 
 /// The evidence of server-errors: the window's requests that failed on the server's side, by
@@ -452,7 +581,7 @@ fn server_errors(records: &[RequestRecord]) -> Option<String> {
 mod tests {
     use super::*;
     use crate::records::{ChunkTokensSource, CountSource};
-    use crate::server_metrics::{Kind, QuantityView};
+    use crate::server_metrics::{Kind, QuantityView, StepBreakdown, StepTotal};
 
     /// `n` measured requests sent every 100 ms, 200 prompt and 20 output tokens, TTFT and
     /// TPOT from the functions of the request's index.
@@ -511,6 +640,7 @@ mod tests {
                 .collect(),
             other_names: Vec::new(),
             window_prefix_cache: None,
+            steps: None,
         }
     }
 
@@ -531,10 +661,46 @@ mod tests {
             weight_bytes: Some(2e9),
             kv_bytes_per_token: Some(1e5),
             parameters: Some(1e9),
+            attention_flops_per_context_token: None,
             bandwidth_bytes_per_s: Some(1e12),
             flops: Some(1e13),
             sources: Vec::new(),
         }
+    }
+
+    /// Gauges of a calm server running `batch` requests.
+    fn calm_at(batch: f64) -> ServerView {
+        server(&[
+            ("requests running", Kind::Gauge, batch, batch, batch),
+            ("requests waiting", Kind::Gauge, 0.0, 0.0, 0.0),
+            ("KV-cache usage (fraction)", Kind::Gauge, 0.2, 0.25, 0.3),
+            ("preemptions", Kind::Counter, 0.0, 0.0, 0.0),
+        ])
+    }
+
+    /// `view` with the engine's steps: (count, seconds) of decode-only, mixed and
+    /// prefill-only ones.
+    fn with_steps(mut view: ServerView, steps: [(f64, f64); 3]) -> ServerView {
+        let total = |(steps, seconds): (f64, f64)| StepTotal { steps, seconds };
+        view.steps = Some(StepBreakdown {
+            decode_only: total(steps[0]),
+            mixed: total(steps[1]),
+            prefill_only: total(steps[2]),
+        });
+        view
+    }
+
+    /// `n` requests as [`records`] with TTFT 300 ms, whose k-th gap between tokens is
+    /// `gap(k)`.
+    fn gapped(n: u64, gap: impl Fn(usize) -> f64) -> Vec<RequestRecord> {
+        let mut recs = records(n, |_| 300.0, |_| 1.0);
+        for r in &mut recs {
+            for k in 1..r.chunk_ms.len() {
+                r.chunk_ms[k] = r.chunk_ms[k - 1] + gap(k);
+            }
+            r.end_ms = *r.chunk_ms.last().unwrap();
+        }
+        recs
     }
 
     fn run(
@@ -543,12 +709,21 @@ mod tests {
         slo: Option<&SloSpec>,
         client_bound: &[String],
     ) -> Diagnosis {
-        let inputs = inputs();
+        run_with(&inputs(), records, server, slo, client_bound)
+    }
+
+    fn run_with(
+        inputs: &BoundInputs,
+        records: &[RequestRecord],
+        server: Option<&ServerView>,
+        slo: Option<&SloSpec>,
+        client_bound: &[String],
+    ) -> Diagnosis {
         diagnose(&Observation {
             records,
             server,
             slo,
-            bound_inputs: &inputs,
+            bound_inputs: inputs,
             completed_rate: Some(10.0),
             output_tok_per_s: 200.0,
             client_bound_reasons: client_bound,
@@ -624,15 +799,156 @@ mod tests {
         let b = d.bound.unwrap();
         assert!((b.tpot_ms - 2.042).abs() < 1e-9, "{b:?}");
         assert!((d.tpot_over_bound.unwrap() - 3.0 / 2.042).abs() < 1e-6);
-        // Four times the bound: not memory-bound, and nothing else holds either.
+        assert_eq!(b.binds, Side::Memory);
+        // Four times the bound at a batch of 8 (2.168 ms): not memory-bound, and nothing
+        // else holds either.
         let slow = records(100, |_| 300.0, |_| 8.2);
-        let d = run(&slow, Some(&calm()), None, &[]);
+        let d = run(&slow, Some(&calm_at(8.0)), None, &[]);
         assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
         assert!(
-            d.evidence.contains("4.02× the bandwidth bound"),
+            d.evidence.contains(
+                "3.78× the roofline of 2.17 ms (memory binds: memory 2.17 ms, compute 1.60 ms)"
+            ),
             "{}",
             d.evidence
         );
+    }
+
+    #[test]
+    fn decode_compute_bound_where_compute_binds() {
+        // At 1 TFLOP/s a step of batch 2 computes 2 × 1e9 × 2 = 4e9 FLOPs in 4 ms, over the
+        // 2.042 ms of its bytes: compute binds, and a TPOT of 6 ms is 1.5× the roofline.
+        let slow_compute = BoundInputs {
+            flops: Some(1e12),
+            ..inputs()
+        };
+        let recs = records(100, |_| 300.0, |_| 6.0);
+        let d = run_with(&slow_compute, &recs, Some(&calm()), None, &[]);
+        assert_eq!(d.regime, Regime::DecodeComputeBound, "{d:?}");
+        assert!(
+            d.evidence
+                .contains("1.50× the roofline of 4.00 ms (compute binds"),
+            "{}",
+            d.evidence
+        );
+        // The same TPOT where memory binds is memory-bound.
+        let d = run(&records(100, |_| 300.0, |_| 3.0), Some(&calm()), None, &[]);
+        assert_eq!(d.regime, Regime::DecodeMemoryBound, "{d:?}");
+    }
+
+    #[test]
+    fn prefill_interference_from_the_steps_or_the_itl_tail() {
+        // TPOT 12 ms at a batch of 8: far from the roofline; TTFT far from the floor.
+        let recs = records(100, |_| 300.0, |_| 12.0);
+        // Mixed steps of 60 ms against decode-only ones of 10 ms (6×), 3 of 8 decode seconds.
+        let d = run(
+            &recs,
+            Some(&with_steps(
+                calm_at(8.0),
+                [(500.0, 5.0), (50.0, 3.0), (0.0, 0.0)],
+            )),
+            None,
+            &[],
+        );
+        assert_eq!(d.regime, Regime::PrefillInterference, "{d:?}");
+        assert!(
+            d.evidence.contains("took 60.0 ms, 6.0× the 10.0 ms of a decode-only step, and were 38% of decode's time in steps (50 mixed of 550 steps)"),
+            "{}",
+            d.evidence
+        );
+        // 1.5× slower mixed steps do not interfere: the decode-only steps' 10 ms over the
+        // 2.17-ms roofline reads as step overhead.
+        let d = run(
+            &recs,
+            Some(&with_steps(
+                calm_at(8.0),
+                [(500.0, 5.0), (50.0, 0.75), (0.0, 0.0)],
+            )),
+            None,
+            &[],
+        );
+        assert_eq!(d.regime, Regime::StepOverhead, "{d:?}");
+        // Without step metrics: 2 of every 19 gaps of 40 ms among 3-ms ones put the ITL p95
+        // at 13× its median.
+        let tail = gapped(100, |k| if k % 10 == 9 { 40.0 } else { 3.0 });
+        let d = run(&tail, Some(&calm_at(8.0)), None, &[]);
+        assert_eq!(d.regime, Regime::PrefillInterference, "{d:?}");
+        assert!(
+            d.evidence
+                .contains("the ITL p95, 40.0 ms, is 13.3× its median of 3.0 ms"),
+            "{}",
+            d.evidence
+        );
+        let even = gapped(100, |k| if k % 10 == 9 { 8.0 } else { 3.0 });
+        let d = run(&even, Some(&calm_at(8.0)), None, &[]);
+        assert_ne!(d.regime, Regime::PrefillInterference, "{d:?}");
+    }
+
+    #[test]
+    fn step_overhead_from_the_steps_or_a_small_batch() {
+        let recs = records(100, |_| 300.0, |_| 12.0);
+        // Decode-only steps of 10 ms at a batch of 8, 4.61× the 2.17-ms roofline.
+        let d = run(
+            &recs,
+            Some(&with_steps(
+                calm_at(8.0),
+                [(100.0, 1.0), (0.0, 0.0), (0.0, 0.0)],
+            )),
+            None,
+            &[],
+        );
+        assert_eq!(d.regime, Regime::StepOverhead, "{d:?}");
+        assert!(
+            d.evidence.contains(
+                "the decode-only steps' mean, 10.00 ms, is 4.61× the roofline of 2.17 ms"
+            ),
+            "{}",
+            d.evidence
+        );
+        assert!(
+            d.evidence.contains("7.83 ms of each step (78%)"),
+            "{}",
+            d.evidence
+        );
+        // Without step metrics, the TPOT median at a batch of 2 (8.2 ms, 4.02× the 2.04-ms
+        // roofline) says the same; at a batch of 8 it says nothing.
+        let slow = records(100, |_| 300.0, |_| 8.2);
+        let d = run(&slow, Some(&calm()), None, &[]);
+        assert_eq!(d.regime, Regime::StepOverhead, "{d:?}");
+        assert!(
+            d.evidence.contains("the TPOT median, 8.20 ms, is 4.02×"),
+            "{}",
+            d.evidence
+        );
+        let d = run(&slow, Some(&calm_at(8.0)), None, &[]);
+        assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
+        assert!(
+            d.missing
+                .iter()
+                .any(|m| m.contains("engine:step_duration_seconds")),
+            "{:?}",
+            d.missing
+        );
+    }
+
+    #[test]
+    fn prefill_compute_bound_by_its_share_of_the_steps() {
+        // TTFT 300 ms is 7.5× the 40-ms floor; but prefill took 6 s alone and 0.4 s inside 10
+        // mixed steps (90 ms against 50: 1.8×, no interference) of the 11.9 s in steps: 54%.
+        let recs = records(100, |_| 300.0, |_| 12.0);
+        let steps = [(100.0, 5.0), (10.0, 0.9), (10.0, 6.0)];
+        let d = run(&recs, Some(&with_steps(calm_at(8.0), steps)), None, &[]);
+        assert_eq!(d.regime, Regime::PrefillComputeBound, "{d:?}");
+        assert!(
+            d.evidence
+                .contains("prefill took 54% of the engine's 11.9 s in steps (6.4 s"),
+            "{}",
+            d.evidence
+        );
+        // Under half: not by this rule (the decode-only steps, 50 ms, are step overhead).
+        let steps = [(100.0, 5.0), (10.0, 0.9), (10.0, 4.0)];
+        let d = run(&recs, Some(&with_steps(calm_at(8.0), steps)), None, &[]);
+        assert_eq!(d.regime, Regime::StepOverhead, "{d:?}");
     }
 
     #[test]
@@ -791,9 +1107,10 @@ mod tests {
 
     #[test]
     fn undetermined_says_how_busy_the_engine_was() {
-        // TPOT 12 ms is 5.9× the 2.04-ms bound and TTFT 300 ms 7.5× the 40-ms floor: no rule holds.
+        // TPOT 12 ms is 5.5× the 2.17-ms roofline at a batch of 8 and TTFT 300 ms 7.5× the
+        // 40-ms floor: no rule holds.
         let recs = records(100, |_| 300.0, |_| 12.0);
-        let mut server = calm();
+        let mut server = calm_at(8.0);
         // 8.1 s in steps over the 10-s scraped span.
         server.quantities.push(QuantityView {
             label: "engine busy (s)".into(),
@@ -813,7 +1130,7 @@ mod tests {
             d.evidence
         );
         // Without the counter the evidence says nothing of it.
-        let d = run(&recs, Some(&calm()), None, &[]);
+        let d = run(&recs, Some(&calm_at(8.0)), None, &[]);
         assert!(!d.evidence.contains("in steps"), "{}", d.evidence);
     }
 }

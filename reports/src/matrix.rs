@@ -726,6 +726,9 @@ pub struct MatrixRow {
     /// Median TPOT (ms) and the bound's at the observed batch and context.
     pub tpot_p50_ms: Option<f64>,
     pub bound_tpot_ms: Option<f64>,
+    /// The side of the roofline that binds at the observed batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_binds: Option<crate::bound::Side>,
     pub tpot_over_bound: Option<f64>,
     /// Output tokens/s sustained over the measured window (a knee-search row: at its knee).
     pub output_tok_per_s: Option<f64>,

@@ -22,8 +22,10 @@ pub struct Scrape {
 }
 
 /// Parses the Prometheus text format: the samples of each metric name summed over their
-/// label sets (histogram buckets, sums and counts left out). Lines that do not parse are
-/// skipped: a scrape is a best-effort view, never a reason to stop a run.
+/// label sets (histogram buckets left out). A histogram's `_sum` and `_count` keep a `kind`
+/// label in their key (`engine:step_duration_seconds_sum{kind="mixed"}`: our engine's step
+/// kinds), summed over the other labels. Lines that do not parse are skipped: a scrape is a
+/// best-effort view, never a reason to stop a run.
 pub fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
     let mut values = BTreeMap::new();
     for line in text.lines() {
@@ -35,12 +37,12 @@ pub fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
             Some(i) => line.split_at(i),
             None => continue,
         };
-        let rest = match rest.strip_prefix('{') {
+        let (labels, rest) = match rest.strip_prefix('{') {
             Some(labelled) => match labelled.rfind('}') {
-                Some(end) => &labelled[end + 1..],
+                Some(end) => (&labelled[..end], &labelled[end + 1..]),
                 None => continue,
             },
-            None => rest,
+            None => ("", rest),
         };
         let Some(value) = rest
             .split_whitespace()
@@ -49,16 +51,30 @@ pub fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
         else {
             continue;
         };
-        if ["_bucket", "_sum", "_count", "_created"]
+        if ["_bucket", "_created"]
             .iter()
             .any(|suffix| name.ends_with(suffix))
             || !value.is_finite()
         {
             continue;
         }
-        *values.entry(name.to_string()).or_insert(0.0) += value;
+        let key = match kind_label(labels) {
+            Some(kind) if name.ends_with("_sum") || name.ends_with("_count") => {
+                format!("{name}{{kind=\"{kind}\"}}")
+            }
+            _ => name.to_string(),
+        };
+        *values.entry(key).or_insert(0.0) += value;
     }
     values
+}
+
+/// The value of a `kind="…"` label among `labels` (`a="x",kind="mixed"`).
+fn kind_label(labels: &str) -> Option<&str> {
+    labels.split(',').find_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        (key.trim() == "kind").then(|| value.trim().trim_matches('"'))
+    })
 }
 
 /// Whether a quantity is a level (gauge) or a running total (counter).
@@ -158,6 +174,94 @@ pub struct ServerView {
     /// The prefix-cache hit rate over the measurement window only (warm-up excluded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_prefix_cache: Option<WindowHitRate>,
+    /// The engine's steps by kind over the span, where it exports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<StepBreakdown>,
+}
+
+/// The histogram of our engine's step durations, by `kind`.
+const STEP_DURATION: &str = "engine:step_duration_seconds";
+
+/// Steps of one kind over a span: how many, and the seconds they took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTotal {
+    pub steps: f64,
+    pub seconds: f64,
+}
+
+impl StepTotal {
+    /// The mean step in ms, when there was one.
+    pub fn mean_ms(&self) -> Option<f64> {
+        (self.steps > 0.0).then(|| self.seconds / self.steps * 1000.0)
+    }
+}
+
+/// The engine's steps over a span by kind (`engine:step_duration_seconds`' sums and counts):
+/// decode-only steps, mixed ones (prefill chunks beside decodes) and prefill-only ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepBreakdown {
+    pub decode_only: StepTotal,
+    pub mixed: StepTotal,
+    pub prefill_only: StepTotal,
+}
+
+impl StepBreakdown {
+    /// The increase of the step histogram's sums and counts from `first` to `last`; `None`
+    /// when the server does not export it.
+    pub fn between(first: &Scrape, last: &Scrape) -> Option<StepBreakdown> {
+        let total = |kind: &str| -> Option<StepTotal> {
+            let delta = |part: &str| {
+                let key = format!("{STEP_DURATION}_{part}{{kind=\"{kind}\"}}");
+                Some(last.values.get(&key)? - first.values.get(&key).unwrap_or(&0.0))
+            };
+            Some(StepTotal {
+                steps: delta("count")?,
+                seconds: delta("sum")?,
+            })
+        };
+        let (decode_only, mixed, prefill_only) =
+            (total("decode-only"), total("mixed"), total("prefill-only"));
+        if decode_only.is_none() && mixed.is_none() && prefill_only.is_none() {
+            return None;
+        }
+        Some(StepBreakdown {
+            decode_only: decode_only.unwrap_or_default(),
+            mixed: mixed.unwrap_or_default(),
+            prefill_only: prefill_only.unwrap_or_default(),
+        })
+    }
+
+    /// Seconds in steps of every kind.
+    pub fn busy_seconds(&self) -> f64 {
+        self.decode_only.seconds + self.mixed.seconds + self.prefill_only.seconds
+    }
+
+    /// A mixed step's mean over a decode-only step's.
+    pub fn mixed_slowdown(&self) -> Option<f64> {
+        let (mixed, decode) = (self.mixed.mean_ms()?, self.decode_only.mean_ms()?);
+        (decode > 0.0).then(|| mixed / decode)
+    }
+
+    /// The share of the time in steps that decode (mixed and decode-only) spent in mixed
+    /// ones.
+    pub fn mixed_share_of_decode(&self) -> Option<f64> {
+        let decode = self.mixed.seconds + self.decode_only.seconds;
+        (decode > 0.0).then(|| self.mixed.seconds / decode)
+    }
+
+    /// Seconds spent on prefill, estimated: the prefill-only steps, plus what the mixed steps
+    /// took beyond as many decode-only steps (all of a mixed step when no decode-only step
+    /// was seen).
+    pub fn prefill_seconds(&self) -> f64 {
+        let decode_part = self.mixed.steps * self.decode_only.mean_ms().unwrap_or(0.0) / 1000.0;
+        self.prefill_only.seconds + (self.mixed.seconds - decode_part).max(0.0)
+    }
+
+    /// [`Self::prefill_seconds`] as a share of the time in steps.
+    pub fn prefill_share(&self) -> Option<f64> {
+        let busy = self.busy_seconds();
+        (busy > 0.0).then(|| self.prefill_seconds() / busy)
+    }
 }
 
 /// The server's prefix-cache hit rate over the measurement window, from its counters (the
@@ -280,6 +384,7 @@ impl ServerView {
             quantities,
             other_names,
             window_prefix_cache: None,
+            steps: StepBreakdown::between(first, last),
         })
     }
 
@@ -328,6 +433,10 @@ mod tests {
         vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 9\n\
         vllm:request_success_total{model_name=\"m\",finished_reason=\"stop\"} 4\n\
         vllm:request_success_total{model_name=\"m\",finished_reason=\"length\"} 6\n\
+        vllm:request_prefill_time_seconds_sum{model_name=\"m\"} 1.5\n\
+        engine:step_duration_seconds_sum{model_name=\"m\",kind=\"mixed\"} 0.5\n\
+        engine:step_duration_seconds_count{model_name=\"m\",kind=\"mixed\"} 2\n\
+        engine:step_duration_seconds_sum{model_name=\"n\",kind=\"mixed\"} 0.25\n\
         garbage line\n";
 
     #[test]
@@ -366,6 +475,44 @@ mod tests {
         assert_eq!(v["vllm:request_success_total"], 10.0);
         assert!(!v.contains_key("vllm:time_to_first_token_seconds_bucket"));
         assert!(!v.contains_key("garbage"));
+        // Sums and counts are kept, by kind where they have one.
+        assert_eq!(v["vllm:request_prefill_time_seconds_sum"], 1.5);
+        assert_eq!(v["engine:step_duration_seconds_sum{kind=\"mixed\"}"], 0.75);
+        assert_eq!(v["engine:step_duration_seconds_count{kind=\"mixed\"}"], 2.0);
+        assert!(!v.contains_key("engine:step_duration_seconds_sum"));
+    }
+
+    #[test]
+    fn the_step_breakdown_by_hand() {
+        let scrape = |t: f64, counts: [f64; 3], sums: [f64; 3]| {
+            let mut values = BTreeMap::new();
+            for (i, kind) in ["decode-only", "mixed", "prefill-only"].iter().enumerate() {
+                let key = |part: &str| format!("{STEP_DURATION}_{part}{{kind=\"{kind}\"}}");
+                values.insert(key("count"), counts[i]);
+                values.insert(key("sum"), sums[i]);
+            }
+            Scrape { unix_ms: t, values }
+        };
+        // Over the span: 100 decode-only steps in 5 s (50 ms each), 10 mixed in 3 s (300 ms
+        // each, 6×), 2 prefill-only in 1 s.
+        let view = ServerView::from_scrapes(&[
+            scrape(0.0, [10.0, 1.0, 0.0], [0.5, 0.3, 0.0]),
+            scrape(10_000.0, [110.0, 11.0, 2.0], [5.5, 3.3, 1.0]),
+        ])
+        .unwrap();
+        let steps = view.steps.unwrap();
+        assert!((steps.busy_seconds() - 9.0).abs() < 1e-9);
+        assert!((steps.mixed_slowdown().unwrap() - 6.0).abs() < 1e-9);
+        // Mixed steps are 3 of the 8 decode-carrying seconds.
+        assert!((steps.mixed_share_of_decode().unwrap() - 0.375).abs() < 1e-9);
+        // Prefill: 1 s alone, and 3 s − 10 × 50 ms = 2.5 s inside the mixed steps: 3.5 of 9 s.
+        assert!((steps.prefill_seconds() - 3.5).abs() < 1e-9);
+        assert!((steps.prefill_share().unwrap() - 3.5 / 9.0).abs() < 1e-9);
+        let none = Scrape {
+            unix_ms: 0.0,
+            values: BTreeMap::from([("vllm:num_requests_running".to_string(), 1.0)]),
+        };
+        assert_eq!(ServerView::from_scrapes(&[none]).unwrap().steps, None);
     }
 
     #[test]

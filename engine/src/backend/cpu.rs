@@ -10,6 +10,7 @@
 //! by default.
 
 mod attention;
+pub mod compute_rate;
 mod matmul;
 mod ops;
 mod path_choice;

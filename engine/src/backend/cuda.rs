@@ -29,8 +29,8 @@ use cudarc::driver::{
 use half::bf16;
 
 pub use device::{
-    cuda_available, device_name, driver_present, gpu_count, memory_bandwidth, resolve_device,
-    NO_DRIVER,
+    compute_flops, cuda_available, device_name, driver_present, gpu_count, memory_bandwidth,
+    resolve_device, NO_DRIVER,
 };
 pub use graph::{bucket_for, graph_buckets, table_bucket};
 pub use kernels::{

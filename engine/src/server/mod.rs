@@ -124,6 +124,8 @@ struct Loaded {
     footprint: crate::model::Footprint,
     /// Peak memory bandwidth (bytes/s) and how it was found, or why it is unknown.
     bandwidth: Result<(f64, &'static str), String>,
+    /// Peak compute (FLOP/s) and how it was found, or why it is unknown.
+    compute: Result<(f64, &'static str), String>,
     /// The model's family and layers' attention, for `GET /version`.
     architecture: serde_json::Value,
 }
@@ -138,6 +140,25 @@ fn memory_bandwidth(device: crate::backend::Device) -> Result<(f64, &'static str
             Ok((
                 crate::bandwidth::cpu_copy_bandwidth(threads),
                 "measured at start-up: a copy on every core, read + written, best of 10",
+            ))
+        }
+    }
+}
+
+/// The compute rate of `device` for `GET /version` (see `compute_rate`).
+fn compute_rate(device: crate::backend::Device) -> Result<(f64, &'static str), String> {
+    match device {
+        crate::backend::Device::Cuda => crate::backend::cuda::compute_flops(0).map(|f| {
+            (
+                f,
+                "the device's attributes: SMs × clock × dense bf16 tensor-core FLOPs per SM clock",
+            )
+        }),
+        crate::backend::Device::Cpu => {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Ok((
+                crate::backend::cpu::compute_rate::cpu_gemm_flops(threads),
+                "measured at start-up: the engine's f32 GEMM (256 × 1024 × 1024) on every core, best of 10",
             ))
         }
     }
@@ -177,6 +198,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         device: loaded.device,
         footprint: loaded.footprint,
         bandwidth: memory_bandwidth(loaded.device),
+        compute: compute_rate(loaded.device),
         architecture: architecture(&loaded.config, loaded.rope_positions),
     })
 }
@@ -283,9 +305,15 @@ fn server_info(args: &ServeArgs, loaded: &Loaded) -> serde_json::Value {
         "weight_bytes": loaded.footprint.weight_bytes,
         "kv_bytes_per_token": loaded.footprint.kv_bytes_per_token,
         "parameters": loaded.footprint.parameters,
+        "attention_flops_per_context_token": loaded.footprint.attention_flops_per_context_token,
         "architecture": loaded.architecture,
         "memory_bandwidth_bytes_per_s": loaded.bandwidth.as_ref().ok().map(|b| b.0),
         "memory_bandwidth_source": match &loaded.bandwidth {
+            Ok((_, source)) => source.to_string(),
+            Err(why) => format!("unknown: {why}"),
+        },
+        "compute_flops_per_s": loaded.compute.as_ref().ok().map(|c| c.0),
+        "compute_flops_source": match &loaded.compute {
             Ok((_, source)) => source.to_string(),
             Err(why) => format!("unknown: {why}"),
         },

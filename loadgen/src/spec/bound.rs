@@ -1,7 +1,8 @@
 //! The inputs of the bandwidth bound (`reports::bound`) for a run: from the flags, a Hugging
 //! Face `config.json`, the hardware table, and what the server says of itself (`engine
 //! serve`'s `/version`: `weight_bytes`, `kv_bytes_per_token`, `parameters`,
-//! `memory_bandwidth_bytes_per_s`). A flag wins over the config, the config over the server;
+//! `attention_flops_per_context_token`, `memory_bandwidth_bytes_per_s`,
+//! `compute_flops_per_s`). A flag wins over the config, the config over the server;
 //! what none gives stays unknown and the diagnosis names it.
 
 use std::path::PathBuf;
@@ -78,6 +79,10 @@ pub fn resolve(args: &BoundOptions, server_info: Option<&Value>) -> Result<Bound
         }
         inputs.parameters = Some(shape.parameters);
         inputs.sources.push(format!("parameters: {source}"));
+        inputs.attention_flops_per_context_token = Some(shape.attention_flops_per_context_token);
+        inputs
+            .sources
+            .push(format!("attention FLOPs per context token: {source}"));
     }
     if let Some(name) = &args.hardware {
         let h = hardware(name)?;
@@ -103,10 +108,16 @@ pub fn resolve(args: &BoundOptions, server_info: Option<&Value>) -> Result<Bound
         ),
         (&mut inputs.parameters, "parameters", "parameters"),
         (
+            &mut inputs.attention_flops_per_context_token,
+            "attention_flops_per_context_token",
+            "attention FLOPs per context token",
+        ),
+        (
             &mut inputs.bandwidth_bytes_per_s,
             "memory_bandwidth_bytes_per_s",
             "bandwidth",
         ),
+        (&mut inputs.flops, "compute_flops_per_s", "FLOP/s"),
     ] {
         if slot.is_none() {
             if let Some(v) = server_number(key) {
@@ -153,6 +164,7 @@ mod tests {
             "fp8: one byte a value"
         );
         assert_eq!(inputs.parameters, Some(596_042_752.0));
+        assert_eq!(inputs.attention_flops_per_context_token, Some(229_376.0));
         assert_eq!(inputs.bandwidth_bytes_per_s, Some(3.35e12));
         assert_eq!(inputs.flops, Some(1e15));
         // The server alone.
@@ -160,6 +172,17 @@ mod tests {
         assert_eq!(inputs.weight_bytes, Some(5.0));
         assert_eq!(inputs.bandwidth_bytes_per_s, Some(1e10));
         assert_eq!(inputs.flops, None, "nothing says it: unknown, not guessed");
+        assert_eq!(inputs.attention_flops_per_context_token, None);
+        // A server that measured its compute says so.
+        let mut measured = server.clone();
+        measured["compute_flops_per_s"] = 2e11.into();
+        measured["attention_flops_per_context_token"] = 3.0.into();
+        let inputs = resolve(&BoundOptions::default(), Some(&measured)).unwrap();
+        assert_eq!(inputs.flops, Some(2e11));
+        assert_eq!(inputs.attention_flops_per_context_token, Some(3.0));
+        assert!(inputs
+            .sources
+            .contains(&"FLOP/s: the server's /version".to_string()));
         assert!(resolve(
             &BoundOptions {
                 bandwidth: Some(-1.0),

@@ -66,7 +66,10 @@ fn rows_section(file: &MatrixFile) -> Section {
                 },
                 r.regime.to_string(),
                 fmt_ms(r.tpot_p50_ms),
-                fmt_ms(r.bound_tpot_ms),
+                match r.bound_binds {
+                    Some(side) => format!("{} ({side})", fmt_ms(r.bound_tpot_ms)),
+                    None => fmt_ms(r.bound_tpot_ms),
+                },
                 number(r.tpot_over_bound, 2),
                 number(r.output_tok_per_s, 1),
                 number(r.usd_per_million_output_tokens, 3),

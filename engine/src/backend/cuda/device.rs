@@ -38,6 +38,41 @@ pub fn memory_bandwidth(ordinal: usize) -> Result<f64, String> {
     Ok(2.0 * clock_khz as f64 * 1e3 * bus_bits as f64 / 8.0)
 }
 
+/// Dense bf16 tensor-core FLOPs one SM retires per clock, by compute capability (the
+/// datasheets' dense figures over SM count × boost clock: A100 312 TFLOP/s over 108 SMs at
+/// 1.41 GHz, H100 SXM 989 over 132 at 1.83, L40S 362 over 142 at 2.52, A10 125 over 72 at
+/// 1.695, B200 2,250 over 148 at 1.85 rounded to the power of two).
+fn bf16_flops_per_sm_clock(major: i32, minor: i32) -> Option<f64> {
+    match (major, minor) {
+        (8, 0) => Some(2048.0),
+        (8, 6) | (8, 7) | (8, 9) => Some(1024.0),
+        (9, 0) => Some(4096.0),
+        (10, 0) => Some(8192.0),
+        _ => None,
+    }
+}
+
+/// The device's peak dense bf16 FLOP/s from its attributes: SM count × clock × the tensor
+/// cores' bf16 rate per SM for its compute capability.
+pub fn compute_flops(ordinal: usize) -> Result<f64, String> {
+    use cudarc::driver::sys::CUdevice_attribute;
+    if !driver_present() {
+        return Err(NO_DRIVER.to_string());
+    }
+    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| format!("{e:?}"))?;
+    let attribute = |a| ctx.attribute(a).map_err(|e| format!("{e:?}"));
+    let sms = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    let clock_khz = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)?;
+    let major = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let per_sm = bf16_flops_per_sm_clock(major, minor).ok_or_else(|| {
+        format!(
+            "compute capability {major}.{minor} is not in the engine's table of tensor-core rates"
+        )
+    })?;
+    Ok(sms as f64 * clock_khz as f64 * 1e3 * per_sm)
+}
+
 /// Number of CUDA devices, or why there are none usable.
 pub fn gpu_count() -> Result<usize, String> {
     if !driver_present() {

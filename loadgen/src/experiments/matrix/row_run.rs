@@ -99,6 +99,7 @@ fn measured_row(
             .filter(|t| t.count > 0)
             .map(|t| t.p50),
         bound_tpot_ms: diagnosis.and_then(|d| d.bound.as_ref()).map(|b| b.tpot_ms),
+        bound_binds: diagnosis.and_then(|d| d.bound.as_ref()).map(|b| b.binds),
         tpot_over_bound: diagnosis.and_then(|d| d.tpot_over_bound),
         output_tok_per_s: output,
         usd_per_million_output_tokens: args.gpu_hour_usd.zip(output).and_then(|(price, tok)| {
@@ -124,6 +125,7 @@ pub(super) fn unmeasured(row: &PreparedRow, error: String) -> MatrixRow {
         regime_evidence: "the row has no measurement".into(),
         tpot_p50_ms: None,
         bound_tpot_ms: None,
+        bound_binds: None,
         tpot_over_bound: None,
         output_tok_per_s: None,
         usd_per_million_output_tokens: None,
@@ -134,9 +136,13 @@ pub(super) fn unmeasured(row: &PreparedRow, error: String) -> MatrixRow {
 }
 
 pub(super) fn print_row(row: &MatrixRow) {
-    let ratio = row
-        .tpot_over_bound
-        .map_or("–".to_string(), |r| format!("{r:.2}× bound"));
+    let ratio = row.tpot_over_bound.map_or("–".to_string(), |r| {
+        format!(
+            "{r:.2}× bound{}",
+            row.bound_binds
+                .map_or(String::new(), |side| format!(" ({side} binds)"))
+        )
+    });
     println!(
         "{:<24} {:<12} regime {:<22} TPOT/bound {ratio}",
         row.name,
