@@ -885,6 +885,62 @@ async fn step_telemetry_counts_one_requests_steps() {
     assert!(metric(&text, "engine:busy_seconds_total") > 0.0);
 }
 
+/// Every response says the server's own timing, with no flag: the non-streamed body, the
+/// stream's finishing chunk and its usage chunk, in llama.cpp's fields and ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_carry_the_servers_timings() {
+    let server = tiny_server(&[]).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/chat/completions");
+    let request = json!({
+        "model": tiny_model().display().to_string(),
+        "messages": [{"role": "user", "content": "Count to three."}],
+        "max_tokens": 5, "temperature": 0, "ignore_eos": true,
+    });
+    let (status, full) = post(&client, &url, &request).await;
+    assert_eq!(status, 200, "{full}");
+    let check = |t: &Value, what: &str| {
+        let prompt = full["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(t["predicted_n"], 5, "{what}: {t}");
+        assert_eq!(t["cache_n"], t["cached_tokens"], "{what}: {t}");
+        assert_eq!(t["prompt_n"], t["computed_prompt_tokens"], "{what}: {t}");
+        assert_eq!(
+            t["prompt_n"].as_u64().unwrap() + t["cache_n"].as_u64().unwrap(),
+            prompt,
+            "{what}: {t}"
+        );
+        assert_eq!(t["prompt_ms"], t["prefill_ms"], "{what}: {t}");
+        assert_eq!(t["predicted_ms"], t["decode_ms"], "{what}: {t}");
+        let ms = |k: &str| {
+            t[k].as_f64()
+                .unwrap_or_else(|| panic!("{what}: {k} in {t}"))
+        };
+        assert!(ms("prefill_ms") > 0.0 && ms("decode_ms") > 0.0 && ms("queue_ms") >= 0.0);
+        assert!((ms("predicted_per_token_ms") - ms("decode_ms") / 5.0).abs() < 1e-9);
+        assert!((ms("predicted_per_second") - 5000.0 / ms("decode_ms")).abs() < 1e-6);
+    };
+    check(&full["timings"], "the body");
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let stream = chunks(&post_stream(&client, &url, &streamed).await);
+    let (last, before) = stream.split_last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    check(&last["timings"], "the finishing chunk");
+    assert!(
+        before.iter().all(|c| c.get("timings").is_none()),
+        "only the last chunk carries timings"
+    );
+    streamed["stream_options"] = json!({"include_usage": true});
+    let with_usage = chunks(&post_stream(&client, &url, &streamed).await);
+    let (usage, rest) = with_usage.split_last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    check(&usage["timings"], "the usage chunk");
+    check(
+        &rest.last().unwrap()["timings"],
+        "the finishing chunk before it",
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let mut server = tiny_server(&["--shutdown-grace", "30"]).await;
@@ -1077,6 +1133,15 @@ async fn version_says_who_is_serving() {
     let bw = info["memory_bandwidth_bytes_per_s"].as_f64().unwrap();
     assert!((1e9..1e13).contains(&bw), "{info}");
     assert!(info["memory_bandwidth_source"]
+        .as_str()
+        .unwrap()
+        .starts_with("measured at start-up"));
+    // The roofline's compute side: 4 × 2 layers × 4 heads × 16 attention FLOPs per context
+    // token, and an f32 GEMM measured at start-up.
+    assert_eq!(info["attention_flops_per_context_token"], 512, "{info}");
+    let flops = info["compute_flops_per_s"].as_f64().unwrap();
+    assert!((1e9..1e14).contains(&flops), "{info}");
+    assert!(info["compute_flops_source"]
         .as_str()
         .unwrap()
         .starts_with("measured at start-up"));

@@ -57,6 +57,8 @@ pub struct SeqOutput {
     pub num_output_tokens: usize,
     pub num_cached_prompt_tokens: usize,
     pub num_reasoning_tokens: usize,
+    /// The sequence's timings, on its finishing output (stop or length).
+    pub timings: Option<SeqTimings>,
 }
 
 impl SeqOutput {
@@ -329,6 +331,9 @@ impl EngineLoop {
                 self.owners.remove(&update.id);
                 let timings = matches!(reason, FinishReason::Stop | FinishReason::Length)
                     .then(|| seq_timings(slot, arrival, now, update.num_output_tokens));
+                if let Some(output) = slot.pending.as_mut() {
+                    output.timings = timings;
+                }
                 self.metrics.record_finished(reason, timings);
             }
         }

@@ -76,6 +76,63 @@ pub struct CompletionChoice {
     pub finish_reason: Option<&'static str>,
 }
 
+/// The server's own timing of a request, on every response body and a stream's last chunk:
+/// llama.cpp's `timings` fields (its server's `result_timings::to_json`: `cache_n`,
+/// `prompt_n`, `prompt_ms`, … `predicted_per_second`) and ours beside them. `prompt_ms` is
+/// `prefill_ms` (first scheduled to first token), `predicted_ms` is `decode_ms` (first token
+/// to last); `queue_ms` runs from arrival to first scheduled, so arrival to the last token is
+/// `queue_ms + prefill_ms + decode_ms`. A rate with nothing to divide by is `null`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Timings {
+    pub cache_n: usize,
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub prompt_per_token_ms: Option<f64>,
+    pub prompt_per_second: Option<f64>,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    pub predicted_per_token_ms: Option<f64>,
+    pub predicted_per_second: Option<f64>,
+    pub queue_ms: f64,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    /// Prompt tokens served from the prefix cache (`cache_n`).
+    pub cached_tokens: usize,
+    /// Prompt tokens computed (`prompt_n`).
+    pub computed_prompt_tokens: usize,
+}
+
+impl Timings {
+    /// From a sequence's timings (seconds) and its token counts.
+    pub fn new(
+        t: &super::metrics::SeqTimings,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+        output_tokens: usize,
+    ) -> Timings {
+        let computed = prompt_tokens.saturating_sub(cached_tokens);
+        let (prefill_ms, decode_ms) = (t.prefill * 1000.0, t.decode * 1000.0);
+        let per_token = |ms: f64, n: usize| (n > 0).then(|| ms / n as f64);
+        let per_second = |ms: f64, n: usize| (ms > 0.0).then(|| n as f64 * 1000.0 / ms);
+        Timings {
+            cache_n: cached_tokens,
+            prompt_n: computed,
+            prompt_ms: prefill_ms,
+            prompt_per_token_ms: per_token(prefill_ms, computed),
+            prompt_per_second: per_second(prefill_ms, computed),
+            predicted_n: output_tokens,
+            predicted_ms: decode_ms,
+            predicted_per_token_ms: per_token(decode_ms, output_tokens),
+            predicted_per_second: per_second(decode_ms, output_tokens),
+            queue_ms: t.queue * 1000.0,
+            prefill_ms,
+            decode_ms,
+            cached_tokens,
+            computed_prompt_tokens: computed,
+        }
+    }
+}
+
 /// A `/v1/completions` response body, or one stream chunk (`object` says which).
 #[derive(Debug, Clone, Serialize)]
 pub struct CompletionResponse {
@@ -86,6 +143,8 @@ pub struct CompletionResponse {
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 /// One alternative of chat logprobs (`top_logprobs` entries).
@@ -177,6 +236,8 @@ pub struct ChatResponse {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 /// The incremental message of a chat stream chunk: `role` on the first, `content` after.
@@ -212,6 +273,8 @@ pub struct ChatChunk {
     pub choices: Vec<ChatChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -23,7 +23,7 @@ use super::protocol::{
     unix_now, ApiError, ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs,
     ChatMessageOut, ChatResponse, ChatTokenLogprob, ChatTopLogprob, CompletionChoice,
     CompletionLogprobs, CompletionResponse, DetokenizeResponse, FunctionCallOut, FunctionDelta,
-    ModelCard, ModelList, TokenizeResponse, ToolCallDelta, ToolCallOut, Usage,
+    ModelCard, ModelList, Timings, TokenizeResponse, ToolCallDelta, ToolCallOut, Usage,
 };
 use super::tools::{CallEvent, CallFormat, CallReader};
 use super::validate::{self, GenerateRequest, ModelInfo};
@@ -445,7 +445,7 @@ impl ChunkWriter {
                     finish_reason: None,
                 };
                 let usage = self.continuous_usage.then(|| Usage::queued(prompt));
-                to_json(&self.chat_chunk(vec![role], usage))
+                to_json(&self.chat_chunk(vec![role], usage, None))
             })
             .collect()
     }
@@ -466,9 +466,17 @@ impl ChunkWriter {
             )
             .with_reasoning(self.split_reasoning.then_some(out.num_reasoning_tokens))
         });
+        let timings = out.timings.as_ref().map(|t| {
+            Timings::new(
+                t,
+                out.num_prompt_tokens,
+                out.num_cached_prompt_tokens,
+                out.num_output_tokens,
+            )
+        });
         match self.endpoint {
             Endpoint::Completions => {
-                to_json(&self.completion(vec![self.completion_choice(out, offset)], usage))
+                to_json(&self.completion(vec![self.completion_choice(out, offset)], usage, timings))
             }
             Endpoint::Chat => {
                 let mut reasoning = out.reasoning.clone();
@@ -502,7 +510,7 @@ impl ChunkWriter {
                         .then(|| self.chat_logprobs(&out.logprobs)),
                     finish_reason: chat_finish_reason(out.finish, called),
                 };
-                to_json(&self.chat_chunk(vec![choice], usage))
+                to_json(&self.chat_chunk(vec![choice], usage, timings))
             }
         }
     }
@@ -512,6 +520,7 @@ impl ChunkWriter {
         &self,
         choices: Vec<CompletionChoice>,
         usage: Option<Usage>,
+        timings: Option<Timings>,
     ) -> CompletionResponse {
         CompletionResponse {
             id: self.id.clone(),
@@ -520,6 +529,7 @@ impl ChunkWriter {
             model: self.model.clone(),
             choices,
             usage,
+            timings,
         }
     }
 
@@ -536,7 +546,12 @@ impl ChunkWriter {
     }
 
     /// A `chat.completion.chunk` with this request's id, time and model.
-    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatChunk {
+    fn chat_chunk(
+        &self,
+        choices: Vec<ChatChunkChoice>,
+        usage: Option<Usage>,
+        timings: Option<Timings>,
+    ) -> ChatChunk {
         ChatChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",
@@ -544,26 +559,32 @@ impl ChunkWriter {
             model: self.model.clone(),
             choices,
             usage,
+            timings,
         }
     }
 
-    /// The final `include_usage` chunk: no choices, the request's totals.
-    fn usage_chunk(&self, usage: Usage) -> String {
+    /// The final `include_usage` chunk: no choices, the request's totals and timings.
+    fn usage_chunk(&self, usage: Usage, timings: Option<Timings>) -> String {
         match self.endpoint {
-            Endpoint::Completions => to_json(&self.completion(Vec::new(), Some(usage))),
-            Endpoint::Chat => to_json(&self.chat_chunk(Vec::new(), Some(usage))),
+            Endpoint::Completions => to_json(&self.completion(Vec::new(), Some(usage), timings)),
+            Endpoint::Chat => to_json(&self.chat_chunk(Vec::new(), Some(usage), timings)),
         }
     }
 
     /// The non-streaming body from every choice's collected output.
-    fn full_response(&self, choices: Vec<SeqOutput>, usage: Usage) -> Response {
+    fn full_response(
+        &self,
+        choices: Vec<SeqOutput>,
+        usage: Usage,
+        timings: Option<Timings>,
+    ) -> Response {
         match self.endpoint {
             Endpoint::Completions => {
                 let choices = choices
                     .iter()
                     .map(|c| self.completion_choice(c, 0))
                     .collect();
-                Json(self.completion(choices, Some(usage))).into_response()
+                Json(self.completion(choices, Some(usage), timings)).into_response()
             }
             Endpoint::Chat => Json(ChatResponse {
                 id: self.id.clone(),
@@ -600,6 +621,7 @@ impl ChunkWriter {
                     })
                     .collect(),
                 usage,
+                timings,
             })
             .into_response(),
         }
@@ -735,6 +757,27 @@ fn request_usage(request: &GenerateRequest, choices: &[SeqOutput]) -> Usage {
     .with_reasoning(request.params.split_reasoning.then_some(reasoning))
 }
 
+/// The request's timings: those of the choice that finished last (arrival to its last
+/// token the longest), with that choice's prompt and token counts.
+fn request_timings(request: &GenerateRequest, choices: &[SeqOutput]) -> Option<Timings> {
+    let (choice, t) = choices
+        .iter()
+        .filter_map(|c| Some((c, c.timings?)))
+        .max_by(|(_, a), (_, b)| {
+            (a.queue + a.prefill + a.decode).total_cmp(&(b.queue + b.prefill + b.decode))
+        })?;
+    let prompt = request
+        .prompts
+        .get(choice.index / request.n.max(1))
+        .map_or(0, Vec::len);
+    Some(Timings::new(
+        &t,
+        prompt,
+        choice.num_cached_prompt_tokens,
+        choice.num_output_tokens,
+    ))
+}
+
 fn engine_failed() -> ApiError {
     ApiError::internal(
         "Generation stopped early: the engine failed or is shutting down (see the server log).",
@@ -767,11 +810,13 @@ async fn collect_response(
         choice.num_reasoning_tokens = out.num_reasoning_tokens;
         if out.finish.is_some() {
             choice.finish = out.finish;
+            choice.timings = out.timings;
             finished += 1;
         }
     }
     let usage = request_usage(&request, &choices);
-    writer.full_response(choices, usage)
+    let timings = request_timings(&request, &choices);
+    writer.full_response(choices, usage, timings)
 }
 
 /// Where a stream is: role chunks sent, choices still open, tokens so far.
@@ -812,10 +857,10 @@ impl StreamState {
             self.done = true;
             let mut tail = Vec::new();
             if self.request.include_usage {
-                tail.push(
-                    self.writer
-                        .usage_chunk(request_usage(&self.request, &self.counts)),
-                );
+                tail.push(self.writer.usage_chunk(
+                    request_usage(&self.request, &self.counts),
+                    request_timings(&self.request, &self.counts),
+                ));
             }
             tail.push("[DONE]".to_string());
             return Some(tail);
@@ -833,6 +878,7 @@ impl StreamState {
                 counts.num_cached_prompt_tokens = out.num_cached_prompt_tokens;
                 counts.num_reasoning_tokens = out.num_reasoning_tokens;
                 if out.finish.is_some() {
+                    counts.timings = out.timings;
                     self.open -= 1;
                 }
                 if out.finish == Some(FinishReason::Error) {
