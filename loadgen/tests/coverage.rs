@@ -121,6 +121,7 @@ fn record(id: u64, phase: Phase, sent_ms: f64, first_ms: f64, end_ms: f64) -> Re
         short_output: false,
         prefix_group: None,
         cached_tokens: None,
+        server_timing: None,
         session: None,
         connect_ms: None,
         http_status: Some(200),

@@ -167,6 +167,68 @@ async fn tune_picks_the_largest_capacity_and_brackets_each_crossing() {
     assert!(report.contains("Capacity plan (the winner)"));
 }
 
+/// `--strategy guided` over `--slots 1,2,4,8` (the mock's `--slots` is a concurrency knob by
+/// the server table): the first step reads queueing at the failing end of the one-slot
+/// search (the mock's own timing puts the wait for its slot in the TTFT), raises `slots`,
+/// and the walk ends on 4 or more, every step in `tune.json` and the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guided_tune_raises_the_slots_queueing_asks_for() {
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("tune");
+    let template =
+        format!("{BIN} mock-server --ttft 20ms --itl 5ms --slots {{slots}} --port {{port}}");
+    let argv = tune_argv(
+        &template,
+        &["slots=1,2,4,8"],
+        &[
+            "--strategy",
+            "guided",
+            "--slo",
+            SLO,
+            "--probe-duration",
+            "800ms",
+            "--rounds",
+            "2",
+        ],
+        &out,
+    );
+    tune_command(Tune::try_parse_from(argv).unwrap().args)
+        .await
+        .unwrap();
+    let file = TuneFile::read(&out.join(TUNE_FILE)).unwrap();
+    assert_eq!(file.strategy, "guided");
+    let first = &file.steps[0];
+    assert_eq!(first.base, "config-00", "{file:#?}");
+    assert_eq!(
+        first.regime,
+        Some(reports::diagnosis::Regime::Queueing),
+        "{:#?}",
+        file.steps
+    );
+    assert_eq!(
+        (
+            first.knob.as_deref(),
+            first.from.as_deref(),
+            first.to.as_deref()
+        ),
+        (Some("slots"), Some("1"), Some("2"))
+    );
+    assert_eq!(first.kept, Some(true), "{}", first.why);
+    // Every move but the last was kept; the walk stopped with a reason.
+    let last = file.steps.last().unwrap();
+    assert!(!last.why.is_empty(), "{:#?}", file.steps);
+    assert_eq!(
+        file.configurations.len(),
+        file.steps.iter().filter(|s| s.to.is_some()).count() + 1
+    );
+    // The last step stands on the walk's end.
+    let slots: u32 = last.knobs["slots"].parse().unwrap();
+    assert!(slots >= 4, "ended on {slots} slots: {:#?}", file.steps);
+    assert!(file.winner.is_some(), "the walk met the SLO");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("The guided walk"), "{report}");
+}
+
 /// `--repeats 3`: each configuration's search repeats its bracket's ends, so its capacity
 /// carries the between-run interval of three runs' crossings; twice the slots is better
 /// beyond that spread as well as in the duel. `--repeats 0` is refused by the parser.

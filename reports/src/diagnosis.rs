@@ -10,7 +10,8 @@
 //!   numbers describe the client, not the server;
 //! - **kv-pressure**: the KV cache nearly full (usage ≥ 95%) or requests preempted;
 //! - **queueing**: the run saturated (`crate::saturation`), or requests waited in the server's
-//!   queue (its waiting gauge ≥ 1 on average), or, without the gauge, the TTFT median of the last third of the sends is over twice the
+//!   queue (its waiting gauge ≥ 1 on average, or its own per-request timing puts at least
+//!   [`QUEUE_SHARE`] of the TTFT in its queue), or, without the gauge, the TTFT median of the last third of the sends is over twice the
 //!   first third's (and 100 ms above it) while the TPOT median holds within 25%;
 //! - **cold-cache**: the requests sent in the first tenth of the window (at least 5) have a
 //!   TTFT median over 1.5 × the rest's, significantly (Mann–Whitney p < 0.01, the A/B test);
@@ -47,6 +48,9 @@ use crate::stats::{mann_whitney_u, median, quantile_ci};
 pub const DECODE_FACTOR: f64 = 2.0;
 /// Prefill is compute-bound when its TTFT median is at most this many times the floor.
 pub const PREFILL_FACTOR: f64 = 3.0;
+/// Requests queued when the server's own timing puts at least this share of their TTFT in
+/// its queue.
+pub const QUEUE_SHARE: f64 = 0.2;
 /// Mixed steps are interfering when they take at least this many times a decode-only step…
 pub const INTERFERENCE_SLOWDOWN: f64 = 2.0;
 /// …and at least this share of the time decode spends in steps.
@@ -322,6 +326,9 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
             missing,
         );
     }
+    if let Some(evidence) = server_queue(o.records) {
+        return verdict(Regime::Queueing, evidence, missing);
+    }
     let tpot_by_send: Vec<(f64, f64)> = m
         .sent
         .iter()
@@ -496,6 +503,31 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
     verdict(Regime::Undetermined, evidence, missing)
 }
 
+/// The evidence of queueing from the server's own timing: the successes whose response said
+/// their queue time (at least 10) spent at least [`QUEUE_SHARE`] of their TTFT, summed, in
+/// the server's queue.
+fn server_queue(records: &[RequestRecord]) -> Option<String> {
+    let (mut queue, mut ttft, mut n) = (0.0, 0.0, 0usize);
+    for r in records.iter().filter(|r| r.phase == Phase::Measured) {
+        let (Some(latency), Some(q)) =
+            (request_latency(r), r.server_timing.and_then(|t| t.queue_ms))
+        else {
+            continue;
+        };
+        queue += q;
+        ttft += latency.ttft;
+        n += 1;
+    }
+    (n >= 10 && ttft > 0.0 && queue >= QUEUE_SHARE * ttft).then(|| {
+        format!(
+            "requests waited in the server's queue, by its own timing: {:.1} ms on average of a {:.1} ms TTFT ({:.0}%, {n} requests)",
+            queue / n as f64,
+            ttft / n as f64,
+            queue / ttft * 100.0
+        )
+    })
+}
+
 /// The evidence of prefill interference: from the engine's steps when it exports them,
 /// else from the ITL tail against its median.
 fn prefill_interference(
@@ -613,6 +645,7 @@ mod tests {
                     short_output: false,
                     prefix_group: None,
                     cached_tokens: None,
+                    server_timing: None,
                     session: None,
                     connect_ms: None,
                     http_status: Some(200),
@@ -1004,6 +1037,33 @@ mod tests {
         // TTFT and TPOT climbing together is not a queue.
         let both = records(100, |i| 50.0 + 10.0 * i as f64, |i| 3.0 + 0.1 * i as f64);
         assert_ne!(run(&both, None, None, &[]).regime, Regime::Queueing);
+    }
+
+    #[test]
+    fn queueing_from_the_servers_own_timing() {
+        // TTFT 300 ms of which the server says 90 ms queued: 30%.
+        let timed = |queue: f64| {
+            let mut recs = records(100, |_| 300.0, |_| 12.0);
+            for r in &mut recs {
+                r.server_timing = Some(crate::records::ServerTiming {
+                    queue_ms: Some(queue),
+                    prefill_ms: 200.0,
+                    decode_ms: 228.0,
+                });
+            }
+            recs
+        };
+        let d = run(&timed(90.0), Some(&calm_at(8.0)), None, &[]);
+        assert_eq!(d.regime, Regime::Queueing, "{d:?}");
+        assert!(
+            d.evidence
+                .contains("90.0 ms on average of a 300.0 ms TTFT (30%, 100 requests)"),
+            "{}",
+            d.evidence
+        );
+        // 30 ms of 300 (10%) is not queueing.
+        let d = run(&timed(30.0), Some(&calm_at(8.0)), None, &[]);
+        assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
     }
 
     #[test]

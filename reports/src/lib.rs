@@ -9,6 +9,7 @@ pub mod conditions;
 pub mod diagnosis;
 pub mod folders;
 pub mod histograms;
+pub mod knob_roles;
 pub mod latency;
 pub mod matrix;
 pub mod metrics;

@@ -133,6 +133,14 @@ pub struct Metrics {
     pub queue_time: DistStats,
     /// Connect time of the measured requests that opened a connection (`count` of them).
     pub connect: DistStats,
+    /// Client E2E minus the server's own time with the request (network, HTTP and the
+    /// client), of the successes whose server said its timing (`count` of them).
+    #[serde(default)]
+    pub client_server_gap: DistStats,
+    /// Of those, how many gave no queue time (llama.cpp): their gap includes the server's
+    /// queue.
+    #[serde(default)]
+    pub server_timing_without_queue: u64,
     /// The scheduled rate of the measured requests (open loop; see [`crate::rates`]).
     #[serde(alias = "offered_rate")]
     pub scheduled_rate: Option<f64>,
@@ -170,6 +178,8 @@ pub struct WindowSamples {
     /// Connect time of the measured requests that went over a connection opened for them
     /// (failed ones included): inside their TTFT, reported apart.
     pub connect: Vec<f64>,
+    /// E2E minus the server's own time, of the successes whose server said it.
+    pub client_server_gap: Vec<f64>,
 }
 
 impl WindowSamples {
@@ -187,6 +197,9 @@ impl WindowSamples {
             s.time_to_first_answer.extend(latency.ttfa);
             s.e2el.push(latency.e2el);
             s.tpot.extend(latency.tpot);
+            if let Some(server) = &r.server_timing {
+                s.client_server_gap.push(latency.e2el - server.total_ms());
+            }
             let wait = r.sent_ms - r.scheduled_ms;
             s.ttft_from_scheduled.push(latency.ttft + wait);
             s.e2el_from_scheduled.push(latency.e2el + wait);
@@ -202,7 +215,7 @@ impl WindowSamples {
     }
 
     /// Each distribution with its name (the tag it carries in `histograms.hlog`).
-    pub fn named(&self) -> [(&'static str, &[f64]); 11] {
+    pub fn named(&self) -> [(&'static str, &[f64]); 12] {
         [
             ("ttft", &self.ttft),
             ("time_to_first_answer", &self.time_to_first_answer),
@@ -215,6 +228,7 @@ impl WindowSamples {
             ("schedule_lag", &self.schedule_lag),
             ("queue_time", &self.queue_time),
             ("connect", &self.connect),
+            ("client_server_gap", &self.client_server_gap),
         ]
     }
 }
@@ -305,6 +319,13 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     m.schedule_lag = DistStats::from_values(&samples.schedule_lag);
     m.queue_time = DistStats::from_values(&samples.queue_time);
     m.connect = DistStats::from_values(&samples.connect);
+    m.client_server_gap = DistStats::from_values(&samples.client_server_gap);
+    m.server_timing_without_queue = measured
+        .iter()
+        .filter(|r| r.is_success())
+        .filter_map(|r| r.server_timing)
+        .filter(|t| t.queue_ms.is_none())
+        .count() as u64;
 
     if opts.open_loop {
         m.scheduled_rate = crate::rates::scheduled(&measured);
@@ -407,6 +428,7 @@ mod tests {
             short_output: false,
             prefix_group: None,
             cached_tokens: None,
+            server_timing: None,
             session: None,
             connect_ms: None,
             http_status: Some(200),

@@ -94,6 +94,7 @@ mod tests {
             short_output: false,
             prefix_group: None,
             cached_tokens: None,
+            server_timing: None,
             session: None,
             connect_ms: None,
             http_status: Some(if ok { 200 } else { 500 }),

@@ -168,6 +168,9 @@ pub struct RequestRecord {
     /// (`usage.prompt_tokens_details.cached_tokens`), when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
+    /// The server's own timing of the request, when its response says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_timing: Option<ServerTiming>,
     pub output_tokens: u64,
     pub output_tokens_source: CountSource,
     /// Output tokens spent reasoning (`delta.reasoning` / `reasoning_content`): the server's
@@ -190,6 +193,28 @@ pub struct RequestRecord {
     pub http_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RequestError>,
+}
+
+/// The server's own timing of a request, in ms, from its response: ours and llama.cpp's
+/// `timings` (`queue_ms` ours only, `prompt_ms`, `predicted_ms`), or vLLM's `metrics`
+/// (`--enable-per-request-metrics`: `queue_time_ms`, `time_to_first_token_ms` from first
+/// scheduled, `generation_time_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ServerTiming {
+    /// Arrival to first scheduled; `None` where the server does not say (llama.cpp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_ms: Option<f64>,
+    /// First scheduled to first token.
+    pub prefill_ms: f64,
+    /// First token to last.
+    pub decode_ms: f64,
+}
+
+impl ServerTiming {
+    /// The server's time with the request: queue (where known), prefill and decode.
+    pub fn total_ms(&self) -> f64 {
+        self.queue_ms.unwrap_or(0.0) + self.prefill_ms + self.decode_ms
+    }
 }
 
 impl RequestRecord {
@@ -413,6 +438,7 @@ mod tests {
             short_output: false,
             prefix_group: None,
             cached_tokens: None,
+            server_timing: None,
             session: None,
             connect_ms: None,
             http_status: Some(200),

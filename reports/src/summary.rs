@@ -106,7 +106,9 @@ pub struct Summary {
     pub sessions: Option<crate::sessions::SessionStats>,
     /// Every distribution, in ms, keyed `ttft`, `time_to_first_answer`, `tpot`, `itl` (chunk), `token_itl`, `e2el`,
     /// `ttft_from_scheduled`, `e2el_from_scheduled`, `schedule_lag`, `queue_time`, `connect`
-    /// (requests that opened a connection during the window; its `count` is how many).
+    /// (requests that opened a connection during the window; its `count` is how many),
+    /// `client_server_gap` (E2E minus the server's own time, of the requests whose server
+    /// said it).
     pub metrics: BTreeMap<String, DistStats>,
     /// What limited the run (`crate::diagnosis`), once diagnosed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,6 +136,7 @@ impl Summary {
             ("schedule_lag".to_string(), m.schedule_lag),
             ("queue_time".to_string(), m.queue_time),
             ("connect".to_string(), m.connect),
+            ("client_server_gap".to_string(), m.client_server_gap),
         ]);
         Summary {
             schema_version: SCHEMA_VERSION,

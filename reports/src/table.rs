@@ -221,6 +221,21 @@ pub fn render(summary: &Summary) -> String {
             ),
         );
     }
+    let gap = get("client_server_gap");
+    row(
+        &mut out,
+        "Client–server gap (ms):",
+        if gap.count > 0 {
+            format!(
+                "p50 {:.2}, p99 {:.2} (E2E minus the server's own time, {} requests)",
+                gap.p50, gap.p99, gap.count
+            )
+        } else {
+            "unknown: the server gave no per-request timing (a `timings` object, or vLLM's \
+             `metrics` with --enable-per-request-metrics)"
+                .to_string()
+        },
+    );
     if let (Some(scheduled), Some(sent)) = (summary.scheduled_rate, summary.sent_rate) {
         row(
             &mut out,

@@ -247,6 +247,7 @@ mod tests {
             prompt_tokens: 4,
             prompt_tokens_source: CountSource::Usage,
             cached_tokens: None,
+            server_timing: None,
             output_tokens: 2 * chunks.len() as u64,
             output_tokens_source: CountSource::Usage,
             reasoning_tokens: 0,

@@ -157,6 +157,7 @@ async fn serve(
         None => (None, arrival.0),
     };
     let plan = Timing {
+        arrival: arrival.0,
         start,
         ttft: s.cfg.ttft.mul_f64(s.cfg.ttft_factor.max(0.0)),
         itl: s.cfg.itl,
@@ -191,6 +192,7 @@ async fn serve(
             "id": "mock", "object": if ask.chat { "chat.completion" } else { "text_completion" },
             "model": s.cfg.model, "choices": [choice],
             "usage": usage(ask.prompt_tokens, u64::from(plan.total)),
+            "timings": plan.server_timings(chunks - 1),
         }))
         .into_response()
     }

@@ -14,6 +14,8 @@ use super::ask::{error_response, Ask};
 use super::*;
 
 pub(super) struct Timing {
+    /// When the request came in (it waits for a slot until `start`).
+    pub(super) arrival: Instant,
     pub(super) start: Instant,
     pub(super) ttft: Duration,
     pub(super) itl: Duration,
@@ -25,6 +27,17 @@ pub(super) struct Timing {
 impl Timing {
     pub(super) fn deadline(&self, chunk: u32) -> Instant {
         self.start + self.ttft + self.itl * chunk
+    }
+
+    /// The server's timing of a request whose last chunk was `last`, as our engine's
+    /// `timings` names it: the wait for a slot, the time to the first chunk, and the rest.
+    pub(super) fn server_timings(&self, last: u32) -> Value {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        json!({
+            "queue_ms": ms(self.start.saturating_duration_since(self.arrival)),
+            "prefill_ms": ms(self.ttft),
+            "decode_ms": ms(self.deadline(last) - self.deadline(0)),
+        })
     }
 }
 
@@ -146,7 +159,12 @@ pub(super) fn stream_response(
                 );
                 st.reasoning
                     .write_usage(&mut out, st.ask.prompt_tokens, st.sent_tokens);
-                out.push_str("}\n\n");
+                let _ = write!(
+                    out,
+                    r#","timings":{}}}"#,
+                    st.timing.server_timings(st.chunk.saturating_sub(1))
+                );
+                out.push_str("\n\n");
             }
             out.push_str("data: [DONE]\n\n");
             return Some((Ok(Bytes::from(out)), st));

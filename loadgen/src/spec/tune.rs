@@ -45,9 +45,16 @@ pub struct TuneArgs {
     #[arg(long = "knob", required = true)]
     pub knobs: Vec<String>,
     /// one-at-a-time: each knob in turn over its values, the others at the best found so
-    /// far; grid: every combination.
+    /// far; grid: every combination; guided: the knob the diagnosis names, one value at a
+    /// time in its direction, kept only when the capacity improves beyond its interval.
     #[arg(long, value_enum, default_value = "one-at-a-time")]
     pub strategy: Strategy,
+    /// What a knob controls, for `--strategy guided`: NAME=ROLE, ROLE one of concurrency,
+    /// token-budget, kv-memory, max-context (repeatable). Without it a knob's role comes from
+    /// the flag before its {NAME} in --server-cmd, by the server tables (engine, vLLM, SGLang,
+    /// llama.cpp, TGI, the mock's --slots).
+    #[arg(long = "knob-role")]
+    pub knob_roles: Vec<String>,
     /// How long a started server may take to answer GET /health with 200.
     #[arg(long, value_parser = duration_arg, default_value = "300s")]
     pub server_timeout: Duration,
@@ -96,6 +103,8 @@ pub enum Strategy {
     OneAtATime,
     /// Every combination of values.
     Grid,
+    /// The knob the diagnosis of the failing bracket end names, one value at a time.
+    Guided,
 }
 
 impl Strategy {
@@ -103,6 +112,7 @@ impl Strategy {
         match self {
             Strategy::OneAtATime => "one-at-a-time",
             Strategy::Grid => "grid",
+            Strategy::Guided => "guided",
         }
     }
 }

@@ -189,6 +189,7 @@ struct StreamState {
     last_usage_reasoning: Option<u64>,
     usage_prompt: Option<u64>,
     usage_cached: Option<u64>,
+    server_timing: Option<reports::records::ServerTiming>,
     /// The answer's text, when kept (a session sends it back in the next turn's history).
     answer: Option<String>,
     done: bool,
@@ -222,6 +223,9 @@ impl StreamState {
         }
         if let Some(c) = event.cached_tokens {
             self.usage_cached = Some(c);
+        }
+        if let Some(t) = event.server_timing {
+            self.server_timing = Some(t);
         }
         if let (Some(answer), Some(text)) = (self.answer.as_mut(), event.text.as_deref()) {
             answer.push_str(text);
@@ -570,6 +574,7 @@ fn finish_record(
         prefix_group: stub.prefix_group,
         session: None,
         cached_tokens: st.usage_cached,
+        server_timing: st.server_timing,
         http_status: status,
         error: failure.map(|(kind, message)| RequestError { kind, message }),
     }

@@ -8,7 +8,11 @@ use super::{fmt_ms, Plot, Section, Table};
 use crate::tune::{ConfigStatus, Configuration, Knobs, Separation, TuneFile};
 
 pub(super) fn sections(file: &TuneFile) -> Vec<Section> {
-    let mut out = vec![configurations_section(file), winner_section(file)];
+    let mut out = vec![configurations_section(file)];
+    if !file.steps.is_empty() {
+        out.push(steps_section(file));
+    }
+    out.push(winner_section(file));
     if let Some(plan) = &file.plan {
         let mut plan = plan_section(plan);
         plan.heading = "Capacity plan (the winner)".into();
@@ -25,6 +29,55 @@ pub(super) fn sections(file: &TuneFile) -> Vec<Section> {
         ..Section::default()
     });
     out
+}
+
+/// A guided tune's walk: each step's regime, the move it made and whether it was kept.
+fn steps_section(file: &TuneFile) -> Section {
+    let rows = file
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            vec![
+                (i + 1).to_string(),
+                format!("{} ({})", step.base, knobs_text(&step.knobs, &file.knobs)),
+                step.regime
+                    .map_or("–".to_string(), |r| format!("{r}: {}", step.evidence)),
+                match (&step.knob, &step.from, &step.to) {
+                    (Some(knob), Some(from), Some(to)) => format!("{knob} {from} → {to}"),
+                    _ => "–".to_string(),
+                },
+                match step.kept {
+                    Some(true) => "kept".to_string(),
+                    Some(false) => "not kept".to_string(),
+                    None => "–".to_string(),
+                },
+                step.why.clone(),
+            ]
+        })
+        .collect();
+    Section {
+        heading: "The guided walk".into(),
+        paragraphs: vec![
+            "Each step reads the regime at the failing end of a configuration's knee search \
+             (the lowest rate that broke the SLO), moves the knob that regime names one value \
+             in its direction, and keeps the move only when the capacity improves beyond its \
+             interval."
+                .into(),
+        ],
+        tables: vec![Table {
+            header: vec![
+                "step".into(),
+                "from".into(),
+                "regime at the failing end".into(),
+                "move".into(),
+                "kept".into(),
+                "why".into(),
+            ],
+            rows,
+        }],
+        ..Section::default()
+    }
 }
 
 fn knobs_text(knobs: &Knobs, order: &[(String, Vec<String>)]) -> String {

@@ -168,6 +168,28 @@ pub struct Duel {
     pub error: Option<String>,
 }
 
+/// One step of a guided tune: the regime read at the failing end of a configuration's knee
+/// search, the knob it moved (from one value to the next in the regime's direction), and
+/// whether the move was kept; a step without a knob is where the walk stopped, `why` says
+/// why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TuneStep {
+    /// The configuration the step starts from.
+    pub knobs: Knobs,
+    /// Its folder, relative to the tune's.
+    pub base: String,
+    /// The regime of its search's failing bracket end (the lowest rate that broke the SLO).
+    pub regime: Option<crate::diagnosis::Regime>,
+    pub evidence: String,
+    pub knob: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+    /// Whether the move improved the capacity beyond its interval; `None` while its
+    /// configuration runs, and for a step that moved nothing.
+    pub kept: Option<bool>,
+    pub why: String,
+}
+
 /// `tune.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TuneFile {
@@ -187,6 +209,9 @@ pub struct TuneFile {
     pub between_runs: Option<String>,
     pub duel: Option<Duel>,
     pub configurations: Vec<Configuration>,
+    /// `--strategy guided`: each step of the walk, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<TuneStep>,
     /// The capacity plan from the winner's search.
     pub plan: Option<CapacityPlan>,
     /// Why the tune ended early, when it did.

@@ -208,10 +208,113 @@ pub fn beyond_between_runs(a: &Configuration, b: &Configuration, alpha: f64) -> 
     )
 }
 
+/// Whether a guided tune keeps a move from `base` to `moved`, and why in words. With
+/// `repeats` > 1: `moved`'s runs' crossings exceed `base`'s beyond their spread
+/// ([`beyond_between_runs`]) and its capacity gains at least `min_effect`. Without repeats
+/// the run-to-run spread is unmeasured, so the single run's interval stands in, and the
+/// words say so: the lower end of `moved`'s crossing interval (its capacity without one)
+/// must lie above the upper end of `base`'s (the rate that broke its SLO without one), and
+/// the gain be at least `min_effect`.
+pub fn move_improves(
+    base: &Configuration,
+    moved: &Configuration,
+    repeats: u32,
+    alpha: f64,
+    min_effect: f64,
+) -> (bool, String) {
+    let Some(after) = moved.capacity.filter(|_| moved.status == ConfigStatus::Ok) else {
+        return (
+            false,
+            format!("{} found no capacity under the SLO", moved.dir),
+        );
+    };
+    let Some(before) = base.capacity else {
+        return (
+            true,
+            format!(
+                "{} met the SLO at no rate, {} up to {after:.3} req/s",
+                base.dir, moved.dir
+            ),
+        );
+    };
+    let gain = after / before - 1.0;
+    let effect = format!(
+        "capacity {before:.3} → {after:.3} req/s ({:+.1}%, --min-effect {:.1}%)",
+        gain * 100.0,
+        min_effect * 100.0
+    );
+    if repeats > 1 {
+        let (beyond, why) = beyond_between_runs(moved, base, alpha);
+        let kept = beyond && gain >= min_effect;
+        return (kept, format!("{effect}; {why}"));
+    }
+    let base_high = base.crossing.map(|c| c.upper).or(base.capacity_high);
+    let moved_low = moved.crossing.map_or(after, |c| c.lower);
+    let Some(base_high) = base_high else {
+        return (
+            false,
+            format!(
+                "{effect}; {}'s search broke its SLO at no rate, so there is no interval to beat",
+                base.dir
+            ),
+        );
+    };
+    let kept = moved_low > base_high && gain >= min_effect;
+    (
+        kept,
+        format!(
+            "{effect}; without --repeats the run-to-run spread is not measured, so the single \
+             runs' intervals decide: {}'s lower end {moved_low:.3} {} {}'s upper end \
+             {base_high:.3} req/s",
+            moved.dir,
+            if moved_low > base_high { ">" } else { "≤" },
+            base.dir
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tune::Knobs;
+
+    #[test]
+    fn a_move_is_kept_beyond_the_interval_and_the_effect() {
+        let with = |slots: &str, capacity: f64, low: f64, high: f64| {
+            let mut c = config(slots, Some(capacity), ConfigStatus::Ok);
+            c.crossing = Some(crate::stats::ConfidenceInterval {
+                estimate: (low + high) / 2.0,
+                lower: low,
+                upper: high,
+                confidence: 0.95,
+            });
+            c
+        };
+        let base = with("1", 10.0, 10.2, 10.8);
+        let (kept, why) = move_improves(&base, &with("2", 20.0, 20.1, 21.0), 1, 0.05, 0.02);
+        assert!(kept, "{why}");
+        assert!(
+            why.starts_with("capacity 10.000 → 20.000 req/s (+100.0%, --min-effect 2.0%)"),
+            "{why}"
+        );
+        assert!(
+            why.contains("config-2's lower end 20.100 > config-1's upper end 10.800"),
+            "{why}"
+        );
+        // Overlapping intervals, or a gain under --min-effect, are not kept.
+        assert!(!move_improves(&base, &with("2", 10.5, 10.6, 11.0), 1, 0.05, 0.02).0);
+        assert!(!move_improves(&base, &with("2", 10.1, 10.9, 11.0), 1, 0.05, 0.02).0);
+        // A move that met the SLO at no rate is not kept; one from such a base is.
+        assert!(!move_improves(&base, &config("2", None, ConfigStatus::Ok), 1, 0.05, 0.02).0);
+        assert!(move_improves(&config("1", None, ConfigStatus::Ok), &base, 1, 0.05, 0.02).0);
+        // With repeats, the runs' crossings decide.
+        let mut runs = with("2", 20.0, 20.1, 21.0);
+        runs.run_crossings = vec![Some(20.0), Some(21.0), Some(19.5)];
+        let mut base_runs = base.clone();
+        base_runs.run_crossings = vec![Some(10.0), Some(11.0), Some(10.5)];
+        let (kept, why) = move_improves(&base_runs, &runs, 3, 0.05, 0.02);
+        assert!(kept && why.contains("Welch"), "{why}");
+    }
 
     fn config(slots: &str, capacity: Option<f64>, status: ConfigStatus) -> Configuration {
         let mut c = Configuration::new(
@@ -266,6 +369,7 @@ mod tests {
             winner_vs_runner_up: Separation::NotCompared,
             between_runs: None,
             duel: None,
+            steps: Vec::new(),
             configurations: vec![
                 config("1", Some(10.0), ConfigStatus::Ok),
                 config("8", Some(30.0), ConfigStatus::Ok),

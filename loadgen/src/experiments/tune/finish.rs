@@ -16,11 +16,12 @@ use reports::tune::{Duel, Pick, Separation, TuneFile, TUNE_FILE};
 use crate::experiments::compare::run_rounds;
 use crate::spec::compare::ServerSpec;
 use crate::spec::sweep::min_requests;
-use crate::spec::tune::TuneArgs;
+use crate::spec::tune::{Strategy, TuneArgs};
 use crate::spec::RunSpec;
 
-/// Ranks the configurations, compares the two best (when `compare` and both exist), plans
-/// from the winner, and writes `tune.json` and the report.
+/// Ranks the configurations, compares the two best (a guided walk: its end and its start)
+/// when `compare` and both exist, plans from the winner, and writes `tune.json` and the
+/// report.
 pub(super) async fn finish(
     args: &TuneArgs,
     spec: &RunSpec,
@@ -35,7 +36,11 @@ pub(super) async fn finish(
         knobs: file.configurations[i].knobs.clone(),
         command: file.configurations[i].command.clone(),
     };
-    let (mut winner, mut runner_up) = (ranked.first().copied(), ranked.get(1).copied());
+    // A guided walk is judged where it ended against where it started; the others by rank.
+    let (mut winner, mut runner_up) = match args.strategy {
+        Strategy::Guided => super::guided::end_and_start(file),
+        _ => (ranked.first().copied(), ranked.get(1).copied()),
+    };
     if let (Some(best), Some(second), true) = (winner, runner_up, compare) {
         let (duel, mut verdict) = duel(args, spec, out, file, slo, best, second).await;
         file.duel = Some(duel);
@@ -174,6 +179,28 @@ fn print_summary(file: &TuneFile) {
                 .unwrap_or_default(),
             c.capacity
                 .map_or("none (SLO not met)".into(), |r| format!("{r:.3} req/s")),
+        );
+    }
+    for (i, step) in file.steps.iter().enumerate() {
+        let regime = step
+            .regime
+            .map_or("no regime".to_string(), |r| r.to_string());
+        let moved = match (&step.knob, &step.from, &step.to) {
+            (Some(knob), Some(from), Some(to)) => format!("{knob} {from} → {to}"),
+            _ => "no move".to_string(),
+        };
+        let kept = match step.kept {
+            Some(true) => "kept",
+            Some(false) => "not kept",
+            None => "",
+        };
+        println!(
+            "step {}: {} read {regime} {}; {moved} {kept}{}{}",
+            i + 1,
+            step.base,
+            step.evidence,
+            if step.why.is_empty() { "" } else { ": " },
+            step.why
         );
     }
     match &file.winner {

@@ -134,7 +134,10 @@ pub fn grid(knobs: &[Knob]) -> Vec<Knobs> {
 pub fn count(strategy: Strategy, knobs: &[Knob]) -> usize {
     match strategy {
         Strategy::Grid => knobs.iter().map(|k| k.values.len()).product(),
-        Strategy::OneAtATime => 1 + knobs.iter().map(|k| k.values.len() - 1).sum::<usize>(),
+        // A guided walk moves each knob one way, one value a step: at most as many.
+        Strategy::OneAtATime | Strategy::Guided => {
+            1 + knobs.iter().map(|k| k.values.len() - 1).sum::<usize>()
+        }
     }
 }
 

@@ -13,6 +13,7 @@
 //! report.
 
 pub mod finish;
+pub mod guided;
 pub mod knobs;
 
 use std::path::Path;
@@ -59,6 +60,16 @@ pub async fn run_tune(
         .map(|k| knobs::parse_knob(k))
         .collect::<Result<_>>()?;
     knobs::check_template(&args.server_cmd, &knobs)?;
+    let roles = guided::knob_roles(&args.server_cmd, &knobs, &args.knob_roles)?;
+    if args.strategy != Strategy::Guided && !args.knob_roles.is_empty() {
+        bail!("--knob-role: only --strategy guided moves knobs by their role");
+    }
+    let guide = guided::Guide {
+        roles,
+        repeats: args.repeats,
+        alpha: args.alpha,
+        min_effect: args.min_effect,
+    };
     let plan_options = args.sizing.options(args.run.seed);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     print_budget(args, &knobs);
@@ -78,6 +89,7 @@ pub async fn run_tune(
         between_runs: None,
         duel: None,
         configurations: Vec::new(),
+        steps: Vec::new(),
         plan: None,
         stop_reason: None,
     };
@@ -92,6 +104,11 @@ pub async fn run_tune(
                     .map(|c| (c.knobs.clone(), c.capacity))
                     .collect();
                 knobs::one_at_a_time_next(&knobs, &ran)
+            }
+            Strategy::Guided => {
+                let next = guided::next(&out, &knobs, &mut file, &guide);
+                file.write(&out.join(TUNE_FILE))?;
+                next
             }
         };
         let Some(next) = next else { break };

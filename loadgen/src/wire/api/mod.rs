@@ -43,6 +43,8 @@ pub struct StreamEvent<'a> {
     pub reasoning_tokens: Option<u64>,
     /// Prompt tokens served from the prefix cache (`usage.prompt_tokens_details.cached_tokens`).
     pub cached_tokens: Option<u64>,
+    /// The server's own timing of the request (on a stream's last events).
+    pub server_timing: Option<reports::records::ServerTiming>,
 }
 
 /// One serving API's wire format.

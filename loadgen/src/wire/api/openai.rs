@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::StreamEvent;
 use crate::load::workload::RequestSpec;
 use crate::wire::target::Target;
+use reports::records::ServerTiming;
 
 /// `model`, `max_tokens`, streaming with usage, and the length-forcing extensions asked for.
 pub(super) fn common_body(target: &Target, spec: &RequestSpec) -> Value {
@@ -38,6 +39,41 @@ struct Event<'a> {
     usage: Option<Usage>,
     #[serde(default, borrow)]
     choices: Vec<Choice<'a>>,
+    /// The server's timing: ours and llama.cpp's.
+    #[serde(default)]
+    timings: Option<Value>,
+    /// The server's timing: vLLM's, with `--enable-per-request-metrics`.
+    #[serde(default)]
+    metrics: Option<Value>,
+}
+
+/// The server's timing of a request from a response's `timings` (ours: `queue_ms`,
+/// `prefill_ms`, `decode_ms`; llama.cpp: `prompt_ms`, `predicted_ms`, no queue) or vLLM's
+/// `metrics` (`queue_time_ms`, `time_to_first_token_ms` from first scheduled,
+/// `generation_time_ms`); `None` when neither has the numbers (vLLM's fields are `null`
+/// without their data).
+pub(super) fn server_timing(
+    timings: Option<&Value>,
+    metrics: Option<&Value>,
+) -> Option<ServerTiming> {
+    let number = |v: &Value, key: &str| v.get(key).and_then(Value::as_f64);
+    if let Some(t) = timings {
+        let prefill = number(t, "prefill_ms").or_else(|| number(t, "prompt_ms"));
+        let decode = number(t, "decode_ms").or_else(|| number(t, "predicted_ms"));
+        if let (Some(prefill_ms), Some(decode_ms)) = (prefill, decode) {
+            return Some(ServerTiming {
+                queue_ms: number(t, "queue_ms"),
+                prefill_ms,
+                decode_ms,
+            });
+        }
+    }
+    let m = metrics?;
+    Some(ServerTiming {
+        queue_ms: number(m, "queue_time_ms"),
+        prefill_ms: number(m, "time_to_first_token_ms")?,
+        decode_ms: number(m, "generation_time_ms")?,
+    })
 }
 
 #[derive(Deserialize)]
@@ -111,6 +147,7 @@ pub(super) fn event(data: &str, chat: bool) -> Result<StreamEvent<'_>, String> {
     let mut parsed = StreamEvent {
         has_choice: choice.is_some(),
         finished: choice.as_ref().is_some_and(|c| c.finish_reason.is_some()),
+        server_timing: server_timing(event.timings.as_ref(), event.metrics.as_ref()),
         ..StreamEvent::default()
     };
     if let Some(usage) = event.usage {
