@@ -137,6 +137,10 @@ pub struct Diagnosis {
     pub throughput_over_bound: Option<f64>,
     /// The telemetry the rules lacked.
     pub missing: Vec<String>,
+    /// The server's own flags for the knob to try and its direction, where the run knows
+    /// the server's kind (`crate::knob_roles::knob_flags`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub knob_flags: Option<String>,
 }
 
 /// What the rules look at.
@@ -258,6 +262,7 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
         tpot_over_bound,
         throughput_over_bound,
         missing,
+        knob_flags: None,
     };
 
     // Server errors.

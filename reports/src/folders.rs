@@ -341,7 +341,7 @@ fn diagnose_run(
     let open_loop = meta.schedule["mode"] != "closed";
     let saturated = (open_loop && saturation.state == SaturationState::Saturated)
         .then_some(saturation.rule.as_str());
-    let diagnosis = diagnose(&Observation {
+    let mut diagnosis = diagnose(&Observation {
         records,
         server: server.as_ref(),
         slo,
@@ -351,6 +351,11 @@ fn diagnose_run(
         client_bound_reasons: &metrics.client_bound_reasons,
         saturated,
     });
+    diagnosis.knob_flags = meta
+        .server_version
+        .as_deref()
+        .and_then(crate::knob_roles::server_kind)
+        .and_then(|kind| crate::knob_roles::knob_flags(diagnosis.regime, kind));
     summary.regime = Some(diagnosis.regime);
     summary.regime_evidence = Some(diagnosis.evidence.clone());
     summary.diagnosis = Some(diagnosis);

@@ -104,6 +104,39 @@ pub fn role_of_flag(flag: &str) -> Option<KnobRole> {
     SERVER_KNOBS.iter().find(|k| k.flag == flag).map(|k| k.role)
 }
 
+/// The server kind of a run from the version it reported (loadgen's one line from
+/// `/version`, `/props` or `/info`, prefixed by the owner `/v1/models` names).
+pub fn server_kind(version: &str) -> Option<&'static str> {
+    let v = version.trim();
+    [
+        ("engine ", "engine"),
+        ("vLLM ", "vllm"),
+        ("SGLang ", "sglang"),
+        ("llama.cpp", "llama.cpp"),
+        ("TGI ", "tgi"),
+        ("loadgen-mock", "mock"),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| v.starts_with(prefix))
+    .map(|(_, kind)| kind)
+}
+
+/// The server's flags for the move `regime` asks for, in words ("engine:
+/// --max-num-batched-tokens down"); `None` when no knob helps or the table has none.
+pub fn knob_flags(regime: Regime, server: &str) -> Option<String> {
+    let (role, direction) = regime_move(regime)?;
+    let flags = flags_for(server, role);
+    (!flags.is_empty()).then(|| {
+        format!(
+            "{server}: {flags} {}",
+            match direction {
+                Direction::Up => "up",
+                Direction::Down => "down",
+            }
+        )
+    })
+}
+
 /// The flags of `server`'s table for `role`, joined with " or " (empty when it has none).
 pub fn flags_for(server: &str, role: KnobRole) -> String {
     SERVER_KNOBS
@@ -165,5 +198,18 @@ mod tests {
             Some((KnobRole::TokenBudget, Direction::Down))
         );
         assert_eq!(regime_move(Regime::DecodeComputeBound), None);
+        assert_eq!(server_kind("engine 0.1.0"), Some("engine"));
+        assert_eq!(server_kind("llama.cpp b1-0c1e570"), Some("llama.cpp"));
+        assert_eq!(server_kind("vLLM 0.11.0"), Some("vllm"));
+        assert_eq!(server_kind("0.11.0"), None);
+        assert_eq!(
+            knob_flags(Regime::PrefillInterference, "engine").as_deref(),
+            Some("engine: --max-num-batched-tokens down")
+        );
+        assert_eq!(
+            knob_flags(Regime::Queueing, "llama.cpp").as_deref(),
+            Some("llama.cpp: -np or --parallel up")
+        );
+        assert_eq!(knob_flags(Regime::Tail, "engine"), None);
     }
 }

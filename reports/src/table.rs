@@ -259,7 +259,16 @@ pub fn render(summary: &Summary) -> String {
     }
     if let (Some(regime), Some(evidence)) = (summary.regime, &summary.regime_evidence) {
         row(&mut out, "Regime:", format!("{regime}: {evidence}"));
-        row(&mut out, "Knob to try:", regime.knob_to_try());
+        let flags = summary
+            .diagnosis
+            .as_ref()
+            .and_then(|d| d.knob_flags.as_deref())
+            .map_or(String::new(), |f| format!(" ({f})"));
+        row(
+            &mut out,
+            "Knob to try:",
+            format!("{}{flags}", regime.knob_to_try()),
+        );
     }
     // Last, so that a failed run never reads as a clean one.
     if summary.failed > 0 {

@@ -20,6 +20,7 @@ use reports::samples::{LatencySamples, RequestSample};
 use reports::search::{
     Bracket, BracketEnd, SearchEnd, SearchPath, SearchStep, SearchVerdict, StepReason,
 };
+use reports::server_metrics::{ServerView, StepBreakdown, StepTotal};
 use reports::slo::SloSpec;
 use reports::stats::Bootstrap;
 
@@ -222,6 +223,7 @@ fn run_report(rng: &mut StdRng) -> Report {
         request_throughput: 5.0,
         output_throughput: 900.0,
         ttft: DistStats::from_values(&samples.values(reports::metrics::SloMetric::Ttft)),
+        tpot: DistStats::from_values(&samples.values(reports::metrics::SloMetric::Tpot)),
         schedule_lag: DistStats::from_values(&samples.schedule_lag_ms),
         sessions: Some(reports::sessions::SessionStats {
             sessions: 125,
@@ -248,7 +250,27 @@ fn run_report(rng: &mut StdRng) -> Report {
         body: ReportBody::Run(Box::new(RunView {
             metrics,
             samples,
-            server: None,
+            server: Some(ServerView {
+                scrapes: 20,
+                span_s: 100.0,
+                quantities: Vec::new(),
+                other_names: Vec::new(),
+                window_prefix_cache: None,
+                steps: Some(StepBreakdown {
+                    decode_only: StepTotal {
+                        steps: 4000.0,
+                        seconds: 60.0,
+                    },
+                    mixed: StepTotal {
+                        steps: 100.0,
+                        seconds: 20.0,
+                    },
+                    prefill_only: StepTotal {
+                        steps: 10.0,
+                        seconds: 5.0,
+                    },
+                }),
+            }),
             timeline: Some(timeline()),
             diagnosis: Some(Diagnosis {
                 regime: Regime::DecodeMemoryBound,
@@ -267,6 +289,7 @@ fn run_report(rng: &mut StdRng) -> Report {
                 tpot_over_bound: Some(1.47),
                 throughput_over_bound: Some(0.2),
                 missing: vec!["parameters and FLOP/s".into()],
+                knob_flags: None,
             }),
         })),
     }
@@ -360,8 +383,9 @@ fn sweep_compare_and_run_reports_are_self_contained() {
 
     let run = run_report(&mut rng);
     let (md, html) = write_report(&output_dir("run", temp.path()), &run).unwrap();
-    // 4 CDFs, the lag histogram, and the timeline's TTFT, throughput, requests and gauges.
-    check_files(&md, &html, 9);
+    // 4 CDFs, the lag histogram, the timeline's TTFT, throughput, requests and gauges, TPOT
+    // and output tok/s against the roofline, and the engine's steps by kind.
+    check_files(&md, &html, 12);
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(text.contains("Sessions by turn") && text.contains("ended: capped 5, completed 120"));
     assert!(

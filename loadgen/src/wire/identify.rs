@@ -75,7 +75,7 @@ pub async fn identify(
         };
         match serde_json::from_str::<Value>(&text) {
             Ok(value @ Value::Object(_)) => {
-                version = Some(version_text(path, &value));
+                version = Some(version_text(path, &value, models.as_ref()));
                 info = Some(value);
                 break;
             }
@@ -95,9 +95,18 @@ pub async fn identify(
     }
 }
 
-/// A one-line version from a server's self-description at `path`.
-fn version_text(path: &str, info: &Value) -> String {
+/// A one-line version from a server's self-description at `path`; a bare `/version`
+/// number is prefixed by the server `/v1/models` names as its models' owner (vLLM's
+/// `owned_by: vllm`, SGLang's `sglang`).
+fn version_text(path: &str, info: &Value, models: Option<&Value>) -> String {
     let field = |key: &str| info[key].as_str().map(str::to_string);
+    let owner = models
+        .and_then(|m| m["data"][0]["owned_by"].as_str())
+        .and_then(|o| match o {
+            "vllm" => Some("vLLM"),
+            "sglang" => Some("SGLang"),
+            _ => None,
+        });
     match path {
         // llama.cpp: `build_info` ("b1234-abcdef"), else the model it serves.
         "/props" => field("build_info")
@@ -109,6 +118,12 @@ fn version_text(path: &str, info: &Value) -> String {
             (Some(v), None) => format!("TGI {v}"),
             _ => info.to_string().chars().take(200).collect(),
         },
-        _ => field("version").unwrap_or_else(|| info.to_string().chars().take(200).collect()),
+        _ => match (field("version"), owner) {
+            (Some(v), Some(owner)) if v.starts_with(|c: char| c.is_ascii_digit()) => {
+                format!("{owner} {v}")
+            }
+            (Some(v), _) => v,
+            (None, _) => info.to_string().chars().take(200).collect(),
+        },
     }
 }

@@ -11,6 +11,7 @@ mod diagnosis;
 mod html;
 mod markdown;
 mod matrix;
+mod roofline;
 mod run;
 pub mod svg;
 mod sweep;

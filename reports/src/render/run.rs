@@ -104,7 +104,26 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
         plots,
         ..Section::default()
     }];
-    sections.extend(view.diagnosis.as_ref().map(super::diagnosis::section));
+    if let Some(d) = &view.diagnosis {
+        let mut section = super::diagnosis::section(d);
+        if let (Some(bound), Some(tpot)) = (&d.bound, (m.tpot.count > 0).then_some(m.tpot.p50)) {
+            section.plots.extend(super::roofline::roofline_plots(
+                "run",
+                &[super::roofline::Observed {
+                    tpot_ms: tpot,
+                    output_tok_per_s: m.output_throughput,
+                    bound,
+                }],
+            ));
+        }
+        if let Some(steps) = view.server.as_ref().and_then(|s| s.steps) {
+            section.plots.push(super::roofline::steps_plot(
+                "run-steps",
+                &[("run".into(), steps)],
+            ));
+        }
+        sections.push(section);
+    }
     sections.extend(view.timeline.as_ref().map(timeline_section));
     sections.extend(m.sessions.as_ref().map(sessions_section));
     sections.extend(view.server.as_ref().map(server_section));

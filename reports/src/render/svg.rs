@@ -53,6 +53,64 @@ pub struct Chart {
     pub shaded: Vec<(f64, f64, String)>,
 }
 
+/// Horizontal stacked bars: one per row (`(label, values)`, a value per part in `parts`'
+/// order), the parts in the palette's colours with a legend, the x axis from 0.
+pub fn stacked_bars(
+    title: &str,
+    x_label: &str,
+    parts: &[&str],
+    rows: &[(String, Vec<f64>)],
+) -> String {
+    let totals = rows.iter().map(|(_, v)| v.iter().sum::<f64>());
+    let x = Axis::new(totals.chain([0.0]), LEFT + 40.0, WIDTH - RIGHT, true);
+    let mut out = String::new();
+    open(&mut out, title, x_label, "");
+    let (y0, y1) = (TOP, HEIGHT - BOTTOM);
+    for t in x.ticks() {
+        let px = x.map(t);
+        let _ = write!(
+            out,
+            r##"<line x1="{px:.1}" y1="{y0}" x2="{px:.1}" y2="{y1}" stroke="#e5e5e5"/><text x="{px:.1}" y="{ty}" text-anchor="middle">{l}</text>"##,
+            ty = y1 + 16.0,
+            l = format_tick(t)
+        );
+    }
+    let band = (y1 - y0) / rows.len().max(1) as f64;
+    let height = (band * 0.6).min(40.0);
+    for (i, (label, values)) in rows.iter().enumerate() {
+        let top = y0 + band * i as f64 + (band - height) / 2.0;
+        let _ = write!(
+            out,
+            r#"<text x="{lx}" y="{ly:.1}" text-anchor="end">{l}</text>"#,
+            lx = LEFT + 36.0,
+            ly = top + height / 2.0 + 4.0,
+            l = escape(&shorten(label, 14))
+        );
+        let mut from = 0.0;
+        for (k, value) in values.iter().enumerate() {
+            if !(value.is_finite() && *value > 0.0) {
+                continue;
+            }
+            let (x0, x1) = (x.map(from), x.map(from + value));
+            let _ = write!(
+                out,
+                r#"<rect x="{x0:.1}" y="{top:.1}" width="{w:.1}" height="{height:.1}" fill="{c}"/>"#,
+                w = (x1 - x0).max(0.5),
+                c = PALETTE[k % PALETTE.len()]
+            );
+            from += value;
+        }
+    }
+    let entries: Vec<(String, &str, bool)> = parts
+        .iter()
+        .enumerate()
+        .map(|(k, p)| (p.to_string(), PALETTE[k % PALETTE.len()], false))
+        .collect();
+    legend(&mut out, &entries);
+    out.push_str("</svg>");
+    out
+}
+
 /// Longest legend entry that fits beside the plot area.
 const LEGEND_CHARS: usize = 22;
 

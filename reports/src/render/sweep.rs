@@ -227,12 +227,38 @@ fn regimes_section(levels: &[&SweepLevel]) -> Option<Section> {
     if rows.is_empty() {
         return None;
     }
+    let observed: Vec<super::roofline::Observed> = levels
+        .iter()
+        .filter_map(|l| {
+            let bound = l.diagnosis.as_ref()?.bound.as_ref()?;
+            let tpot = crate::stats::median(&l.samples.values(crate::metrics::SloMetric::Tpot))?;
+            Some(super::roofline::Observed {
+                tpot_ms: tpot,
+                output_tok_per_s: l.output_tokens_per_s,
+                bound,
+            })
+        })
+        .collect();
+    let mut plots = Vec::new();
+    if !observed.is_empty() {
+        plots.extend(super::roofline::roofline_plots("sweep", &observed));
+    }
+    let steps: Vec<(String, crate::server_metrics::StepBreakdown)> = levels
+        .iter()
+        .filter_map(|l| Some((rate(l.offered_rate), l.server.as_ref()?.steps?)))
+        .collect();
+    if !steps.is_empty() {
+        plots.push(super::roofline::steps_plot("sweep-steps", &steps));
+    }
     Some(Section {
         heading: "What limited each level".into(),
+        plots,
         paragraphs: vec![
             "Each level's regime (see the run reports' definitions) with the numbers that decided \
-             it; TPOT / bound: the observed TPOT median over the bandwidth bound at the level's \
-             batch and context."
+             it; TPOT / bound: the observed TPOT median over the roofline (the larger of bytes / \
+             bandwidth and FLOPs / compute) at the level's batch and context. The plots set each \
+             level's TPOT and output tok/s beside both sides at its batch, and, where the engine \
+             exports its steps, its time in steps by kind (offered req/s per bar)."
                 .into(),
         ],
         tables: vec![Table {
@@ -241,7 +267,6 @@ fn regimes_section(levels: &[&SweepLevel]) -> Option<Section> {
                 .to_vec(),
             rows,
         }],
-        ..Section::default()
     })
 }
 
