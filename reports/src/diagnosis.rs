@@ -10,8 +10,7 @@
 //!   numbers describe the client, not the server;
 //! - **kv-pressure**: the KV cache nearly full (usage ≥ 95%) or requests preempted;
 //! - **queueing**: the run saturated (`crate::saturation`), or requests waited in the server's
-//!   queue (its waiting gauge ≥ 1 on average, or its own per-request timing puts at least
-//!   [`QUEUE_SHARE`] of the TTFT in its queue), or, without the gauge, the TTFT median of the last third of the sends is over twice the
+//!   queue (its waiting gauge ≥ 1 on average), or, without the gauge, the TTFT median of the last third of the sends is over twice the
 //!   first third's (and 100 ms above it) while the TPOT median holds within 25%;
 //! - **cold-cache**: the requests sent in the first tenth of the window (at least 5) have a
 //!   TTFT median over 1.5 × the rest's, significantly (Mann–Whitney p < 0.01, the A/B test);
@@ -19,6 +18,9 @@
 //!   steps) run at least [`INTERFERENCE_SLOWDOWN`]× slower than decode-only ones and take at
 //!   least [`INTERFERENCE_SHARE`] of decode's time; without step metrics, the ITL p95 is at
 //!   least [`ITL_TAIL_FACTOR`]× its median;
+//! - **queueing**, by the server's own per-request timing: at least [`QUEUE_SHARE`] of the
+//!   TTFT spent in its queue (tried after interference: long mixed steps keep new requests
+//!   waiting for the step in flight, which is not a queue more concurrency empties);
 //! - **tail**: an SLO target whose median meets its limit while the target percentile's 95%
 //!   interval lies wholly above it;
 //! - **decode-memory-bound** / **decode-compute-bound**: the TPOT median within
@@ -331,9 +333,6 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
             missing,
         );
     }
-    if let Some(evidence) = server_queue(o.records) {
-        return verdict(Regime::Queueing, evidence, missing);
-    }
     let tpot_by_send: Vec<(f64, f64)> = m
         .sent
         .iter()
@@ -391,6 +390,12 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
     }
     if steps.is_none() {
         missing.push("the engine's step durations by kind (engine:step_duration_seconds, for prefill interference and step overhead)".into());
+    }
+    // Queueing by the server's own timing, after interference: an engine whose steps are
+    // long keeps a new request waiting for the step in flight to end, which no concurrency
+    // cures.
+    if let Some(evidence) = server_queue(o.records) {
+        return verdict(Regime::Queueing, evidence, missing);
     }
     // Tail.
     if let Some(slo) = o.slo {
@@ -1069,6 +1074,10 @@ mod tests {
         // 30 ms of 300 (10%) is not queueing.
         let d = run(&timed(30.0), Some(&calm_at(8.0)), None, &[]);
         assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
+        // Where mixed steps interfere, the wait is theirs: prefill interference.
+        let interfering = with_steps(calm_at(8.0), [(500.0, 5.0), (50.0, 3.0), (0.0, 0.0)]);
+        let d = run(&timed(90.0), Some(&interfering), None, &[]);
+        assert_eq!(d.regime, Regime::PrefillInterference, "{d:?}");
     }
 
     #[test]
