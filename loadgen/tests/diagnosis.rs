@@ -146,3 +146,45 @@ async fn a_server_gone_mid_run_reads_as_server_errors() {
         "{table}"
     );
 }
+
+/// The mock answers with its own timing (its slot wait as `queue_ms`): every success carries
+/// it in `records.jsonl`, a one-slot mock at twice its capacity makes requests wait, and the
+/// client–server gap (E2E less the mock's queue, first chunk and decode) stays small and
+/// positive on loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_timing_reaches_the_records_and_the_gap() {
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(5),
+        slots: 1,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("run");
+    let argv = run_argv(&format!("http://{addr}"), "1s", &out, &[]);
+    loadgen::cli::main(loadgen::cli::Cli::try_parse_from(argv).unwrap())
+        .await
+        .unwrap();
+    handle.shutdown().await;
+    let records = reports::records::read_records(&out.join("records.jsonl")).unwrap();
+    let timed: Vec<_> = records
+        .iter()
+        .filter(|r| r.is_success())
+        .map(|r| r.server_timing.expect("the mock says its timing"))
+        .collect();
+    assert!(!timed.is_empty());
+    // 16 chunks after the first, 5 ms apart.
+    assert!(timed
+        .iter()
+        .all(|t| (t.decode_ms - 80.0).abs() < 1e-6 && (t.prefill_ms - 20.0).abs() < 1e-6));
+    assert!(
+        timed.iter().filter(|t| t.queue_ms.unwrap() > 50.0).count() > timed.len() / 2,
+        "one slot of 100 ms at 20 req/s: most wait"
+    );
+    let summary = Summary::read(&out.join("summary.json")).unwrap();
+    let gap = summary.metrics["client_server_gap"];
+    assert_eq!(gap.count, summary.completed);
+    assert!(gap.p50 >= 0.0 && gap.p50 < 20.0, "{gap:?}");
+}

@@ -137,7 +137,8 @@ pub struct DecodeBound {
     /// The larger of the two sides' times: the step's floor.
     pub tpot_ms: f64,
     pub output_tok_per_s: f64,
-    /// Bytes / bandwidth.
+    /// Bytes / bandwidth (0 in a file written before the compute side existed: see
+    /// [`DecodeBound::memory_side_ms`]).
     #[serde(default)]
     pub memory_ms: f64,
     /// FLOPs of the step, when parameters and compute are known.
@@ -152,13 +153,25 @@ pub struct DecodeBound {
 }
 
 impl DecodeBound {
-    /// "the roofline of 5.38 ms (memory binds; compute 1.20 ms)" or, without the compute
-    /// side, "the bandwidth bound of 5.38 ms".
+    /// Bytes / bandwidth; in a file written before the compute side existed (no
+    /// `memory_ms`), the bound itself, which was the memory side alone.
+    pub fn memory_side_ms(&self) -> f64 {
+        if self.memory_ms > 0.0 {
+            self.memory_ms
+        } else {
+            self.tpot_ms
+        }
+    }
+
+    /// "the roofline of 5.38 ms (memory binds: memory 5.38 ms, compute 1.20 ms)" or,
+    /// without the compute side, "the bandwidth bound of 5.38 ms (compute unknown)".
     pub fn describe(&self) -> String {
         match self.compute_ms {
             Some(compute) => format!(
                 "the roofline of {:.2} ms ({} binds: memory {:.2} ms, compute {compute:.2} ms)",
-                self.tpot_ms, self.binds, self.memory_ms
+                self.tpot_ms,
+                self.binds,
+                self.memory_side_ms()
             ),
             None => format!(
                 "the bandwidth bound of {:.2} ms (compute unknown)",

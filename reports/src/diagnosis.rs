@@ -1,5 +1,5 @@
 //! What limited a run: one regime and the sentence of numbers that shows it, from the
-//! measured requests, the server's gauges, the SLO and the bandwidth bound ([`crate::bound`]).
+//! measured requests, the server's gauges and steps, the SLO and the roofline ([`crate::bound`]).
 //!
 //! The rules, in the order they are tried (the first that holds decides):
 //! - **server-errors**: at least [`SERVER_ERROR_SHARE`] of the window's requests failed on the
@@ -28,7 +28,7 @@
 //!   ([`crate::bound`]), named by the side that binds;
 //! - **prefill-compute-bound**: the TTFT median within [`PREFILL_FACTOR`] of the compute floor
 //!   of the mean prompt, or prefill at least [`PREFILL_SHARE`] of the engine's time in steps
-//!   while the queue was empty;
+//!   while its waiting gauge read 0 throughout;
 //! - **step-overhead**: the decode-only steps (or, without step metrics, the TPOT median at a
 //!   batch of at most [`SMALL_BATCH`]) take over [`DECODE_FACTOR`]× the roofline: the engine's
 //!   own time per step, which neither side of the roofline explains;
@@ -394,7 +394,7 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
     // Queueing by the server's own timing, after interference: an engine whose steps are
     // long keeps a new request waiting for the step in flight to end, which no concurrency
     // cures.
-    if let Some(evidence) = server_queue(o.records) {
+    if let Some(evidence) = server_queue(o.records, steps.as_ref()) {
         return verdict(Regime::Queueing, evidence, missing);
     }
     // Tail.
@@ -453,15 +453,16 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
             );
         }
     }
+    let queue_empty = waiting.as_ref().is_some_and(|w| w.max < 1.0);
     if let Some((share, st)) = steps
         .as_ref()
         .and_then(|st| Some((st.prefill_share()?, st)))
-        .filter(|(share, _)| *share >= PREFILL_SHARE)
+        .filter(|(share, _)| *share >= PREFILL_SHARE && queue_empty)
     {
         return verdict(
             Regime::PrefillComputeBound,
             format!(
-                "prefill took {:.0}% of the engine's {:.1} s in steps ({:.1} s: {:.1} s of prefill-only steps and what {:.0} mixed steps took beyond as many decode-only ones) while the queue was empty",
+                "prefill took {:.0}% of the engine's {:.1} s in steps ({:.1} s: {:.1} s of prefill-only steps and what {:.0} mixed steps took beyond as many decode-only ones) while its waiting gauge read 0 throughout",
                 share * 100.0,
                 st.busy_seconds(),
                 st.prefill_seconds(),
@@ -515,8 +516,13 @@ pub fn diagnose(o: &Observation<'_>) -> Diagnosis {
 
 /// The evidence of queueing from the server's own timing: the successes whose response said
 /// their queue time (at least 10) spent at least [`QUEUE_SHARE`] of their TTFT, summed, in
-/// the server's queue.
-fn server_queue(records: &[RequestRecord]) -> Option<String> {
+/// the server's queue. Where the engine exports its steps, a wait no longer than its longest
+/// kind of step is a new request waiting for the step in flight, not a queue: the mean wait
+/// must exceed it.
+fn server_queue(
+    records: &[RequestRecord],
+    steps: Option<&crate::server_metrics::StepBreakdown>,
+) -> Option<String> {
     let (mut queue, mut ttft, mut n) = (0.0, 0.0, 0usize);
     for r in records.iter().filter(|r| r.phase == Phase::Measured) {
         let (Some(latency), Some(q)) =
@@ -528,14 +534,27 @@ fn server_queue(records: &[RequestRecord]) -> Option<String> {
         ttft += latency.ttft;
         n += 1;
     }
-    (n >= 10 && ttft > 0.0 && queue >= QUEUE_SHARE * ttft).then(|| {
-        format!(
-            "requests waited in the server's queue, by its own timing: {:.1} ms on average of a {:.1} ms TTFT ({:.0}%, {n} requests)",
-            queue / n as f64,
-            ttft / n as f64,
-            queue / ttft * 100.0
-        )
-    })
+    if n < 10 || ttft <= 0.0 || queue < QUEUE_SHARE * ttft {
+        return None;
+    }
+    let longest_step = steps.and_then(|st| {
+        [st.decode_only, st.mixed, st.prefill_only]
+            .iter()
+            .filter_map(|k| k.mean_ms())
+            .reduce(f64::max)
+    });
+    let mean_wait = queue / n as f64;
+    if longest_step.is_some_and(|step| mean_wait <= step) {
+        return None;
+    }
+    Some(format!(
+        "requests waited in the server's queue, by its own timing: {mean_wait:.1} ms on average of a {:.1} ms TTFT ({:.0}%, {n} requests){}",
+        ttft / n as f64,
+        queue / ttft * 100.0,
+        longest_step.map_or(String::new(), |step| format!(
+            ", longer than its longest kind of step ({step:.1} ms)"
+        ))
+    ))
 }
 
 /// The evidence of prefill interference: from the engine's steps when it exports them,
@@ -557,10 +576,25 @@ fn prefill_interference(
             )
         });
     }
+    // Only where every chunk's token count is known: coalesced or multi-token chunks of
+    // unknown size make gaps that are not steps.
     let measured: Vec<&RequestRecord> = records
         .iter()
         .filter(|r| r.phase == Phase::Measured)
         .collect();
+    let exact = |r: &&&RequestRecord| {
+        use crate::records::ChunkTokensSource;
+        r.chunk_tokens_source == ChunkTokensSource::ContinuousUsage
+            || (r.chunk_tokens_source == ChunkTokensSource::UsageSpread
+                && r.output_tokens as usize == r.chunk_ms.len())
+    };
+    if !measured
+        .iter()
+        .filter(|r| r.is_success())
+        .all(|r| exact(&r))
+    {
+        return None;
+    }
     let itl = crate::metrics::WindowSamples::of(&measured).token_itl;
     let p50 = median(&itl)?;
     let p95 = crate::stats::percentile_nearest_rank(&itl, 95.0)?;
@@ -881,36 +915,23 @@ mod tests {
 
     #[test]
     fn prefill_interference_from_the_steps_or_the_itl_tail() {
-        // TPOT 12 ms at a batch of 8: far from the roofline; TTFT far from the floor.
+        // TPOT 12 ms at a batch of 8: far from the 2.17-ms roofline; TTFT far from the floor;
+        // decode-only steps of 3 ms, within 2× the roofline: no step overhead.
         let recs = records(100, |_| 300.0, |_| 12.0);
-        // Mixed steps of 60 ms against decode-only ones of 10 ms (6×), 3 of 8 decode seconds.
-        let d = run(
-            &recs,
-            Some(&with_steps(
-                calm_at(8.0),
-                [(500.0, 5.0), (50.0, 3.0), (0.0, 0.0)],
-            )),
-            None,
-            &[],
-        );
+        // Mixed steps of 18 ms against decode-only ones of 3 ms (6×), 0.9 of 2.4 decode
+        // seconds.
+        let steps = [(500.0, 1.5), (50.0, 0.9), (0.0, 0.0)];
+        let d = run(&recs, Some(&with_steps(calm_at(8.0), steps)), None, &[]);
         assert_eq!(d.regime, Regime::PrefillInterference, "{d:?}");
         assert!(
-            d.evidence.contains("took 60.0 ms, 6.0× the 10.0 ms of a decode-only step, and were 38% of decode's time in steps (50 mixed of 550 steps)"),
+            d.evidence.contains("took 18.0 ms, 6.0× the 3.0 ms of a decode-only step, and were 38% of decode's time in steps (50 mixed of 550 steps)"),
             "{}",
             d.evidence
         );
-        // 1.5× slower mixed steps do not interfere: the decode-only steps' 10 ms over the
-        // 2.17-ms roofline reads as step overhead.
-        let d = run(
-            &recs,
-            Some(&with_steps(
-                calm_at(8.0),
-                [(500.0, 5.0), (50.0, 0.75), (0.0, 0.0)],
-            )),
-            None,
-            &[],
-        );
-        assert_eq!(d.regime, Regime::StepOverhead, "{d:?}");
+        // 1.5× slower mixed steps do not interfere, and nothing else holds.
+        let steps = [(500.0, 1.5), (50.0, 0.225), (0.0, 0.0)];
+        let d = run(&recs, Some(&with_steps(calm_at(8.0), steps)), None, &[]);
+        assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
         // Without step metrics: 2 of every 19 gaps of 40 ms among 3-ms ones put the ITL p95
         // at 13× its median.
         let tail = gapped(100, |k| if k % 10 == 9 { 40.0 } else { 3.0 });
@@ -922,9 +943,18 @@ mod tests {
             "{}",
             d.evidence
         );
+        // 8-ms gaps among 3-ms ones are no such tail: the TPOT median, 3.53 ms, is within 2×
+        // the roofline.
         let even = gapped(100, |k| if k % 10 == 9 { 8.0 } else { 3.0 });
         let d = run(&even, Some(&calm_at(8.0)), None, &[]);
-        assert_ne!(d.regime, Regime::PrefillInterference, "{d:?}");
+        assert_eq!(d.regime, Regime::DecodeMemoryBound, "{d:?}");
+        // Chunks of unknown size say nothing of steps.
+        let mut unknown = tail.clone();
+        for r in &mut unknown {
+            r.chunk_tokens_source = crate::records::ChunkTokensSource::OnePerChunk;
+        }
+        let d = run(&unknown, Some(&calm_at(8.0)), None, &[]);
+        assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
     }
 
     #[test]
@@ -976,22 +1006,28 @@ mod tests {
 
     #[test]
     fn prefill_compute_bound_by_its_share_of_the_steps() {
-        // TTFT 300 ms is 7.5× the 40-ms floor; but prefill took 6 s alone and 0.4 s inside 10
-        // mixed steps (90 ms against 50: 1.8×, no interference) of the 11.9 s in steps: 54%.
+        // TTFT 300 ms is 7.5× the 40-ms floor; decode-only steps of 3 ms (no step overhead),
+        // mixed ones of 4.5 ms (1.5×, no interference); prefill took 0.6 s alone and 0.015 s
+        // inside the mixed steps of the 0.945 s in steps: 65%.
         let recs = records(100, |_| 300.0, |_| 12.0);
-        let steps = [(100.0, 5.0), (10.0, 0.9), (10.0, 6.0)];
+        let steps = [(100.0, 0.3), (10.0, 0.045), (10.0, 0.6)];
         let d = run(&recs, Some(&with_steps(calm_at(8.0), steps)), None, &[]);
         assert_eq!(d.regime, Regime::PrefillComputeBound, "{d:?}");
         assert!(
             d.evidence
-                .contains("prefill took 54% of the engine's 11.9 s in steps (6.4 s"),
+                .contains("prefill took 65% of the engine's 0.9 s in steps (0.6 s"),
             "{}",
             d.evidence
         );
-        // Under half: not by this rule (the decode-only steps, 50 ms, are step overhead).
-        let steps = [(100.0, 5.0), (10.0, 0.9), (10.0, 4.0)];
-        let d = run(&recs, Some(&with_steps(calm_at(8.0), steps)), None, &[]);
-        assert_eq!(d.regime, Regime::StepOverhead, "{d:?}");
+        // Under half (0.215 of 0.545 s): nothing holds.
+        let under = [(100.0, 0.3), (10.0, 0.045), (10.0, 0.2)];
+        let d = run(&recs, Some(&with_steps(calm_at(8.0), under)), None, &[]);
+        assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
+        // A request waiting at some scrape: the queue was not empty, so not by this rule.
+        let mut waited = with_steps(calm_at(8.0), steps);
+        waited.quantities[1].max = 1.0;
+        let d = run(&recs, Some(&waited), None, &[]);
+        assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
     }
 
     #[test]
@@ -1074,10 +1110,23 @@ mod tests {
         // 30 ms of 300 (10%) is not queueing.
         let d = run(&timed(30.0), Some(&calm_at(8.0)), None, &[]);
         assert_eq!(d.regime, Regime::Undetermined, "{d:?}");
-        // Where mixed steps interfere, the wait is theirs: prefill interference.
-        let interfering = with_steps(calm_at(8.0), [(500.0, 5.0), (50.0, 3.0), (0.0, 0.0)]);
+        // Both rules hold where mixed steps interfere: interference is tried first.
+        let interfering = with_steps(calm_at(8.0), [(500.0, 1.5), (50.0, 0.9), (0.0, 0.0)]);
         let d = run(&timed(90.0), Some(&interfering), None, &[]);
         assert_eq!(d.regime, Regime::PrefillInterference, "{d:?}");
+        // A wait no longer than the longest kind of step (prefill-only steps of 100 ms) is the
+        // step in flight, not a queue; beyond it, a queue.
+        let long_steps = with_steps(calm_at(8.0), [(500.0, 1.5), (50.0, 0.2), (10.0, 1.0)]);
+        let d = run(&timed(90.0), Some(&long_steps), None, &[]);
+        assert_ne!(d.regime, Regime::Queueing, "{d:?}");
+        let d = run(&timed(150.0), Some(&long_steps), None, &[]);
+        assert_eq!(d.regime, Regime::Queueing, "{d:?}");
+        assert!(
+            d.evidence
+                .ends_with("longer than its longest kind of step (100.0 ms)"),
+            "{}",
+            d.evidence
+        );
     }
 
     #[test]

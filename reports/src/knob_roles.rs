@@ -52,6 +52,15 @@ pub enum Direction {
     Down,
 }
 
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Up => "up",
+            Direction::Down => "down",
+        }
+    }
+}
+
 /// One server's flag for a role.
 pub struct ServerKnob {
     /// The server kind, as `loadgen` names it from `/version`, `/props` or `/v1/models`.
@@ -98,7 +107,8 @@ pub const SERVER_KNOBS: &[ServerKnob] = &[
 ];
 
 /// The role of `flag` (`--max-num-seqs`, `-np`; a `--flag=value` form is read up to its
-/// `=`), by the first server kind whose table has it.
+/// `=`), by the first server kind whose table has it (no flag means two roles across the
+/// tables).
 pub fn role_of_flag(flag: &str) -> Option<KnobRole> {
     let flag = flag.split('=').next().unwrap_or(flag);
     SERVER_KNOBS.iter().find(|k| k.flag == flag).map(|k| k.role)
@@ -124,17 +134,14 @@ pub fn server_kind(version: &str) -> Option<&'static str> {
 /// The server's flags for the move `regime` asks for, in words ("engine:
 /// --max-num-batched-tokens down"); `None` when no knob helps or the table has none.
 pub fn knob_flags(regime: Regime, server: &str) -> Option<String> {
-    let (role, direction) = regime_move(regime)?;
-    let flags = flags_for(server, role);
-    (!flags.is_empty()).then(|| {
-        format!(
-            "{server}: {flags} {}",
-            match direction {
-                Direction::Up => "up",
-                Direction::Down => "down",
-            }
-        )
-    })
+    let moves: Vec<String> = regime_moves(regime)
+        .iter()
+        .filter_map(|&(role, direction)| {
+            let flags = flags_for(server, role);
+            (!flags.is_empty()).then(|| format!("{flags} {}", direction.name()))
+        })
+        .collect();
+    (!moves.is_empty()).then(|| format!("{server}: {}", moves.join(", else ")))
 }
 
 /// The flags of `server`'s table for `role`, joined with " or " (empty when it has none).
@@ -147,24 +154,28 @@ pub fn flags_for(server: &str, role: KnobRole) -> String {
         .join(" or ")
 }
 
-/// The knob a regime turns and which way, where a server knob helps: a queue or a batch
-/// too small wants more concurrency; prefill chunks slowing decodes want a smaller token
-/// budget; a full KV cache wants more KV memory.
-pub fn regime_move(regime: Regime) -> Option<(KnobRole, Direction)> {
+/// The knobs a regime turns and which way, in order of preference, where a server knob
+/// helps: a queue or a batch too small wants more concurrency; prefill chunks slowing
+/// decodes want a smaller token budget; a full KV cache wants more KV memory, else a smaller
+/// max context.
+pub fn regime_moves(regime: Regime) -> &'static [(KnobRole, Direction)] {
     match regime {
         Regime::Queueing | Regime::DecodeMemoryBound | Regime::StepOverhead => {
-            Some((KnobRole::Concurrency, Direction::Up))
+            &[(KnobRole::Concurrency, Direction::Up)]
         }
         Regime::PrefillInterference | Regime::PrefillComputeBound => {
-            Some((KnobRole::TokenBudget, Direction::Down))
+            &[(KnobRole::TokenBudget, Direction::Down)]
         }
-        Regime::KvPressure => Some((KnobRole::KvMemory, Direction::Up)),
+        Regime::KvPressure => &[
+            (KnobRole::KvMemory, Direction::Up),
+            (KnobRole::MaxContext, Direction::Down),
+        ],
         Regime::ServerErrors
         | Regime::DecodeComputeBound
         | Regime::ColdCache
         | Regime::Tail
         | Regime::ClientBound
-        | Regime::Undetermined => None,
+        | Regime::Undetermined => &[],
     }
 }
 
@@ -190,14 +201,18 @@ mod tests {
         assert_eq!(KnobRole::named("token-budget"), Some(KnobRole::TokenBudget));
         assert_eq!(KnobRole::named("speed"), None);
         assert_eq!(
-            regime_move(Regime::Queueing),
-            Some((KnobRole::Concurrency, Direction::Up))
+            regime_moves(Regime::Queueing),
+            [(KnobRole::Concurrency, Direction::Up)]
         );
         assert_eq!(
-            regime_move(Regime::PrefillInterference),
-            Some((KnobRole::TokenBudget, Direction::Down))
+            regime_moves(Regime::PrefillInterference),
+            [(KnobRole::TokenBudget, Direction::Down)]
         );
-        assert_eq!(regime_move(Regime::DecodeComputeBound), None);
+        assert!(regime_moves(Regime::DecodeComputeBound).is_empty());
+        assert_eq!(
+            knob_flags(Regime::KvPressure, "vllm").as_deref(),
+            Some("vllm: --gpu-memory-utilization or --kv-cache-memory-bytes up, else --max-model-len down")
+        );
         assert_eq!(server_kind("engine 0.1.0"), Some("engine"));
         assert_eq!(server_kind("llama.cpp b1-0c1e570"), Some("llama.cpp"));
         assert_eq!(server_kind("vLLM 0.11.0"), Some("vllm"));

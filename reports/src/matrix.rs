@@ -5,12 +5,13 @@
 //! - `METRIC:PNN OP LIMIT`: a latency percentile against a limit. METRIC is `ttft`, `ttfa`
 //!   (time to first answer token), `tpot`, `itl` (per-token inter-token latency) or `e2e`;
 //!   PNN one of `p50`, `p90`, `p95`, `p99`, `p99.9`; OP `<`, `<=`, `>` or `>=`; LIMIT a time
-//!   (`250ms`, `1.5s`, a bare number is milliseconds) or a multiple of the bandwidth bound's
-//!   time per output token, `bound` or `F * bound` (for `tpot` and `itl` only).
+//!   (`250ms`, `1.5s`, a bare number is milliseconds) or a multiple of the roofline's time
+//!   per output token (the larger of its memory and compute sides), `bound` or `F * bound` (for `tpot` and `itl` only).
 //!   Example: `ttft:p95 < 1s`, `tpot:p50 < 1.5 * bound`.
-//! - `regime = NAME` or `regime != NAME`: the diagnosis's regime (`decode-memory-bound`,
-//!   `prefill-compute-bound`, `queueing`, `kv-pressure`, `cold-cache`, `tail`,
-//!   `client-bound`).
+//! - `regime = NAME` or `regime != NAME`: the diagnosis's regime (`server-errors`,
+//!   `client-bound`, `kv-pressure`, `queueing`, `cold-cache`, `prefill-interference`,
+//!   `tail`, `decode-memory-bound`, `decode-compute-bound`, `prefill-compute-bound`,
+//!   `step-overhead`, `undetermined`).
 //! - `capacity OP RATE`: for knee-search rows, the rate (requests/s, `req/s` optional) at
 //!   which the SLO breaks. Example: `capacity > 2 req/s`.
 //!
@@ -408,15 +409,11 @@ impl Expectation {
                 let Some(limit_ms) = limit_ms else {
                     decided.reason = match evidence.diagnosis {
                         Some(d) if !d.missing.is_empty() => format!(
-                            "the bandwidth bound is unknown; the diagnosis lacked: {}",
+                            "the roofline is unknown; the diagnosis lacked: {}",
                             d.missing.join("; ")
                         ),
-                        Some(_) => {
-                            "the bandwidth bound was not worked out: no batch was measured".into()
-                        }
-                        None => {
-                            "the run was not diagnosed, so the bandwidth bound is unknown".into()
-                        }
+                        Some(_) => "the roofline was not worked out: no batch was measured".into(),
+                        None => "the run was not diagnosed, so the roofline is unknown".into(),
                     };
                     return decided;
                 };

@@ -134,13 +134,11 @@ pub struct Metrics {
     /// Connect time of the measured requests that opened a connection (`count` of them).
     pub connect: DistStats,
     /// Client E2E minus the server's own time with the request (network, HTTP and the
-    /// client), of the successes whose server said its timing (`count` of them).
+    /// client; and the server's queue where it gives no queue time, as llama.cpp), of the
+    /// successes whose server said its timing (`count` of them).
     #[serde(default)]
     pub client_server_gap: DistStats,
-    /// Of those, how many gave no queue time (llama.cpp): their gap includes the server's
-    /// queue.
-    #[serde(default)]
-    pub server_timing_without_queue: u64,
+
     /// The scheduled rate of the measured requests (open loop; see [`crate::rates`]).
     #[serde(alias = "offered_rate")]
     pub scheduled_rate: Option<f64>,
@@ -320,12 +318,6 @@ pub fn compute(records: &[RequestRecord], opts: &MetricsOptions) -> Metrics {
     m.queue_time = DistStats::from_values(&samples.queue_time);
     m.connect = DistStats::from_values(&samples.connect);
     m.client_server_gap = DistStats::from_values(&samples.client_server_gap);
-    m.server_timing_without_queue = measured
-        .iter()
-        .filter(|r| r.is_success())
-        .filter_map(|r| r.server_timing)
-        .filter(|t| t.queue_ms.is_none())
-        .count() as u64;
 
     if opts.open_loop {
         m.scheduled_rate = crate::rates::scheduled(&measured);
@@ -387,7 +379,7 @@ fn client_bound_reasons(m: &Metrics) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::{ChunkTokensSource, CountSource, RequestError};
+    use crate::records::{ChunkTokensSource, CountSource, RequestError, ServerTiming};
 
     #[test]
     fn every_percentile_lies_inside_its_own_interval() {
@@ -434,6 +426,40 @@ mod tests {
             http_status: Some(200),
             error: None,
         }
+    }
+
+    #[test]
+    fn the_client_server_gap_is_e2e_less_the_servers_time() {
+        // E2E 70 ms; the server says 5 ms queued, 40 ms to the first token and 20 ms after:
+        // a 5-ms gap. Without a queue time (llama.cpp) the 5 ms stay in the gap: 10 ms. A
+        // request whose server said nothing has no gap.
+        let mut ours = record(0, 0.0, &[50.0, 60.0, 70.0], &[1, 4, 4]);
+        ours.server_timing = Some(ServerTiming {
+            queue_ms: Some(5.0),
+            prefill_ms: 40.0,
+            decode_ms: 20.0,
+        });
+        let mut llama = record(1, 100.0, &[150.0, 160.0, 170.0], &[1, 4, 4]);
+        llama.server_timing = Some(ServerTiming {
+            queue_ms: None,
+            prefill_ms: 40.0,
+            decode_ms: 20.0,
+        });
+        let silent = record(2, 200.0, &[250.0, 260.0, 270.0], &[1, 4, 4]);
+        let m = compute(&[ours, llama, silent], &MetricsOptions::default());
+        assert_eq!(m.client_server_gap.count, 2);
+        assert!(
+            (m.client_server_gap.mean - 7.5).abs() < 1e-9,
+            "{:?}",
+            m.client_server_gap
+        );
+        assert!((m.client_server_gap.max - 10.0).abs() < 0.01);
+        assert_eq!(
+            compute(&[record(3, 0.0, &[50.0], &[1])], &MetricsOptions::default())
+                .client_server_gap
+                .count,
+            0
+        );
     }
 
     #[test]

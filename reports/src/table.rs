@@ -227,7 +227,8 @@ pub fn render(summary: &Summary) -> String {
         "Client–server gap (ms):",
         if gap.count > 0 {
             format!(
-                "p50 {:.2}, p99 {:.2} (E2E minus the server's own time, {} requests)",
+                "p50 {:.2}, p99 {:.2} (E2E minus the server's queue, prefill and decode time, \
+                 {} requests; llama.cpp gives no queue time: there its queue is in the gap)",
                 gap.p50, gap.p99, gap.count
             )
         } else {

@@ -130,23 +130,37 @@ struct Loaded {
     architecture: serde_json::Value,
 }
 
-/// The memory bandwidth of `device` for `GET /version` (see `bandwidth`).
-fn memory_bandwidth(device: crate::backend::Device) -> Result<(f64, &'static str), String> {
-    match device {
-        crate::backend::Device::Cuda => crate::backend::cuda::memory_bandwidth(0)
-            .map(|bw| (bw, "the device's attributes: 2 × memory clock × bus width")),
-        crate::backend::Device::Cpu => {
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Ok((
-                crate::bandwidth::cpu_copy_bandwidth(threads),
-                "measured at start-up: a copy on every core, read + written, best of 10",
-            ))
-        }
+/// The CPU threads the engine computes on: `--threads`, or every core (0).
+fn cpu_threads(threads: usize) -> usize {
+    if threads > 0 {
+        threads
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 }
 
-/// The compute rate of `device` for `GET /version` (see `compute_rate`).
-fn compute_rate(device: crate::backend::Device) -> Result<(f64, &'static str), String> {
+/// The memory bandwidth of `device` for `GET /version` (see `bandwidth`), on the CPU with
+/// the engine's `threads`.
+fn memory_bandwidth(
+    device: crate::backend::Device,
+    threads: usize,
+) -> Result<(f64, &'static str), String> {
+    match device {
+        crate::backend::Device::Cuda => crate::backend::cuda::memory_bandwidth(0)
+            .map(|bw| (bw, "the device's attributes: 2 × memory clock × bus width")),
+        crate::backend::Device::Cpu => Ok((
+            crate::bandwidth::cpu_copy_bandwidth(threads),
+            "measured at start-up: a copy on the engine's threads, read + written, best of 10",
+        )),
+    }
+}
+
+/// The compute rate of `device` for `GET /version` (see `compute_rate`), on the CPU with the
+/// engine's `threads`.
+fn compute_rate(
+    device: crate::backend::Device,
+    threads: usize,
+) -> Result<(f64, &'static str), String> {
     match device {
         crate::backend::Device::Cuda => crate::backend::cuda::compute_flops(0).map(|f| {
             (
@@ -154,13 +168,10 @@ fn compute_rate(device: crate::backend::Device) -> Result<(f64, &'static str), S
                 "the device's attributes: SMs × clock × dense bf16 tensor-core FLOPs per SM clock",
             )
         }),
-        crate::backend::Device::Cpu => {
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Ok((
-                crate::backend::cpu::compute_rate::cpu_gemm_flops(threads),
-                "measured at start-up: the engine's f32 GEMM (256 × 1024 × 1024) on every core, best of 10",
-            ))
-        }
+        crate::backend::Device::Cpu => Ok((
+            crate::backend::cpu::compute_rate::cpu_gemm_flops(threads),
+            "measured at start-up: the engine's f32 GEMM (256 × 1024 × 1024) on its threads, best of 10",
+        )),
     }
 }
 
@@ -197,8 +208,8 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         kv_capacity_tokens: loaded.kv_capacity_tokens,
         device: loaded.device,
         footprint: loaded.footprint,
-        bandwidth: memory_bandwidth(loaded.device),
-        compute: compute_rate(loaded.device),
+        bandwidth: memory_bandwidth(loaded.device, cpu_threads(args.engine.device.threads)),
+        compute: compute_rate(loaded.device, cpu_threads(args.engine.device.threads)),
         architecture: architecture(&loaded.config, loaded.rope_positions),
     })
 }

@@ -80,7 +80,8 @@ pub struct CompletionChoice {
 /// llama.cpp's `timings` fields (its server's `result_timings::to_json`: `cache_n`,
 /// `prompt_n`, `prompt_ms`, … `predicted_per_second`) and ours beside them. `prompt_ms` is
 /// `prefill_ms` (first scheduled to first token), `predicted_ms` is `decode_ms` (first token
-/// to last); `queue_ms` runs from arrival to first scheduled, so arrival to the last token is
+/// to last, so its rates count the tokens after the first); `queue_ms` runs from arrival to
+/// first scheduled (a wait for the step in flight included), so arrival to the last token is
 /// `queue_ms + prefill_ms + decode_ms`. A rate with nothing to divide by is `null`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Timings {
@@ -112,8 +113,11 @@ impl Timings {
     ) -> Timings {
         let computed = prompt_tokens.saturating_sub(cached_tokens);
         let (prefill_ms, decode_ms) = (t.prefill * 1000.0, t.decode * 1000.0);
-        let per_token = |ms: f64, n: usize| (n > 0).then(|| ms / n as f64);
-        let per_second = |ms: f64, n: usize| (ms > 0.0).then(|| n as f64 * 1000.0 / ms);
+        let per_token = |ms: f64, n: usize| (n > 0 && ms > 0.0).then(|| ms / n as f64);
+        let per_second = |ms: f64, n: usize| (n > 0 && ms > 0.0).then(|| n as f64 * 1000.0 / ms);
+        // Decode spans the gaps after the first token, as llama.cpp's own rates do
+        // (`predicted_per_token_ms` 60.112 ms over 8 tokens reads 8.587: 7 gaps).
+        let gaps = output_tokens.saturating_sub(1);
         Timings {
             cache_n: cached_tokens,
             prompt_n: computed,
@@ -122,8 +126,8 @@ impl Timings {
             prompt_per_second: per_second(prefill_ms, computed),
             predicted_n: output_tokens,
             predicted_ms: decode_ms,
-            predicted_per_token_ms: per_token(decode_ms, output_tokens),
-            predicted_per_second: per_second(decode_ms, output_tokens),
+            predicted_per_token_ms: per_token(decode_ms, gaps),
+            predicted_per_second: per_second(decode_ms, gaps),
             queue_ms: t.queue * 1000.0,
             prefill_ms,
             decode_ms,

@@ -1,4 +1,4 @@
-//! The inputs of the bandwidth bound (`reports::bound`) for a run: from the flags, a Hugging
+//! The inputs of the roofline (`reports::bound`) for a run: from the flags, a Hugging
 //! Face `config.json`, the hardware table, and what the server says of itself (`engine
 //! serve`'s `/version`: `weight_bytes`, `kv_bytes_per_token`, `parameters`,
 //! `attention_flops_per_context_token`, `memory_bandwidth_bytes_per_s`,

@@ -414,11 +414,12 @@ fn slo_spec(args: &RunArgs) -> Result<Option<SloSpec>> {
         }))
 }
 
-/// The bandwidth bound's flags (`spec::bound` resolves them).
+/// The roofline's flags (`spec::bound` resolves them).
 #[derive(Args, Debug, Clone, Default)]
 pub struct BoundArgs {
-    /// For the bandwidth bound: the model's Hugging Face config.json (layer shapes →
-    /// parameters, weight bytes a decode step reads, KV bytes per token).
+    /// For the roofline: the model's Hugging Face config.json (layer shapes → parameters,
+    /// weight bytes a decode step reads, KV bytes per token, attention FLOPs per token of
+    /// context).
     #[arg(long)]
     pub model_config: Option<PathBuf>,
     /// With --model-config: the weights' dtype as served (bf16, f16, fp8, int8, int4, fp4)
@@ -428,20 +429,20 @@ pub struct BoundArgs {
     /// With --model-config: the KV cache's dtype [default: bf16].
     #[arg(long, requires = "model_config")]
     pub kv_dtype: Option<String>,
-    /// For the bandwidth bound: the bytes one decode step reads for the weights.
+    /// For the roofline's memory side: the bytes one decode step reads for the weights.
     #[arg(long)]
     pub weight_bytes: Option<f64>,
-    /// For the bandwidth bound: the KV-cache bytes of one token.
+    /// For the roofline's memory side: the KV-cache bytes of one token.
     #[arg(long)]
     pub kv_bytes_per_token: Option<f64>,
-    /// For the bandwidth bound: the server's accelerator from the built-in table (h100-sxm,
-    /// h100-pcie, h200, a100-40gb, a100-80gb, l40s, l4).
+    /// For the roofline: the server's accelerator from the built-in table (h100-sxm,
+    /// h100-pcie, h200, a100-40gb, a100-80gb, l40s, l4): its bandwidth and dense BF16 FLOP/s.
     #[arg(long)]
     pub hardware: Option<String>,
-    /// For the bandwidth bound: the memory bandwidth in bytes/s (e.g. 3.35e12).
+    /// For the roofline's memory side: the memory bandwidth in bytes/s (e.g. 3.35e12).
     #[arg(long)]
     pub bandwidth: Option<f64>,
-    /// For the prefill floor: dense FLOP/s (e.g. 989e12).
+    /// For the roofline's compute side and the prefill floor: dense FLOP/s (e.g. 989e12).
     #[arg(long)]
     pub flops: Option<f64>,
 }

@@ -22,7 +22,7 @@ pub(super) fn section(d: &Diagnosis) -> Section {
                 ],
                 vec![
                     "memory side: bytes / bandwidth".into(),
-                    format!("{:.3} ms", b.memory_ms),
+                    format!("{:.3} ms", b.memory_side_ms()),
                 ],
                 vec![
                     "FLOPs of a decode step".into(),

@@ -8,10 +8,10 @@
 
 mod compare;
 mod diagnosis;
+mod diagnosis_plots;
 mod html;
 mod markdown;
 mod matrix;
-mod roofline;
 mod run;
 pub mod svg;
 mod sweep;

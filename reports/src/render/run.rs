@@ -107,9 +107,9 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
     if let Some(d) = &view.diagnosis {
         let mut section = super::diagnosis::section(d);
         if let (Some(bound), Some(tpot)) = (&d.bound, (m.tpot.count > 0).then_some(m.tpot.p50)) {
-            section.plots.extend(super::roofline::roofline_plots(
+            section.plots.extend(super::diagnosis_plots::roofline_plots(
                 "run",
-                &[super::roofline::Observed {
+                &[super::diagnosis_plots::Observed {
                     tpot_ms: tpot,
                     output_tok_per_s: m.output_throughput,
                     bound,
@@ -117,7 +117,7 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
             ));
         }
         if let Some(steps) = view.server.as_ref().and_then(|s| s.steps) {
-            section.plots.push(super::roofline::steps_plot(
+            section.plots.push(super::diagnosis_plots::steps_plot(
                 "run-steps",
                 &[("run".into(), steps)],
             ));
@@ -301,6 +301,30 @@ pub(super) fn server_section(server: &ServerView) -> Section {
             w.rate * 100.0,
             w.source,
             (w.to_unix_ms - w.from_unix_ms) / 1000.0
+        ));
+    }
+    if let Some(busy) = server.busy_share() {
+        paragraphs.push(format!(
+            "The engine was in steps {:.0}% of the scraped span (engine:busy_seconds_total).",
+            busy * 100.0
+        ));
+    }
+    if let Some(st) = &server.steps {
+        paragraphs.push(format!(
+            "Its steps: {:.0} decode-only ({:.1} s, {} each), {:.0} mixed with prefill chunks \
+             ({:.1} s, {} each), {:.0} prefill-only ({:.1} s); prefill took about {} of the \
+             time in steps (the prefill-only steps and what the mixed ones took beyond as many \
+             decode-only steps).",
+            st.decode_only.steps,
+            st.decode_only.seconds,
+            fmt_ms(st.decode_only.mean_ms()),
+            st.mixed.steps,
+            st.mixed.seconds,
+            fmt_ms(st.mixed.mean_ms()),
+            st.prefill_only.steps,
+            st.prefill_only.seconds,
+            st.prefill_share()
+                .map_or("–".to_string(), |p| format!("{:.0}%", p * 100.0)),
         ));
     }
     if !server.other_names.is_empty() {

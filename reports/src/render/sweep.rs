@@ -227,12 +227,12 @@ fn regimes_section(levels: &[&SweepLevel]) -> Option<Section> {
     if rows.is_empty() {
         return None;
     }
-    let observed: Vec<super::roofline::Observed> = levels
+    let observed: Vec<super::diagnosis_plots::Observed> = levels
         .iter()
         .filter_map(|l| {
             let bound = l.diagnosis.as_ref()?.bound.as_ref()?;
             let tpot = crate::stats::median(&l.samples.values(crate::metrics::SloMetric::Tpot))?;
-            Some(super::roofline::Observed {
+            Some(super::diagnosis_plots::Observed {
                 tpot_ms: tpot,
                 output_tok_per_s: l.output_tokens_per_s,
                 bound,
@@ -241,14 +241,14 @@ fn regimes_section(levels: &[&SweepLevel]) -> Option<Section> {
         .collect();
     let mut plots = Vec::new();
     if !observed.is_empty() {
-        plots.extend(super::roofline::roofline_plots("sweep", &observed));
+        plots.extend(super::diagnosis_plots::roofline_plots("sweep", &observed));
     }
     let steps: Vec<(String, crate::server_metrics::StepBreakdown)> = levels
         .iter()
         .filter_map(|l| Some((rate(l.offered_rate), l.server.as_ref()?.steps?)))
         .collect();
     if !steps.is_empty() {
-        plots.push(super::roofline::steps_plot("sweep-steps", &steps));
+        plots.push(super::diagnosis_plots::steps_plot("sweep-steps", &steps));
     }
     Some(Section {
         heading: "What limited each level".into(),

@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use reports::diagnosis::Regime;
 use reports::folders::run_diagnosis;
-use reports::knob_roles::{regime_move, role_of_flag, Direction, KnobRole};
+use reports::knob_roles::{regime_moves, role_of_flag, Direction, KnobRole};
 use reports::tune::results::move_improves;
 use reports::tune::{ConfigStatus, Knobs, TuneFile, TuneStep};
 
@@ -207,45 +207,54 @@ pub fn next(out: &Path, knobs: &[Knob], file: &mut TuneFile, guide: &Guide) -> O
     };
     step.regime = Some(regime);
     step.evidence = evidence;
-    let Some((role, direction)) = regime_move(regime) else {
+    let moves = regime_moves(regime);
+    if moves.is_empty() {
         step.why = format!(
             "stopped: {regime} names no server knob ({})",
             regime.knob_to_try()
         );
         file.steps.push(step);
         return None;
-    };
-    let Some(index) = guide.roles.iter().position(|r| *r == Some(role)) else {
-        step.why = format!(
-            "stopped: {regime} asks for the {} knob ({}), and no --knob has that role (the \
-             server tables, or --knob-role NAME={})",
-            role.name(),
-            regime.knob_to_try(),
-            role.name()
-        );
-        file.steps.push(step);
-        return None;
-    };
-    let knob = &knobs[index];
-    let current = config.knobs.get(&knob.name).cloned().unwrap_or_default();
-    match next_value(&knob.values, &current, direction) {
-        Ok(to) => {
-            let mut next = config.knobs.clone();
-            next.insert(knob.name.clone(), to.clone());
-            step.knob = Some(knob.name.clone());
-            step.from = Some(current);
-            step.to = Some(to);
-            file.steps.push(step);
-            Some(next)
-        }
-        Err(why) => {
-            step.knob = Some(knob.name.clone());
-            step.from = Some(current);
-            step.why = format!("stopped: --knob {}: {why}", knob.name);
-            file.steps.push(step);
-            None
+    }
+    // The first knob, of the roles the regime names in its order, that can move one value.
+    let mut ends = Vec::new();
+    for &(role, direction) in moves {
+        for (index, _) in guide
+            .roles
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| **r == Some(role))
+        {
+            let knob = &knobs[index];
+            let current = config.knobs.get(&knob.name).cloned().unwrap_or_default();
+            match next_value(&knob.values, &current, direction) {
+                Ok(to) => {
+                    let mut next = config.knobs.clone();
+                    next.insert(knob.name.clone(), to.clone());
+                    step.knob = Some(knob.name.clone());
+                    step.from = Some(current);
+                    step.to = Some(to);
+                    file.steps.push(step);
+                    return Some(next);
+                }
+                Err(why) => ends.push(format!("--knob {}: {why}", knob.name)),
+            }
         }
     }
+    let roles: Vec<&str> = moves.iter().map(|(r, _)| r.name()).collect();
+    step.why = if ends.is_empty() {
+        format!(
+            "stopped: {regime} asks for the {} knob ({}), and no --knob has that role (the \
+             server tables, or --knob-role NAME={})",
+            roles.join(" or "),
+            regime.knob_to_try(),
+            roles[0]
+        )
+    } else {
+        format!("stopped: {}", ends.join("; "))
+    };
+    file.steps.push(step);
+    None
 }
 
 #[cfg(test)]

@@ -60,12 +60,14 @@ pub async fn run_tune(
         .map(|k| knobs::parse_knob(k))
         .collect::<Result<_>>()?;
     knobs::check_template(&args.server_cmd, &knobs)?;
-    let roles = guided::knob_roles(&args.server_cmd, &knobs, &args.knob_roles)?;
     if args.strategy != Strategy::Guided && !args.knob_roles.is_empty() {
         bail!("--knob-role: only --strategy guided moves knobs by their role");
     }
     let guide = guided::Guide {
-        roles,
+        roles: match args.strategy {
+            Strategy::Guided => guided::knob_roles(&args.server_cmd, &knobs, &args.knob_roles)?,
+            _ => Vec::new(),
+        },
         repeats: args.repeats,
         alpha: args.alpha,
         min_effect: args.min_effect,

@@ -1,6 +1,5 @@
-//! The server's steps and the roofline as plots: the engine's time in steps by kind as
-//! stacked bars, and observed TPOT and output tok/s beside both sides of the roofline at
-//! each observed batch.
+//! The plots of what limited a run: the engine's time in steps by kind as stacked bars, and
+//! observed TPOT and output tok/s beside both sides of the roofline at each observed batch.
 
 use super::svg::{self, Chart, Series, Style};
 use super::Plot;
@@ -58,7 +57,7 @@ pub(super) fn roofline_plots(prefix: &str, observed: &[Observed]) -> Vec<Plot> {
     let tpot = vec![
         series("observed (median)", Style::Points, &|o| Some(o.tpot_ms)),
         series("memory side", Style::LinePoints, &|o| {
-            Some(o.bound.memory_ms)
+            Some(o.bound.memory_side_ms())
         }),
         series("compute side", Style::LinePoints, &|o| o.bound.compute_ms),
     ];
@@ -67,7 +66,7 @@ pub(super) fn roofline_plots(prefix: &str, observed: &[Observed]) -> Vec<Plot> {
     let throughput = vec![
         series("observed", Style::Points, &|o| Some(o.output_tok_per_s)),
         series("memory side", Style::LinePoints, &|o| {
-            per_second(Some(o.bound.memory_ms), o.bound.batch)
+            per_second(Some(o.bound.memory_side_ms()), o.bound.batch)
         }),
         series("compute side", Style::LinePoints, &|o| {
             per_second(o.bound.compute_ms, o.bound.batch)
