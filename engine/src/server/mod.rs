@@ -170,7 +170,7 @@ fn compute_rate(
         }),
         crate::backend::Device::Cpu => Ok((
             crate::backend::cpu::compute_rate::cpu_gemm_flops(threads),
-            "measured at start-up: the engine's f32 GEMM (256 × 1024 × 1024) on its threads, best of 10",
+            "measured at start-up: the faster of the engine's f32 and integer (Q8_0) GEMMs, 256 × 1024 × 1024 on its threads, best of 10",
         )),
     }
 }
