@@ -65,16 +65,8 @@ pub fn stacked_bars(
     let x = Axis::new(totals.chain([0.0]), LEFT + 40.0, WIDTH - RIGHT, true);
     let mut out = String::new();
     open(&mut out, title, x_label, "");
+    x_grid(&mut out, &x);
     let (y0, y1) = (TOP, HEIGHT - BOTTOM);
-    for t in x.ticks() {
-        let px = x.map(t);
-        let _ = write!(
-            out,
-            r##"<line x1="{px:.1}" y1="{y0}" x2="{px:.1}" y2="{y1}" stroke="#e5e5e5"/><text x="{px:.1}" y="{ty}" text-anchor="middle">{l}</text>"##,
-            ty = y1 + 16.0,
-            l = format_tick(t)
-        );
-    }
     let band = (y1 - y0) / rows.len().max(1) as f64;
     let height = (band * 0.6).min(40.0);
     for (i, (label, values)) in rows.iter().enumerate() {
@@ -231,8 +223,9 @@ fn open(out: &mut String, title: &str, x_label: &str, y_label: &str) {
     );
 }
 
-fn axes(out: &mut String, x: &Axis, y: &Axis) {
-    let (x0, x1, y0, y1) = (LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP);
+/// The x axis's grid lines across the plot area, each with its tick label below.
+fn x_grid(out: &mut String, x: &Axis) {
+    let (y0, y1) = (HEIGHT - BOTTOM, TOP);
     for t in x.ticks() {
         let px = x.map(t);
         let _ = write!(
@@ -242,6 +235,11 @@ fn axes(out: &mut String, x: &Axis, y: &Axis) {
             l = format_tick(t)
         );
     }
+}
+
+fn axes(out: &mut String, x: &Axis, y: &Axis) {
+    let (x0, x1, y0, y1) = (LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP);
+    x_grid(out, x);
     for t in y.ticks() {
         let py = y.map(t);
         let _ = write!(
