@@ -69,12 +69,31 @@ pub fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
     values
 }
 
-/// The value of a `kind="…"` label among `labels` (`a="x",kind="mixed"`).
+/// The value of a `kind="…"` label among `labels` (`a="x, y",kind="mixed"`): each value is
+/// read to its closing quote, past escaped quotes and commas inside it.
 fn kind_label(labels: &str) -> Option<&str> {
-    labels.split(',').find_map(|pair| {
-        let (key, value) = pair.split_once('=')?;
-        (key.trim() == "kind").then(|| value.trim().trim_matches('"'))
-    })
+    let mut rest = labels;
+    loop {
+        let (key, after) = rest.split_once('=')?;
+        let after = after.trim_start().strip_prefix('"')?;
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in after.char_indices() {
+            match c {
+                '\\' if !escaped => escaped = true,
+                '"' if !escaped => {
+                    end = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let end = end?;
+        if key.trim().trim_start_matches(',').trim() == "kind" {
+            return Some(&after[..end]);
+        }
+        rest = &after[end + 1..];
+    }
 }
 
 /// Whether a quantity is a level (gauge) or a running total (counter).
@@ -212,7 +231,10 @@ impl StepBreakdown {
         let total = |kind: &str| -> Option<StepTotal> {
             let delta = |part: &str| {
                 let key = format!("{STEP_DURATION}_{part}{{kind=\"{kind}\"}}");
+                // A counter that fell means the server restarted between the scrapes: no
+                // increase to read.
                 Some(last.values.get(&key)? - first.values.get(&key).unwrap_or(&0.0))
+                    .filter(|d| *d >= 0.0)
             };
             Some(StepTotal {
                 steps: delta("count")?,
@@ -373,8 +395,15 @@ impl ServerView {
                 })
             })
             .collect();
+        // A histogram's sums and counts are kept for the step breakdown, not shown as names.
         let other_names = if quantities.is_empty() {
-            first.values.keys().take(40).cloned().collect()
+            first
+                .values
+                .keys()
+                .filter(|k| !k.contains("_sum") && !k.contains("_count"))
+                .take(40)
+                .cloned()
+                .collect()
         } else {
             Vec::new()
         };
@@ -436,7 +465,8 @@ mod tests {
         vllm:request_prefill_time_seconds_sum{model_name=\"m\"} 1.5\n\
         engine:step_duration_seconds_sum{model_name=\"m\",kind=\"mixed\"} 0.5\n\
         engine:step_duration_seconds_count{model_name=\"m\",kind=\"mixed\"} 2\n\
-        engine:step_duration_seconds_sum{model_name=\"n\",kind=\"mixed\"} 0.25\n\
+        engine:step_duration_seconds_sum{model_name=\"n, a=b\",kind=\"mixed\"} 0.25\n\
+        engine:step_duration_seconds_count{model_name=\"say \\\"kind=\\\"x\",kind=\"mixed\"} 1\n\
         garbage line\n";
 
     #[test]
@@ -478,7 +508,8 @@ mod tests {
         // Sums and counts are kept, by kind where they have one.
         assert_eq!(v["vllm:request_prefill_time_seconds_sum"], 1.5);
         assert_eq!(v["engine:step_duration_seconds_sum{kind=\"mixed\"}"], 0.75);
-        assert_eq!(v["engine:step_duration_seconds_count{kind=\"mixed\"}"], 2.0);
+        // A label value holding a comma, or an escaped quote and `kind=`, does not misread.
+        assert_eq!(v["engine:step_duration_seconds_count{kind=\"mixed\"}"], 3.0);
         assert!(!v.contains_key("engine:step_duration_seconds_sum"));
     }
 
@@ -508,6 +539,13 @@ mod tests {
         // Prefill: 1 s alone, and 3 s − 10 × 50 ms = 2.5 s inside the mixed steps: 3.5 of 9 s.
         assert!((steps.prefill_seconds() - 3.5).abs() < 1e-9);
         assert!((steps.prefill_share().unwrap() - 3.5 / 9.0).abs() < 1e-9);
+        // A server restarted between the scrapes (its counters fell) gives no breakdown.
+        let restarted = ServerView::from_scrapes(&[
+            scrape(0.0, [110.0, 11.0, 2.0], [5.5, 3.3, 1.0]),
+            scrape(10_000.0, [10.0, 1.0, 0.0], [0.5, 0.3, 0.0]),
+        ])
+        .unwrap();
+        assert_eq!(restarted.steps, None);
         let none = Scrape {
             unix_ms: 0.0,
             values: BTreeMap::from([("vllm:num_requests_running".to_string(), 1.0)]),
