@@ -27,15 +27,31 @@ pub fn device_name(ordinal: usize) -> Result<String, String> {
 /// The device's peak memory bandwidth in bytes/s from its attributes: 2 (double data rate)
 /// × memory clock × bus width.
 pub fn memory_bandwidth(ordinal: usize) -> Result<f64, String> {
-    use cudarc::driver::sys::CUdevice_attribute;
+    use cudarc::driver::sys::CUdevice_attribute::*;
+    let [clock_khz, bus_bits] = attributes(
+        ordinal,
+        [
+            CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE,
+            CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
+        ],
+    )?;
+    Ok(2.0 * clock_khz as f64 * 1e3 * bus_bits as f64 / 8.0)
+}
+
+/// The values of device `ordinal`'s `wanted` attributes, or why they cannot be read.
+fn attributes<const N: usize>(
+    ordinal: usize,
+    wanted: [cudarc::driver::sys::CUdevice_attribute; N],
+) -> Result<[i32; N], String> {
     if !driver_present() {
         return Err(NO_DRIVER.to_string());
     }
     let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| format!("{e:?}"))?;
-    let attribute = |a| ctx.attribute(a).map_err(|e| format!("{e:?}"));
-    let clock_khz = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?;
-    let bus_bits = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?;
-    Ok(2.0 * clock_khz as f64 * 1e3 * bus_bits as f64 / 8.0)
+    let mut values = [0; N];
+    for (value, a) in values.iter_mut().zip(wanted) {
+        *value = ctx.attribute(a).map_err(|e| format!("{e:?}"))?;
+    }
+    Ok(values)
 }
 
 /// Dense bf16 tensor-core FLOPs one SM retires per clock, by compute capability (the
@@ -55,16 +71,16 @@ fn bf16_flops_per_sm_clock(major: i32, minor: i32) -> Option<f64> {
 /// The device's peak dense bf16 FLOP/s from its attributes: SM count × clock × the tensor
 /// cores' bf16 rate per SM for its compute capability.
 pub fn compute_flops(ordinal: usize) -> Result<f64, String> {
-    use cudarc::driver::sys::CUdevice_attribute;
-    if !driver_present() {
-        return Err(NO_DRIVER.to_string());
-    }
-    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| format!("{e:?}"))?;
-    let attribute = |a| ctx.attribute(a).map_err(|e| format!("{e:?}"));
-    let sms = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-    let clock_khz = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)?;
-    let major = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-    let minor = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    use cudarc::driver::sys::CUdevice_attribute::*;
+    let [sms, clock_khz, major, minor] = attributes(
+        ordinal,
+        [
+            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        ],
+    )?;
     let per_sm = bf16_flops_per_sm_clock(major, minor).ok_or_else(|| {
         format!(
             "compute capability {major}.{minor} is not in the engine's table of tensor-core rates"
