@@ -72,6 +72,9 @@ pub enum ErrorKind {
     Interrupted,
     /// The request body could not be built (nothing was sent).
     RequestBody,
+    /// The answer made a tool call the client cannot run (its arguments are not a JSON
+    /// object): an agent session ends there.
+    ToolCall,
 }
 
 impl ErrorKind {
@@ -87,6 +90,7 @@ impl ErrorKind {
             ErrorKind::Protocol => "protocol",
             ErrorKind::Interrupted => "interrupted",
             ErrorKind::RequestBody => "request_body",
+            ErrorKind::ToolCall => "tool_call",
         }
     }
 }
@@ -107,6 +111,21 @@ pub struct SessionTurn {
     /// How the session ended, on its last record only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<SessionEnd>,
+    /// The wait between the previous answer's end and this turn's send, as drawn: the
+    /// user's think time, or the tools' latency after an answer that called tools (0 for
+    /// the first turn).
+    #[serde(default)]
+    pub wait_ms: f64,
+    /// Tools this turn offered the model (an agent session's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tools_offered: u32,
+    /// Tool calls this turn's answer made.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_calls: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Why a session ended.

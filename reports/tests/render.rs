@@ -241,6 +241,26 @@ fn run_report(rng: &mut StdRng) -> Report {
                     cached_share: Some(1.0 - 1.0 / f64::from(turn)),
                 })
                 .collect(),
+            per_session: Some(reports::sessions::PerSession {
+                sessions: 125,
+                e2e: DistStats::from_values(&[4000.0, 5000.0]),
+                server: DistStats::from_values(&[2000.0, 2500.0]),
+                waiting: DistStats::from_values(&[2000.0, 2500.0]),
+                prompt_tokens: 150_000,
+                cached_tokens: Some((100_000, 150_000)),
+            }),
+            tools: Some(reports::sessions::ToolUse {
+                turns: 500,
+                turns_with_calls: 375,
+                calls: 400,
+                unusable_calls: 1,
+            }),
+            ttft_by_context: vec![reports::sessions::ContextBin {
+                from: 0,
+                to: 512,
+                ttft: DistStats::from_values(&[40.0, 50.0, 60.0]),
+                cached_share: Some(0.5),
+            }],
         }),
         ..Metrics::default()
     };

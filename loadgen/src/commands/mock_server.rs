@@ -54,6 +54,11 @@ pub struct MockArgs {
     /// Report `usage.completion_tokens_details.reasoning_tokens`.
     #[arg(long)]
     pub reasoning_usage: bool,
+    /// A request that offers tools is answered with a tool call to its first tool while its
+    /// conversation holds fewer tool results than this (always, with `tool_choice:
+    /// "required"`), then with text.
+    #[arg(long, default_value_t = 2)]
+    pub tool_turns: u32,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, requires = "tls_key", value_name = "FILE")]
     pub tls_cert: Option<std::path::PathBuf>,
@@ -81,6 +86,7 @@ pub async fn mock_command(a: MockArgs) -> Result<()> {
         reasoning_field: a.reasoning_field,
         reasoning_usage: a.reasoning_usage,
         bodies: None,
+        tool_turns: a.tool_turns,
         tls: match (&a.tls_cert, &a.tls_key) {
             (Some(cert), Some(key)) => Some(crate::wire::tls::server_config(cert, key)?),
             _ => None,

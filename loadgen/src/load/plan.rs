@@ -9,6 +9,7 @@ use reports::records::Phase;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::load::workload::agentic::Agent;
 use crate::load::workload::RequestSpec;
 
 /// One request of the pre-generated list.
@@ -30,7 +31,8 @@ pub struct PlannedTurn {
     pub session: u64,
     /// 1 for the first turn.
     pub turn: u32,
-    /// The user's think time after the previous answer ended (0 for the first turn).
+    /// The wait after the previous answer ended (0 for the first turn): the user's think
+    /// time, or in an agent session the tools' latency.
     pub think_s: f64,
     /// The session's last planned turn.
     pub last: bool,
@@ -73,6 +75,18 @@ pub struct Plan {
     /// Multi-turn sessions: `Some` when the requests are sessions' turns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sessions: Option<SessionLimits>,
+    /// Agent sessions: `Some` when the sessions are agents' (their turns' `prefix_group` is
+    /// the agent's index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agentic: Option<AgenticPlan>,
+}
+
+/// What agent sessions share: the pool of agents, and whether each session's first turn
+/// must call a tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgenticPlan {
+    pub agents: Vec<Agent>,
+    pub require_first_call: bool,
 }
 
 impl Plan {
@@ -170,6 +184,7 @@ impl Plan {
             cooldown_s: 0.0,
             max_concurrency: None,
             sessions: None,
+            agentic: None,
         }
     }
 }

@@ -11,7 +11,10 @@
 //! injection: a seeded fraction of requests answered with an error status, and streams cut
 //! (connection aborted) after a number of tokens. `/metrics` exports the running and waiting
 //! requests under vLLM's gauge names, so the saturation judgement sees the queue it would see
-//! on a real server.
+//! on a real server. A request that offers tools is answered with a tool call (`call_<id>_<k>`
+//! to the first tool, its arguments streamed in pieces over up to 4 tokens) while its
+//! conversation holds fewer than `tool_turns` tool results, then with text; the Responses API
+//! (`/v1/responses`) streams the same answers as vLLM's events.
 
 mod ask;
 pub mod calibrate;
@@ -33,7 +36,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 pub use log::{BodyLog, MockEvent, MockLog};
-use routes::{chat_completions, completions, generate_stream, metrics, models, version};
+use routes::{chat_completions, completions, generate_stream, metrics, models, responses, version};
 pub use transport::MockIo;
 use transport::{listen, ConnectionArrivals, StampedListener};
 
@@ -69,6 +72,9 @@ pub struct MockConfig {
     pub bodies: Option<BodyLog>,
     /// Serve HTTPS with this configuration (`--tls-cert` / `--tls-key`).
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// A request that offers tools is answered with a tool call while its conversation
+    /// holds fewer tool results than this (always, when `tool_choice` is `required`).
+    pub tool_turns: u32,
 }
 
 /// The chat delta field a server streams reasoning in.
@@ -112,6 +118,7 @@ impl Default for MockConfig {
             reasoning_usage: false,
             bodies: None,
             tls: None,
+            tool_turns: 2,
         }
     }
 }
@@ -232,6 +239,7 @@ pub async fn spawn(cfg: MockConfig) -> Result<(SocketAddr, MockHandle)> {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
         .route("/generate_stream", post(generate_stream))
         .with_state(state);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

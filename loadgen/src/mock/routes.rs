@@ -1,5 +1,6 @@
-//! The mock's routes: `/v1/completions`, `/v1/chat/completions`, TGI's `/generate_stream`,
-//! `/v1/models`, `/version` and `/metrics`, each request read into what it asks for.
+//! The mock's routes: `/v1/completions`, `/v1/chat/completions`, `/v1/responses`, TGI's
+//! `/generate_stream`, `/v1/models`, `/version` and `/metrics`, each request read into what
+//! it asks for.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use serde_json::{json, Value};
 use super::*;
 
 use super::ask::{error_response, parse_ask, Format};
-use super::streaming::{stream_response, usage, Reasoning, Timing};
+use super::streaming::{stream_response, usage, MockCall, Reasoning, Timing};
 use super::transport::ConnectionArrivals;
 
 pub(super) async fn version() -> Json<Value> {
@@ -88,6 +89,15 @@ pub(super) async fn chat_completions(
     serve(s, &conn, request_id(&headers), body, Format::Chat).await
 }
 
+pub(super) async fn responses(
+    State(s): State<Arc<MockState>>,
+    ConnectInfo(conn): ConnectInfo<ConnectionArrivals>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(s, &conn, request_id(&headers), body, Format::Responses).await
+}
+
 pub(super) async fn generate_stream(
     State(s): State<Arc<MockState>>,
     ConnectInfo(conn): ConnectInfo<ConnectionArrivals>,
@@ -156,19 +166,38 @@ async fn serve(
         },
         None => (None, arrival.0),
     };
+    // A request that offers tools gets a call while its conversation holds fewer results
+    // than `tool_turns` (always, when it requires one): `CALL_TOKENS` tokens at most.
+    let call = ask
+        .tool
+        .as_ref()
+        .filter(|_| ask.require_call || ask.tool_results < s.cfg.tool_turns)
+        .map(|name| MockCall {
+            id: format!("call_{}_{}", id.unwrap_or(0), ask.tool_results),
+            name: name.clone(),
+            arguments: format!(
+                r#"{{"query": "r{} t{}"}}"#,
+                id.unwrap_or(0),
+                ask.tool_results
+            ),
+        });
     let plan = Timing {
         arrival: arrival.0,
         start,
         ttft: s.cfg.ttft.mul_f64(s.cfg.ttft_factor.max(0.0)),
         itl: s.cfg.itl,
         per_chunk: s.cfg.tokens_per_chunk.max(1),
-        total: ask.max_tokens,
+        total: if call.is_some() {
+            ask.max_tokens.min(CALL_TOKENS)
+        } else {
+            ask.max_tokens
+        },
         cut_after: s.cfg.cut_after,
     };
     if ask.stream {
         let log = s.cfg.log.clone().map(|log| (log, id, arrival));
         let reasoning = Reasoning {
-            tokens: if ask.chat && ask.thinking {
+            tokens: if ask.conversational() && ask.thinking {
                 s.cfg.reasoning_tokens
             } else {
                 0
@@ -177,19 +206,39 @@ async fn serve(
             usage: s.cfg.reasoning_usage,
             answer_tag: format!("r{} ", id.unwrap_or(0)),
         };
-        stream_response(s.cfg.model.clone(), ask, plan, reasoning, permit, log)
+        stream_response(s.cfg.model.clone(), ask, plan, reasoning, call, permit, log)
     } else {
         let chunks = plan.total.div_ceil(plan.per_chunk);
         tokio::time::sleep_until(plan.deadline(chunks - 1).into()).await;
         drop(permit);
         let text = "tok ".repeat(plan.total as usize);
-        let choice = if ask.chat {
+        if ask.format == Format::Responses {
+            let output = match &call {
+                Some(c) => json!([{"id": "fc_0", "type": "function_call", "call_id": c.id,
+                    "name": c.name, "arguments": c.arguments, "status": "completed"}]),
+                None => json!([{"id": "msg_0", "type": "message", "role": "assistant",
+                    "status": "incomplete",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}]),
+            };
+            let (input, out) = (ask.prompt_tokens, u64::from(plan.total));
+            return Json(json!({
+                "id": "resp_mock", "object": "response", "created_at": 0, "model": s.cfg.model,
+                "status": if call.is_some() { "completed" } else { "incomplete" },
+                "output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": [],
+                "usage": {"input_tokens": input, "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": input + out},
+                "timings": plan.server_timings(chunks - 1),
+            }))
+            .into_response();
+        }
+        let choice = if ask.chat() {
             json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
         } else {
             json!({"index": 0, "text": text, "finish_reason": "length"})
         };
         Json(json!({
-            "id": "mock", "object": if ask.chat { "chat.completion" } else { "text_completion" },
+            "id": "mock", "object": if ask.chat() { "chat.completion" } else { "text_completion" },
             "model": s.cfg.model, "choices": [choice],
             "usage": usage(ask.prompt_tokens, u64::from(plan.total)),
             "timings": plan.server_timings(chunks - 1),
@@ -197,3 +246,6 @@ async fn serve(
         .into_response()
     }
 }
+
+/// Tokens of a tool-call answer (its opening, then pieces of its arguments), at most.
+const CALL_TOKENS: u32 = 4;

@@ -8,11 +8,12 @@ use anyhow::{bail, Context, Result};
 use reports::slo::SloSpec;
 use serde_json::json;
 
-use crate::load::plan::{LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits};
+use crate::load::plan::{AgenticPlan, LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits};
 use crate::load::schedule::{
     scale_to_rate, scale_trace, Arrival, ExactRate, Extent, RampUp, ScheduleSpec, Window,
     EXACT_RATE_TOLERANCE,
 };
+use crate::load::workload::agentic::AgenticProfile;
 use crate::load::workload::lengths::{clip_to_context, scale_lengths};
 use crate::load::workload::prompt::PromptBuilder;
 use crate::load::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
@@ -325,6 +326,7 @@ fn synthetic_specs(
             max_output_len: *max_output_len,
         },
         Lengths::Trace { .. } => unreachable!("a trace's requests come from its rows"),
+        Lengths::Agentic { .. } => unreachable!("agentic requests are sessions' turns"),
     };
     let prefix = (run.workload.prefix_len > 0).then_some(PrefixGroups {
         len: run.workload.prefix_len,
@@ -405,8 +407,9 @@ fn build_session_plan(
     };
     let draws = spec.draw(starts.len(), mix(run.seed, SESSION_SEED_TAG), recorded)?;
     let total: usize = draws.iter().map(|d| d.think_s.len()).sum();
-    let mut turn_specs = match &conversations {
-        Some(c) => draws
+    let mut agentic = None;
+    let mut turn_specs = match (&conversations, &run.workload.lengths) {
+        (Some(c), _) => draws
             .iter()
             .enumerate()
             .flat_map(|(s, d)| {
@@ -419,7 +422,41 @@ fn build_session_plan(
                 })
             })
             .collect::<Vec<_>>(),
-        None => synthetic_specs(run, total, &mut workload_meta)?,
+        (
+            None,
+            Lengths::Agentic {
+                options,
+                require_first_call,
+            },
+        ) => {
+            let profile = AgenticProfile::new(options)?;
+            let agents = profile.agents(options, run.seed, prompts)?;
+            workload_meta["agentic"] = json!({
+                "profile": profile,
+                "agents": agents.iter().map(|a| json!({
+                    "system_tokens": prompts.count_tokens(&a.system),
+                    "tools": a.tools.iter().map(|t| &t.name).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+                "tool_choice": if *require_first_call { "required on each session's first turn" } else { "auto" },
+                "synthesised": "system prompts, tool descriptions, tasks and tool results are seeded word sequences of the drawn lengths",
+            });
+            agentic = Some(AgenticPlan {
+                agents,
+                require_first_call: *require_first_call,
+            });
+            let turns = draws.first().map_or(1, |d| d.think_s.len() as u32);
+            profile
+                .turns(
+                    starts.len(),
+                    turns,
+                    options.agents,
+                    mix(run.seed, AGENTIC_SEED_TAG),
+                )?
+                .into_iter()
+                .flatten()
+                .collect()
+        }
+        (None, _) => synthetic_specs(run, total, &mut workload_meta)?,
     }
     .into_iter();
     let mut requests = Vec::with_capacity(total);
@@ -454,6 +491,7 @@ fn build_session_plan(
                     .map_or(DEFAULT_SESSION_DRAIN_S, |d| d.as_secs_f64()),
             ),
         }),
+        agentic,
         ..Plan::with_requests(LoadMode::Open, requests)
     };
     let schedule_meta = json!({"mode": "open", "unit": "sessions", "schedule": schedule,
@@ -469,6 +507,9 @@ const DEFAULT_SESSION_DRAIN_S: f64 = 60.0;
 
 /// Seeds the session draws apart from the schedule's and the workload's.
 const SESSION_SEED_TAG: u64 = 0x5E55_1015;
+
+/// Seeds an agentic workload's turn draws apart from its agents'.
+const AGENTIC_SEED_TAG: u64 = 0xA6E7_0003;
 
 /// Everything a run decides before sending: prompts, SLOs and the request plan.
 /// Built once and executed any number of times (sweep probes, A/B rounds) with identical
@@ -536,6 +577,7 @@ fn schedule_digest(run: &RunSpec, plan: &Plan, prompts: &PromptBuilder) -> Resul
         "approximate_lengths": prompts.is_approximate(),
         "prompt_salt": run.workload.prompt_salt,
         "extra_body": target.extra_body.as_ref().map(ExtraBody::to_value),
+        "require_first_call": plan.agentic.as_ref().map(|a| a.require_first_call),
     });
     Ok(format!("{:016x}", fnv1a(&serde_json::to_vec(&shape)?)))
 }

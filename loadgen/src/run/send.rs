@@ -16,16 +16,18 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use reports::metrics::{self, Metrics, MetricsOptions, Slo};
-use reports::records::{Phase, RequestRecord, SessionEnd, SessionTurn};
+use reports::records::{ErrorKind, Phase, RequestError, RequestRecord, SessionEnd, SessionTurn};
 use reports::summary::Summary;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::load::plan::{LoadMode, Plan, SessionLimits};
+use crate::load::workload::agentic;
 use crate::load::workload::prompt::PromptBuilder;
 use crate::run::client_cpu::CpuClock;
 use crate::run::progress::Progress;
+use crate::wire::api::{Conversation, Message, ToolCall};
 use crate::wire::client::stopped;
-use crate::wire::client::{self, RequestStub};
+use crate::wire::client::{self, Answer, RequestStub};
 use crate::wire::connections::{self, HttpClient};
 use crate::wire::target::Target;
 use crate::wire::tls::TlsSettings;
@@ -93,8 +95,8 @@ async fn one_request(
 }
 
 /// Sends request `index` of the plan as record `id` (after a concurrency slot, if capped)
-/// and returns its record, with its answer's text when `keep_answer`; `None` when the run
-/// stopped before it was sent.
+/// and returns its record, with its answer when `keep_answer` (else an empty one); `None`
+/// when the run stopped before it was sent.
 #[allow(clippy::too_many_arguments)]
 async fn send_one(
     ctx: &SendContext,
@@ -105,7 +107,7 @@ async fn send_one(
     body: Result<bytes::Bytes>,
     keep_answer: bool,
     stop: watch::Receiver<bool>,
-) -> Option<(RequestRecord, String)> {
+) -> Option<(RequestRecord, Answer)> {
     let task_start = Instant::now();
     ctx.started.fetch_add(1, Ordering::Relaxed);
     ctx.progress.on_sent();
@@ -154,7 +156,7 @@ async fn send_one(
                     eprintln!("loadgen: request {id}: {e:#}");
                     let record =
                         client::unsent_record(stub, &ctx.target, ctx.origin, format!("{e:#}"));
-                    (record, String::new())
+                    (record, Answer::default())
                 }
             })
         }
@@ -162,12 +164,17 @@ async fn send_one(
 }
 
 /// Runs the session whose first turn is request `first` of the plan: each later turn is
-/// sent its think time after the previous answer ended, with the whole history (every
-/// earlier user turn and the server's answers, their content). The session ends after its
-/// last planned turn (capped when more were drawn), when its next prompt would pass
-/// `--max-history-tokens` (capped), when a turn fails, or when the drain limit passes or
-/// the run stops before its next turn (cut); its last record says which. A turn in flight
-/// at the drain limit is recorded as interrupted.
+/// sent its wait after the previous answer ended, with the whole history (every earlier
+/// message and the server's answers: their text and tool calls, exactly as received). A
+/// chat session's turn adds a user message; an agent session's turn (which offers its
+/// agent's tools behind its system prompt) adds one result per tool call of the answer
+/// before it, the wait being the tools' latency. The session ends after its last planned
+/// turn (capped when more were drawn, or when an agent still calls tools), at an agent's
+/// answer without tool calls (completed), when its next prompt would pass
+/// `--max-history-tokens` (capped), when a turn fails or an agent's call cannot be run
+/// (failed), or when the drain limit passes or the run stops before its next turn (cut);
+/// its last record says which. A turn in flight at the drain limit is recorded as
+/// interrupted.
 async fn run_session(
     ctx: Arc<SendContext>,
     first: usize,
@@ -179,7 +186,17 @@ async fn run_session(
         drain_s: None,
     });
     let phase = ctx.plan.phase_at((start - ctx.origin).as_secs_f64());
-    let mut history: Vec<serde_json::Value> = Vec::new();
+    let agentic = ctx.plan.agentic.as_ref();
+    let agent = agentic.and_then(|a| {
+        let group = ctx.plan.requests[first].spec.prefix_group?;
+        a.agents.get(usize::try_from(group).ok()?)
+    });
+    let mut history: Vec<Message> = agent
+        .map(|a| vec![Message::System(a.system.clone())])
+        .unwrap_or_default();
+    let tools = agent.map_or(&[][..], |a| &a.tools[..]);
+    // The tool calls of the previous answer, which this turn answers (agent sessions).
+    let mut calls: Vec<ToolCall> = Vec::new();
     // The previous turn's record, sent once this turn is (or ends the session as cut).
     let mut held: Option<RequestRecord> = None;
     let mut index = first;
@@ -187,11 +204,26 @@ async fn run_session(
     loop {
         let req = &ctx.plan.requests[index];
         let Some(turn) = req.session else { return };
-        let (body, user) =
-            match client::session_body(&ctx.target, &req.spec, &ctx.prompts, &history) {
-                Ok((body, user)) => (Ok(body), Some(user)),
-                Err(e) => (Err(e), None),
-            };
+        let new: Vec<Message> = if agent.is_some() && turn.turn > 1 {
+            calls
+                .iter()
+                .enumerate()
+                .map(|(j, call)| Message::ToolResult {
+                    call_id: call.id.clone(),
+                    output: agentic::tool_result(&req.spec.prompt, j, &ctx.prompts),
+                })
+                .collect()
+        } else {
+            vec![Message::User(req.spec.prompt.text(&ctx.prompts))]
+        };
+        let history_messages = history.len() as u32;
+        history.extend(new);
+        let conversation = Conversation {
+            messages: &history,
+            tools,
+            require_call: turn.turn == 1 && agentic.is_some_and(|a| a.require_first_call),
+        };
+        let body = client::conversation_body(&ctx.target, &req.spec, conversation);
         let Some((mut record, answer)) =
             send_one(&ctx, req.id, index, due, phase, body, true, drain.clone()).await
         else {
@@ -213,18 +245,32 @@ async fn run_session(
             r.session
                 .is_some_and(|t| t.session == turn.session && t.turn == turn.turn + 1)
         });
-        // The answer goes back without its reasoning.
+        if agent.is_some() && record.is_success() {
+            if let Some(why) = unusable_call(&answer.calls) {
+                record.error = Some(RequestError {
+                    kind: ErrorKind::ToolCall,
+                    message: why,
+                });
+            }
+        }
+        calls = answer.calls;
+        // The answer goes back without its reasoning; an agent's next turn carries one
+        // result per call.
         let next_prompt = record.prompt_tokens
             + record.answer_tokens()
-            + next.map_or(0, |n| u64::from(n.spec.input_len));
+            + next.map_or(0, |n| {
+                u64::from(n.spec.input_len) * calls.len().max(1) as u64
+            });
         let end = if !record.is_success() {
             Some(if record.phase == Phase::Interrupted {
                 SessionEnd::Cut
             } else {
                 SessionEnd::Failed
             })
+        } else if agent.is_some() && calls.is_empty() {
+            Some(SessionEnd::Completed)
         } else if turn.last || next.is_none() {
-            Some(if turn.capped {
+            Some(if turn.capped || agent.is_some() {
                 SessionEnd::Capped
             } else {
                 SessionEnd::Completed
@@ -242,18 +288,23 @@ async fn run_session(
         record.session = Some(SessionTurn {
             session: turn.session,
             turn: turn.turn,
-            history_messages: history.len() as u32,
+            history_messages,
             window: phase,
             end,
+            wait_ms: turn.think_s * 1000.0,
+            tools_offered: tools.len() as u32,
+            tool_calls: calls.len() as u32,
         });
         let (Some(next), None) = (next, end) else {
             let _ = ctx.records.send(record);
             return;
         };
-        history.extend(user);
-        history.push(serde_json::json!({"role": "assistant", "content": answer}));
-        let think = Duration::from_secs_f64(next.session.map_or(0.0, |t| t.think_s));
-        due = Instant::now() + think;
+        history.push(Message::Assistant {
+            text: answer.text,
+            calls: calls.clone(),
+        });
+        let wait = Duration::from_secs_f64(next.session.map_or(0.0, |t| t.think_s));
+        due = Instant::now() + wait;
         let mut stop = drain.clone();
         let cut = tokio::select! {
             biased;
@@ -272,6 +323,32 @@ async fn run_session(
         held = Some(record);
         index += 1;
     }
+}
+
+/// Why the client cannot run one of `calls`, if it cannot: a call without its id or name,
+/// or whose arguments are not a JSON object.
+fn unusable_call(calls: &[ToolCall]) -> Option<String> {
+    calls.iter().find_map(|call| {
+        if call.id.is_empty() || call.name.is_empty() {
+            return Some(format!(
+                "a tool call without its {} (name `{}`, arguments {})",
+                if call.id.is_empty() { "id" } else { "name" },
+                call.name,
+                call.arguments
+            ));
+        }
+        match serde_json::from_str::<serde_json::Value>(&call.arguments) {
+            Ok(serde_json::Value::Object(_)) => None,
+            Ok(_) => Some(format!(
+                "tool call {} ({}): its arguments are not a JSON object: {}",
+                call.id, call.name, call.arguments
+            )),
+            Err(e) => Some(format!(
+                "tool call {} ({}): its arguments do not parse ({e}): {}",
+                call.id, call.name, call.arguments
+            )),
+        }
+    })
 }
 
 /// The open-loop sender: serialises each body ahead of its send time, sleeps to ~200 µs

@@ -11,6 +11,7 @@ use reports::slo::SloSpec;
 
 use crate::load::schedule::TraceScaling;
 use crate::load::shard::Shard;
+use crate::load::workload::agentic::AgenticOptions;
 use crate::load::workload::prompt::{salt_for, SaltFor};
 use crate::load::workload::sessions::SessionSpec;
 use crate::load::workload::traces::TraceFormat;
@@ -87,13 +88,15 @@ pub enum WorkloadKind {
     SharegptLike,
     Random,
     Trace,
+    Agentic,
 }
 
 impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 3] = [
+    pub const ALL: [WorkloadKind; 4] = [
         WorkloadKind::SharegptLike,
         WorkloadKind::Random,
         WorkloadKind::Trace,
+        WorkloadKind::Agentic,
     ];
 
     pub fn name(self) -> &'static str {
@@ -101,6 +104,7 @@ impl WorkloadKind {
             WorkloadKind::SharegptLike => "sharegpt-like",
             WorkloadKind::Random => "random",
             WorkloadKind::Trace => "trace",
+            WorkloadKind::Agentic => "agentic",
         }
     }
 
@@ -114,6 +118,10 @@ impl WorkloadKind {
                 "vLLM `random`: uniform lengths around --random-input-len / --random-output-len"
             }
             WorkloadKind::Trace => "Lengths (and timestamps) from `--trace`",
+            WorkloadKind::Agentic => {
+                "Agent sessions (chat or responses): a shared system prompt and tools, turns that \
+                 answer the server's tool calls after --tool-latency; parameters in traces/agentic.json"
+            }
         }
     }
 }
@@ -176,6 +184,12 @@ pub enum Lengths {
         path: PathBuf,
         format: Option<TraceFormat>,
     },
+    /// Agent sessions (`traces/agentic.json`).
+    Agentic {
+        options: AgenticOptions,
+        /// `--tool-choice required`: the first turn of each session must call a tool.
+        require_first_call: bool,
+    },
 }
 
 impl Lengths {
@@ -185,6 +199,7 @@ impl Lengths {
             Lengths::SharegptLike { .. } => WorkloadKind::SharegptLike,
             Lengths::Random { .. } => WorkloadKind::Random,
             Lengths::Trace { .. } => WorkloadKind::Trace,
+            Lengths::Agentic { .. } => WorkloadKind::Agentic,
         }
     }
 }
@@ -228,7 +243,7 @@ pub struct WindowSpec {
     pub max_concurrency: Option<usize>,
 }
 
-/// `--turns` and the options that shape sessions.
+/// `--turns` (or `--workload agentic`) and the options that shape sessions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionsSpec {
     pub spec: SessionSpec,

@@ -10,6 +10,7 @@ use clap::Args;
 
 use crate::load::schedule::TraceScaling;
 use crate::load::shard::Shard;
+use crate::load::workload::agentic::{self, AgenticOptions};
 use crate::load::workload::sessions::{SessionSpec, ThinkTime, TurnCount};
 use crate::load::workload::traces::TraceFormat;
 use crate::spec::bound::BoundOptions;
@@ -51,10 +52,11 @@ pub struct RunArgs {
     /// ShareGPT-like profile: chat, code, summarization, long-context.
     #[arg(long, default_value = "chat")]
     pub profile: String,
-    /// ShareGPT-like: lower the profile's upper clip on prompt lengths (tokens).
+    /// ShareGPT-like: lower the profile's upper clip on prompt lengths (tokens); agentic: on
+    /// tasks and tool results.
     #[arg(long)]
     pub max_input_len: Option<u32>,
-    /// ShareGPT-like: lower the profile's upper clip on output lengths (tokens).
+    /// ShareGPT-like and agentic: lower the profile's upper clip on output lengths (tokens).
     #[arg(long)]
     pub max_output_len: Option<u32>,
     #[arg(long, default_value_t = 1024)]
@@ -64,8 +66,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0.0)]
     pub random_range_ratio: f64,
     /// Shared prefix tokens per group (synthetic workloads), added to the drawn input length.
+    /// With --workload agentic: every agent's system prompt length (else drawn).
     #[arg(long, default_value_t = 0)]
     pub prefix_len: u32,
+    /// Prefix groups; with --workload agentic, the agents in the pool (each its own system
+    /// prompt and tools).
     #[arg(long, default_value_t = 1)]
     pub prefix_groups: u64,
     /// Trace file (project JSONL, Mooncake JSONL, Azure CSV, BurstGPT CSV, ShareGPT JSON / length table).
@@ -184,7 +189,7 @@ pub struct RunArgs {
     /// matches (0: none). Literal-text prompts are sent as they are.
     #[arg(long, default_value_t = 0)]
     pub prompt_salt: u64,
-    /// Multi-turn sessions (chat backend): turns per session, geometric with mean N,
+    /// Multi-turn sessions (chat or responses backend): turns per session, geometric with mean N,
     /// `constant:N`, or `all` (a ShareGPT file's own turns). `--rate` then counts new
     /// sessions per second; each later turn re-sends the whole history.
     #[arg(long, value_name = "N|constant:N|all")]
@@ -193,14 +198,24 @@ pub struct RunArgs {
     /// exponential with mean D, or `constant:D`.
     #[arg(long, value_name = "D|constant:D")]
     pub think_time: Option<String>,
-    /// With --turns: a session drawn longer ends, capped, after this many turns.
+    /// With --turns: a session drawn longer ends, capped, after this many turns. With
+    /// --workload agentic: a session still calling tools after this many turns ends, capped
+    /// (default in traces/agentic.json: 10).
     #[arg(long)]
     pub max_session_turns: Option<u32>,
-    /// With --turns: a session ends, capped, when its next prompt (history and the next
+    /// With --workload agentic: how long the client's tools take to answer a turn's calls
+    /// (a turn's calls run together), exponential with mean D, or `constant:D`.
+    #[arg(long, value_name = "D|constant:D")]
+    pub tool_latency: Option<String>,
+    /// With --workload agentic: `auto` lets the model choose; `required` makes the first turn
+    /// of each session call a tool (later turns are `auto`).
+    #[arg(long, value_parser = ["auto", "required"])]
+    pub tool_choice: Option<String>,
+    /// With --turns or --workload agentic: a session ends, capped, when its next prompt (history and the next
     /// user turn) would pass this many tokens.
     #[arg(long)]
     pub max_history_tokens: Option<u64>,
-    /// With --turns and --duration: how long sessions may go on after the schedule's end
+    /// With sessions and --duration: how long sessions may go on after the schedule's end
     /// (warm-up + duration + cool-down) before the rest are cut; default 60s.
     #[arg(long, value_parser = duration_arg)]
     pub session_drain: Option<Duration>,
@@ -233,14 +248,19 @@ impl RunSpec {
             if args.length_scale != 1.0 || args.max_model_len.is_some() {
                 bail!("--length-scale and --max-model-len reshape single requests; a session's prompt grows with its history: shape sessions with --max-history-tokens");
             }
-            if args.backend != Backend::Chat {
-                bail!("--turns needs --backend chat: a session re-sends its history as chat messages, which the {} API has no place for", args.backend.name());
+            let what = if args.workload == WorkloadKind::Agentic {
+                "--workload agentic"
+            } else {
+                "--turns"
+            };
+            if !args.backend.takes_conversations() {
+                bail!("{what} needs --backend chat or responses: a session re-sends its history as messages, which the {} API has no place for", args.backend.name());
             }
             if args.concurrency.is_some() {
-                bail!("--turns with --concurrency: sessions arrive open-loop at --rate sessions/s; a closed loop of sessions is not supported");
+                bail!("{what} with --concurrency: sessions arrive open-loop at --rate sessions/s; a closed loop of sessions is not supported");
             }
             if args.arrival == Some(ArrivalKind::Trace) {
-                bail!("--turns: sessions arrive on --arrival poisson, gamma or constant at --rate sessions/s");
+                bail!("{what}: sessions arrive on --arrival poisson, gamma or constant at --rate sessions/s");
             }
         }
         let lengths = match args.workload {
@@ -261,7 +281,32 @@ impl RunSpec {
                 },
                 None => bail!("--workload trace needs --trace PATH"),
             },
+            WorkloadKind::Agentic => {
+                if args.min_tokens {
+                    bail!("--min-tokens with --workload agentic: an agent's answer ends where the model ends it (a tool call, or its final answer)");
+                }
+                Lengths::Agentic {
+                    options: AgenticOptions {
+                        agents: args.prefix_groups,
+                        system_len: (args.prefix_len > 0).then_some(args.prefix_len),
+                        max_input_len: args.max_input_len,
+                        max_output_len: args.max_output_len,
+                        max_turns: args.max_session_turns,
+                    },
+                    require_first_call: args.tool_choice.as_deref() == Some("required"),
+                }
+            }
         };
+        if args.workload != WorkloadKind::SharegptLike && args.workload != WorkloadKind::Agentic {
+            for (flag, given) in [
+                ("--max-input-len", args.max_input_len.is_some()),
+                ("--max-output-len", args.max_output_len.is_some()),
+            ] {
+                if given {
+                    bail!("{flag} lowers the clip of --workload sharegpt-like or agentic; {} has none", args.workload.name());
+                }
+            }
+        }
         if let (Some(s), Lengths::Trace { .. }) = (&sessions, &lengths) {
             if s.spec.turns != TurnCount::All {
                 bail!("--workload trace with sessions: give --turns all to replay a ShareGPT file's conversations with all their turns");
@@ -323,7 +368,9 @@ impl RunSpec {
                     .map(|arg| ExtraBody::parse(arg, args.backend))
                     .transpose()?,
                 prompt_ids: args.prompt_ids,
-                ignore_eos: !args.no_ignore_eos,
+                // An agent's answers end where the model ends them: at a tool call, or its
+                // final answer.
+                ignore_eos: !args.no_ignore_eos && args.workload != WorkloadKind::Agentic,
                 min_tokens: args.min_tokens,
                 continuous_usage: !args.no_continuous_usage,
                 timeout: args.timeout,
@@ -365,6 +412,50 @@ impl RunSpec {
 /// The session options of `args`; the options that only sessions take are refused without
 /// `--turns`, never ignored.
 fn sessions(args: &RunArgs) -> Result<Option<SessionsSpec>> {
+    if args.session_drain.is_some() && args.duration.is_none() {
+        bail!("--session-drain limits sessions after --duration; without --duration every session runs to its end");
+    }
+    if args.max_session_turns == Some(0) {
+        bail!("--max-session-turns must be at least 1");
+    }
+    if args.workload == WorkloadKind::Agentic {
+        for (flag, given) in [
+            ("--turns", args.turns.is_some()),
+            ("--think-time", args.think_time.is_some()),
+        ] {
+            if given {
+                bail!("{flag} shapes chat sessions; an agentic session runs while the server calls tools (up to --max-session-turns), each turn --tool-latency after the answer before it");
+            }
+        }
+        let latency = match args.tool_latency.as_deref() {
+            Some(t) => ThinkTime::parse_flag(t, "--tool-latency")?,
+            None => ThinkTime::Exponential {
+                mean_s: DEFAULT_TOOL_LATENCY_S,
+            },
+        };
+        return Ok(Some(SessionsSpec {
+            spec: SessionSpec {
+                turns: TurnCount::Constant {
+                    turns: match args.max_session_turns {
+                        Some(turns) => turns,
+                        None => agentic::default_max_turns()?,
+                    },
+                },
+                think: latency,
+                max_turns: None,
+            },
+            max_history_tokens: args.max_history_tokens,
+            drain: args.session_drain,
+        }));
+    }
+    for (flag, given) in [
+        ("--tool-latency", args.tool_latency.is_some()),
+        ("--tool-choice", args.tool_choice.is_some()),
+    ] {
+        if given {
+            bail!("{flag} shapes agent sessions: give --workload agentic");
+        }
+    }
     let Some(turns) = args.turns.as_deref() else {
         let stray = [
             ("--think-time", args.think_time.is_some()),
@@ -381,12 +472,6 @@ fn sessions(args: &RunArgs) -> Result<Option<SessionsSpec>> {
         Some(t) => ThinkTime::parse(t)?,
         None => ThinkTime::Constant { secs: 0.0 },
     };
-    if args.max_session_turns == Some(0) {
-        bail!("--max-session-turns must be at least 1");
-    }
-    if args.session_drain.is_some() && args.duration.is_none() {
-        bail!("--session-drain limits sessions after --duration; without --duration every session runs to its end");
-    }
     Ok(Some(SessionsSpec {
         spec: SessionSpec {
             turns: TurnCount::parse(turns)?,
@@ -397,6 +482,9 @@ fn sessions(args: &RunArgs) -> Result<Option<SessionsSpec>> {
         drain: args.session_drain,
     }))
 }
+
+/// `--tool-latency` unless given: exponential with this mean, seconds.
+const DEFAULT_TOOL_LATENCY_S: f64 = 0.5;
 
 /// The `--slo` of `args` with its `--max-error-rate`.
 fn slo_spec(args: &RunArgs) -> Result<Option<SloSpec>> {

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::load::workload::prompt::PromptBuilder;
 use crate::load::workload::RequestSpec;
-use crate::wire::api::{self, Api};
+use crate::wire::api::{self, Api, CallPiece, Conversation, ToolCall};
 use crate::wire::connections::{HttpClient, OpenedConnection};
 use crate::wire::sse::SseParser;
 use crate::wire::target::Target;
@@ -74,26 +74,59 @@ pub fn encoded_body(target: &Target, spec: &RequestSpec, prompts: &PromptBuilder
         .into())
 }
 
-/// The chat body of one turn of a session: `history` (the earlier user turns and the
-/// server's answers, as chat messages) before this turn's user message, which is returned
-/// too, for the next turn's history.
-pub fn session_body(
+/// The body of one turn of a conversation (a session's, with its history and tools), in
+/// the format of `target.backend`, `--extra-body` merged in, serialised.
+pub fn conversation_body(
     target: &Target,
     spec: &RequestSpec,
-    prompts: &PromptBuilder,
-    history: &[Value],
-) -> Result<(Bytes, Value)> {
-    let mut body = request_body(target, spec, prompts)?;
-    let Some(Value::Array(messages)) = body.get_mut("messages") else {
-        bail!("sessions need the chat backend: its requests carry a message history");
-    };
-    let user = messages
-        .pop()
-        .context("a chat body without its user message")?;
-    *messages = history.to_vec();
-    messages.push(user.clone());
-    let bytes = serde_json::to_vec(&body).context("serialising the request body")?;
-    Ok((bytes.into(), user))
+    conversation: Conversation<'_>,
+) -> Result<Bytes> {
+    let api = api::of(target.backend);
+    let mut body = api.conversation_body(target, spec, conversation)?;
+    if let Some(extra) = &target.extra_body {
+        extra.merge_into(api.fields_of(&mut body));
+    }
+    Ok(serde_json::to_vec(&body)
+        .context("serialising the request body")?
+        .into())
+}
+
+/// What an answer said: its text (not its reasoning) and the tool calls it made, in the
+/// order of their index.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answer {
+    pub text: String,
+    pub calls: Vec<ToolCall>,
+}
+
+impl Answer {
+    /// Adds a streamed piece of call `piece.index`.
+    fn add_piece(&mut self, piece: &CallPiece<'_>, slots: &mut Vec<u32>) {
+        let at = match slots.iter().position(|&i| i == piece.index) {
+            Some(at) => at,
+            None => {
+                slots.push(piece.index);
+                self.calls.push(ToolCall {
+                    id: String::new(),
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+                self.calls.len() - 1
+            }
+        };
+        let call = &mut self.calls[at];
+        if let Some(id) = piece.id.as_deref().filter(|id| !id.is_empty()) {
+            call.id = id.to_string();
+        }
+        if let Some(name) = piece.name.as_deref().filter(|n| !n.is_empty()) {
+            call.name = name.to_string();
+        }
+        match (&piece.arguments, piece.whole) {
+            (Some(whole), true) => call.arguments = whole.to_string(),
+            (Some(more), false) => call.arguments.push_str(more),
+            (None, _) => {}
+        }
+    }
 }
 
 /// A request to `url` with the target's extra headers and credentials.
@@ -190,8 +223,10 @@ struct StreamState {
     usage_prompt: Option<u64>,
     usage_cached: Option<u64>,
     server_timing: Option<reports::records::ServerTiming>,
-    /// The answer's text, when kept (a session sends it back in the next turn's history).
-    answer: Option<String>,
+    /// The answer, when kept (a session sends it back in the next turn's history).
+    answer: Option<Answer>,
+    /// The server's index of each call in `answer`, in order.
+    call_slots: Vec<u32>,
     done: bool,
     finished: bool,
     error: Option<String>,
@@ -206,9 +241,9 @@ impl StreamState {
                 return;
             }
         };
+        // `[DONE]` carries nothing else; the Responses API's final event carries the usage.
         if event.done {
             self.done = true;
-            return;
         }
         if let Some(detail) = event.error {
             self.error = Some(format!("error event: {}", truncate(&detail)));
@@ -227,8 +262,13 @@ impl StreamState {
         if let Some(t) = event.server_timing {
             self.server_timing = Some(t);
         }
-        if let (Some(answer), Some(text)) = (self.answer.as_mut(), event.text.as_deref()) {
-            answer.push_str(text);
+        if let Some(answer) = self.answer.as_mut() {
+            if let Some(text) = event.text.as_deref() {
+                answer.text.push_str(text);
+            }
+            for piece in &event.tool_calls {
+                answer.add_piece(piece, &mut self.call_slots);
+            }
         }
         if event.finished {
             self.finished = true;
@@ -240,7 +280,9 @@ impl StreamState {
         if let Some(now) = usage_completion {
             self.last_usage_completion = Some(now);
         }
-        let answer = event.text.as_deref().is_some_and(|t| !t.is_empty()) || event.tool_call;
+        // A call's whole text at its end is no new output.
+        let answer = event.text.as_deref().is_some_and(|t| !t.is_empty())
+            || event.tool_calls.iter().any(|p| !p.whole);
         let reasoning = event.reasoning.as_deref().is_some_and(|t| !t.is_empty());
         // A content chunk carries output, or tokens whose text is still held back (vLLM sends
         // an empty text for a partial UTF-8 character, with its usage delta); a usage-only
@@ -329,8 +371,8 @@ pub async fn execute(
         .0
 }
 
-/// [`execute`]; with `keep_answer`, also the answer's text (its content, not its reasoning),
-/// which a session's next turn sends back as history. Without it no text is kept.
+/// [`execute`]; with `keep_answer`, also the answer (its text, not its reasoning, and its
+/// tool calls), which a session's next turn sends back as history. Without it nothing is kept.
 pub async fn exchange(
     client: &HttpClient,
     target: &Target,
@@ -339,7 +381,7 @@ pub async fn exchange(
     origin: Instant,
     stop: watch::Receiver<bool>,
     keep_answer: bool,
-) -> (RequestRecord, Option<String>) {
+) -> (RequestRecord, Option<Answer>) {
     let url = format!(
         "{}{}",
         target.base_url.trim_end_matches('/'),
@@ -371,7 +413,7 @@ pub async fn exchange(
     };
     let sent = Instant::now();
     let mut st = StreamState {
-        answer: keep_answer.then(String::new),
+        answer: keep_answer.then(Answer::default),
         ..StreamState::default()
     };
     let mut status = None;
@@ -433,7 +475,10 @@ pub async fn exchange(
             if let Some(msg) = st.error.take() {
                 failure = Some((ErrorKind::Protocol, msg));
             } else if !st.done && !st.finished {
-                failure = Some((ErrorKind::StreamCut, "stream ended before [DONE]".into()));
+                failure = Some((
+                    ErrorKind::StreamCut,
+                    "stream ended before its end ([DONE], or response.completed)".into(),
+                ));
             } else if st.chunk_ms.is_empty() {
                 failure = Some((ErrorKind::Protocol, "no content in the response".into()));
             }

@@ -271,18 +271,97 @@ fn sessions_section(s: &crate::sessions::SessionStats) -> Section {
             })
             .collect(),
     };
+    let mut paragraphs = vec![format!(
+        "{} sessions started in the measurement window ({:.3} sessions/s, {:.2} requests \
+         each); ended: {}. Each later turn re-sends the whole conversation, so its prompt \
+         grows and a server with a prefix cache serves the history from it.",
+        s.sessions,
+        s.session_rate,
+        s.requests_per_session,
+        ended.join(", ")
+    )];
+    if let Some(t) = &s.tools {
+        paragraphs.push(format!(
+            "Tools: {} of {} answered turns that offered tools called one ({} calls in all); \
+             {} sessions failed on a call the client could not run.",
+            t.turns_with_calls, t.turns, t.calls, t.unusable_calls
+        ));
+    }
+    let mut tables = vec![by_turn];
+    if let Some(p) = &s.per_session {
+        paragraphs.push(format!(
+            "Per session, over the {} that completed or were capped: end to end from the first \
+             turn's scheduled send to the last answer's end, the time in the server (the turns' \
+             send-to-end times) and the time waiting between turns ({}), in ms. They sent {} \
+             prompt tokens in all; {}.",
+            p.sessions,
+            if s.tools.is_some() { "the tools' latency" } else { "think time" },
+            p.prompt_tokens,
+            match p.cached_tokens {
+                Some((cached, of)) if of > 0 => format!(
+                    "the server took {cached} of the {of} it reported on from its prefix cache ({:.1}%)",
+                    100.0 * cached as f64 / of as f64
+                ),
+                _ => "the server did not report cached tokens".into(),
+            }
+        ));
+        tables.push(Table {
+            header: ["per session (ms)", "mean", "p50 [95% CI]", "p90 [95% CI]"]
+                .map(String::from)
+                .to_vec(),
+            rows: [
+                ("end to end", &p.e2e),
+                ("in the server", &p.server),
+                ("waiting", &p.waiting),
+            ]
+            .iter()
+            .map(|(name, d)| {
+                vec![
+                    name.to_string(),
+                    format!("{:.1}", d.mean),
+                    d.percentile_text(0.5, 1),
+                    d.percentile_text(0.9, 1),
+                ]
+            })
+            .collect(),
+        });
+    }
+    if !s.ttft_by_context.is_empty() {
+        paragraphs.push(
+            "TTFT against the context length: each measured turn by its prompt (history \
+             included); with prefix caching the history costs little and TTFT grows slowly."
+                .into(),
+        );
+        tables.push(Table {
+            header: [
+                "prompt tokens",
+                "turns",
+                "TTFT p50 [95% CI]",
+                "TTFT p90 [95% CI]",
+                "from prefix cache",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows: s
+                .ttft_by_context
+                .iter()
+                .map(|b| {
+                    vec![
+                        format!("[{}, {})", b.from, b.to),
+                        b.ttft.count.to_string(),
+                        b.ttft.percentile_text(0.5, 2),
+                        b.ttft.percentile_text(0.9, 2),
+                        b.cached_share
+                            .map_or("not reported".into(), |c| format!("{:.1}%", c * 100.0)),
+                    ]
+                })
+                .collect(),
+        });
+    }
     Section {
         heading: "Sessions by turn".into(),
-        paragraphs: vec![format!(
-            "{} sessions started in the measurement window ({:.3} sessions/s, {:.2} requests \
-             each); ended: {}. Each later turn re-sends the whole conversation, so its prompt \
-             grows and a server with a prefix cache serves the history from it.",
-            s.sessions,
-            s.session_rate,
-            s.requests_per_session,
-            ended.join(", ")
-        )],
-        tables: vec![by_turn],
+        paragraphs,
+        tables,
         ..Section::default()
     }
 }

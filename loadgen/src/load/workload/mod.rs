@@ -1,6 +1,7 @@
 //! Workloads: what each request asks for (prompt, exact input length, target output length,
 //! optional shared-prefix group). Sources: the synthetic generators and trace files.
 
+pub mod agentic;
 pub mod lengths;
 pub mod prompt;
 pub mod sessions;
@@ -25,6 +26,16 @@ pub enum PromptSource {
     Blocks(Vec<Block>),
     /// Literal text from a trace (ShareGPT, or the project JSONL `prompt`).
     Text(String),
+}
+
+impl PromptSource {
+    /// The prompt as text.
+    pub fn text(&self, prompts: &prompt::PromptBuilder) -> String {
+        match self {
+            PromptSource::Blocks(blocks) => prompts.text(blocks),
+            PromptSource::Text(text) => text.clone(),
+        }
+    }
 }
 
 /// One request of a workload.

@@ -64,15 +64,20 @@ pub enum ThinkTime {
 }
 
 impl ThinkTime {
-    /// Parses `D` or `constant:D` (`5s`, `500ms`, …).
+    /// Parses `--think-time` `D` or `constant:D` (`5s`, `500ms`, …).
     pub fn parse(text: &str) -> Result<ThinkTime> {
+        ThinkTime::parse_flag(text, "--think-time")
+    }
+
+    /// Parses `D` or `constant:D` given to `flag` (a wait of the same shape).
+    pub fn parse_flag(text: &str, flag: &str) -> Result<ThinkTime> {
         let t = text.trim();
         let (constant, d) = match t.strip_prefix("constant:") {
             Some(d) => (true, d),
             None => (false, t),
         };
         let secs = parse_duration(d)
-            .with_context(|| format!("--think-time `{text}`: expected D or constant:D"))?
+            .with_context(|| format!("{flag} `{text}`: expected D or constant:D"))?
             .as_secs_f64();
         Ok(if constant {
             ThinkTime::Constant { secs }

@@ -91,7 +91,7 @@ fn uniform_range(len: u32, ratio: f64) -> (u32, u32) {
     (lo, hi.max(lo))
 }
 
-fn sample_clipped(dist: &LengthDist, rng: &mut StdRng) -> Result<u32> {
+pub(super) fn sample_clipped(dist: &LengthDist, rng: &mut StdRng) -> Result<u32> {
     let ln = LogNormal::new(dist.mu, dist.sigma)
         .with_context(|| format!("invalid log-normal mu={} sigma={}", dist.mu, dist.sigma))?;
     let v = ln.sample(rng).round();
@@ -99,7 +99,7 @@ fn sample_clipped(dist: &LengthDist, rng: &mut StdRng) -> Result<u32> {
 }
 
 /// Lowers a distribution's upper clip to `cap`; a cap below the lower clip is an error.
-fn cap_clip(dist: &mut LengthDist, cap: Option<u32>, flag: &str) -> Result<()> {
+pub(super) fn cap_clip(dist: &mut LengthDist, cap: Option<u32>, flag: &str) -> Result<()> {
     if let Some(cap) = cap {
         if cap < dist.min {
             bail!(

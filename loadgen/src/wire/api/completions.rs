@@ -3,7 +3,7 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::{openai, prompt_text, Api, StreamEvent};
+use super::{openai, Api, StreamEvent};
 use crate::load::workload::prompt::PromptBuilder;
 use crate::load::workload::{PromptSource, RequestSpec};
 use crate::wire::target::Target;
@@ -19,7 +19,7 @@ impl Api for Completions {
         let mut body = openai::common_body(target, spec);
         body["prompt"] = match &spec.prompt {
             PromptSource::Blocks(blocks) if target.prompt_ids => json!(prompts.ids(blocks)),
-            source => json!(prompt_text(source, prompts)),
+            source => json!(source.text(prompts)),
         };
         Ok(body)
     }

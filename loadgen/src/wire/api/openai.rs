@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::StreamEvent;
+use super::{CallPiece, StreamEvent};
 use crate::load::workload::RequestSpec;
 use crate::wire::target::Target;
 use reports::records::ServerTiming;
@@ -121,8 +121,28 @@ struct Delta<'a> {
     reasoning: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<CallDelta<'a>>>,
+}
+
+/// One piece of a streamed chat tool call: the first of a call usually carries its `id` and
+/// name (vLLM, llama.cpp), later ones more of its arguments; a server may send it whole.
+#[derive(Deserialize)]
+struct CallDelta<'a> {
     #[serde(default)]
-    tool_calls: Option<Vec<serde::de::IgnoredAny>>,
+    index: Option<u32>,
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    function: Option<FunctionDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta<'a> {
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
 }
 
 /// One OpenAI stream event; `chat` reads the choice's `delta` instead of its `text`.
@@ -164,7 +184,24 @@ pub(super) fn event(data: &str, chat: bool) -> Result<StreamEvent<'_>, String> {
         }) if chat => {
             parsed.text = delta.content;
             parsed.reasoning = delta.reasoning.or(delta.reasoning_content);
-            parsed.tool_call = delta.tool_calls.is_some_and(|calls| !calls.is_empty());
+            parsed.tool_calls = delta
+                .tool_calls
+                .unwrap_or_default()
+                .into_iter()
+                .enumerate()
+                .map(|(k, call)| {
+                    let function = call.function;
+                    let (name, arguments) =
+                        function.map_or((None, None), |f| (f.name, f.arguments));
+                    CallPiece {
+                        index: call.index.unwrap_or(k as u32),
+                        id: call.id,
+                        name,
+                        arguments,
+                        whole: false,
+                    }
+                })
+                .collect();
         }
         Some(choice) if !chat => parsed.text = choice.text,
         _ => {}
@@ -204,10 +241,29 @@ mod tests {
             (answer.completion_tokens, answer.reasoning_tokens),
             (Some(9), Some(7))
         );
-        let call = event(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\""}}]}}]}"#, true).unwrap();
-        assert!(call.tool_call && call.text.is_none());
+        let call = event(r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"a\""}}]}}]}"#, true).unwrap();
+        assert!(call.text.is_none());
+        assert_eq!(
+            call.tool_calls,
+            [CallPiece {
+                index: 1,
+                arguments: Some("{\"a\"".into()),
+                ..CallPiece::default()
+            }]
+        );
+        let start = event(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}}]}"#, true).unwrap();
+        assert_eq!(
+            start.tool_calls,
+            [CallPiece {
+                index: 0,
+                id: Some("call_1".into()),
+                name: Some("f".into()),
+                arguments: Some("".into()),
+                whole: false,
+            }]
+        );
         let none = event(r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#, true).unwrap();
-        assert!(!none.tool_call);
+        assert!(none.tool_calls.is_empty());
         // A completions choice has no delta: its reasoning, if any, is in the text.
         let text = event(
             r#"{"choices":[{"text":"a","finish_reason":"length"}]}"#,

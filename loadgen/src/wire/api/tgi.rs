@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{prompt_text, Api, StreamEvent};
+use super::{Api, StreamEvent};
 use crate::load::workload::prompt::PromptBuilder;
 use crate::load::workload::RequestSpec;
 use crate::wire::target::Target;
@@ -50,7 +50,7 @@ impl Api for Tgi {
             bail!("--prompt-ids needs the completions backend");
         }
         Ok(json!({
-            "inputs": prompt_text(&spec.prompt, prompts),
+            "inputs": spec.prompt.text(prompts),
             "parameters": {"max_new_tokens": spec.output_len, "details": true},
         }))
     }
