@@ -87,6 +87,7 @@ pub async fn mock_command(a: MockArgs) -> Result<()> {
         reasoning_usage: a.reasoning_usage,
         bodies: None,
         tool_turns: a.tool_turns,
+        tool_arguments: None,
         tls: match (&a.tls_cert, &a.tls_key) {
             (Some(cert), Some(key)) => Some(crate::wire::tls::server_config(cert, key)?),
             _ => None,

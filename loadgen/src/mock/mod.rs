@@ -75,6 +75,9 @@ pub struct MockConfig {
     /// A request that offers tools is answered with a tool call while its conversation
     /// holds fewer tool results than this (always, when `tool_choice` is `required`).
     pub tool_turns: u32,
+    /// Every tool call's arguments text, instead of a JSON object naming the request (a
+    /// test's broken call).
+    pub tool_arguments: Option<String>,
 }
 
 /// The chat delta field a server streams reasoning in.
@@ -119,6 +122,7 @@ impl Default for MockConfig {
             bodies: None,
             tls: None,
             tool_turns: 2,
+            tool_arguments: None,
         }
     }
 }

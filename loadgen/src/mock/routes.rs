@@ -175,11 +175,13 @@ async fn serve(
         .map(|name| MockCall {
             id: format!("call_{}_{}", id.unwrap_or(0), ask.tool_results),
             name: name.clone(),
-            arguments: format!(
-                r#"{{"query": "r{} t{}"}}"#,
-                id.unwrap_or(0),
-                ask.tool_results
-            ),
+            arguments: s.cfg.tool_arguments.clone().unwrap_or_else(|| {
+                format!(
+                    r#"{{"query": "r{} t{}"}}"#,
+                    id.unwrap_or(0),
+                    ask.tool_results
+                )
+            }),
         });
     let plan = Timing {
         arrival: arrival.0,
