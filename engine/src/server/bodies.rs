@@ -135,3 +135,54 @@ pub struct DetokenizeBody {
     pub model: Option<String>,
     pub tokens: Option<Vec<u64>>,
 }
+
+/// A `/v1/responses` body: the fields it takes (each read and carried to the chat request
+/// it becomes, or refused with its reason); any other field is refused by name.
+#[derive(Debug, Deserialize)]
+pub struct ResponsesBody {
+    pub model: Option<String>,
+    /// A string, or a list of items (messages, function calls, their outputs, reasoning).
+    pub input: Option<Value>,
+    pub instructions: Option<String>,
+    /// Function tools in the Responses API's flat form.
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub max_output_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub stream: Option<bool>,
+    pub reasoning: Option<ResponsesReasoning>,
+    pub text: Option<ResponsesText>,
+    /// Only `false`: this server keeps no responses.
+    pub store: Option<bool>,
+    /// Refused: this server keeps no responses to continue.
+    pub previous_response_id: Option<Value>,
+    /// Echoed in the response; changes nothing else.
+    pub metadata: Option<Map<String, Value>>,
+    /// Changes nothing here (any value).
+    #[serde(rename = "user")]
+    _user: Option<Value>,
+    /// vLLM's extensions of its Responses request, as in chat.
+    pub ignore_eos: Option<bool>,
+    pub seed: Option<Number>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub stop: Option<Value>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+/// `reasoning` of a Responses request.
+#[derive(Debug, Deserialize)]
+pub struct ResponsesReasoning {
+    pub effort: Option<String>,
+    /// Refused when given: the reasoning streams as its text, not summarised.
+    pub summary: Option<Value>,
+}
+
+/// `text` of a Responses request.
+#[derive(Debug, Deserialize)]
+pub struct ResponsesText {
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", ...}`.
+    pub format: Option<Value>,
+}

@@ -10,6 +10,7 @@ pub mod engine_loop;
 pub mod harmony;
 pub mod metrics;
 pub mod protocol;
+pub mod responses;
 pub mod routes;
 pub mod tools;
 pub mod typed_body;

@@ -25,6 +25,7 @@ use super::protocol::{
     CompletionLogprobs, CompletionResponse, DetokenizeResponse, FunctionCallOut, FunctionDelta,
     ModelCard, ModelList, Timings, TokenizeResponse, ToolCallDelta, ToolCallOut, Usage,
 };
+use super::responses::{self, events::ResponseBuilder};
 use super::tools::{CallEvent, CallFormat, CallReader};
 use super::validate::{self, GenerateRequest, ModelInfo};
 use crate::engine::{FinishReason, TokenLogprob};
@@ -69,6 +70,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(unknown_route)
@@ -901,11 +903,12 @@ impl StreamState {
     }
 }
 
-fn stream_response(
+/// The chat stream's SSE payloads (chunks as JSON text, error bodies, `[DONE]`).
+fn chat_payloads(
     writer: ChunkWriter,
     request: GenerateRequest,
     events: mpsc::Receiver<SeqOutput>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+) -> impl Stream<Item = String> {
     let total = request.prompts.len() * request.n;
     let readers = (0..total).filter_map(|_| writer.call_reader()).collect();
     let state = StreamState {
@@ -922,11 +925,70 @@ fn stream_response(
     let payloads = stream::unfold(state, |mut state| async move {
         state.next_payloads().await.map(|p| (p, state))
     });
-    Sse::new(payloads.flat_map(|batch| {
-        stream::iter(
-            batch
-                .into_iter()
-                .map(|data| Ok(Event::default().data(data))),
-        )
-    }))
+    payloads.flat_map(stream::iter)
+}
+
+fn stream_response(
+    writer: ChunkWriter,
+    request: GenerateRequest,
+    events: mpsc::Receiver<SeqOutput>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Sse::new(chat_payloads(writer, request, events).map(|data| Ok(Event::default().data(data))))
+}
+
+/// `POST /v1/responses`: the body read as the chat request it describes (streamed inside,
+/// with usage), answered as the Responses API's events, or as the final response when the
+/// request did not ask for a stream. A chat validation error names the Responses field.
+async fn responses(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    let read = body_bytes(&state, body).and_then(|bytes| responses::request::read(&bytes));
+    let request = match read {
+        Ok(request) => request,
+        Err(e) => return e.into_response(),
+    };
+    let chat_body = Bytes::from(request.chat_body.to_string());
+    let (chat, events) = match start(&state, Ok(chat_body), Endpoint::Chat, arrival).await {
+        Ok(started) => started,
+        Err(mut e) => {
+            e.param = e.param.as_deref().map(responses::request::responses_param);
+            return e.into_response();
+        }
+    };
+    let writer = ChunkWriter::new(
+        Endpoint::Chat,
+        &chat,
+        state.ready().map(|r| r.tokenizer.clone()),
+    );
+    let mut builder = ResponseBuilder::new(chat.model.clone(), request.echo, unix_now());
+    let opening = builder.start();
+    let payloads = chat_payloads(writer, chat, events);
+    if request.stream {
+        let events = stream::iter(opening).chain(
+            payloads
+                .map(move |payload| builder.push(&payload))
+                .flat_map(stream::iter),
+        );
+        return Sse::new(events.map(|e| {
+            Ok::<_, Infallible>(Event::default().event(e.kind).data(e.data.to_string()))
+        }))
+        .into_response();
+    }
+    let mut payloads = std::pin::pin!(payloads);
+    let mut last = None;
+    while let Some(payload) = payloads.next().await {
+        last = builder.push(&payload).pop().or(last);
+    }
+    let response = builder
+        .end()
+        .pop()
+        .or(last)
+        .map(|event| event.data["response"].clone())
+        .unwrap_or_default();
+    if response["status"] == "failed" {
+        return engine_failed().into_response();
+    }
+    Json(response).into_response()
 }
