@@ -29,9 +29,9 @@ pub async fn compare_command(args: CompareArgs) -> Result<()> {
         || args.a_cmd.is_some()
         || args.b_url.is_some()
         || args.b_cmd.is_some();
-    if online && args.run.turns.is_some() {
+    if let (true, Some(flag)) = (online, args.run.sessions_flag()) {
         bail!(
-            "loadgen compare with --turns: a session's later turns carry each server's own \
+            "loadgen compare with {flag}: a session's later turns carry each server's own \
              answers, so the two sides never send identical requests to pair; compare \
              single-turn runs, or run each side alone and compare the saved runs (unpaired)"
         );

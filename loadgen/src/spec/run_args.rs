@@ -228,6 +228,18 @@ pub struct RunArgs {
     pub no_progress: bool,
 }
 
+impl RunArgs {
+    /// The flag that makes this run one of sessions (`--turns`, `--workload agentic`), if
+    /// any: the commands that cannot run sessions name it.
+    pub fn sessions_flag(&self) -> Option<&'static str> {
+        if self.workload == WorkloadKind::Agentic {
+            Some("--workload agentic")
+        } else {
+            self.turns.as_ref().map(|_| "--turns")
+        }
+    }
+}
+
 impl RunSpec {
     /// The spec of `args`, every option checked that can be before the run is prepared (the
     /// TLS certificate and an `--extra-body @FILE` are read here; a trace's rows and
@@ -240,8 +252,8 @@ impl RunSpec {
                     "--exact-rate scales an open-loop schedule: --concurrency (closed loop) has none"
                 );
             }
-            if args.turns.is_some() {
-                bail!("--exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; give --rate alone");
+            if let Some(flag) = args.sessions_flag() {
+                bail!("--exact-rate with {flag}: a session's later turns follow its answers, so no factor fixes their rate; give --rate alone");
             }
         }
         if sessions.is_some() {

@@ -344,12 +344,14 @@ fn chat_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
         .ok_or_else(|| ApiError::wrong_type(&path, "a tool (an object)"))?;
     match obj.get("type").and_then(Value::as_str) {
         Some("function") => {}
-        Some(other) => return Err(ApiError::invalid(
-            &format!("{path}.type"),
-            format!(
+        Some(other) => {
+            return Err(ApiError::invalid(
+                &format!("{path}.type"),
+                format!(
                 "`{other}` is a hosted tool, which this server does not run: only `function` tools"
             ),
-        )),
+            ))
+        }
         None => {
             return Err(ApiError::invalid(
                 &format!("{path}.type"),

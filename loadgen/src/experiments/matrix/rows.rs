@@ -104,7 +104,7 @@ pub(super) fn check_rows(args: &MatrixArgs, specs: Vec<RowSpec>) -> Result<Vec<P
 /// The tokens kept free under the server's context when a request is clipped to it: a
 /// chat template's tokens around the prompt, or a BOS.
 fn context_room(run: &RunArgs) -> u32 {
-    if run.backend == crate::wire::backend::Backend::Chat {
+    if run.backend.takes_conversations() {
         CHAT_TEMPLATE_ROOM
     } else {
         1
@@ -127,7 +127,7 @@ pub(super) async fn fit_rows(rows: &mut [PreparedRow], url: &str) -> Result<()> 
         let label = row.spec.label();
         let run = row.args.run_mut();
         run.url = url.to_string();
-        if run.turns.is_some() {
+        if run.sessions_flag().is_some() {
             continue;
         }
         let Some(context) = identity.context_len(run.model.as_deref()) else {
@@ -197,7 +197,7 @@ fn scale_row(args: &mut RowArgs, scale: f64) -> Result<()> {
         return Ok(());
     }
     let run = args.run_mut();
-    if run.turns.is_some() {
+    if run.sessions_flag().is_some() {
         bail!("a multi-turn session's prompts grow with its history and cannot be scaled; run this matrix at --scale 1 or shape the row with max-history-tokens");
     }
     run.length_scale *= scale;

@@ -60,15 +60,15 @@ pub async fn run_sweep(
     }
     let rates = parse_rates(&args.rates)?;
     refuse_unused(args, &rates)?;
-    if args.run.exact_rate && args.run.turns.is_some() {
-        bail!("loadgen sweep --exact-rate with --turns: a session's later turns follow its answers, so no factor fixes their rate; session levels run their raw draw");
+    if let (true, Some(flag)) = (args.run.exact_rate, args.run.sessions_flag()) {
+        bail!("loadgen sweep --exact-rate with {flag}: a session's later turns follow its answers, so no factor fixes their rate; session levels run their raw draw");
     }
     // The sweep's own refusals come before the run options' (which would ask a sharded
     // sweep without --start-at for it, or sessions for --backend chat, before saying why).
     let timetable = sharded_timetable(args)?;
-    if !matches!(rates, Rates::List(_)) && args.run.turns.is_some() {
+    if let (false, Some(flag)) = (matches!(rates, Rates::List(_)), args.run.sessions_flag()) {
         bail!(
-            "loadgen sweep --rates {} with --turns: the saturation probe is a closed loop of \
+            "loadgen sweep --rates {} with {flag}: the saturation probe is a closed loop of \
              single requests, which sessions are not; give the session rates (--rates 0.5,1,2)",
             args.rates
         );

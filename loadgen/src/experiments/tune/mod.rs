@@ -47,8 +47,8 @@ pub async fn run_tune(
     if args.run.shard.is_some() || args.run.start_at.is_some() {
         bail!("loadgen tune: --shard / --start-at are for run and sweep");
     }
-    if args.run.turns.is_some() {
-        bail!("loadgen tune with --turns: a knee search's probe is a closed loop of single requests, which sessions are not");
+    if let Some(flag) = args.run.sessions_flag() {
+        bail!("loadgen tune with {flag}: a knee search's probe is a closed loop of single requests, which sessions are not");
     }
     let spec = RunSpec::from_args(&args.run)?;
     let (Some(slo), Some(slo_text)) = (spec.slo.clone(), spec.slo_text.clone()) else {
