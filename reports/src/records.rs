@@ -102,7 +102,8 @@ pub struct SessionTurn {
     pub session: u64,
     /// 1 for the session's first turn.
     pub turn: u32,
-    /// Messages sent before this turn's user message: the earlier user turns and answers.
+    /// Messages sent before this turn's new ones (its user message, or an agent turn's tool
+    /// results): an agent's system prompt, the earlier turns' messages and the answers.
     pub history_messages: u32,
     /// The session's phase (that of its first turn's scheduled send), which a turn cut in
     /// flight keeps although its own record says interrupted.

@@ -765,6 +765,51 @@ mod tests {
     }
 
     #[test]
+    fn tool_calls_are_assembled_whole_or_from_pieces() {
+        let chat = api::of(Backend::Chat);
+        let mut st = StreamState {
+            answer: Some(Answer::default()),
+            ..StreamState::default()
+        };
+        // vLLM: id and name first, then the arguments in pieces; a second call at index 1
+        // sent whole in one delta (as a server that buffers a call does).
+        st.on_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}}]}}]}"#, 1.0, chat);
+        st.on_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"x\":"}}]}}]}"#, 2.0, chat);
+        st.on_event(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}},{"index":1,"id":"call_b","type":"function","function":{"name":"g","arguments":"{}"}}]}}]}"#, 3.0, chat);
+        let answer = st.answer.take().unwrap();
+        assert_eq!(
+            answer.calls,
+            [
+                ToolCall {
+                    id: "call_a".into(),
+                    name: "f".into(),
+                    arguments: r#"{"x":1}"#.into()
+                },
+                ToolCall {
+                    id: "call_b".into(),
+                    name: "g".into(),
+                    arguments: "{}".into()
+                },
+            ]
+        );
+        assert_eq!(st.chunk_ms, [1.0, 2.0, 3.0], "every call event is output");
+        // Responses: the item's `done` gives the whole arguments, which replace the pieces
+        // and are no new output.
+        let responses = api::of(Backend::Responses);
+        let mut st = StreamState {
+            answer: Some(Answer::default()),
+            ..StreamState::default()
+        };
+        st.on_event(r#"{"type":"response.output_item.added","output_index":3,"item":{"type":"function_call","call_id":"call_c","name":"h","arguments":""}}"#, 1.0, responses);
+        st.on_event(r#"{"type":"response.function_call_arguments.delta","output_index":3,"delta":"{\"y\""}"#, 2.0, responses);
+        st.on_event(r#"{"type":"response.output_item.done","output_index":3,"item":{"type":"function_call","call_id":"call_c","name":"h","arguments":"{\"y\":2}"}}"#, 3.0, responses);
+        let answer = st.answer.take().unwrap();
+        assert_eq!(answer.calls[0].arguments, r#"{"y":2}"#);
+        assert_eq!(answer.calls[0].id, "call_c");
+        assert_eq!(st.chunk_ms, [1.0, 2.0]);
+    }
+
+    #[test]
     fn token_without_text_is_content_but_usage_only_chunk_is_not() {
         // Continuous usage: the first token is half a UTF-8 character (empty text).
         let mut st = StreamState::default();

@@ -237,7 +237,8 @@ fn timeline_section(t: &crate::timeline::Timeline) -> Section {
     }
 }
 
-/// Multi-turn sessions: how many, how they ended, and each turn index's numbers.
+/// Multi-turn sessions: how many, how they ended, each turn index's numbers, per-session
+/// totals, tool use and TTFT by context length.
 fn sessions_section(s: &crate::sessions::SessionStats) -> Section {
     let ended: Vec<String> = s.ended.iter().map(|(k, n)| format!("{k} {n}")).collect();
     let by_turn = Table {
@@ -359,7 +360,7 @@ fn sessions_section(s: &crate::sessions::SessionStats) -> Section {
         });
     }
     Section {
-        heading: "Sessions by turn".into(),
+        heading: "Sessions".into(),
         paragraphs,
         tables,
         ..Section::default()
