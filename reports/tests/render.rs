@@ -407,7 +407,16 @@ fn sweep_compare_and_run_reports_are_self_contained() {
     // and output tok/s against the roofline, and the engine's steps by kind.
     check_files(&md, &html, 12);
     let text = std::fs::read_to_string(&html).unwrap();
-    assert!(text.contains("Sessions by turn") && text.contains("ended: capped 5, completed 120"));
+    assert!(text.contains("<h2>Sessions</h2>"));
+    assert!(text.contains("ended: capped 5, completed 120"));
+    // Tool use, per-session totals and TTFT by context length.
+    assert!(
+        text.contains("375 of 500 answered turns that offered tools called one (400 calls in all)")
+    );
+    assert!(text.contains(
+        "the server took 100000 of the 150000 it reported on from its prefix cache (66.7%)"
+    ));
+    assert!(text.contains("[0, 512)"));
     assert!(
         text.contains("<td>75.0%</td>"),
         "turn 4's prefix-cache share"
