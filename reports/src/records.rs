@@ -72,8 +72,8 @@ pub enum ErrorKind {
     Interrupted,
     /// The request body could not be built (nothing was sent).
     RequestBody,
-    /// The answer made a tool call the client cannot run (its arguments are not a JSON
-    /// object): an agent session ends there.
+    /// The answer made a tool call the client cannot run (no id or name, or arguments that
+    /// are not a JSON object): an agent session ends there.
     ToolCall,
 }
 

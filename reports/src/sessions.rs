@@ -156,7 +156,7 @@ impl SessionStats {
                 .map(|(turn, records)| TurnStats::of(turn, &records))
                 .collect(),
             per_session: PerSession::of(&mine),
-            tools: ToolUse::of(&mine),
+            tools: ToolUse::of(&measured, &mine),
             ttft_by_context: ContextBin::of(&measured),
         })
     }
@@ -218,12 +218,12 @@ impl PerSession {
 }
 
 impl ToolUse {
-    /// The tool use of `records`' turns that offered tools; `None` when none did.
-    fn of(records: &[&RequestRecord]) -> Option<ToolUse> {
-        let offered: Vec<&&RequestRecord> = records
-            .iter()
-            .filter(|r| r.session.is_some_and(|s| s.tools_offered > 0))
-            .collect();
+    /// The tool use of the `measured` turns that offered tools; `None` when none did. The
+    /// unusable calls are counted over the window's sessions' turns, `mine` (a session's
+    /// failing turn may be one cut in flight).
+    fn of(measured: &[&RequestRecord], mine: &[&RequestRecord]) -> Option<ToolUse> {
+        let offers = |r: &&&RequestRecord| r.session.is_some_and(|s| s.tools_offered > 0);
+        let offered: Vec<&&RequestRecord> = measured.iter().filter(offers).collect();
         if offered.is_empty() {
             return None;
         }
@@ -235,8 +235,9 @@ impl ToolUse {
             out.turns_with_calls += u64::from(calls > 0);
             out.calls += u64::from(calls);
         }
-        out.unusable_calls = offered
+        out.unusable_calls = mine
             .iter()
+            .filter(offers)
             .filter(|r| {
                 r.error
                     .as_ref()

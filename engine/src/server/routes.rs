@@ -988,7 +988,11 @@ async fn responses(
         .map(|event| event.data["response"].clone())
         .unwrap_or_default();
     if response["status"] == "failed" {
-        return engine_failed().into_response();
+        let mut failed = engine_failed();
+        if let Some(message) = response["error"]["message"].as_str() {
+            failed.message = message.to_string();
+        }
+        return failed.into_response();
     }
     Json(response).into_response()
 }

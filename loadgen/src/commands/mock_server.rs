@@ -59,6 +59,10 @@ pub struct MockArgs {
     /// "required"`), then with text.
     #[arg(long, default_value_t = 2)]
     pub tool_turns: u32,
+    /// Tool calls in each answer that calls (parallel calls, one after the other, 4 tokens
+    /// each).
+    #[arg(long, default_value_t = 1)]
+    pub calls_per_answer: u32,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, requires = "tls_key", value_name = "FILE")]
     pub tls_cert: Option<std::path::PathBuf>,
@@ -88,6 +92,7 @@ pub async fn mock_command(a: MockArgs) -> Result<()> {
         bodies: None,
         tool_turns: a.tool_turns,
         tool_arguments: None,
+        calls_per_answer: a.calls_per_answer,
         tls: match (&a.tls_cert, &a.tls_key) {
             (Some(cert), Some(key)) => Some(crate::wire::tls::server_config(cert, key)?),
             _ => None,

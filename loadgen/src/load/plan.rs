@@ -17,7 +17,8 @@ use crate::load::workload::RequestSpec;
 pub struct PlannedRequest {
     pub id: u64,
     /// Send time in seconds from the run origin (open loop); `None` in closed loop and for
-    /// a session's later turns, which follow the previous answer.
+    /// a session's later turns, which follow the previous answer (a trace's later turns
+    /// have their recorded time, and wait for the previous answer too).
     pub at_s: Option<f64>,
     pub spec: RequestSpec,
     /// Its place in a multi-turn session; a session's turns are consecutive in the list.
@@ -79,6 +80,10 @@ pub struct Plan {
     /// the agent's index).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agentic: Option<AgenticPlan>,
+    /// The sessions are a trace's: each turn sends its own recorded prompt (not the history
+    /// and the server's answers) at its `at_s`, but not before the previous answer ended.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recorded_sessions: bool,
 }
 
 /// What agent sessions share: the pool of agents, and whether each session's first turn
@@ -185,6 +190,7 @@ impl Plan {
             max_concurrency: None,
             sessions: None,
             agentic: None,
+            recorded_sessions: false,
         }
     }
 }

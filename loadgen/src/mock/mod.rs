@@ -11,10 +11,11 @@
 //! injection: a seeded fraction of requests answered with an error status, and streams cut
 //! (connection aborted) after a number of tokens. `/metrics` exports the running and waiting
 //! requests under vLLM's gauge names, so the saturation judgement sees the queue it would see
-//! on a real server. A request that offers tools is answered with a tool call (`call_<id>_<k>`
-//! to the first tool, its arguments streamed in pieces over up to 4 tokens) while its
-//! conversation holds fewer than `tool_turns` tool results, then with text; the Responses API
-//! (`/v1/responses`) streams the same answers as vLLM's events.
+//! on a real server. A request that offers tools is answered with `calls_per_answer` tool
+//! calls (`call_<id>_<k>_<c>` to the first tool, each over 4 tokens of one chunk: its name,
+//! then its arguments in pieces) while its conversation holds fewer than `tool_turns` tool
+//! results, then with text; the Responses API (`/v1/responses`) streams the same answers as
+//! vLLM's events.
 
 mod ask;
 pub mod calibrate;
@@ -78,6 +79,8 @@ pub struct MockConfig {
     /// Every tool call's arguments text, instead of a JSON object naming the request (a
     /// test's broken call).
     pub tool_arguments: Option<String>,
+    /// Tool calls in each answer that calls (parallel calls), one after the other.
+    pub calls_per_answer: u32,
 }
 
 /// The chat delta field a server streams reasoning in.
@@ -123,6 +126,7 @@ impl Default for MockConfig {
             tls: None,
             tool_turns: 2,
             tool_arguments: None,
+            calls_per_answer: 1,
         }
     }
 }

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::*;
 
 use super::ask::{error_response, parse_ask, Format};
-use super::streaming::{stream_response, usage, MockCall, Reasoning, Timing};
+use super::streaming::{stream_response, usage, MockCall, Reasoning, Timing, CALL_TOKENS};
 use super::transport::ConnectionArrivals;
 
 pub(super) async fn version() -> Json<Value> {
@@ -166,40 +166,46 @@ async fn serve(
         },
         None => (None, arrival.0),
     };
-    // A request that offers tools gets a call while its conversation holds fewer results
-    // than `tool_turns` (always, when it requires one): `CALL_TOKENS` tokens at most.
-    let call = ask
-        .tool
-        .as_ref()
-        .filter(|_| ask.require_call || ask.tool_results < s.cfg.tool_turns)
-        .map(|name| MockCall {
-            id: format!("call_{}_{}", id.unwrap_or(0), ask.tool_results),
-            name: name.clone(),
-            arguments: s.cfg.tool_arguments.clone().unwrap_or_else(|| {
-                format!(
-                    r#"{{"query": "r{} t{}"}}"#,
-                    id.unwrap_or(0),
-                    ask.tool_results
-                )
-            }),
-        });
+    // A request that offers tools gets `calls_per_answer` calls while its conversation holds
+    // fewer results than `tool_turns` (always, when it requires one), one token per chunk.
+    let due = ask.tool.is_some() && (ask.require_call || ask.tool_results < s.cfg.tool_turns);
+    let calls: Vec<MockCall> = match (&ask.tool, due) {
+        (Some(name), true) => (0..s.cfg.calls_per_answer.max(1))
+            .map(|c| MockCall {
+                id: format!("call_{}_{}_{c}", id.unwrap_or(0), ask.tool_results),
+                name: name.clone(),
+                arguments: s.cfg.tool_arguments.clone().unwrap_or_else(|| {
+                    format!(
+                        r#"{{"query": "r{} t{} c{c}"}}"#,
+                        id.unwrap_or(0),
+                        ask.tool_results
+                    )
+                }),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let plan = Timing {
         arrival: arrival.0,
         start,
         ttft: s.cfg.ttft.mul_f64(s.cfg.ttft_factor.max(0.0)),
         itl: s.cfg.itl,
-        per_chunk: s.cfg.tokens_per_chunk.max(1),
-        total: if call.is_some() {
-            ask.max_tokens.min(CALL_TOKENS)
+        per_chunk: if calls.is_empty() {
+            s.cfg.tokens_per_chunk.max(1)
         } else {
+            1
+        },
+        total: if calls.is_empty() {
             ask.max_tokens
+        } else {
+            ask.max_tokens.min(CALL_TOKENS * calls.len() as u32)
         },
         cut_after: s.cfg.cut_after,
     };
     if ask.stream {
         let log = s.cfg.log.clone().map(|log| (log, id, arrival));
         let reasoning = Reasoning {
-            tokens: if ask.conversational() && ask.thinking {
+            tokens: if ask.conversational() && ask.thinking && calls.is_empty() {
                 s.cfg.reasoning_tokens
             } else {
                 0
@@ -208,24 +214,42 @@ async fn serve(
             usage: s.cfg.reasoning_usage,
             answer_tag: format!("r{} ", id.unwrap_or(0)),
         };
-        stream_response(s.cfg.model.clone(), ask, plan, reasoning, call, permit, log)
+        stream_response(
+            s.cfg.model.clone(),
+            ask,
+            plan,
+            reasoning,
+            calls,
+            permit,
+            log,
+        )
     } else {
         let chunks = plan.total.div_ceil(plan.per_chunk);
         tokio::time::sleep_until(plan.deadline(chunks - 1).into()).await;
         drop(permit);
         let text = "tok ".repeat(plan.total as usize);
         if ask.format == Format::Responses {
-            let output = match &call {
-                Some(c) => json!([{"id": "fc_0", "type": "function_call", "call_id": c.id,
-                    "name": c.name, "arguments": c.arguments, "status": "completed"}]),
-                None => json!([{"id": "msg_0", "type": "message", "role": "assistant",
+            let output: Vec<Value> = if calls.is_empty() {
+                vec![
+                    json!({"id": "msg_0", "type": "message", "role": "assistant",
                     "status": "incomplete",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}]}]),
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}),
+                ]
+            } else {
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        json!({"id": format!("fc_{i}"),
+                    "type": "function_call", "call_id": c.id, "name": c.name,
+                    "arguments": c.arguments, "status": "completed"})
+                    })
+                    .collect()
             };
             let (input, out) = (ask.prompt_tokens, u64::from(plan.total));
             return Json(json!({
                 "id": "resp_mock", "object": "response", "created_at": 0, "model": s.cfg.model,
-                "status": if call.is_some() { "completed" } else { "incomplete" },
+                "status": if calls.is_empty() { "incomplete" } else { "completed" },
                 "output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": [],
                 "usage": {"input_tokens": input, "input_tokens_details": {"cached_tokens": 0},
                     "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
@@ -234,7 +258,17 @@ async fn serve(
             }))
             .into_response();
         }
-        let choice = if ask.chat() {
+        let choice = if ask.chat() && !calls.is_empty() {
+            let tool_calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    json!({"id": c.id, "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect();
+            json!({"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": tool_calls},
+                "finish_reason": "tool_calls"})
+        } else if ask.chat() {
             json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
         } else {
             json!({"index": 0, "text": text, "finish_reason": "length"})
@@ -248,6 +282,3 @@ async fn serve(
         .into_response()
     }
 }
-
-/// Tokens of a tool-call answer (its opening, then pieces of its arguments), at most.
-const CALL_TOKENS: u32 = 4;

@@ -58,22 +58,22 @@ pub(super) struct Reasoning {
     pub(super) answer_tag: String,
 }
 
-/// A tool call the answer makes instead of text: its first chunk opens the call (id and
-/// name), the next ones carry its arguments' text in pieces, as vLLM streams them.
+/// A tool call the answer makes instead of text, over [`CALL_TOKENS`] tokens of one chunk
+/// each: the first opens the call (id and name), the next ones carry its arguments' text in
+/// pieces, as vLLM streams them.
 pub(super) struct MockCall {
     pub(super) id: String,
     pub(super) name: String,
     pub(super) arguments: String,
 }
 
+/// Tokens of each tool call of an answer.
+pub(super) const CALL_TOKENS: u32 = 4;
+
 impl MockCall {
-    /// The arguments' piece of chunk `chunk` of `chunks` (the first carries none, unless it
-    /// is the only one).
-    fn piece(&self, chunk: u32, chunks: u32) -> &str {
-        if chunks <= 1 {
-            return &self.arguments;
-        }
-        let pieces = (chunks - 1) as usize;
+    /// The arguments' piece of the call's token `token` (the first carries none).
+    fn piece(&self, token: u32) -> &str {
+        let pieces = (CALL_TOKENS - 1) as usize;
         let n = self.arguments.len();
         let cut = |k: usize| {
             let mut at = n * k / pieces;
@@ -82,11 +82,16 @@ impl MockCall {
             }
             at
         };
-        match chunk {
+        match token {
             0 => "",
-            c => &self.arguments[cut(c as usize - 1)..cut(c as usize)],
+            t => &self.arguments[cut(t as usize - 1)..cut(t as usize)],
         }
     }
+}
+
+/// Which call, and which of its tokens, the chunk after `sent` tokens carries.
+fn call_token(sent: u32) -> (usize, u32) {
+    ((sent / CALL_TOKENS) as usize, sent % CALL_TOKENS)
 }
 
 impl Reasoning {
@@ -120,8 +125,8 @@ struct StreamState {
     ask: Ask,
     timing: Timing,
     reasoning: Reasoning,
-    /// The tool call the answer makes instead of text.
-    call: Option<MockCall>,
+    /// The tool calls the answer makes instead of text (one token per chunk).
+    calls: Vec<MockCall>,
     chunk: u32,
     sent_tokens: u32,
     prelude_sent: bool,
@@ -143,7 +148,8 @@ struct StreamState {
 enum Item {
     Reasoning,
     Message,
-    Call,
+    /// The answer's call of this index.
+    Call(usize),
 }
 
 impl StreamState {
@@ -195,19 +201,12 @@ impl StreamState {
             Item::Message => format!(
                 r#"{{"id":"msg_{index}","type":"message","role":"assistant","content":[],"status":"in_progress"}}"#
             ),
-            Item::Call => {
-                let call = self
-                    .call
-                    .as_ref()
-                    .map_or((String::new(), String::new()), |c| {
-                        (
-                            Value::from(c.id.as_str()).to_string(),
-                            Value::from(c.name.as_str()).to_string(),
-                        )
-                    });
+            Item::Call(c) => {
+                let (call_id, name) = self.calls.get(c).map_or((Value::Null, Value::Null), |c| {
+                    (Value::from(c.id.as_str()), Value::from(c.name.as_str()))
+                });
                 format!(
-                    r#"{{"id":"fc_{index}","type":"function_call","call_id":{},"name":{},"arguments":"","status":"in_progress"}}"#,
-                    call.0, call.1
+                    r#"{{"id":"fc_{index}","type":"function_call","call_id":{call_id},"name":{name},"arguments":"","status":"in_progress"}}"#
                 )
             }
         };
@@ -219,7 +218,7 @@ impl StreamState {
         let part = match kind {
             Item::Reasoning => r#"{"type":"reasoning_text","text":""}"#,
             Item::Message => r#"{"type":"output_text","text":"","annotations":[],"logprobs":[]}"#,
-            Item::Call => return,
+            Item::Call(_) => return,
         };
         let prefix = if kind == Item::Reasoning { "rs" } else { "msg" };
         self.responses_event(
@@ -229,32 +228,33 @@ impl StreamState {
         );
     }
 
-    /// Closes the open output item (the mock's done events carry no text: a client reads
-    /// the deltas).
+    /// Closes the open output item.
     fn close_item(&mut self, out: &mut String) {
         let Some((index, kind)) = self.item.take() else {
             return;
         };
-        let (id, item) = match kind {
+        let (id, item, part) = match kind {
             Item::Reasoning => (
                 format!("rs_{index}"),
                 format!(
                     r#"{{"id":"rs_{index}","type":"reasoning","summary":[],"status":"completed"}}"#
                 ),
+                r#"{"type":"reasoning_text","text":""}"#,
             ),
             Item::Message => (
                 format!("msg_{index}"),
                 format!(
                     r#"{{"id":"msg_{index}","type":"message","role":"assistant","content":[],"status":"completed"}}"#
                 ),
+                r#"{"type":"output_text","text":"","annotations":[]}"#,
             ),
-            Item::Call => {
+            Item::Call(c) => {
                 let (call_id, name, arguments) =
-                    self.call.as_ref().map_or_else(Default::default, |c| {
+                    self.calls.get(c).map_or_else(Default::default, |c| {
                         (
-                            Value::from(c.id.as_str()).to_string(),
-                            Value::from(c.name.as_str()).to_string(),
-                            Value::from(c.arguments.as_str()).to_string(),
+                            Value::from(c.id.as_str()),
+                            Value::from(c.name.as_str()),
+                            Value::from(c.arguments.as_str()),
                         )
                     });
                 self.responses_event(out, "response.function_call_arguments.done", &format!(r#""item_id":"fc_{index}","output_index":{index},"name":{name},"arguments":{arguments}"#));
@@ -263,14 +263,34 @@ impl StreamState {
                     format!(
                         r#"{{"id":"fc_{index}","type":"function_call","call_id":{call_id},"name":{name},"arguments":{arguments},"status":"completed"}}"#
                     ),
+                    "",
                 )
             }
         };
-        if kind != Item::Call {
+        // The mock's done events carry no text: a client reads the deltas.
+        let fields = format!(r#""item_id":"{id}","output_index":{index},"content_index":0"#);
+        match kind {
+            Item::Reasoning => {
+                self.responses_event(
+                    out,
+                    "response.reasoning_text.done",
+                    &format!(r#"{fields},"text":"""#),
+                );
+            }
+            Item::Message => {
+                self.responses_event(
+                    out,
+                    "response.output_text.done",
+                    &format!(r#"{fields},"text":"","logprobs":[]"#),
+                );
+            }
+            Item::Call(_) => {}
+        }
+        if !part.is_empty() {
             self.responses_event(
                 out,
                 "response.content_part.done",
-                &format!(r#""item_id":"{id}","output_index":{index},"content_index":0,"part":{{"type":"output_text","text":""}}"#),
+                &format!(r#"{fields},"part":{part}"#),
             );
         }
         self.responses_event(
@@ -288,13 +308,13 @@ impl StreamState {
         first_answer_token: Option<u32>,
     ) -> String {
         let mut out = String::new();
-        if self.call.is_some() {
-            self.open_item(&mut out, Item::Call);
-            let chunks = self.timing.total.div_ceil(self.timing.per_chunk);
+        if !self.calls.is_empty() {
+            let (c, token) = call_token(self.sent_tokens - k);
+            self.open_item(&mut out, Item::Call(c));
             let piece = self
-                .call
-                .as_ref()
-                .map(|c| c.piece(self.chunk - 1, chunks).to_string())
+                .calls
+                .get(c)
+                .map(|call| call.piece(token).to_string())
                 .unwrap_or_default();
             if !piece.is_empty() {
                 let index = self.item.map_or(0, |(i, _)| i);
@@ -344,27 +364,27 @@ impl StreamState {
         // Written from a template rather than a JSON tree: at thousands of events per second
         // the mock's own CPU time is what a calibration must keep small.
         let last = self.sent_tokens == self.timing.total;
-        let finish = match (last, self.call.is_some()) {
+        let finish = match (last, self.calls.is_empty()) {
             (false, _) => "null",
-            (true, true) => r#""tool_calls""#,
-            (true, false) => r#""length""#,
+            (true, false) => r#""tool_calls""#,
+            (true, true) => r#""length""#,
         };
         let mut event = String::with_capacity(self.chunk_prefix.len() + 160);
         event.push_str(&self.chunk_prefix);
-        if let (true, Some(call)) = (self.ask.chat(), &self.call) {
-            let chunks = self.timing.total.div_ceil(self.timing.per_chunk);
-            let piece = Value::from(call.piece(self.chunk - 1, chunks));
-            if self.chunk == 1 {
+        let (c, token) = call_token(self.sent_tokens - k);
+        if let (true, Some(call)) = (self.ask.chat(), self.calls.get(c)) {
+            let piece = Value::from(call.piece(token));
+            if token == 0 {
                 let _ = write!(
                     event,
-                    r#""delta":{{"tool_calls":[{{"index":0,"id":{},"type":"function","function":{{"name":{},"arguments":{piece}}}}}]}}"#,
+                    r#""delta":{{"tool_calls":[{{"index":{c},"id":{},"type":"function","function":{{"name":{},"arguments":{piece}}}}}]}}"#,
                     Value::from(call.id.as_str()),
                     Value::from(call.name.as_str())
                 );
             } else {
                 let _ = write!(
                     event,
-                    r#""delta":{{"tool_calls":[{{"index":0,"function":{{"arguments":{piece}}}}}]}}"#
+                    r#""delta":{{"tool_calls":[{{"index":{c},"function":{{"arguments":{piece}}}}}]}}"#
                 );
             }
         } else if self.ask.chat() {
@@ -418,7 +438,7 @@ impl StreamState {
             self.reasoning
                 .write_usage(&mut usage, self.ask.prompt_tokens, self.sent_tokens);
             let usage = responses_usage(&usage);
-            let (kind, status) = if self.call.is_some() {
+            let (kind, status) = if !self.calls.is_empty() {
                 ("response.completed", "completed")
             } else {
                 ("response.incomplete", "incomplete")
@@ -469,7 +489,7 @@ pub(super) fn stream_response(
     ask: Ask,
     timing: Timing,
     reasoning: Reasoning,
-    call: Option<MockCall>,
+    calls: Vec<MockCall>,
     permit: Option<OwnedSemaphorePermit>,
     log: Option<(MockLog, Option<u64>, (Instant, SystemTime))>,
 ) -> Response {
@@ -490,7 +510,7 @@ pub(super) fn stream_response(
         ask,
         timing,
         reasoning,
-        call,
+        calls,
         chunk: 0,
         sent_tokens: 0,
         finished: false,
@@ -553,7 +573,7 @@ pub(super) fn stream_response(
         let k = st.timing.per_chunk.min(st.timing.total - st.sent_tokens);
         // Of this chunk's tokens, those before the reasoning ends are reasoning (none in a
         // tool call).
-        let reasoning_left = if st.call.is_some() {
+        let reasoning_left = if !st.calls.is_empty() {
             0
         } else {
             st.reasoning.tokens

@@ -10,3 +10,4 @@ pub mod prepare;
 pub mod progress;
 pub mod send;
 pub mod stop;
+pub mod trace_sessions;

@@ -17,34 +17,13 @@ use crate::load::workload::agentic::AgenticProfile;
 use crate::load::workload::lengths::{clip_to_context, scale_lengths};
 use crate::load::workload::prompt::PromptBuilder;
 use crate::load::workload::synthetic::{LengthModel, PrefixGroups, SyntheticWorkload};
-use crate::load::workload::traces::{self, TraceFormat, TraceRow, MOONCAKE_BLOCK};
-use crate::load::workload::{hash_id_blocks, mix, prefixed_blocks, PromptSource, RequestSpec};
+use crate::load::workload::traces::{self, TraceFormat, TraceRow};
+use crate::load::workload::{mix, PromptSource, RequestSpec};
 use crate::spec::run::{
     ArrivalKind, Lengths, LoadSpec, OpenLoad, RunSpec, SessionsSpec, WindowSpec,
     DEFAULT_NUM_PROMPTS,
 };
 use crate::wire::extra_body::ExtraBody;
-
-fn row_spec(seed: u64, index: u64, row: &TraceRow) -> RequestSpec {
-    let prompt = match (&row.prompt, row.hash_ids.is_empty()) {
-        (Some(text), _) => PromptSource::Text(text.clone()),
-        (None, false) => PromptSource::Blocks(hash_id_blocks(
-            seed,
-            &row.hash_ids,
-            row.input_len,
-            MOONCAKE_BLOCK,
-        )),
-        (None, true) => {
-            PromptSource::Blocks(prefixed_blocks(seed, index, row.input_len, row.prefix))
-        }
-    };
-    RequestSpec {
-        input_len: row.input_len,
-        output_len: row.output_len,
-        prefix_group: row.prefix.map(|(g, _)| g),
-        prompt,
-    }
-}
 
 /// Builds the plan (request list + schedule) for `run`; also returns workload / schedule
 /// descriptions for `meta.json`.
@@ -107,6 +86,15 @@ pub fn build_plan(
         }
         None => ArrivalKind::Poisson,
     };
+    if let Some(rows) = trace_rows
+        .as_ref()
+        .filter(|rows| rows.iter().any(|r| r.session.is_some()))
+    {
+        let Some(open) = open else {
+            bail!("--concurrency with a trace that links turns into sessions: a closed loop sends single requests; replay its sessions open-loop (leave --concurrency out)");
+        };
+        return trace_session_plan(run, rows, open, arrival, workload_meta);
+    }
     let num_prompts = run
         .window
         .num_prompts
@@ -252,7 +240,7 @@ fn finish_plan(
     }
     let mut specs: Vec<RequestSpec> = match &trace_rows {
         Some(rows) => (0..n)
-            .map(|i| row_spec(run.seed, i as u64, &rows[i % rows.len()]))
+            .map(|i| rows[i % rows.len()].spec(run.seed, i as u64))
             .collect(),
         None => synthetic_specs(run, n, &mut workload_meta)?,
     };
@@ -356,8 +344,14 @@ fn build_session_plan(
                 Some(f) => *f,
                 None => traces::detect_format(path)?,
             };
+            if matches!(
+                format,
+                TraceFormat::Bailian | TraceFormat::Tracelab | TraceFormat::Weka
+            ) {
+                bail!("{} ({}) links its own turns into sessions, replayed as they are: leave --turns out", path.display(), format.name());
+            }
             if format != TraceFormat::Sharegpt {
-                bail!("--turns all replays the turns of a ShareGPT conversation file; {} is {format:?}, which has none", path.display());
+                bail!("--turns all replays the turns of a ShareGPT conversation file; {} is {}, which has none", path.display(), format.name());
             }
             let count = |t: &str| prompts.count_tokens(t);
             let conversations = traces::load_sharegpt_conversations(path, &count)?;
@@ -444,11 +438,9 @@ fn build_session_plan(
                 agents,
                 require_first_call: *require_first_call,
             });
-            let turns = draws.first().map_or(1, |d| d.think_s.len() as u32);
             profile
                 .turns(
-                    starts.len(),
-                    turns,
+                    draws.iter().map(|d| d.think_s.len()),
                     options.agents,
                     mix(run.seed, AGENTIC_SEED_TAG),
                 )?
@@ -499,6 +491,124 @@ fn build_session_plan(
         "warmup_s": plan.warmup_s, "duration_s": plan.duration_s, "cooldown_s": plan.cooldown_s,
         "max_concurrency": plan.max_concurrency, "max_history_tokens": sessions.max_history_tokens,
         "session_drain_s": plan.sessions.and_then(|s| s.drain_s)});
+    Ok((plan, workload_meta, schedule_meta))
+}
+
+/// The plan of a trace that links turns into sessions: each session's turns at their
+/// recorded times (scaled, windowed), or, with `--arrival poisson|gamma|constant`, sessions
+/// starting on that process at `--rate` sessions/s and each turn at its recorded offset in
+/// its session (`--time-scale` applies); a later turn also waits for the previous answer.
+fn trace_session_plan(
+    run: &RunSpec,
+    rows: &[TraceRow],
+    open: &OpenLoad,
+    arrival: ArrivalKind,
+    mut workload_meta: serde_json::Value,
+) -> Result<(Plan, serde_json::Value, serde_json::Value)> {
+    if run.window.num_prompts.is_some() {
+        bail!("--num-prompts with a trace that links turns into sessions: its sessions replay whole; bound the run with --duration or --trace-window");
+    }
+    if open.exact_rate {
+        bail!("--exact-rate with a trace that links turns into sessions: a session's later turns follow its answers, so no factor fixes their rate");
+    }
+    let warmup = run.window.warmup.as_secs_f64();
+    let end = run
+        .window
+        .duration
+        .map(|d| warmup + d.as_secs_f64() + run.window.cooldown.as_secs_f64());
+    let recorded: Vec<f64> = rows
+        .iter()
+        .map(|r| r.timestamp_ms)
+        .collect::<Option<Vec<f64>>>()
+        .context("this trace links turns into sessions but has rows without a time")?;
+    let (times, mut schedule_meta) = match arrival {
+        ArrivalKind::Trace => {
+            let (kept, scaled) = scale_trace(&recorded, &open.trace)?;
+            let mut times = vec![None; rows.len()];
+            for (&i, &t) in kept.iter().zip(&scaled) {
+                times[i] = Some(t);
+            }
+            (
+                times,
+                json!({"mode": "open", "unit": "sessions", "arrival": "trace",
+                    "scaling": open.trace}),
+            )
+        }
+        other => {
+            if open.trace.target_rate.is_some() || open.trace.window.is_some() {
+                bail!("--target-rate and --trace-window act on the trace's own times; with --arrival {} sessions start at --rate sessions/s", other.name());
+            }
+            let speedup = open.trace.time_scale.unwrap_or(1.0);
+            if speedup <= 0.0 {
+                bail!("--time-scale must be positive");
+            }
+            let own: Vec<Option<f64>> = recorded.iter().map(|&t| Some(t / 1000.0)).collect();
+            let groups = crate::run::trace_sessions::sessions(rows, &own);
+            let kind = match other {
+                ArrivalKind::Gamma => Arrival::Gamma {
+                    burstiness: open.burstiness,
+                },
+                ArrivalKind::Constant => Arrival::Constant,
+                _ => Arrival::Poisson,
+            };
+            let spec = schedule_spec(open, kind);
+            let schedule_seed = mix(run.seed, 0x5C4E_D01E);
+            let extent = match end {
+                Some(end) => Extent::Until(end),
+                None => Extent::Count(groups.len()),
+            };
+            let starts = spec.generate(extent, schedule_seed)?;
+            let mut times = vec![None; rows.len()];
+            // Sessions replay in the trace's order, as many as the process starts.
+            for (turns, start) in groups.iter().zip(starts) {
+                let first = recorded[turns[0]] / 1000.0;
+                for &i in turns {
+                    times[i] = Some(start + (recorded[i] / 1000.0 - first) / speedup);
+                }
+            }
+            (
+                times,
+                json!({"mode": "open", "unit": "sessions", "schedule": spec,
+                    "schedule_seed": schedule_seed, "time_scale": speedup}),
+            )
+        }
+    };
+    let groups = crate::run::trace_sessions::sessions(rows, &times);
+    let (requests, sessions_meta) =
+        crate::run::trace_sessions::requests(run.seed, rows, &groups, &times, end);
+    if requests.is_empty() {
+        bail!(
+            "the trace's sessions start after the run's end (--duration) or outside --trace-window"
+        );
+    }
+    let mut specs: Vec<RequestSpec> = requests.iter().map(|r| r.spec.clone()).collect();
+    reshape(run, &mut specs, &mut workload_meta)?;
+    let requests: Vec<PlannedRequest> = requests
+        .into_iter()
+        .zip(specs)
+        .map(|(r, spec)| PlannedRequest { spec, ..r })
+        .collect();
+    workload_meta["trace"]["sessions"] = sessions_meta;
+    let plan = Plan {
+        warmup_s: warmup,
+        duration_s: run.window.duration.map(|d| d.as_secs_f64()),
+        cooldown_s: run.window.cooldown.as_secs_f64(),
+        max_concurrency: run.window.max_concurrency,
+        sessions: Some(SessionLimits {
+            max_history_tokens: None,
+            drain_s: Some(DEFAULT_SESSION_DRAIN_S),
+        }),
+        recorded_sessions: true,
+        ..Plan::with_requests(LoadMode::Open, requests)
+    };
+    schedule_meta["turns"] = json!(plan.requests.len());
+    schedule_meta["warmup_s"] = json!(plan.warmup_s);
+    schedule_meta["duration_s"] = json!(plan.duration_s);
+    schedule_meta["cooldown_s"] = json!(plan.cooldown_s);
+    schedule_meta["max_concurrency"] = json!(plan.max_concurrency);
+    schedule_meta["session_drain_s"] = json!(DEFAULT_SESSION_DRAIN_S);
+    schedule_meta["later_turns"] =
+        json!("each at its time, but not before the previous turn's answer ended");
     Ok((plan, workload_meta, schedule_meta))
 }
 

@@ -13,6 +13,9 @@ use reports::records::RequestRecord;
 /// Counters shared by the run loop and the printer.
 pub struct Progress {
     planned: u64,
+    /// `planned` is an upper bound (agent sessions plan every turn up to the cap; the server
+    /// decides how many run).
+    at_most: bool,
     sent: AtomicU64,
     done: AtomicU64,
     errors: AtomicU64,
@@ -20,9 +23,10 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(planned: u64) -> Progress {
+    pub fn new(planned: u64, at_most: bool) -> Progress {
         Progress {
             planned,
+            at_most,
             sent: AtomicU64::new(0),
             done: AtomicU64::new(0),
             errors: AtomicU64::new(0),
@@ -68,7 +72,8 @@ impl Progress {
             0.0
         };
         format!(
-            "[{elapsed:7.1}s] sent {sent}/{} | in flight {} | done {done} | errors {errors} | TTFT p50 {p50:.1} ms p99 {p99:.1} ms | {rate:.2} sent/s",
+            "[{elapsed:7.1}s] sent {sent}/{}{} | in flight {} | done {done} | errors {errors} | TTFT p50 {p50:.1} ms p99 {p99:.1} ms | {rate:.2} sent/s",
+            if self.at_most { "at most " } else { "" },
             self.planned,
             sent.saturating_sub(done),
         )

@@ -201,31 +201,25 @@ async fn run_session(
     let mut held: Option<RequestRecord> = None;
     let mut index = first;
     let mut due = start;
+    // Each turn's body is built before its wait, so that the wait is the drawn one.
+    let mut body = turn_body(&ctx, index, agent.is_some(), &calls, &mut history, tools);
+    // The wait before this turn (0 before the first).
+    let mut wait_ms = 0.0;
     loop {
         let req = &ctx.plan.requests[index];
         let Some(turn) = req.session else { return };
-        let new: Vec<Message> = if agent.is_some() && turn.turn > 1 {
-            calls
-                .iter()
-                .enumerate()
-                .map(|(j, call)| Message::ToolResult {
-                    call_id: call.id.clone(),
-                    output: agentic::tool_result(&req.spec.prompt, j, &ctx.prompts),
-                })
-                .collect()
-        } else {
-            vec![Message::User(req.spec.prompt.text(&ctx.prompts))]
-        };
-        let history_messages = history.len() as u32;
-        history.extend(new);
-        let conversation = Conversation {
-            messages: &history,
-            tools,
-            require_call: turn.turn == 1 && agentic.is_some_and(|a| a.require_first_call),
-        };
-        let body = client::conversation_body(&ctx.target, &req.spec, conversation);
-        let Some((mut record, answer)) =
-            send_one(&ctx, req.id, index, due, phase, body, true, drain.clone()).await
+        let (turn_bytes, history_messages) = body;
+        let Some((mut record, answer)) = send_one(
+            &ctx,
+            req.id,
+            index,
+            due,
+            phase,
+            turn_bytes,
+            true,
+            drain.clone(),
+        )
+        .await
         else {
             // Stopped before this turn was sent (waiting for a concurrency slot): the
             // previous turn's record says the session was cut.
@@ -291,7 +285,7 @@ async fn run_session(
             history_messages,
             window: phase,
             end,
-            wait_ms: turn.think_s * 1000.0,
+            wait_ms,
             tools_offered: tools.len() as u32,
             tool_calls: calls.len() as u32,
         });
@@ -299,12 +293,26 @@ async fn run_session(
             let _ = ctx.records.send(record);
             return;
         };
+        // The think or tool time after this answer; a trace's turn at its time, but not
+        // before this answer.
+        let now = Instant::now();
+        due = match (ctx.plan.recorded_sessions, next.at_s) {
+            (true, Some(at)) => (ctx.origin + Duration::from_secs_f64(at)).max(now),
+            _ => now + Duration::from_secs_f64(next.session.map_or(0.0, |t| t.think_s)),
+        };
+        wait_ms = due.duration_since(now).as_secs_f64() * 1000.0;
         history.push(Message::Assistant {
             text: answer.text,
             calls: calls.clone(),
         });
-        let wait = Duration::from_secs_f64(next.session.map_or(0.0, |t| t.think_s));
-        due = Instant::now() + wait;
+        body = turn_body(
+            &ctx,
+            index + 1,
+            agent.is_some(),
+            &calls,
+            &mut history,
+            tools,
+        );
         let mut stop = drain.clone();
         let cut = tokio::select! {
             biased;
@@ -323,6 +331,56 @@ async fn run_session(
         held = Some(record);
         index += 1;
     }
+}
+
+/// The body of the session turn that is request `index` of the plan, and the messages
+/// before its new ones: its new messages (a user message; in an agent session after the
+/// first turn, one result per call of the answer before) join `history` first. A trace's
+/// turn is its own recorded prompt, without history.
+fn turn_body(
+    ctx: &SendContext,
+    index: usize,
+    agent: bool,
+    calls: &[ToolCall],
+    history: &mut Vec<Message>,
+    tools: &[agentic::FunctionTool],
+) -> (Result<bytes::Bytes>, u32) {
+    let req = &ctx.plan.requests[index];
+    if ctx.plan.recorded_sessions {
+        return (
+            client::encoded_body(&ctx.target, &req.spec, &ctx.prompts),
+            0,
+        );
+    }
+    let first = req.session.is_none_or(|t| t.turn == 1);
+    let new: Vec<Message> = if agent && !first {
+        calls
+            .iter()
+            .enumerate()
+            .map(|(j, call)| Message::ToolResult {
+                call_id: call.id.clone(),
+                output: agentic::tool_result(&req.spec.prompt, j, &ctx.prompts),
+            })
+            .collect()
+    } else {
+        vec![Message::User(req.spec.prompt.text(&ctx.prompts))]
+    };
+    let history_messages = history.len() as u32;
+    history.extend(new);
+    let conversation = Conversation {
+        messages: history,
+        tools,
+        require_call: first
+            && ctx
+                .plan
+                .agentic
+                .as_ref()
+                .is_some_and(|a| a.require_first_call),
+    };
+    (
+        client::conversation_body(&ctx.target, &req.spec, conversation),
+        history_messages,
+    )
 }
 
 /// Why the client cannot run one of `calls`, if it cannot: a call without its id or name,
@@ -500,7 +558,10 @@ pub async fn send_plan(
     tokio::time::sleep_until(origin.checked_sub(SETTLE).unwrap_or(origin).into()).await;
     let cpu = CpuClock::start();
     let (tx, rx) = mpsc::unbounded_channel();
-    let progress = Arc::new(Progress::new(plan.requests.len() as u64));
+    let progress = Arc::new(Progress::new(
+        plan.requests.len() as u64,
+        plan.agentic.is_some(),
+    ));
     let stop_flag = Arc::new(AtomicBool::new(false));
     let drain = drain_signal(&plan, origin, opts.stop.clone());
     let ctx = Arc::new(SendContext {

@@ -303,7 +303,6 @@ impl RunSpec {
                         system_len: (args.prefix_len > 0).then_some(args.prefix_len),
                         max_input_len: args.max_input_len,
                         max_output_len: args.max_output_len,
-                        max_turns: args.max_session_turns,
                     },
                     require_first_call: args.tool_choice.as_deref() == Some("required"),
                 }
@@ -331,6 +330,16 @@ impl RunSpec {
         }
         // Each API also refuses such a body per request (a `Target` built without these
         // options); here a command-line run fails before it sends anything.
+        if args.backend == Backend::Responses {
+            for (flag, given, why) in [
+                ("--min-tokens", args.min_tokens, "the Responses API has no `min_tokens` (vLLM's Responses request takes `ignore_eos` only)"),
+                ("--no-continuous-usage", args.no_continuous_usage, "the Responses API reports usage once, at the end: there is no continuous usage to turn off"),
+            ] {
+                if given {
+                    bail!("{flag} with --backend responses: {why}");
+                }
+            }
+        }
         if args.prompt_ids && args.backend != Backend::Completions {
             bail!(
                 "--prompt-ids needs --backend completions: only a completions prompt may be token ids"
@@ -374,11 +383,7 @@ impl RunSpec {
                 headers: parse_headers(&args.headers)?,
                 api_key: args.api_key.clone(),
                 tls: TlsSettings::new(&args.tls.options())?,
-                extra_body: args
-                    .extra_body
-                    .as_deref()
-                    .map(|arg| ExtraBody::parse(arg, args.backend))
-                    .transpose()?,
+                extra_body: extra_body(args)?,
                 prompt_ids: args.prompt_ids,
                 // An agent's answers end where the model ends them: at a tool call, or its
                 // final answer.
@@ -424,11 +429,13 @@ impl RunSpec {
 /// The session options of `args`; the options that only sessions take are refused without
 /// `--turns`, never ignored.
 fn sessions(args: &RunArgs) -> Result<Option<SessionsSpec>> {
-    if args.session_drain.is_some() && args.duration.is_none() {
-        bail!("--session-drain limits sessions after --duration; without --duration every session runs to its end");
-    }
-    if args.max_session_turns == Some(0) {
-        bail!("--max-session-turns must be at least 1");
+    if args.sessions_flag().is_some() {
+        if args.session_drain.is_some() && args.duration.is_none() {
+            bail!("--session-drain limits sessions after --duration; without --duration every session runs to its end");
+        }
+        if args.max_session_turns == Some(0) {
+            bail!("--max-session-turns must be at least 1");
+        }
     }
     if args.workload == WorkloadKind::Agentic {
         for (flag, given) in [
@@ -493,6 +500,24 @@ fn sessions(args: &RunArgs) -> Result<Option<SessionsSpec>> {
         max_history_tokens: args.max_history_tokens,
         drain: args.session_drain,
     }))
+}
+
+/// `--extra-body`, parsed for the backend; an agent's own fields are refused in it.
+fn extra_body(args: &RunArgs) -> Result<Option<ExtraBody>> {
+    let Some(extra) = args
+        .extra_body
+        .as_deref()
+        .map(|arg| ExtraBody::parse(arg, args.backend))
+        .transpose()?
+    else {
+        return Ok(None);
+    };
+    if args.workload == WorkloadKind::Agentic {
+        if let Some(key) = extra.first_of(crate::wire::extra_body::AGENTIC_REFUSED) {
+            bail!("--extra-body: field `{key}` is refused with --workload agentic: each turn offers its agent's tools (--tool-choice sets the first turn's choice)");
+        }
+    }
+    Ok(Some(extra))
 }
 
 /// `--tool-latency` unless given: exponential with this mean, seconds.

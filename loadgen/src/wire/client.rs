@@ -92,7 +92,7 @@ pub fn conversation_body(
 }
 
 /// What an answer said: its text (not its reasoning) and the tool calls it made, in the
-/// order of their index.
+/// order their first pieces came.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Answer {
     pub text: String,

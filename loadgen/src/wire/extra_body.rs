@@ -74,6 +74,33 @@ const REFUSED: &[Refused] = &[
     },
 ];
 
+/// Refused in a Responses API body, besides [`REFUSED`].
+const RESPONSES_REFUSED: &[Refused] = &[
+    Refused {
+        key: "input",
+        why: "the workload builds the prompt (--workload, --profile, --trace)",
+    },
+    Refused {
+        key: "instructions",
+        why: "the workload builds the prompt (an agent's system prompt is its instructions)",
+    },
+    Refused {
+        key: "max_output_tokens",
+        why: "the workload sets output lengths (--max-output-len, --random-output-len, a trace's lengths)",
+    },
+    Refused {
+        key: "store",
+        why: "loadgen sends `store: false`: a benchmark's responses are not kept",
+    },
+    Refused {
+        key: "previous_response_id",
+        why: "a session sends its whole history in `input`",
+    },
+];
+
+/// Refused in the body of an agent session's turns: the agent's own.
+pub const AGENTIC_REFUSED: &[&str] = &["tools", "tool_choice", "parallel_tool_calls"];
+
 /// Refused inside TGI's `parameters`, besides [`REFUSED`].
 const TGI_REFUSED: &[Refused] = &[
     Refused {
@@ -113,15 +140,25 @@ impl ExtraBody {
             bail!("{origin}: expected a JSON object of request fields, got {value}");
         };
         let tgi = backend == Backend::Tgi;
+        let own: &[Refused] = match backend {
+            Backend::Tgi => TGI_REFUSED,
+            Backend::Responses => RESPONSES_REFUSED,
+            Backend::Completions | Backend::Chat => &[],
+        };
         let refused = REFUSED
             .iter()
-            .chain(if tgi { TGI_REFUSED } else { &[] })
+            .chain(own)
             .find(|r| fields.contains_key(r.key));
         if let Some(r) = refused {
             let place = if tgi { " (TGI's `parameters`)" } else { "" };
             bail!("{origin}: field `{}`{place} is refused: {}", r.key, r.why);
         }
         Ok(ExtraBody(fields))
+    }
+
+    /// The first of `keys` it sets.
+    pub fn first_of(&self, keys: &[&'static str]) -> Option<&'static str> {
+        keys.iter().copied().find(|k| self.0.contains_key(*k))
     }
 
     /// The fields as JSON (for `meta.json` and the request digest).

@@ -72,9 +72,12 @@ pub struct ResponseBuilder {
     model: String,
     echo: Echo,
     sequence: u64,
-    /// Output items so far; the last one is open until another starts or the answer ends.
+    /// Output items so far.
     items: Vec<Item>,
-    open: bool,
+    /// The open items: one reasoning or message item, or the calls whose arguments may
+    /// still grow (a server may interleave parallel calls' pieces); each closes when output
+    /// of another kind starts, or at the end.
+    open: Vec<usize>,
     /// Chat tool-call index → its item.
     calls: Vec<(u64, usize)>,
     finish: Option<String>,
@@ -97,7 +100,7 @@ impl ResponseBuilder {
             echo,
             sequence: 0,
             items: Vec::new(),
-            open: false,
+            open: Vec::new(),
             calls: Vec::new(),
             finish: None,
             usage: None,
@@ -161,14 +164,18 @@ impl ResponseBuilder {
         ]
     }
 
-    /// Closes the open item.
+    /// Closes the open items, in order.
     fn close(&mut self, out: &mut Vec<ResponsesEvent>) {
-        if !std::mem::take(&mut self.open) {
-            return;
+        for index in std::mem::take(&mut self.open) {
+            self.close_item(index, out);
         }
-        let index = self.items.len() - 1;
+    }
+
+    /// Closes item `index`.
+    fn close_item(&mut self, index: usize, out: &mut Vec<ResponsesEvent>) {
         let item = self.items[index].clone();
-        let status = if self.finish.as_deref() == Some("length") {
+        let last = index + 1 == self.items.len();
+        let status = if last && self.finish.as_deref() == Some("length") {
             "incomplete"
         } else {
             "completed"
@@ -217,9 +224,15 @@ impl ResponseBuilder {
         ));
     }
 
-    /// Opens `item` (closing the open one).
+    /// Opens `item`: after the open items close, unless both are calls.
     fn open(&mut self, item: Item, out: &mut Vec<ResponsesEvent>) {
-        self.close(out);
+        let calls_open = self
+            .open
+            .iter()
+            .all(|&i| matches!(self.items[i], Item::Call { .. }));
+        if !(matches!(item, Item::Call { .. }) && calls_open) {
+            self.close(out);
+        }
         let index = self.items.len();
         let id = item.id().to_string();
         let part = match &item {
@@ -242,16 +255,15 @@ impl ResponseBuilder {
             ));
         }
         self.items.push(item);
-        self.open = true;
+        self.open.push(index);
     }
 
     /// Whether the open item is a reasoning item (`reasoning`) or a message.
     fn open_is(&self, reasoning: bool) -> bool {
-        self.open
-            && matches!(
-                (self.items.last(), reasoning),
-                (Some(Item::Reasoning { .. }), true) | (Some(Item::Message { .. }), false)
-            )
+        matches!(
+            (self.open.as_slice(), self.items.last(), reasoning),
+            ([_], Some(Item::Reasoning { .. }), true) | ([_], Some(Item::Message { .. }), false)
+        )
     }
 
     /// Reasoning or answer text.
@@ -432,7 +444,6 @@ mod tests {
 
     fn echo() -> Echo {
         Echo {
-            model: None,
             instructions: None,
             tools: Vec::new(),
             tool_choice: json!("auto"),
@@ -506,6 +517,42 @@ mod tests {
         assert_eq!(last["timings"]["queue_ms"], 1.0);
         assert_eq!(events[2].data["output_index"], 0);
         assert_eq!(events[14].data["output_index"], 2);
+    }
+
+    #[test]
+    fn interleaved_parallel_calls_stay_open_until_the_end() {
+        let mut b = ResponseBuilder::new("m".into(), echo(), 7);
+        let mut events = Vec::new();
+        for payload in [
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"name":"f","arguments":"{\"a\""}},{"index":1,"id":"call_b","function":{"name":"g","arguments":"{\"b\""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}},{"index":1,"function":{"arguments":":2}"}}]},"finish_reason":"tool_calls"}]}"#,
+            "[DONE]",
+        ] {
+            events.extend(b.push(payload));
+        }
+        let done: Vec<(u64, String)> = events
+            .iter()
+            .filter(|e| e.kind == "response.function_call_arguments.done")
+            .map(|e| {
+                (
+                    e.data["output_index"].as_u64().unwrap(),
+                    e.data["arguments"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            done,
+            [(0, "{\"a\":1}".to_string()), (1, "{\"b\":2}".to_string())]
+        );
+        let first_done = events
+            .iter()
+            .position(|e| e.kind == "response.output_item.done")
+            .unwrap();
+        let last_delta = events
+            .iter()
+            .rposition(|e| e.kind == "response.function_call_arguments.delta")
+            .unwrap();
+        assert!(last_delta < first_done, "no piece after its call is done");
     }
 
     #[test]

@@ -15,7 +15,6 @@ use crate::server::typed_body::Body;
 /// What the response echoes of its request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Echo {
-    pub model: Option<String>,
     pub instructions: Option<String>,
     /// The tools as the request sent them (flat).
     pub tools: Vec<Value>,
@@ -146,18 +145,19 @@ pub fn read(bytes: &[u8]) -> Result<ResponsesRequest, ApiError> {
         }
         text_format = format;
     }
+    // As vLLM echoes it: `auto` with tools, `none` without.
+    let echoed_choice = match (tool_choice.is_null(), tools.is_empty()) {
+        (false, _) => tool_choice,
+        (true, false) => json!("auto"),
+        (true, true) => json!("none"),
+    };
     Ok(ResponsesRequest {
         chat_body: chat,
         stream: fields.stream.unwrap_or(false),
         echo: Echo {
-            model: fields.model,
             instructions: fields.instructions,
             tools,
-            tool_choice: if tool_choice.is_null() {
-                json!("auto")
-            } else {
-                tool_choice
-            },
+            tool_choice: echoed_choice,
             parallel_tool_calls: fields.parallel_tool_calls.unwrap_or(true),
             temperature: fields.temperature,
             top_p: fields.top_p,
@@ -315,15 +315,41 @@ fn add_item(messages: &mut Vec<Value>, item: &Value, i: usize) -> Result<(), Api
         }
         "reasoning" => {
             check_keys(obj, &["content", "summary", "id", "status"], &path)?;
-            let text = match obj.get("content") {
-                None | Some(Value::Null) => String::new(),
-                Some(content) => content
-                    .as_array()
-                    .ok_or_else(|| ApiError::wrong_type(&format!("{path}.content"), "a list of reasoning_text parts"))?
-                    .iter()
-                    .map(|p| p["text"].as_str().unwrap_or_default())
-                    .collect(),
+            // Its summary is what OpenAI's models send instead of the text: none here.
+            if obj
+                .get("summary")
+                .is_some_and(|s| !s.is_null() && s.as_array().is_none_or(|a| !a.is_empty()))
+            {
+                return Err(ApiError::invalid(
+                    &format!("{path}.summary"),
+                    "a reasoning item's summary is not read here: send its text as `content` \
+                     (`reasoning_text` parts) and an empty `summary`",
+                ));
+            }
+            let mut text = String::new();
+            let parts = match obj.get("content") {
+                None | Some(Value::Null) => &[][..],
+                Some(Value::Array(parts)) => parts.as_slice(),
+                Some(_) => {
+                    return Err(ApiError::wrong_type(
+                        &format!("{path}.content"),
+                        "a list of reasoning_text parts",
+                    ))
+                }
             };
+            for (j, part) in parts.iter().enumerate() {
+                let part_path = format!("{path}.content[{j}]");
+                let empty = Map::new();
+                let part_obj = part.as_object().unwrap_or(&empty);
+                if part_obj.get("type").and_then(Value::as_str) != Some("reasoning_text") {
+                    return Err(ApiError::invalid(
+                        &format!("{part_path}.type"),
+                        "a reasoning item's content is `reasoning_text` parts",
+                    ));
+                }
+                check_keys(part_obj, &["text"], &part_path)?;
+                text.push_str(string_field(part_obj, "text", &part_path)?);
+            }
             messages.push(json!({"role": "assistant", "content": null, "reasoning_content": text}));
         }
         other => {

@@ -48,8 +48,6 @@ pub struct AgenticOptions {
     /// of the answers.
     pub max_input_len: Option<u32>,
     pub max_output_len: Option<u32>,
-    /// `--max-session-turns`, else the profile's.
-    pub max_turns: Option<u32>,
 }
 
 /// A function the model is offered.
@@ -160,20 +158,21 @@ impl AgenticProfile {
             .collect()
     }
 
-    /// The planned turns of `sessions` sessions (each `turns` long), drawn from `seed`:
-    /// per session its agent (`prefix_group`) and task (the first turn's prompt), then per
-    /// later turn the length of each tool result (its prompt) and the answer's cap.
+    /// The planned turns of sessions `turns[s]` long, drawn from `seed`: per session its
+    /// agent (`prefix_group`) and task (the first turn's prompt), then per later turn the
+    /// length of its tool results (its prompt: each call's result has it) and the answer's
+    /// cap.
     pub fn turns(
         &self,
-        sessions: usize,
-        turns: u32,
+        turns: impl IntoIterator<Item = usize>,
         agents: u64,
         seed: u64,
     ) -> Result<Vec<Vec<RequestSpec>>> {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut index = 0u64;
-        (0..sessions)
-            .map(|_| {
+        turns
+            .into_iter()
+            .map(|turns| {
                 let agent = rng.random_range(0..agents);
                 (0..turns)
                     .map(|k| {
@@ -232,12 +231,11 @@ mod tests {
             system_len: None,
             max_input_len: None,
             max_output_len: Some(64),
-            max_turns: None,
         }
     }
 
     #[test]
-    fn agents_share_nothing_but_sessions_of_one_agent_share_its_prefix() {
+    fn agents_differ_and_sessions_of_one_agent_share_its_prefix() {
         let prompts = PromptBuilder::approximate();
         let o = options(3);
         let p = AgenticProfile::new(&o).unwrap();
@@ -250,7 +248,7 @@ mod tests {
         let names: std::collections::BTreeSet<_> =
             agents[0].tools.iter().map(|t| &t.name).collect();
         assert_eq!(names.len(), 8, "an agent's tools are distinct");
-        let sessions = p.turns(400, 4, 3, 7).unwrap();
+        let sessions = p.turns([4; 400], 3, 7).unwrap();
         for s in &sessions {
             assert_eq!(s.len(), 4);
             assert!(s.iter().all(|t| t.prefix_group == s[0].prefix_group));

@@ -91,8 +91,15 @@ pub fn prefixed_blocks(
 }
 
 /// Mooncake-style prompt: one block per prefix hash id (`block_size` tokens each, the last
-/// one cut so the total is `input_len`). Equal hash ids give equal token blocks.
-pub fn hash_id_blocks(seed: u64, hash_ids: &[u64], input_len: u32, block_size: u32) -> Vec<Block> {
+/// one cut so the total is `input_len`). Equal hash ids give equal token blocks; tokens past
+/// the last id (a trace that hashes full blocks only) are request `index`'s own.
+pub fn hash_id_blocks(
+    seed: u64,
+    index: u64,
+    hash_ids: &[u64],
+    input_len: u32,
+    block_size: u32,
+) -> Vec<Block> {
     let mut blocks = Vec::with_capacity(hash_ids.len());
     let mut rest = input_len;
     for &h in hash_ids {
@@ -108,10 +115,7 @@ pub fn hash_id_blocks(seed: u64, hash_ids: &[u64], input_len: u32, block_size: u
     }
     if rest > 0 {
         blocks.push(Block {
-            key: mix(
-                mix(seed, TAG_UNIQUE),
-                u64::from(input_len) ^ hash_ids.len() as u64,
-            ),
+            key: mix(mix(seed, TAG_UNIQUE), index),
             len: rest,
         });
     }

@@ -50,10 +50,12 @@ impl Api for Responses {
         if target.min_tokens {
             bail!("--min-tokens: the Responses API has no `min_tokens` (vLLM's request takes `ignore_eos` only)");
         }
+        // `store: false`: OpenAI keeps a response by default, a benchmark's need not be kept.
         let mut body = json!({
             "model": target.model,
             "max_output_tokens": spec.output_len,
             "stream": true,
+            "store": false,
         });
         // vLLM's `ResponsesRequest` takes `ignore_eos`, as its chat request does.
         if target.ignore_eos {
@@ -137,8 +139,8 @@ struct Event<'a> {
 
 #[derive(Deserialize)]
 struct Item<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     call_id: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
@@ -184,6 +186,13 @@ struct OutputDetails {
 
 /// One Responses stream event.
 fn event(data: &str) -> Result<StreamEvent<'_>, String> {
+    // Some gateways end the stream with chat's `[DONE]` after the final event.
+    if data.trim() == "[DONE]" {
+        return Ok(StreamEvent {
+            done: true,
+            ..StreamEvent::default()
+        });
+    }
     let event: Event = serde_json::from_str(data).map_err(|e| e.to_string())?;
     let mut parsed = StreamEvent::default();
     if let Some(error) = event.error.filter(|e| !e.is_null()) {
@@ -202,7 +211,10 @@ fn event(data: &str) -> Result<StreamEvent<'_>, String> {
             parsed.reasoning = Some(event.delta.unwrap_or_default());
         }
         "response.output_item.added" | "response.output_item.done" => {
-            let Some(item) = event.item.filter(|i| i.kind == "function_call") else {
+            let Some(item) = event
+                .item
+                .filter(|i| i.kind.as_deref() == Some("function_call"))
+            else {
                 return Ok(parsed);
             };
             // The call's name opens it (output); its whole arguments at `done` replace the
@@ -303,6 +315,7 @@ mod tests {
             ),
             (Some(7), Some(5), Some(4), Some(2))
         );
+        assert!(event("[DONE]").unwrap().done);
         let failed = event(r#"{"type":"error","message":"boom","sequence_number":3}"#).unwrap();
         assert_eq!(failed.error.as_deref(), Some("boom"));
         let vllm =

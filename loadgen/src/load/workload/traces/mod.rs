@@ -10,7 +10,11 @@
 //!   (any number of fractional digits, optional `+HH:MM` / `Z`);
 //! - BurstGPT CSV: `Timestamp` (s), `Request tokens`, `Response tokens`, selected by name;
 //! - ShareGPT JSON: `[{"conversations": [{"from", "value"}, …]}]`, first human turn → first reply;
-//! - the ShareGPT length table CSV: `num_prefill_tokens,num_decode_tokens` (no timestamps).
+//! - the ShareGPT length table CSV: `num_prefill_tokens,num_decode_tokens` (no timestamps);
+//! - the traces that link turns into sessions (Bailian, TraceLab, WEKA): `session_formats`.
+//!
+//! Mooncake's `conversation`, `toolagent` and `synthetic` files share its one format, which
+//! links no turns (no session, user or parent field); Azure's 2024 week has the 2023 columns.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -18,6 +22,11 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use chrono::NaiveDateTime;
 use serde::{Deserialize, Serialize};
+
+mod session_formats;
+pub use session_formats::BAILIAN_BLOCK;
+
+use super::{hash_id_blocks, prefixed_blocks, PromptSource, RequestSpec};
 
 /// Mooncake prefix blocks are 512 tokens.
 pub const MOONCAKE_BLOCK: u32 = 512;
@@ -32,16 +41,22 @@ pub enum TraceFormat {
     Burstgpt,
     Sharegpt,
     SharegptTable,
+    Bailian,
+    Tracelab,
+    Weka,
 }
 
 impl TraceFormat {
-    pub const ALL: [TraceFormat; 6] = [
+    pub const ALL: [TraceFormat; 9] = [
         TraceFormat::Jsonl,
         TraceFormat::Mooncake,
         TraceFormat::Azure,
         TraceFormat::Burstgpt,
         TraceFormat::Sharegpt,
         TraceFormat::SharegptTable,
+        TraceFormat::Bailian,
+        TraceFormat::Tracelab,
+        TraceFormat::Weka,
     ];
 
     /// The format's name, as `--trace-format` and `meta.json` write it.
@@ -53,6 +68,9 @@ impl TraceFormat {
             TraceFormat::Burstgpt => "burstgpt",
             TraceFormat::Sharegpt => "sharegpt",
             TraceFormat::SharegptTable => "sharegpt-table",
+            TraceFormat::Bailian => "bailian",
+            TraceFormat::Tracelab => "tracelab",
+            TraceFormat::Weka => "weka",
         }
     }
 }
@@ -66,14 +84,64 @@ pub struct TraceRow {
     pub output_len: u32,
     /// Project JSONL: group sharing the first `prefix_len` tokens.
     pub prefix: Option<(u64, u32)>,
-    /// Mooncake: 512-token prefix block hashes.
+    /// Prefix block hashes (Mooncake, Bailian, WEKA), each `hash_block` tokens: equal ids
+    /// are equal blocks.
     pub hash_ids: Vec<u64>,
+    pub hash_block: u32,
     /// Literal prompt text (ShareGPT, project JSONL).
     pub prompt: Option<String>,
+    /// Its session and its place in it, where the trace links turns.
+    pub session: Option<TraceTurn>,
+    /// The trace's model or service column (Bailian `type`, TraceLab and WEKA `model`).
+    pub class: Option<String>,
+    /// Tokens its prompt shares with its session's previous turn's (TraceLab, which has no
+    /// block hashes).
+    pub shared_prefix: Option<u32>,
+}
+
+impl TraceRow {
+    /// The request of this row, index `index` of its trace: its prompt its literal text, or
+    /// blocks from its hash ids (equal ids, equal blocks), or its prefix group's shared
+    /// tokens then tokens of its own.
+    pub fn spec(&self, seed: u64, index: u64) -> RequestSpec {
+        let prompt = match (&self.prompt, self.hash_ids.is_empty()) {
+            (Some(text), _) => PromptSource::Text(text.clone()),
+            (None, false) => PromptSource::Blocks(hash_id_blocks(
+                seed,
+                index,
+                &self.hash_ids,
+                self.input_len,
+                self.hash_block,
+            )),
+            (None, true) => {
+                PromptSource::Blocks(prefixed_blocks(seed, index, self.input_len, self.prefix))
+            }
+        };
+        RequestSpec {
+            input_len: self.input_len,
+            output_len: self.output_len,
+            prefix_group: self.prefix.map(|(g, _)| g),
+            prompt,
+        }
+    }
+}
+
+/// A trace row's session and its place in it (turns are ordered by `turn`, then time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceTurn {
+    pub session: u64,
+    pub turn: u32,
 }
 
 /// Guesses the format from the extension and the first line.
 pub fn detect_format(path: &Path) -> Result<TraceFormat> {
+    if path.is_dir() {
+        return Ok(TraceFormat::Weka);
+    }
+    // TraceLab's release is the one gzipped format.
+    if path.to_string_lossy().ends_with(".jsonl.gz") {
+        return Ok(TraceFormat::Tracelab);
+    }
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut first = String::new();
     BufReader::new(file)
@@ -81,9 +149,12 @@ pub fn detect_format(path: &Path) -> Result<TraceFormat> {
         .with_context(|| format!("reading {}", path.display()))?;
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     Ok(match ext {
+        "jsonl" if first.contains("\"parent_chat_id\"") => TraceFormat::Bailian,
+        "jsonl" if first.contains("\"round_index\"") => TraceFormat::Tracelab,
         "jsonl" if first.contains("\"hash_ids\"") || first.contains("\"input_length\"") => {
             TraceFormat::Mooncake
         }
+        "json" if first.contains("\"block_size\"") => TraceFormat::Weka,
         "jsonl" => TraceFormat::Jsonl,
         "json" => TraceFormat::Sharegpt,
         "csv" if first.contains("TIMESTAMP") => TraceFormat::Azure,
@@ -109,6 +180,9 @@ pub fn load(
         TraceFormat::Burstgpt => load_burstgpt(path),
         TraceFormat::Sharegpt => load_sharegpt(path, count_tokens),
         TraceFormat::SharegptTable => load_sharegpt_table(path),
+        TraceFormat::Bailian => session_formats::load_bailian(path),
+        TraceFormat::Tracelab => session_formats::load_tracelab(path),
+        TraceFormat::Weka => session_formats::load_weka(path),
     }
 }
 
@@ -159,8 +233,8 @@ fn load_jsonl(path: &Path) -> Result<Vec<TraceRow>> {
             input_len: l.input_len,
             output_len: l.output_len,
             prefix,
-            hash_ids: Vec::new(),
             prompt: l.prompt,
+            ..TraceRow::default()
         });
         Ok(())
     })?;
@@ -186,6 +260,7 @@ fn load_mooncake(path: &Path) -> Result<Vec<TraceRow>> {
             input_len: l.input_length,
             output_len: l.output_length,
             hash_ids: l.hash_ids,
+            hash_block: MOONCAKE_BLOCK,
             ..TraceRow::default()
         });
         Ok(())
@@ -524,6 +599,174 @@ mod tests {
         assert_eq!(rows.len(), 1);
         assert_eq!((rows[0].input_len, rows[0].output_len), (3, 1));
         assert_eq!(rows[0].prompt.as_deref(), Some("hello there friend"));
+    }
+
+    fn sample(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../traces")
+            .join(name)
+    }
+
+    fn load_sample(name: &str) -> (TraceFormat, Vec<TraceRow>) {
+        let path = sample(name);
+        let format = detect_format(&path).unwrap();
+        (format, load(&path, format, &words).unwrap())
+    }
+
+    /// (session, turn) of each row.
+    fn turns(rows: &[TraceRow]) -> Vec<(u64, u32)> {
+        rows.iter()
+            .map(|r| r.session.map(|t| (t.session, t.turn)).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn bailian_links_turns_by_parent_and_keeps_16_token_blocks() {
+        let (format, rows) = load_sample("bailian-sample.jsonl");
+        assert_eq!(format, TraceFormat::Bailian);
+        // File order: chats 100, 200, 201, 101, 300, 401 (its parent 400 is not in the
+        // file: a session of its own), 102.
+        assert_eq!(
+            turns(&rows),
+            [
+                (100, 1),
+                (200, 1),
+                (200, 2),
+                (100, 2),
+                (300, 1),
+                (401, 2),
+                (100, 3)
+            ]
+        );
+        let times: Vec<f64> = rows.iter().map(|r| r.timestamp_ms.unwrap()).collect();
+        assert_eq!(times, [0.0, 1000.0, 2000.0, 3500.0, 4000.0, 5000.0, 9250.0]);
+        let classes: Vec<&str> = rows.iter().map(|r| r.class.as_deref().unwrap()).collect();
+        assert_eq!(
+            classes,
+            ["text", "search", "search", "text", "file", "image", "text"]
+        );
+        assert!(rows.iter().all(|r| r.hash_block == 16));
+        assert_eq!(rows[6].hash_ids, [0, 1, 3, 4, 6, 7, 8]);
+    }
+
+    #[test]
+    fn tracelab_rounds_are_sent_when_their_input_is_complete() {
+        let (format, rows) = load_sample("tracelab-sample.jsonl");
+        assert_eq!(format, TraceFormat::Tracelab);
+        // Sessions by first appearance: claude 0, codex 1; rows in send order.
+        assert_eq!(turns(&rows), [(0, 1), (1, 1), (0, 2), (1, 2), (0, 3)]);
+        let times: Vec<f64> = rows.iter().map(|r| r.timestamp_ms.unwrap()).collect();
+        // 05:40:20.151 (user message), 25.000, 31.696 (the tool result), 40.250, and the
+        // third claude round at its later input event, 45.500 (not its user message, 44.000).
+        assert_eq!(times, [0.0, 4849.0, 11545.0, 20099.0, 25349.0]);
+        let classes: Vec<&str> = rows.iter().map(|r| r.class.as_deref().unwrap()).collect();
+        assert_eq!(
+            classes,
+            [
+                "claude-opus-4-8",
+                "gpt-5.4",
+                "claude-opus-4-8",
+                "gpt-5.4",
+                "claude-haiku-4-5"
+            ]
+        );
+        let prefixes: Vec<u32> = rows.iter().map(|r| r.shared_prefix.unwrap()).collect();
+        assert_eq!(prefixes, [0, 0, 320, 256, 400]);
+        assert_eq!(rows[4].input_len, 480);
+        // The released file is gzipped: the same rows.
+        let dir = tempfile::tempdir().unwrap();
+        let gz = dir.path().join("t.jsonl.gz");
+        let mut encoder = flate2::write::GzEncoder::new(
+            std::fs::File::create(&gz).unwrap(),
+            flate2::Compression::fast(),
+        );
+        std::io::Write::write_all(
+            &mut encoder,
+            &std::fs::read(sample("tracelab-sample.jsonl")).unwrap(),
+        )
+        .unwrap();
+        encoder.finish().unwrap();
+        assert_eq!(detect_format(&gz).unwrap(), TraceFormat::Tracelab);
+        assert_eq!(load(&gz, TraceFormat::Tracelab, &words).unwrap(), rows);
+    }
+
+    #[test]
+    fn weka_files_are_sessions_and_subagents_their_own() {
+        let (format, rows) = load_sample("weka-sample.json");
+        assert_eq!(format, TraceFormat::Weka);
+        // The parent at 0, 3.5 and 11 s; its sub-agent from 6 s, its turns 1.5 s apart.
+        assert_eq!(turns(&rows), [(0, 1), (0, 2), (1, 1), (1, 2), (0, 3)]);
+        let times: Vec<f64> = rows.iter().map(|r| r.timestamp_ms.unwrap()).collect();
+        assert_eq!(times, [0.0, 3500.0, 6000.0, 7500.0, 11000.0]);
+        assert_eq!(rows[2].class.as_deref(), Some("claude-haiku-4-5-20251001"));
+        assert!(rows.iter().all(|r| r.hash_block == 64));
+        // The sub-agent's ids are in its parent's space.
+        assert_eq!(rows[2].hash_ids[..2], rows[0].hash_ids[..2]);
+        // A folder of session files: each file's ids apart from the other's.
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a.json", "b.json"] {
+            std::fs::copy(sample("weka-sample.json"), dir.path().join(name)).unwrap();
+        }
+        let both = load(dir.path(), detect_format(dir.path()).unwrap(), &words).unwrap();
+        assert_eq!(both.len(), 10);
+        let sessions: std::collections::BTreeSet<u64> =
+            both.iter().map(|r| r.session.unwrap().session).collect();
+        assert_eq!(sessions.len(), 4);
+        assert_ne!(
+            both[0].hash_ids[0], both[1].hash_ids[0],
+            "two files at t = 0, apart"
+        );
+    }
+
+    #[test]
+    fn mooncake_files_and_azure_2024_load_in_their_formats() {
+        for (name, shared) in [
+            (
+                "mooncake-conversation-sample.jsonl",
+                [(0, 1, 1), (2, 3, 12)],
+            ),
+            ("mooncake-toolagent-sample.jsonl", [(0, 1, 4), (1, 2, 0)]),
+        ] {
+            let (format, rows) = load_sample(name);
+            assert_eq!(format, TraceFormat::Mooncake, "{name}");
+            // No field links turns: every row is a request of its own.
+            assert!(rows
+                .iter()
+                .all(|r| r.session.is_none() && r.hash_block == 512));
+            for (a, b, blocks) in shared {
+                let common = rows[a]
+                    .hash_ids
+                    .iter()
+                    .zip(&rows[b].hash_ids)
+                    .take_while(|(x, y)| x == y)
+                    .count();
+                assert_eq!(common, blocks, "{name}: rows {a} and {b}");
+            }
+        }
+        // Azure's 2024 week has the 2023 columns, its times UTC with an offset.
+        let (format, rows) = load_sample("azure2024-sample.csv");
+        assert_eq!(format, TraceFormat::Azure);
+        let times: Vec<f64> = rows.iter().map(|r| r.timestamp_ms.unwrap()).collect();
+        assert_eq!(times, [0.0, 7.405, 990.07]);
+        assert_eq!((rows[2].input_len, rows[2].output_len), (110, 27));
+    }
+
+    #[test]
+    fn session_trace_lines_that_break_their_format_name_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("b.jsonl", TraceFormat::Bailian, "{\"chat_id\": 1, \"parent_chat_id\": -1, \"timestamp\": 0, \"input_length\": 40, \"output_length\": 1, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [0, 1]}\n", "b.jsonl:1", "hash_ids"),
+            ("c.jsonl", TraceFormat::Bailian, "{\"chat_id\": 1, \"parent_chat_id\": -1, \"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"turn\": 1, \"hash_ids\": [0]}\n", "c.jsonl:1", "type"),
+            ("t.jsonl", TraceFormat::Tracelab, "{\"session_id\": \"s\", \"round_index\": 0, \"model\": \"m\", \"input_tokens_total\": 10, \"prefix_tokens\": 3, \"newly_append_tokens\": 3, \"output_tokens\": 1, \"timing_events\": [{\"event_type\": \"user_message\", \"timestamp\": \"2026-06-01T05:40:20.151Z\"}]}\n", "t.jsonl:1", "input_tokens_total"),
+            ("u.jsonl", TraceFormat::Tracelab, "{\"session_id\": \"s\", \"round_index\": 0, \"model\": \"m\", \"input_tokens_total\": 6, \"prefix_tokens\": 3, \"newly_append_tokens\": 3, \"output_tokens\": 1, \"timing_events\": [{\"event_type\": \"user_message\", \"timestamp\": \"yesterday\"}]}\n", "u.jsonl:1", "timing_events[].timestamp"),
+            ("w.json", TraceFormat::Weka, "{\"block_size\": 64, \"requests\": [{\"t\": 0, \"type\": \"n\", \"in\": 130, \"out\": 2, \"hash_ids\": [1]}]}", "w.json", "requests[0].hash_ids"),
+        ];
+        for (name, format, content, place, field) in cases {
+            let p = dir.path().join(name);
+            std::fs::write(&p, content).unwrap();
+            let err = format!("{:#}", load(&p, format, &words).unwrap_err());
+            assert!(err.contains(place) && err.contains(field), "{err}");
+        }
     }
 
     #[test]
