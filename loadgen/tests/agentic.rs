@@ -211,8 +211,9 @@ async fn later_turns_carry_exactly_the_calls_and_their_results() {
                 Backend::Chat => bodies[&prev.id]["messages"].as_array().unwrap().clone(),
                 _ => bodies[&prev.id]["input"].as_array().unwrap().clone(),
             };
-            let calls: Vec<(String, String)> =
-                (0..2).map(|c| mock_call(prev.id, 2 * (s.turn - 2), c)).collect();
+            let calls: Vec<(String, String)> = (0..2)
+                .map(|c| mock_call(prev.id, 2 * (s.turn - 2), c))
+                .collect();
             let mut expected = prev_messages.clone();
             let results = &messages[messages.len() - 2..];
             match backend {

@@ -123,6 +123,7 @@ fn record(id: u64, phase: Phase, sent_ms: f64, first_ms: f64, end_ms: f64) -> Re
         cached_tokens: None,
         server_timing: None,
         session: None,
+        class: None,
         connect_ms: None,
         http_status: Some(200),
         error: None,

@@ -27,6 +27,8 @@ fn one_request(
         output_len,
         prefix_group: None,
         prompt: PromptSource::Blocks(prefixed_blocks(1, id, 16, None)),
+        model: None,
+        class: None,
     };
     let stub = loadgen::wire::client::RequestStub {
         id,
@@ -58,6 +60,8 @@ fn poisson_plan(rate: f64, secs: f64, output_len: u32) -> Plan {
         output_len,
         prefix_group: None,
         prompt: PromptSource::Blocks(prefixed_blocks(1, i, 16, None)),
+        model: None,
+        class: None,
     })
 }
 

@@ -51,6 +51,8 @@ fn plan(rate: f64, secs: f64, output_len: u32) -> Plan {
         output_len,
         prefix_group: None,
         prompt: PromptSource::Blocks(prefixed_blocks(1, i, 16, None)),
+        model: None,
+        class: None,
     })
 }
 

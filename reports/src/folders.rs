@@ -34,6 +34,8 @@ pub struct LoadedRun {
     pub server: Option<ServerView>,
     pub metrics: Metrics,
     pub samples: LatencySamples,
+    /// Results by class, when its requests have classes.
+    pub classes: Vec<crate::classes::ClassStats>,
 }
 
 /// Loads `records.jsonl` and `meta.json` from `dir` and computes its metrics.
@@ -47,14 +49,13 @@ pub fn load_run(dir: &Path, slos: &[Slo]) -> Result<LoadedRun> {
     } else {
         None
     };
-    let metrics = compute(
-        &records,
-        &MetricsOptions {
-            slos: slos.to_vec(),
-            open_loop: meta.schedule["mode"] != "closed",
-            client_cpu,
-        },
-    );
+    let opts = MetricsOptions {
+        slos: slos.to_vec(),
+        open_loop: meta.schedule["mode"] != "closed",
+        client_cpu,
+    };
+    let metrics = compute(&records, &opts);
+    let classes = crate::classes::of(&records, &opts, metrics.duration_s);
     let scrapes = read_scrapes(dir)?;
     let server = ServerView::from_scrapes(&scrapes).map(|mut view| {
         view.window_prefix_cache = measured_window_unix_ms(&meta, &records)
@@ -64,6 +65,7 @@ pub fn load_run(dir: &Path, slos: &[Slo]) -> Result<LoadedRun> {
     Ok(LoadedRun {
         server,
         meta,
+        classes,
         metrics,
         samples: LatencySamples::from_records(&records),
     })

@@ -4,6 +4,7 @@
 pub mod ab;
 pub mod bound;
 pub mod capacity;
+pub mod classes;
 pub mod comparison;
 pub mod conditions;
 pub mod diagnosis;

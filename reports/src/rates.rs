@@ -96,6 +96,7 @@ mod tests {
             cached_tokens: None,
             server_timing: None,
             session: None,
+            class: None,
             connect_ms: None,
             http_status: Some(if ok { 200 } else { 500 }),
             error: (!ok).then(|| RequestError {

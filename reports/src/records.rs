@@ -210,6 +210,10 @@ pub struct RequestRecord {
     /// The request's place in a multi-turn session (`--turns`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionTurn>,
+    /// Its class (`--class-by`): a trace's model or service, the model of a `--model-mix`,
+    /// a session turn's kind, or its prefix group; `summary.json` has each class's numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
     pub http_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RequestError>,
@@ -460,6 +464,7 @@ mod tests {
             cached_tokens: None,
             server_timing: None,
             session: None,
+            class: None,
             connect_ms: None,
             http_status: Some(200),
             error: None,

@@ -634,6 +634,7 @@ mod tests {
             cached_tokens: None,
             server_timing: None,
             session: None,
+            class: None,
             connect_ms: None,
             http_status: Some(200),
             error: None,

@@ -100,6 +100,9 @@ pub struct Summary {
     /// requests whose server reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_prompt_share: Option<f64>,
+    /// Results by class (`--class-by`), each with the latency fields of the whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<crate::classes::ClassStats>,
     /// Multi-turn sessions: sessions and their rate, how they ended, and each turn index's
     /// latencies, prompt sizes and prefix-cache hits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,6 +192,7 @@ impl Summary {
             slos: slos.to_vec(),
             cached_prompt_share: m.cached_prompt_share,
             sessions: m.sessions.clone(),
+            classes: Vec::new(),
             metrics,
             regime: None,
             regime_evidence: None,

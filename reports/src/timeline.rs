@@ -256,6 +256,7 @@ mod tests {
             short_output: false,
             prefix_group: None,
             session: None,
+            class: None,
             http_status: Some(200),
             error: None,
         }

@@ -311,6 +311,21 @@ fn run_report(rng: &mut StdRng) -> Report {
                 missing: vec!["parameters and FLOP/s".into()],
                 knob_flags: None,
             }),
+            classes: vec![reports::classes::ClassStats {
+                class: "text".into(),
+                requests: 300,
+                completed: 300,
+                metrics: [
+                    (
+                        "ttft".to_string(),
+                        DistStats::from_values(&(1..=100).map(f64::from).collect::<Vec<_>>()),
+                    ),
+                    ("tpot".to_string(), DistStats::from_values(&[7.0, 8.0, 9.0])),
+                    ("e2el".to_string(), DistStats::from_values(&[400.0, 500.0])),
+                ]
+                .into(),
+                ..Default::default()
+            }],
         })),
     }
 }
@@ -408,6 +423,11 @@ fn sweep_compare_and_run_reports_are_self_contained() {
     check_files(&md, &html, 12);
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(text.contains("<h2>Sessions</h2>"));
+    // Each class's table beside the whole's.
+    assert!(
+        text.contains("<h2>By class</h2>")
+            && text.contains("<td>text</td><td>300</td><td>0</td><td>50.")
+    );
     assert!(text.contains("ended: capped 5, completed 120"));
     // Tool use, per-session totals and TTFT by context length.
     assert!(

@@ -84,6 +84,39 @@ pub struct Plan {
     /// and the server's answers) at its `at_s`, but not before the previous answer ended.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub recorded_sessions: bool,
+    /// What each request's record is classed by.
+    #[serde(default)]
+    pub class_by: ClassBy,
+}
+
+/// What a request's class is (`--class-by`), resolved for the plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClassBy {
+    /// No classes.
+    #[default]
+    None,
+    /// The trace's model or service column (the spec's `class`).
+    Trace,
+    /// The model it asks for (`--model-mix`).
+    Model,
+    /// Its prefix group (an agent, in agent sessions).
+    PrefixGroup,
+    /// A session turn's kind: `first`, then `follow-up` in chat sessions; in agent sessions
+    /// `tool-result` when the answer called tools again, `final` when it did not.
+    Turn,
+}
+
+impl ClassBy {
+    /// The class of a request with `spec` (a turn's kind is its session's to say).
+    pub fn of_spec(self, spec: &RequestSpec) -> Option<String> {
+        match self {
+            ClassBy::Trace => spec.class.clone(),
+            ClassBy::Model => spec.model.clone(),
+            ClassBy::PrefixGroup => spec.prefix_group.map(|g| format!("group {g}")),
+            ClassBy::None | ClassBy::Turn => None,
+        }
+    }
 }
 
 /// What agent sessions share: the pool of agents, and whether each session's first turn
@@ -191,6 +224,7 @@ impl Plan {
             sessions: None,
             agentic: None,
             recorded_sessions: false,
+            class_by: ClassBy::None,
         }
     }
 }

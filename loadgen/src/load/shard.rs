@@ -76,6 +76,8 @@ mod tests {
             output_len: 4,
             prefix_group: None,
             prompt: PromptSource::Text("x".into()),
+            model: None,
+            class: None,
         });
         let mut seen = Vec::new();
         for index in 0..3 {

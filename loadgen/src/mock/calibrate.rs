@@ -71,6 +71,8 @@ pub async fn calibrate(cfg: &CalibrateConfig) -> Result<Calibration> {
         output_len: cfg.output_tokens,
         prefix_group: None,
         prompt: PromptSource::Blocks(prefixed_blocks(cfg.seed, i, 32, None)),
+        model: None,
+        class: None,
     };
     let plan = match cfg.concurrency {
         Some(c) => Plan::closed(c, c * 4, spec),

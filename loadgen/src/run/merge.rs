@@ -327,15 +327,15 @@ fn write_merge(checked: &CheckedMerge, out: &Path) -> Result<MergedRun> {
         .iter()
         .filter_map(|s| s.summary.as_ref().and_then(|m| m.client_cpu))
         .reduce(f64::max);
-    let metrics = compute(
-        records,
-        &MetricsOptions {
-            slos: slos.clone(),
-            open_loop: true,
-            client_cpu,
-        },
-    );
-    Summary::new(&metrics, &slos, false, 0).write(&out.join("summary.json"))?;
+    let opts = MetricsOptions {
+        slos: slos.clone(),
+        open_loop: true,
+        client_cpu,
+    };
+    let metrics = compute(records, &opts);
+    let mut summary = Summary::new(&metrics, &slos, false, 0);
+    summary.classes = reports::classes::of(records, &opts, metrics.duration_s);
+    summary.write(&out.join("summary.json"))?;
     let start = chrono::DateTime::parse_from_rfc3339(&shards[0].meta.start_time)
         .with_context(|| format!("{}/meta.json: start_time", shards[0].dir.display()))?;
     histograms::write(

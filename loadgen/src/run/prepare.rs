@@ -8,7 +8,9 @@ use anyhow::{bail, Context, Result};
 use reports::slo::SloSpec;
 use serde_json::json;
 
-use crate::load::plan::{AgenticPlan, LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits};
+use crate::load::plan::{
+    AgenticPlan, ClassBy, LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits,
+};
 use crate::load::schedule::{
     scale_to_rate, scale_trace, Arrival, ExactRate, Extent, RampUp, ScheduleSpec, Window,
     EXACT_RATE_TOLERANCE,
@@ -24,6 +26,8 @@ use crate::spec::run::{
     DEFAULT_NUM_PROMPTS,
 };
 use crate::wire::extra_body::ExtraBody;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// Builds the plan (request list + schedule) for `run`; also returns workload / schedule
 /// descriptions for `meta.json`.
@@ -413,6 +417,8 @@ fn build_session_plan(
                     output_len: rows[k].output_len,
                     prefix_group: None,
                     prompt: PromptSource::Text(rows[k].prompt.clone().unwrap_or_default()),
+                    model: None,
+                    class: None,
                 })
             })
             .collect::<Vec<_>>(),
@@ -652,7 +658,8 @@ pub fn prepare_run(run: &RunSpec) -> Result<PreparedRun> {
         .as_ref()
         .map(SloSpec::per_request)
         .unwrap_or_default();
-    let (mut plan, workload_meta, schedule_meta) = build_plan(run, &prompts)?;
+    let (mut plan, mut workload_meta, schedule_meta) = build_plan(run, &prompts)?;
+    classes(run, &mut plan, &mut workload_meta)?;
     let schedule_requests = plan.requests.len() as u64;
     let schedule_digest = schedule_digest(run, &plan, &prompts)?;
     if let Some(shard) = run.shard {
@@ -669,6 +676,62 @@ pub fn prepare_run(run: &RunSpec) -> Result<PreparedRun> {
         schedule_digest,
     })
 }
+
+/// `--model-mix` drawn onto the plan's requests from the seed (a session's turns share
+/// its first turn's draw), and `--class-by` resolved: `auto` is the trace's model or
+/// service column, else the mix's models, else a session turn's kind, else no classes.
+fn classes(run: &RunSpec, plan: &mut Plan, workload_meta: &mut serde_json::Value) -> Result<()> {
+    if !run.model_mix.is_empty() {
+        let total: f64 = run.model_mix.iter().map(|(_, w)| w).sum();
+        let mut rng = StdRng::seed_from_u64(mix(run.seed, MODEL_MIX_SEED_TAG));
+        let mut drawn: std::collections::BTreeMap<&str, u64> = Default::default();
+        let mut session_model: Option<String> = None;
+        for r in &mut plan.requests {
+            let model = match (r.session, &session_model) {
+                (Some(t), Some(model)) if t.turn > 1 => model.clone(),
+                _ => {
+                    let mut u = rng.random::<f64>() * total;
+                    let (name, _) = run
+                        .model_mix
+                        .iter()
+                        .find(|(_, w)| {
+                            u -= w;
+                            u < 0.0
+                        })
+                        .unwrap_or(&run.model_mix[run.model_mix.len() - 1]);
+                    *drawn.entry(name.as_str()).or_default() += 1;
+                    name.clone()
+                }
+            };
+            session_model = Some(model.clone());
+            r.spec.model = Some(model);
+        }
+        workload_meta["model_mix"] = json!({"weights": run.model_mix, "drawn": drawn,
+            "per": if plan.sessions.is_some() { "session" } else { "request" }});
+    }
+    let trace_classes = plan.requests.iter().any(|r| r.spec.class.is_some());
+    let class_by = match run.class_by {
+        Some(ClassBy::Trace) if !trace_classes => {
+            bail!("--class-by trace: this workload's requests have no model or service column (bailian, tracelab and weka traces have one)")
+        }
+        Some(ClassBy::PrefixGroup)
+            if plan.requests.iter().all(|r| r.spec.prefix_group.is_none()) =>
+        {
+            bail!("--class-by prefix-group: this workload has no prefix groups (--prefix-len, a trace's prefix groups, or agents)")
+        }
+        Some(class_by) => class_by,
+        None if trace_classes => ClassBy::Trace,
+        None if !run.model_mix.is_empty() => ClassBy::Model,
+        None if plan.sessions.is_some() && !plan.recorded_sessions => ClassBy::Turn,
+        None => ClassBy::None,
+    };
+    plan.class_by = class_by;
+    workload_meta["class_by"] = json!(class_by);
+    Ok(())
+}
+
+/// Seeds `--model-mix`'s draws apart from the others.
+const MODEL_MIX_SEED_TAG: u64 = 0x30DE_1313;
 
 /// The digest that tells the shards of one schedule apart from those of another: the whole
 /// request list and every option that shapes a request on the wire (FNV-1a, 64 bits, hex).
@@ -688,6 +751,7 @@ fn schedule_digest(run: &RunSpec, plan: &Plan, prompts: &PromptBuilder) -> Resul
         "prompt_salt": run.workload.prompt_salt,
         "extra_body": target.extra_body.as_ref().map(ExtraBody::to_value),
         "require_first_call": plan.agentic.as_ref().map(|a| a.require_first_call),
+        "class_by": plan.class_by,
     });
     Ok(format!("{:016x}", fnv1a(&serde_json::to_vec(&shape)?)))
 }

@@ -20,7 +20,7 @@ use reports::records::{ErrorKind, Phase, RequestError, RequestRecord, SessionEnd
 use reports::summary::Summary;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::load::plan::{LoadMode, Plan, SessionLimits};
+use crate::load::plan::{ClassBy, LoadMode, Plan, SessionLimits};
 use crate::load::workload::agentic;
 use crate::load::workload::prompt::PromptBuilder;
 use crate::run::client_cpu::CpuClock;
@@ -140,7 +140,7 @@ async fn send_one(
             };
             Some(match body {
                 Ok(body) => {
-                    let (record, answer) = client::exchange(
+                    let (mut record, answer) = client::exchange(
                         &ctx.client,
                         &ctx.target,
                         stub,
@@ -150,12 +150,14 @@ async fn send_one(
                         keep_answer,
                     )
                     .await;
+                    record.class = ctx.plan.class_by.of_spec(spec);
                     (record, answer.unwrap_or_default())
                 }
                 Err(e) => {
                     eprintln!("loadgen: request {id}: {e:#}");
-                    let record =
+                    let mut record =
                         client::unsent_record(stub, &ctx.target, ctx.origin, format!("{e:#}"));
+                    record.class = ctx.plan.class_by.of_spec(spec);
                     (record, Answer::default())
                 }
             })
@@ -279,6 +281,17 @@ async fn run_session(
         } else {
             None
         };
+        if ctx.plan.class_by == ClassBy::Turn {
+            record.class = Some(
+                match (turn.turn, agent.is_some(), calls.is_empty()) {
+                    (1, _, _) => "first",
+                    (_, false, _) => "follow-up",
+                    (_, true, true) => "final",
+                    (_, true, false) => "tool-result",
+                }
+                .to_string(),
+            );
+        }
         record.session = Some(SessionTurn {
             session: turn.session,
             turn: turn.turn,
@@ -663,7 +676,8 @@ pub async fn send_plan(
         client_cpu: cpu.share(),
     };
     let metrics = metrics::compute(&records, &metrics_opts);
-    let summary = Summary::new(&metrics, &opts.slos, incomplete, unfinished);
+    let mut summary = Summary::new(&metrics, &opts.slos, incomplete, unfinished);
+    summary.classes = reports::classes::of(&records, &metrics_opts, metrics.duration_s);
     if let Some(dir) = &opts.out_dir {
         summary.write(&dir.join("summary.json"))?;
         reports::histograms::write_for_records(

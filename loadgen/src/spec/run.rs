@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use reports::slo::SloSpec;
 
+use crate::load::plan::ClassBy;
 use crate::load::schedule::TraceScaling;
 use crate::load::shard::Shard;
 use crate::load::workload::agentic::AgenticOptions;
@@ -26,6 +27,10 @@ pub const DEFAULT_NUM_PROMPTS: usize = 1000;
 /// One run, as its options ask for it.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
+    /// `--model-mix`: models and their relative weights (empty: the run's model).
+    pub model_mix: Vec<(String, f64)>,
+    /// `--class-by`; `None` for `auto`, resolved when the plan is built.
+    pub class_by: Option<ClassBy>,
     pub target: TargetSpec,
     pub workload: WorkloadSpec,
     pub load: LoadSpec,

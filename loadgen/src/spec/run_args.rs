@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 
+use crate::load::plan::ClassBy;
 use crate::load::schedule::TraceScaling;
 use crate::load::shard::Shard;
 use crate::load::workload::agentic::{self, AgenticOptions};
@@ -35,6 +36,17 @@ pub struct RunArgs {
     /// Model name; default: the first of GET /v1/models.
     #[arg(long)]
     pub model: Option<String>,
+    /// Split the requests among models or LoRA adapters, `NAME=WEIGHT,…` (weights relative,
+    /// drawn from the seed; a session keeps one): each request asks for its model, and the
+    /// results are split by it. --model still names the run's model in meta.json.
+    #[arg(long, value_name = "NAME=W,…")]
+    pub model_mix: Option<String>,
+    /// What the results are split into classes by: `auto` (a trace's model or service
+    /// column, else --model-mix's models, else a session turn's kind), `trace`, `model`,
+    /// `turn` (first, follow-up; agent turns: first, tool-result, final), `prefix-group`,
+    /// `none`.
+    #[arg(long, value_parser = ["auto", "trace", "model", "turn", "prefix-group", "none"], default_value = "auto")]
+    pub class_by: String,
     /// Extra header `Name: value` (repeatable).
     #[arg(long = "header")]
     pub headers: Vec<String>,
@@ -375,7 +387,32 @@ impl RunSpec {
                 bail!("--shard: calibrate each worker with `loadgen calibrate` before the run, not with --calibrate");
             }
         }
+        let model_mix = args
+            .model_mix
+            .as_deref()
+            .map(parse_model_mix)
+            .transpose()?
+            .unwrap_or_default();
+        if !model_mix.is_empty() && args.backend == Backend::Tgi {
+            bail!("--model-mix with --backend tgi: TGI's generate_stream names no model");
+        }
+        let class_by = match args.class_by.as_str() {
+            "trace" => Some(ClassBy::Trace),
+            "model" => Some(ClassBy::Model),
+            "turn" => Some(ClassBy::Turn),
+            "prefix-group" => Some(ClassBy::PrefixGroup),
+            "none" => Some(ClassBy::None),
+            _ => None,
+        };
+        if class_by == Some(ClassBy::Model) && model_mix.is_empty() {
+            bail!("--class-by model splits by --model-mix's models: give --model-mix");
+        }
+        if class_by == Some(ClassBy::Turn) && sessions.is_none() {
+            bail!("--class-by turn splits session turns: give --turns or --workload agentic (a trace's sessions are classed by its own column)");
+        }
         Ok(RunSpec {
+            model_mix,
+            class_by,
             target: TargetSpec {
                 url: args.url.clone(),
                 backend: args.backend,
@@ -500,6 +537,36 @@ fn sessions(args: &RunArgs) -> Result<Option<SessionsSpec>> {
         max_history_tokens: args.max_history_tokens,
         drain: args.session_drain,
     }))
+}
+
+/// `--model-mix NAME=W,…`: names with positive weights.
+fn parse_model_mix(text: &str) -> Result<Vec<(String, f64)>> {
+    let mix = text
+        .split(',')
+        .map(|part| {
+            let (name, weight) = part.split_once('=').with_context(|| {
+                format!("--model-mix `{part}`: expected NAME=WEIGHT (e.g. base=0.7,lora-a=0.3)")
+            })?;
+            let weight: f64 = weight
+                .trim()
+                .parse()
+                .with_context(|| format!("--model-mix `{part}`: the weight is not a number"))?;
+            if !(weight > 0.0 && weight.is_finite()) {
+                bail!("--model-mix `{part}`: a weight is positive");
+            }
+            let name = name.trim();
+            if name.is_empty() {
+                bail!("--model-mix `{part}`: a model needs its name");
+            }
+            Ok((name.to_string(), weight))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut names: Vec<&str> = mix.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        bail!("--model-mix names `{}` twice", w[0]);
+    }
+    Ok(mix)
 }
 
 /// `--extra-body`, parsed for the backend; an agent's own fields are refused in it.

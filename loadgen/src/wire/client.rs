@@ -618,6 +618,7 @@ fn finish_record(
         short_output: success && target.ignore_eos && output_tokens < requested,
         prefix_group: stub.prefix_group,
         session: None,
+        class: None,
         cached_tokens: st.usage_cached,
         server_timing: st.server_timing,
         http_status: status,

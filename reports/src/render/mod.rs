@@ -45,6 +45,8 @@ pub struct RunView {
     pub timeline: Option<crate::timeline::Timeline>,
     /// What limited the run, when diagnosed.
     pub diagnosis: Option<crate::diagnosis::Diagnosis>,
+    /// Results by class (`--class-by`), when the requests have classes.
+    pub classes: Vec<crate::classes::ClassStats>,
 }
 
 /// A sweep, with its SLO and capacity plan when given.

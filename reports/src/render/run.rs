@@ -2,7 +2,7 @@
 
 use super::svg::{self, Chart, Series, Style};
 use super::{fmt_ms, Plot, RunView, Section, Table};
-use crate::metrics::{DistStats, SloMetric};
+use crate::metrics::{DistStats, Metrics, SloMetric};
 use crate::samples::{metric_label, LatencySamples, LATENCY_METRICS};
 use crate::server_metrics::{Kind, ServerView};
 
@@ -125,9 +125,67 @@ pub(super) fn sections(view: &RunView) -> Vec<Section> {
         sections.push(section);
     }
     sections.extend(view.timeline.as_ref().map(timeline_section));
+    if !view.classes.is_empty() {
+        sections.push(classes_section(m, &view.classes));
+    }
     sections.extend(m.sessions.as_ref().map(sessions_section));
     sections.extend(view.server.as_ref().map(server_section));
     sections
+}
+
+/// The latency table of each class beside the whole's, with intervals.
+pub(super) fn classes_section(m: &Metrics, classes: &[crate::classes::ClassStats]) -> Section {
+    let row = |name: &str, requests: u64, failed: u64, d: &dyn Fn(&str) -> DistStats| {
+        vec![
+            name.to_string(),
+            requests.to_string(),
+            failed.to_string(),
+            d("ttft").percentile_text(0.5, 2),
+            d("ttft").percentile_text(0.9, 2),
+            d("tpot").percentile_text(0.5, 2),
+            d("tpot").percentile_text(0.9, 2),
+            d("e2el").percentile_text(0.5, 1),
+            d("e2el").percentile_text(0.9, 1),
+        ]
+    };
+    let whole = |key: &str| match key {
+        "ttft" => m.ttft,
+        "tpot" => m.tpot,
+        _ => m.e2el,
+    };
+    let mut rows = vec![row("all", m.completed + m.failed, m.failed, &whole)];
+    for c in classes {
+        let of = |key: &str| c.metrics.get(key).copied().unwrap_or_default();
+        rows.push(row(&c.class, c.requests, c.failed, &of));
+    }
+    Section {
+        heading: "By class".into(),
+        paragraphs: vec![format!(
+            "The measured requests split by their class ({} classes: a trace's model or service \
+             column, a model mix's models, a session turn's kind or a prefix group, as \
+             `--class-by` chose; meta.json says which), each with its latencies in ms and their \
+             95% intervals, beside the whole run's. A class with few requests bounds only its \
+             lower percentiles.",
+            classes.len()
+        )],
+        tables: vec![Table {
+            header: [
+                "class",
+                "requests",
+                "failed",
+                "TTFT p50 [95% CI]",
+                "TTFT p90 [95% CI]",
+                "TPOT p50 [95% CI]",
+                "TPOT p90 [95% CI]",
+                "E2E p50 [95% CI]",
+                "E2E p90 [95% CI]",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows,
+        }],
+        ..Section::default()
+    }
 }
 
 /// The run over time: latencies, throughput, requests and the server's gauges per slice,

@@ -19,6 +19,7 @@ pub fn run_report(dir: &Path) -> Result<Report> {
             server: run.server,
             timeline: crate::timeline::Timeline::read(dir)?,
             diagnosis: crate::folders::run_diagnosis(dir)?,
+            classes: run.classes,
         })),
     })
 }

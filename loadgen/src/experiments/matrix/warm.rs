@@ -29,6 +29,8 @@ pub fn prefixes(plan: &Plan) -> Vec<RequestSpec> {
             output_len: 1,
             prefix_group: None,
             prompt: PromptSource::Blocks(vec![block]),
+            model: None,
+            class: None,
         })
         .collect()
 }

@@ -191,6 +191,8 @@ impl AgenticProfile {
                             prompt: PromptSource::Blocks(prefixed_blocks(
                                 seed, index, input_len, None,
                             )),
+                            model: None,
+                            class: None,
                         })
                     })
                     .collect()

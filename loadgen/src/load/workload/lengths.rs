@@ -82,6 +82,8 @@ mod tests {
             output_len,
             prefix_group: None,
             prompt: PromptSource::Blocks(blocks),
+            model: None,
+            class: None,
         }
     }
 
@@ -108,6 +110,8 @@ mod tests {
             output_len: 5,
             prefix_group: None,
             prompt: PromptSource::Text("hello".into()),
+            model: None,
+            class: None,
         }];
         assert!(scale_lengths(&mut text, 0.5).is_err());
         assert!(scale_lengths(&mut specs, 0.0).is_err());

@@ -48,6 +48,12 @@ pub struct RequestSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_group: Option<u64>,
     pub prompt: PromptSource,
+    /// The model it asks for, when not the run's (`--model-mix`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The class its trace row gave it (the trace's model or service column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 /// SplitMix64 finaliser: derives well-mixed block keys from (seed, tag, index).

@@ -177,6 +177,8 @@ impl SyntheticWorkload {
                 output_len: output,
                 prefix_group: prefix.map(|(g, _)| g),
                 prompt: PromptSource::Blocks(prefixed_blocks(seed, index, input_len, prefix)),
+                model: None,
+                class: None,
             });
         }
         Ok(out)

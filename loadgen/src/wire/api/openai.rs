@@ -11,10 +11,11 @@ use crate::load::workload::RequestSpec;
 use crate::wire::target::Target;
 use reports::records::ServerTiming;
 
-/// `model`, `max_tokens`, streaming with usage, and the length-forcing extensions asked for.
+/// `model` (the request's own, from `--model-mix`, else the run's), `max_tokens`, streaming
+/// with usage, and the length-forcing extensions asked for.
 pub(super) fn common_body(target: &Target, spec: &RequestSpec) -> Value {
     let mut body = json!({
-        "model": target.model,
+        "model": spec.model.as_deref().unwrap_or(&target.model),
         "max_tokens": spec.output_len,
         "stream": true,
         "stream_options": {"include_usage": true},

@@ -52,7 +52,7 @@ impl Api for Responses {
         }
         // `store: false`: OpenAI keeps a response by default, a benchmark's need not be kept.
         let mut body = json!({
-            "model": target.model,
+            "model": spec.model.as_deref().unwrap_or(&target.model),
             "max_output_tokens": spec.output_len,
             "stream": true,
             "store": false,

@@ -122,6 +122,8 @@ impl TraceRow {
             output_len: self.output_len,
             prefix_group: self.prefix.map(|(g, _)| g),
             prompt,
+            model: None,
+            class: self.class.clone(),
         }
     }
 }
