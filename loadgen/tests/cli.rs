@@ -504,3 +504,135 @@ fn repeats_and_exact_rate_refuse_what_they_cannot_do() {
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
 }
+
+/// `loadgen report --csv`: a run's `records.csv` has one row per request and a sweep's
+/// `levels.csv` one row per level, read back with Python's `csv` module (as pandas reads
+/// them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_csv_has_one_row_per_request_and_per_level() {
+    let (addr, handle) = mock::spawn(MockConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let sweep = dir.path().join("sweep");
+    let url = format!("http://{addr}");
+    let common = [
+        "--url",
+        &url,
+        "--backend",
+        "chat",
+        "--workload",
+        "random",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "4",
+        "--model-mix",
+        "a=1,b=1",
+        "--seed",
+        "2",
+        "--no-progress",
+    ];
+    let status = loadgen()
+        .arg("run")
+        .args(common)
+        .args(["--rate", "50", "--num-prompts", "12", "--out"])
+        .arg(&run)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = loadgen()
+        .arg("sweep")
+        .args(common)
+        .args(["--rates", "20,40", "--duration", "1s", "--out"])
+        .arg(&sweep)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    handle.shutdown().await;
+    assert!(status.success());
+    for folder in [&run, &sweep] {
+        let status = loadgen()
+            .args(["report", "--csv"])
+            .arg(folder)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    const READ: &str = r#"
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="")))
+print(json.dumps({"rows": len(rows), "columns": list(rows[0].keys()), "first": rows[0]}))
+"#;
+    let read = |path: &Path| -> serde_json::Value {
+        let out = Command::new("python3")
+            .args(["-c", READ])
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let records = read(&run.join("records.csv"));
+    assert_eq!(records["rows"], 12);
+    let columns: Vec<&str> = records["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &columns[..6],
+        ["id", "phase", "class", "ttft_ms", "tpot_ms", "e2el_ms"]
+    );
+    for field in [
+        "chunk_ms",
+        "prompt_tokens",
+        "server_timing.prefill_ms",
+        "http_status",
+    ] {
+        assert!(columns.contains(&field), "{field} in {columns:?}");
+    }
+    let first = &records["first"];
+    assert!(["a", "b"].contains(&first["class"].as_str().unwrap()));
+    assert!(first["ttft_ms"].as_str().unwrap().parse::<f64>().unwrap() > 4.0);
+    // Chunk times as space-separated numbers, as many as the output's chunks.
+    assert_eq!(first["chunk_ms"].as_str().unwrap().split(' ').count(), 4);
+    let levels = read(&sweep.join("levels.csv"));
+    assert_eq!(levels["rows"], 2);
+    let first = &levels["first"];
+    assert_eq!(
+        first["offered_rate"]
+            .as_str()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap(),
+        20.0
+    );
+    assert!(
+        first["ttft_p50_ms"]
+            .as_str()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            > 4.0
+    );
+    let level_dirs = std::fs::read_dir(&sweep)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("records.csv").is_file())
+        .count();
+    assert_eq!(level_dirs, 2, "each level's records.csv");
+}

@@ -7,6 +7,7 @@ pub mod capacity;
 pub mod classes;
 pub mod comparison;
 pub mod conditions;
+pub mod csv_export;
 pub mod diagnosis;
 pub mod folders;
 pub mod histograms;

@@ -1,9 +1,9 @@
 //! `loadgen report DIR`: renders a run, sweep, comparison, tune or matrix folder to
 //! `report.md` and a self-contained `report.html`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use reports::render::write_report;
 
@@ -21,6 +21,11 @@ pub struct ReportArgs {
     /// Where to write report.md / report.html (default: DIR).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also write CSV: a run folder's `records.csv` (one row per request, its record's
+    /// fields flattened), a sweep folder's `levels.csv` (one row per level: rates,
+    /// percentiles, regime) and each level's `records.csv`.
+    #[arg(long)]
+    pub csv: bool,
 }
 
 /// `loadgen report`.
@@ -43,8 +48,42 @@ pub fn report_command(args: ReportArgs) -> Result<()> {
         );
     };
     let out = args.out.as_deref().unwrap_or(dir);
+    if args.csv {
+        write_csv(dir, out)?;
+    }
     let (md, html) = write_report(out, &report)?;
     println!("report: {}", html.display());
     println!("        {}", md.display());
     Ok(())
+}
+
+/// `--csv`: a run folder's records, or a sweep folder's levels and each level's records.
+fn write_csv(dir: &Path, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    if dir.join(SWEEP_FILE).is_file() {
+        let sweep = reports::folders::load_sweep(dir)?;
+        let levels = out.join("levels.csv");
+        reports::csv_export::write_levels(&sweep.levels, &levels)?;
+        println!("csv:    {}", levels.display());
+        for entry in &sweep.file.levels {
+            let level = dir.join(&entry.dir);
+            let records = reports::records::read_records(&level.join("records.jsonl"))?;
+            let target = out.join(&entry.dir);
+            std::fs::create_dir_all(&target)
+                .with_context(|| format!("creating {}", target.display()))?;
+            reports::csv_export::write_records(&records, &target.join("records.csv"))?;
+        }
+        return Ok(());
+    }
+    if dir.join("records.jsonl").is_file() && !dir.join(COMPARE_FILE).is_file() {
+        let records = reports::records::read_records(&dir.join("records.jsonl"))?;
+        let path = out.join("records.csv");
+        reports::csv_export::write_records(&records, &path)?;
+        println!("csv:    {}", path.display());
+        return Ok(());
+    }
+    bail!(
+        "--csv exports a run folder (records.jsonl) or a sweep folder (sweep.json); {} is neither",
+        dir.display()
+    )
 }
