@@ -143,6 +143,7 @@ async fn sweep_plan_compare_and_report_on_the_mock() {
     report_command(ReportArgs {
         dir: level.clone(),
         out: None,
+        csv: false,
     })
     .unwrap();
     check_report(&level);
