@@ -507,7 +507,7 @@ fn repeats_and_exact_rate_refuse_what_they_cannot_do() {
 
 /// `loadgen report --csv`: a run's `records.csv` has one row per request and a sweep's
 /// `levels.csv` one row per level, read back with Python's `csv` module (as pandas reads
-/// them).
+/// them); two runs of a model mix compared offline give each class's table per side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_csv_has_one_row_per_request_and_per_level() {
     let (addr, handle) = mock::spawn(MockConfig {
@@ -543,6 +543,17 @@ async fn report_csv_has_one_row_per_request_and_per_level() {
         .args(common)
         .args(["--rate", "50", "--num-prompts", "12", "--out"])
         .arg(&run)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // A second run of the same workload, for an offline comparison by class.
+    let run_b = dir.path().join("run-b");
+    let status = loadgen()
+        .arg("run")
+        .args(common)
+        .args(["--rate", "50", "--num-prompts", "12", "--out"])
+        .arg(&run_b)
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -635,4 +646,27 @@ print(json.dumps({"rows": len(rows), "columns": list(rows[0].keys()), "first": r
         .filter(|e| e.path().join("records.csv").is_file())
         .count();
     assert_eq!(level_dirs, 2, "each level's records.csv");
+    // The comparison of the two runs gives each class's table on each side.
+    let compared = dir.path().join("ab");
+    let status = loadgen()
+        .arg("compare")
+        .arg(&run)
+        .arg(&run_b)
+        .arg("--out")
+        .arg(&compared)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report = std::fs::read_to_string(compared.join("report.md")).unwrap();
+    let section = &report[report.find("## By class").expect("a By class section")..];
+    for row in [
+        "| all | A | 12 |",
+        "| all | B | 12 |",
+        "| a | A |",
+        "| b | B |",
+    ] {
+        assert!(section.contains(row), "{row} in {section}");
+    }
 }

@@ -28,6 +28,9 @@ pub enum PairMode {
 struct Sides {
     a: Vec<LatencySamples>,
     b: Vec<LatencySamples>,
+    /// Each side's classes over its pooled rounds.
+    a_classes: Vec<crate::classes::ClassStats>,
+    b_classes: Vec<crate::classes::ClassStats>,
     conditions: Conditions,
     a_label: String,
     b_label: String,
@@ -35,12 +38,21 @@ struct Sides {
 
 /// Per-round samples of one side, the first round's conditions and the server's command line
 /// when this tool started it.
-fn load_side(dirs: &[PathBuf]) -> Result<(Vec<LatencySamples>, Conditions, Option<String>)> {
+type Side = (
+    Vec<LatencySamples>,
+    Vec<crate::classes::ClassStats>,
+    Conditions,
+    Option<String>,
+);
+
+fn load_side(dirs: &[PathBuf]) -> Result<Side> {
     let mut samples = Vec::new();
     let mut conditions = Conditions::default();
     let mut server_command = None;
+    let mut records = Vec::new();
     for (i, dir) in dirs.iter().enumerate() {
         let run = load_run(dir, &[])?;
+        records.extend(crate::records::read_records(&dir.join("records.jsonl"))?);
         if i == 0 {
             conditions = Conditions::from_meta(&run.meta);
             server_command = run
@@ -52,12 +64,18 @@ fn load_side(dirs: &[PathBuf]) -> Result<(Vec<LatencySamples>, Conditions, Optio
         }
         samples.push(run.samples);
     }
-    Ok((samples, conditions, server_command))
+    let opts = crate::metrics::MetricsOptions {
+        slos: Vec::new(),
+        open_loop: false,
+        client_cpu: None,
+    };
+    let classes = crate::classes::of(&records, &opts, 0.0);
+    Ok((samples, classes, conditions, server_command))
 }
 
 fn load_sides(a_rounds: &[PathBuf], b_rounds: &[PathBuf]) -> Result<Sides> {
-    let (a, ca, a_cmd) = load_side(a_rounds)?;
-    let (b, cb, b_cmd) = load_side(b_rounds)?;
+    let (a, a_classes, ca, a_cmd) = load_side(a_rounds)?;
+    let (b, b_classes, cb, b_cmd) = load_side(b_rounds)?;
     let mut extra = vec![("rounds".into(), format!("A: {}, B: {}", a.len(), b.len()))];
     match (a_cmd, b_cmd) {
         (None, None) => extra.push((
@@ -86,6 +104,8 @@ fn load_sides(a_rounds: &[PathBuf], b_rounds: &[PathBuf]) -> Result<Sides> {
     Ok(Sides {
         a,
         b,
+        a_classes,
+        b_classes,
         a_label: ca.server,
         b_label: cb.server,
         conditions,
@@ -132,6 +152,8 @@ pub fn compare_view(file: &CompareFile) -> Result<Report> {
             a: pooled(&sides.a),
             b: pooled(&sides.b),
             analysis,
+            a_classes: sides.a_classes,
+            b_classes: sides.b_classes,
         }),
     })
 }

@@ -176,6 +176,8 @@ fn compare_report(rng: &mut StdRng) -> Report {
             a: pool(&a),
             b: pool(&b),
             analysis,
+            a_classes: Vec::new(),
+            b_classes: Vec::new(),
         }),
     }
 }

@@ -4,7 +4,9 @@ use super::run::cdf_plot;
 use super::svg::{self, Marker};
 use super::{fmt_ms, fmt_p, CompareView, Plot, Section, Table};
 use crate::ab::{MetricVerdict, Pairing};
-use crate::samples::{metric_label, LATENCY_METRICS};
+use crate::latency::DistStats;
+use crate::metrics::SloMetric;
+use crate::samples::{metric_label, LatencySamples, LATENCY_METRICS};
 use crate::stats::{ConfidenceInterval, PMethod};
 
 pub(super) fn sections(view: &CompareView) -> Vec<Section> {
@@ -46,7 +48,7 @@ pub(super) fn sections(view: &CompareView) -> Vec<Section> {
             .iter()
             .map(|&m| cdf_plot(m, &sets, "compare")),
     );
-    vec![
+    let mut sections = vec![
         Section {
             heading: "A/B verdict".into(),
             paragraphs,
@@ -58,7 +60,9 @@ pub(super) fn sections(view: &CompareView) -> Vec<Section> {
             plots,
             ..Section::default()
         },
-    ]
+    ];
+    sections.extend(classes_section(view));
+    sections
 }
 
 fn ci(value: Option<ConfidenceInterval>) -> String {
@@ -110,4 +114,79 @@ fn difference_histogram(v: &MetricVerdict) -> Plot {
             }),
         ),
     }
+}
+
+/// Each class's latencies on each side beside both wholes, with their intervals (empty
+/// without classes).
+fn classes_section(view: &CompareView) -> Option<Section> {
+    if view.a_classes.is_empty() && view.b_classes.is_empty() {
+        return None;
+    }
+    let cells = |name: &str, side: &str, requests: usize, d: &dyn Fn(SloMetric) -> DistStats| {
+        vec![
+            name.to_string(),
+            side.to_string(),
+            requests.to_string(),
+            d(SloMetric::Ttft).percentile_text(0.5, 2),
+            d(SloMetric::Ttft).percentile_text(0.9, 2),
+            d(SloMetric::Tpot).percentile_text(0.5, 2),
+            d(SloMetric::Tpot).percentile_text(0.9, 2),
+            d(SloMetric::E2el).percentile_text(0.5, 1),
+        ]
+    };
+    let (a, b): (&LatencySamples, &LatencySamples) = (&view.a, &view.b);
+    let whole_a = |m: SloMetric| DistStats::from_values(&a.values(m));
+    let whole_b = |m: SloMetric| DistStats::from_values(&b.values(m));
+    let mut rows = vec![
+        cells("all", "A", a.requests.len(), &whole_a),
+        cells("all", "B", b.requests.len(), &whole_b),
+    ];
+    let mut names: Vec<&str> = view
+        .a_classes
+        .iter()
+        .chain(&view.b_classes)
+        .map(|c| c.class.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        for (side, classes) in [("A", &view.a_classes), ("B", &view.b_classes)] {
+            let Some(c) = classes.iter().find(|c| c.class == name) else {
+                rows.push(vec![name.to_string(), side.to_string(), "0".into()]);
+                continue;
+            };
+            let key = |m: SloMetric| match m {
+                SloMetric::Ttft => "ttft",
+                SloMetric::TimeToFirstAnswer => "time_to_first_answer",
+                SloMetric::Tpot => "tpot",
+                SloMetric::E2el => "e2el",
+            };
+            let of = |m: SloMetric| c.metrics.get(key(m)).copied().unwrap_or_default();
+            rows.push(cells(name, side, c.completed as usize, &of));
+        }
+    }
+    Some(Section {
+        heading: "By class".into(),
+        paragraphs: vec![
+            "Each side's successful requests split by class, their latencies in ms with 95% \
+             intervals, beside each whole; the verdicts above are over the whole."
+                .into(),
+        ],
+        tables: vec![Table {
+            header: [
+                "class",
+                "side",
+                "requests",
+                "TTFT p50 [95% CI]",
+                "TTFT p90 [95% CI]",
+                "TPOT p50 [95% CI]",
+                "TPOT p90 [95% CI]",
+                "E2E p50 [95% CI]",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows,
+        }],
+        ..Section::default()
+    })
 }

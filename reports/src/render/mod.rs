@@ -67,6 +67,9 @@ pub struct CompareView {
     pub a: LatencySamples,
     pub b: LatencySamples,
     pub analysis: AbReport,
+    /// Each side's results by class, over its pooled rounds (empty without classes).
+    pub a_classes: Vec<crate::classes::ClassStats>,
+    pub b_classes: Vec<crate::classes::ClassStats>,
 }
 
 /// A matrix: `matrix.json` and each row's own report, or why it has none.
