@@ -85,7 +85,8 @@ pub struct RunArgs {
     /// prompt and tools).
     #[arg(long, default_value_t = 1)]
     pub prefix_groups: u64,
-    /// Trace file (project JSONL, Mooncake JSONL, Azure CSV, BurstGPT CSV, ShareGPT JSON / length table).
+    /// Trace file (project JSONL, Mooncake JSONL, Azure CSV, BurstGPT CSV, ShareGPT JSON /
+    /// length table, Bailian JSONL, TraceLab JSONL[.gz], a WEKA session file or folder).
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Trace format; guessed from the file when omitted.

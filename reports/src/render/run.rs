@@ -332,8 +332,9 @@ fn sessions_section(s: &crate::sessions::SessionStats) -> Section {
     };
     let mut paragraphs = vec![format!(
         "{} sessions started in the measurement window ({:.3} sessions/s, {:.2} requests \
-         each); ended: {}. Each later turn re-sends the whole conversation, so its prompt \
-         grows and a server with a prefix cache serves the history from it.",
+         each); ended: {}. Each later turn carries the conversation so far (the history and \
+         the server's answers, or a trace's recorded prompt), so its prompt grows and a server \
+         with a prefix cache serves the shared part from it.",
         s.sessions,
         s.session_rate,
         s.requests_per_session,
