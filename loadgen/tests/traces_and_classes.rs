@@ -289,3 +289,85 @@ fn class_and_trace_options_are_checked() {
         assert!(e.contains(&reason), "{argv:?}: {e}");
     }
 }
+
+/// The session plan of a trace: `--arrival poisson` starts sessions on the process with
+/// each turn at its recorded offset; `--trace-window` keeps whole sessions, those whose
+/// first turn is in it; sweeps and tune refuse the closed-loop probe.
+#[test]
+fn session_starts_windows_and_probes() {
+    let trace = sample("bailian-sample.jsonl");
+    let plan = planned(&[
+        "--workload",
+        "trace",
+        "--trace",
+        &trace,
+        "--arrival",
+        "poisson",
+        "--rate",
+        "2",
+        "--seed",
+        "5",
+    ]);
+    let turns: Vec<(u64, u32, f64)> = plan
+        .requests
+        .iter()
+        .map(|r| {
+            let t = r.session.unwrap();
+            (t.session, t.turn, r.at_s.unwrap())
+        })
+        .collect();
+    assert_eq!(turns.len(), 7);
+    // Chat 100's turns keep their offsets, 3.5 s and 9.25 s after its first.
+    let (s100, _, start) = turns[0];
+    let offsets: Vec<f64> = turns
+        .iter()
+        .filter(|t| t.0 == s100)
+        .map(|t| t.2 - start)
+        .collect();
+    assert!(
+        (offsets[1] - 3.5).abs() < 1e-9 && (offsets[2] - 9.25).abs() < 1e-9,
+        "{offsets:?}"
+    );
+    // Sessions start on the process, in the trace's order: 4 increasing starts.
+    let starts: Vec<f64> = turns.iter().filter(|t| t.1 == 1).map(|t| t.2).collect();
+    assert_eq!(starts.len(), 4);
+    assert!(starts.windows(2).all(|w| w[0] < w[1]) && starts[0] > 0.0);
+
+    let plan = planned(&[
+        "--workload",
+        "trace",
+        "--trace",
+        &trace,
+        "--trace-window",
+        "0.5:5",
+    ]);
+    let kept: Vec<(u32, f64)> = plan
+        .requests
+        .iter()
+        .map(|r| (r.session.unwrap().turn, r.at_s.unwrap()))
+        .collect();
+    // Chats 200 (1 s, two turns) and 300 (4 s); not 100 (0 s) nor 401 (5 s); from 200's start.
+    assert_eq!(kept, [(1, 0.0), (2, 1.0), (1, 3.0)]);
+
+    for argv in [["sweep", "--rates", "auto"], ["sweep", "--rates", "search"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
+            .args(argv)
+            .args([
+                "--workload",
+                "trace",
+                "--trace",
+                &trace,
+                "--slo",
+                "ttft:p90:1s",
+                "--out",
+                "/nonexistent/x",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("closed loop of single requests"),
+            "{argv:?}: {err}"
+        );
+    }
+}

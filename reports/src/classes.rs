@@ -42,13 +42,20 @@ pub struct ClassStats {
     pub metrics: BTreeMap<String, DistStats>,
 }
 
-/// The classes of `records`' measured requests, by name; none when no record has one.
+/// The class of the requests without one, when others have one.
+pub const NO_CLASS: &str = "(none)";
+
+/// The classes of `records`' measured requests, by name; none when no record has one (when
+/// some do, the others are [`NO_CLASS`], so that the classes add up to the whole).
 pub fn of(records: &[RequestRecord], opts: &MetricsOptions, duration_s: f64) -> Vec<ClassStats> {
+    let measured = records.iter().filter(|r| r.phase == Phase::Measured);
+    if measured.clone().all(|r| r.class.is_none()) {
+        return Vec::new();
+    }
     let mut by_class: BTreeMap<&str, Vec<RequestRecord>> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.phase == Phase::Measured) {
-        if let Some(class) = &r.class {
-            by_class.entry(class).or_default().push(r.clone());
-        }
+    for r in measured {
+        let class = r.class.as_deref().unwrap_or(NO_CLASS);
+        by_class.entry(class).or_default().push(r.clone());
     }
     by_class
         .into_iter()

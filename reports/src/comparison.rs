@@ -154,6 +154,8 @@ pub fn compare_view(file: &CompareFile) -> Result<Report> {
             analysis,
             a_classes: sides.a_classes,
             b_classes: sides.b_classes,
+            a_requests: sides.a.iter().map(|s| s.schedule_lag_ms.len()).sum(),
+            b_requests: sides.b.iter().map(|s| s.schedule_lag_ms.len()).sum(),
         }),
     })
 }

@@ -87,12 +87,14 @@ pub fn write_records(records: &[RequestRecord], path: &Path) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// Writes one row per sweep level to `path` as CSV.
-pub fn write_levels(levels: &[SweepLevel], path: &Path) -> Result<()> {
+/// Writes one row per sweep level to `path` as CSV, each with its folder (`dirs`, in the
+/// levels' order: where its `records.csv` is).
+pub fn write_levels(levels: &[SweepLevel], dirs: &[String], path: &Path) -> Result<()> {
     let mut writer =
         csv::Writer::from_path(path).with_context(|| format!("creating {}", path.display()))?;
     let mut header = vec![
         "level".to_string(),
+        "dir".into(),
         "repeat".into(),
         "offered_rate".into(),
         "scheduled_rate".into(),
@@ -124,6 +126,7 @@ pub fn write_levels(levels: &[SweepLevel], path: &Path) -> Result<()> {
             .map_or_else(String::new, |v| cell(&v));
         let mut row = vec![
             i.to_string(),
+            dirs.get(i).cloned().unwrap_or_default(),
             level.repeat.map_or_else(|| "0".into(), |r| r.to_string()),
             level.offered_rate.to_string(),
             number(level.scheduled_rate),

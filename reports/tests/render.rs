@@ -178,6 +178,8 @@ fn compare_report(rng: &mut StdRng) -> Report {
             analysis,
             a_classes: Vec::new(),
             b_classes: Vec::new(),
+            a_requests: 0,
+            b_requests: 0,
         }),
     }
 }

@@ -63,7 +63,8 @@ fn write_csv(dir: &Path, out: &Path) -> Result<()> {
     if dir.join(SWEEP_FILE).is_file() {
         let sweep = reports::folders::load_sweep(dir)?;
         let levels = out.join("levels.csv");
-        reports::csv_export::write_levels(&sweep.levels, &levels)?;
+        let dirs: Vec<String> = sweep.file.levels.iter().map(|l| l.dir.clone()).collect();
+        reports::csv_export::write_levels(&sweep.levels, &dirs, &levels)?;
         println!("csv:    {}", levels.display());
         for entry in &sweep.file.levels {
             let level = dir.join(&entry.dir);

@@ -12,8 +12,8 @@ use crate::load::plan::{
     AgenticPlan, ClassBy, LoadMode, Plan, PlannedRequest, PlannedTurn, SessionLimits,
 };
 use crate::load::schedule::{
-    scale_to_rate, scale_trace, Arrival, ExactRate, Extent, RampUp, ScheduleSpec, Window,
-    EXACT_RATE_TOLERANCE,
+    scale_to_rate, scale_trace, Arrival, ExactRate, Extent, RampUp, ScheduleSpec, TraceScaling,
+    Window, EXACT_RATE_TOLERANCE,
 };
 use crate::load::workload::agentic::AgenticProfile;
 use crate::load::workload::lengths::{clip_to_context, scale_lengths};
@@ -60,6 +60,13 @@ pub fn build_plan(
             .collect();
         workload_meta["trace"] = json!({"path": path, "format": format, "rows": rows.len(),
             "skipped_zero_length_rows": rows.len() - usable.len()});
+        if usable.iter().any(|r| r.prompt.is_none()) {
+            workload_meta["trace"]["synthesised"] = json!(
+                "prompts without recorded text are \
+                seeded words to the recorded lengths; rows with equal block ids or one prefix \
+                group share those words"
+            );
+        }
         if usable.is_empty() {
             bail!(
                 "{}: no row with positive input and output lengths",
@@ -529,15 +536,41 @@ fn trace_session_plan(
         .context("this trace links turns into sessions but has rows without a time")?;
     let (times, mut schedule_meta) = match arrival {
         ArrivalKind::Trace => {
-            let (kept, scaled) = scale_trace(&recorded, &open.trace)?;
+            // --trace-window keeps whole sessions: those whose first turn is in it.
+            let own: Vec<Option<f64>> = recorded.iter().map(|&t| Some(t / 1000.0)).collect();
+            let origin = recorded.iter().copied().fold(f64::INFINITY, f64::min) / 1000.0;
+            let kept: Vec<usize> = crate::run::trace_sessions::sessions(rows, &own)
+                .into_iter()
+                .filter(|turns| {
+                    let first = turns
+                        .iter()
+                        .filter_map(|&i| own[i])
+                        .fold(f64::INFINITY, f64::min)
+                        - origin;
+                    open.trace
+                        .window
+                        .is_none_or(|(start, end)| first >= start && first < end)
+                })
+                .flatten()
+                .collect();
+            if kept.is_empty() {
+                bail!("--trace-window keeps no session (a session is kept, whole, when its first turn is in the window)");
+            }
+            let kept_times: Vec<f64> = kept.iter().map(|&i| recorded[i]).collect();
+            let whole = TraceScaling {
+                window: None,
+                ..open.trace
+            };
+            let (order, scaled) = scale_trace(&kept_times, &whole)?;
             let mut times = vec![None; rows.len()];
-            for (&i, &t) in kept.iter().zip(&scaled) {
-                times[i] = Some(t);
+            for (&k, &t) in order.iter().zip(&scaled) {
+                times[kept[k]] = Some(t);
             }
             (
                 times,
-                json!({"mode": "open", "unit": "sessions", "arrival": "trace",
-                    "scaling": open.trace}),
+                json!({"mode": "open", "unit": "turns", "arrival": "trace",
+                    "scaling": open.trace,
+                    "window": "whole sessions whose first turn is in --trace-window"}),
             )
         }
         other => {
@@ -567,7 +600,12 @@ fn trace_session_plan(
             let mut times = vec![None; rows.len()];
             // Sessions replay in the trace's order, as many as the process starts.
             for (turns, start) in groups.iter().zip(starts) {
-                let first = recorded[turns[0]] / 1000.0;
+                // From the session's earliest turn (turn numbers need not follow times).
+                let first = turns
+                    .iter()
+                    .map(|&i| recorded[i])
+                    .fold(f64::INFINITY, f64::min)
+                    / 1000.0;
                 for &i in turns {
                     times[i] = Some(start + (recorded[i] / 1000.0 - first) / speedup);
                 }

@@ -218,7 +218,8 @@ async fn run_session(
             due,
             phase,
             turn_bytes,
-            true,
+            // A trace's turns send their recorded prompts: no answer to keep.
+            !ctx.plan.recorded_sessions,
             drain.clone(),
         )
         .await
@@ -283,7 +284,12 @@ async fn run_session(
         };
         if ctx.plan.class_by == ClassBy::Turn {
             record.class = Some(
-                match (turn.turn, agent.is_some(), calls.is_empty()) {
+                // A failed later agent turn carried tool results: no answer says it was final.
+                match (
+                    turn.turn,
+                    agent.is_some(),
+                    calls.is_empty() && record.is_success(),
+                ) {
                     (1, _, _) => "first",
                     (_, false, _) => "follow-up",
                     (_, true, true) => "final",
@@ -314,10 +320,12 @@ async fn run_session(
             _ => now + Duration::from_secs_f64(next.session.map_or(0.0, |t| t.think_s)),
         };
         wait_ms = due.duration_since(now).as_secs_f64() * 1000.0;
-        history.push(Message::Assistant {
-            text: answer.text,
-            calls: calls.clone(),
-        });
+        if !ctx.plan.recorded_sessions {
+            history.push(Message::Assistant {
+                text: answer.text,
+                calls: calls.clone(),
+            });
+        }
         body = turn_body(
             &ctx,
             index + 1,

@@ -75,11 +75,13 @@ pub fn requests(
     let mut requests = Vec::new();
     let mut clamped = 0u64;
     let mut linked = 0u64;
+    let mut kept = 0u64;
     for (s, turns) in sessions.iter().enumerate() {
         let start = times_s[turns[0]].unwrap_or(0.0);
         if end.is_some_and(|end| start >= end) {
             continue;
         }
+        kept += 1;
         linked += u64::from(turns.len() > 1);
         let mut previous: Option<Vec<Block>> = None;
         for (k, &i) in turns.iter().enumerate() {
@@ -97,9 +99,9 @@ pub fn requests(
                 if let PromptSource::Blocks(own) = &spec.prompt {
                     let kept: u32 = blocks.iter().map(|b| b.len).sum();
                     let rest = row.input_len - kept;
-                    if rest > 0 {
+                    if let (true, Some(own)) = (rest > 0, own.last()) {
                         blocks.push(Block {
-                            key: own.last().map_or(id, |b| b.key),
+                            key: own.key,
                             len: rest,
                         });
                     }
@@ -124,7 +126,7 @@ pub fn requests(
         }
     }
     let meta = json!({
-        "sessions": sessions.len(), "linked_sessions": linked,
+        "sessions": kept, "linked_sessions": linked,
         "synthesised": "prompts are seeded words to the recorded lengths; turns that share block \
             ids (or TraceLab's cached prefix) share those words",
         "shared_prefix_beyond_previous_prompt": clamped,

@@ -257,6 +257,19 @@ pub struct SessionsSpec {
 }
 
 impl RunSpec {
+    /// Whether the workload is a trace that links turns into sessions (Bailian, TraceLab,
+    /// WEKA), whose rate is then one of sessions or turns and whose turns follow answers.
+    pub fn links_sessions(&self) -> bool {
+        let Lengths::Trace { path, format } = &self.workload.lengths else {
+            return false;
+        };
+        let format = format.or_else(|| crate::load::workload::traces::detect_format(path).ok());
+        matches!(
+            format,
+            Some(TraceFormat::Bailian | TraceFormat::Tracelab | TraceFormat::Weka)
+        )
+    }
+
     /// The spec of a sweep's level `index` at `rate` into `out`: its own rate (a replayed
     /// trace rescaled to it, else Poisson unless another arrival was asked for), a schedule
     /// scaled to hold that rate over the window (but for sessions, whose later turns follow
@@ -264,7 +277,7 @@ impl RunSpec {
     pub fn at_level(&self, rate: f64, index: usize, out: PathBuf) -> RunSpec {
         let mut level = self.at_rate(rate, out);
         if let LoadSpec::Open(open) = &mut level.load {
-            open.exact_rate = self.sessions.is_none();
+            open.exact_rate = self.sessions.is_none() && !self.links_sessions();
         }
         level.workload.prompt_salt =
             salt_for(self.workload.prompt_salt, SaltFor::SweepLevel, index);

@@ -138,8 +138,8 @@ fn classes_section(view: &CompareView) -> Option<Section> {
     let whole_a = |m: SloMetric| DistStats::from_values(&a.values(m));
     let whole_b = |m: SloMetric| DistStats::from_values(&b.values(m));
     let mut rows = vec![
-        cells("all", "A", a.requests.len(), &whole_a),
-        cells("all", "B", b.requests.len(), &whole_b),
+        cells("all", "A", view.a_requests, &whole_a),
+        cells("all", "B", view.b_requests, &whole_b),
     ];
     let mut names: Vec<&str> = view
         .a_classes
@@ -162,7 +162,7 @@ fn classes_section(view: &CompareView) -> Option<Section> {
                 SloMetric::E2el => "e2el",
             };
             let of = |m: SloMetric| c.metrics.get(key(m)).copied().unwrap_or_default();
-            rows.push(cells(name, side, c.completed as usize, &of));
+            rows.push(cells(name, side, c.requests as usize, &of));
         }
     }
     Some(Section {

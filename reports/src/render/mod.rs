@@ -70,6 +70,9 @@ pub struct CompareView {
     /// Each side's results by class, over its pooled rounds (empty without classes).
     pub a_classes: Vec<crate::classes::ClassStats>,
     pub b_classes: Vec<crate::classes::ClassStats>,
+    /// Each side's measured requests, failed ones included.
+    pub a_requests: usize,
+    pub b_requests: usize,
 }
 
 /// A matrix: `matrix.json` and each row's own report, or why it has none.

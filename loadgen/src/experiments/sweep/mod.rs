@@ -74,6 +74,14 @@ pub async fn run_sweep(
         );
     }
     let spec = RunSpec::from_args(&args.run)?;
+    if !matches!(rates, Rates::List(_)) && spec.links_sessions() {
+        bail!(
+            "loadgen sweep --rates {} with a trace that links turns into sessions: the saturation \
+             probe is a closed loop of single requests, which sessions are not; give the rates \
+             (--rates 0.5,1,2: the trace rescaled to each, in turns/s)",
+            args.rates
+        );
+    }
     let slo = spec.slo.clone();
     if rates == Rates::Search && slo.is_none() {
         bail!("loadgen sweep --rates search looks for where the SLO breaks: give --slo (e.g. ttft:p90:2s,tpot:p90:100ms)");

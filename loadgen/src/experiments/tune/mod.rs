@@ -51,6 +51,9 @@ pub async fn run_tune(
         bail!("loadgen tune with {flag}: a knee search's probe is a closed loop of single requests, which sessions are not");
     }
     let spec = RunSpec::from_args(&args.run)?;
+    if spec.links_sessions() {
+        bail!("loadgen tune with a trace that links turns into sessions: a knee search's probe is a closed loop of single requests, which sessions are not");
+    }
     let (Some(slo), Some(slo_text)) = (spec.slo.clone(), spec.slo_text.clone()) else {
         bail!("loadgen tune: give --slo (e.g. ttft:p90:2s,tpot:p90:100ms): a configuration's capacity is the most it serves under it");
     };

@@ -1,5 +1,7 @@
-//! Trace file loaders. Every loader returns rows in file order; timestamps are ms relative
-//! to the file's first row. A malformed line is an error naming the file and line.
+//! Trace file loaders. Every loader returns rows in file order (TraceLab's and WEKA's in
+//! time order); timestamps are ms from the file's origin (its first row, or for Bailian and
+//! WEKA the start the file counts from). A malformed line is an error naming the file, the
+//! line and the field.
 //!
 //! Formats:
 //! - project JSONL: `{"timestamp_ms", "input_len", "output_len", "prefix_group"?, "prefix_len"?, "prompt"?}`
@@ -78,7 +80,7 @@ impl TraceFormat {
 /// One request of a trace.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TraceRow {
-    /// ms since the first row, if the format has times.
+    /// ms from the file's origin, if the format has times.
     pub timestamp_ms: Option<f64>,
     pub input_len: u32,
     pub output_len: u32,
@@ -189,9 +191,18 @@ pub fn load(
 }
 
 /// Calls `parse` on every non-empty line with its 1-based number, adding file:line to errors.
-fn for_each_line(path: &Path, mut parse: impl FnMut(&str) -> Result<()>) -> Result<()> {
+fn for_each_line(path: &Path, parse: impl FnMut(&str) -> Result<()>) -> Result<()> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    for (i, line) in BufReader::new(file).lines().enumerate() {
+    for_each_line_of(path, BufReader::new(file), parse)
+}
+
+/// [`for_each_line`] over `reader`, the content of `path`.
+fn for_each_line_of(
+    path: &Path,
+    reader: impl BufRead,
+    mut parse: impl FnMut(&str) -> Result<()>,
+) -> Result<()> {
+    for (i, line) in reader.lines().enumerate() {
         let line = line.with_context(|| format!("{}:{}: read error", path.display(), i + 1))?;
         let line = line.trim();
         if line.is_empty() {
@@ -762,6 +773,9 @@ mod tests {
             ("t.jsonl", TraceFormat::Tracelab, "{\"session_id\": \"s\", \"round_index\": 0, \"model\": \"m\", \"input_tokens_total\": 10, \"prefix_tokens\": 3, \"newly_append_tokens\": 3, \"output_tokens\": 1, \"timing_events\": [{\"event_type\": \"user_message\", \"timestamp\": \"2026-06-01T05:40:20.151Z\"}]}\n", "t.jsonl:1", "input_tokens_total"),
             ("u.jsonl", TraceFormat::Tracelab, "{\"session_id\": \"s\", \"round_index\": 0, \"model\": \"m\", \"input_tokens_total\": 6, \"prefix_tokens\": 3, \"newly_append_tokens\": 3, \"output_tokens\": 1, \"timing_events\": [{\"event_type\": \"user_message\", \"timestamp\": \"yesterday\"}]}\n", "u.jsonl:1", "timing_events[].timestamp"),
             ("w.json", TraceFormat::Weka, "{\"block_size\": 64, \"requests\": [{\"t\": 0, \"type\": \"n\", \"in\": 130, \"out\": 2, \"hash_ids\": [1]}]}", "w.json", "requests[0].hash_ids"),
+            ("x.json", TraceFormat::Weka, "{\"block_size\": 64, \"requests\": [{\"t\": 0, \"type\": \"n\", \"in\": 64, \"out\": 2, \"hash_ids\": [1]}, {\"t\": 1, \"type\": \"subagent\", \"requests\": [{\"t\": 0, \"type\": \"q\", \"in\": 1, \"out\": 1}]}]}", "x.json", "requests[1].requests[0].type"),
+            ("y.json", TraceFormat::Weka, "{\"block_size\": 0, \"requests\": []}", "y.json", "block_size"),
+            ("d.jsonl", TraceFormat::Bailian, "{\"chat_id\": 1, \"parent_chat_id\": -1, \"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [0]}\n{\"chat_id\": 1, \"parent_chat_id\": -1, \"timestamp\": 1, \"input_length\": 4, \"output_length\": 1, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [0]}\n", "d.jsonl", "rows 1 and 2"),
         ];
         for (name, format, content, place, field) in cases {
             let p = dir.path().join(name);

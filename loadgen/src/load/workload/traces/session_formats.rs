@@ -24,7 +24,8 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use super::{for_each_line, TraceRow, TraceTurn};
+use super::{for_each_line, for_each_line_of, TraceRow, TraceTurn};
+use crate::load::workload::mix;
 
 /// Bailian's hash blocks are 16 tokens.
 pub const BAILIAN_BLOCK: u32 = 16;
@@ -64,10 +65,20 @@ pub(super) fn load_bailian(path: &Path) -> Result<Vec<TraceRow>> {
         lines.push(l);
         Ok(())
     })?;
-    let parent: HashMap<i64, i64> = lines
-        .iter()
-        .map(|l| (l.chat_id, l.parent_chat_id))
-        .collect();
+    let mut parent: HashMap<i64, i64> = HashMap::with_capacity(lines.len());
+    let mut row_of: HashMap<i64, usize> = HashMap::with_capacity(lines.len());
+    for (row, l) in lines.iter().enumerate() {
+        if let Some(first) = row_of.insert(l.chat_id, row) {
+            bail!(
+                "{}: field `chat_id`: {} is on rows {} and {} (a chat is one request)",
+                path.display(),
+                l.chat_id,
+                first + 1,
+                row + 1
+            );
+        }
+        parent.insert(l.chat_id, l.parent_chat_id);
+    }
     // The root a chat's parent links reach (a parent absent from the file ends the walk).
     let root = |mut id: i64| {
         for _ in 0..lines.len() {
@@ -123,11 +134,11 @@ fn iso_ns(text: &str) -> Result<i64> {
 }
 
 pub(super) fn load_tracelab(path: &Path) -> Result<Vec<TraceRow>> {
-    let mut rows: Vec<(i64, String, TraceRow)> = Vec::new();
+    let mut rows: Vec<(i64, TraceRow)> = Vec::new();
     let mut sessions: HashMap<String, u64> = HashMap::new();
-    let mut parse = |line: &str| -> Result<()> {
+    let parse = |line: &str| -> Result<()> {
         let l: TraceLabLine = serde_json::from_str(line)?;
-        if l.prefix_tokens + l.newly_append_tokens != l.input_tokens_total {
+        if l.prefix_tokens.checked_add(l.newly_append_tokens) != Some(l.input_tokens_total) {
             bail!(
                 "field `input_tokens_total`: {} is not prefix_tokens {} + newly_append_tokens {}",
                 l.input_tokens_total,
@@ -155,7 +166,6 @@ pub(super) fn load_tracelab(path: &Path) -> Result<Vec<TraceRow>> {
         let session = *sessions.entry(l.session_id.clone()).or_insert(next);
         rows.push((
             sent,
-            l.session_id,
             TraceRow {
                 input_len: l.input_tokens_total,
                 output_len: l.output_tokens,
@@ -173,24 +183,18 @@ pub(super) fn load_tracelab(path: &Path) -> Result<Vec<TraceRow>> {
     if path.extension().is_some_and(|e| e == "gz") {
         let file =
             std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let reader = std::io::BufReader::new(flate2::read::GzDecoder::new(file));
-        for (i, line) in std::io::BufRead::lines(reader).enumerate() {
-            let line = line.with_context(|| format!("{}:{}: read error", path.display(), i + 1))?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            parse(line.trim())
-                .with_context(|| format!("{}:{}: malformed line", path.display(), i + 1))?;
-        }
+        // Every member of a concatenated (or bgzip) file.
+        let reader = std::io::BufReader::new(flate2::read::MultiGzDecoder::new(file));
+        for_each_line_of(path, reader, parse)?;
     } else {
         for_each_line(path, parse)?;
     }
     // In send order; the times from the first round's.
-    rows.sort_by_key(|(sent, _, _)| *sent);
-    let origin = rows.first().map_or(0, |(t, _, _)| *t);
+    rows.sort_by_key(|(sent, _)| *sent);
+    let origin = rows.first().map_or(0, |(t, _)| *t);
     Ok(rows
         .into_iter()
-        .map(|(sent, _, mut row)| {
+        .map(|(sent, mut row)| {
             row.timestamp_ms = Some((sent - origin) as f64 / 1e6);
             row
         })
@@ -200,6 +204,9 @@ pub(super) fn load_tracelab(path: &Path) -> Result<Vec<TraceRow>> {
 #[derive(Deserialize)]
 struct WekaFile {
     block_size: u32,
+    /// `local`: ids are the file's own (the only scope published).
+    #[serde(default)]
+    hash_id_scope: Option<String>,
     requests: Vec<WekaRequest>,
 }
 
@@ -221,7 +228,8 @@ struct WekaRequest {
     requests: Vec<WekaRequest>,
 }
 
-/// `path`: one WEKA session file, or a folder of them (each file a session, in name order).
+/// `path`: one WEKA session file, or a folder of them (each `.json` file a session, in name
+/// order; other files are not read). The files share no clock: every session starts at 0.
 pub(super) fn load_weka(path: &Path) -> Result<Vec<TraceRow>> {
     let files = if path.is_dir() {
         let mut files: Vec<_> = std::fs::read_dir(path)
@@ -245,10 +253,20 @@ pub(super) fn load_weka(path: &Path) -> Result<Vec<TraceRow>> {
         let session: WekaFile = serde_json::from_str(&text).map_err(|e| {
             anyhow::anyhow!("{}:{}: malformed WEKA trace: {e}", file.display(), e.line())
         })?;
+        if session.block_size == 0 {
+            bail!("{}: field `block_size` is 0", file.display());
+        }
+        if let Some(scope) = session.hash_id_scope.as_deref().filter(|s| *s != "local") {
+            bail!(
+                "{}: field `hash_id_scope` is `{scope}`: only `local` (ids are the file's own) is published",
+                file.display()
+            );
+        }
         // Hash ids are local to a file: a file's space is apart from every other's.
-        let space = (f as u64) << 40;
+        let space = f as u64;
         add_weka_session(
             &session.requests,
+            "requests",
             0.0,
             session.block_size,
             space,
@@ -268,6 +286,7 @@ pub(super) fn load_weka(path: &Path) -> Result<Vec<TraceRow>> {
 /// The requests of one session starting at `start` s; its sub-agents become sessions too.
 fn add_weka_session(
     requests: &[WekaRequest],
+    path: &str,
     start: f64,
     block: u32,
     space: u64,
@@ -278,11 +297,33 @@ fn add_weka_session(
     *sessions += 1;
     let mut turn = 0;
     for (i, r) in requests.iter().enumerate() {
-        if r.kind == "subagent" {
-            add_weka_session(&r.requests, start + r.t, block, space, sessions, rows)?;
-            continue;
+        let field = |name: &str| format!("{path}[{i}].{name}");
+        match r.kind.as_str() {
+            "subagent" => {
+                let inner = format!("{path}[{i}].requests");
+                add_weka_session(
+                    &r.requests,
+                    &inner,
+                    start + r.t,
+                    block,
+                    space,
+                    sessions,
+                    rows,
+                )?;
+                continue;
+            }
+            "s" | "n" => {}
+            other => bail!(
+                "field `{}`: `{other}` is not `s`, `n` or `subagent`",
+                field("type")
+            ),
         }
-        let field = |name: &str| format!("requests[{i}].{name}");
+        if !r.requests.is_empty() {
+            bail!(
+                "field `{}`: only a `subagent` entry has requests",
+                field("requests")
+            );
+        }
         let input = r
             .input
             .with_context(|| format!("field `{}` is missing", field("in")))?;
@@ -302,7 +343,7 @@ fn add_weka_session(
             timestamp_ms: Some((start + r.t) * 1000.0),
             input_len: input,
             output_len: output,
-            hash_ids: r.hash_ids.iter().map(|h| space | h).collect(),
+            hash_ids: r.hash_ids.iter().map(|&h| mix(space, h)).collect(),
             hash_block: block,
             class: r.model.clone(),
             session: Some(TraceTurn { session, turn }),
