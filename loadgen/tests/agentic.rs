@@ -273,14 +273,17 @@ async fn later_turns_carry_exactly_the_calls_and_their_results() {
             assert_eq!(s.wait_ms, 40.0);
         }
         // Sent the tool latency after the answer's last chunk, plus the client's own delay:
-        // within 2 ms but for a rare stall of a busy machine.
+        // the stream's last events (about 1 ms after the last chunk here) and the timer's
+        // wake, which tokio's wheel rounds up to its next 1 ms tick. Within 2 ms at the
+        // median; the p90 of 16 (its second largest) within 3 ms. A wait counted from the
+        // send, not the answer's end, would be the whole answer late.
         excesses.sort_by(f64::total_cmp);
         let (median, p90) = (
             excesses[excesses.len() / 2],
             excesses[excesses.len() * 9 / 10],
         );
         assert!(
-            excesses[0] > -0.5 && (0.0..2.0).contains(&median) && p90 < 2.0,
+            excesses[0] > -0.5 && (0.0..2.0).contains(&median) && p90 < 3.0,
             "{backend:?}: sent after the tool latency by {excesses:?} ms"
         );
         let sessions = out.summary.sessions.as_ref().unwrap();

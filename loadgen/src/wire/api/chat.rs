@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::{openai, Api, Conversation, Message, StreamEvent};
+use super::{one_message_body, openai, Api, Conversation, Message, StreamEvent};
 use crate::load::workload::prompt::PromptBuilder;
 use crate::load::workload::RequestSpec;
 use crate::wire::target::Target;
@@ -18,16 +18,7 @@ impl Api for Chat {
     }
 
     fn body(&self, target: &Target, spec: &RequestSpec, prompts: &PromptBuilder) -> Result<Value> {
-        let user = Message::User(spec.prompt.text(prompts));
-        self.conversation_body(
-            target,
-            spec,
-            Conversation {
-                messages: std::slice::from_ref(&user),
-                tools: &[],
-                require_call: false,
-            },
-        )
+        one_message_body(self, target, spec, prompts)
     }
 
     fn conversation_body(

@@ -127,6 +127,26 @@ pub trait Api: Sync {
     fn event<'a>(&self, data: &'a str) -> Result<StreamEvent<'a>, String>;
 }
 
+/// The body of a one-message conversation: `spec`'s prompt as its user message, no tools
+/// (chat's and the Responses API's single requests).
+fn one_message_body(
+    api: &dyn Api,
+    target: &Target,
+    spec: &RequestSpec,
+    prompts: &PromptBuilder,
+) -> Result<Value> {
+    let user = Message::User(spec.prompt.text(prompts));
+    api.conversation_body(
+        target,
+        spec,
+        Conversation {
+            messages: std::slice::from_ref(&user),
+            tools: &[],
+            require_call: false,
+        },
+    )
+}
+
 /// The wire format of `backend`.
 pub fn of(backend: Backend) -> &'static dyn Api {
     match backend {
