@@ -1,0 +1,327 @@
+//! The forward pass: a batch's inputs checked and uploaded, the layers issued, and the
+//! rows sampled or their logits returned.
+
+use anyhow::{anyhow, bail, ensure};
+
+use std::time::Instant;
+
+use crate::backend::{check_block_table, AttnSeq, Backend, RowSample, ScoreSpec, StepMeta};
+use crate::kv_sizing::kv_bytes_per_token;
+use crate::sampler::SampleSpec;
+
+use super::{
+    Buffers, FfnWeights, Footprint, Model, ModelRunner, ModelState, SeqInput, StepProfile,
+};
+
+impl<B: Backend> ModelState<B> {
+    /// Checks the batch and fills the host scratch (tokens, positions, slots, logits rows).
+    fn prepare_inputs<'a>(&mut self, batch: &[SeqInput<'a>]) -> anyhow::Result<Vec<AttnSeq<'a>>> {
+        let bs = self.block_size;
+        let host = &mut self.host;
+        host.tokens.clear();
+        host.positions.clear();
+        host.slots.clear();
+        host.logit_rows.clear();
+        let mut seqs = Vec::with_capacity(batch.len());
+        for (i, s) in batch.iter().enumerate() {
+            ensure!(!s.tokens.is_empty(), "batch entry {i} has no tokens");
+            if let Some(&t) = s
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.config.vocab_size)
+            {
+                bail!(
+                    "batch entry {i}: token id {t} is outside the vocabulary ({})",
+                    self.config.vocab_size
+                );
+            }
+            let end = s.start_pos + s.tokens.len();
+            ensure!(
+                end <= self.rope_positions,
+                "batch entry {i}: positions up to {end} exceed the model's {}",
+                self.rope_positions
+            );
+            check_block_table(s.block_table, end, bs, self.num_blocks)
+                .map_err(|e| anyhow!("batch entry {i}: {e}"))?;
+            let row_start = host.tokens.len();
+            host.tokens.extend_from_slice(s.tokens);
+            for pos in s.start_pos..end {
+                host.positions.push(pos as u32);
+                host.slots
+                    .push(s.block_table[pos / bs] as usize * bs + pos % bs);
+            }
+            if s.sample.is_some() {
+                host.logit_rows.push(host.tokens.len() - 1);
+            }
+            seqs.push(AttnSeq {
+                row_start,
+                n_tokens: s.tokens.len(),
+                start_pos: s.start_pos,
+                block_table: s.block_table,
+            });
+        }
+        Ok(seqs)
+    }
+
+    /// Runs the layers and leaves the sampled rows' logits in `bufs.logits`; returns the
+    /// device step, or `None` when no entry samples.
+    fn run_layers(
+        &mut self,
+        b: &B,
+        batch: &[SeqInput<'_>],
+        samples: &[SampleSpec<'_>],
+    ) -> anyhow::Result<Option<B::Step>> {
+        let started = Instant::now();
+        let seqs = self.prepare_inputs(batch)?;
+        let step = b.prepare_step(&StepMeta {
+            seqs: &seqs,
+            tokens: &self.host.tokens,
+            positions: &self.host.positions,
+            slots: &self.host.slots,
+            logit_rows: &self.host.logit_rows,
+            samples,
+            block_size: self.block_size,
+        })?;
+        self.profile.prepare_secs = started.elapsed().as_secs_f64();
+        b.record_mark(0)?;
+        let samples_rows = !self.host.logit_rows.is_empty();
+        if !b.replay_layers(&step, &mut self.bufs.logits)? {
+            b.begin_layers(&step)?;
+            let issued = self.issue_layers(b, &step);
+            let ran = b.end_layers(&step, &self.bufs.logits, issued.is_ok())?;
+            issued?;
+            if !ran {
+                self.issue_layers(b, &step)?;
+            }
+        }
+        b.record_mark(1)?;
+        Ok(samples_rows.then_some(step))
+    }
+
+    /// Issues the layers' ops: embedding, decoder layers, and (when rows are sampled) the
+    /// final norm, the sampled rows and the LM head into `bufs.logits`.
+    fn issue_layers(&mut self, b: &B, step: &B::Step) -> anyhow::Result<()> {
+        let eps = self.config.rms_norm_eps;
+        let layout = self.layout;
+        let Buffers {
+            x,
+            h,
+            qkv,
+            attn,
+            o,
+            post,
+            gate_up,
+            act,
+            down,
+            last,
+            logits,
+        } = &mut self.bufs;
+        b.embed(&self.embed, step, x)?;
+        if self.config.embedding_scale != 1.0 {
+            b.scale(x, self.config.embedding_scale)?;
+        }
+        // Where the last FFN's output waits for its residual add: `down`, or `post` after
+        // its post-norm.
+        let mut ffn_in_post = false;
+        for (i, (layer, cache)) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
+            if i == 0 {
+                b.rms_norm(x, &layer.attn_norm, eps, h)?;
+            } else {
+                let ffn_out = if ffn_in_post { &*post } else { &*down };
+                b.add_rms_norm(x, ffn_out, &layer.attn_norm, eps, h)?;
+            }
+            b.matmul(h, &layer.qkv, layer.qkv_bias.as_ref(), qkv)?;
+            if let Some((q_w, k_w)) = &layer.qk_norm {
+                b.qk_head_norm(qkv, layout, q_w, k_w, eps)?;
+            }
+            let (cos, sin) = &self.ropes[layer.rope];
+            b.rope(qkv, layout, layer.spec.rope.rotary_dim, cos, sin, step)?;
+            let scores = ScoreSpec {
+                scale: layer.spec.attn_scale,
+                softcap: layer.spec.attn_softcap,
+            };
+            let span = layer.spec.attention;
+            let sinks = layer.sinks.as_ref();
+            b.attention(qkv, layout, span, scores, sinks, cache, step, attn)?;
+            b.matmul(attn, &layer.o_proj, layer.o_bias.as_ref(), o)?;
+            match &layer.post_norms {
+                None => b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?,
+                Some((post_attn, _)) => {
+                    b.rms_norm(o, post_attn, eps, post)?;
+                    b.add_rms_norm(x, post, &layer.mlp_norm, eps, h)?;
+                }
+            }
+            match &layer.ffn {
+                FfnWeights::Dense {
+                    gate_up: w_gate_up,
+                    down: w_down,
+                } => {
+                    b.matmul(h, w_gate_up, None, gate_up)?;
+                    b.gated_activation(gate_up, layer.spec.activation, act)?;
+                    b.matmul(act, w_down, None, down)?;
+                }
+                FfnWeights::Experts(spec, experts) => {
+                    let started = Instant::now();
+                    b.experts_ffn(h, experts, *spec, layer.spec.activation, down)?;
+                    if b.runs_ops_as_issued() {
+                        self.profile.experts_secs += started.elapsed().as_secs_f64();
+                    }
+                }
+            }
+            ffn_in_post = match &layer.post_norms {
+                None => false,
+                Some((_, post_ffn)) => {
+                    b.rms_norm(down, post_ffn, eps, post)?;
+                    true
+                }
+            };
+        }
+        if self.host.logit_rows.is_empty() {
+            return Ok(());
+        }
+        let ffn_out = if ffn_in_post { &*post } else { &*down };
+        b.add_rms_norm(x, ffn_out, &self.final_norm, eps, h)?;
+        b.gather_logit_rows(h, step, last)?;
+        b.matmul(
+            last,
+            self.lm_head.as_ref().unwrap_or(&self.embed),
+            None,
+            logits,
+        )?;
+        if let Some(cap) = self.config.final_logit_softcap {
+            b.softcap(logits, cap)?;
+        }
+        Ok(())
+    }
+
+    fn forward(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>> {
+        let started = Instant::now();
+        self.profile = StepProfile::default();
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let samples: Vec<SampleSpec<'_>> = batch.iter().filter_map(|s| s.sample).collect();
+        let (layers_done, out) = match self.run_layers(b, batch, &samples)? {
+            Some(step) => {
+                let layers_done = started.elapsed().as_secs_f64();
+                let out = b.sample(&mut self.bufs.logits, &samples, &step)?;
+                b.record_mark(2)?;
+                (layers_done, out)
+            }
+            None => (started.elapsed().as_secs_f64(), Vec::new()),
+        };
+        // Device timelines where the backend keeps one, else the host's clock.
+        let device = |from, to| b.elapsed_between_marks(from, to);
+        let host_forward = layers_done - self.profile.prepare_secs;
+        self.profile.forward_secs = device(0, 1)?.unwrap_or(host_forward);
+        self.profile.sample_secs = if out.is_empty() {
+            0.0
+        } else {
+            let host_sample = started.elapsed().as_secs_f64() - layers_done;
+            device(1, 2)?.unwrap_or(host_sample)
+        };
+        self.profile.wall_secs = started.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    fn logits(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let samples: Vec<SampleSpec<'_>> = batch.iter().filter_map(|s| s.sample).collect();
+        match self.run_layers(b, batch, &samples)? {
+            Some(_) => {
+                // A padded (graph) step has more logits rows than sampled entries.
+                let mut rows = b.to_host(&self.bufs.logits)?;
+                rows.truncate(samples.len());
+                Ok(rows)
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+impl<B: Backend> ModelRunner for Model<B> {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>> {
+        let Model { backend, state } = self;
+        backend.install(|| state.forward(backend, batch))
+    }
+
+    fn logits(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let Model { backend, state } = self;
+        backend.install(|| state.logits(backend, batch))
+    }
+
+    fn profile(&self) -> StepProfile {
+        self.state.profile
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.state.config.vocab_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.state.num_blocks
+    }
+
+    fn block_size(&self) -> usize {
+        self.state.block_size
+    }
+
+    fn footprint(&self) -> Footprint {
+        let (b, s) = (&self.backend, &self.state);
+        let c = &s.config;
+        // 1-D parameters are stored as f32 on every backend.
+        let mut vector_params = c.hidden_size;
+        let mut weight_bytes = 0;
+        for l in &s.layers {
+            weight_bytes += b.weight_bytes(&l.qkv) + b.weight_bytes(&l.o_proj);
+            weight_bytes += match &l.ffn {
+                FfnWeights::Dense { gate_up, down } => {
+                    b.weight_bytes(gate_up) + b.weight_bytes(down)
+                }
+                // One sequence's step reads the router and `top_k` experts.
+                FfnWeights::Experts(spec, experts) => {
+                    let (router, expert) = b.expert_bytes(experts);
+                    router + spec.top_k * expert
+                }
+            };
+            vector_params += 2 * c.hidden_size;
+            // gpt-oss's router bias, and the biases of the `top_k` experts a token runs.
+            if let FfnWeights::Experts(e, _) = &l.ffn {
+                if e.biases {
+                    vector_params +=
+                        e.num_experts + e.top_k * (2 * e.intermediate_size + c.hidden_size);
+                }
+            }
+            if l.qkv_bias.is_some() {
+                vector_params += (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+            }
+            if l.o_bias.is_some() {
+                vector_params += c.hidden_size;
+            }
+            if l.sinks.is_some() {
+                vector_params += c.num_heads;
+            }
+            if l.qk_norm.is_some() {
+                vector_params += 2 * c.head_dim;
+            }
+        }
+        weight_bytes += b.weight_bytes(s.lm_head.as_ref().unwrap_or(&s.embed))
+            + vector_params * std::mem::size_of::<f32>();
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let matrices: usize = c
+            .layers
+            .iter()
+            .map(|l| {
+                c.hidden_size * (q + 2 * kv)
+                    + q * c.hidden_size
+                    + l.ffn.active_matrix_params(c.hidden_size)
+            })
+            .sum();
+        let tables = if s.lm_head.is_some() { 2 } else { 1 };
+        Footprint {
+            weight_bytes,
+            parameters: matrices + tables * c.vocab_size * c.hidden_size + vector_params,
+            kv_bytes_per_token: kv_bytes_per_token(c, b.kv_value_bytes()),
+            attention_flops_per_context_token: 4 * c.num_layers() * q,
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The forward pass over a batch of sequence chunks, reading and writing the paged KV cache.
+//!
+//! [`Model`] is written once against [`Backend`]; `crate::loader` builds one on each device.
+//! `load` reads a family's weights into its layers; `forward` runs a step over them.
+
+mod forward;
+mod load;
+
+use anyhow::bail;
+
+use crate::backend::{Backend, QkvLayout, RowSample};
+use crate::config::{ExpertSpec, LayerSpec, ModelConfig};
+use crate::sampler::SampleSpec;
+
+/// One sequence's slice of work in a forward step.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    /// Tokens to compute this step (a prefill chunk, or one token for decode).
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; the KV cache already holds positions `0..start_pos`.
+    pub start_pos: usize,
+    /// Physical KV block ids of the sequence, covering positions `0..start_pos + tokens.len()`.
+    pub block_table: &'a [u32],
+    /// How to sample the token after the last one (decode, or the last prefill chunk);
+    /// `None` for a chunk that samples nothing.
+    pub sample: Option<SampleSpec<'a>>,
+}
+
+/// Where a runner's last step spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepProfile {
+    /// Host: checking the batch, building the step's inputs and copying them to the device.
+    pub prepare_secs: f64,
+    /// The forward pass; on CUDA the GPU's time between events around it.
+    pub forward_secs: f64,
+    /// Penalties, sampling and logprobs; on CUDA the GPU's time between events around it.
+    pub sample_secs: f64,
+    /// The whole `forward` call as the host saw it (includes waiting for the device).
+    pub wall_secs: f64,
+    /// The mixture-of-experts FFNs (routing, the experts' GEMMs and their weighted sums),
+    /// by the host's clock, on a backend that runs its ops as they are issued (the CPU's:
+    /// part of `forward_secs`); 0 where the device runs them later (CUDA).
+    pub experts_secs: f64,
+}
+
+/// Runs the model on a device; owns the weights and the KV cache storage.
+pub trait ModelRunner: Send {
+    /// Computes the batch, writes its K/V into the cache and samples every entry that has
+    /// a [`SeqInput::sample`]: one result per such entry, in batch order. An entry's own
+    /// failure is its `Err`; an `Err` of the whole call means the step failed.
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<RowSample>>;
+    /// The full-vocabulary logits of the entries with a `sample`, copied to the host, with
+    /// no penalties applied (reference checks only; serving never copies logits).
+    fn logits(&mut self, batch: &[SeqInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
+    /// Where the last `forward` spent its time.
+    fn profile(&self) -> StepProfile;
+    /// Rows of the embedding table: token ids must be below it.
+    fn vocab_size(&self) -> usize;
+    /// Number of KV blocks the runner allocated (the block manager's capacity).
+    fn num_blocks(&self) -> usize;
+    /// Tokens per KV block.
+    fn block_size(&self) -> usize;
+    /// What a decode step reads and a token caches, for the bandwidth bound.
+    fn footprint(&self) -> Footprint;
+}
+
+/// The sizes behind the bandwidth bound (`GET /version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    /// Bytes one decode step of one sequence reads for the weights, as stored at run time:
+    /// every layer's matrices and parameters (of a mixture of experts, the router and
+    /// `top_k` experts), the final norm and the output head (the embedding table itself is
+    /// only gathered from, one row a token).
+    pub weight_bytes: usize,
+    /// The parameters one token is computed with (the embedding table once, twice when the
+    /// head is untied; of a mixture of experts, the router and `top_k` experts): the
+    /// compute a prefill token costs is twice this.
+    pub parameters: usize,
+    pub kv_bytes_per_token: usize,
+    /// FLOPs one decode token spends per token of its context in attention: q·k and p·v,
+    /// 2 × 2 × heads × head dim on every layer (a sliding window's cap not applied).
+    pub attention_flops_per_context_token: usize,
+}
+
+/// One decoder layer: its description and its weights (Q/K/V and gate/up fused row-wise at
+/// load time).
+struct Layer<B: Backend> {
+    spec: LayerSpec,
+    /// Which of the model's RoPE tables it reads.
+    rope: usize,
+    attn_norm: B::Param,
+    qkv: B::Weight,
+    qkv_bias: Option<B::Param>,
+    qk_norm: Option<(B::Param, B::Param)>,
+    o_proj: B::Weight,
+    o_bias: Option<B::Param>,
+    /// One logit per query head ([`LayerSpec::sinks`]).
+    sinks: Option<B::Param>,
+    /// On the attention output and on the FFN output, before each residual add
+    /// ([`NormPlacement::Sandwich`]).
+    post_norms: Option<(B::Param, B::Param)>,
+    mlp_norm: B::Param,
+    ffn: FfnWeights<B>,
+}
+
+/// A layer's FFN weights: one gated FFN (gate/up fused row-wise), or experts.
+enum FfnWeights<B: Backend> {
+    Dense { gate_up: B::Weight, down: B::Weight },
+    Experts(ExpertSpec, B::Experts),
+}
+
+/// Activation buffers reused across steps.
+struct Buffers<B: Backend> {
+    x: B::Act,
+    h: B::Act,
+    qkv: B::Act,
+    attn: B::Act,
+    o: B::Act,
+    /// A sublayer's output after its post-norm (sandwich norms).
+    post: B::Act,
+    gate_up: B::Act,
+    act: B::Act,
+    down: B::Act,
+    last: B::Act,
+    logits: B::Act,
+}
+
+/// Host-side step inputs reused across steps.
+#[derive(Default)]
+struct HostScratch {
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    slots: Vec<usize>,
+    logit_rows: Vec<usize>,
+}
+
+/// Positions the RoPE tables cover: the model's context, capped so a 128k-context model's
+/// tables stay small (positions past it are rejected).
+const MAX_ROPE_POSITIONS: usize = 1 << 17;
+
+/// The longest context a model loaded from `config` serves: its maximum position, capped
+/// to the RoPE tables.
+pub fn max_positions(config: &ModelConfig) -> usize {
+    config.max_position_embeddings.clamp(1, MAX_ROPE_POSITIONS)
+}
+
+/// The positions a model loaded from `config` to serve sequences of up to `max_model_len`
+/// tokens (`None`: as long as it can) builds its RoPE tables for; LongRoPE picks its
+/// factors by it.
+pub fn rope_positions(config: &ModelConfig, max_model_len: Option<usize>) -> anyhow::Result<usize> {
+    match max_model_len {
+        Some(len) if len > max_positions(config) => bail!(
+            "--max-model-len {len} exceeds the {} positions the model serves \
+             (max_position_embeddings {})",
+            max_positions(config),
+            config.max_position_embeddings
+        ),
+        Some(len) => Ok(len.max(1)),
+        None => Ok(max_positions(config)),
+    }
+}
+
+/// Everything but the backend (split so the backend can run the forward in its context).
+struct ModelState<B: Backend> {
+    config: ModelConfig,
+    layout: QkvLayout,
+    embed: B::Weight,
+    lm_head: Option<B::Weight>,
+    final_norm: B::Param,
+    layers: Vec<Layer<B>>,
+    caches: Vec<B::KvCache>,
+    num_blocks: usize,
+    block_size: usize,
+    rope_positions: usize,
+    /// RoPE cosine and sine tables, one pair per distinct [`RopeSpec`] of the layers.
+    ropes: Vec<(B::Param, B::Param)>,
+    bufs: Buffers<B>,
+    host: HostScratch,
+    profile: StepProfile,
+}
+
+/// A decoder of any described family on a [`Backend`], with its paged KV cache.
+pub struct Model<B: Backend> {
+    backend: B,
+    state: ModelState<B>,
+}
