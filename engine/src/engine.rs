@@ -9,13 +9,14 @@ use anyhow::{ensure, Context};
 use rayon::prelude::*;
 
 use crate::backend::RowSample;
+pub use crate::generation::FinishReason;
+use crate::generation::Generation;
 use crate::grammar::TokenMatcher;
 use crate::kv_cache::BlockManager;
+use crate::limits::{CheckedSequence, LimitError, RequestLimits};
 use crate::model::{ModelRunner, SeqInput};
 use crate::reasoning::ThinkMarkers;
-pub use crate::request::FinishReason;
-use crate::request::Request;
-use crate::sampler::{InvalidParam, Sampled, SamplingParams};
+use crate::sampler::{Sampled, SamplingParams};
 use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig};
 pub use crate::sequence::SeqId;
 use crate::sequence::Sequence;
@@ -101,189 +102,6 @@ impl SeqUpdate {
             num_cached_prompt_tokens,
             num_reasoning_tokens,
         }
-    }
-}
-
-/// Why the engine refused a request.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum AdmissionError {
-    #[error("prompt is empty")]
-    EmptyPrompt,
-    /// A prompt id (`param` is `prompt`) or stop id (`stop_token_ids`) past the vocabulary.
-    #[error("token id {id} is out of vocabulary (size {vocab})")]
-    OutOfVocabulary {
-        param: &'static str,
-        id: u32,
-        vocab: usize,
-    },
-    #[error("prompt ({prompt} tokens) leaves no room for an answer in max_model_len ({limit})")]
-    PromptTooLong { prompt: usize, limit: usize },
-    #[error(
-        "prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({limit})"
-    )]
-    ContextLength {
-        prompt: usize,
-        max_tokens: usize,
-        limit: usize,
-    },
-    #[error("prompt ({prompt} tokens) + max_tokens ({max_tokens}) needs {blocks} KV cache blocks but the cache has only {capacity}")]
-    KvCapacity {
-        prompt: usize,
-        max_tokens: usize,
-        blocks: usize,
-        capacity: usize,
-    },
-    #[error(transparent)]
-    Param(#[from] InvalidParam),
-    /// A request checked against another engine's limits.
-    #[error("the request was checked against other limits than this engine's")]
-    OtherLimits,
-}
-
-/// The limits a request must meet to be queued, fixed when the engine is built. They are
-/// checked once, by [`AdmissionLimits::check`], whose [`CheckedRequest`] the engine then
-/// trusts (the server checks before it queues, so a bad request is a 400 even when the
-/// queue is full).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdmissionLimits {
-    vocab_size: usize,
-    max_model_len: usize,
-    kv_blocks: usize,
-    block_size: usize,
-}
-
-/// A request that met the engine's limits: only [`AdmissionLimits::check`] makes one.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CheckedRequest {
-    prompt_ids: Vec<u32>,
-    params: SamplingParams,
-    /// The limits it met (the engine takes only a request checked against its own).
-    limits: AdmissionLimits,
-}
-
-impl CheckedRequest {
-    pub fn prompt_ids(&self) -> &[u32] {
-        &self.prompt_ids
-    }
-
-    pub fn params(&self) -> &SamplingParams {
-        &self.params
-    }
-}
-
-impl AdmissionLimits {
-    /// The limits of an engine (or of a test's pretend one): its vocabulary, context and KV
-    /// cache. Outside this crate only an engine makes them.
-    pub(crate) fn new(
-        vocab_size: usize,
-        max_model_len: usize,
-        kv_blocks: usize,
-        block_size: usize,
-    ) -> AdmissionLimits {
-        AdmissionLimits {
-            vocab_size,
-            max_model_len,
-            kv_blocks,
-            block_size: block_size.max(1),
-        }
-    }
-
-    /// Ids a prompt may hold: those both the model's embedding table and the tokenizer know.
-    pub fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    /// The longest sequence (prompt + answer).
-    pub fn max_model_len(&self) -> usize {
-        self.max_model_len
-    }
-
-    /// Checks, in order: an empty prompt, prompt ids past the vocabulary, a prompt with no
-    /// room in `max_model_len`, the sampling parameters' ranges, stop ids and `top_k` past
-    /// the vocabulary, prompt + `max_tokens` beyond `max_model_len`, then beyond the KV cache.
-    pub fn check(
-        &self,
-        prompt_ids: Vec<u32>,
-        params: SamplingParams,
-    ) -> Result<CheckedRequest, AdmissionError> {
-        if prompt_ids.is_empty() {
-            return Err(AdmissionError::EmptyPrompt);
-        }
-        let vocab = self.vocab_size;
-        let out_of_vocabulary = |param, ids: &[u32]| {
-            ids.iter()
-                .find(|&&id| id as usize >= vocab)
-                .map(|&id| AdmissionError::OutOfVocabulary { param, id, vocab })
-        };
-        if let Some(e) = out_of_vocabulary("prompt", &prompt_ids) {
-            return Err(e);
-        }
-        let (prompt, limit) = (prompt_ids.len(), self.max_model_len);
-        if prompt >= limit {
-            return Err(AdmissionError::PromptTooLong { prompt, limit });
-        }
-        params.validate()?;
-        if let Some(e) = out_of_vocabulary("stop_token_ids", &params.stop_token_ids) {
-            return Err(e);
-        }
-        if params.top_k > vocab {
-            return Err(AdmissionError::Param(InvalidParam {
-                param: "top_k",
-                message: format!(
-                    "`top_k` must be at most the vocabulary size ({vocab}), got {}",
-                    params.top_k
-                ),
-            }));
-        }
-        let max_tokens = params.max_tokens;
-        let total = match prompt.checked_add(max_tokens) {
-            Some(total) if total <= limit => total,
-            _ => {
-                return Err(AdmissionError::ContextLength {
-                    prompt,
-                    max_tokens,
-                    limit,
-                })
-            }
-        };
-        let blocks = total.div_ceil(self.block_size);
-        if blocks > self.kv_blocks {
-            return Err(AdmissionError::KvCapacity {
-                prompt,
-                max_tokens,
-                blocks,
-                capacity: self.kv_blocks,
-            });
-        }
-        Ok(CheckedRequest {
-            prompt_ids,
-            params,
-            limits: *self,
-        })
-    }
-}
-
-impl AdmissionError {
-    /// The request field at fault, by its engine name: `prompt`, or a `SamplingParams` field.
-    pub fn param(&self) -> &'static str {
-        match self {
-            AdmissionError::OutOfVocabulary { param, .. } => param,
-            AdmissionError::ContextLength { .. } => "max_tokens",
-            AdmissionError::Param(e) => e.param,
-            AdmissionError::EmptyPrompt
-            | AdmissionError::PromptTooLong { .. }
-            | AdmissionError::KvCapacity { .. }
-            | AdmissionError::OtherLimits => "prompt",
-        }
-    }
-
-    /// The prompt and the answer do not fit the model's context (OpenAI's
-    /// `context_length_exceeded`).
-    pub fn exceeds_context(&self) -> bool {
-        matches!(
-            self,
-            AdmissionError::PromptTooLong { .. } | AdmissionError::ContextLength { .. }
-        )
     }
 }
 
@@ -389,9 +207,9 @@ pub struct LlmEngine {
     runner: Box<dyn ModelRunner>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
-    /// The sequences, each with its request's generation state.
-    scheduler: Scheduler<Request>,
-    limits: AdmissionLimits,
+    /// The sequences, each with its generation.
+    scheduler: Scheduler<Generation>,
+    limits: RequestLimits,
     /// The model's think markers, when the server splits reasoning (`--reasoning-parser`).
     think_markers: Option<ThinkMarkers>,
     next_id: SeqId,
@@ -420,7 +238,7 @@ impl LlmEngine {
             },
             block_manager,
         );
-        let limits = AdmissionLimits::new(
+        let limits = RequestLimits::new(
             tokenizer.vocab_size().min(runner.vocab_size()),
             config.max_model_len,
             runner.num_blocks(),
@@ -441,7 +259,7 @@ impl LlmEngine {
         }
     }
 
-    /// Splits the output of requests with `split_reasoning` at these markers.
+    /// Splits the output of sequences with `split_reasoning` at these markers.
     pub fn set_think_markers(&mut self, markers: ThinkMarkers) {
         self.think_markers = Some(markers);
     }
@@ -456,45 +274,41 @@ impl LlmEngine {
 
     /// Ids a prompt may hold: those both the model's embedding table and the tokenizer know.
     pub fn vocab_size(&self) -> usize {
-        self.limits.vocab_size
+        self.limits.vocab_size()
     }
 
-    /// The limits a request must meet, for a caller that checks requests before handing
-    /// them over (the server, before it queues them).
-    pub fn limits(&self) -> AdmissionLimits {
+    /// The limits every sequence must meet, for a caller that checks them before handing
+    /// sequences over (the server, before it queues them).
+    pub fn limits(&self) -> RequestLimits {
         self.limits
     }
 
-    /// Checks the request against [`limits`](Self::limits) and queues it.
+    /// Checks a prompt and its parameters against [`limits`](Self::limits) and queues them.
     pub fn add_request(
         &mut self,
         prompt_ids: Vec<u32>,
         params: SamplingParams,
-    ) -> Result<SeqId, AdmissionError> {
+    ) -> Result<SeqId, LimitError> {
         let checked = self.limits.check(prompt_ids, params)?;
         self.add_checked(checked, None)
     }
 
-    /// Queues a request checked against this engine's [`limits`](Self::limits) (one checked
+    /// Queues a sequence checked against this engine's [`limits`](Self::limits) (one checked
     /// against other limits is refused); with `grammar` (structured output) every sampled
     /// answer token is drawn from the grammar's mask, and the sequence stops as soon as the
     /// grammar is complete.
     pub fn add_checked(
         &mut self,
-        request: CheckedRequest,
+        sequence: CheckedSequence,
         grammar: Option<TokenMatcher>,
-    ) -> Result<SeqId, AdmissionError> {
-        let CheckedRequest {
-            prompt_ids,
-            params,
-            limits,
-        } = request;
+    ) -> Result<SeqId, LimitError> {
+        let (prompt_ids, params, limits) = sequence.into_parts();
         if limits != self.limits {
-            return Err(AdmissionError::OtherLimits);
+            return Err(LimitError::OtherLimits);
         }
         let id = self.next_id;
         self.next_id += 1;
-        let request = Request::new(
+        let generation = Generation::new(
             &prompt_ids,
             params,
             grammar,
@@ -502,7 +316,7 @@ impl LlmEngine {
             self.think_markers,
         );
         self.scheduler
-            .add(Sequence::new(id, id, prompt_ids), request);
+            .add(Sequence::new(id, id, prompt_ids), generation);
         Ok(id)
     }
 
@@ -585,9 +399,9 @@ impl LlmEngine {
         let mut results = sampled.into_iter();
         let mut updates = Vec::with_capacity(chunks.len());
         for chunk in &chunks {
-            let (seq, request) = self.entry(chunk.id)?;
+            let (seq, generation) = self.entry(chunk.id)?;
             if seq.num_computed_tokens < seq.num_tokens() {
-                let reasoning = request.reasoning_tokens();
+                let reasoning = generation.reasoning_tokens();
                 updates.push(SeqUpdate::counts(chunk.id, Some(seq), reasoning, None));
                 continue;
             }
@@ -623,8 +437,8 @@ impl LlmEngine {
         SeqUpdate::counts(id, seq, reasoning, Some(FinishReason::Error))
     }
 
-    /// A live sequence with its request.
-    fn entry(&self, id: SeqId) -> anyhow::Result<(&Sequence, &Request)> {
+    /// A live sequence with its generation.
+    fn entry(&self, id: SeqId) -> anyhow::Result<(&Sequence, &Generation)> {
         self.scheduler
             .get(id)
             .with_context(|| format!("unknown sequence {id}"))
@@ -637,21 +451,21 @@ impl LlmEngine {
         chunks: &[ScheduledChunk],
         started: Instant,
     ) -> anyhow::Result<(Vec<RowSample>, f64)> {
-        // The uniform draws advance each request's own stream, so they come first (they
-        // need the requests mutably, the specs borrow them).
+        // The uniform draws advance each sequence's own stream, so they come first (they
+        // need the generations mutably, the specs borrow them).
         let mut uniforms = Vec::with_capacity(chunks.len());
         for c in chunks {
-            let (seq, request) = self
+            let (seq, generation) = self
                 .scheduler
                 .get_mut(c.id)
                 .with_context(|| format!("scheduled sequence {} vanished", c.id))?;
             let samples = c.start + c.len == seq.num_tokens();
-            uniforms.push(samples.then(|| request.next_uniform()));
+            uniforms.push(samples.then(|| generation.next_uniform()));
         }
         self.compute_grammar_masks(chunks, &uniforms);
         let mut inputs = Vec::with_capacity(chunks.len());
         for (c, uniform) in chunks.iter().zip(uniforms) {
-            let (seq, request) = self
+            let (seq, generation) = self
                 .scheduler
                 .get(c.id)
                 .with_context(|| format!("scheduled sequence {} vanished", c.id))?;
@@ -659,7 +473,7 @@ impl LlmEngine {
                 tokens: &seq.token_ids[c.start..c.start + c.len],
                 start_pos: c.start,
                 block_table: &seq.block_table,
-                sample: uniform.map(|u| request.sample_spec(seq.num_output_tokens(), u)),
+                sample: uniform.map(|u| generation.sample_spec(seq.num_output_tokens(), u)),
             });
         }
         let wanted = inputs.iter().filter(|i| i.sample.is_some()).count();
@@ -695,9 +509,9 @@ impl LlmEngine {
         if ids.is_empty() {
             return;
         }
-        let mut constrained: Vec<&mut Request> = self
+        let mut constrained: Vec<&mut Generation> = self
             .scheduler
-            .requests_mut()
+            .records_mut()
             .filter(|(id, _)| ids.contains(id))
             .map(|(_, r)| r)
             .collect();
@@ -706,24 +520,24 @@ impl LlmEngine {
         self.timings.grammar_mask_secs += secs;
     }
 
-    /// Appends a sampled token to its sequence and hands it to the request, which
+    /// Appends a sampled token to its sequence and hands it to the generation, which
     /// releases its text and decides whether the sequence ends; a finished sequence's
     /// blocks are freed at once.
     fn append_sampled(&mut self, id: SeqId, sampled: Sampled) -> anyhow::Result<SeqUpdate> {
         let token = sampled.token;
         self.scheduler.append_token(id, token)?;
-        let (seq, request) = self
+        let (seq, generation) = self
             .scheduler
             .get_mut(id)
             .with_context(|| format!("unknown sequence {id}"))?;
         let counts = SeqUpdate::counts(id, Some(seq), 0, None);
-        // Counted before the request takes it: a token whose handling fails was generated.
+        // Counted before the generation takes it: a token whose handling fails was generated.
         self.generation_tokens_total += 1;
         if counts.num_output_tokens == 1 {
             self.prompt_tokens_total += counts.num_prompt_tokens as u64;
         }
-        let outcome = request.on_token(token, counts.num_output_tokens)?;
-        let num_reasoning_tokens = request.reasoning_tokens();
+        let outcome = generation.on_token(token, counts.num_output_tokens)?;
+        let num_reasoning_tokens = generation.reasoning_tokens();
         self.timings.grammar_accept_secs += outcome.grammar_accept_secs;
         if outcome.finish.is_some() {
             self.scheduler.remove(id);

@@ -30,12 +30,12 @@ pub struct ScheduledChunk {
     pub is_prefill: bool,
 }
 
-/// A live sequence and the record its owner keeps beside it (the engine's per-request
+/// A live sequence and the record its owner keeps beside it (the engine's per-sequence
 /// state: sampler, detokeniser, stop state); added and removed together, so the two can
 /// never disagree about which sequences exist.
 struct Entry<R> {
     seq: Sequence,
-    request: R,
+    record: R,
 }
 
 pub struct Scheduler<R> {
@@ -83,38 +83,38 @@ impl<R> Scheduler<R> {
         !self.seqs.is_empty()
     }
 
-    /// A live sequence with its request record.
+    /// A live sequence with its record.
     pub fn get(&self, id: SeqId) -> Option<(&Sequence, &R)> {
-        self.seqs.get(&id).map(|e| (&e.seq, &e.request))
+        self.seqs.get(&id).map(|e| (&e.seq, &e.record))
     }
 
-    /// A live sequence with its request record, which the caller may change.
+    /// A live sequence with its record, which the caller may change.
     pub fn get_mut(&mut self, id: SeqId) -> Option<(&Sequence, &mut R)> {
-        self.seqs.get_mut(&id).map(|e| (&e.seq, &mut e.request))
+        self.seqs.get_mut(&id).map(|e| (&e.seq, &mut e.record))
     }
 
-    /// Every live sequence's request record, which the caller may change.
-    pub fn requests_mut(&mut self) -> impl Iterator<Item = (SeqId, &mut R)> {
-        self.seqs.iter_mut().map(|(&id, e)| (id, &mut e.request))
+    /// Every live sequence's record, which the caller may change.
+    pub fn records_mut(&mut self) -> impl Iterator<Item = (SeqId, &mut R)> {
+        self.seqs.iter_mut().map(|(&id, e)| (id, &mut e.record))
     }
 
-    /// Queues a new sequence with its request record (its arrival must be later than every
+    /// Queues a new sequence with its record (its arrival must be later than every
     /// queued one).
-    pub fn add(&mut self, seq: Sequence, request: R) {
+    pub fn add(&mut self, seq: Sequence, record: R) {
         let id = seq.id;
-        self.seqs.insert(id, Entry { seq, request });
+        self.seqs.insert(id, Entry { seq, record });
         self.waiting.push_back(id);
     }
 
     /// Removes a sequence wherever it is and frees its blocks; returns it with its record.
     pub fn remove(&mut self, id: SeqId) -> Option<(Sequence, R)> {
-        let Entry { mut seq, request } = self.seqs.remove(&id)?;
+        let Entry { mut seq, record } = self.seqs.remove(&id)?;
         match seq.status {
             SeqStatus::Waiting => self.waiting.retain(|&w| w != id),
             SeqStatus::Running => self.running.retain(|&r| r != id),
         }
         self.block_manager.free(&mut seq);
-        Some((seq, request))
+        Some((seq, record))
     }
 
     /// Picks this step's work.

@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context};
 use engine::backend::RowSample;
-use engine::engine::{
-    AdmissionError, EngineConfig, FinishReason, GenerationOutput, LlmEngine, SeqId,
-};
+use engine::engine::{EngineConfig, FinishReason, GenerationOutput, LlmEngine, SeqId};
+use engine::limits::LimitError;
 use engine::model::{ModelRunner, SeqInput, StepProfile};
 use engine::sampler::{sample_row, SamplingParams};
 use engine::tokenizer::Tokenizer;
@@ -568,7 +567,7 @@ fn finish_reasons_and_stop_strings() {
 fn add_request_rejects_bad_input_clearly() {
     let tok = tokenizer();
     let (mut e, _) = engine(&ROOMY, &tok);
-    let err = |r: Result<SeqId, AdmissionError>| r.unwrap_err().to_string();
+    let err = |r: Result<SeqId, LimitError>| r.unwrap_err().to_string();
     assert_eq!(err(e.add_request(vec![], greedy(4))), "prompt is empty");
     assert_eq!(
         err(e.add_request(vec![5, 99999], greedy(4))),

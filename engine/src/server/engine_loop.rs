@@ -14,8 +14,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::{Metrics, SeqTimings};
 use super::protocol::ApiError;
-use crate::engine::{CheckedRequest, FinishReason, LlmEngine, SeqId, SeqUpdate, TokenLogprob};
+use crate::engine::{FinishReason, LlmEngine, SeqId, SeqUpdate, TokenLogprob};
 use crate::grammar::TokenMatcher;
+use crate::limits::CheckedSequence;
 
 /// Outputs buffered per request before the loop starts merging them.
 pub const EVENT_CHANNEL_CAPACITY: usize = 64;
@@ -34,7 +35,7 @@ pub enum Command {
 /// One HTTP request: its sequences in choice-index order.
 pub struct AddRequest {
     /// Each choice's checked request and grammar matcher (structured output).
-    pub seqs: Vec<(CheckedRequest, Option<TokenMatcher>)>,
+    pub seqs: Vec<(CheckedSequence, Option<TokenMatcher>)>,
     pub events: mpsc::Sender<SeqOutput>,
     /// `Ok` once queued; 429 when too many sequences are waiting.
     pub admitted: oneshot::Sender<Result<(), ApiError>>,
@@ -75,19 +76,23 @@ impl SeqOutput {
     }
 }
 
+/// What the choices of one HTTP request share: where their outputs go and when it arrived.
+struct RequestChannel {
+    events: mpsc::Sender<SeqOutput>,
+    arrival: Instant,
+}
+
+/// One live choice: its request's channel, its index among the request's choices, what it
+/// has not delivered yet, and its timestamps. The slot is dropped once the choice has
+/// finished and its last output is delivered, or when its client is gone.
 struct SeqSlot {
-    id: SeqId,
+    request: Arc<RequestChannel>,
+    index: usize,
     pending: Option<SeqOutput>,
     finished: bool,
     scheduled: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
-}
-
-struct ActiveRequest {
-    events: mpsc::Sender<SeqOutput>,
-    arrival: Instant,
-    seqs: Vec<SeqSlot>,
 }
 
 /// The loop's state; `run` consumes it.
@@ -96,10 +101,8 @@ pub struct EngineLoop {
     commands: Receiver<Command>,
     metrics: Arc<Metrics>,
     max_waiting: usize,
-    requests: HashMap<u64, ActiveRequest>,
-    /// Which request and choice each live sequence belongs to.
-    owners: HashMap<SeqId, (u64, usize)>,
-    next_request: u64,
+    /// Every choice the loop still owes output, by its sequence.
+    slots: HashMap<SeqId, SeqSlot>,
 }
 
 impl EngineLoop {
@@ -114,9 +117,7 @@ impl EngineLoop {
             commands,
             metrics,
             max_waiting,
-            requests: HashMap::new(),
-            owners: HashMap::new(),
-            next_request: 0,
+            slots: HashMap::new(),
         }
     }
 
@@ -186,7 +187,7 @@ impl EngineLoop {
     }
 
     fn has_pending(&self) -> bool {
-        !self.requests.is_empty()
+        !self.slots.is_empty()
     }
 
     /// Returns false on shutdown.
@@ -220,21 +221,14 @@ impl EngineLoop {
                 .send(Err(ApiError::overloaded(waiting, RETRY_AFTER_SECONDS)));
             return;
         }
-        let mut slots = Vec::with_capacity(request.seqs.len());
+        let mut ids = Vec::with_capacity(request.seqs.len());
         for (checked, grammar) in request.seqs {
             match self.engine.add_checked(checked, grammar) {
-                Ok(id) => slots.push(SeqSlot {
-                    id,
-                    pending: None,
-                    finished: false,
-                    scheduled: None,
-                    first_token: None,
-                    last_token: None,
-                }),
+                Ok(id) => ids.push(id),
                 // Requests are checked against this engine's limits before they are sent.
                 Err(e) => {
-                    for slot in &slots {
-                        self.engine.abort(slot.id);
+                    for &id in &ids {
+                        self.engine.abort(id);
                     }
                     let _ = request
                         .admitted
@@ -244,62 +238,65 @@ impl EngineLoop {
             }
         }
         if request.admitted.send(Ok(())).is_err() {
-            for slot in &slots {
-                self.engine.abort(slot.id);
+            for &id in &ids {
+                self.engine.abort(id);
             }
             return;
         }
-        let key = self.next_request;
-        self.next_request += 1;
-        for (index, slot) in slots.iter().enumerate() {
-            self.owners.insert(slot.id, (key, index));
+        let channel = Arc::new(RequestChannel {
+            events: request.events,
+            arrival: request.arrival,
+        });
+        for (index, id) in ids.into_iter().enumerate() {
+            let slot = SeqSlot {
+                request: channel.clone(),
+                index,
+                pending: None,
+                finished: false,
+                scheduled: None,
+                first_token: None,
+                last_token: None,
+            };
+            self.slots.insert(id, slot);
         }
-        self.requests.insert(
-            key,
-            ActiveRequest {
-                events: request.events,
-                arrival: request.arrival,
-                seqs: slots,
-            },
-        );
     }
 
-    /// Aborts the sequences of every request whose client is gone.
+    /// Drops the slots of every request whose client is gone, aborting their sequences.
     fn reap_disconnected(&mut self) {
-        let gone: Vec<u64> = self
-            .requests
+        let gone: Vec<SeqId> = self
+            .slots
             .iter()
-            .filter(|(_, r)| r.events.is_closed())
-            .map(|(k, _)| *k)
+            .filter(|(_, slot)| slot.request.events.is_closed())
+            .map(|(&id, _)| id)
             .collect();
-        for key in gone {
-            self.abort_request(key);
+        for id in gone {
+            self.drop_slot(id);
         }
     }
 
-    fn abort_request(&mut self, key: u64) {
-        let Some(request) = self.requests.remove(&key) else {
+    /// Drops a slot; a sequence still running is aborted.
+    fn drop_slot(&mut self, id: SeqId) {
+        let Some(slot) = self.slots.remove(&id) else {
             return;
         };
-        for slot in request.seqs.iter().filter(|s| !s.finished) {
-            self.engine.abort(slot.id);
-            self.owners.remove(&slot.id);
+        if !slot.finished {
+            self.engine.abort(id);
             self.metrics.record_finished(FinishReason::Abort, None);
         }
     }
 
     fn abort_all(&mut self) {
-        let keys: Vec<u64> = self.requests.keys().copied().collect();
-        for key in keys {
-            self.abort_request(key);
+        let ids: Vec<SeqId> = self.slots.keys().copied().collect();
+        for id in ids {
+            self.drop_slot(id);
         }
     }
 
     /// A failed step ends every request (their channels close without a finish).
     fn fail_all(&mut self, error: &anyhow::Error) {
         tracing::error!(
-            "engine step failed, aborting {} requests: {error:#}",
-            self.requests.len()
+            "engine step failed, aborting {} sequences: {error:#}",
+            self.slots.len()
         );
         self.abort_all();
     }
@@ -307,19 +304,15 @@ impl EngineLoop {
     fn dispatch(&mut self, updates: &[SeqUpdate], step_start: Instant) {
         let now = Instant::now();
         for update in updates {
-            let Some(&(key, index)) = self.owners.get(&update.id) else {
+            let Some(slot) = self.slots.get_mut(&update.id) else {
                 continue;
             };
-            let Some(request) = self.requests.get_mut(&key) else {
-                continue;
-            };
-            let arrival = request.arrival;
-            let slot = &mut request.seqs[index];
             slot.scheduled.get_or_insert(step_start);
             if update.token.is_some() {
                 slot.first_token.get_or_insert(now);
                 slot.last_token = Some(now);
             }
+            let index = slot.index;
             slot.pending
                 .get_or_insert_with(|| SeqOutput {
                     index,
@@ -328,9 +321,8 @@ impl EngineLoop {
                 .merge(update);
             if let Some(reason) = update.finish {
                 slot.finished = true;
-                self.owners.remove(&update.id);
                 let timings = matches!(reason, FinishReason::Stop | FinishReason::Length)
-                    .then(|| seq_timings(slot, arrival, now, update.num_output_tokens));
+                    .then(|| seq_timings(slot, now, update.num_output_tokens));
                 if let Some(output) = slot.pending.as_mut() {
                     output.timings = timings;
                 }
@@ -339,58 +331,42 @@ impl EngineLoop {
         }
     }
 
-    /// Sends pending outputs without waiting; drops requests that are fully delivered.
+    /// Sends pending outputs without waiting; drops the slots that are fully delivered,
+    /// and those whose client is gone.
     fn flush(&mut self) {
-        let mut done = Vec::new();
-        let mut gone = Vec::new();
-        for (key, request) in &mut self.requests {
-            let mut closed = false;
-            for slot in &mut request.seqs {
-                let Some(output) = slot.pending.take() else {
-                    continue;
-                };
-                if output.new_tokens == 0
+        let mut delivered = Vec::new();
+        for (&id, slot) in &mut self.slots {
+            if let Some(output) = slot.pending.take() {
+                let empty = output.new_tokens == 0
                     && output.text.is_empty()
                     && output.reasoning.is_empty()
-                    && output.finish.is_none()
-                {
-                    continue;
-                }
-                match request.events.try_send(output) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(output)) => slot.pending = Some(output),
-                    Err(mpsc::error::TrySendError::Closed(_)) => closed = true,
+                    && output.finish.is_none();
+                if !empty {
+                    if let Err(mpsc::error::TrySendError::Full(output)) =
+                        slot.request.events.try_send(output)
+                    {
+                        slot.pending = Some(output);
+                    }
                 }
             }
-            if closed {
-                gone.push(*key);
-            } else if request
-                .seqs
-                .iter()
-                .all(|s| s.finished && s.pending.is_none())
-            {
-                done.push(*key);
+            if slot.finished && slot.pending.is_none() {
+                delivered.push(id);
             }
         }
-        for key in done {
-            self.requests.remove(&key);
+        for id in delivered {
+            self.slots.remove(&id);
         }
-        for key in gone {
-            self.abort_request(key);
-        }
+        // A send that found the channel closed: that request's slots go.
+        self.reap_disconnected();
     }
 }
 
-fn seq_timings(
-    slot: &SeqSlot,
-    arrival: Instant,
-    now: Instant,
-    num_output_tokens: usize,
-) -> SeqTimings {
+fn seq_timings(slot: &SeqSlot, now: Instant, num_output_tokens: usize) -> SeqTimings {
     let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
     let first = slot.first_token.unwrap_or(now);
     let last = slot.last_token.unwrap_or(now);
     let scheduled = slot.scheduled.unwrap_or(now);
+    let arrival = slot.request.arrival;
     SeqTimings {
         queue: secs(arrival, scheduled),
         ttft: secs(arrival, first),
@@ -509,7 +485,7 @@ mod tests {
     /// outputs.
     fn add(
         commands: &std::sync::mpsc::Sender<Command>,
-        limits: &crate::engine::AdmissionLimits,
+        limits: &crate::limits::RequestLimits,
     ) -> mpsc::Receiver<SeqOutput> {
         let params = crate::sampler::SamplingParams {
             max_tokens: 3,
@@ -541,7 +517,7 @@ mod tests {
         std::sync::mpsc::Sender<Command>,
         std::thread::JoinHandle<()>,
         Arc<Metrics>,
-        crate::engine::AdmissionLimits,
+        crate::limits::RequestLimits,
     ) {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");

@@ -5,7 +5,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::engine::AdmissionError;
+use crate::limits::LimitError;
 
 /// Token counts of a request (or of one choice so far, in continuous usage stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -338,7 +338,7 @@ impl RequestFields {
     /// The engine's refusal as the client's error, naming the fields as the client sent
     /// them, in the param and in the message; a context overflow in OpenAI's words (which
     /// clients match on) with its `context_length_exceeded` code.
-    pub fn refusal(&self, e: &AdmissionError) -> ApiError {
+    pub fn refusal(&self, e: &LimitError) -> ApiError {
         let rename = |engine_name: &'static str| match engine_name {
             "prompt" => self.prompt,
             "max_tokens" => self.max_tokens,
@@ -347,14 +347,14 @@ impl RequestFields {
         };
         let param = rename(e.param());
         match *e {
-            AdmissionError::PromptTooLong { prompt, limit } => ApiError::context_length(
+            LimitError::PromptTooLong { prompt, limit } => ApiError::context_length(
                 param,
                 format!(
                     "This model's maximum context length is {limit} tokens. However, your request has {prompt} input tokens. Please reduce the length of the {}.",
                     self.prompt
                 ),
             ),
-            AdmissionError::ContextLength {
+            LimitError::ContextLength {
                 prompt,
                 max_tokens,
                 limit,

@@ -3,7 +3,7 @@
 //! this module checks what only the server knows (the model's name, `n`, the number of
 //! prompts, unsupported values) and builds the engine's job. The limits that need the
 //! engine (ranges of the sampling parameters, the vocabulary, the context and the KV
-//! cache) are checked once, against the engine's `AdmissionLimits`, by
+//! cache) are checked once, against the engine's `RequestLimits`, by
 //! [`GenerateRequest::sequences`] before anything is queued.
 
 use serde_json::{Map, Value};
@@ -17,8 +17,8 @@ use super::harmony;
 use super::protocol::{ApiError, RequestFields};
 use super::tools::{self, CallFormat, ToolCallParser, ToolChoice};
 use super::typed_body::Body;
-use crate::engine::{AdmissionLimits, CheckedRequest};
 use crate::grammar::GrammarSpec;
+use crate::limits::{CheckedSequence, RequestLimits};
 use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -35,7 +35,7 @@ pub struct ModelInfo {
     /// Names accepted in `model`; the first is reported in responses.
     pub served_names: Vec<String>,
     /// The engine's limits, which every choice is checked against before it is queued.
-    pub limits: AdmissionLimits,
+    pub limits: RequestLimits,
     /// `--default-chat-template-kwargs`: template variables of every chat request, which a
     /// request's own `chat_template_kwargs` override key by key.
     pub default_chat_template_kwargs: Map<String, Value>,
@@ -78,7 +78,7 @@ impl GenerateRequest {
     /// One checked request per choice, in choice-index order (`prompt_index * n + i`):
     /// the engine's limits are checked here, once, before anything is queued; a refusal
     /// names the field as the client sent it.
-    pub fn sequences(&self, limits: &AdmissionLimits) -> Result<Vec<CheckedRequest>, ApiError> {
+    pub fn sequences(&self, limits: &RequestLimits) -> Result<Vec<CheckedSequence>, ApiError> {
         let mut out = Vec::with_capacity(self.prompts.len() * self.n);
         for prompt in &self.prompts {
             for i in 0..self.n {
@@ -876,7 +876,7 @@ mod tests {
     fn an_absent_length_limit_fills_what_the_longest_prompt_leaves() {
         let info = ModelInfo {
             served_names: vec!["m".into()],
-            limits: AdmissionLimits::new(100, 10, 16, 16),
+            limits: RequestLimits::new(100, 10, 16, 16),
             default_chat_template_kwargs: Map::new(),
             split_reasoning: false,
             tool_call_parser: None,
@@ -893,7 +893,7 @@ mod tests {
     /// `context_length_exceeded`).
     #[test]
     fn an_engine_side_refusal_of_a_chat_request_names_the_fields_the_client_sent() {
-        let limits = AdmissionLimits::new(100, 64, 16, 16);
+        let limits = RequestLimits::new(100, 64, 16, 16);
         let chat = |prompt: Vec<u32>, params: SamplingParams, max_tokens_field| GenerateRequest {
             model: "m".into(),
             prompts: vec![prompt],
@@ -970,7 +970,7 @@ mod tests {
             tool_calls: None,
             fields: RequestFields::COMPLETION,
         };
-        let limits = AdmissionLimits::new(100, 64, 16, 16);
+        let limits = RequestLimits::new(100, 64, 16, 16);
         let seqs = req.sequences(&limits).unwrap();
         let got: Vec<(u32, Option<u64>)> = seqs
             .iter()

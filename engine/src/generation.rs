@@ -1,4 +1,4 @@
-//! A request's generation state, kept beside its sequence in the scheduler: its limits and
+//! One sequence's generation: the state kept beside it in the scheduler, its limits and
 //! sampling parameters, its random stream, its detokeniser and held-back stop text, where
 //! its output is relative to the think markers, and its grammar. It takes each sampled
 //! token and decides, in one place, whether the sequence ends there and why.
@@ -24,13 +24,13 @@ pub enum FinishReason {
     Error,
 }
 
-pub struct Request {
+pub struct Generation {
     params: SamplingParams,
     sampler: Sampler,
     /// EOS ids that end the answer (none with `ignore_eos`) and the stop ids; masked while
     /// fewer than `min_tokens` tokens are generated.
     stop_ids: Vec<u32>,
-    /// Token history for the penalties (only when the request has penalties).
+    /// Token history for the penalties (only when its parameters have penalties).
     counts: Option<TokenCounts>,
     decoder: IncrementalDecoder,
     /// Decoded text not emitted yet because it could be the start of a stop string.
@@ -45,7 +45,7 @@ pub struct Request {
     grammar_failure: Option<anyhow::Error>,
 }
 
-/// What one sampled token gave its request.
+/// What one sampled token gave its generation.
 #[derive(Debug, Default, PartialEq)]
 pub struct TokenOutcome {
     /// New answer text that is final (stop strings cut); may be empty.
@@ -67,7 +67,7 @@ struct TokenFacts {
     /// The grammar became complete with this token.
     grammar_done: bool,
     /// The answer reached `max_tokens`. The context limit needs no check of its own: the
-    /// engine admitted the request only with prompt + `max_tokens` within it.
+    /// limits admitted the sequence only with prompt + `max_tokens` within it.
     at_length: bool,
 }
 
@@ -88,16 +88,16 @@ fn finish_reason(facts: &TokenFacts, stop_string: bool) -> Option<FinishReason> 
     }
 }
 
-impl Request {
-    /// A request for `prompt`; `think_markers` split its output when `params` asks for it.
+impl Generation {
+    /// The generation after `prompt`; `think_markers` split its output when `params` asks for it.
     pub fn new(
         prompt: &[u32],
         params: SamplingParams,
         grammar: Option<TokenMatcher>,
         tokenizer: Arc<Tokenizer>,
         think_markers: Option<ThinkMarkers>,
-    ) -> Request {
-        Request {
+    ) -> Generation {
+        Generation {
             sampler: Sampler::new(&params),
             stop_ids: min_tokens_mask(&params, tokenizer.eos_token_ids()),
             counts: params.has_penalties().then(|| TokenCounts::new(prompt)),
@@ -126,7 +126,7 @@ impl Request {
             .map_or(0, ReasoningState::reasoning_tokens)
     }
 
-    /// The uniform draw of the next sample, advancing the request's own random stream.
+    /// The uniform draw of the next sample, advancing the sequence's own random stream.
     pub fn next_uniform(&mut self) -> f64 {
         self.sampler.next_uniform(&self.params)
     }
@@ -339,16 +339,16 @@ mod tests {
         );
     }
 
-    /// Feeds `tokens` to a request with `params` over the tiny golden Llama's tokenizer (EOS
+    /// Feeds `tokens` to a generation with `params` over the tiny golden Llama's tokenizer (EOS
     /// id 2); the answer text, how it finished and after how many tokens.
     fn run(params: SamplingParams, tokens: &[u32]) -> (String, Option<FinishReason>, usize) {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/llama-tiny");
         let tokenizer = Arc::new(Tokenizer::from_model_path(&dir).unwrap());
-        let mut request = Request::new(&[1], params, None, tokenizer, None);
+        let mut generation = Generation::new(&[1], params, None, tokenizer, None);
         let mut text = String::new();
         for (i, &token) in tokens.iter().enumerate() {
-            let out = request.on_token(token, i + 1).unwrap();
+            let out = generation.on_token(token, i + 1).unwrap();
             text.push_str(&out.text);
             if out.finish.is_some() {
                 return (text, out.finish, i + 1);
