@@ -118,7 +118,9 @@ fn strip_test_modules(code: &str) -> String {
     while let Some(at) = rest.find("#[cfg(test)]") {
         let after = &rest[at + "#[cfg(test)]".len()..];
         let trimmed = after.trim_start();
-        let is_mod = trimmed.starts_with("mod ") || trimmed.starts_with("pub mod ");
+        let is_mod = ["mod ", "pub mod ", "pub(crate) mod ", "pub(super) mod "]
+            .iter()
+            .any(|start| trimmed.starts_with(start));
         let open = trimmed.find('{');
         let semicolon = trimmed.find(';');
         if !is_mod || open.is_none() || semicolon.is_some_and(|s| s < open.unwrap()) {
@@ -396,7 +398,8 @@ fn the_checker_finds_cycles_and_ignores_tests() {
     std::fs::write(src.join("b/mod.rs"), "pub mod c;\npub use c::Thing;\n").unwrap();
     std::fs::write(
         src.join("b/c.rs"),
-        "pub struct Thing;\n#[cfg(test)]\nmod tests { use crate::a::X; }\n",
+        "pub struct Thing;\n#[cfg(test)]\nmod tests { use crate::a::X; }\n\
+         #[cfg(test)]\npub(crate) mod shared { use crate::a::Y; }\n",
     )
     .unwrap();
     let e = edges(src);
@@ -609,4 +612,121 @@ fn the_leaves_import_nothing_of_loadgen() {
         let to = files.get(leaf).cloned().unwrap_or_default();
         assert!(to.is_empty(), "{leaf} imports {to:?}");
     }
+}
+
+fn engine_edges() -> BTreeMap<String, BTreeSet<String>> {
+    edges(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("engine")
+            .join("src"),
+    )
+}
+
+/// Every module that `from` modules reach through imports, a reached module's children
+/// included (a parent's `pub use child::X` is no edge).
+fn reached_from(
+    files: &BTreeMap<String, BTreeSet<String>>,
+    from: impl Fn(&str) -> bool,
+) -> BTreeSet<String> {
+    let mut frontier: Vec<String> = files.keys().filter(|m| from(m)).cloned().collect();
+    let mut reached: BTreeSet<String> = frontier.iter().cloned().collect();
+    while let Some(module) = frontier.pop() {
+        let children = files
+            .keys()
+            .filter(|m| m.starts_with(&format!("{module}::")));
+        for next in files.get(&module).into_iter().flatten().chain(children) {
+            if reached.insert(next.clone()) {
+                frontier.push(next.clone());
+            }
+        }
+    }
+    reached
+}
+
+/// The engine's chat formats reach no handler: nothing `server::formats` imports leads to
+/// the HTTP handlers (`server::http`, `server::info`), the server's root (which starts it)
+/// or the response writer; a format answers the request room and the writer, never the
+/// other way round.
+#[test]
+fn engine_chat_formats_reach_no_handler() {
+    let files = engine_edges();
+    let reached = reached_from(&files, |m| {
+        m == "server::formats" || m.starts_with("server::formats::")
+    });
+    assert!(
+        reached.contains("server::formats::harmony") && reached.contains("server::tools"),
+        "the scanner is broken: {reached:?}"
+    );
+    let handlers: Vec<&String> = reached
+        .iter()
+        .filter(|m| {
+            [
+                "server",
+                "server::http",
+                "server::info",
+                "server::engine_loop",
+            ]
+            .contains(&m.as_str())
+                || m.starts_with("server::response::")
+                || m.starts_with("server::request::")
+        })
+        .collect();
+    assert!(handlers.is_empty(), "server::formats reaches {handlers:?}");
+}
+
+/// The backends import nothing of the server, directly or through another module.
+#[test]
+fn engine_backends_reach_nothing_of_the_server() {
+    let files = engine_edges();
+    let reached = reached_from(&files, |m| m == "backend" || m.starts_with("backend::"));
+    assert!(
+        reached.contains("backend::cpu") && reached.contains("config"),
+        "the scanner is broken: {reached:?}"
+    );
+    let server: Vec<&String> = reached
+        .iter()
+        .filter(|m| *m == "server" || m.starts_with("server::"))
+        .collect();
+    assert!(server.is_empty(), "backend reaches {server:?}");
+}
+
+/// No chat format reads a case it cannot reach: no `unreachable!` in any file under
+/// `engine/src/server/formats/` nor in any engine file named for harmony, test code included.
+#[test]
+fn engine_chat_formats_have_no_unreachable_arm() {
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let engine = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("engine");
+    let mut files = Vec::new();
+    rust_files(&engine.join("src"), &mut files);
+    rust_files(&engine.join("tests"), &mut files);
+    let formats = engine.join("src").join("server").join("formats");
+    let checked: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| {
+            p.starts_with(&formats)
+                || p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().contains("harmony"))
+        })
+        .collect();
+    assert!(
+        checked.len() >= 6,
+        "the scanner is broken: it found {checked:?}"
+    );
+    let with: Vec<&&PathBuf> = checked
+        .iter()
+        .filter(|p| std::fs::read_to_string(p).unwrap().contains("unreachable!"))
+        .collect();
+    assert!(with.is_empty(), "`unreachable!` in {with:?}");
 }

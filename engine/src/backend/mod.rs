@@ -7,6 +7,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod device_facts;
 pub mod routing;
 
 use std::fmt;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::error::ApiError;
 use super::metrics::{Metrics, SeqTimings};
-use super::protocol::ApiError;
 use crate::engine::{FinishReason, LlmEngine, SeqId, SeqUpdate, TokenLogprob};
 use crate::grammar::TokenMatcher;
 use crate::limits::CheckedSequence;

@@ -8,9 +8,9 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::server::bodies::ResponsesBody;
-use crate::server::protocol::ApiError;
-use crate::server::typed_body::Body;
+use crate::server::error::ApiError;
+use crate::server::request::body::Body;
+use crate::server::request::fields::ResponsesBody;
 
 /// What the response echoes of its request.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::protocol::ApiError;
+use crate::server::error::ApiError;
 
 /// One step of a path into the body.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,10 +1,15 @@
-//! Structured output requests: OpenAI's `response_format`, vLLM's `structured_outputs` and
-//! its older `guided_*` fields, read into one [`GrammarSpec`] (or an error naming the field).
+//! A request's constraint: OpenAI's `response_format`, vLLM's `structured_outputs` and its
+//! older `guided_*` fields, read into one [`GrammarSpec`] (or an error naming the field);
+//! a tool choice's grammar beside it; and the grammar compiled into the matcher the engine
+//! masks with. (The engine applies it: `LlmEngine` computes the masks, `Generation` accepts
+//! each token.)
+
+use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::protocol::ApiError;
-use crate::grammar::GrammarSpec;
+use crate::grammar::{GrammarCompiler, GrammarSpec, TokenMatcher};
+use crate::server::error::ApiError;
 
 /// A request's constraint and the field it came from (named in compile errors).
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +27,53 @@ pub struct ConstraintFields {
     pub guided_regex: Option<Value>,
     pub guided_choice: Option<Value>,
     pub guided_grammar: Option<Value>,
+}
+
+/// The constraint of a tool choice's grammar `spec`, refused beside the request's own
+/// structured output (`other`).
+pub fn with_tool_choice(
+    spec: GrammarSpec,
+    other: Option<&Constraint>,
+) -> Result<Constraint, ApiError> {
+    if let Some(other) = other {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            format!(
+                "`tool_choice` \"required\" or a named function constrains the answer, and so does `{}`: give one",
+                other.param
+            ),
+        ));
+    }
+    Ok(Constraint {
+        spec,
+        param: "tools".into(),
+    })
+}
+
+/// `constraint` compiled (a grammar llguidance cannot compile is the client's error, named
+/// by the field it came from).
+pub fn compile(
+    constraint: Option<&Constraint>,
+    compiler: &Result<Arc<GrammarCompiler>, String>,
+) -> Result<Option<TokenMatcher>, ApiError> {
+    let Some(constraint) = constraint else {
+        return Ok(None);
+    };
+    let compiler = compiler.as_ref().map_err(|why| {
+        ApiError::invalid(
+            &constraint.param,
+            format!("structured output is unavailable with this model's tokenizer: {why}"),
+        )
+    })?;
+    compiler.compile(&constraint.spec).map(Some).map_err(|e| {
+        ApiError::invalid(
+            &constraint.param,
+            format!(
+                "`{}` cannot be compiled to a grammar: {e:#}",
+                constraint.param
+            ),
+        )
+    })
 }
 
 /// The constraint the fields ask for, if any; two constraints at once are refused.

@@ -8,43 +8,80 @@
 
 use serde_json::{Map, Value};
 
-use super::protocol::ApiError;
-use super::tools::{new_call_id, CallEvent, ToolChoice, Tools};
+use super::{
+    new_call_id, AnswerReader, CallEvent, ChatFormat, Conversation, Reading, ReasoningEffort,
+    ReasoningSplit,
+};
 use crate::grammar::{compact, GrammarSpec};
-use crate::tokenizer::ChatMessage;
+use crate::server::error::ApiError;
+use crate::server::tools::{ToolChoice, Tools};
+use crate::tokenizer::{ChatMessage, Tokenizer};
 
-/// `reasoning_effort`: how long the model thinks (the system message's `Reasoning:`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReasoningEffort {
-    Low,
-    Medium,
-    High,
-}
+/// gpt-oss's format. Its reader splits the reasoning (the `analysis` channel) from the
+/// text, and reads calls whenever the request has tools it may call; a grammar in the
+/// format enforces `required` and a named function.
+#[derive(Debug)]
+pub struct Harmony;
 
-impl ReasoningEffort {
-    /// From the request's `reasoning_effort`.
-    pub fn parse(value: &str) -> Result<ReasoningEffort, ApiError> {
-        match value {
-            "low" => Ok(ReasoningEffort::Low),
-            "medium" => Ok(ReasoningEffort::Medium),
-            "high" => Ok(ReasoningEffort::High),
-            other => Err(ApiError::invalid(
-                "reasoning_effort",
-                format!(
-                    "`reasoning_effort` must be \"low\", \"medium\" or \"high\", got \"{other}\""
-                ),
-            )),
-        }
+impl ChatFormat for Harmony {
+    fn name(&self) -> &'static str {
+        "harmony"
     }
 
-    fn as_str(self) -> &'static str {
-        match self {
-            ReasoningEffort::Low => "low",
-            ReasoningEffort::Medium => "medium",
-            ReasoningEffort::High => "high",
+    /// The prompt, dated today (UTC) as gpt-oss's template dates it, at the request's
+    /// `reasoning_effort` (medium when absent). `chat_template_kwargs` has no template to
+    /// reach: refused.
+    fn render(
+        &self,
+        conversation: Conversation<'_>,
+        _tokenizer: &Tokenizer,
+    ) -> Result<String, ApiError> {
+        if conversation.template_kwargs.is_some() {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                "this model's prompts are rendered in harmony, not by a chat template: \
+                 `chat_template_kwargs` has nothing to reach (`reasoning_effort` sets its effort)",
+            ));
         }
+        let effort = match conversation.reasoning_effort {
+            Some(effort) => ReasoningEffort::parse(effort)?,
+            None => ReasoningEffort::Medium,
+        };
+        let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+        let mut text = render(conversation.messages, conversation.tools, effort, &today)?;
+        if !conversation.add_generation_prompt {
+            text.truncate(text.len() - GENERATION_PROMPT.len());
+        }
+        Ok(text)
+    }
+
+    fn tool_grammar(&self, tools: &Tools) -> Option<GrammarSpec> {
+        tool_grammar(tools)
+    }
+
+    fn answer_grammar(&self, spec: GrammarSpec) -> Result<GrammarSpec, String> {
+        final_grammar(&spec)
+    }
+
+    fn reading(&self, tools: Option<&Tools>) -> Result<Option<Reading>, ApiError> {
+        let calls = tools.is_some_and(|t| t.choice != ToolChoice::None);
+        Ok(Some(Reading::new(move || {
+            Box::new(HarmonyReader::new(calls))
+        })))
+    }
+
+    fn reasoning_split(&self) -> ReasoningSplit {
+        ReasoningSplit::Channels
+    }
+
+    /// The reader finds the format's markers in the text.
+    fn reads_markers(&self) -> bool {
+        true
     }
 }
+
+/// What opens the assistant's turn at the end of a prompt.
+const GENERATION_PROMPT: &str = "<|start|>assistant";
 
 /// The model identity and knowledge cutoff of gpt-oss's system message (its chat
 /// template's defaults).
@@ -59,7 +96,7 @@ const KNOWLEDGE_CUTOFF: &str = "2024-06";
 /// (a turn still going on through tool calls), as the format drops finished turns'
 /// thinking; tool calls render to `functions.NAME` in the commentary channel, tool results
 /// as messages from `functions.NAME`.
-pub fn render(
+fn render(
     messages: &[ChatMessage],
     tools: Option<&Tools>,
     effort: ReasoningEffort,
@@ -162,7 +199,7 @@ pub fn render(
             }
         }
     }
-    out.push_str("<|start|>assistant");
+    out.push_str(GENERATION_PROMPT);
     Ok(out)
 }
 
@@ -309,7 +346,7 @@ fn python_json(value: &Value) -> String {
 /// The grammar of a `required` or named tool choice in harmony: one call, in the
 /// commentary channel to `functions.NAME`, its arguments JSON of the tool's schema
 /// (`<|call|>` then ends the answer as an end-of-turn token).
-pub fn tool_grammar(tools: &Tools) -> Option<GrammarSpec> {
+fn tool_grammar(tools: &Tools) -> Option<GrammarSpec> {
     let chosen: Vec<_> = match &tools.choice {
         ToolChoice::None | ToolChoice::Auto => return None,
         ToolChoice::Required => tools.tools.iter().collect(),
@@ -337,7 +374,7 @@ pub fn tool_grammar(tools: &Tools) -> Option<GrammarSpec> {
 /// its message follows the grammar. JSON (an object, or a schema) and a choice of strings
 /// are wrapped; a regular expression or a Lark grammar is refused (its own `start` rule and
 /// regex dialect are not rewritten), naming what is not supported.
-pub fn final_grammar(spec: &GrammarSpec) -> Result<GrammarSpec, String> {
+fn final_grammar(spec: &GrammarSpec) -> Result<GrammarSpec, String> {
     let body = match spec {
         GrammarSpec::JsonObject => format!("%json {}", compact(serde_json::json!({"type": "object"}))),
         GrammarSpec::JsonSchema(schema) => format!("%json {}", compact(schema.clone())),
@@ -391,7 +428,7 @@ enum Body {
 /// (`final`, commentary to the user) as answer text. Headers are read whole at
 /// `<|message|>`; text that may be the start of a marker is held back until it is not.
 #[derive(Debug)]
-pub struct HarmonyReader {
+struct HarmonyReader {
     calls: bool,
     place: Place,
     pending: String,
@@ -399,61 +436,13 @@ pub struct HarmonyReader {
 }
 
 impl HarmonyReader {
-    pub fn new(calls: bool) -> HarmonyReader {
+    fn new(calls: bool) -> HarmonyReader {
         HarmonyReader {
             calls,
             place: Place::Header(String::new()),
             pending: String::new(),
             made: 0,
         }
-    }
-
-    /// Whether any call was read.
-    pub fn called(&self) -> bool {
-        self.made > 0
-    }
-
-    /// Reads more of the stream.
-    pub fn push(&mut self, text: &str) -> Vec<CallEvent> {
-        self.pending.push_str(text);
-        let mut events = Vec::new();
-        loop {
-            let next = MARKERS
-                .iter()
-                .filter_map(|m| self.pending.find(m).map(|at| (at, *m)))
-                .min();
-            match next {
-                Some((at, marker)) => {
-                    let before: String = self.pending.drain(..at + marker.len()).collect();
-                    self.text(&before[..at], &mut events);
-                    self.marker(marker, &mut events);
-                }
-                None => {
-                    // Hold back a tail that could begin a marker.
-                    let keep = self
-                        .pending
-                        .rfind('<')
-                        .filter(|&at| {
-                            let tail = &self.pending[at..];
-                            MARKERS.iter().any(|m| m.starts_with(tail))
-                        })
-                        .map_or(0, |at| self.pending.len() - at);
-                    let cut = self.pending.len() - keep;
-                    let text: String = self.pending.drain(..cut).collect();
-                    self.text(&text, &mut events);
-                    return events;
-                }
-            }
-        }
-    }
-
-    /// The stream ended (a stop token, the length limit, or a cut): what is held is read as
-    /// it stands; an unfinished header is dropped, an unfinished body keeps what arrived.
-    pub fn finish(&mut self) -> Vec<CallEvent> {
-        let rest = std::mem::take(&mut self.pending);
-        let mut events = Vec::new();
-        self.text(&rest, &mut events);
-        events
     }
 
     fn text(&mut self, text: &str, events: &mut Vec<CallEvent>) {
@@ -526,6 +515,56 @@ impl HarmonyReader {
             ("analysis", _) => Body::Reasoning,
             _ => Body::Answer,
         }
+    }
+}
+
+impl AnswerReader for HarmonyReader {
+    /// Whether any call was read.
+    fn called(&self) -> bool {
+        self.made > 0
+    }
+
+    /// Reads more of the stream.
+    fn push(&mut self, text: &str) -> Vec<CallEvent> {
+        self.pending.push_str(text);
+        let mut events = Vec::new();
+        loop {
+            let next = MARKERS
+                .iter()
+                .filter_map(|m| self.pending.find(m).map(|at| (at, *m)))
+                .min();
+            match next {
+                Some((at, marker)) => {
+                    let before: String = self.pending.drain(..at + marker.len()).collect();
+                    self.text(&before[..at], &mut events);
+                    self.marker(marker, &mut events);
+                }
+                None => {
+                    // Hold back a tail that could begin a marker.
+                    let keep = self
+                        .pending
+                        .rfind('<')
+                        .filter(|&at| {
+                            let tail = &self.pending[at..];
+                            MARKERS.iter().any(|m| m.starts_with(tail))
+                        })
+                        .map_or(0, |at| self.pending.len() - at);
+                    let cut = self.pending.len() - keep;
+                    let text: String = self.pending.drain(..cut).collect();
+                    self.text(&text, &mut events);
+                    return events;
+                }
+            }
+        }
+    }
+
+    /// The stream ended (a stop token, the length limit, or a cut): what is held is read as
+    /// it stands; an unfinished header is dropped, an unfinished body keeps what arrived.
+    fn finish(&mut self) -> Vec<CallEvent> {
+        let rest = std::mem::take(&mut self.pending);
+        let mut events = Vec::new();
+        self.text(&rest, &mut events);
+        events
     }
 }
 

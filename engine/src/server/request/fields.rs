@@ -1,7 +1,7 @@
-//! The request bodies of the routes as typed structs, read by [`super::typed_body::Body`]:
+//! The request bodies of the routes as typed structs, read by [`super::body::Body`]:
 //! a field is accepted exactly when a struct here has it. A field whose JSON shape is one of
 //! several (`prompt`, `stop`, a message's `content`, `tools`) is a [`Value`] read by its own
-//! function in `validate`; every other field has its type here.
+//! function in its route's module; every other field has its type here.
 
 use serde::Deserialize;
 use serde_json::{Map, Number, Value};
