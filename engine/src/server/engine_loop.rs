@@ -5,7 +5,7 @@
 //! merged into a pending one and sent at a later step, and when a channel is closed
 //! (the client went away) the request's sequences are aborted before the next step.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,8 +101,9 @@ pub struct EngineLoop {
     commands: Receiver<Command>,
     metrics: Arc<Metrics>,
     max_waiting: usize,
-    /// Every choice the loop still owes output, by its sequence.
-    slots: HashMap<SeqId, SeqSlot>,
+    /// Every choice the loop still owes output, by its sequence (ids rise with admission,
+    /// so a request's choices are sent in index order, as they were queued).
+    slots: BTreeMap<SeqId, SeqSlot>,
 }
 
 impl EngineLoop {
@@ -117,7 +118,7 @@ impl EngineLoop {
             commands,
             metrics,
             max_waiting,
-            slots: HashMap::new(),
+            slots: BTreeMap::new(),
         }
     }
 
@@ -536,7 +537,7 @@ mod tests {
     }
 
     /// A step that fails as a whole ends the requests it was running (their channels close
-    /// without a finish, which the routes turn into a 500), and the loop serves the next one.
+    /// without a finish, which the handlers turn into a 500), and the loop serves the next one.
     #[test]
     fn a_failed_step_ends_its_requests_and_the_loop_serves_the_next() {
         let (commands, thread, metrics, limits) = start_loop(1);

@@ -114,11 +114,9 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         args.reasoning_parser,
         TemplatePrompt::of(&loaded.tokenizer, args.default_chat_template_kwargs.clone()),
     )?;
-    if format.reasoning_split() == ReasoningSplit::ThinkMarkers {
-        if let Some(parser) = args.reasoning_parser {
-            let markers = ThinkMarkers::resolve(parser, &loaded.tokenizer)?;
-            loaded.engine.set_think_markers(markers);
-        }
+    if let ReasoningSplit::ThinkMarkers(parser) = format.reasoning_split() {
+        let markers = ThinkMarkers::resolve(parser, &loaded.tokenizer)?;
+        loaded.engine.set_think_markers(markers);
     }
     let grammar = GrammarCompiler::new(loaded.tokenizer.clone(), loaded.config.vocab_size)
         .map(Arc::new)

@@ -40,7 +40,8 @@ impl ChatFormat for Harmony {
             return Err(ApiError::invalid(
                 "chat_template_kwargs",
                 "this model's prompts are rendered in harmony, not by a chat template: \
-                 `chat_template_kwargs` has nothing to reach (`reasoning_effort` sets its effort)",
+                 `chat_template_kwargs` has nothing to reach (a chat request's `reasoning_effort` sets \
+                 its effort)",
             ));
         }
         let effort = match conversation.reasoning_effort {

@@ -11,6 +11,7 @@ use super::{
     Reading, ReasoningSplit,
 };
 use crate::grammar::GrammarSpec;
+use crate::reasoning::ReasoningParser;
 use crate::server::error::ApiError;
 use crate::server::tools::Tools;
 use crate::tokenizer::Tokenizer;
@@ -19,8 +20,8 @@ use crate::tokenizer::Tokenizer;
 #[derive(Debug)]
 pub struct Hermes {
     pub template: TemplatePrompt,
-    /// `--reasoning-parser` splits the answers at the think markers.
-    pub think: bool,
+    /// `--reasoning-parser`: the answers are split at its think markers.
+    pub think: Option<ReasoningParser>,
 }
 
 impl ChatFormat for Hermes {

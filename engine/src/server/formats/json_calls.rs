@@ -266,7 +266,7 @@ mod tests {
         // Without a tool-call parser, the array the grammar enforces is read as the calls.
         let plain = Template {
             template: TemplatePrompt::default(),
-            think: false,
+            think: None,
         };
         let reading = plain.reading(Some(&tools)).unwrap().unwrap();
         assert_eq!(

@@ -10,6 +10,7 @@ use super::{
     Reading, ReasoningSplit,
 };
 use crate::grammar::GrammarSpec;
+use crate::reasoning::ReasoningParser;
 use crate::server::error::ApiError;
 use crate::server::tools::Tools;
 use crate::tokenizer::Tokenizer;
@@ -18,8 +19,8 @@ use crate::tokenizer::Tokenizer;
 #[derive(Debug)]
 pub struct Llama3Json {
     pub template: TemplatePrompt,
-    /// `--reasoning-parser` splits the answers at the think markers.
-    pub think: bool,
+    /// `--reasoning-parser`: the answers are split at its think markers.
+    pub think: Option<ReasoningParser>,
 }
 
 impl ChatFormat for Llama3Json {

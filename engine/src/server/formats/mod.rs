@@ -39,8 +39,8 @@ pub enum ToolCallParser {
 pub enum ReasoningSplit {
     /// All answer.
     None,
-    /// The engine splits at the think markers, by token id (`--reasoning-parser`).
-    ThinkMarkers,
+    /// The engine splits at this parser's think markers, by token id (`--reasoning-parser`).
+    ThinkMarkers(ReasoningParser),
     /// The format's answer reader splits its channels from the text.
     Channels,
 }
@@ -149,20 +149,21 @@ pub fn for_model(
             _ => {}
         }
     }
-    if harmony {
-        if !template.default_kwargs.is_empty() {
-            anyhow::bail!(
-                "--default-chat-template-kwargs: this model's prompts are rendered in harmony, \
-                 not by a chat template"
-            );
+    let think = reasoning_parser;
+    Ok(match (harmony, tool_call_parser) {
+        (true, _) if !template.default_kwargs.is_empty() => anyhow::bail!(
+            "--default-chat-template-kwargs: this model's prompts are rendered in harmony, \
+             not by a chat template"
+        ),
+        (true, _) => Arc::new(harmony::Harmony),
+        (false, Some(ToolCallParser::Hermes)) => Arc::new(hermes::Hermes { template, think }),
+        (false, Some(ToolCallParser::Llama3Json)) => {
+            Arc::new(llama3_json::Llama3Json { template, think })
         }
-        return Ok(Arc::new(harmony::Harmony));
-    }
-    let think = reasoning_parser.is_some();
-    Ok(match tool_call_parser {
-        Some(ToolCallParser::Hermes) => Arc::new(hermes::Hermes { template, think }),
-        Some(ToolCallParser::Llama3Json) => Arc::new(llama3_json::Llama3Json { template, think }),
-        Some(ToolCallParser::Harmony) | None => Arc::new(template::Template { template, think }),
+        (false, None) => Arc::new(template::Template { template, think }),
+        (false, Some(ToolCallParser::Harmony)) => anyhow::bail!(
+            "--tool-call-parser harmony: this model does not write harmony (only gpt-oss does)"
+        ),
     })
 }
 

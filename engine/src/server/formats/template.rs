@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 
 use super::{json_calls, ChatFormat, Conversation, Reading, ReasoningEffort, ReasoningSplit};
 use crate::grammar::GrammarSpec;
+use crate::reasoning::ReasoningParser;
 use crate::server::error::ApiError;
 use crate::server::tools::{ToolChoice, Tools};
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -128,12 +129,8 @@ pub fn reading(
 }
 
 /// The reasoning split of a template model: at the think markers with `--reasoning-parser`.
-pub fn split(think: bool) -> ReasoningSplit {
-    if think {
-        ReasoningSplit::ThinkMarkers
-    } else {
-        ReasoningSplit::None
-    }
+pub fn split(think: Option<ReasoningParser>) -> ReasoningSplit {
+    think.map_or(ReasoningSplit::None, ReasoningSplit::ThinkMarkers)
 }
 
 /// A template model served without `--tool-call-parser`: `required` and named tool choices
@@ -141,8 +138,8 @@ pub fn split(think: bool) -> ReasoningSplit {
 #[derive(Debug)]
 pub struct Template {
     pub template: TemplatePrompt,
-    /// `--reasoning-parser` splits the answers at the think markers.
-    pub think: bool,
+    /// `--reasoning-parser`: the answers are split at its think markers.
+    pub think: Option<ReasoningParser>,
 }
 
 impl ChatFormat for Template {

@@ -63,6 +63,8 @@ pub fn chat_request(
         own.parallel_tool_calls,
     )?;
     let format = &info.format;
+    let constraint = request_constraint(&constraint_fields)?;
+    let reading = format.reading(tools.as_ref())?;
     let text = format.render(
         Conversation {
             messages: &messages,
@@ -87,7 +89,7 @@ pub fn chat_request(
         }
         params.skip_special_tokens = false;
     }
-    let mut constraint = request_constraint(&constraint_fields)?
+    let mut constraint = constraint
         .map(|c| {
             let spec = format
                 .answer_grammar(c.spec)
@@ -98,8 +100,7 @@ pub fn chat_request(
     if let Some(spec) = tools.as_ref().and_then(|t| format.tool_grammar(t)) {
         constraint = Some(with_tool_choice(spec, constraint.as_ref())?);
     }
-    let reading = format.reading(tools.as_ref())?;
-    params.split_reasoning = format.reasoning_split() == ReasoningSplit::ThinkMarkers;
+    params.split_reasoning = matches!(format.reasoning_split(), ReasoningSplit::ThinkMarkers(_));
     Ok(chat_job(
         model,
         vec![prompt],

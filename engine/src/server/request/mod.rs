@@ -241,17 +241,13 @@ mod tests {
             limits: RequestLimits::new(100, 10, 16, 16),
             format: Arc::new(Template {
                 template: TemplatePrompt::default(),
-                think: false,
+                think: None,
             }),
         };
         assert_eq!(room_after(&[vec![1; 6], vec![1; 2]], &info), 4);
         assert_eq!(room_after(&[vec![1; 12]], &info), 0);
     }
 
-    /// The engine's limits, checked before a request is queued, refuse a chat request by
-    /// the fields the client sent: its prompt as `messages`, its logprobs count as
-    /// `top_logprobs`, its length limit as `max_completion_tokens` (with OpenAI's
-    /// `context_length_exceeded`).
     /// The engine's limits, checked before a request is queued, refuse a chat request by
     /// the fields the client sent: its prompt as `messages`, its logprobs count as
     /// `top_logprobs`, its length limit as `max_completion_tokens` (with OpenAI's

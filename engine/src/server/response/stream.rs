@@ -102,7 +102,7 @@ struct StreamState {
     request: GenerateRequest,
     events: mpsc::Receiver<SeqOutput>,
     text_lens: Vec<usize>,
-    /// Each choice's tool-call or harmony reader (empty without either).
+    /// Each choice's answer reader (its chat format's) (empty without either).
     readers: Vec<Box<dyn AnswerReader>>,
     /// Each choice's latest counts (its text is not kept).
     counts: Vec<SeqOutput>,

@@ -406,7 +406,7 @@ fn whole_calls(
     (content, calls)
 }
 
-pub fn to_json<T: serde::Serialize>(value: &T) -> String {
+fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|e| {
         ApiError::internal(format!("cannot encode a response: {e}"))
             .body()
