@@ -178,7 +178,7 @@ fn main() -> anyhow::Result<()> {
     let cpu = CpuOptions {
         threads,
         f32_weights_as_f16: true,
-        quantized: QuantizedWeights::Fastest,
+        quantized: QuantizedWeights::Auto,
         kv_cache_dtype: KvCacheDtype::F16,
     };
     let n_threads = match threads {
@@ -312,7 +312,7 @@ fn op_bench() -> anyhow::Result<()> {
     let b = CpuBackend::new(&CpuOptions {
         threads,
         f32_weights_as_f16: true,
-        quantized: QuantizedWeights::Fastest,
+        quantized: QuantizedWeights::Auto,
         kv_cache_dtype: KvCacheDtype::F16,
     })?;
     for &(m, n, k) in &[

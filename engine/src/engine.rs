@@ -198,6 +198,8 @@ pub struct StepBreakdown {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationOutput {
     pub token_ids: Vec<u32>,
+    /// Each generated token's log-probability, when the parameters ask for logprobs.
+    pub logprobs: Vec<f32>,
     pub text: String,
     pub finish: FinishReason,
     pub num_cached_prompt_tokens: usize,
@@ -622,19 +624,22 @@ impl LlmEngine {
         }
         let index: HashMap<SeqId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
         let mut outputs: Vec<Option<GenerationOutput>> = vec![None; ids.len()];
-        let mut partial: Vec<(Vec<u32>, String)> = vec![(Vec::new(), String::new()); ids.len()];
+        let mut partial: Vec<(Vec<u32>, Vec<f32>, String)> =
+            vec![(Vec::new(), Vec::new(), String::new()); ids.len()];
         let mut remaining = ids.len();
         while remaining > 0 {
             for update in self.step()? {
                 let Some(&i) = index.get(&update.id) else {
                     continue;
                 };
-                let (tokens, text) = &mut partial[i];
+                let (tokens, logprobs, text) = &mut partial[i];
                 tokens.extend(update.token);
+                logprobs.extend(update.logprob.map(|l| l.logprob));
                 text.push_str(&update.text);
                 if let Some(finish) = update.finish {
                     outputs[i] = Some(GenerationOutput {
                         token_ids: std::mem::take(tokens),
+                        logprobs: std::mem::take(logprobs),
                         text: std::mem::take(text),
                         finish,
                         num_cached_prompt_tokens: update.num_cached_prompt_tokens,

@@ -34,12 +34,13 @@ pub struct DeviceArgs {
     /// CUDA: run every decode step eagerly, without CUDA graphs.
     #[arg(long)]
     pub enforce_eager: bool,
-    /// CPU: how GGUF's quantised weights are multiplied. `fastest` measures, per weight
-    /// shape at load, integer kernels on the blocks (activations rounded to 8 bits per
-    /// block, llama.cpp's arithmetic) against f16 kernels on a dequantised copy; `integer`
-    /// and `dequantize` force one (`dequantize` reproduces transformers' f32 logits on the
-    /// dequantised weights, at a third of the decode speed).
-    #[arg(long, value_enum, default_value_t = QuantizedWeights::Fastest)]
+    /// CPU: how GGUF's quantised weights are multiplied. `auto` (or `fastest`): integer
+    /// kernels on the blocks (activations rounded to 8 bits per block, llama.cpp's
+    /// arithmetic) wherever the CPU has integer SIMD kernels (AVX2 or AVX-512 VNNI), else f16
+    /// kernels on a dequantised copy, by that rule, so every process computes the same
+    /// logits; `integer` and `dequantize` force one (`dequantize` reproduces transformers'
+    /// f32 logits on the dequantised weights, at a third of the decode speed).
+    #[arg(long, value_enum, default_value_t = QuantizedWeights::Auto)]
     pub quantized_weights: QuantizedWeights,
     /// CPU: what the KV cache stores: `f16` (the default, as llama.cpp's cache: twice the
     /// tokens per --kv-cache-memory and half the bytes a long context's decode reads) or

@@ -62,6 +62,10 @@ struct GenerateArgs {
     seed: Option<u64>,
     #[arg(long)]
     ignore_eos: bool,
+    /// Print each prompt's answer as one JSON line instead of its text: `text`, `token_ids`
+    /// and each token's `logprobs` (as `/v1/completions` reports them).
+    #[arg(long)]
+    logprobs: bool,
 }
 
 #[derive(Args)]
@@ -135,6 +139,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         top_k: args.top_k,
         seed: args.seed,
         ignore_eos: args.ignore_eos,
+        logprobs: args.logprobs.then_some(0),
         ..SamplingParams::default()
     };
     let num_prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
@@ -144,6 +149,17 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let num_generated: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
     for (i, output) in outputs.iter().enumerate() {
         tracing::debug!(prompt = i, tokens = ?output.token_ids, "generated");
+        if args.logprobs {
+            let line = serde_json::json!({
+                "prompt": i,
+                "text": output.text,
+                "token_ids": output.token_ids,
+                "logprobs": output.logprobs,
+                "finish": output.finish,
+            });
+            println!("{line}");
+            continue;
+        }
         if outputs.len() > 1 {
             println!("### prompt {i} (finish: {:?})", output.finish);
         }

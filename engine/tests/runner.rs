@@ -145,7 +145,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
             threads: 1,
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
-            quantized_weights: QuantizedWeights::Fastest,
+            quantized_weights: QuantizedWeights::Auto,
             kv_cache_dtype: None,
             prefill_attention: None,
             decode_attention: None,

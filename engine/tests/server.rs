@@ -13,7 +13,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use common::server::{chunks, post, post_stream, run_openai_script, sse_payloads, Server};
-use common::{golden_dir_with, smollm2_gguf};
+use common::{gemma3_gguf, golden_dir_with, smollm2_gguf};
 
 /// The tiny random Llama most tests serve.
 fn tiny_model() -> PathBuf {
@@ -598,6 +598,31 @@ async fn tokenize_detokenize_and_template_variables() {
     .await;
     let (_, d) = post(&client, &detokenize, &json!({"tokens": t["tokens"]})).await;
     assert_eq!(d["prompt"], "<|im_start|>user\nHello there<|im_end|>\n");
+    // A conversation with a tool call renders as a chat request renders it: this template
+    // reads no `tools`, so the call and its result become Hermes turns in both.
+    let history = json!([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]);
+    let (_, t) = post(&client, &tokenize, &json!({"messages": history})).await;
+    let (_, d) = post(&client, &detokenize, &json!({"tokens": t["tokens"]})).await;
+    assert_eq!(
+        d["prompt"],
+        "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n\
+         {\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call><|im_end|>\n\
+         <|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n\
+         <|im_start|>assistant\n[terse]"
+    );
+    let (status, c) = post(
+        &client,
+        &server.url("/v1/chat/completions"),
+        &json!({"messages": history, "max_tokens": 1, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["usage"]["prompt_tokens"], t["count"]);
     // Bad input names its field.
     for (url, body, param) in [
         (&tokenize, json!({}), "prompt"),
@@ -1303,7 +1328,7 @@ impl ReasoningFixture {
                 threads: 1,
                 gpu_memory_utilization: 0.9,
                 enforce_eager: false,
-                quantized_weights: QuantizedWeights::Fastest,
+                quantized_weights: QuantizedWeights::Auto,
                 kv_cache_dtype: None,
                 prefill_attention: None,
                 decode_attention: None,
@@ -1563,4 +1588,56 @@ print(json.dumps(out))
         SCRIPT,
         &[base_url, &messages.to_string(), &MAX_TOKENS.to_string()],
     )
+}
+
+/// The default CPU path follows a rule, not a timing race at load: `engine generate` and
+/// `engine serve`, two processes given the same flags, answer a prompt with the same greedy
+/// tokens and the same log-probabilities, on the default model and on Gemma 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_and_serve_give_the_same_greedy_answer() {
+    let prompt = "import numpy as np\n\ndef mean_squared_error(";
+    let client = reqwest::Client::new();
+    for model in [smollm2_gguf(), gemma3_gguf()] {
+        let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+            .arg("generate")
+            .arg("--model")
+            .arg(&model)
+            .args(["--prompt", prompt, "--max-tokens", "8", "--ignore-eos"])
+            .args(["--logprobs", "--threads", "1", "--kv-cache-memory", "64MiB"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let generated: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(generated["token_ids"].as_array().unwrap().len(), 8);
+        let mut server = Server::start(&model, &[]);
+        server.wait_ready().await;
+        let (status, c) = post(
+            &client,
+            &server.url("/v1/completions"),
+            &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+                    "logprobs": 0}),
+        )
+        .await;
+        assert_eq!(status, 200, "{c}");
+        let choice = &c["choices"][0];
+        assert_eq!(choice["text"], generated["text"], "{}", model.display());
+        // Both report f32 values (in JSON's shortest forms of an f32 and of an f64).
+        let f32s = |v: &Value| -> Vec<f32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        };
+        assert_eq!(
+            f32s(&choice["logprobs"]["token_logprobs"]),
+            f32s(&generated["logprobs"]),
+            "{}",
+            model.display()
+        );
+    }
 }

@@ -3,8 +3,9 @@
 //!
 //! GGUF's quantised weights stay quantised and are multiplied with integer dot products
 //! on activations quantised per block (`quant`), so decode, which is bandwidth-bound,
-//! reads 0.58 bytes per Q4_K weight (0.625 per Q4_0); by default each weight shape takes
-//! whichever of that and an f16 copy measures faster at load ([`QuantizedWeights`]).
+//! reads 0.58 bytes per Q4_K weight (0.625 per Q4_0); by default wherever the CPU has
+//! integer SIMD kernels, by a fixed rule so that every process computes the same numbers
+//! ([`QuantizedWeights`]).
 //! Linear weights that arrive as f32 can be stored as f16
 //! ([`CpuOptions::f32_weights_as_f16`]); unquantised f32 checkpoints keep full precision
 //! by default.
@@ -13,14 +14,10 @@ mod attention;
 pub mod compute_rate;
 mod matmul;
 mod ops;
-mod path_choice;
 mod quant;
 mod quant_layout;
 mod quant_simd;
 mod simd;
-
-use std::collections::HashMap;
-use std::sync::Mutex;
 
 use anyhow::{ensure, Context};
 use half::{f16, slice::HalfFloatSliceExt};
@@ -52,17 +49,16 @@ pub struct CpuOptions {
 /// What the CPU backend does with quantised weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QuantizedWeights {
-    /// Per weight shape, the faster of the integer kernels and f16 kernels on a
-    /// dequantised copy, measured at load (`path_choice`) and logged.
-    Fastest,
+    /// The integer kernels where the CPU has integer SIMD kernels (AVX2 or AVX-512 VNNI),
+    /// else f16 kernels on a dequantised copy: a rule, never a timing race at load, so two
+    /// processes given the same flags compute the same logits.
+    #[value(alias = "fastest")]
+    Auto,
     /// The integer kernels on the blocks (`quant`).
     Integer,
     /// Dequantised at load to f32 (then f16 when `f32_weights_as_f16`).
     Dequantize,
 }
-
-/// A quantised weight's parts (type, rows) and its columns: what a path choice is made for.
-type WeightShape = (Vec<(QuantType, usize)>, usize);
 
 /// The CPU implementation of [`Backend`].
 pub struct CpuBackend {
@@ -70,8 +66,6 @@ pub struct CpuBackend {
     f32_weights_as_f16: bool,
     quantized: QuantizedWeights,
     kv_cache_dtype: KvCacheDtype,
-    /// Per (parts' types, rows, cols): whether the integer path won the measurement.
-    path_choices: Mutex<HashMap<WeightShape, bool>>,
 }
 
 impl CpuBackend {
@@ -88,16 +82,27 @@ impl CpuBackend {
             .thread_name(|i| format!("cpu-backend-{i}"))
             .build()
             .context("creating the CPU backend's thread pool")?;
-        tracing::info!(
-            "CPU backend: {threads} threads; quantised weights multiplied with {} integer kernels",
-            quant_simd::Isa::detect().name()
-        );
+        let quantized = match opts.quantized {
+            QuantizedWeights::Auto if quant_simd::Isa::detect() == quant_simd::Isa::Scalar => {
+                QuantizedWeights::Dequantize
+            }
+            QuantizedWeights::Auto => QuantizedWeights::Integer,
+            forced => forced,
+        };
+        match quantized {
+            QuantizedWeights::Dequantize => tracing::info!(
+                "CPU backend: {threads} threads; quantised weights dequantised at load"
+            ),
+            _ => tracing::info!(
+                "CPU backend: {threads} threads; quantised weights multiplied with {} integer kernels",
+                quant_simd::Isa::detect().name()
+            ),
+        }
         Ok(Self {
             pool,
             f32_weights_as_f16: opts.f32_weights_as_f16,
-            quantized: opts.quantized,
+            quantized,
             kv_cache_dtype: opts.kv_cache_dtype,
-            path_choices: Mutex::new(HashMap::new()),
         })
     }
 
@@ -140,66 +145,7 @@ impl CpuBackend {
             "weight `{name}`: its parts hold {} rows, its shape {rows}",
             quant.rows
         );
-        Ok(if self.quantized == QuantizedWeights::Integer {
-            WeightData::Quant(quant)
-        } else {
-            let shape = with_rows
-                .iter()
-                .map(|&(kind, rows, _)| (kind, rows))
-                .collect();
-            self.fastest(name, shape, quant, dequantized)
-        })
-    }
-
-    /// A quantised weight (`parts` its parts' types and rows) on the path that measured faster for
-    /// its shape (measured once per shape).
-    fn fastest(
-        &self,
-        name: &str,
-        parts: Vec<(QuantType, usize)>,
-        quant: QuantMatrix,
-        dequantized: impl FnOnce() -> Vec<f32>,
-    ) -> WeightData {
-        let (rows, cols) = (quant.rows, quant.cols);
-        let weight = |data| CpuWeight { rows, cols, data };
-        let key = (parts, cols);
-        let known = self
-            .path_choices
-            .lock()
-            .expect("path choices")
-            .get(&key)
-            .copied();
-        if let Some(integer) = known {
-            return if integer {
-                WeightData::Quant(quant)
-            } else {
-                f16_data(&dequantized())
-            };
-        }
-        let (quant, f16) = (
-            weight(WeightData::Quant(quant)),
-            weight(f16_data(&dequantized())),
-        );
-        let t = self
-            .pool
-            .install(|| path_choice::measure(&quant, &f16, self.threads()));
-        let integer = t.integer_wins();
-        tracing::info!(
-            "{:?} weights of shape {rows}x{cols} (first: `{name}`): integer kernels {:.1} µs per token, f16 {:.1} µs: {} path",
-            key.0,
-            t.integer * 1e6,
-            t.f16 * 1e6,
-            if integer { "integer" } else { "f16" }
-        );
-        self.path_choices
-            .lock()
-            .expect("path choices")
-            .insert(key, integer);
-        if integer {
-            quant.data
-        } else {
-            f16.data
-        }
+        Ok(WeightData::Quant(quant))
     }
 
     /// An f32 weight as stored: f16 when asked, else f32.
@@ -849,34 +795,24 @@ mod tests {
             .unwrap();
         assert!(matches!(w.data, WeightData::F16(_)));
 
-        // Fastest measures a shape once and keeps one of the two for every weight of it.
-        let fastest = backend(QuantizedWeights::Fastest);
-        let a = fastest.upload_weight("a", q4_1_tensor(48, 64, 2)).unwrap();
-        let b = fastest.upload_weight("b", q4_1_tensor(48, 64, 3)).unwrap();
-        let c = fastest.upload_weight("c", q4_1_tensor(16, 64, 4)).unwrap();
-        let choices = fastest.path_choices.lock().unwrap().clone();
-        assert_eq!(choices.len(), 2, "{choices:?}");
-        let integer_48 = choices[&(vec![(QuantType::Q4_1, 48)], 64)];
-        for w in [&a, &b] {
-            assert_eq!(matches!(w.data, WeightData::Quant(_)), integer_48);
-            assert_eq!(matches!(w.data, WeightData::F16(_)), !integer_48);
-        }
-        assert_eq!(
-            matches!(c.data, WeightData::Quant(_)),
-            choices[&(vec![(QuantType::Q4_1, 16)], 64)]
-        );
+        // Auto follows a rule, the same in every process: the integer kernels wherever
+        // the CPU has integer SIMD kernels, else the dequantised copy.
+        let auto = backend(QuantizedWeights::Auto);
+        let a = auto.upload_weight("a", q4_1_tensor(48, 64, 2)).unwrap();
+        let simd = quant_simd::Isa::detect() != quant_simd::Isa::Scalar;
+        assert_eq!(matches!(a.data, WeightData::Quant(_)), simd);
+        assert_eq!(matches!(a.data, WeightData::F16(_)), !simd);
         // Either way the product is the dequantised one, within the activations' rounding.
         let want = q4_1_tensor(48, 64, 2).data.to_f32();
         let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut out = CpuAct::default();
-        fastest
-            .matmul(
-                &CpuAct::from_rows(1, 64, x.clone()).unwrap(),
-                &a,
-                None,
-                &mut out,
-            )
-            .unwrap();
+        auto.matmul(
+            &CpuAct::from_rows(1, 64, x.clone()).unwrap(),
+            &a,
+            None,
+            &mut out,
+        )
+        .unwrap();
         for (j, got) in out.data().iter().enumerate() {
             let exact: f32 = x.iter().zip(&want[j * 64..]).map(|(p, q)| p * q).sum();
             assert!((got - exact).abs() < 0.01, "row {j}: {got} vs {exact}");
@@ -892,7 +828,7 @@ mod tests {
         let b = CpuBackend::new(&CpuOptions {
             threads: 1,
             f32_weights_as_f16: true,
-            quantized: QuantizedWeights::Fastest,
+            quantized: QuantizedWeights::Auto,
             kv_cache_dtype: KvCacheDtype::F16,
         })
         .unwrap();
@@ -901,7 +837,7 @@ mod tests {
         let b = CpuBackend::new(&CpuOptions {
             threads: 1,
             f32_weights_as_f16: false,
-            quantized: QuantizedWeights::Fastest,
+            quantized: QuantizedWeights::Auto,
             kv_cache_dtype: KvCacheDtype::F16,
         })
         .unwrap();
