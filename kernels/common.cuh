@@ -1,5 +1,5 @@
 // Shared helpers for every kernel file. The backend compiles
-// common.cuh + elementwise.cu + attention.cu + sampling.cu as one NVRTC program,
+// every file of `SOURCES` (engine/src/backend/cuda/kernels.rs), in its order, as one NVRTC program,
 // so no header lookup is needed at run time.
 //
 // bf16 values are carried as raw `unsigned short` bit patterns: this keeps the

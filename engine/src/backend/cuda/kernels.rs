@@ -17,7 +17,7 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use cudarc::nvrtc::Ptx;
 
 /// The kernel sources, in program order, with their file names.
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 7] = [
     (
         "kernels/common.cuh",
         include_str!("../../../../kernels/common.cuh"),
@@ -27,8 +27,16 @@ pub const SOURCES: [(&str, &str); 5] = [
         include_str!("../../../../kernels/elementwise.cu"),
     ),
     (
-        "kernels/attention.cu",
-        include_str!("../../../../kernels/attention.cu"),
+        "kernels/attention_decode.cu",
+        include_str!("../../../../kernels/attention_decode.cu"),
+    ),
+    (
+        "kernels/attention_prefill.cu",
+        include_str!("../../../../kernels/attention_prefill.cu"),
+    ),
+    (
+        "kernels/attention_mma.cu",
+        include_str!("../../../../kernels/attention_mma.cu"),
     ),
     (
         "kernels/sampling.cu",
@@ -50,7 +58,7 @@ pub const PREFILL_PAIRS: [usize; 4] = [4, 8, 16, 32];
 /// Head dims the tensor-core prefill kernel is instantiated for
 /// (`prefill_attention_fa_d*_h*`), each with one or two query heads a block.
 pub const PREFILL_FA_DIMS: [usize; 4] = [16, 32, 64, 128];
-/// Query rows and key rows per prefill tile (`PF_BQ`, `PF_BK` in attention.cu).
+/// Query rows and key rows per prefill tile (`PF_BQ`, `PF_BK` in attention_prefill.cu).
 pub const PREFILL_TILE: usize = 32;
 /// Threads per prefill block (`PF_THREADS`).
 pub const PREFILL_THREADS: u32 = 128;
@@ -168,7 +176,7 @@ pub fn prefill_smem_bytes(head_dim: usize) -> usize {
     3 * PREFILL_TILE * (head_dim + 2) * 2 + PREFILL_TILE * (PREFILL_TILE + 1) * 4
 }
 
-/// The sliding-window twin of an attention kernel (`kernels/attention.cu`): the same
+/// The sliding-window twin of an attention kernel (`kernels/attention*.cu`): the same
 /// arguments and two last ones, the window (0: none) and the score soft-cap (0: none).
 pub fn sliding_twin(name: &str) -> String {
     format!("{name}_sliding")

@@ -5,58 +5,21 @@
 
 use serde_json::Value;
 
-use super::template::{self, TemplatePrompt};
-use super::{
-    call_of, json_calls, kept, whole_call, AnswerReader, CallEvent, ChatFormat, Conversation,
-    Reading, ReasoningSplit,
-};
-use crate::grammar::GrammarSpec;
-use crate::reasoning::ReasoningParser;
+use super::template::CallSyntax;
+use super::{call_of, kept, whole_call, AnswerReader, CallEvent, Reading};
 use crate::server::error::ApiError;
-use crate::server::tools::Tools;
-use crate::tokenizer::Tokenizer;
 
-/// A template model whose `auto` calls are read as Hermes calls (`--tool-call-parser hermes`).
+/// Hermes calls, the syntax of `--tool-call-parser hermes`.
 #[derive(Debug)]
-pub struct Hermes {
-    pub template: TemplatePrompt,
-    /// `--reasoning-parser`: the answers are split at its think markers.
-    pub think: Option<ReasoningParser>,
-}
+pub struct Hermes;
 
-impl ChatFormat for Hermes {
+impl CallSyntax for Hermes {
     fn name(&self) -> &'static str {
         "hermes"
     }
 
-    fn render(
-        &self,
-        conversation: Conversation<'_>,
-        tokenizer: &Tokenizer,
-    ) -> Result<String, ApiError> {
-        self.template.render(conversation, tokenizer)
-    }
-
-    fn tool_grammar(&self, tools: &Tools) -> Option<GrammarSpec> {
-        json_calls::grammar(tools)
-    }
-
-    fn answer_grammar(&self, spec: GrammarSpec) -> Result<GrammarSpec, String> {
-        Ok(spec)
-    }
-
-    fn reading(&self, tools: Option<&Tools>) -> Result<Option<Reading>, ApiError> {
-        template::reading(tools, |parallel| {
-            Ok(Reading::new(move || Box::new(HermesReader::new(parallel))))
-        })
-    }
-
-    fn reasoning_split(&self) -> ReasoningSplit {
-        template::split(self.think)
-    }
-
-    fn reads_markers(&self) -> bool {
-        false
+    fn auto_reading(&self, parallel: bool) -> Result<Reading, ApiError> {
+        Ok(Reading::new(move || Box::new(HermesReader::new(parallel))))
     }
 }
 

@@ -214,7 +214,7 @@ fn push_arguments(events: &mut Vec<CallEvent>, index: usize, delta: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::formats::template::{Template, TemplatePrompt};
+    use crate::server::formats::template::{NoParser, TemplateFormat, TemplatePrompt};
     use crate::server::formats::tests::{call, read};
     use crate::server::formats::ChatFormat;
     use crate::server::tools::parse_tools;
@@ -264,9 +264,10 @@ mod tests {
             .collect();
         assert_eq!(names, [&json!("f"), &json!("g")]);
         // Without a tool-call parser, the array the grammar enforces is read as the calls.
-        let plain = Template {
+        let plain = TemplateFormat {
             template: TemplatePrompt::default(),
             think: None,
+            calls: NoParser,
         };
         let reading = plain.reading(Some(&tools)).unwrap().unwrap();
         assert_eq!(

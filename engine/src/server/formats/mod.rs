@@ -19,6 +19,7 @@ use super::tools::Tools;
 use crate::grammar::GrammarSpec;
 use crate::reasoning::ReasoningParser;
 use crate::tokenizer::{ChatMessage, Tokenizer};
+use template::TemplateFormat;
 
 /// How a model writes tool calls in its own text (`--tool-call-parser`, vLLM's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -156,11 +157,21 @@ pub fn for_model(
              not by a chat template"
         ),
         (true, _) => Arc::new(harmony::Harmony),
-        (false, Some(ToolCallParser::Hermes)) => Arc::new(hermes::Hermes { template, think }),
-        (false, Some(ToolCallParser::Llama3Json)) => {
-            Arc::new(llama3_json::Llama3Json { template, think })
-        }
-        (false, None) => Arc::new(template::Template { template, think }),
+        (false, Some(ToolCallParser::Hermes)) => Arc::new(TemplateFormat {
+            template,
+            think,
+            calls: hermes::Hermes,
+        }),
+        (false, Some(ToolCallParser::Llama3Json)) => Arc::new(TemplateFormat {
+            template,
+            think,
+            calls: llama3_json::Llama3Json,
+        }),
+        (false, None) => Arc::new(TemplateFormat {
+            template,
+            think,
+            calls: template::NoParser,
+        }),
         (false, Some(ToolCallParser::Harmony)) => anyhow::bail!(
             "--tool-call-parser harmony: this model does not write harmony (only gpt-oss does)"
         ),

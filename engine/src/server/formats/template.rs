@@ -1,8 +1,9 @@
-//! Models whose prompt is rendered by their own chat template: what the template formats
-//! share ([`TemplatePrompt`]: template variables, the tools passed to the template or, for
+//! Models whose prompt is rendered by their own chat template: [`TemplateFormat`], the one
+//! format of every template model, over the [`CallSyntax`] its `auto` calls are written in
+//! (`hermes`, `llama3_json`, or [`NoParser`] without `--tool-call-parser`); the prompt
+//! ([`TemplatePrompt`]: template variables, the tools passed to the template or, for
 //! templates that do not read them, the Hermes prompt ([`hermes_messages`]) that lists the
-//! tools and the turns that carry earlier calls and results), how their answers are read ([`reading`]),
-//! and [`Template`], the format of a template model served without `--tool-call-parser`.
+//! tools and the turns that carry earlier calls and results).
 
 use serde_json::{json, Map, Value};
 
@@ -110,41 +111,28 @@ impl TemplatePrompt {
     }
 }
 
-/// How a template model's answers are read: `required` and a named function by the JSON
-/// their grammar enforces, `auto` by `auto` (the format's own syntax, given
-/// `parallel_tool_calls`), `none` and no tools as plain text.
-pub fn reading(
-    tools: Option<&Tools>,
-    auto: impl FnOnce(bool) -> Result<Reading, ApiError>,
-) -> Result<Option<Reading>, ApiError> {
-    let Some(tools) = tools else {
-        return Ok(None);
-    };
-    Ok(match &tools.choice {
-        ToolChoice::None => None,
-        ToolChoice::Required => Some(json_calls::array_reading()),
-        ToolChoice::Named(name) => Some(json_calls::arguments_reading(name.clone())),
-        ToolChoice::Auto => Some(auto(tools.parallel)?),
-    })
+/// How a template model writes the calls of `tool_choice: "auto"` (`--tool-call-parser`).
+pub trait CallSyntax: Send + Sync + std::fmt::Debug {
+    /// The syntax's name, as `--tool-call-parser` names it.
+    fn name(&self) -> &'static str;
+    /// The reading of `auto` answers, given `parallel_tool_calls`; an error where this
+    /// syntax cannot read them.
+    fn auto_reading(&self, parallel: bool) -> Result<Reading, ApiError>;
 }
 
-/// The reasoning split of a template model: at the think markers with `--reasoning-parser`.
-pub fn split(think: Option<ReasoningParser>) -> ReasoningSplit {
-    think.map_or(ReasoningSplit::None, ReasoningSplit::ThinkMarkers)
-}
-
-/// A template model served without `--tool-call-parser`: `required` and named tool choices
-/// work (a grammar enforces them), `auto` is refused.
+/// A template model's format: its chat template renders the prompt, `required` and named
+/// tool choices are the JSON their grammar enforces, `auto` calls are read by `calls`, and
+/// `--reasoning-parser` splits the answers at its think markers.
 #[derive(Debug)]
-pub struct Template {
+pub struct TemplateFormat<C: CallSyntax> {
     pub template: TemplatePrompt,
-    /// `--reasoning-parser`: the answers are split at its think markers.
     pub think: Option<ReasoningParser>,
+    pub calls: C,
 }
 
-impl ChatFormat for Template {
+impl<C: CallSyntax> ChatFormat for TemplateFormat<C> {
     fn name(&self) -> &'static str {
-        "template"
+        self.calls.name()
     }
 
     fn render(
@@ -164,21 +152,43 @@ impl ChatFormat for Template {
     }
 
     fn reading(&self, tools: Option<&Tools>) -> Result<Option<Reading>, ApiError> {
-        reading(tools, |_| {
-            Err(ApiError::invalid(
-                "tool_choice",
-                "`tool_choice: \"auto\"` needs a server started with `--tool-call-parser`; \
-                 \"required\" or a named function work without one",
-            ))
+        let Some(tools) = tools else {
+            return Ok(None);
+        };
+        Ok(match &tools.choice {
+            ToolChoice::None => None,
+            ToolChoice::Required => Some(json_calls::array_reading()),
+            ToolChoice::Named(name) => Some(json_calls::arguments_reading(name.clone())),
+            ToolChoice::Auto => Some(self.calls.auto_reading(tools.parallel)?),
         })
     }
 
     fn reasoning_split(&self) -> ReasoningSplit {
-        split(self.think)
+        self.think
+            .map_or(ReasoningSplit::None, ReasoningSplit::ThinkMarkers)
     }
 
     fn reads_markers(&self) -> bool {
         false
+    }
+}
+
+/// A template model served without `--tool-call-parser`: `required` and named tool choices
+/// work (a grammar enforces them), `auto` is refused.
+#[derive(Debug)]
+pub struct NoParser;
+
+impl CallSyntax for NoParser {
+    fn name(&self) -> &'static str {
+        "template"
+    }
+
+    fn auto_reading(&self, _parallel: bool) -> Result<Reading, ApiError> {
+        Err(ApiError::invalid(
+            "tool_choice",
+            "`tool_choice: \"auto\"` needs a server started with `--tool-call-parser`; \
+             \"required\" or a named function work without one",
+        ))
     }
 }
 

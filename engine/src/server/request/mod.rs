@@ -232,16 +232,17 @@ fn room_after(prompts: &[Vec<u32>], info: &ModelInfo) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::formats::template::{Template, TemplatePrompt};
+    use crate::server::formats::template::{NoParser, TemplateFormat, TemplatePrompt};
 
     #[test]
     fn an_absent_length_limit_fills_what_the_longest_prompt_leaves() {
         let info = ModelInfo {
             served_names: vec!["m".into()],
             limits: RequestLimits::new(100, 10, 16, 16),
-            format: Arc::new(Template {
+            format: Arc::new(TemplateFormat {
                 template: TemplatePrompt::default(),
                 think: None,
+                calls: NoParser,
             }),
         };
         assert_eq!(room_after(&[vec![1; 6], vec![1; 2]], &info), 4);
