@@ -14,6 +14,7 @@ mod experts;
 mod graph;
 mod kernels;
 mod ops;
+mod sample_words;
 mod sampling;
 mod sizing;
 mod step;

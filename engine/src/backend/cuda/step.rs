@@ -10,7 +10,7 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use crate::backend::StepMeta;
 use crate::sampler::SampleSpec;
 
-use super::sampling::{push_penalties, SAMPLE_MAX_TOP, SAMPLE_OUT_WORDS};
+use super::sample_words::{push_penalties, SAMPLE_MAX_TOP, SAMPLE_OUT_WORDS};
 use super::{bucket_for, ensure_len, int, kernels, table_bucket, CudaAct, CudaBackend, State};
 
 /// Offsets (in i32 words) of the step's parts inside the metadata buffer.
