@@ -26,6 +26,7 @@ use rayon::prelude::*;
 pub use attention::{CpuKvCache, KvCacheDtype};
 pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
+use simd::Isa;
 
 use super::{routing, AttnSeq, Backend, HostExperts, QkvLayout, RowSample, ScoreSpec, StepMeta};
 use crate::config::{Activation, AttentionSpan, ExpertSpec};
@@ -83,9 +84,7 @@ impl CpuBackend {
             .build()
             .context("creating the CPU backend's thread pool")?;
         let quantized = match opts.quantized {
-            QuantizedWeights::Auto if quant_simd::Isa::detect() == quant_simd::Isa::Scalar => {
-                QuantizedWeights::Dequantize
-            }
+            QuantizedWeights::Auto if !Isa::detect().integer_simd() => QuantizedWeights::Dequantize,
             QuantizedWeights::Auto => QuantizedWeights::Integer,
             forced => forced,
         };
@@ -95,7 +94,7 @@ impl CpuBackend {
             ),
             _ => tracing::info!(
                 "CPU backend: {threads} threads; quantised weights multiplied with {} integer kernels",
-                quant_simd::Isa::detect().name()
+                Isa::detect().integer_name()
             ),
         }
         Ok(Self {
@@ -799,7 +798,7 @@ mod tests {
         // the CPU has integer SIMD kernels, else the dequantised copy.
         let auto = backend(QuantizedWeights::Auto);
         let a = auto.upload_weight("a", q4_1_tensor(48, 64, 2)).unwrap();
-        let simd = quant_simd::Isa::detect() != quant_simd::Isa::Scalar;
+        let simd = Isa::detect().integer_simd();
         assert_eq!(matches!(a.data, WeightData::Quant(_)), simd);
         assert_eq!(matches!(a.data, WeightData::F16(_)), !simd);
         // Either way the product is the dequantised one, within the activations' rounding.

@@ -470,7 +470,7 @@ impl<E: Elem> Item<'_, E> {
     unsafe fn run(&self, isa: Isa) {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => self.run_avx512(),
+            Isa::Avx512 { .. } => self.run_avx512(),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => self.run_avx2(),
             _ => self.compute::<Portable, false, 4>(),

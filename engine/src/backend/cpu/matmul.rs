@@ -209,7 +209,7 @@ unsafe fn small_m<T: Elem>(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => small_m_avx512(x, m, k, w, ldo, n0, n1, out),
+        Isa::Avx512 { .. } => small_m_avx512(x, m, k, w, ldo, n0, n1, out),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => small_m_avx2(x, m, k, w, ldo, n0, n1, out),
         _ => small_m_scalar(x, m, k, w, ldo, n0, n1, out),

@@ -30,7 +30,8 @@ use super::quant_layout::{
     row_scales, value_at, value_offset, BlockScale, Format, QuantRows, RowScales, BLOCK, PANEL,
     SUPER_BLOCK, TILE_ROWS,
 };
-use super::quant_simd::{self, Isa};
+use super::quant_simd;
+use super::simd::Isa;
 use super::simd::SendPtr;
 use crate::weights::ggml_quants::{affine_group, k_group, q6_k_group, super_block_scales, GROUP};
 use crate::weights::QuantType;

@@ -7,49 +7,7 @@
 use super::quant_layout::{
     row_scales, value_at, BlockScale, Format, QuantRows, RowScales, BLOCK, PANEL, TILE_ROWS,
 };
-
-/// A kernel set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    Scalar,
-    Avx2,
-    Avx512Vnni,
-}
-
-impl Isa {
-    /// The fastest set this CPU runs (detected once).
-    pub fn detect() -> Isa {
-        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *DETECTED.get_or_init(|| *Self::available().last().unwrap_or(&Isa::Scalar))
-    }
-
-    /// Every SIMD set this CPU runs, slowest first.
-    pub fn available() -> Vec<Isa> {
-        let mut sets = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::simd::cpu_has_avx2() {
-                sets.push(Isa::Avx2);
-                if is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vnni")
-                {
-                    sets.push(Isa::Avx512Vnni);
-                }
-            }
-        }
-        sets
-    }
-
-    /// For start-up messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2 => "AVX2",
-            Isa::Avx512Vnni => "AVX-512 VNNI",
-        }
-    }
-}
+use super::simd::Isa;
 
 /// Largest `|x|` (`x.len()` a multiple of 8).
 pub fn amax(x: &[f32], isa: Isa) -> f32 {
@@ -167,7 +125,7 @@ impl Tile<'_> {
         debug_assert!(self.rows <= TILE_ROWS && self.cols <= PANEL);
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => {
+            Isa::Avx512 { vnni: true } => {
                 let mut i = 0;
                 while i < self.rows {
                     let n = match self.rows - i {
@@ -187,7 +145,7 @@ impl Tile<'_> {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
+            Isa::Avx2 | Isa::Avx512 { vnni: false } => {
                 for half in 0..self.cols.div_ceil(8) {
                     let mut i = 0;
                     while i < self.rows {

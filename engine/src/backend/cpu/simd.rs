@@ -1,4 +1,4 @@
-//! Small helpers shared by the CPU kernels: feature detection, a pointer that may cross
+//! Small helpers shared by the CPU kernels: feature detection (the one [`Isa`]), a pointer that may cross
 //! threads, 8-lane vector loops written so LLVM vectorises them inside functions compiled
 //! with `#[target_feature(enable = "avx2,fma")]`, and the element types (f32, f16, bf16)
 //! the kernels load as f32 lanes ([`Elem`]: weights and the KV cache).
@@ -31,36 +31,68 @@ pub fn cpu_has_avx512() -> bool {
     }
 }
 
-/// The widest float kernel set the CPU supports (f32 / f16 matmuls, attention).
+/// Whether AVX-512 BW and VNNI are there too (`vpdpbusd`, the integer kernels' AVX-512 set).
+fn cpu_has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        cpu_has_avx512()
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The instruction set the CPU kernels run on: the float kernels (f32 / f16 matmuls,
+/// attention) take AVX2 or AVX-512F; the integer kernels (`quant_simd`) take AVX2, or
+/// AVX-512 where `vnni` (BW and VNNI) is there too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
+    /// AVX2 with FMA and F16C.
     Avx2,
-    Avx512,
+    /// AVX-512F; `vnni`: with AVX-512 BW and VNNI.
+    Avx512 {
+        vnni: bool,
+    },
 }
 
 impl Isa {
+    /// The widest set this CPU runs (detected once).
     pub fn detect() -> Isa {
-        if cpu_has_avx512() {
-            Isa::Avx512
-        } else if cpu_has_avx2() {
-            Isa::Avx2
-        } else {
-            Isa::Scalar
-        }
+        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| *Self::available().last().unwrap_or(&Isa::Scalar))
     }
 
     /// Every set this CPU runs, scalar first.
-    #[cfg(test)]
     pub fn available() -> Vec<Isa> {
         let mut sets = vec![Isa::Scalar];
         if cpu_has_avx2() {
             sets.push(Isa::Avx2);
         }
         if cpu_has_avx512() {
-            sets.push(Isa::Avx512);
+            sets.push(Isa::Avx512 { vnni: false });
+        }
+        if cpu_has_avx512_vnni() {
+            sets.push(Isa::Avx512 { vnni: true });
         }
         sets
+    }
+
+    /// Whether the integer kernels have SIMD code for this set (every set but scalar).
+    pub fn integer_simd(self) -> bool {
+        self != Isa::Scalar
+    }
+
+    /// The integer kernels' set, for start-up messages.
+    pub fn integer_name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 | Isa::Avx512 { vnni: false } => "AVX2",
+            Isa::Avx512 { vnni: true } => "AVX-512 VNNI",
+        }
     }
 }
 
