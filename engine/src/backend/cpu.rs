@@ -12,6 +12,7 @@
 
 mod attention;
 pub mod compute_rate;
+mod lanes;
 mod matmul;
 mod ops;
 mod quant;

@@ -17,6 +17,7 @@ use half::f16;
 use half::vec::HalfBitsVecExt;
 use rayon::prelude::*;
 
+use super::lanes::{dispatch, Kernel, Lanes};
 use super::simd::{fast_exp, sum, Elem, Isa, SendPtr};
 use crate::backend::{check_block_table, AttnSeq, QkvLayout, ScoreSpec};
 
@@ -468,31 +469,25 @@ impl<E: Elem> Item<'_, E> {
     /// # Safety
     /// No other thread writes this item's output region; `isa` is one this CPU runs.
     unsafe fn run(&self, isa: Isa) {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 { .. } => self.run_avx512(),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => self.run_avx2(),
-            _ => self.compute::<Portable, false, 4>(),
-        }
+        dispatch(isa, self);
     }
+}
 
-    /// Eight work rows per tile: 8 × 16 accumulators fill 8 of the 32 vector registers.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn run_avx512(&self) {
-        self.compute::<Avx512, true, 8>();
-    }
+impl<E: Elem> Kernel for &Item<'_, E> {
+    type Output = ();
 
-    /// Four work rows per tile: 4 × 16 accumulators are 8 of the 16 AVX2 registers.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_avx2(&self) {
-        self.compute::<Avx2, true, 4>();
-    }
-
+    /// Work rows per tile: half the lanes of a register (AVX-512: 8 rows × one register of
+    /// 16 accumulators; AVX2 and plain: 4 rows × two registers of 8): 8 accumulator
+    /// registers.
     #[inline(always)]
-    unsafe fn compute<T: Tiles, const FMA: bool, const R: usize>(&self) {
+    unsafe fn run<L: Lanes>(self) {
+        self.compute::<L>(L::N / 2);
+    }
+}
+
+impl<E: Elem> Item<'_, E> {
+    #[inline(always)]
+    unsafe fn compute<L: Lanes>(&self, tile_rows: usize) {
         let QkvLayout {
             num_heads,
             head_dim: hd,
@@ -561,9 +556,9 @@ impl<E: Elem> Item<'_, E> {
                 };
                 let mut w = 0;
                 while w < rows {
-                    let r = R.min(rows - w);
+                    let r = tile_rows.min(rows - w);
                     let mut tile = [[0.0f32; KEYS]; TILE_MAX];
-                    with_rows!(r, N => tile[..N].copy_from_slice(&T::scores::<E, N>(
+                    with_rows!(r, N => tile[..N].copy_from_slice(&scores_tile::<L, E, N>(
                         &std::array::from_fn(|i| q_rows[w + i]),
                         keys,
                         stride,
@@ -612,7 +607,12 @@ impl<E: Elem> Item<'_, E> {
             for v in s[lo..ctx].iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            let total = sum::<FMA>(&s[lo..ctx]) + sink.map_or(0.0, |s| fast_exp(s - max));
+            let kept = if L::FMA {
+                sum::<true>(&s[lo..ctx])
+            } else {
+                sum::<false>(&s[lo..ctx])
+            };
+            let total = kept + sink.map_or(0.0, |s| fast_exp(s - max));
             match part {
                 Some(p) => {
                     *p.add(rows * hd + w) = max;
@@ -631,11 +631,11 @@ impl<E: Elem> Item<'_, E> {
         // out = P·V, 16 dimensions of R work rows per tile.
         let mut w = 0;
         while w < rows {
-            let r = R.min(rows - w);
+            let r = tile_rows.min(rows - w);
             let p = |i: usize| scores.as_ptr().add((w + i) * span);
             for d0 in (0..hd).step_by(KEYS) {
                 let mut tile = [[0.0f32; KEYS]; TILE_MAX];
-                with_rows!(r, N => tile[..N].copy_from_slice(&T::weighted_values::<E, N>(
+                with_rows!(r, N => tile[..N].copy_from_slice(&weighted_values_tile::<L, E, N>(
                     &std::array::from_fn(p),
                     &pages,
                     hd,
@@ -661,192 +661,58 @@ struct Page<E> {
     n: usize,
 }
 
-/// The two inner products of the attention, for `R` work rows and 16 lanes at a time.
-trait Tiles {
-    /// Scores of `R` work rows against 16 keys whose `kᵀ` rows are `stride` apart.
-    ///
-    /// # Safety
-    /// Each `q` has `hd` values; `keys + d·stride .. + 16` is readable for every `d < hd`;
-    /// the CPU runs the implementation's instructions.
-    unsafe fn scores<E: Elem, const R: usize>(
-        q: &[*const f32; R],
-        keys: *const E,
-        stride: usize,
-        hd: usize,
-    ) -> [[f32; KEYS]; R];
-
-    /// `Σ_j p[j]·v_j[d0..d0 + 16]` for `R` rows of probabilities over the item's pages.
-    ///
-    /// # Safety
-    /// Each `p` row covers every key of `pages`; `d0 + 16 <= hd`; the CPU runs the
-    /// implementation's instructions.
-    unsafe fn weighted_values<E: Elem, const R: usize>(
-        p: &[*const f32; R],
-        pages: &[Page<E>],
-        hd: usize,
-        d0: usize,
-    ) -> [[f32; KEYS]; R];
+/// Scores of `R` work rows against 16 keys whose `kᵀ` rows are `stride` apart.
+///
+/// # Safety
+/// Each `q` has `hd` values; `keys + d·stride .. + 16` is readable for every `d < hd`;
+/// the CPU runs `L`'s instructions.
+#[inline(always)]
+unsafe fn scores_tile<L: Lanes, E: Elem, const R: usize>(
+    q: &[*const f32; R],
+    keys: *const E,
+    stride: usize,
+    hd: usize,
+) -> [[f32; KEYS]; R] {
+    let mut acc = [L::zero16(); R];
+    for d in 0..hd {
+        let k = L::load16(keys.add(d * stride));
+        for (a, qr) in acc.iter_mut().zip(q) {
+            *a = L::splat_fmadd16(*qr.add(d), k, *a);
+        }
+    }
+    let mut out = [[0.0f32; KEYS]; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        L::store16(o.as_mut_ptr(), *a);
+    }
+    out
 }
 
-/// Plain loops (any CPU).
-struct Portable;
-
-impl Tiles for Portable {
-    #[inline(always)]
-    unsafe fn scores<E: Elem, const R: usize>(
-        q: &[*const f32; R],
-        keys: *const E,
-        stride: usize,
-        hd: usize,
-    ) -> [[f32; KEYS]; R] {
-        let mut acc = [[0.0f32; KEYS]; R];
-        for d in 0..hd {
-            let k = keys.add(d * stride);
-            for (a, qr) in acc.iter_mut().zip(q) {
-                let qd = *qr.add(d);
-                for (l, al) in a.iter_mut().enumerate() {
-                    *al += qd * (*k.add(l)).to_f32();
-                }
+/// `Σ_j p[j]·v_j[d0..d0 + 16]` for `R` rows of probabilities over the item's pages.
+///
+/// # Safety
+/// Each `p` row covers every key of `pages`; `d0 + 16 <= hd`; the CPU runs `L`'s
+/// instructions.
+#[inline(always)]
+unsafe fn weighted_values_tile<L: Lanes, E: Elem, const R: usize>(
+    p: &[*const f32; R],
+    pages: &[Page<E>],
+    hd: usize,
+    d0: usize,
+) -> [[f32; KEYS]; R] {
+    let mut acc = [L::zero16(); R];
+    for page in pages {
+        for o in 0..page.n {
+            let v = L::load16(page.v.add(o * hd + d0));
+            for (a, pr) in acc.iter_mut().zip(p) {
+                *a = L::splat_fmadd16(*pr.add(page.first + o), v, *a);
             }
         }
-        acc
     }
-
-    #[inline(always)]
-    unsafe fn weighted_values<E: Elem, const R: usize>(
-        p: &[*const f32; R],
-        pages: &[Page<E>],
-        hd: usize,
-        d0: usize,
-    ) -> [[f32; KEYS]; R] {
-        let mut acc = [[0.0f32; KEYS]; R];
-        for page in pages {
-            for o in 0..page.n {
-                let v = page.v.add(o * hd + d0);
-                for (a, pr) in acc.iter_mut().zip(p) {
-                    let pj = *pr.add(page.first + o);
-                    for (l, al) in a.iter_mut().enumerate() {
-                        *al += pj * (*v.add(l)).to_f32();
-                    }
-                }
-            }
-        }
-        acc
+    let mut out = [[0.0f32; KEYS]; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        L::store16(o.as_mut_ptr(), *a);
     }
-}
-
-/// One 512-bit register per row.
-#[cfg(target_arch = "x86_64")]
-struct Avx512;
-
-#[cfg(target_arch = "x86_64")]
-impl Tiles for Avx512 {
-    #[inline(always)]
-    unsafe fn scores<E: Elem, const R: usize>(
-        q: &[*const f32; R],
-        keys: *const E,
-        stride: usize,
-        hd: usize,
-    ) -> [[f32; KEYS]; R] {
-        use std::arch::x86_64::*;
-        let mut acc = [_mm512_setzero_ps(); R];
-        for d in 0..hd {
-            let k = E::load16(keys.add(d * stride));
-            for (a, qr) in acc.iter_mut().zip(q) {
-                *a = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(d)), k, *a);
-            }
-        }
-        let mut out = [[0.0f32; KEYS]; R];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            _mm512_storeu_ps(o.as_mut_ptr(), *a);
-        }
-        out
-    }
-
-    #[inline(always)]
-    unsafe fn weighted_values<E: Elem, const R: usize>(
-        p: &[*const f32; R],
-        pages: &[Page<E>],
-        hd: usize,
-        d0: usize,
-    ) -> [[f32; KEYS]; R] {
-        use std::arch::x86_64::*;
-        let mut acc = [_mm512_setzero_ps(); R];
-        for page in pages {
-            for o in 0..page.n {
-                let v = E::load16(page.v.add(o * hd + d0));
-                for (a, pr) in acc.iter_mut().zip(p) {
-                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*pr.add(page.first + o)), v, *a);
-                }
-            }
-        }
-        let mut out = [[0.0f32; KEYS]; R];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            _mm512_storeu_ps(o.as_mut_ptr(), *a);
-        }
-        out
-    }
-}
-
-/// Two 256-bit registers per row.
-#[cfg(target_arch = "x86_64")]
-struct Avx2;
-
-#[cfg(target_arch = "x86_64")]
-impl Tiles for Avx2 {
-    #[inline(always)]
-    unsafe fn scores<E: Elem, const R: usize>(
-        q: &[*const f32; R],
-        keys: *const E,
-        stride: usize,
-        hd: usize,
-    ) -> [[f32; KEYS]; R] {
-        use std::arch::x86_64::*;
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for d in 0..hd {
-            let kp = keys.add(d * stride);
-            let (k0, k1) = (E::load8(kp), E::load8(kp.add(8)));
-            for (a, qr) in acc.iter_mut().zip(q) {
-                let qd = _mm256_set1_ps(*qr.add(d));
-                a[0] = _mm256_fmadd_ps(qd, k0, a[0]);
-                a[1] = _mm256_fmadd_ps(qd, k1, a[1]);
-            }
-        }
-        let mut out = [[0.0f32; KEYS]; R];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
-        }
-        out
-    }
-
-    #[inline(always)]
-    unsafe fn weighted_values<E: Elem, const R: usize>(
-        p: &[*const f32; R],
-        pages: &[Page<E>],
-        hd: usize,
-        d0: usize,
-    ) -> [[f32; KEYS]; R] {
-        use std::arch::x86_64::*;
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for page in pages {
-            for o in 0..page.n {
-                let vp = page.v.add(o * hd + d0);
-                let (v0, v1) = (E::load8(vp), E::load8(vp.add(8)));
-                for (a, pr) in acc.iter_mut().zip(p) {
-                    let pj = _mm256_set1_ps(*pr.add(page.first + o));
-                    a[0] = _mm256_fmadd_ps(pj, v0, a[0]);
-                    a[1] = _mm256_fmadd_ps(pj, v1, a[1]);
-                }
-            }
-        }
-        let mut out = [[0.0f32; KEYS]; R];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
-        }
-        out
-    }
+    out
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! `out = x · wᵀ` on the CPU for weights stored as f32, f16 or bf16 rows `[N, K]`, or as
 //! quantised blocks (handed to [`super::quant`]).
 //!
-//! Few rows (decode): a hand-written AVX2/FMA/F16C kernel streams each weight row once
-//! per pair of activation rows, parallel over N. Many rows (prefill): the `gemm` crate on
+//! Few rows (decode): a kernel written once over the CPU's vector lanes (`lanes.rs`)
+//! streams each weight row once per tile of activation rows, parallel over N. Many rows (prefill): the `gemm` crate on
 //! column chunks of the weight, converted to f32 per chunk into a per-thread buffer so
 //! the conversion is amortised over all rows.
 
@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
+use super::lanes::{dispatch, Kernel, Lanes};
 use super::quant::{self, QuantMatrix};
 use super::simd::{Elem, Isa, SendPtr};
 
@@ -194,7 +195,7 @@ unsafe fn gemm_chunk<T: Elem>(
 /// Columns `n0..n1` of `out[m, ldo]` for few activation rows.
 ///
 /// # Safety
-/// As [`gemm_chunk`].
+/// As [`gemm_chunk`]; `isa` is one this CPU runs.
 #[allow(clippy::too_many_arguments)]
 unsafe fn small_m<T: Elem>(
     x: &[f32],
@@ -207,109 +208,83 @@ unsafe fn small_m<T: Elem>(
     out: *mut f32,
     isa: Isa,
 ) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { .. } => small_m_avx512(x, m, k, w, ldo, n0, n1, out),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => small_m_avx2(x, m, k, w, ldo, n0, n1, out),
-        _ => small_m_scalar(x, m, k, w, ldo, n0, n1, out),
-    }
+    let (x, w) = (x.as_ptr(), w.as_ptr());
+    dispatch(
+        isa,
+        SmallM {
+            x,
+            m,
+            k,
+            w,
+            ldo,
+            n0,
+            n1,
+            out,
+        },
+    );
 }
 
-/// Portable fallback: eight partial sums per dot product so the loop pipelines.
-#[allow(clippy::too_many_arguments)]
-unsafe fn small_m_scalar<T: Elem>(
-    x: &[f32],
+/// [`small_m`]'s work: tiles of four weight rows by as many activation rows as keep half
+/// the registers for accumulators (AVX-512: 4, AVX2: 2, plain: 1); each weight row is
+/// streamed once per tile.
+struct SmallM<T> {
+    x: *const f32,
     m: usize,
     k: usize,
-    w: &[T],
+    w: *const T,
     ldo: usize,
     n0: usize,
     n1: usize,
     out: *mut f32,
-) {
-    for j in n0..n1 {
-        let wr = &w[j * k..(j + 1) * k];
-        for i in 0..m {
-            let xr = &x[i * k..(i + 1) * k];
-            let mut acc = [0.0f32; 8];
-            let mut wc = wr.chunks_exact(8);
-            let mut xc = xr.chunks_exact(8);
-            for (wv, xv) in (&mut wc).zip(&mut xc) {
-                for l in 0..8 {
-                    acc[l] += wv[l].to_f32() * xv[l];
+}
+
+impl<T: Elem> Kernel for SmallM<T> {
+    type Output = ();
+
+    #[inline(always)]
+    unsafe fn run<L: Lanes>(self) {
+        let SmallM {
+            x,
+            m,
+            k,
+            w,
+            ldo,
+            n0,
+            n1,
+            out,
+        } = self;
+        let most_rows = (L::REGISTERS / 8).clamp(1, 4);
+        let mut j = n0;
+        while j < n1 {
+            let nr = (n1 - j).min(4);
+            let mut i = 0;
+            while i < m {
+                let mr = (m - i).min(most_rows);
+                let (xi, wj, o) = (x.add(i * k), w.add(j * k), out.add(i * ldo + j));
+                match (mr, nr) {
+                    (4, 4) => tile::<L, T, 4, 4>(xi, k, wj, k, o, ldo),
+                    (3, 4) => tile::<L, T, 3, 4>(xi, k, wj, k, o, ldo),
+                    (2, 4) => tile::<L, T, 2, 4>(xi, k, wj, k, o, ldo),
+                    (1, 4) => tile::<L, T, 1, 4>(xi, k, wj, k, o, ldo),
+                    _ => {
+                        for r in 0..mr {
+                            for c in 0..nr {
+                                let (xr, wc) = (xi.add(r * k), wj.add(c * k));
+                                tile::<L, T, 1, 1>(xr, k, wc, k, o.add(r * ldo + c), ldo);
+                            }
+                        }
+                    }
                 }
+                i += mr;
             }
-            let mut s: f32 = acc.iter().sum();
-            for (wv, xv) in wc.remainder().iter().zip(xc.remainder()) {
-                s += wv.to_f32() * xv;
-            }
-            *out.add(i * ldo + j) = s;
+            j += nr;
         }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn small_m_avx2<T: Elem>(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    w: &[T],
-    ldo: usize,
-    n0: usize,
-    n1: usize,
-    out: *mut f32,
-) {
-    let xp = x.as_ptr();
-    let wp = w.as_ptr();
-    let mut j = n0;
-    while j + 4 <= n1 {
-        let mut i = 0;
-        while i + 2 <= m {
-            tile_avx2::<T, 2, 4>(
-                xp.add(i * k),
-                k,
-                wp.add(j * k),
-                k,
-                out.add(i * ldo + j),
-                ldo,
-            );
-            i += 2;
-        }
-        if i < m {
-            tile_avx2::<T, 1, 4>(
-                xp.add(i * k),
-                k,
-                wp.add(j * k),
-                k,
-                out.add(i * ldo + j),
-                ldo,
-            );
-        }
-        j += 4;
-    }
-    while j < n1 {
-        for i in 0..m {
-            tile_avx2::<T, 1, 1>(
-                xp.add(i * k),
-                k,
-                wp.add(j * k),
-                k,
-                out.add(i * ldo + j),
-                ldo,
-            );
-        }
-        j += 1;
     }
 }
 
 /// `out[i][j] = x_i · w_j` for `MR` activation rows and `NR` weight rows.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_avx2<T: Elem, const MR: usize, const NR: usize>(
+#[inline(always)]
+unsafe fn tile<L: Lanes, T: Elem, const MR: usize, const NR: usize>(
     x: *const f32,
     ldx: usize,
     w: *const T,
@@ -317,130 +292,28 @@ unsafe fn tile_avx2<T: Elem, const MR: usize, const NR: usize>(
     out: *mut f32,
     ldo: usize,
 ) {
-    use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
-    let k8 = k / 8 * 8;
+    let mut acc = [[L::zero(); NR]; MR];
+    let kv = k / L::N * L::N;
     let mut kk = 0;
-    while kk < k8 {
-        let mut wv = [_mm256_setzero_ps(); NR];
+    while kk < kv {
+        let mut wv = [L::zero(); NR];
         for (r, v) in wv.iter_mut().enumerate() {
-            // As in `tile_avx512`.
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((r + 8) * k + kk) as *const i8);
-            *v = T::load8(w.add(r * k + kk));
+            // The row 8 below: its tile comes two tiles later.
+            L::prefetch(w.wrapping_add((r + 8) * k + kk));
+            *v = L::load_elem(w.add(r * k + kk));
         }
         for (i, acc_row) in acc.iter_mut().enumerate() {
-            let xv = _mm256_loadu_ps(x.add(i * ldx + kk));
+            let xv = L::load(x.add(i * ldx + kk));
             for (a, v) in acc_row.iter_mut().zip(&wv) {
-                *a = _mm256_fmadd_ps(xv, *v, *a);
+                *a = L::fmadd(xv, *v, *a);
             }
         }
-        kk += 8;
+        kk += L::N;
     }
     for (i, acc_row) in acc.iter().enumerate() {
         for (r, a) in acc_row.iter().enumerate() {
-            let mut s = hsum_avx(*a);
-            for t in k8..k {
-                s += *x.add(i * ldx + t) * (*w.add(r * k + t)).to_f32();
-            }
-            *out.add(i * ldo + r) = s;
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum_avx(v: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn small_m_avx512<T: Elem>(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    w: &[T],
-    ldo: usize,
-    n0: usize,
-    n1: usize,
-    out: *mut f32,
-) {
-    let xp = x.as_ptr();
-    let wp = w.as_ptr();
-    let mut j = n0;
-    while j < n1 {
-        let nr = (n1 - j).min(4);
-        let mut i = 0;
-        while i < m {
-            let mr = (m - i).min(4);
-            let (xi, wj, o) = (xp.add(i * k), wp.add(j * k), out.add(i * ldo + j));
-            match (mr, nr) {
-                (4, 4) => tile_avx512::<T, 4, 4>(xi, k, wj, k, o, ldo),
-                (3, 4) => tile_avx512::<T, 3, 4>(xi, k, wj, k, o, ldo),
-                (2, 4) => tile_avx512::<T, 2, 4>(xi, k, wj, k, o, ldo),
-                (1, 4) => tile_avx512::<T, 1, 4>(xi, k, wj, k, o, ldo),
-                _ => {
-                    for r in 0..mr {
-                        for c in 0..nr {
-                            tile_avx512::<T, 1, 1>(
-                                xi.add(r * k),
-                                k,
-                                wj.add(c * k),
-                                k,
-                                o.add(r * ldo + c),
-                                ldo,
-                            );
-                        }
-                    }
-                }
-            }
-            i += mr;
-        }
-        j += nr;
-    }
-}
-
-/// [`tile_avx2`] with 16 lanes and 32 registers.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn tile_avx512<T: Elem, const MR: usize, const NR: usize>(
-    x: *const f32,
-    ldx: usize,
-    w: *const T,
-    k: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    use std::arch::x86_64::*;
-    let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-    let k16 = k / 16 * 16;
-    let mut kk = 0;
-    while kk < k16 {
-        let mut wv = [_mm512_setzero_ps(); NR];
-        for (r, v) in wv.iter_mut().enumerate() {
-            // The row 8 below: its tile comes two tiles later (prefetch never faults).
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((r + 8) * k + kk) as *const i8);
-            *v = T::load16(w.add(r * k + kk));
-        }
-        for (i, acc_row) in acc.iter_mut().enumerate() {
-            let xv = _mm512_loadu_ps(x.add(i * ldx + kk));
-            for (a, v) in acc_row.iter_mut().zip(&wv) {
-                *a = _mm512_fmadd_ps(xv, *v, *a);
-            }
-        }
-        kk += 16;
-    }
-    for (i, acc_row) in acc.iter().enumerate() {
-        for (r, a) in acc_row.iter().enumerate() {
-            let mut s = _mm512_reduce_add_ps(*a);
-            for t in k16..k {
+            let mut s = L::hsum(*a);
+            for t in kv..k {
                 s += *x.add(i * ldx + t) * (*w.add(r * k + t)).to_f32();
             }
             *out.add(i * ldo + r) = s;
@@ -450,27 +323,32 @@ unsafe fn tile_avx512<T: Elem, const MR: usize, const NR: usize>(
 
 /// Converts weight elements to f32 (the `gemm` path's per-chunk copy).
 fn convert_to_f32<T: Elem>(src: &[T], dst: &mut [f32], isa: Isa) {
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
-        // SAFETY: AVX2 + F16C were detected (Avx512 implies them, see `cpu_has_avx512`).
-        unsafe { convert_avx2(src, dst) };
-        return;
-    }
-    let _ = isa;
-    T::slice_to_f32(src, dst);
+    let n = src.len().min(dst.len());
+    let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+    // SAFETY: `isa` was detected; both pointers cover `n` elements.
+    unsafe { dispatch(isa, Convert { src, dst, n }) }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn convert_avx2<T: Elem>(src: &[T], dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let n = src.len().min(dst.len());
-    let n8 = n / 8 * 8;
-    for i in (0..n8).step_by(8) {
-        _mm256_storeu_ps(dst.as_mut_ptr().add(i), T::load8(src.as_ptr().add(i)));
-    }
-    for i in n8..n {
-        dst[i] = src[i].to_f32();
+/// [`convert_to_f32`]'s work.
+struct Convert<T> {
+    src: *const T,
+    dst: *mut f32,
+    n: usize,
+}
+
+impl<T: Elem> Kernel for Convert<T> {
+    type Output = ();
+
+    #[inline(always)]
+    unsafe fn run<L: Lanes>(self) {
+        let Convert { src, dst, n } = self;
+        let nv = n / L::N * L::N;
+        for i in (0..nv).step_by(L::N) {
+            L::store(dst.add(i), L::load_elem(src.add(i)));
+        }
+        for i in nv..n {
+            *dst.add(i) = (*src.add(i)).to_f32();
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! with `#[target_feature(enable = "avx2,fma")]`, and the element types (f32, f16, bf16)
 //! the kernels load as f32 lanes ([`Elem`]: weights and the KV cache).
 
-use half::{bf16, f16, slice::HalfFloatSliceExt};
+use half::{bf16, f16};
 
 /// Whether the AVX2 + FMA + F16C kernels can run on this CPU (detected once, cached by std).
 pub fn cpu_has_avx2() -> bool {
@@ -187,7 +187,6 @@ pub trait Elem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     /// The nearest element (ties to even).
     fn from_f32(x: f32) -> Self;
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]);
     /// The slice itself when the elements already are f32.
     fn as_f32(src: &[Self]) -> Option<&[f32]>;
     /// Loads 8 consecutive elements as f32 lanes.
@@ -211,9 +210,6 @@ impl Elem for f32 {
     }
     fn from_f32(x: f32) -> Self {
         x
-    }
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
     }
     fn as_f32(src: &[Self]) -> Option<&[f32]> {
         Some(src)
@@ -239,9 +235,6 @@ impl Elem for f16 {
     }
     fn from_f32(x: f32) -> Self {
         f16::from_f32(x)
-    }
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
     }
     fn as_f32(_: &[Self]) -> Option<&[f32]> {
         None
@@ -269,9 +262,6 @@ impl Elem for bf16 {
     }
     fn from_f32(x: f32) -> Self {
         bf16::from_f32(x)
-    }
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
     }
     fn as_f32(_: &[Self]) -> Option<&[f32]> {
         None
