@@ -28,7 +28,7 @@ use rayon::prelude::*;
 
 use super::quant_layout::{
     row_scales, value_at, value_offset, BlockScale, Format, QuantRows, RowScales, BLOCK, PANEL,
-    SUPER_BLOCK, TILE_ROWS,
+    TILE_ROWS,
 };
 use super::quant_simd;
 use super::simd::Isa;
@@ -51,8 +51,10 @@ pub enum ActScales {
     /// One scale per 32 values and `s = d·Σq`, each rounded to f16 (Q4_1, Q5_1, whose
     /// offsets llama.cpp multiplies by that stored `s`).
     Q8_1,
-    /// One f32 scale per 256 values: the K-quants.
-    Q8_K,
+    /// One f32 scale per 32 values, unrounded: the K-quants. Finer than llama.cpp's Q8_K (one
+    /// scale per 256): the input of a K-quant `ffn_down` (Gemma 3's Q4_K and Q6_K) is heavy
+    /// tailed, and one outlier per 256 values coarsened the other 255's steps.
+    F32,
 }
 
 impl ActScales {
@@ -63,15 +65,7 @@ impl ActScales {
                 ActScales::Q8_0
             }
             QuantType::Q4_1 | QuantType::Q5_1 => ActScales::Q8_1,
-            QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => ActScales::Q8_K,
-        }
-    }
-
-    /// Values that share one scale.
-    fn span(self) -> usize {
-        match self {
-            ActScales::Q8_0 | ActScales::Q8_1 => BLOCK,
-            ActScales::Q8_K => SUPER_BLOCK,
+            QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => ActScales::F32,
         }
     }
 }
@@ -330,50 +324,43 @@ impl QuantRows {
     }
 }
 
-/// Quantises one row: per span of `act`, `d = max|x| / 127` and `q = round(x / d)` (ties
-/// to even, as llama.cpp's AVX2 Q8_0 / Q8_1 and scalar Q8_K).
+/// Quantises one row: per block of 32, `d = max|x| / 127` and `q = round(x / d)` (ties to
+/// even, as llama.cpp's AVX2 Q8_0 / Q8_1).
 pub fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale], act: ActScales, isa: Isa) {
-    let span = act.span();
-    for ((xs, qs), ss) in x
-        .chunks_exact(span)
-        .zip(q.chunks_exact_mut(span))
-        .zip(scales.chunks_exact_mut(span / BLOCK))
+    for ((xb, qb), sc) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .zip(scales.iter_mut())
     {
-        let amax = quant_simd::amax(xs, isa);
+        let amax = quant_simd::amax(xb, isa);
         let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        for ((xb, qb), sc) in xs
-            .chunks_exact(BLOCK)
-            .zip(qs.chunks_exact_mut(BLOCK))
-            .zip(ss.iter_mut())
-        {
-            let (qsum, qsum_low) = quant_simd::quantize_block(xb, qb, inv, isa);
-            *sc = match act {
-                ActScales::Q8_0 => {
-                    let d = f16::from_f32(amax / 127.0).to_f32();
-                    BlockScale {
-                        d,
-                        s: d * qsum as f32,
-                        qsum,
-                        qsum_low,
-                    }
-                }
-                ActScales::Q8_1 => {
-                    let d = amax / 127.0;
-                    BlockScale {
-                        d: f16::from_f32(d).to_f32(),
-                        s: f16::from_f32(d * qsum as f32).to_f32(),
-                        qsum,
-                        qsum_low,
-                    }
-                }
-                ActScales::Q8_K => BlockScale {
-                    d: if inv > 0.0 { 1.0 / inv } else { 0.0 },
-                    s: 0.0,
+        let (qsum, qsum_low) = quant_simd::quantize_block(xb, qb, inv, isa);
+        *sc = match act {
+            ActScales::Q8_0 => {
+                let d = f16::from_f32(amax / 127.0).to_f32();
+                BlockScale {
+                    d,
+                    s: d * qsum as f32,
                     qsum,
                     qsum_low,
-                },
-            };
-        }
+                }
+            }
+            ActScales::Q8_1 => {
+                let d = amax / 127.0;
+                BlockScale {
+                    d: f16::from_f32(d).to_f32(),
+                    s: f16::from_f32(d * qsum as f32).to_f32(),
+                    qsum,
+                    qsum_low,
+                }
+            }
+            ActScales::F32 => BlockScale {
+                d: if inv > 0.0 { 1.0 / inv } else { 0.0 },
+                s: 0.0,
+                qsum,
+                qsum_low,
+            },
+        };
     }
 }
 
@@ -642,7 +629,7 @@ mod tests {
         x[64..96].fill(0.0);
         x[100] = 2.5;
         x[256..512].fill(0.0);
-        for act in [ActScales::Q8_0, ActScales::Q8_1, ActScales::Q8_K] {
+        for act in [ActScales::Q8_0, ActScales::Q8_1, ActScales::F32] {
             let quantize = |isa| {
                 let (mut q, mut sc) = (vec![0i8; 512], vec![BlockScale::default(); 16]);
                 quantize_row(&x, &mut q, &mut sc, act, isa);
@@ -665,7 +652,7 @@ mod tests {
         for (act, slack) in [
             (ActScales::Q8_0, 0.5 + 127.0 / 2048.0),
             (ActScales::Q8_1, 0.5 + 127.0 / 2048.0),
-            (ActScales::Q8_K, 0.5),
+            (ActScales::F32, 0.5),
         ] {
             let mut rows = QuantRows::default();
             rows.quantize(&x, m, k, act, Isa::detect());
@@ -682,20 +669,25 @@ mod tests {
                 let sum = |q: &[i8]| q.iter().map(|&q| q as i32).sum::<i32>();
                 assert_eq!((sc.qsum, sc.qsum_low), (sum(q), sum(&q[..BLOCK / 2])));
                 let s = sc.d * sc.qsum as f32;
-                if act == ActScales::Q8_K {
+                if act == ActScales::F32 {
                     assert_eq!(sc.s, 0.0);
                 } else {
                     assert!((sc.s - s).abs() <= s.abs() * 2f32.powi(-10), "{act:?} {b}");
                 }
             }
-            // One scale per span.
-            let span = act.span() / BLOCK;
-            for sc in rows.scales.chunks_exact(span) {
-                assert!(sc.iter().all(|s| s.d == sc[0].d), "{act:?}");
+            // One scale per block, its own: the largest |q| of a block is 127.
+            for (b, sc) in rows.scales.iter().enumerate() {
+                let q = &rows.q[b * BLOCK..(b + 1) * BLOCK];
+                assert_eq!(
+                    q.iter().map(|q| q.unsigned_abs()).max(),
+                    Some(127),
+                    "{act:?} {b}"
+                );
+                assert!(sc.d > 0.0, "{act:?} {b}");
             }
         }
         let mut zero = QuantRows::default();
-        zero.quantize(&[0.0; 256], 1, 256, ActScales::Q8_K, Isa::detect());
+        zero.quantize(&[0.0; 256], 1, 256, ActScales::F32, Isa::detect());
         assert!(zero.q.iter().all(|&q| q == 0) && zero.scales[0].d == 0.0);
     }
 
@@ -757,7 +749,7 @@ mod tests {
             let act = ActScales::of(kind);
             let mut rows = QuantRows::default();
             rows.quantize(&x, m, k, act, Isa::detect());
-            let step = if act == ActScales::Q8_K {
+            let step = if act == ActScales::F32 {
                 0.5
             } else {
                 0.5 + 127.0 / 2048.0

@@ -11,8 +11,7 @@ pub const BLOCK: usize = 32;
 pub const PANEL: usize = 16;
 /// Activation rows of one micro-tile.
 pub const TILE_ROWS: usize = 8;
-/// Values per K-quant super-block, and per activation scale for the K-quants (llama.cpp's
-/// Q8_K).
+/// Values per K-quant super-block.
 pub(super) const SUPER_BLOCK: usize = 256;
 
 /// How a type's values and scales sit in a panel's blocks.
@@ -204,7 +203,7 @@ pub(super) fn row_scales(format: Format, panel: &[u8], b: usize, r: usize) -> Ro
 pub struct BlockScale {
     /// `dₓ`.
     pub d: f32,
-    /// `dₓ·Σq` (the 32-weight types' offset term; zero for `ActScales::Q8_K`, whose
+    /// `dₓ·Σq` (the 32-weight types' offset term; zero for `ActScales::F32`, whose
     /// kernels take the offsets from `qsum`).
     pub s: f32,
     /// `Σq` (the AVX2 byte kernel's `128·Σq`, Q6_K's `32·Σq`, the Q4_K / Q5_K mins).

@@ -5,7 +5,7 @@
 //! that the others are tested against.
 
 use super::quant_layout::{
-    row_scales, value_at, BlockScale, Format, QuantRows, RowScales, BLOCK, PANEL, TILE_ROWS,
+    row_scales, value_at, Format, QuantRows, RowScales, BLOCK, PANEL, SUPER_BLOCK, TILE_ROWS,
 };
 use super::simd::Isa;
 
@@ -180,10 +180,9 @@ impl Tile<'_> {
 }
 
 /// `MR` rows × 16 columns. Per block: 8 `vpdpbusd` per row into i32 lanes (one lane per
-/// output). The 32-weight types then add `f32(Σu·q)·(d·dₓ) + m·sₓ`. The K-quants add
-/// `scale·Σu·q` into an i32 sum (Q6_K: per half, with the half's `32·Σq` taken off), and at
-/// the end of each super-block `f32(sum)·(d·dₓ)` and (Q4_K, Q5_K) `−f32(Σmin·Σq)·(dmin·dₓ)`
-/// with the mins' sum from 4 `vpdpwssd`: llama.cpp's integer sums.
+/// output). The 32-weight types then add `f32(Σu·q)·(d·dₓ) + m·sₓ`; the K-quants, whose
+/// activation blocks each have their own `dₓ`, add `f32(scale·Σu·q)·(d·dₓ)` (Q6_K: per half,
+/// with the half's `32·Σq` taken off) and (Q4_K, Q5_K) `−min·(dmin·dₓ·Σq)`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
@@ -196,9 +195,25 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
     let xs = t.x.scales.as_ptr().add(t.row0 * nb);
     let low = _mm512_set1_epi8(0x0f);
     let mut accf = [_mm512_setzero_ps(); MR];
-    // K-quants: the super-block's integer sums.
-    let mut sums = [_mm512_setzero_si512(); MR];
+    // K-quants: the super-block's `d`, `dmin` and its blocks' mins, per output row.
+    let (mut d, mut dmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut mins = [_mm512_setzero_ps(); SUPER_BLOCK / BLOCK];
     for b in 0..nb {
+        if f.k_quant() && b % per == 0 {
+            let head = w.add(f.header_offset(b));
+            d = _mm512_cvtph_ps(_mm256_loadu_si256(head as *const __m256i));
+            if f != Format::Q6K {
+                dmin = _mm512_cvtph_ps(_mm256_loadu_si256(head.add(32) as *const __m256i));
+                // Row r's mins of blocks 2p and 2p + 1: the i16 halves of i32 lane r.
+                for p in 0..per / 2 {
+                    let at = head.add(Format::min_offset(0, 2 * p)) as *const __m256i;
+                    let pair = _mm512_cvtepu8_epi16(_mm256_loadu_si256(at));
+                    let low = _mm512_and_si512(pair, _mm512_set1_epi32(0xffff));
+                    mins[2 * p] = _mm512_cvtepi32_ps(low);
+                    mins[2 * p + 1] = _mm512_cvtepi32_ps(_mm512_srli_epi32::<16>(pair));
+                }
+            }
+        }
         let blk = w.add(f.block_offset(b));
         let xb = xq.add(b * BLOCK);
         // Q6_K: the first half's sums (the second half's go to `acci`).
@@ -252,9 +267,13 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
                 }
             }
             Format::KNibbles | Format::KBytes => {
-                let s = scales(0, false);
-                for (sum, dot) in sums.iter_mut().zip(&acci) {
-                    *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(*dot, s));
+                let (s, m) = (scales(0, false), mins[b % per]);
+                for (i, (a, dot)) in accf.iter_mut().zip(&acci).enumerate() {
+                    let sc = &*xs.add(i * nb + b);
+                    let sum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(*dot, s));
+                    *a = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(sc.d)), *a);
+                    let offset = _mm512_mul_ps(dmin, _mm512_set1_ps(sc.d * sc.qsum as f32));
+                    *a = _mm512_fnmadd_ps(m, offset, *a);
                 }
             }
             Format::Q6K => {
@@ -266,34 +285,8 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
                         _mm512_sub_epi32(acci[i], _mm512_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
                     let both =
                         _mm512_add_epi32(_mm512_mullo_epi32(lo, s0), _mm512_mullo_epi32(hi, s1));
-                    sums[i] = _mm512_add_epi32(sums[i], both);
-                }
-            }
-        }
-        if f.k_quant() && b % per == per - 1 {
-            let head = w.add(f.header_offset(b));
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(head as *const __m256i));
-            let first = b + 1 - per;
-            // Q4_K, Q5_K: row r's mins of blocks 2p, 2p + 1 as i16 lanes 2r, 2r + 1.
-            let mins: [__m512i; 4] = std::array::from_fn(|p| {
-                let at = head.add(Format::min_offset(0, 2 * p)) as *const __m256i;
-                _mm512_cvtepu8_epi16(_mm256_loadu_si256(at))
-            });
-            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(head.add(32) as *const __m256i));
-            for i in 0..MR {
-                let sc = xs.add(i * nb + first);
-                let dx = _mm512_set1_ps((*sc).d);
-                accf[i] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_mul_ps(d, dx), accf[i]);
-                sums[i] = _mm512_setzero_si512();
-                if f != Format::Q6K {
-                    let mut min_sum = _mm512_setzero_si512();
-                    for (p, m) in mins.iter().enumerate() {
-                        let q = qsum_pair(&*sc.add(2 * p), &*sc.add(2 * p + 1));
-                        min_sum = _mm512_dpwssd_epi32(min_sum, *m, _mm512_set1_epi32(q));
-                    }
-                    let dm = _mm512_mul_ps(dmin, dx);
-                    accf[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), dm, accf[i]);
+                    let dx = _mm512_mul_ps(d, _mm512_set1_ps(sc.d));
+                    accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), dx, accf[i]);
                 }
             }
         }
@@ -332,9 +325,25 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut accf = [_mm256_setzero_ps(); MR];
-    // K-quants: the super-block's integer sums.
-    let mut sums = [_mm256_setzero_si256(); MR];
+    // K-quants: the super-block's `d`, `dmin` and its blocks' mins, per output row.
+    let (mut d, mut dmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut mins = [_mm256_setzero_ps(); SUPER_BLOCK / BLOCK];
     for b in 0..nb {
+        if f.k_quant() && b % per == 0 {
+            let head = panel.add(f.header_offset(b));
+            d = _mm256_cvtph_ps(_mm_loadu_si128(head.add(16 * half) as *const __m128i));
+            if f != Format::Q6K {
+                dmin = _mm256_cvtph_ps(_mm_loadu_si128(head.add(32 + 16 * half) as *const __m128i));
+                // Row r's mins of blocks 2p and 2p + 1: the i16 halves of i32 lane r.
+                for p in 0..per / 2 {
+                    let at = head.add(Format::min_offset(8 * half, 2 * p)) as *const __m128i;
+                    let pair = _mm256_cvtepu8_epi16(_mm_loadu_si128(at));
+                    let low = _mm256_and_si256(pair, _mm256_set1_epi32(0xffff));
+                    mins[2 * p] = _mm256_cvtepi32_ps(low);
+                    mins[2 * p + 1] = _mm256_cvtepi32_ps(_mm256_srli_epi32::<16>(pair));
+                }
+            }
+        }
         let blk = panel.add(f.block_offset(b));
         let w = blk.add(32 * half);
         let xb = xq.add(b * BLOCK);
@@ -411,9 +420,13 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
                 }
             }
             Format::KNibbles | Format::KBytes => {
-                let s = scales(0, false);
-                for (sum, dot) in sums.iter_mut().zip(&acci) {
-                    *sum = _mm256_add_epi32(*sum, _mm256_mullo_epi32(*dot, s));
+                let (s, m) = (scales(0, false), mins[b % per]);
+                for (i, (a, dot)) in accf.iter_mut().zip(&acci).enumerate() {
+                    let sc = &*xs.add(i * nb + b);
+                    let sum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(*dot, s));
+                    *a = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, _mm256_set1_ps(sc.d)), *a);
+                    let offset = _mm256_mul_ps(dmin, _mm256_set1_ps(sc.d * sc.qsum as f32));
+                    *a = _mm256_fnmadd_ps(m, offset, *a);
                 }
             }
             Format::Q6K => {
@@ -425,36 +438,8 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
                         _mm256_sub_epi32(acci[i], _mm256_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
                     let both =
                         _mm256_add_epi32(_mm256_mullo_epi32(lo, s0), _mm256_mullo_epi32(hi, s1));
-                    sums[i] = _mm256_add_epi32(sums[i], both);
-                }
-            }
-        }
-        if f.k_quant() && b % per == per - 1 {
-            let head = panel.add(f.header_offset(b));
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(head.add(16 * half) as *const __m128i));
-            let first = b + 1 - per;
-            // Q4_K, Q5_K: row r's mins of blocks 2p, 2p + 1 as i16 lanes 2r, 2r + 1 (these 8
-            // rows).
-            let mins: [__m256i; 4] = std::array::from_fn(|p| {
-                let at = head.add(Format::min_offset(8 * half, 2 * p)) as *const __m128i;
-                _mm256_cvtepu8_epi16(_mm_loadu_si128(at))
-            });
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(head.add(32 + 16 * half) as *const __m128i));
-            for i in 0..MR {
-                let sc = xs.add(i * nb + first);
-                let dx = _mm256_set1_ps((*sc).d);
-                accf[i] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_mul_ps(d, dx), accf[i]);
-                sums[i] = _mm256_setzero_si256();
-                if f != Format::Q6K {
-                    let mut min_sum = _mm256_setzero_si256();
-                    for (p, m) in mins.iter().enumerate() {
-                        let q = qsum_pair(&*sc.add(2 * p), &*sc.add(2 * p + 1));
-                        let prod = _mm256_madd_epi16(*m, _mm256_set1_epi32(q));
-                        min_sum = _mm256_add_epi32(min_sum, prod);
-                    }
-                    let dm = _mm256_mul_ps(dmin, dx);
-                    accf[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_sum), dm, accf[i]);
+                    let dx = _mm256_mul_ps(d, _mm256_set1_ps(sc.d));
+                    accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), dx, accf[i]);
                 }
             }
         }
@@ -466,12 +451,6 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
         let dst = t.out.add(i * t.ldo + 8 * half);
         std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
     }
-}
-
-/// Two blocks' `Σq` as the i16 pair of one i32 lane (|Σq| ≤ 32·127 fits i16).
-fn qsum_pair(a: &BlockScale, b: &BlockScale) -> i32 {
-    let half = |s: &BlockScale| u32::from(s.qsum as i16 as u16);
-    (half(a) | (half(b) << 16)) as i32
 }
 
 /// Largest `|x|`.
@@ -493,9 +472,8 @@ pub fn quantize_block_scalar(x: &[f32], q: &mut [i8], inv: f32) -> (i32, i32) {
     (sum, low)
 }
 
-/// The reference kernel: the same sum in plain integer and float arithmetic. The
-/// K-quants sum `scale·Σu·q` and `min·Σq` over a super-block in integers and scale the two
-/// sums once, as llama.cpp does: `acc += f32(Σ)·(d·dₓ) − f32(Σₘ)·(dmin·dₓ)`.
+/// The reference kernel: the same sum in plain integer and float arithmetic. A K-quant
+/// block adds `f32(scale·Σu·q)·(d·dₓ) − min·(dmin·dₓ·Σq)` with its own activation scale `dₓ`.
 ///
 /// # Safety
 /// `tile.out` is writable for `tile.rows` rows of `tile.cols` values at stride `tile.ldo`.
@@ -507,7 +485,6 @@ pub unsafe fn tile_scalar(tile: &Tile<'_>) {
         let row = tile.row0 + i;
         for r in 0..tile.cols {
             let mut acc = 0.0f32;
-            let (mut sum, mut min_sum) = (0i32, 0i32);
             for b in 0..nb {
                 let blk = &tile.panel[format.block_offset(b)..];
                 let mut dots = [0i32; 2];
@@ -517,10 +494,9 @@ pub unsafe fn tile_scalar(tile: &Tile<'_>) {
                     dots[c / (BLOCK / 2)] += i32::from(u) * i32::from(q);
                 }
                 let sc = tile.x.scales[row * nb + b];
-                let last = b % format.super_blocks() == format.super_blocks() - 1;
-                match row_scales(format, tile.panel, b, r) {
+                acc += match row_scales(format, tile.panel, b, r) {
                     RowScales::Affine { d, m } => {
-                        acc += (dots[0] + dots[1]) as f32 * (d * sc.d) + m * sc.s
+                        (dots[0] + dots[1]) as f32 * (d * sc.d) + m * sc.s
                     }
                     RowScales::ScaleMin {
                         d,
@@ -528,23 +504,15 @@ pub unsafe fn tile_scalar(tile: &Tile<'_>) {
                         scale,
                         min,
                     } => {
-                        sum += scale * (dots[0] + dots[1]);
-                        min_sum += min * sc.qsum;
-                        if last {
-                            acc += sum as f32 * (d * sc.d) - min_sum as f32 * (dmin * sc.d);
-                            (sum, min_sum) = (0, 0);
-                        }
+                        (scale * (dots[0] + dots[1])) as f32 * (d * sc.d)
+                            - min as f32 * (dmin * (sc.d * sc.qsum as f32))
                     }
                     RowScales::Halves { d, scales } => {
                         let low = dots[0] - 32 * sc.qsum_low;
                         let high = dots[1] - 32 * (sc.qsum - sc.qsum_low);
-                        sum += scales[0] * low + scales[1] * high;
-                        if last {
-                            acc += sum as f32 * (d * sc.d);
-                            sum = 0;
-                        }
+                        (scales[0] * low + scales[1] * high) as f32 * (d * sc.d)
                     }
-                }
+                };
             }
             *tile.out.add(i * tile.ldo + r) = acc;
         }
