@@ -572,6 +572,8 @@ impl Backend for CpuBackend {
             &seqs,
             &step.slots,
             out_data,
+            rayon::current_num_threads(),
+            Isa::detect(),
         )
     }
 

@@ -3,13 +3,12 @@
 
 use serde_json::{json, Map, Value};
 
-use super::body::Body;
-use super::constraints::{request_constraint, with_tool_choice, Constraint, ConstraintFields};
-use super::fields::{ChatFields, MessageBody, NoEffectFields, SharedFields};
+use super::constraints::{request_constraint, with_tool_choice, Constraint};
+use super::fields::{ChatFields, MessageBody};
 use super::sampling::{check_unsupported_values, sampling_params};
 use super::{
-    check_model, choices, count, encode, room_after, stream_flags, GenerateRequest, ModelInfo,
-    RequestFields,
+    check_model, choices, count, encode, read_generation_body, room_after, stream_flags,
+    GenerateRequest, ModelInfo, RequestFields,
 };
 use crate::sampler::SamplingParams;
 use crate::server::error::ApiError;
@@ -23,12 +22,7 @@ pub fn chat_request(
     info: &ModelInfo,
     tokenizer: &Tokenizer,
 ) -> Result<GenerateRequest, ApiError> {
-    let mut body = Body::parse(body)?;
-    let shared: SharedFields = body.read()?;
-    let own: ChatFields = body.read()?;
-    let constraint_fields: ConstraintFields = body.read()?;
-    body.read::<NoEffectFields>()?;
-    body.finish()?;
+    let (shared, own, constraint_fields) = read_generation_body::<ChatFields>(body)?;
     for (given, field, successor) in [
         (&own.functions, "functions", "tools"),
         (&own.function_call, "function_call", "tool_choice"),

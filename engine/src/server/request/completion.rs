@@ -2,13 +2,12 @@
 
 use serde_json::Value;
 
-use super::body::Body;
-use super::constraints::{request_constraint, ConstraintFields};
-use super::fields::{CompletionFields, NoEffectFields, SharedFields};
+use super::constraints::request_constraint;
+use super::fields::CompletionFields;
 use super::sampling::{check_unsupported_values, sampling_params};
 use super::{
-    check_model, choices, count, encode, room_after, stream_flags, GenerateRequest, ModelInfo,
-    RequestFields,
+    check_model, choices, count, encode, read_generation_body, room_after, stream_flags,
+    GenerateRequest, ModelInfo, RequestFields,
 };
 use crate::server::error::ApiError;
 use crate::tokenizer::Tokenizer;
@@ -24,12 +23,7 @@ pub fn completion_request(
     info: &ModelInfo,
     tokenizer: &Tokenizer,
 ) -> Result<GenerateRequest, ApiError> {
-    let mut body = Body::parse(body)?;
-    let shared: SharedFields = body.read()?;
-    let own: CompletionFields = body.read()?;
-    let constraint_fields: ConstraintFields = body.read()?;
-    body.read::<NoEffectFields>()?;
-    body.finish()?;
+    let (shared, own, constraint_fields) = read_generation_body::<CompletionFields>(body)?;
     check_unsupported_values(&shared)?;
     let model = check_model(shared.model.clone(), info)?;
     if own.echo == Some(true) {

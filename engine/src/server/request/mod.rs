@@ -23,8 +23,9 @@ use super::formats::{ChatFormat, Reading};
 use crate::limits::{CheckedSequence, LimitError, RequestLimits};
 use crate::sampler::SamplingParams;
 use crate::tokenizer::Tokenizer;
-use constraints::Constraint;
-use fields::StreamOptions;
+use body::Body;
+use constraints::{Constraint, ConstraintFields};
+use fields::{NoEffectFields, SharedFields, StreamOptions};
 
 /// Most choices (`n`) one request may ask for.
 const MAX_N: u64 = 128;
@@ -151,6 +152,20 @@ impl RequestFields {
 }
 
 /// The `model` field: absent means the served model, an unknown name is a 404.
+/// A generation route's body read whole: the fields both routes share, the route's `Own`,
+/// the structured-output fields, and those that change nothing; any other field is refused.
+fn read_generation_body<Own: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<(SharedFields, Own, ConstraintFields), ApiError> {
+    let mut body = Body::parse(bytes)?;
+    let shared = body.read()?;
+    let own = body.read()?;
+    let constraint_fields = body.read()?;
+    body.read::<NoEffectFields>()?;
+    body.finish()?;
+    Ok((shared, own, constraint_fields))
+}
+
 fn check_model(model: Option<String>, info: &ModelInfo) -> Result<String, ApiError> {
     match model {
         None => Ok(info.served_names[0].clone()),

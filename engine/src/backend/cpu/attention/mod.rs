@@ -49,6 +49,8 @@ pub struct Softmax<'a> {
 /// the logits `s` as `softmax.scores` says, over positions `0..=pos(t)` of the row's
 /// sequence, or with a `window` over its last `window` of them
 /// (`pos(t) - window < k <= pos(t)`); a head's sink adds `exp(sink)` to its denominator.
+/// Runs the kernel set `isa`, splitting contexts for `threads` threads.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     qkv: &[f32],
     layout: QkvLayout,
@@ -57,6 +59,8 @@ pub fn attention(
     seqs: &[AttnSeq<'_>],
     slots: &[usize],
     out: &mut [f32],
+    threads: usize,
+    isa: Isa,
 ) -> anyhow::Result<()> {
     ensure!(
         cache.num_kv_heads == layout.num_kv_heads && cache.head_dim == layout.head_dim,
@@ -79,33 +83,6 @@ pub fn attention(
             layout.num_heads
         );
     }
-    let threads = rayon::current_num_threads();
-    attention_with(
-        qkv,
-        layout,
-        softmax,
-        cache,
-        seqs,
-        slots,
-        out,
-        threads,
-        Isa::detect(),
-    )
-}
-
-/// [`attention`] with the kernel set `isa`, splitting contexts for `threads` threads.
-#[allow(clippy::too_many_arguments)]
-fn attention_with(
-    qkv: &[f32],
-    layout: QkvLayout,
-    softmax: Softmax<'_>,
-    cache: &mut CpuKvCache,
-    seqs: &[AttnSeq<'_>],
-    slots: &[usize],
-    out: &mut [f32],
-    threads: usize,
-    isa: Isa,
-) -> anyhow::Result<()> {
     cache.write(qkv, layout, slots)?;
     let mut items = work_items(seqs, layout, softmax.window, slots.len(), cache)?;
     let splits = split_contexts(&mut items, cache.block_size, threads);

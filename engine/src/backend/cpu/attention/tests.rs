@@ -61,7 +61,7 @@ fn every_kernel_set_matches_plain_attention() {
         };
         let slots: Vec<usize> = (0..20).collect();
         let mut out = vec![0.0; 20 * layout.q_width()];
-        attention_with(
+        attention(
             &first,
             layout,
             plain(None, hd),
@@ -90,7 +90,7 @@ fn every_kernel_set_matches_plain_attention() {
         let mut slots = vec![table_a[20 / bs] as usize * bs + 20 % bs];
         slots.extend((0..37).map(|p| table_b[p / bs] as usize * bs + p % bs));
         let mut out2 = vec![0.0; 38 * layout.q_width()];
-        attention_with(
+        attention(
             &second,
             layout,
             plain(None, hd),
@@ -259,7 +259,7 @@ fn a_split_context_merges_to_plain_attention() {
             };
             let slots: Vec<usize> = (0..n - 1).collect();
             let mut out = vec![0.0; (n - 1) * LAYOUT.q_width()];
-            attention_with(
+            attention(
                 &qkv[..(n - 1) * width],
                 LAYOUT,
                 plain(None, LAYOUT.head_dim),
@@ -283,7 +283,7 @@ fn a_split_context_merges_to_plain_attention() {
             assert_eq!(splits.iter().map(|s| s.parts).collect::<Vec<_>>(), [4, 4]);
             let mut out = vec![0.0; LAYOUT.q_width()];
             let last = &qkv[(n - 1) * width..];
-            attention_with(
+            attention(
                 last,
                 LAYOUT,
                 plain(None, LAYOUT.head_dim),
@@ -324,7 +324,7 @@ fn a_sliding_window_attends_to_the_last_window_positions() {
             };
             let slots: Vec<usize> = (start..end).collect();
             let mut out = vec![0.0; (end - start) * LAYOUT.q_width()];
-            attention_with(
+            attention(
                 &qkv[start * width..end * width],
                 LAYOUT,
                 plain(Some(window), LAYOUT.head_dim),
@@ -383,7 +383,7 @@ fn a_sink_joins_the_denominator_and_weighs_no_value() {
             sinks: Some(&sinks),
             ..plain(None, LAYOUT.head_dim)
         };
-        attention_with(
+        attention(
             &qkv,
             LAYOUT,
             softmax,
@@ -435,7 +435,7 @@ fn sinks_hold_in_whole_and_split_contexts() {
             let slots: Vec<usize> = (start..end).collect();
             let mut out = vec![0.0; (end - start) * LAYOUT.q_width()];
             let rows = &qkv[start * width..end * width];
-            attention_with(
+            attention(
                 rows,
                 LAYOUT,
                 softmax,
