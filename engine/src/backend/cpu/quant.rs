@@ -354,12 +354,15 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale], act: Act
                     qsum_low,
                 }
             }
-            ActScales::F32 => BlockScale {
-                d: if inv > 0.0 { 1.0 / inv } else { 0.0 },
-                s: 0.0,
-                qsum,
-                qsum_low,
-            },
+            ActScales::F32 => {
+                let d = if inv > 0.0 { 1.0 / inv } else { 0.0 };
+                BlockScale {
+                    d,
+                    s: d * qsum as f32,
+                    qsum,
+                    qsum_low,
+                }
+            }
         };
     }
 }
@@ -670,7 +673,7 @@ mod tests {
                 assert_eq!((sc.qsum, sc.qsum_low), (sum(q), sum(&q[..BLOCK / 2])));
                 let s = sc.d * sc.qsum as f32;
                 if act == ActScales::F32 {
-                    assert_eq!(sc.s, 0.0);
+                    assert_eq!(sc.s, s, "{b}");
                 } else {
                     assert!((sc.s - s).abs() <= s.abs() * 2f32.powi(-10), "{act:?} {b}");
                 }

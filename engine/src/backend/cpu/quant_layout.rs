@@ -203,8 +203,8 @@ pub(super) fn row_scales(format: Format, panel: &[u8], b: usize, r: usize) -> Ro
 pub struct BlockScale {
     /// `dₓ`.
     pub d: f32,
-    /// `dₓ·Σq` (the 32-weight types' offset term; zero for `ActScales::F32`, whose
-    /// kernels take the offsets from `qsum`).
+    /// `dₓ·Σq`: the offset term (of the 32-weight types' `m`, and of the K-quants' mins;
+    /// rounded to f16 for `ActScales::Q8_1`, as llama.cpp stores it).
     pub s: f32,
     /// `Σq` (the AVX2 byte kernel's `128·Σq`, Q6_K's `32·Σq`, the Q4_K / Q5_K mins).
     pub qsum: i32,

@@ -181,8 +181,9 @@ impl Tile<'_> {
 
 /// `MR` rows × 16 columns. Per block: 8 `vpdpbusd` per row into i32 lanes (one lane per
 /// output). The 32-weight types then add `f32(Σu·q)·(d·dₓ) + m·sₓ`; the K-quants, whose
-/// activation blocks each have their own `dₓ`, add `f32(scale·Σu·q)·(d·dₓ)` (Q6_K: per half,
-/// with the half's `32·Σq` taken off) and (Q4_K, Q5_K) `−min·(dmin·dₓ·Σq)`.
+/// activation blocks each have their own `dₓ`, add `f32(Σu·q)·(scale·d)·dₓ` (Q6_K: per half,
+/// with the half's `32·Σq` taken off) and (Q4_K, Q5_K) `−(min·dmin)·sₓ`, the products of the
+/// weights' scales taken once per block for all the activation rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
@@ -195,22 +196,23 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
     let xs = t.x.scales.as_ptr().add(t.row0 * nb);
     let low = _mm512_set1_epi8(0x0f);
     let mut accf = [_mm512_setzero_ps(); MR];
-    // K-quants: the super-block's `d`, `dmin` and its blocks' mins, per output row.
-    let (mut d, mut dmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    // K-quants: the super-block's `d` and its blocks' `min·dmin`, per output row.
+    let mut d = _mm512_setzero_ps();
     let mut mins = [_mm512_setzero_ps(); SUPER_BLOCK / BLOCK];
     for b in 0..nb {
         if f.k_quant() && b % per == 0 {
             let head = w.add(f.header_offset(b));
             d = _mm512_cvtph_ps(_mm256_loadu_si256(head as *const __m256i));
             if f != Format::Q6K {
-                dmin = _mm512_cvtph_ps(_mm256_loadu_si256(head.add(32) as *const __m256i));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(head.add(32) as *const __m256i));
                 // Row r's mins of blocks 2p and 2p + 1: the i16 halves of i32 lane r.
                 for p in 0..per / 2 {
                     let at = head.add(Format::min_offset(0, 2 * p)) as *const __m256i;
                     let pair = _mm512_cvtepu8_epi16(_mm256_loadu_si256(at));
                     let low = _mm512_and_si512(pair, _mm512_set1_epi32(0xffff));
-                    mins[2 * p] = _mm512_cvtepi32_ps(low);
-                    mins[2 * p + 1] = _mm512_cvtepi32_ps(_mm512_srli_epi32::<16>(pair));
+                    mins[2 * p] = _mm512_mul_ps(_mm512_cvtepi32_ps(low), dmin);
+                    let high = _mm512_srli_epi32::<16>(pair);
+                    mins[2 * p + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(high), dmin);
                 }
             }
         }
@@ -267,26 +269,28 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
                 }
             }
             Format::KNibbles | Format::KBytes => {
-                let (s, m) = (scales(0, false), mins[b % per]);
+                // `scale·d` and `min·dmin` per output row, shared by the activation rows.
+                let sd = _mm512_mul_ps(_mm512_cvtepi32_ps(scales(0, false)), d);
+                let min = mins[b % per];
                 for (i, (a, dot)) in accf.iter_mut().zip(&acci).enumerate() {
                     let sc = &*xs.add(i * nb + b);
-                    let sum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(*dot, s));
-                    *a = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(sc.d)), *a);
-                    let offset = _mm512_mul_ps(dmin, _mm512_set1_ps(sc.d * sc.qsum as f32));
-                    *a = _mm512_fnmadd_ps(m, offset, *a);
+                    let sum = _mm512_mul_ps(_mm512_cvtepi32_ps(*dot), sd);
+                    *a = _mm512_fmadd_ps(sum, _mm512_set1_ps(sc.d), *a);
+                    *a = _mm512_fnmadd_ps(min, _mm512_set1_ps(sc.s), *a);
                 }
             }
             Format::Q6K => {
-                let (s0, s1) = (scales(0, true), scales(16, true));
+                // Each half's `scale·d` per output row.
+                let sd0 = _mm512_mul_ps(_mm512_cvtepi32_ps(scales(0, true)), d);
+                let sd1 = _mm512_mul_ps(_mm512_cvtepi32_ps(scales(16, true)), d);
                 for i in 0..MR {
                     let sc = &*xs.add(i * nb + b);
                     let lo = _mm512_sub_epi32(acc_low[i], _mm512_set1_epi32(32 * sc.qsum_low));
                     let hi =
                         _mm512_sub_epi32(acci[i], _mm512_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
-                    let both =
-                        _mm512_add_epi32(_mm512_mullo_epi32(lo, s0), _mm512_mullo_epi32(hi, s1));
-                    let dx = _mm512_mul_ps(d, _mm512_set1_ps(sc.d));
-                    accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), dx, accf[i]);
+                    let high = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), sd1);
+                    let both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), sd0, high);
+                    accf[i] = _mm512_fmadd_ps(both, _mm512_set1_ps(sc.d), accf[i]);
                 }
             }
         }
@@ -325,22 +329,24 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut accf = [_mm256_setzero_ps(); MR];
-    // K-quants: the super-block's `d`, `dmin` and its blocks' mins, per output row.
-    let (mut d, mut dmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    // K-quants: the super-block's `d` and its blocks' `min·dmin`, per output row.
+    let mut d = _mm256_setzero_ps();
     let mut mins = [_mm256_setzero_ps(); SUPER_BLOCK / BLOCK];
     for b in 0..nb {
         if f.k_quant() && b % per == 0 {
             let head = panel.add(f.header_offset(b));
             d = _mm256_cvtph_ps(_mm_loadu_si128(head.add(16 * half) as *const __m128i));
             if f != Format::Q6K {
-                dmin = _mm256_cvtph_ps(_mm_loadu_si128(head.add(32 + 16 * half) as *const __m128i));
+                let dmin =
+                    _mm256_cvtph_ps(_mm_loadu_si128(head.add(32 + 16 * half) as *const __m128i));
                 // Row r's mins of blocks 2p and 2p + 1: the i16 halves of i32 lane r.
                 for p in 0..per / 2 {
                     let at = head.add(Format::min_offset(8 * half, 2 * p)) as *const __m128i;
                     let pair = _mm256_cvtepu8_epi16(_mm_loadu_si128(at));
                     let low = _mm256_and_si256(pair, _mm256_set1_epi32(0xffff));
-                    mins[2 * p] = _mm256_cvtepi32_ps(low);
-                    mins[2 * p + 1] = _mm256_cvtepi32_ps(_mm256_srli_epi32::<16>(pair));
+                    mins[2 * p] = _mm256_mul_ps(_mm256_cvtepi32_ps(low), dmin);
+                    let high = _mm256_srli_epi32::<16>(pair);
+                    mins[2 * p + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(high), dmin);
                 }
             }
         }
@@ -420,26 +426,28 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
                 }
             }
             Format::KNibbles | Format::KBytes => {
-                let (s, m) = (scales(0, false), mins[b % per]);
+                // `scale·d` and `min·dmin` per output row, shared by the activation rows.
+                let sd = _mm256_mul_ps(_mm256_cvtepi32_ps(scales(0, false)), d);
+                let min = mins[b % per];
                 for (i, (a, dot)) in accf.iter_mut().zip(&acci).enumerate() {
                     let sc = &*xs.add(i * nb + b);
-                    let sum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(*dot, s));
-                    *a = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, _mm256_set1_ps(sc.d)), *a);
-                    let offset = _mm256_mul_ps(dmin, _mm256_set1_ps(sc.d * sc.qsum as f32));
-                    *a = _mm256_fnmadd_ps(m, offset, *a);
+                    let sum = _mm256_mul_ps(_mm256_cvtepi32_ps(*dot), sd);
+                    *a = _mm256_fmadd_ps(sum, _mm256_set1_ps(sc.d), *a);
+                    *a = _mm256_fnmadd_ps(min, _mm256_set1_ps(sc.s), *a);
                 }
             }
             Format::Q6K => {
-                let (s0, s1) = (scales(0, true), scales(16, true));
+                // Each half's `scale·d` per output row.
+                let sd0 = _mm256_mul_ps(_mm256_cvtepi32_ps(scales(0, true)), d);
+                let sd1 = _mm256_mul_ps(_mm256_cvtepi32_ps(scales(16, true)), d);
                 for i in 0..MR {
                     let sc = &*xs.add(i * nb + b);
                     let lo = _mm256_sub_epi32(acc_low[i], _mm256_set1_epi32(32 * sc.qsum_low));
                     let hi =
                         _mm256_sub_epi32(acci[i], _mm256_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
-                    let both =
-                        _mm256_add_epi32(_mm256_mullo_epi32(lo, s0), _mm256_mullo_epi32(hi, s1));
-                    let dx = _mm256_mul_ps(d, _mm256_set1_ps(sc.d));
-                    accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), dx, accf[i]);
+                    let high = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), sd1);
+                    let both = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), sd0, high);
+                    accf[i] = _mm256_fmadd_ps(both, _mm256_set1_ps(sc.d), accf[i]);
                 }
             }
         }
@@ -473,7 +481,8 @@ pub fn quantize_block_scalar(x: &[f32], q: &mut [i8], inv: f32) -> (i32, i32) {
 }
 
 /// The reference kernel: the same sum in plain integer and float arithmetic. A K-quant
-/// block adds `f32(scale·Σu·q)·(d·dₓ) − min·(dmin·dₓ·Σq)` with its own activation scale `dₓ`.
+/// block adds `f32(Σu·q)·(scale·d)·dₓ − (min·dmin)·sₓ` with its own activation scale `dₓ`
+/// (and `sₓ = dₓ·Σq`).
 ///
 /// # Safety
 /// `tile.out` is writable for `tile.rows` rows of `tile.cols` values at stride `tile.ldo`.
@@ -504,13 +513,14 @@ pub unsafe fn tile_scalar(tile: &Tile<'_>) {
                         scale,
                         min,
                     } => {
-                        (scale * (dots[0] + dots[1])) as f32 * (d * sc.d)
-                            - min as f32 * (dmin * (sc.d * sc.qsum as f32))
+                        (dots[0] + dots[1]) as f32 * (scale as f32 * d) * sc.d
+                            - min as f32 * dmin * sc.s
                     }
                     RowScales::Halves { d, scales } => {
                         let low = dots[0] - 32 * sc.qsum_low;
                         let high = dots[1] - 32 * (sc.qsum - sc.qsum_low);
-                        (scales[0] * low + scales[1] * high) as f32 * (d * sc.d)
+                        let half = |dot: i32, scale: i32| dot as f32 * (scale as f32 * d);
+                        (half(low, scales[0]) + half(high, scales[1])) * sc.d
                     }
                 };
             }
