@@ -16,8 +16,6 @@ mod lanes;
 mod matmul;
 mod ops;
 mod quant;
-mod quant_layout;
-mod quant_simd;
 mod simd;
 
 use anyhow::{ensure, Context};

@@ -46,7 +46,7 @@ fn cpu_has_avx512_vnni() -> bool {
 }
 
 /// The instruction set the CPU kernels run on: the float kernels (f32 / f16 matmuls,
-/// attention) take AVX2 or AVX-512F; the integer kernels (`quant_simd`) take AVX2, or
+/// attention) take AVX2 or AVX-512F; the integer kernels (`quant::dot`) take AVX2, or
 /// AVX-512 where `vnni` (BW and VNNI) is there too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {

@@ -1,6 +1,6 @@
 //! Where a quantised weight's values and scales sit in the panels the kernels read, and the
-//! quantised activations they multiply: the layout below both the packing (`quant`) and
-//! the kernels (`quant_simd`).
+//! quantised activations they multiply: the layout below both the packing (`pack`) and
+//! the kernels (`dot`).
 
 use crate::weights::ggml_quants::f16_at;
 use crate::weights::QuantType;

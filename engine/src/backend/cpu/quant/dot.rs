@@ -1,13 +1,13 @@
-//! The micro-kernels of [`super::quant`]: one tile of up to 8 activation rows × one panel
+//! The micro-kernels of the quantised matmul: one tile of up to 8 activation rows × one panel
 //! of 16 output rows, with AVX-512 VNNI (`vpdpbusd`: 64 u8·i8 products per instruction)
 //! or AVX2 (`vpmaddubsw`, 8 columns at a time), chosen at run time; and the scalar
 //! reference kernel and fallbacks (`tile_scalar`, `amax_scalar`, `quantize_block_scalar`)
 //! that the others are tested against.
 
-use super::quant_layout::{
+use super::super::simd::Isa;
+use super::layout::{
     row_scales, value_at, Format, QuantRows, RowScales, BLOCK, PANEL, SUPER_BLOCK, TILE_ROWS,
 };
-use super::simd::Isa;
 
 /// Largest `|x|` (`x.len()` a multiple of 8).
 pub fn amax(x: &[f32], isa: Isa) -> f32 {
