@@ -5,9 +5,9 @@
 //! that the others are tested against.
 
 use super::super::simd::Isa;
-use super::layout::{
-    row_scales, value_at, Format, QuantRows, RowScales, BLOCK, PANEL, SUPER_BLOCK, TILE_ROWS,
-};
+use super::layout::{row_scales, value_at, Format, QuantRows, RowScales, BLOCK, PANEL, TILE_ROWS};
+#[cfg(target_arch = "x86_64")]
+use super::scaling::{add_block, Avx2Rows, Avx512Rows, SuperScales};
 
 /// Largest `|x|` (`x.len()` a multiple of 8).
 pub fn amax(x: &[f32], isa: Isa) -> f32 {
@@ -180,10 +180,7 @@ impl Tile<'_> {
 }
 
 /// `MR` rows × 16 columns. Per block: 8 `vpdpbusd` per row into i32 lanes (one lane per
-/// output). The 32-weight types then add `f32(Σu·q)·(d·dₓ) + m·sₓ`; the K-quants, whose
-/// activation blocks each have their own `dₓ`, add `f32(Σu·q)·(scale·d)·dₓ` (Q6_K: per half,
-/// with the half's `32·Σq` taken off) and (Q4_K, Q5_K) `−(min·dmin)·sₓ`, the products of the
-/// weights' scales taken once per block for all the activation rows.
+/// output), then scaled into the f32 sums by [`add_block`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
@@ -196,25 +193,10 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
     let xs = t.x.scales.as_ptr().add(t.row0 * nb);
     let low = _mm512_set1_epi8(0x0f);
     let mut accf = [_mm512_setzero_ps(); MR];
-    // K-quants: the super-block's `d` and its blocks' `min·dmin`, per output row.
-    let mut d = _mm512_setzero_ps();
-    let mut mins = [_mm512_setzero_ps(); SUPER_BLOCK / BLOCK];
+    let mut sup = SuperScales::none::<Avx512Rows>();
     for b in 0..nb {
         if f.k_quant() && b % per == 0 {
-            let head = w.add(f.header_offset(b));
-            d = _mm512_cvtph_ps(_mm256_loadu_si256(head as *const __m256i));
-            if f != Format::Q6K {
-                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(head.add(32) as *const __m256i));
-                // Row r's mins of blocks 2p and 2p + 1: the i16 halves of i32 lane r.
-                for p in 0..per / 2 {
-                    let at = head.add(Format::min_offset(0, 2 * p)) as *const __m256i;
-                    let pair = _mm512_cvtepu8_epi16(_mm256_loadu_si256(at));
-                    let low = _mm512_and_si512(pair, _mm512_set1_epi32(0xffff));
-                    mins[2 * p] = _mm512_mul_ps(_mm512_cvtepi32_ps(low), dmin);
-                    let high = _mm512_srli_epi32::<16>(pair);
-                    mins[2 * p + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(high), dmin);
-                }
-            }
+            sup = SuperScales::load::<Avx512Rows>(f, w.add(f.header_offset(b)), 0);
         }
         let blk = w.add(f.block_offset(b));
         let xb = xq.add(b * BLOCK);
@@ -248,52 +230,8 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
                 }
             }
         }
-        let tail = blk.add(wb);
-        let scales = |at: usize, signed: bool| {
-            let v = _mm_loadu_si128(tail.add(at) as *const __m128i);
-            if signed {
-                _mm512_cvtepi8_epi32(v)
-            } else {
-                _mm512_cvtepu8_epi32(v)
-            }
-        };
-        match f {
-            Format::Nibbles | Format::Bytes => {
-                let d = _mm512_cvtph_ps(_mm256_loadu_si256(tail as *const __m256i));
-                let m = _mm512_cvtph_ps(_mm256_loadu_si256(tail.add(32) as *const __m256i));
-                for (i, (a, s)) in accf.iter_mut().zip(&acci).enumerate() {
-                    let sc = &*xs.add(i * nb + b);
-                    let dx = _mm512_mul_ps(d, _mm512_set1_ps(sc.d));
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), dx, *a);
-                    *a = _mm512_fmadd_ps(m, _mm512_set1_ps(sc.s), *a);
-                }
-            }
-            Format::KNibbles | Format::KBytes => {
-                // `scale·d` and `min·dmin` per output row, shared by the activation rows.
-                let sd = _mm512_mul_ps(_mm512_cvtepi32_ps(scales(0, false)), d);
-                let min = mins[b % per];
-                for (i, (a, dot)) in accf.iter_mut().zip(&acci).enumerate() {
-                    let sc = &*xs.add(i * nb + b);
-                    let sum = _mm512_mul_ps(_mm512_cvtepi32_ps(*dot), sd);
-                    *a = _mm512_fmadd_ps(sum, _mm512_set1_ps(sc.d), *a);
-                    *a = _mm512_fnmadd_ps(min, _mm512_set1_ps(sc.s), *a);
-                }
-            }
-            Format::Q6K => {
-                // Each half's `scale·d` per output row.
-                let sd0 = _mm512_mul_ps(_mm512_cvtepi32_ps(scales(0, true)), d);
-                let sd1 = _mm512_mul_ps(_mm512_cvtepi32_ps(scales(16, true)), d);
-                for i in 0..MR {
-                    let sc = &*xs.add(i * nb + b);
-                    let lo = _mm512_sub_epi32(acc_low[i], _mm512_set1_epi32(32 * sc.qsum_low));
-                    let hi =
-                        _mm512_sub_epi32(acci[i], _mm512_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
-                    let high = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), sd1);
-                    let both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), sd0, high);
-                    accf[i] = _mm512_fmadd_ps(both, _mm512_set1_ps(sc.d), accf[i]);
-                }
-            }
-        }
+        let sums = (&acc_low, &acci);
+        add_block::<Avx512Rows, MR>(f, blk.add(wb), 0, &sup, b, (xs.add(b), nb), sums, &mut accf);
     }
     let mask: __mmask16 = if t.cols >= PANEL {
         0xffff
@@ -329,26 +267,10 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut accf = [_mm256_setzero_ps(); MR];
-    // K-quants: the super-block's `d` and its blocks' `min·dmin`, per output row.
-    let mut d = _mm256_setzero_ps();
-    let mut mins = [_mm256_setzero_ps(); SUPER_BLOCK / BLOCK];
+    let mut sup = SuperScales::none::<Avx2Rows>();
     for b in 0..nb {
         if f.k_quant() && b % per == 0 {
-            let head = panel.add(f.header_offset(b));
-            d = _mm256_cvtph_ps(_mm_loadu_si128(head.add(16 * half) as *const __m128i));
-            if f != Format::Q6K {
-                let dmin =
-                    _mm256_cvtph_ps(_mm_loadu_si128(head.add(32 + 16 * half) as *const __m128i));
-                // Row r's mins of blocks 2p and 2p + 1: the i16 halves of i32 lane r.
-                for p in 0..per / 2 {
-                    let at = head.add(Format::min_offset(8 * half, 2 * p)) as *const __m128i;
-                    let pair = _mm256_cvtepu8_epi16(_mm_loadu_si128(at));
-                    let low = _mm256_and_si256(pair, _mm256_set1_epi32(0xffff));
-                    mins[2 * p] = _mm256_mul_ps(_mm256_cvtepi32_ps(low), dmin);
-                    let high = _mm256_srli_epi32::<16>(pair);
-                    mins[2 * p + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(high), dmin);
-                }
-            }
+            sup = SuperScales::load::<Avx2Rows>(f, panel.add(f.header_offset(b)), 8 * half);
         }
         let blk = panel.add(f.block_offset(b));
         let w = blk.add(32 * half);
@@ -404,53 +326,17 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
                 }
             }
         }
-        let tail = blk.add(wb);
-        let scales = |at: usize, signed: bool| {
-            let v = _mm_loadl_epi64(tail.add(at + 8 * half) as *const __m128i);
-            if signed {
-                _mm256_cvtepi8_epi32(v)
-            } else {
-                _mm256_cvtepu8_epi32(v)
-            }
-        };
-        match f {
-            Format::Nibbles | Format::Bytes => {
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(tail.add(16 * half) as *const __m128i));
-                let at = tail.add(32 + 16 * half) as *const __m128i;
-                let m = _mm256_cvtph_ps(_mm_loadu_si128(at));
-                for (i, (a, s)) in accf.iter_mut().zip(&acci).enumerate() {
-                    let sc = &*xs.add(i * nb + b);
-                    let dx = _mm256_mul_ps(d, _mm256_set1_ps(sc.d));
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*s), dx, *a);
-                    *a = _mm256_fmadd_ps(m, _mm256_set1_ps(sc.s), *a);
-                }
-            }
-            Format::KNibbles | Format::KBytes => {
-                // `scale·d` and `min·dmin` per output row, shared by the activation rows.
-                let sd = _mm256_mul_ps(_mm256_cvtepi32_ps(scales(0, false)), d);
-                let min = mins[b % per];
-                for (i, (a, dot)) in accf.iter_mut().zip(&acci).enumerate() {
-                    let sc = &*xs.add(i * nb + b);
-                    let sum = _mm256_mul_ps(_mm256_cvtepi32_ps(*dot), sd);
-                    *a = _mm256_fmadd_ps(sum, _mm256_set1_ps(sc.d), *a);
-                    *a = _mm256_fnmadd_ps(min, _mm256_set1_ps(sc.s), *a);
-                }
-            }
-            Format::Q6K => {
-                // Each half's `scale·d` per output row.
-                let sd0 = _mm256_mul_ps(_mm256_cvtepi32_ps(scales(0, true)), d);
-                let sd1 = _mm256_mul_ps(_mm256_cvtepi32_ps(scales(16, true)), d);
-                for i in 0..MR {
-                    let sc = &*xs.add(i * nb + b);
-                    let lo = _mm256_sub_epi32(acc_low[i], _mm256_set1_epi32(32 * sc.qsum_low));
-                    let hi =
-                        _mm256_sub_epi32(acci[i], _mm256_set1_epi32(32 * (sc.qsum - sc.qsum_low)));
-                    let high = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), sd1);
-                    let both = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), sd0, high);
-                    accf[i] = _mm256_fmadd_ps(both, _mm256_set1_ps(sc.d), accf[i]);
-                }
-            }
-        }
+        let (sums, row0) = ((&acc_low, &acci), 8 * half);
+        add_block::<Avx2Rows, MR>(
+            f,
+            blk.add(wb),
+            row0,
+            &sup,
+            b,
+            (xs.add(b), nb),
+            sums,
+            &mut accf,
+        );
     }
     let cols = t.cols.saturating_sub(8 * half).min(8);
     for (i, f) in accf.iter().enumerate() {

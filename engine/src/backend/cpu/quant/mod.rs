@@ -23,6 +23,7 @@ mod activations;
 mod dot;
 mod layout;
 mod pack;
+mod scaling;
 #[cfg(test)]
 mod tests;
 
