@@ -35,8 +35,8 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub enforce_eager: bool,
     /// CPU: how GGUF's quantised weights are multiplied. `auto` (or `fastest`): integer
-    /// kernels on the blocks (activations rounded to 8 bits per block, llama.cpp's
-    /// arithmetic) wherever the CPU has integer SIMD kernels (AVX2 or AVX-512 VNNI), else f16
+    /// kernels on the blocks (activations rounded to 8 bits per block of 32: as llama.cpp
+    /// rounds them for the 32-weight types, with finer scales for the K-quants) wherever the CPU has integer SIMD kernels (AVX2 or AVX-512 VNNI), else f16
     /// kernels on a dequantised copy, by that rule, so every process computes the same
     /// logits; `integer` and `dequantize` force one (`dequantize` reproduces transformers'
     /// f32 logits on the dequantised weights, at a third of the decode speed).

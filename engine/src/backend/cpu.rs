@@ -570,7 +570,7 @@ impl Backend for CpuBackend {
             &seqs,
             &step.slots,
             out_data,
-            rayon::current_num_threads(),
+            self.threads(),
             Isa::detect(),
         )
     }

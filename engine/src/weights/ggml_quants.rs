@@ -90,7 +90,8 @@ impl QuantType {
     }
 
     /// Whether the type is a K-quant (256-weight super-blocks; llama.cpp multiplies these
-    /// with activations quantised per 256 values, the others per 32).
+    /// with activations quantised per 256 values, the others per 32; the CPU backend here
+    /// quantises every activation per 32).
     pub fn is_k_quant(self) -> bool {
         self.block_elems() == QK_K
     }

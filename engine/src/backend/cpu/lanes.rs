@@ -63,7 +63,7 @@ pub unsafe fn dispatch<K: Kernel>(isa: Isa, kernel: K) -> K::Output {
         Isa::Avx512 { .. } => with_avx512(kernel),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => with_avx2(kernel),
-        _ => kernel.run::<Scalar>(),
+        _ => kernel.run::<Plain>(),
     }
 }
 
@@ -80,13 +80,13 @@ unsafe fn with_avx2<K: Kernel>(kernel: K) -> K::Output {
 }
 
 /// Plain arrays of eight (any CPU; unfused multiply-add).
-pub struct Scalar;
+pub struct Plain;
 
-impl Lanes for Scalar {
+impl Lanes for Plain {
     type V = [f32; 8];
     type V16 = [f32; 16];
     const N: usize = 8;
-    /// An `[f32; 8]` is two SSE registers of 16.
+    /// An `[f32; 8]` takes two of the 16 SSE registers.
     const REGISTERS: usize = 8;
     const FMA: bool = false;
 

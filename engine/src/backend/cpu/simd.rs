@@ -81,6 +81,16 @@ impl Isa {
         sets
     }
 
+    /// Whether this CPU runs the set (the kernels' safe entries check it once per call).
+    pub fn runs_here(self) -> bool {
+        match (self, Isa::detect()) {
+            (Isa::Scalar, _) => true,
+            (Isa::Avx2, here) => here != Isa::Scalar,
+            (Isa::Avx512 { vnni: false }, here) => matches!(here, Isa::Avx512 { .. }),
+            (Isa::Avx512 { vnni: true }, here) => here == Isa::Avx512 { vnni: true },
+        }
+    }
+
     /// Whether the integer kernels have SIMD code for this set (every set but scalar).
     pub fn integer_simd(self) -> bool {
         self != Isa::Scalar

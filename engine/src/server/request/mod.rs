@@ -151,7 +151,6 @@ impl RequestFields {
     }
 }
 
-/// The `model` field: absent means the served model, an unknown name is a 404.
 /// A generation route's body read whole: the fields both routes share, the route's `Own`,
 /// the structured-output fields, and those that change nothing; any other field is refused.
 fn read_generation_body<Own: serde::de::DeserializeOwned>(
@@ -166,6 +165,7 @@ fn read_generation_body<Own: serde::de::DeserializeOwned>(
     Ok((shared, own, constraint_fields))
 }
 
+/// The `model` field: absent means the served model, an unknown name is a 404.
 fn check_model(model: Option<String>, info: &ModelInfo) -> Result<String, ApiError> {
     match model {
         None => Ok(info.served_names[0].clone()),

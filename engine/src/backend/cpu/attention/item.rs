@@ -48,8 +48,8 @@ impl<E: Elem> Kernel for &Item<'_, E> {
     type Output = ();
 
     /// Work rows per tile: half the lanes of a register (AVX-512: 8 rows × one register of
-    /// 16 accumulators; AVX2 and plain: 4 rows × two registers of 8): 8 accumulator
-    /// registers.
+    /// 16 accumulators, AVX2: 4 rows × two registers of 8, so 8 accumulator registers; plain:
+    /// 4 rows of 16 lanes, 16 SSE registers).
     #[inline(always)]
     unsafe fn run<L: Lanes>(self) {
         self.compute::<L>(L::N / 2);

@@ -49,7 +49,8 @@ pub struct Softmax<'a> {
 /// the logits `s` as `softmax.scores` says, over positions `0..=pos(t)` of the row's
 /// sequence, or with a `window` over its last `window` of them
 /// (`pos(t) - window < k <= pos(t)`); a head's sink adds `exp(sink)` to its denominator.
-/// Runs the kernel set `isa`, splitting contexts for `threads` threads.
+/// Runs the kernel set `isa` (one this CPU runs, or an error), splitting contexts for
+/// `threads` threads.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     qkv: &[f32],
@@ -62,6 +63,7 @@ pub fn attention(
     threads: usize,
     isa: Isa,
 ) -> anyhow::Result<()> {
+    ensure!(isa.runs_here(), "attention: this CPU does not run {isa:?}");
     ensure!(
         cache.num_kv_heads == layout.num_kv_heads && cache.head_dim == layout.head_dim,
         "KV cache shape does not match the attention layout"
@@ -286,7 +288,7 @@ impl Run<'_> {
             };
             // SAFETY: an item writes only the output columns of the query heads of its KV
             // head in rows of its own query block, or its own part of the partials buffer:
-            // disjoint across items. `isa` was detected.
+            // disjoint across items. `attention` checked that this CPU runs `isa`.
             unsafe { job.run(isa) };
         });
     }

@@ -1,84 +1,12 @@
 //! The micro-kernels of the quantised matmul: one tile of up to 8 activation rows × one panel
 //! of 16 output rows, with AVX-512 VNNI (`vpdpbusd`: 64 u8·i8 products per instruction)
 //! or AVX2 (`vpmaddubsw`, 8 columns at a time), chosen at run time; and the scalar
-//! reference kernel and fallbacks (`tile_scalar`, `amax_scalar`, `quantize_block_scalar`)
-//! that the others are tested against.
+//! reference kernel (`tile_scalar`) that the others are tested against.
 
 use super::super::simd::Isa;
 use super::layout::{row_scales, value_at, Format, QuantRows, RowScales, BLOCK, PANEL, TILE_ROWS};
 #[cfg(target_arch = "x86_64")]
 use super::scaling::{add_block, Avx2Rows, Avx512Rows, SuperScales};
-
-/// Largest `|x|` (`x.len()` a multiple of 8).
-pub fn amax(x: &[f32], isa: Isa) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
-        // SAFETY: AVX2 was detected (every SIMD set includes it).
-        return unsafe { amax_avx2(x) };
-    }
-    amax_scalar(x)
-}
-
-/// [`quantize_block_scalar`] with AVX2 where `isa` has it: the same rounding (ties to
-/// even), so the same bytes.
-pub fn quantize_block(x: &[f32], q: &mut [i8], inv: f32, isa: Isa) -> (i32, i32) {
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
-        // SAFETY: AVX2 was detected; both slices hold a block.
-        return unsafe { quantize_block_avx2(x, q, inv) };
-    }
-    quantize_block_scalar(x, q, inv)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn amax_avx2(x: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    let mut amax = _mm256_setzero_ps();
-    for c in x.chunks_exact(8) {
-        amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(c.as_ptr()), abs_mask));
-    }
-    let m4 = _mm_max_ps(
-        _mm256_castps256_ps128(amax),
-        _mm256_extractf128_ps::<1>(amax),
-    );
-    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8], inv: f32) -> (i32, i32) {
-    use std::arch::x86_64::*;
-    assert!(x.len() >= BLOCK && q.len() >= BLOCK);
-    let inv = _mm256_set1_ps(inv);
-    let ints: [__m256i; 4] = std::array::from_fn(|j| {
-        let v = _mm256_loadu_ps(x.as_ptr().add(8 * j));
-        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(v, inv),
-        );
-        _mm256_cvtps_epi32(r)
-    });
-    let low = hsum_epi32(_mm256_add_epi32(ints[0], ints[1]));
-    let high = hsum_epi32(_mm256_add_epi32(ints[2], ints[3]));
-    // packs interleave the 128-bit lanes; the permute restores element order.
-    let w01 = _mm256_packs_epi32(ints[0], ints[1]);
-    let w23 = _mm256_packs_epi32(ints[2], ints[3]);
-    let bytes = _mm256_packs_epi16(w01, w23);
-    let ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ordered);
-    (low + high, low)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn hsum_epi32(v: std::arch::x86_64::__m256i) -> i32 {
-    use std::arch::x86_64::*;
-    let s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
-    _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<0b10_11_00_01>(s2)))
-}
 
 /// One micro-tile: `rows` activation rows from `row0` times one panel's `cols` output rows.
 #[derive(Clone, Copy)]
@@ -345,25 +273,6 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
         let dst = t.out.add(i * t.ldo + 8 * half);
         std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
     }
-}
-
-/// Largest `|x|`.
-pub fn amax_scalar(x: &[f32]) -> f32 {
-    x.iter().fold(0.0f32, |a, v| a.max(v.abs()))
-}
-
-/// `q = round(x·inv)` (ties to even) for one block; returns `Σq` and `Σq` of the first 16.
-pub fn quantize_block_scalar(x: &[f32], q: &mut [i8], inv: f32) -> (i32, i32) {
-    let (mut sum, mut low) = (0i32, 0i32);
-    for (c, (qv, &xv)) in q.iter_mut().zip(x).enumerate() {
-        let v = (xv * inv).round_ties_even() as i32;
-        *qv = v as i8;
-        sum += v;
-        if c < BLOCK / 2 {
-            low += v;
-        }
-    }
-    (sum, low)
 }
 
 /// The reference kernel: the same sum in plain integer and float arithmetic. A K-quant

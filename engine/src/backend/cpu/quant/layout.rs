@@ -100,9 +100,9 @@ impl Format {
     }
 
     /// Bytes before each super-block's blocks: 16 f16 `d`; Q4_K and Q5_K then 16 f16
-    /// `dmin` and the 8 blocks' u8 mins, as 4 pairs of blocks of 16 rows of 2 (the
-    /// `(min₂ₚ, min₂ₚ₊₁)` of a row are one i16 pair for `vpdpwssd` / `vpmaddwd` once
-    /// widened; see [`Format::min_offset`]).
+    /// `dmin` and the 8 blocks' u8 mins, as 4 pairs of blocks of 16 rows of 2 (a row's
+    /// `(min₂ₚ, min₂ₚ₊₁)` side by side, read as two vectors by `RowLanes::load_byte_pairs`;
+    /// see [`Format::min_offset`]).
     pub const fn header_bytes(self) -> usize {
         match self {
             Format::Nibbles | Format::Bytes => 0,
@@ -206,7 +206,7 @@ pub struct BlockScale {
     /// `dₓ·Σq`: the offset term (of the 32-weight types' `m`, and of the K-quants' mins;
     /// rounded to f16 for `ActScales::Q8_1`, as llama.cpp stores it).
     pub s: f32,
-    /// `Σq` (the AVX2 byte kernel's `128·Σq`, Q6_K's `32·Σq`, the Q4_K / Q5_K mins).
+    /// `Σq` (the AVX2 byte kernel's `128·Σq`, Q6_K's `32·Σq`).
     pub qsum: i32,
     /// `Σq` of the block's first 16 values (Q6_K's halves).
     pub qsum_low: i32,

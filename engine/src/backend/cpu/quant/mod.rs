@@ -23,6 +23,7 @@ mod activations;
 mod dot;
 mod layout;
 mod pack;
+#[cfg(target_arch = "x86_64")]
 mod scaling;
 #[cfg(test)]
 mod tests;
