@@ -3,10 +3,12 @@
 //! or AVX2 (`vpmaddubsw`, 8 columns at a time), chosen at run time; and the scalar
 //! reference kernel (`tile_scalar`) that the others are tested against.
 
+#[cfg(target_arch = "x86_64")]
+use super::super::lanes::{Avx2, Avx512};
 use super::super::simd::Isa;
 use super::layout::{row_scales, value_at, Format, QuantRows, RowScales, BLOCK, PANEL, TILE_ROWS};
 #[cfg(target_arch = "x86_64")]
-use super::scaling::{add_block, Avx2Rows, Avx512Rows, SuperScales};
+use super::scaling::{add_block, SuperScales};
 
 /// One micro-tile: `rows` activation rows from `row0` times one panel's `cols` output rows.
 #[derive(Clone, Copy)]
@@ -121,10 +123,10 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
     let xs = t.x.scales.as_ptr().add(t.row0 * nb);
     let low = _mm512_set1_epi8(0x0f);
     let mut accf = [_mm512_setzero_ps(); MR];
-    let mut sup = SuperScales::none::<Avx512Rows>();
+    let mut sup = SuperScales::none::<Avx512>();
     for b in 0..nb {
         if f.k_quant() && b % per == 0 {
-            sup = SuperScales::load::<Avx512Rows>(f, w.add(f.header_offset(b)), 0);
+            sup = SuperScales::load::<Avx512>(f, w.add(f.header_offset(b)), 0);
         }
         let blk = w.add(f.block_offset(b));
         let xb = xq.add(b * BLOCK);
@@ -159,7 +161,7 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
             }
         }
         let sums = (&acc_low, &acci);
-        add_block::<Avx512Rows, MR>(f, blk.add(wb), 0, &sup, b, (xs.add(b), nb), sums, &mut accf);
+        add_block::<Avx512, MR>(f, blk.add(wb), 0, &sup, b, (xs.add(b), nb), sums, &mut accf);
     }
     let mask: __mmask16 = if t.cols >= PANEL {
         0xffff
@@ -195,10 +197,10 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut accf = [_mm256_setzero_ps(); MR];
-    let mut sup = SuperScales::none::<Avx2Rows>();
+    let mut sup = SuperScales::none::<Avx2>();
     for b in 0..nb {
         if f.k_quant() && b % per == 0 {
-            sup = SuperScales::load::<Avx2Rows>(f, panel.add(f.header_offset(b)), 8 * half);
+            sup = SuperScales::load::<Avx2>(f, panel.add(f.header_offset(b)), 8 * half);
         }
         let blk = panel.add(f.block_offset(b));
         let w = blk.add(32 * half);
@@ -255,7 +257,7 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
             }
         }
         let (sums, row0) = ((&acc_low, &acci), 8 * half);
-        add_block::<Avx2Rows, MR>(
+        add_block::<Avx2, MR>(
             f,
             blk.add(wb),
             row0,

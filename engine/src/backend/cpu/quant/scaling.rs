@@ -1,35 +1,33 @@
 //! A block's integer sums scaled into f32 and added to the accumulators: the part of the
 //! integer tiles that is the same whatever instruction made the sums, written once over
-//! [`RowLanes`] (16 output rows of AVX-512, or 8 of AVX2) and inlined into each tile.
+//! [`RowLanes`] (the f32 [`Lanes`] of AVX-512, 16 output rows, or of AVX2, 8) and inlined
+//! into each tile.
 
+use super::super::lanes::{Avx2, Avx512, Lanes};
 use super::layout::{BlockScale, Format, BLOCK, PANEL, SUPER_BLOCK};
 
-/// One vector of the panel's output rows, from row `row0` on: what the scaling needs.
+/// One vector of the panel's output rows, from row `row0` on: what the scaling needs
+/// beyond the f32 [`Lanes`].
 ///
 /// # Safety
 /// The CPU has the implementation's instructions; pointers are readable for the lanes.
-pub trait RowLanes {
-    /// f32 lanes.
-    type F: Copy;
+pub trait RowLanes: Lanes {
     /// i32 lanes (the integer sums).
     type I: Copy;
 
-    unsafe fn zero() -> Self::F;
-    unsafe fn splat(x: f32) -> Self::F;
+    unsafe fn splat(x: f32) -> Self::V;
     /// One f16 per lane.
-    unsafe fn load_f16(p: *const u8) -> Self::F;
+    unsafe fn load_f16(p: *const u8) -> Self::V;
     /// One u8 (`signed`: i8) per lane, as f32.
-    unsafe fn load_bytes(p: *const u8, signed: bool) -> Self::F;
+    unsafe fn load_bytes(p: *const u8, signed: bool) -> Self::V;
     /// Two u8 per lane (lane r's at bytes 2r and 2r + 1), as f32: the firsts, the seconds.
-    unsafe fn load_byte_pairs(p: *const u8) -> (Self::F, Self::F);
-    unsafe fn to_f32(v: Self::I) -> Self::F;
+    unsafe fn load_byte_pairs(p: *const u8) -> (Self::V, Self::V);
+    unsafe fn to_f32(v: Self::I) -> Self::V;
     /// `v − x` in every lane.
     unsafe fn sub_splat(v: Self::I, x: i32) -> Self::I;
-    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
-    /// `a·b + c`.
-    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// `c − a·b`.
-    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    unsafe fn fnmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
 }
 
 /// A K-quant super-block's scales per output row: `d`, and each block's `min·dmin`
@@ -45,7 +43,7 @@ impl<F: Copy> SuperScales<F> {
     /// # Safety
     /// `head` is a K-quant super-block header of a panel; the CPU runs `L`.
     #[inline(always)]
-    pub unsafe fn load<L: RowLanes<F = F>>(format: Format, head: *const u8, row0: usize) -> Self {
+    pub unsafe fn load<L: RowLanes<V = F>>(format: Format, head: *const u8, row0: usize) -> Self {
         let d = L::load_f16(head.add(2 * row0));
         let mut mins = [L::zero(); SUPER_BLOCK / BLOCK];
         if format != Format::Q6K {
@@ -64,7 +62,7 @@ impl<F: Copy> SuperScales<F> {
     /// # Safety
     /// The CPU runs `L`.
     #[inline(always)]
-    pub unsafe fn none<L: RowLanes<F = F>>() -> Self {
+    pub unsafe fn none<L: RowLanes<V = F>>() -> Self {
         SuperScales {
             d: L::zero(),
             mins: [L::zero(); SUPER_BLOCK / BLOCK],
@@ -87,11 +85,11 @@ pub unsafe fn add_block<L: RowLanes, const MR: usize>(
     format: Format,
     tail: *const u8,
     row0: usize,
-    sup: &SuperScales<L::F>,
+    sup: &SuperScales<L::V>,
     b: usize,
     (xs, nb): (*const BlockScale, usize),
     (acc_low, acci): (&[L::I; MR], &[L::I; MR]),
-    accf: &mut [L::F; MR],
+    accf: &mut [L::V; MR],
 ) {
     let scale = |i: usize| &*xs.add(i * nb);
     match format {
@@ -128,33 +126,23 @@ pub unsafe fn add_block<L: RowLanes, const MR: usize>(
 }
 
 /// 16 rows in 512-bit registers.
-#[cfg(target_arch = "x86_64")]
-pub struct Avx512Rows;
-
-#[cfg(target_arch = "x86_64")]
-impl RowLanes for Avx512Rows {
-    type F = std::arch::x86_64::__m512;
+impl RowLanes for Avx512 {
     type I = std::arch::x86_64::__m512i;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn zero() -> Self::F {
-        std::arch::x86_64::_mm512_setzero_ps()
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn splat(x: f32) -> Self::F {
+    unsafe fn splat(x: f32) -> Self::V {
         std::arch::x86_64::_mm512_set1_ps(x)
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn load_f16(p: *const u8) -> Self::F {
+    unsafe fn load_f16(p: *const u8) -> Self::V {
         use std::arch::x86_64::*;
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn load_bytes(p: *const u8, signed: bool) -> Self::F {
+    unsafe fn load_bytes(p: *const u8, signed: bool) -> Self::V {
         use std::arch::x86_64::*;
         let v = _mm_loadu_si128(p as *const __m128i);
         _mm512_cvtepi32_ps(if signed {
@@ -165,7 +153,7 @@ impl RowLanes for Avx512Rows {
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn load_byte_pairs(p: *const u8) -> (Self::F, Self::F) {
+    unsafe fn load_byte_pairs(p: *const u8) -> (Self::V, Self::V) {
         use std::arch::x86_64::*;
         let pair = _mm512_cvtepu8_epi16(_mm256_loadu_si256(p as *const __m256i));
         let first = _mm512_and_si512(pair, _mm512_set1_epi32(0xffff));
@@ -174,7 +162,7 @@ impl RowLanes for Avx512Rows {
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn to_f32(v: Self::I) -> Self::F {
+    unsafe fn to_f32(v: Self::I) -> Self::V {
         std::arch::x86_64::_mm512_cvtepi32_ps(v)
     }
     #[inline]
@@ -185,49 +173,34 @@ impl RowLanes for Avx512Rows {
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F {
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
         std::arch::x86_64::_mm512_mul_ps(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F {
-        std::arch::x86_64::_mm512_fmadd_ps(a, b, c)
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F {
+    unsafe fn fnmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
         std::arch::x86_64::_mm512_fnmadd_ps(a, b, c)
     }
 }
 
 /// 8 rows in 256-bit registers.
-#[cfg(target_arch = "x86_64")]
-pub struct Avx2Rows;
-
-#[cfg(target_arch = "x86_64")]
-impl RowLanes for Avx2Rows {
-    type F = std::arch::x86_64::__m256;
+impl RowLanes for Avx2 {
     type I = std::arch::x86_64::__m256i;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn zero() -> Self::F {
-        std::arch::x86_64::_mm256_setzero_ps()
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn splat(x: f32) -> Self::F {
+    unsafe fn splat(x: f32) -> Self::V {
         std::arch::x86_64::_mm256_set1_ps(x)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_f16(p: *const u8) -> Self::F {
+    unsafe fn load_f16(p: *const u8) -> Self::V {
         use std::arch::x86_64::*;
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_bytes(p: *const u8, signed: bool) -> Self::F {
+    unsafe fn load_bytes(p: *const u8, signed: bool) -> Self::V {
         use std::arch::x86_64::*;
         let v = _mm_loadl_epi64(p as *const __m128i);
         _mm256_cvtepi32_ps(if signed {
@@ -238,7 +211,7 @@ impl RowLanes for Avx2Rows {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_byte_pairs(p: *const u8) -> (Self::F, Self::F) {
+    unsafe fn load_byte_pairs(p: *const u8) -> (Self::V, Self::V) {
         use std::arch::x86_64::*;
         let pair = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
         let first = _mm256_and_si256(pair, _mm256_set1_epi32(0xffff));
@@ -247,7 +220,7 @@ impl RowLanes for Avx2Rows {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn to_f32(v: Self::I) -> Self::F {
+    unsafe fn to_f32(v: Self::I) -> Self::V {
         std::arch::x86_64::_mm256_cvtepi32_ps(v)
     }
     #[inline]
@@ -258,17 +231,12 @@ impl RowLanes for Avx2Rows {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F {
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
         std::arch::x86_64::_mm256_mul_ps(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F {
-        std::arch::x86_64::_mm256_fmadd_ps(a, b, c)
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F {
+    unsafe fn fnmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
         std::arch::x86_64::_mm256_fnmadd_ps(a, b, c)
     }
 }
