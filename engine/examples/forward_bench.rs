@@ -303,7 +303,7 @@ fn main() -> anyhow::Result<()> {
 /// Times single ops with SmolLM2's decode shapes (run with `ops` as the only argument).
 fn op_bench() -> anyhow::Result<()> {
     use engine::backend::cpu::{CpuAct, CpuBackend};
-    use engine::backend::Backend;
+    use engine::backend::{Backend, LayerOps, StepOps};
     let threads = std::env::var("THREADS")
         .ok()
         .map(|t| t.parse())

@@ -106,7 +106,7 @@ pub struct AttnSeq<'a> {
     pub block_table: &'a [u32],
 }
 
-/// Checks the operands of [`Backend::qk_head_norm`]: a fused QKV width, one weight per
+/// Checks the operands of [`LayerOps::qk_head_norm`]: a fused QKV width, one weight per
 /// head dimension, and a head no wider than the backend's kernel handles.
 pub fn check_qk_head_norm(
     qkv_cols: usize,
@@ -171,7 +171,7 @@ pub struct StepMeta<'a> {
     pub block_size: usize,
 }
 
-/// A layer's experts as read from the file, for [`Backend::upload_experts`].
+/// A layer's experts as read from the file, for [`ExpertOps::upload_experts`].
 #[derive(Debug, Clone)]
 pub struct HostExperts {
     /// The router `[num_experts, hidden]`, and its bias `[num_experts]` (gpt-oss).
@@ -194,13 +194,23 @@ pub struct HostExpert {
 /// One sampled row's result: a failure of one sequence does not fail the step.
 pub type RowSample = anyhow::Result<Sampled>;
 
-/// Tensor operations over one device's memory.
+/// One layer's paged KV storage, for [`AttentionOps::new_kv_cache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheShape {
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The types a device keeps its tensors in.
 ///
 /// `Act` is an f32 activation matrix `[rows, cols]`; `Weight` a linear weight `[N, K]`
 /// (output features × input features, HF layout) in the device's storage type; `Param`
 /// a 1-D f32 vector (norm weights, biases); `KvCache` one layer's paged K and V
 /// storage; `Step` the device copy of a [`StepMeta`].
-pub trait Backend: Send + Sync {
+pub trait Tensors: Send + Sync {
     type Act: Send;
     type Weight: Send + Sync;
     type Param: Send + Sync;
@@ -208,11 +218,17 @@ pub trait Backend: Send + Sync {
     type Step;
     /// A mixture-of-experts FFN's weights as the device keeps them.
     type Experts: Send + Sync;
+}
 
+/// How a step runs on the device: its metadata, its execution context and its timeline.
+pub trait StepOps: Tensors {
     /// Runs `f` in the backend's execution context (the CPU backend's thread pool).
     fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         f()
     }
+
+    /// Copies the step metadata to the device.
+    fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<Self::Step>;
 
     /// Whether an op has finished when its call returns (the CPU), so that the host's clock
     /// times it; a device that queues its work (CUDA) says no.
@@ -253,35 +269,10 @@ pub trait Backend: Send + Sync {
     ) -> anyhow::Result<bool> {
         Ok(true)
     }
+}
 
-    /// An empty activation buffer.
-    fn new_act(&self) -> Self::Act;
-    /// Uploads a 2-D weight `[N, K]`; `name` is for error messages.
-    fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Weight>;
-    /// Uploads a 1-D parameter (converted to f32); `name` is for error messages.
-    fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Param>;
-    /// Uploads a layer's experts (`name` is its prefix): the router, kept in f32 as
-    /// llama.cpp keeps it (which experts a token takes turns on small differences of its
-    /// scores), and each expert's matrices, stored as [`Backend::upload_weight`] stores
-    /// weights.
-    fn upload_experts(&self, name: &str, experts: HostExperts) -> anyhow::Result<Self::Experts>;
-    /// Bytes of the router and of one expert's matrices (the experts' mean), as stored.
-    fn expert_bytes(&self, experts: &Self::Experts) -> (usize, usize);
-    /// Bytes of one cached K or V value.
-    fn kv_value_bytes(&self) -> usize;
-    /// Bytes `w` occupies as stored for the matmuls: what one pass over it reads.
-    fn weight_bytes(&self, w: &Self::Weight) -> usize;
-    /// Allocates one layer's KV cache of `num_blocks` blocks of `block_size` tokens.
-    fn new_kv_cache(
-        &self,
-        num_blocks: usize,
-        block_size: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
-    ) -> anyhow::Result<Self::KvCache>;
-    /// Copies the step metadata to the device.
-    fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<Self::Step>;
-
+/// The row-wise operations of a layer: embedding, projections, norms, RoPE, activations.
+pub trait LayerOps: Tensors {
     /// `out[t] = table[step.tokens[t]]` (rows of the `[vocab, hidden]` table; ids are
     /// checked by the caller).
     fn embed(
@@ -337,12 +328,25 @@ pub trait Backend: Send + Sync {
         sin: &Self::Param,
         step: &Self::Step,
     ) -> anyhow::Result<()>;
-    /// What of the model this backend's kernels do not run, if anything, in words (a
-    /// backend whose kernels for it have not been verified refuses the model at load).
-    fn lacks(&self, config: &ModelConfig) -> Option<String> {
-        let _ = config;
-        None
-    }
+    /// `out = act(gate) * up` where `gate_up` rows are `[gate | up]`.
+    fn gated_activation(
+        &self,
+        gate_up: &Self::Act,
+        act: Activation,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// In place: `x *= factor`.
+    fn scale(&self, x: &mut Self::Act, factor: f32) -> anyhow::Result<()>;
+    /// In place: `x = cap · tanh(x / cap)`.
+    fn softcap(&self, x: &mut Self::Act, cap: f32) -> anyhow::Result<()>;
+}
+
+/// Paged attention and the KV cache it reads.
+pub trait AttentionOps: Tensors {
+    /// Bytes of one cached K or V value.
+    fn kv_value_bytes(&self) -> usize;
+    /// Allocates one layer's KV cache.
+    fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<Self::KvCache>;
     /// Writes every row's K and V into `cache` at its slot, then computes causal
     /// attention of every query row over positions `0..=pos` of its sequence (only the
     /// last `window` of them for a sliding `span`), read through the block table, its
@@ -361,13 +365,17 @@ pub trait Backend: Send + Sync {
         step: &Self::Step,
         out: &mut Self::Act,
     ) -> anyhow::Result<()>;
-    /// `out = act(gate) * up` where `gate_up` rows are `[gate | up]`.
-    fn gated_activation(
-        &self,
-        gate_up: &Self::Act,
-        act: Activation,
-        out: &mut Self::Act,
-    ) -> anyhow::Result<()>;
+}
+
+/// Mixture-of-experts FFNs: their upload and their routed forward pass.
+pub trait ExpertOps: Tensors {
+    /// Uploads a layer's experts (`name` is its prefix): the router, kept in f32 as
+    /// llama.cpp keeps it (which experts a token takes turns on small differences of its
+    /// scores), and each expert's matrices, stored as [`Backend::upload_weight`] stores
+    /// weights.
+    fn upload_experts(&self, name: &str, experts: HostExperts) -> anyhow::Result<Self::Experts>;
+    /// Bytes of the router and of one expert's matrices (the experts' mean), as stored.
+    fn expert_bytes(&self, experts: &Self::Experts) -> (usize, usize);
     /// The mixture-of-experts FFN over the rows of `x`: each row is routed by
     /// [`routing::route`]'s rule and run through its experts' gated FFNs with `act`; `out`
     /// gets each row's weighted sum of their outputs.
@@ -379,10 +387,10 @@ pub trait Backend: Send + Sync {
         act: Activation,
         out: &mut Self::Act,
     ) -> anyhow::Result<()>;
-    /// In place: `x *= factor`.
-    fn scale(&self, x: &mut Self::Act, factor: f32) -> anyhow::Result<()>;
-    /// In place: `x = cap · tanh(x / cap)`.
-    fn softcap(&self, x: &mut Self::Act, cap: f32) -> anyhow::Result<()>;
+}
+
+/// The logits' last steps: picking the sampled rows and sampling them.
+pub trait SamplingOps: Tensors {
     /// `out[i] = x[step.logit_rows[i]]`.
     fn gather_logit_rows(
         &self,
@@ -399,6 +407,25 @@ pub trait Backend: Send + Sync {
         samples: &[SampleSpec<'_>],
         step: &Self::Step,
     ) -> anyhow::Result<Vec<RowSample>>;
+}
+
+/// Tensor operations over one device's memory: each room of ops is a trait of its own,
+/// implemented beside the device's kernels for it; this one holds what the model loads.
+pub trait Backend: StepOps + LayerOps + AttentionOps + ExpertOps + SamplingOps {
+    /// An empty activation buffer.
+    fn new_act(&self) -> Self::Act;
+    /// Uploads a 2-D weight `[N, K]`; `name` is for error messages.
+    fn upload_weight(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Weight>;
+    /// Uploads a 1-D parameter (converted to f32); `name` is for error messages.
+    fn upload_param(&self, name: &str, tensor: HostTensor) -> anyhow::Result<Self::Param>;
+    /// Bytes `w` occupies as stored for the matmuls: what one pass over it reads.
+    fn weight_bytes(&self, w: &Self::Weight) -> usize;
+    /// What of the model this backend's kernels do not run, if anything, in words (a
+    /// backend whose kernels for it have not been verified refuses the model at load).
+    fn lacks(&self, config: &ModelConfig) -> Option<String> {
+        let _ = config;
+        None
+    }
     /// Copies the matrix to the host, one `Vec` per row (reference checks only: the serving
     /// path never copies logits).
     fn to_host(&self, x: &Self::Act) -> anyhow::Result<Vec<Vec<f32>>>;

@@ -3,7 +3,9 @@
 
 use anyhow::{bail, ensure, Context};
 
-use crate::backend::{refuse_what_it_lacks, Backend, HostExpert, HostExperts, QkvLayout};
+use crate::backend::{
+    refuse_what_it_lacks, Backend, HostExpert, HostExperts, KvCacheShape, QkvLayout,
+};
 use crate::config::{ExpertSpec, Family, Ffn, ModelConfig, NormPlacement, NormWeights, RopeSpec};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
@@ -463,12 +465,12 @@ impl<B: Backend> Model<B> {
                 }
             };
             layers.push(Layer::load(&backend, c, weights, i, rope)?);
-            caches.push(backend.new_kv_cache(
+            caches.push(backend.new_kv_cache(KvCacheShape {
                 num_blocks,
-                opts.block_size,
-                c.num_kv_heads,
-                c.head_dim,
-            )?);
+                block_size: opts.block_size,
+                num_kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+            })?);
         }
         let bufs = Buffers {
             x: backend.new_act(),

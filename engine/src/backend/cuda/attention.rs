@@ -6,7 +6,7 @@ use anyhow::{anyhow, ensure, Context};
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use half::bf16;
 
-use crate::backend::{QkvLayout, ScoreSpec};
+use crate::backend::{AttentionOps, KvCacheShape, QkvLayout, ScoreSpec};
 use crate::config::AttentionSpan;
 
 use super::step::CudaStep;
@@ -224,14 +224,20 @@ impl CudaBackend {
         let want = (8 * self.num_sms).div_ceil(base);
         want.clamp(1, 32).min(max_ctx.div_ceil(128).max(1))
     }
+}
 
-    pub(super) fn run_new_kv_cache(
-        &self,
-        num_blocks: usize,
-        block_size: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
-    ) -> anyhow::Result<CudaKvCache> {
+impl AttentionOps for CudaBackend {
+    fn kv_value_bytes(&self) -> usize {
+        std::mem::size_of::<bf16>()
+    }
+
+    fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<CudaKvCache> {
+        let KvCacheShape {
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+        } = shape;
         let n = num_blocks * block_size * num_kv_heads * head_dim;
         ensure!(
             n > 0,
@@ -254,9 +260,8 @@ impl CudaBackend {
         })
     }
 
-    // `Backend::attention`'s arguments, which the trait's method hands over as they are.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn run_attention(
+    fn attention(
         &self,
         qkv: &CudaAct,
         layout: QkvLayout,

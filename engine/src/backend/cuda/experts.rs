@@ -5,7 +5,7 @@ use anyhow::{bail, ensure, Context};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 
-use crate::backend::{Backend, HostExperts};
+use crate::backend::{Backend, ExpertOps, HostExperts};
 use crate::config::{Activation, ExpertSpec, Routing};
 
 use super::{ensure_len, int, CudaAct, CudaBackend, CudaWeight, KArg, KernelSet};
@@ -92,12 +92,10 @@ impl CudaBackend {
         }
         Ok(ptrs)
     }
+}
 
-    pub(super) fn run_upload_experts(
-        &self,
-        name: &str,
-        host: HostExperts,
-    ) -> anyhow::Result<CudaExperts> {
+impl ExpertOps for CudaBackend {
+    fn upload_experts(&self, name: &str, host: HostExperts) -> anyhow::Result<CudaExperts> {
         let HostExperts {
             router,
             router_bias,
@@ -182,7 +180,7 @@ impl CudaBackend {
         })
     }
 
-    pub(super) fn run_expert_bytes(&self, experts: &CudaExperts) -> (usize, usize) {
+    fn expert_bytes(&self, experts: &CudaExperts) -> (usize, usize) {
         let one = experts
             .experts
             .first()
@@ -195,7 +193,7 @@ impl CudaBackend {
     /// `moe_down`: one warp per output row, a matrix-vector product per entry on CUDA cores,
     /// written for correctness first), and sums each token's slots (`moe_combine`). No host
     /// synchronisation: graphs capture it.
-    pub(super) fn run_experts_ffn(
+    fn experts_ffn(
         &self,
         x: &CudaAct,
         experts: &CudaExperts,

@@ -48,12 +48,9 @@ pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 pub use step::CudaStep;
 use step::{GraphState, StepBuffers};
 
-use super::{
-    refuse_what_it_lacks, Backend, HostExperts, QkvLayout, RowSample, ScoreSpec, StepMeta,
-};
-use crate::config::{Activation, AttentionSpan, ExpertSpec, Ffn, ModelConfig};
+use super::{refuse_what_it_lacks, AttentionOps, Backend, Tensors};
+use crate::config::{Activation, Ffn, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
-use crate::sampler::SampleSpec;
 use crate::weights::{HostTensor, TensorData};
 
 /// Which kernel computes prefill attention. Unless one is named, the tensor-core kernel
@@ -511,14 +508,16 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl Tensors for CudaBackend {
     type Act = CudaAct;
     type Weight = CudaWeight;
     type Param = CudaParam;
     type KvCache = CudaKvCache;
     type Step = CudaStep;
     type Experts = CudaExperts;
+}
 
+impl Backend for CudaBackend {
     fn new_act(&self) -> CudaAct {
         CudaAct::default()
     }
@@ -543,116 +542,8 @@ impl Backend for CudaBackend {
         Ok(CudaParam { data, len })
     }
 
-    fn upload_experts(&self, name: &str, host: HostExperts) -> anyhow::Result<CudaExperts> {
-        self.run_upload_experts(name, host)
-    }
-
-    fn expert_bytes(&self, experts: &CudaExperts) -> (usize, usize) {
-        self.run_expert_bytes(experts)
-    }
-
-    fn kv_value_bytes(&self) -> usize {
-        std::mem::size_of::<bf16>()
-    }
-
     fn weight_bytes(&self, w: &CudaWeight) -> usize {
         w.rows * w.cols * std::mem::size_of::<bf16>()
-    }
-
-    fn new_kv_cache(
-        &self,
-        num_blocks: usize,
-        block_size: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
-    ) -> anyhow::Result<CudaKvCache> {
-        self.run_new_kv_cache(num_blocks, block_size, num_kv_heads, head_dim)
-    }
-
-    fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<CudaStep> {
-        self.run_prepare_step(meta)
-    }
-
-    fn replay_layers(&self, step: &CudaStep, logits: &mut CudaAct) -> anyhow::Result<bool> {
-        self.run_replay_layers(step, logits)
-    }
-
-    fn begin_layers(&self, step: &CudaStep) -> anyhow::Result<()> {
-        self.run_begin_layers(step)
-    }
-
-    fn end_layers(&self, _step: &CudaStep, logits: &CudaAct, issued: bool) -> anyhow::Result<bool> {
-        self.run_end_layers(_step, logits, issued)
-    }
-
-    fn runs_ops_as_issued(&self) -> bool {
-        false
-    }
-
-    fn record_mark(&self, slot: usize) -> anyhow::Result<()> {
-        self.run_record_mark(slot)
-    }
-
-    fn elapsed_between_marks(&self, from: usize, to: usize) -> anyhow::Result<Option<f64>> {
-        self.run_elapsed_between_marks(from, to)
-    }
-
-    fn embed(&self, table: &CudaWeight, step: &CudaStep, out: &mut CudaAct) -> anyhow::Result<()> {
-        self.run_embed(table, step, out)
-    }
-
-    fn matmul(
-        &self,
-        x: &CudaAct,
-        w: &CudaWeight,
-        bias: Option<&CudaParam>,
-        out: &mut CudaAct,
-    ) -> anyhow::Result<()> {
-        self.run_matmul(x, w, bias, out)
-    }
-
-    fn rms_norm(
-        &self,
-        x: &CudaAct,
-        w: &CudaParam,
-        eps: f32,
-        out: &mut CudaAct,
-    ) -> anyhow::Result<()> {
-        self.run_rms_norm(x, w, eps, out)
-    }
-
-    fn add_rms_norm(
-        &self,
-        residual: &mut CudaAct,
-        x: &CudaAct,
-        w: &CudaParam,
-        eps: f32,
-        out: &mut CudaAct,
-    ) -> anyhow::Result<()> {
-        self.run_add_rms_norm(residual, x, w, eps, out)
-    }
-
-    fn qk_head_norm(
-        &self,
-        qkv: &mut CudaAct,
-        layout: QkvLayout,
-        q_w: &CudaParam,
-        k_w: &CudaParam,
-        eps: f32,
-    ) -> anyhow::Result<()> {
-        self.run_qk_head_norm(qkv, layout, q_w, k_w, eps)
-    }
-
-    fn rope(
-        &self,
-        qkv: &mut CudaAct,
-        layout: QkvLayout,
-        rotary_dim: usize,
-        cos: &CudaParam,
-        sin: &CudaParam,
-        step: &CudaStep,
-    ) -> anyhow::Result<()> {
-        self.run_rope(qkv, layout, rotary_dim, cos, sin, step)
     }
 
     /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet, nor a dense clamped
@@ -676,67 +567,33 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn attention(
-        &self,
-        qkv: &CudaAct,
-        layout: QkvLayout,
-        span: AttentionSpan,
-        scores: ScoreSpec,
-        sinks: Option<&CudaParam>,
-        cache: &mut CudaKvCache,
-        step: &CudaStep,
-        out: &mut CudaAct,
-    ) -> anyhow::Result<()> {
-        self.run_attention(qkv, layout, span, scores, sinks, cache, step, out)
-    }
-
-    fn experts_ffn(
-        &self,
-        x: &CudaAct,
-        experts: &CudaExperts,
-        spec: ExpertSpec,
-        act: Activation,
-        out: &mut CudaAct,
-    ) -> anyhow::Result<()> {
-        self.run_experts_ffn(x, experts, spec, act, out)
-    }
-
-    fn gated_activation(
-        &self,
-        gate_up: &CudaAct,
-        act: Activation,
-        out: &mut CudaAct,
-    ) -> anyhow::Result<()> {
-        self.run_gated_activation(gate_up, act, out)
-    }
-
-    fn scale(&self, x: &mut CudaAct, factor: f32) -> anyhow::Result<()> {
-        self.run_scale(x, factor)
-    }
-
-    fn softcap(&self, x: &mut CudaAct, cap: f32) -> anyhow::Result<()> {
-        self.run_softcap(x, cap)
-    }
-
-    fn gather_logit_rows(
-        &self,
-        x: &CudaAct,
-        step: &CudaStep,
-        out: &mut CudaAct,
-    ) -> anyhow::Result<()> {
-        self.run_gather_logit_rows(x, step, out)
-    }
-
-    fn sample(
-        &self,
-        logits: &mut CudaAct,
-        samples: &[SampleSpec<'_>],
-        step: &CudaStep,
-    ) -> anyhow::Result<Vec<RowSample>> {
-        self.run_sample(logits, samples, step)
-    }
-
     fn to_host(&self, x: &CudaAct) -> anyhow::Result<Vec<Vec<f32>>> {
-        self.run_to_host(x)
+        self.flush()?;
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(vec![Vec::new(); x.rows]);
+        }
+        let wide = self
+            .stream
+            .alloc_zeros::<f32>(n)
+            .context("allocating the f32 copy")?;
+        let args = [
+            KArg::Ptr(self.ptr(x.slice()?)),
+            KArg::Ptr(self.ptr(&wide)),
+            KArg::I64(n as i64),
+        ];
+        self.launch(
+            "bf16_to_f32_kernel",
+            (n.div_ceil(256) as u32, 1, 1),
+            256,
+            0,
+            &args,
+        )?;
+        let host = self
+            .stream
+            .clone_dtoh(&wide)
+            .context("copying to the host")?;
+        self.stream.synchronize().context("waiting for the GPU")?;
+        Ok(host.chunks_exact(x.cols).map(|r| r.to_vec()).collect())
     }
 }

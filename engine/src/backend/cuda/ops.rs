@@ -1,12 +1,12 @@
 //! The other ops on the device (`kernels/elementwise.cu`, cuBLAS): the embedding gather,
 //! GEMMs, norms, RoPE, gated activations, scaling and the copy back to the host.
 
-use anyhow::{anyhow, bail, ensure, Context};
+use anyhow::{anyhow, bail, ensure};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{Gemm, GemmConfig};
 use half::bf16;
 
-use crate::backend::QkvLayout;
+use crate::backend::{LayerOps, QkvLayout};
 use crate::config::Activation;
 
 use super::step::CudaStep;
@@ -34,13 +34,10 @@ impl CudaBackend {
         ];
         self.launch(kernel, (n.div_ceil(256) as u32, 1, 1), 256, 0, &args)
     }
+}
 
-    pub(super) fn run_embed(
-        &self,
-        table: &CudaWeight,
-        step: &CudaStep,
-        out: &mut CudaAct,
-    ) -> anyhow::Result<()> {
+impl LayerOps for CudaBackend {
+    fn embed(&self, table: &CudaWeight, step: &CudaStep, out: &mut CudaAct) -> anyhow::Result<()> {
         self.flush()?;
         let o = self.shape(out, step.rows, table.cols)?;
         if step.rows == 0 {
@@ -61,7 +58,7 @@ impl CudaBackend {
         )
     }
 
-    pub(super) fn run_matmul(
+    fn matmul(
         &self,
         x: &CudaAct,
         w: &CudaWeight,
@@ -117,7 +114,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn run_rms_norm(
+    fn rms_norm(
         &self,
         x: &CudaAct,
         w: &CudaParam,
@@ -148,7 +145,7 @@ impl CudaBackend {
         )
     }
 
-    pub(super) fn run_add_rms_norm(
+    fn add_rms_norm(
         &self,
         residual: &mut CudaAct,
         x: &CudaAct,
@@ -184,7 +181,7 @@ impl CudaBackend {
         )
     }
 
-    pub(super) fn run_qk_head_norm(
+    fn qk_head_norm(
         &self,
         qkv: &mut CudaAct,
         layout: QkvLayout,
@@ -203,7 +200,7 @@ impl CudaBackend {
         })
     }
 
-    pub(super) fn run_rope(
+    fn rope(
         &self,
         qkv: &mut CudaAct,
         layout: QkvLayout,
@@ -249,7 +246,7 @@ impl CudaBackend {
         })
     }
 
-    pub(super) fn run_gated_activation(
+    fn gated_activation(
         &self,
         gate_up: &CudaAct,
         act: Activation,
@@ -295,42 +292,12 @@ impl CudaBackend {
         )
     }
 
-    pub(super) fn run_scale(&self, x: &mut CudaAct, factor: f32) -> anyhow::Result<()> {
+    fn scale(&self, x: &mut CudaAct, factor: f32) -> anyhow::Result<()> {
         self.map_in_place("scale_bf16", x, factor)
     }
 
-    pub(super) fn run_softcap(&self, x: &mut CudaAct, cap: f32) -> anyhow::Result<()> {
+    fn softcap(&self, x: &mut CudaAct, cap: f32) -> anyhow::Result<()> {
         ensure!(cap > 0.0, "softcap: cap {cap}");
         self.map_in_place("softcap_bf16", x, cap)
-    }
-
-    pub(super) fn run_to_host(&self, x: &CudaAct) -> anyhow::Result<Vec<Vec<f32>>> {
-        self.flush()?;
-        let n = x.rows * x.cols;
-        if n == 0 {
-            return Ok(vec![Vec::new(); x.rows]);
-        }
-        let wide = self
-            .stream
-            .alloc_zeros::<f32>(n)
-            .context("allocating the f32 copy")?;
-        let args = [
-            KArg::Ptr(self.ptr(x.slice()?)),
-            KArg::Ptr(self.ptr(&wide)),
-            KArg::I64(n as i64),
-        ];
-        self.launch(
-            "bf16_to_f32_kernel",
-            (n.div_ceil(256) as u32, 1, 1),
-            256,
-            0,
-            &args,
-        )?;
-        let host = self
-            .stream
-            .clone_dtoh(&wide)
-            .context("copying to the host")?;
-        self.stream.synchronize().context("waiting for the GPU")?;
-        Ok(host.chunks_exact(x.cols).map(|r| r.to_vec()).collect())
     }
 }

@@ -3,15 +3,15 @@
 
 use anyhow::{anyhow, ensure, Context};
 
-use crate::backend::RowSample;
+use crate::backend::{RowSample, SamplingOps};
 use crate::sampler::SampleSpec;
 
 use super::sample_words::{read_sampled, SAMPLE_OUT_WORDS};
 use super::step::{CudaStep, StepBuffers};
 use super::{ensure_len, int, kernels, CudaAct, CudaBackend, KArg};
 
-impl CudaBackend {
-    pub(super) fn run_gather_logit_rows(
+impl SamplingOps for CudaBackend {
+    fn gather_logit_rows(
         &self,
         x: &CudaAct,
         step: &CudaStep,
@@ -38,7 +38,7 @@ impl CudaBackend {
         )
     }
 
-    pub(super) fn run_sample(
+    fn sample(
         &self,
         logits: &mut CudaAct,
         samples: &[SampleSpec<'_>],

@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, ensure, Context};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 
-use crate::backend::StepMeta;
+use crate::backend::{StepMeta, StepOps};
 use crate::sampler::SampleSpec;
 
 use super::sample_words::{push_penalties, SAMPLE_MAX_TOP, SAMPLE_OUT_WORDS};
@@ -161,8 +161,14 @@ impl CudaBackend {
         b.sampled_host.reserve(max_seqs * SAMPLE_OUT_WORDS);
         Ok(())
     }
+}
 
-    pub(super) fn run_prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<CudaStep> {
+impl StepOps for CudaBackend {
+    fn runs_ops_as_issued(&self) -> bool {
+        false
+    }
+
+    fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<CudaStep> {
         let rows = meta.slots.len();
         let n_seqs = meta.seqs.len();
         let n_logits = meta.logit_rows.len();
@@ -335,11 +341,7 @@ impl CudaBackend {
         })
     }
 
-    pub(super) fn run_replay_layers(
-        &self,
-        step: &CudaStep,
-        logits: &mut CudaAct,
-    ) -> anyhow::Result<bool> {
+    fn replay_layers(&self, step: &CudaStep, logits: &mut CudaAct) -> anyhow::Result<bool> {
         let Some(key) = step.graph_key else {
             return Ok(false);
         };
@@ -360,7 +362,7 @@ impl CudaBackend {
         }
     }
 
-    pub(super) fn run_begin_layers(&self, step: &CudaStep) -> anyhow::Result<()> {
+    fn begin_layers(&self, step: &CudaStep) -> anyhow::Result<()> {
         let Some(key) = step.graph_key else {
             return Ok(());
         };
@@ -377,12 +379,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn run_end_layers(
-        &self,
-        _step: &CudaStep,
-        logits: &CudaAct,
-        issued: bool,
-    ) -> anyhow::Result<bool> {
+    fn end_layers(&self, _step: &CudaStep, logits: &CudaAct, issued: bool) -> anyhow::Result<bool> {
         let mut st = self.state()?;
         let g = &mut st.graphs;
         let Some((key, epoch)) = g.capturing.take() else {
@@ -412,7 +409,7 @@ impl CudaBackend {
         Ok(true)
     }
 
-    pub(super) fn run_record_mark(&self, slot: usize) -> anyhow::Result<()> {
+    fn record_mark(&self, slot: usize) -> anyhow::Result<()> {
         let event = self
             .marks
             .get(slot)
@@ -422,11 +419,7 @@ impl CudaBackend {
             .context("recording a timing event")
     }
 
-    pub(super) fn run_elapsed_between_marks(
-        &self,
-        from: usize,
-        to: usize,
-    ) -> anyhow::Result<Option<f64>> {
+    fn elapsed_between_marks(&self, from: usize, to: usize) -> anyhow::Result<Option<f64>> {
         let (Some(a), Some(b)) = (self.marks.get(from), self.marks.get(to)) else {
             bail!("no timing marks {from}..{to}");
         };

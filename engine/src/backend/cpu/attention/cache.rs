@@ -5,8 +5,10 @@ use half::f16;
 use half::vec::HalfBitsVecExt;
 
 use super::super::simd::Elem;
-use super::KEYS;
 use crate::backend::QkvLayout;
+
+/// Keys per score vector (and dimensions per output vector).
+pub(super) const KEYS: usize = 16;
 
 /// What the CPU's KV cache stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

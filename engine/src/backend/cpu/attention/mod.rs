@@ -15,20 +15,23 @@
 use anyhow::{anyhow, ensure};
 use rayon::prelude::*;
 
+use super::backend::CpuBackend;
 use super::simd::{Elem, Isa, SendPtr};
-use crate::backend::{check_block_table, AttnSeq, QkvLayout, ScoreSpec};
+use super::tensors::{CpuAct, CpuStep};
+use crate::backend::{
+    check_block_table, AttentionOps, AttnSeq, KvCacheShape, QkvLayout, ScoreSpec,
+};
+use crate::config::AttentionSpan;
 
-mod cache;
+pub(super) mod cache;
 mod item;
 
-use cache::KvStore;
+use cache::{KvStore, KEYS};
 pub use cache::{CpuKvCache, KvCacheDtype};
 use item::Item;
 
 /// Query rows per work item.
 const QUERY_BLOCK: usize = 16;
-/// Keys per score vector (and dimensions per output vector).
-const KEYS: usize = 16;
 /// Most work rows (query row × head) of one register tile.
 const TILE_MAX: usize = 8;
 /// About the fewest keys per part of a split context (a part's fixed cost stays small
@@ -291,6 +294,67 @@ impl Run<'_> {
             // disjoint across items. `attention` checked that this CPU runs `isa`.
             unsafe { job.run(isa) };
         });
+    }
+}
+
+impl AttentionOps for CpuBackend {
+    fn kv_value_bytes(&self) -> usize {
+        self.kv_cache_dtype.bytes()
+    }
+
+    fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<CpuKvCache> {
+        let KvCacheShape {
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+        } = shape;
+        CpuKvCache::new(
+            self.kv_cache_dtype,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+        )
+    }
+
+    fn attention(
+        &self,
+        qkv: &CpuAct,
+        layout: QkvLayout,
+        span: AttentionSpan,
+        scores: ScoreSpec,
+        sinks: Option<&Vec<f32>>,
+        cache: &mut CpuKvCache,
+        step: &CpuStep,
+        out: &mut CpuAct,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            qkv.cols == layout.qkv_width() && qkv.rows == step.slots.len(),
+            "attention: qkv shape"
+        );
+        let seqs = step.attn_seqs();
+        let out_data = out.reshape(qkv.rows, layout.q_width());
+        let window = match span {
+            AttentionSpan::Full => None,
+            AttentionSpan::Sliding { window } => Some(window),
+        };
+        let softmax = Softmax {
+            window,
+            scores,
+            sinks: sinks.map(Vec::as_slice),
+        };
+        attention(
+            &qkv.data,
+            layout,
+            softmax,
+            cache,
+            &seqs,
+            &step.slots,
+            out_data,
+            self.threads(),
+            Isa::detect(),
+        )
     }
 }
 
