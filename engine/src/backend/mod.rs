@@ -204,6 +204,26 @@ pub struct KvCacheShape {
     pub head_dim: usize,
 }
 
+impl KvCacheShape {
+    /// Values of K (and of V) the cache holds; an error when that overflows or is none.
+    pub fn values(&self) -> anyhow::Result<usize> {
+        let n = [self.block_size, self.num_kv_heads, self.head_dim]
+            .iter()
+            .try_fold(self.num_blocks, |n, &d| n.checked_mul(d));
+        match n {
+            Some(n) if n > 0 => Ok(n),
+            _ => bail!(
+                "a KV cache of {} blocks of {} tokens, {} KV heads of {} values, is {}",
+                self.num_blocks,
+                self.block_size,
+                self.num_kv_heads,
+                self.head_dim,
+                if n.is_some() { "empty" } else { "too large" }
+            ),
+        }
+    }
+}
+
 /// The types a device keeps its tensors in.
 ///
 /// `Act` is an f32 activation matrix `[rows, cols]`; `Weight` a linear weight `[N, K]`

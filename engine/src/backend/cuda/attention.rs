@@ -232,17 +232,7 @@ impl AttentionOps for CudaBackend {
     }
 
     fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<CudaKvCache> {
-        let KvCacheShape {
-            num_blocks,
-            block_size,
-            num_kv_heads,
-            head_dim,
-        } = shape;
-        let n = num_blocks * block_size * num_kv_heads * head_dim;
-        ensure!(
-            n > 0,
-            "empty KV cache ({num_blocks} blocks of {block_size})"
-        );
+        let n = shape.values()?;
         let k = self
             .stream
             .alloc_zeros::<bf16>(n)
@@ -254,9 +244,9 @@ impl AttentionOps for CudaBackend {
         Ok(CudaKvCache {
             k,
             v,
-            num_kv_heads,
-            head_dim,
-            block_size,
+            num_kv_heads: shape.num_kv_heads,
+            head_dim: shape.head_dim,
+            block_size: shape.block_size,
         })
     }
 

@@ -34,6 +34,37 @@ impl CudaBackend {
         ];
         self.launch(kernel, (n.div_ceil(256) as u32, 1, 1), 256, 0, &args)
     }
+
+    /// Launches a norm kernel over the rows of `x` (with `residual` first where it adds one).
+    fn launch_norm(
+        &self,
+        kernel: &str,
+        residual: Option<&CudaAct>,
+        x: &CudaAct,
+        w: &CudaParam,
+        eps: f32,
+        out: &mut CudaAct,
+    ) -> anyhow::Result<()> {
+        let o = self.shape(out, x.rows, x.cols)?;
+        let mut args = Vec::with_capacity(6);
+        if let Some(r) = residual {
+            args.push(KArg::Ptr(self.ptr(r.slice()?)));
+        }
+        args.extend([
+            KArg::Ptr(self.ptr(x.slice()?)),
+            KArg::Ptr(self.ptr(&w.data)),
+            KArg::Ptr(o),
+            KArg::I32(int(x.cols, "cols")?),
+            KArg::F32(eps),
+        ]);
+        self.launch_per_row(kernel, x.rows, &args)
+    }
+
+    /// Launches a row kernel: one block of 256 threads per row of `rows`.
+    fn launch_per_row(&self, kernel: &str, rows: usize, args: &[KArg]) -> anyhow::Result<()> {
+        let grid = (int(rows, "rows")? as u32, 1, 1);
+        self.launch(kernel, grid, 256, 0, args)
+    }
 }
 
 impl LayerOps for CudaBackend {
@@ -49,13 +80,7 @@ impl LayerOps for CudaBackend {
             KArg::Ptr(o),
             KArg::I32(int(table.cols, "hidden")?),
         ];
-        self.launch(
-            "embedding_gather",
-            (int(step.rows, "tokens")? as u32, 1, 1),
-            256,
-            0,
-            &args,
-        )
+        self.launch_per_row("embedding_gather", step.rows, &args)
     }
 
     fn matmul(
@@ -128,21 +153,7 @@ impl LayerOps for CudaBackend {
             x.cols,
             w.len
         );
-        let o = self.shape(out, x.rows, x.cols)?;
-        let args = [
-            KArg::Ptr(self.ptr(x.slice()?)),
-            KArg::Ptr(self.ptr(&w.data)),
-            KArg::Ptr(o),
-            KArg::I32(int(x.cols, "cols")?),
-            KArg::F32(eps),
-        ];
-        self.launch(
-            "rms_norm",
-            (int(x.rows, "rows")? as u32, 1, 1),
-            256,
-            0,
-            &args,
-        )
+        self.launch_norm("rms_norm", None, x, w, eps, out)
     }
 
     fn add_rms_norm(
@@ -163,22 +174,7 @@ impl LayerOps for CudaBackend {
             x.cols,
             w.len
         );
-        let o = self.shape(out, x.rows, x.cols)?;
-        let args = [
-            KArg::Ptr(self.ptr(residual.slice()?)),
-            KArg::Ptr(self.ptr(x.slice()?)),
-            KArg::Ptr(self.ptr(&w.data)),
-            KArg::Ptr(o),
-            KArg::I32(int(x.cols, "cols")?),
-            KArg::F32(eps),
-        ];
-        self.launch(
-            "add_rms_norm",
-            (int(x.rows, "rows")? as u32, 1, 1),
-            256,
-            0,
-            &args,
-        )
+        self.launch_norm("add_rms_norm", Some(residual), x, w, eps, out)
     }
 
     fn qk_head_norm(

@@ -5,7 +5,7 @@ use half::f16;
 use half::vec::HalfBitsVecExt;
 
 use super::super::simd::Elem;
-use crate::backend::QkvLayout;
+use crate::backend::{KvCacheShape, QkvLayout};
 
 /// Keys per score vector (and dimensions per output vector).
 pub(super) const KEYS: usize = 16;
@@ -46,25 +46,13 @@ pub struct CpuKvCache {
 
 impl CpuKvCache {
     /// Zero-filled cache (calloc'd, so untouched blocks cost no memory).
-    pub fn new(
-        dtype: KvCacheDtype,
-        num_blocks: usize,
-        block_size: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
-    ) -> anyhow::Result<Self> {
+    pub fn new(dtype: KvCacheDtype, shape: KvCacheShape) -> anyhow::Result<Self> {
+        let head_dim = shape.head_dim;
         ensure!(
             head_dim.is_multiple_of(KEYS),
             "the CPU backend needs a head dimension that is a multiple of {KEYS} (got {head_dim})"
         );
-        let len = num_blocks
-            .checked_mul(block_size)
-            .and_then(|v| v.checked_mul(num_kv_heads * head_dim))
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "KV cache size overflows: {num_blocks} blocks of {block_size} tokens"
-                )
-            })?;
+        let len = shape.values()?;
         let store = match dtype {
             KvCacheDtype::F16 => KvStore::F16 {
                 k: vec![0u16; len].reinterpret_into(),
@@ -77,9 +65,9 @@ impl CpuKvCache {
         };
         Ok(Self {
             store,
-            num_blocks,
-            block_size,
-            num_kv_heads,
+            num_blocks: shape.num_blocks,
+            block_size: shape.block_size,
+            num_kv_heads: shape.num_kv_heads,
             head_dim,
         })
     }

@@ -26,8 +26,8 @@ use crate::config::AttentionSpan;
 pub(super) mod cache;
 mod item;
 
-use cache::{KvStore, KEYS};
 pub use cache::{CpuKvCache, KvCacheDtype};
+use cache::{KvStore, KEYS};
 use item::Item;
 
 /// Query rows per work item.
@@ -303,19 +303,7 @@ impl AttentionOps for CpuBackend {
     }
 
     fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<CpuKvCache> {
-        let KvCacheShape {
-            num_blocks,
-            block_size,
-            num_kv_heads,
-            head_dim,
-        } = shape;
-        CpuKvCache::new(
-            self.kv_cache_dtype,
-            num_blocks,
-            block_size,
-            num_kv_heads,
-            head_dim,
-        )
+        CpuKvCache::new(self.kv_cache_dtype, shape)
     }
 
     fn attention(

@@ -14,6 +14,21 @@ fn plain(window: Option<usize>, head_dim: usize) -> Softmax<'static> {
     }
 }
 
+/// A cache of `num_blocks` blocks of `block_size` tokens.
+fn shape(
+    num_blocks: usize,
+    block_size: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+) -> KvCacheShape {
+    KvCacheShape {
+        num_blocks,
+        block_size,
+        num_kv_heads,
+        head_dim,
+    }
+}
+
 /// A K or V value as a cache of `dtype` holds it.
 fn as_cached(x: f32, dtype: KvCacheDtype) -> f64 {
     match dtype {
@@ -52,7 +67,7 @@ fn every_kernel_set_matches_plain_attention() {
         // Pages of `bs` tokens: 20 + 1 tokens in table_a, 37 in table_b.
         let table_a: Vec<u32> = (0..21u32.div_ceil(bs as u32)).collect();
         let table_b: Vec<u32> = (8..8 + 37u32.div_ceil(bs as u32)).rev().collect();
-        let mut cache = CpuKvCache::new(dtype, 16, bs, 2, hd).unwrap();
+        let mut cache = CpuKvCache::new(dtype, shape(16, bs, 2, hd)).unwrap();
         let seq_a = AttnSeq {
             row_start: 0,
             n_tokens: 20,
@@ -250,7 +265,7 @@ fn a_split_context_merges_to_plain_attention() {
     let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
     for isa in Isa::available() {
         for dtype in [KvCacheDtype::F16, KvCacheDtype::F32] {
-            let mut cache = CpuKvCache::new(dtype, table.len(), 16, 2, 32).unwrap();
+            let mut cache = CpuKvCache::new(dtype, shape(table.len(), 16, 2, 32)).unwrap();
             let prefill = AttnSeq {
                 row_start: 0,
                 n_tokens: n - 1,
@@ -313,7 +328,7 @@ fn a_sliding_window_attends_to_the_last_window_positions() {
     let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
     for isa in Isa::available() {
         let dtype = KvCacheDtype::F32;
-        let mut cache = CpuKvCache::new(dtype, table.len(), 16, 2, 32).unwrap();
+        let mut cache = CpuKvCache::new(dtype, shape(table.len(), 16, 2, 32)).unwrap();
         // Two prefill chunks (rows 0..600, then 600..1100), then the decode of row 1100.
         for (start, end, threads) in [(0, 600, 1), (600, n - 1, 2), (n - 1, n, 4)] {
             let seq = AttnSeq {
@@ -371,7 +386,7 @@ fn a_sink_joins_the_denominator_and_weighs_no_value() {
     let sinks = [2f32.ln(), -100.0, 6f32.ln(), 0.0];
     let table = [0u32];
     for isa in Isa::available() {
-        let mut cache = CpuKvCache::new(KvCacheDtype::F32, 1, 16, 2, 32).unwrap();
+        let mut cache = CpuKvCache::new(KvCacheDtype::F32, shape(1, 16, 2, 32)).unwrap();
         let seq = AttnSeq {
             row_start: 0,
             n_tokens: 2,
@@ -424,7 +439,7 @@ fn sinks_hold_in_whole_and_split_contexts() {
     };
     let table: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
     for isa in Isa::available() {
-        let mut cache = CpuKvCache::new(KvCacheDtype::F32, table.len(), 16, 2, 32).unwrap();
+        let mut cache = CpuKvCache::new(KvCacheDtype::F32, shape(table.len(), 16, 2, 32)).unwrap();
         for (start, end, threads) in [(0, n - 1, 2), (n - 1, n, 4)] {
             let seq = AttnSeq {
                 row_start: 0,
@@ -460,7 +475,7 @@ fn sinks_hold_in_whole_and_split_contexts() {
 
 #[test]
 fn head_dims_the_kernels_cannot_tile_are_refused() {
-    let err = CpuKvCache::new(KvCacheDtype::F16, 4, 16, 2, 40)
+    let err = CpuKvCache::new(KvCacheDtype::F16, shape(4, 16, 2, 40))
         .unwrap_err()
         .to_string();
     assert!(err.contains("(got 40)"), "{err}");

@@ -8,7 +8,7 @@ use super::super::lanes::{Avx2, Avx512};
 use super::super::simd::Isa;
 use super::layout::{row_scales, value_at, Format, QuantRows, RowScales, BLOCK, PANEL, TILE_ROWS};
 #[cfg(target_arch = "x86_64")]
-use super::scaling::{add_block, SuperScales};
+use super::scaling::{add_block, RowLanes, SuperScales};
 
 /// One micro-tile: `rows` activation rows from `row0` times one panel's `cols` output rows.
 #[derive(Clone, Copy)]
@@ -147,18 +147,7 @@ unsafe fn vnni<const MR: usize, const FMT: u8>(t: &Tile<'_>) {
                 }
             }
         } else {
-            for step in 0..8 {
-                let v = _mm512_loadu_si512(blk.add(step * 64) as *const __m512i);
-                let accs = if f == Format::Q6K && step < 4 {
-                    &mut acc_low
-                } else {
-                    &mut acci
-                };
-                for (i, a) in accs.iter_mut().enumerate() {
-                    let xp = xb.add(i * k + 4 * step) as *const i32;
-                    *a = _mm512_dpbusd_epi32(*a, v, _mm512_set1_epi32(xp.read_unaligned()));
-                }
-            }
+            add_byte_dots::<Avx512, MR>(f, blk, (xb, k), (&mut acc_low, &mut acci));
         }
         let sums = (&acc_low, &acci);
         add_block::<Avx512, MR>(f, blk.add(wb), 0, &sup, b, (xs.add(b), nb), sums, &mut accf);
@@ -242,19 +231,7 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
                 *a = _mm256_add_epi32(*a, _mm256_set1_epi32(128 * qsum));
             }
         } else {
-            for step in 0..8 {
-                let v = _mm256_loadu_si256(w.add(step * 64) as *const __m256i);
-                let accs = if f == Format::Q6K && step < 4 {
-                    &mut acc_low
-                } else {
-                    &mut acci
-                };
-                for (i, a) in accs.iter_mut().enumerate() {
-                    let xp = xb.add(i * k + 4 * step) as *const i32;
-                    let pairs = _mm256_maddubs_epi16(v, _mm256_set1_epi32(xp.read_unaligned()));
-                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(pairs, ones));
-                }
-            }
+            add_byte_dots::<Avx2, MR>(f, w, (xb, k), (&mut acc_low, &mut acci));
         }
         let (sums, row0) = ((&acc_low, &acci), 8 * half);
         add_block::<Avx2, MR>(
@@ -274,6 +251,34 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
         _mm256_storeu_ps(lanes.as_mut_ptr(), *f);
         let dst = t.out.add(i * t.ldo + 8 * half);
         std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, cols);
+    }
+}
+
+/// A block of one value per byte, 4 per lane and step over 8 steps: each row's sums of
+/// `u·q`, Q6_K's first half into `acc_low`. The activation row `i`'s block is at
+/// `xb + i·k`.
+///
+/// # Safety
+/// `w` holds the block's 8 steps of weights, `xb` its activation rows; the CPU runs `L`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn add_byte_dots<L: RowLanes, const MR: usize>(
+    f: Format,
+    w: *const u8,
+    (xb, k): (*const i8, usize),
+    (acc_low, acci): (&mut [L::I; MR], &mut [L::I; MR]),
+) {
+    for step in 0..8 {
+        let v = L::load_weights(w.add(step * 64));
+        let accs = if f == Format::Q6K && step < 4 {
+            &mut *acc_low
+        } else {
+            &mut *acci
+        };
+        for (i, a) in accs.iter_mut().enumerate() {
+            let x = (xb.add(i * k + 4 * step) as *const i32).read_unaligned();
+            *a = L::add_dots(*a, v, x);
+        }
     }
 }
 

@@ -23,6 +23,12 @@ pub trait RowLanes: Lanes {
     /// Two u8 per lane (lane r's at bytes 2r and 2r + 1), as f32: the firsts, the seconds.
     unsafe fn load_byte_pairs(p: *const u8) -> (Self::V, Self::V);
     unsafe fn to_f32(v: Self::I) -> Self::V;
+    /// The lanes' next 4 u8 weights each, from `p`.
+    unsafe fn load_weights(p: *const u8) -> Self::I;
+    /// `acc` plus, in each lane, the dot product of its 4 u8 of `u` with the 4 i8 of `x`
+    /// (AVX2 sums pairs in i16 first: each of `u`'s values below 64, or pairs of
+    /// `u·x` that stay in i16).
+    unsafe fn add_dots(acc: Self::I, u: Self::I, x: i32) -> Self::I;
     /// `v − x` in every lane.
     unsafe fn sub_splat(v: Self::I, x: i32) -> Self::I;
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
@@ -167,6 +173,18 @@ impl RowLanes for Avx512 {
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    unsafe fn load_weights(p: *const u8) -> Self::I {
+        use std::arch::x86_64::*;
+        _mm512_loadu_si512(p as *const __m512i)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add_dots(acc: Self::I, u: Self::I, x: i32) -> Self::I {
+        use std::arch::x86_64::*;
+        _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(x))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn sub_splat(v: Self::I, x: i32) -> Self::I {
         use std::arch::x86_64::*;
         _mm512_sub_epi32(v, _mm512_set1_epi32(x))
@@ -222,6 +240,19 @@ impl RowLanes for Avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn to_f32(v: Self::I) -> Self::V {
         std::arch::x86_64::_mm256_cvtepi32_ps(v)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_weights(p: *const u8) -> Self::I {
+        use std::arch::x86_64::*;
+        _mm256_loadu_si256(p as *const __m256i)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add_dots(acc: Self::I, u: Self::I, x: i32) -> Self::I {
+        use std::arch::x86_64::*;
+        let pairs = _mm256_maddubs_epi16(u, _mm256_set1_epi32(x));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
