@@ -106,15 +106,14 @@ impl LayerOps for CpuBackend {
         eps: f32,
     ) -> anyhow::Result<()> {
         check_qk_head_norm(qkv.cols, layout, q_w.len(), k_w.len(), 512)?;
-        ops::qk_head_norm(
-            &mut qkv.data,
-            qkv.cols,
-            layout.num_heads,
-            layout.num_kv_heads,
+        let norms = ops::HeadNorms {
+            n_q: layout.num_heads,
+            n_k: layout.num_kv_heads,
             q_w,
             k_w,
             eps,
-        );
+        };
+        ops::qk_head_norm(&mut qkv.data, qkv.cols, norms);
         Ok(())
     }
 

@@ -99,16 +99,26 @@ pub fn add_rms_norm(residual: &mut [f32], x: &[f32], w: &[f32], eps: f32, out: &
         });
 }
 
+/// The per-head RMSNorms of fused QKV rows: the first `n_q` heads weighed by `q_w`, the
+/// next `n_k` by `k_w`.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadNorms<'a> {
+    pub n_q: usize,
+    pub n_k: usize,
+    pub q_w: &'a [f32],
+    pub k_w: &'a [f32],
+    pub eps: f32,
+}
+
 #[inline(always)]
-fn head_norm_rows<const FMA: bool>(
-    rows: &mut [f32],
-    width: usize,
-    n_q: usize,
-    n_k: usize,
-    q_w: &[f32],
-    k_w: &[f32],
-    eps: f32,
-) {
+fn head_norm_rows<const FMA: bool>(rows: &mut [f32], width: usize, norms: &HeadNorms<'_>) {
+    let HeadNorms {
+        n_q,
+        n_k,
+        q_w,
+        k_w,
+        eps,
+    } = *norms;
     let hd = q_w.len();
     let mut tmp = [0.0f32; 512];
     for row in rows.chunks_exact_mut(width) {
@@ -121,19 +131,10 @@ fn head_norm_rows<const FMA: bool>(
     }
 }
 
-/// In place: RMSNorm over each of the first `n_q` heads (weight `q_w`) and the next
-/// `n_k` heads (weight `k_w`) of every row; rows are `width` wide. `head_dim <= 512`.
-pub fn qk_head_norm(
-    qkv: &mut [f32],
-    width: usize,
-    n_q: usize,
-    n_k: usize,
-    q_w: &[f32],
-    k_w: &[f32],
-    eps: f32,
-) {
+/// In place: `norms` over the heads of every row; rows are `width` wide. `head_dim <= 512`.
+pub fn qk_head_norm(qkv: &mut [f32], width: usize, norms: HeadNorms<'_>) {
     for_row_blocks(qkv, width, |_, block| {
-        dispatch!(head_norm_rows(block, width, n_q, n_k, q_w, k_w, eps));
+        dispatch!(head_norm_rows(block, width, &norms));
     });
 }
 

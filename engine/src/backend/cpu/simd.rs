@@ -238,61 +238,54 @@ impl Elem for f32 {
     }
 }
 
-impl Elem for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-    }
+/// `Elem` for a 16-bit float of the `half` crate, which converts it; `$load8` and
+/// `$load16` widen `$p`'s 8 or 16 values to f32 lanes.
+macro_rules! half_elem {
+    ($t:ty, |$p:ident| $load8:expr, $load16:expr) => {
+        impl Elem for $t {
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                <$t>::to_f32(self)
+            }
+            fn from_f32(x: f32) -> Self {
+                <$t>::from_f32(x)
+            }
+            fn as_f32(_: &[Self]) -> Option<&[f32]> {
+                None
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn load8($p: *const Self) -> std::arch::x86_64::__m256 {
+                use std::arch::x86_64::*;
+                $load8
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline]
+            #[target_feature(enable = "avx512f")]
+            unsafe fn load16($p: *const Self) -> std::arch::x86_64::__m512 {
+                use std::arch::x86_64::*;
+                $load16
+            }
+        }
+    };
 }
 
-impl Elem for bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
-    }
-}
+half_elem!(
+    f16,
+    |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+);
+// bf16 is the high half of an f32: widen, then shift into place.
+half_elem!(
+    bf16,
+    |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+        _mm_loadu_si128(p as *const __m128i)
+    ))),
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+        _mm256_loadu_si256(p as *const __m256i)
+    )))
+);
 
 #[cfg(test)]
 mod tests {

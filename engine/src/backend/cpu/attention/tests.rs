@@ -29,6 +29,42 @@ fn shape(
     }
 }
 
+/// Rows `rows` of the one sequence whose rows are all of `qkv`, attended on `threads`
+/// threads with `isa`'s kernels; the sequence's blocks are `table`, which maps its
+/// positions to the same slots (`table[i] = i`).
+fn attend_rows(
+    qkv: &[f32],
+    rows: std::ops::Range<usize>,
+    softmax: Softmax<'_>,
+    cache: &mut CpuKvCache,
+    table: &[u32],
+    (threads, isa): (usize, Isa),
+) -> Vec<f32> {
+    let width = LAYOUT.qkv_width();
+    let seq = AttnSeq {
+        row_start: 0,
+        n_tokens: rows.len(),
+        start_pos: rows.start,
+        block_table: table,
+    };
+    let slots: Vec<usize> = rows.clone().collect();
+    let mut out = vec![0.0; rows.len() * LAYOUT.q_width()];
+    let x = &qkv[rows.start * width..rows.end * width];
+    attention(
+        x,
+        LAYOUT,
+        softmax,
+        cache,
+        &[seq],
+        &slots,
+        &mut out,
+        threads,
+        isa,
+    )
+    .unwrap();
+    out
+}
+
 /// A K or V value as a cache of `dtype` holds it.
 fn as_cached(x: f32, dtype: KvCacheDtype) -> f64 {
     match dtype {
@@ -266,26 +302,8 @@ fn a_split_context_merges_to_plain_attention() {
     for isa in Isa::available() {
         for dtype in [KvCacheDtype::F16, KvCacheDtype::F32] {
             let mut cache = CpuKvCache::new(dtype, shape(table.len(), 16, 2, 32)).unwrap();
-            let prefill = AttnSeq {
-                row_start: 0,
-                n_tokens: n - 1,
-                start_pos: 0,
-                block_table: &table,
-            };
-            let slots: Vec<usize> = (0..n - 1).collect();
-            let mut out = vec![0.0; (n - 1) * LAYOUT.q_width()];
-            attention(
-                &qkv[..(n - 1) * width],
-                LAYOUT,
-                plain(None, LAYOUT.head_dim),
-                &mut cache,
-                &[prefill],
-                &slots,
-                &mut out,
-                4,
-                isa,
-            )
-            .unwrap();
+            let prefill = plain(None, LAYOUT.head_dim);
+            attend_rows(&qkv, 0..n - 1, prefill, &mut cache, &table, (4, isa));
             let decode = AttnSeq {
                 row_start: 0,
                 n_tokens: 1,
@@ -296,20 +314,8 @@ fn a_split_context_merges_to_plain_attention() {
             let mut items = work_items(&[decode], LAYOUT, None, 1, &cache).unwrap();
             let splits = split_contexts(&mut items, 16, 4);
             assert_eq!(splits.iter().map(|s| s.parts).collect::<Vec<_>>(), [4, 4]);
-            let mut out = vec![0.0; LAYOUT.q_width()];
-            let last = &qkv[(n - 1) * width..];
-            attention(
-                last,
-                LAYOUT,
-                plain(None, LAYOUT.head_dim),
-                &mut cache,
-                &[decode],
-                &[n - 1],
-                &mut out,
-                4,
-                isa,
-            )
-            .unwrap();
+            let decode = plain(None, LAYOUT.head_dim);
+            let out = attend_rows(&qkv, n - 1..n, decode, &mut cache, &table, (4, isa));
             let hist: Vec<&[f32]> = qkv.chunks(width).collect();
             assert_like_plain(&hist, &out, dtype, &format!("{isa:?} {dtype:?}"));
         }
@@ -331,26 +337,15 @@ fn a_sliding_window_attends_to_the_last_window_positions() {
         let mut cache = CpuKvCache::new(dtype, shape(table.len(), 16, 2, 32)).unwrap();
         // Two prefill chunks (rows 0..600, then 600..1100), then the decode of row 1100.
         for (start, end, threads) in [(0, 600, 1), (600, n - 1, 2), (n - 1, n, 4)] {
-            let seq = AttnSeq {
-                row_start: 0,
-                n_tokens: end - start,
-                start_pos: start,
-                block_table: &table,
-            };
-            let slots: Vec<usize> = (start..end).collect();
-            let mut out = vec![0.0; (end - start) * LAYOUT.q_width()];
-            attention(
-                &qkv[start * width..end * width],
-                LAYOUT,
-                plain(Some(window), LAYOUT.head_dim),
+            let softmax = plain(Some(window), LAYOUT.head_dim);
+            let out = attend_rows(
+                &qkv,
+                start..end,
+                softmax,
                 &mut cache,
-                &[seq],
-                &slots,
-                &mut out,
-                threads,
-                isa,
-            )
-            .unwrap();
+                &table,
+                (threads, isa),
+            );
             for t in [0, 10, 518, 519, 520, 521, 599, 600, 601, 999, n - 1] {
                 if (start..end).contains(&t) {
                     let row = &out[(t - start) * LAYOUT.q_width()..][..LAYOUT.q_width()];
@@ -387,29 +382,11 @@ fn a_sink_joins_the_denominator_and_weighs_no_value() {
     let table = [0u32];
     for isa in Isa::available() {
         let mut cache = CpuKvCache::new(KvCacheDtype::F32, shape(1, 16, 2, 32)).unwrap();
-        let seq = AttnSeq {
-            row_start: 0,
-            n_tokens: 2,
-            start_pos: 0,
-            block_table: &table,
-        };
-        let mut out = vec![0.0; 2 * LAYOUT.q_width()];
         let softmax = Softmax {
             sinks: Some(&sinks),
             ..plain(None, LAYOUT.head_dim)
         };
-        attention(
-            &qkv,
-            LAYOUT,
-            softmax,
-            &mut cache,
-            &[seq],
-            &[0, 1],
-            &mut out,
-            1,
-            isa,
-        )
-        .unwrap();
+        let out = attend_rows(&qkv, 0..2, softmax, &mut cache, &table, (1, isa));
         let row = &out[LAYOUT.q_width()..];
         // Head 3's sink of 0 weighs as a third key: (1 + 3) / 3.
         for (h, want) in [1.0, 2.0, 0.5, 4.0 / 3.0].into_iter().enumerate() {
@@ -441,27 +418,14 @@ fn sinks_hold_in_whole_and_split_contexts() {
     for isa in Isa::available() {
         let mut cache = CpuKvCache::new(KvCacheDtype::F32, shape(table.len(), 16, 2, 32)).unwrap();
         for (start, end, threads) in [(0, n - 1, 2), (n - 1, n, 4)] {
-            let seq = AttnSeq {
-                row_start: 0,
-                n_tokens: end - start,
-                start_pos: start,
-                block_table: &table,
-            };
-            let slots: Vec<usize> = (start..end).collect();
-            let mut out = vec![0.0; (end - start) * LAYOUT.q_width()];
-            let rows = &qkv[start * width..end * width];
-            attention(
-                rows,
-                LAYOUT,
+            let out = attend_rows(
+                &qkv,
+                start..end,
                 softmax,
                 &mut cache,
-                &[seq],
-                &slots,
-                &mut out,
-                threads,
-                isa,
-            )
-            .unwrap();
+                &table,
+                (threads, isa),
+            );
             for t in [0, 1, 17, 350, n - 2, n - 1] {
                 if (start..end).contains(&t) {
                     let row = &out[(t - start) * LAYOUT.q_width()..][..LAYOUT.q_width()];
