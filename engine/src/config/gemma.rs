@@ -37,7 +37,6 @@ struct Kinds {
 
 /// The layers a Gemma `family` of `spans` describes, with the scale and caps given.
 fn layers(
-    family: Family,
     common: &CommonLayer,
     spans: &[bool],
     kinds: &Kinds,
@@ -58,7 +57,7 @@ fn layers(
                 true => kinds.sliding_rope.clone(),
                 false => kinds.full_rope.clone(),
             },
-            qk_norm: family == Family::Gemma3,
+            qk_norm: common.family == Family::Gemma3,
             attn_scale,
             attn_softcap,
             norms: NormPlacement::Sandwich,
@@ -85,12 +84,11 @@ fn cap(value: Option<f64>) -> Option<f32> {
 
 /// The layers an HF config describes, and the model-wide scales.
 pub fn hf_layers(
-    family: Family,
     json: &Value,
     common: &CommonLayer,
-    hidden_size: usize,
     file: &Path,
 ) -> anyhow::Result<(Vec<LayerSpec>, ModelExtras)> {
+    let (family, hidden_size) = (common.family, common.hidden_size);
     if let Some(act) = opt_field::<String>(json, "hidden_activation", file)? {
         if act != "gelu_pytorch_tanh" {
             bail!(
@@ -149,7 +147,6 @@ pub fn hf_layers(
     let scalar: f64 = opt_field(json, "query_pre_attn_scalar", file)?.unwrap_or(head_dim as f64);
     let attn_softcap = cap(opt_field(json, "attn_logit_softcapping", file)?);
     let layers = layers(
-        family,
         common,
         &spans,
         &kinds,
@@ -174,11 +171,10 @@ pub fn hf_layers(
 /// 27B models (46 layers in Gemma 2, 62 in Gemma 3), whose `query_pre_attn_scalar` the
 /// converter does not write. The norms hold `1 + w` already.
 pub fn gguf_layers(
-    family: Family,
     file: &dyn GgufMetadata,
     common: &CommonLayer,
-    hidden_size: usize,
 ) -> anyhow::Result<(Vec<LayerSpec>, ModelExtras)> {
+    let (family, hidden_size) = (common.family, common.hidden_size);
     let arch = match family {
         Family::Gemma2 => "gemma2",
         _ => "gemma3",
@@ -245,7 +241,6 @@ pub fn gguf_layers(
     };
     let attn_softcap = cap(file.f64_key(&key("attn_logit_softcapping"))?);
     let layers = layers(
-        family,
         common,
         &spans,
         &kinds,

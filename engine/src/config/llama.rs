@@ -20,11 +20,11 @@ pub fn default_max_positions(family: Family) -> usize {
 
 /// The layers an HF config describes.
 pub fn hf_layers(
-    family: Family,
     json: &Value,
     common: &CommonLayer,
     file: &Path,
 ) -> anyhow::Result<Vec<LayerSpec>> {
+    let family = common.family;
     for key in ["attention_bias", "mlp_bias"] {
         if opt_field::<bool>(json, key, file)? == Some(true) {
             bail!(
@@ -33,14 +33,11 @@ pub fn hf_layers(
             );
         }
     }
-    let mut layers = common.uniform();
-    if family == Family::Mistral {
-        let span = window_on_every_layer(json, layers.len(), "Mistral", file)?;
-        for layer in &mut layers {
-            layer.attention = span;
-        }
-    }
-    Ok(layers)
+    let attention = match family {
+        Family::Mistral => window_on_every_layer(json, common.num_layers, "Mistral", file)?,
+        _ => AttentionSpan::Full,
+    };
+    Ok(common.uniform_with(&common.rope, attention))
 }
 
 /// The GGUF tensor in which llama.cpp stores Llama 3.1+ per-frequency rope factors.
@@ -75,18 +72,9 @@ pub fn gguf_layers(
         rope.scaling = Some(RopeScaling::Llama3(scaling));
     }
     let qkv_bias = file.has_tensor("blk.0.attn_q.bias");
-    let attention = match file.usize_key("llama.attention.sliding_window")? {
-        Some(window) if window > 0 => AttentionSpan::Sliding { window },
-        _ => AttentionSpan::Full,
-    };
-    Ok(common
-        .uniform()
-        .into_iter()
-        .map(|layer| LayerSpec {
-            attention,
-            rope: rope.clone(),
-            qkv_bias,
-            ..layer
-        })
-        .collect())
+    let mut layers = common.uniform_with(&rope, file.window_on_every_layer("llama")?);
+    for layer in &mut layers {
+        layer.qkv_bias = qkv_bias;
+    }
+    Ok(layers)
 }

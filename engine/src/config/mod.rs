@@ -312,6 +312,8 @@ pub struct ModelConfig {
 /// What every family's layers share, read before the family's own keys.
 #[derive(Debug, Clone)]
 pub struct CommonLayer {
+    pub family: Family,
+    pub hidden_size: usize,
     pub num_layers: usize,
     pub rope: RopeSpec,
     /// The dense FFN's width.
@@ -341,6 +343,16 @@ impl CommonLayer {
             };
             self.num_layers
         ]
+    }
+
+    /// [`CommonLayer::uniform`]'s layers with `rope` and `attention` on every one.
+    pub fn uniform_with(&self, rope: &RopeSpec, attention: AttentionSpan) -> Vec<LayerSpec> {
+        let mut layers = self.uniform();
+        for layer in &mut layers {
+            layer.rope = rope.clone();
+            layer.attention = attention;
+        }
+        layers
     }
 }
 
@@ -375,6 +387,17 @@ pub trait GgufMetadata {
     fn int_array_key(&self, key: &str) -> anyhow::Result<Option<Vec<i64>>>;
     /// A tensor's values as f32 (small tables such as `rope_freqs.weight`).
     fn tensor_f32(&self, name: &str) -> anyhow::Result<Vec<f32>>;
+
+    /// The window `{arch}.attention.sliding_window` sets on every layer (absent or 0: full
+    /// attention).
+    fn window_on_every_layer(&self, arch: &str) -> anyhow::Result<AttentionSpan> {
+        Ok(
+            match self.usize_key(&format!("{arch}.attention.sliding_window"))? {
+                Some(window) if window > 0 => AttentionSpan::Sliding { window },
+                _ => AttentionSpan::Full,
+            },
+        )
+    }
 }
 
 impl ModelConfig {
@@ -415,6 +438,8 @@ impl ModelConfig {
             None => req_field(&json, "intermediate_size", file)?,
         };
         let common = CommonLayer {
+            family,
+            hidden_size,
             num_layers: req_field(&json, "num_hidden_layers", file)?,
             rope: hf_json::rope(&json, head_dim, file)?,
             intermediate_size,
@@ -423,11 +448,11 @@ impl ModelConfig {
         let mut extras = ModelExtras::NONE;
         let (layers, default_max_pos) = match family {
             Family::Llama | Family::Mistral => (
-                llama::hf_layers(family, &json, &common, file)?,
+                llama::hf_layers(&json, &common, file)?,
                 llama::default_max_positions(family),
             ),
             Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => (
-                qwen::hf_layers(family, &json, &common, file)?,
+                qwen::hf_layers(&json, &common, file)?,
                 qwen::DEFAULT_MAX_POSITIONS,
             ),
             Family::Phi3 => (
@@ -435,7 +460,7 @@ impl ModelConfig {
                 phi3::DEFAULT_MAX_POSITIONS,
             ),
             Family::Gemma2 | Family::Gemma3 => {
-                let (layers, gemma) = gemma::hf_layers(family, &json, &common, hidden_size, file)?;
+                let (layers, gemma) = gemma::hf_layers(&json, &common, file)?;
                 extras = gemma;
                 (layers, gemma::default_max_positions(family))
             }
@@ -481,21 +506,19 @@ impl ModelConfig {
     }
 }
 
-/// The layers of a GGUF file of `family` whose shared keys gave `common`, and what the
-/// family adds beside them.
+/// The layers of a GGUF file whose shared keys gave `common`, and what its family adds
+/// beside them.
 pub fn gguf_layers(
-    family: Family,
     file: &dyn GgufMetadata,
     common: &CommonLayer,
-    hidden_size: usize,
 ) -> anyhow::Result<(Vec<LayerSpec>, ModelExtras)> {
     let plain = |layers| Ok((layers, ModelExtras::NONE));
-    match family {
+    match common.family {
         Family::Llama | Family::Mistral => plain(llama::gguf_layers(file, common)?),
-        Family::Qwen2 | Family::Qwen3 => plain(qwen::gguf_layers(family, common)),
+        Family::Qwen2 | Family::Qwen3 => plain(qwen::gguf_layers(common)),
         Family::Qwen3Moe => plain(qwen::gguf_moe_layers(file, common)?),
         Family::Phi3 => plain(phi3::gguf_layers(file, common)?),
-        Family::Gemma2 | Family::Gemma3 => gemma::gguf_layers(family, file, common, hidden_size),
+        Family::Gemma2 | Family::Gemma3 => gemma::gguf_layers(file, common),
         Family::GptOss => plain(gpt_oss::gguf_layers(file, common)?),
     }
 }
@@ -514,6 +537,8 @@ pub(crate) fn read_test_config(json: serde_json::Value) -> anyhow::Result<ModelC
 #[cfg(test)]
 pub(crate) fn test_llama() -> ModelConfig {
     let common = CommonLayer {
+        family: Family::Llama,
+        hidden_size: 8,
         num_layers: 2,
         rope: RopeSpec {
             theta: 500_000.0,

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::hf_json::window_on_every_layer;
 use super::rope::{LongRopeScaling, RopeScaling};
-use super::{AttentionSpan, CommonLayer, GgufMetadata, LayerSpec};
+use super::{CommonLayer, GgufMetadata, LayerSpec};
 
 /// `max_position_embeddings` when a config leaves it out (transformers' default).
 pub const DEFAULT_MAX_POSITIONS: usize = 4096;
@@ -20,12 +20,8 @@ pub fn hf_layers(
     common: &CommonLayer,
     file: &Path,
 ) -> anyhow::Result<Vec<LayerSpec>> {
-    let mut layers = common.uniform();
-    let span = window_on_every_layer(json, layers.len(), "Phi-3", file)?;
-    for layer in &mut layers {
-        layer.attention = span;
-    }
-    Ok(layers)
+    let attention = window_on_every_layer(json, common.num_layers, "Phi-3", file)?;
+    Ok(common.uniform_with(&common.rope, attention))
 }
 
 /// llama.cpp's LongRoPE factor tables (one per list, shared by every layer).
@@ -89,17 +85,5 @@ pub fn gguf_layers(
             shown()
         ),
     }
-    let attention = match file.usize_key("phi3.attention.sliding_window")? {
-        Some(window) if window > 0 => AttentionSpan::Sliding { window },
-        _ => AttentionSpan::Full,
-    };
-    Ok(common
-        .uniform()
-        .into_iter()
-        .map(|layer| LayerSpec {
-            attention,
-            rope: rope.clone(),
-            ..layer
-        })
-        .collect())
+    Ok(common.uniform_with(&rope, file.window_on_every_layer("phi3")?))
 }

@@ -19,11 +19,11 @@ pub const DEFAULT_MAX_POSITIONS: usize = 32_768;
 
 /// The layers an HF config describes.
 pub fn hf_layers(
-    family: Family,
     json: &Value,
     common: &CommonLayer,
     file: &Path,
 ) -> anyhow::Result<Vec<LayerSpec>> {
+    let family = common.family;
     if family != Family::Qwen2 && opt_field::<bool>(json, "attention_bias", file)? == Some(true) {
         bail!(
             "`attention_bias: true` (biases on the projections) is not supported for {family:?} \
@@ -31,7 +31,7 @@ pub fn hf_layers(
             file.display()
         );
     }
-    let mut layers = layers_of(family, common);
+    let mut layers = layers_of(common);
     if family == Family::Qwen3Moe {
         let Some(experts) = hf_experts(json, file)? else {
             // No experts: every layer dense, as transformers builds it.
@@ -80,8 +80,8 @@ pub fn hf_layers(
 }
 
 /// The layers of a `qwen2` or `qwen3` GGUF file (llama.cpp keeps no sliding window for them).
-pub fn gguf_layers(family: Family, common: &CommonLayer) -> Vec<LayerSpec> {
-    layers_of(family, common)
+pub fn gguf_layers(common: &CommonLayer) -> Vec<LayerSpec> {
+    layers_of(common)
 }
 
 /// The expert FFN an HF Qwen3-MoE config describes, `None` for no experts. The expert count
@@ -148,7 +148,7 @@ pub fn gguf_moe_layers(
         .is_none_or(|v| v != 0);
     let routing = Routing::SoftmaxTopK { renormalise };
     let spec = ExpertSpec::from_gguf(file, "qwen3moe", routing, false)?;
-    let mut layers = layers_of(Family::Qwen3Moe, common);
+    let mut layers = layers_of(common);
     for (i, layer) in layers.iter_mut().enumerate() {
         if file.has_tensor(&format!("blk.{i}.ffn_gate_inp.weight")) {
             layer.ffn = Ffn::Experts(spec);
@@ -158,7 +158,8 @@ pub fn gguf_moe_layers(
     Ok(layers)
 }
 
-fn layers_of(family: Family, common: &CommonLayer) -> Vec<LayerSpec> {
+fn layers_of(common: &CommonLayer) -> Vec<LayerSpec> {
+    let family = common.family;
     common
         .uniform()
         .into_iter()

@@ -79,6 +79,8 @@ impl ModelConfig {
             );
         }
         let common = CommonLayer {
+            family,
+            hidden_size,
             num_layers: file.get_usize(&key("block_count"))?,
             rope: RopeSpec {
                 theta: file
@@ -96,7 +98,7 @@ impl ModelConfig {
             },
             head_dim,
         };
-        let (layers, extras) = gguf_layers(family, file, &common, hidden_size)?;
+        let (layers, extras) = gguf_layers(file, &common)?;
         let eos = file.opt("tokenizer.ggml.eos_token_id", GgufFile::get_usize)?;
         Ok(ModelConfig {
             family,
