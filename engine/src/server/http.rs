@@ -215,7 +215,7 @@ async fn generate(
                 &request,
                 state.ready().map(|r| r.tokenizer.clone()),
             );
-            if request.stream {
+            if request.streaming.stream {
                 stream_response(writer, request, events).into_response()
             } else {
                 collect_response(writer, request, events).await

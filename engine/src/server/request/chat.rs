@@ -7,8 +7,8 @@ use super::constraints::{request_constraint, with_tool_choice, Constraint};
 use super::fields::{ChatFields, MessageBody};
 use super::sampling::{check_unsupported_values, sampling_params};
 use super::{
-    check_model, choices, count, encode, read_generation_body, room_after, stream_flags,
-    GenerateRequest, ModelInfo, RequestFields,
+    check_model, choices, count, encode, read_generation_body, room_after, streaming,
+    GenerateRequest, ModelInfo, RequestFields, Streaming,
 };
 use crate::sampler::SamplingParams;
 use crate::server::error::ApiError;
@@ -47,8 +47,7 @@ pub fn chat_request(
         ));
     }
     params.logprobs = want_logprobs.then(|| count(own.top_logprobs));
-    let (stream, include_usage, continuous_usage) =
-        stream_flags(shared.stream, shared.stream_options.as_ref())?;
+    let streaming = streaming(shared.stream, shared.stream_options.as_ref())?;
     let n = choices(shared.n)?;
     let messages = chat_messages(own.messages)?;
     let tools = tools::parse_tools(
@@ -99,7 +98,7 @@ pub fn chat_request(
         model,
         vec![prompt],
         params,
-        (n, stream, include_usage, continuous_usage),
+        (n, streaming),
         constraint,
         reading,
         (own.max_completion_tokens, shared.max_tokens),
@@ -114,7 +113,7 @@ fn chat_job(
     model: String,
     prompts: Vec<Vec<u32>>,
     mut params: SamplingParams,
-    (n, stream, include_usage, continuous_usage): (usize, bool, bool, bool),
+    (n, streaming): (usize, Streaming),
     constraint: Option<Constraint>,
     reading: Option<Reading>,
     (max_completion_tokens, max_tokens): (Option<u64>, Option<u64>),
@@ -131,9 +130,7 @@ fn chat_job(
         prompts,
         params,
         n,
-        stream,
-        include_usage,
-        continuous_usage,
+        streaming,
         constraint,
         reading,
         fields: RequestFields {

@@ -41,6 +41,16 @@ pub struct ModelInfo {
     pub format: Arc<dyn ChatFormat>,
 }
 
+/// Whether and how a response streams: `stream` and its `stream_options`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Streaming {
+    pub stream: bool,
+    /// `stream_options.include_usage`: a final chunk with the totals.
+    pub include_usage: bool,
+    /// `stream_options.continuous_usage_stats`: usage on every chunk.
+    pub continuous_usage: bool,
+}
+
 /// A checked request: its prompts as token ids and how to sample them.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
@@ -51,11 +61,7 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Choices per prompt.
     pub n: usize,
-    pub stream: bool,
-    /// `stream_options.include_usage`: a final chunk with the totals.
-    pub include_usage: bool,
-    /// `stream_options.continuous_usage_stats`: usage on every chunk.
-    pub continuous_usage: bool,
+    pub streaming: Streaming,
     /// The grammar every answer follows (structured output, or the tool choice's).
     pub constraint: Option<Constraint>,
     /// How each choice's answer is read (its chat format's reader), when not as plain text.
@@ -203,15 +209,14 @@ fn count(n: Option<u64>) -> usize {
     n.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
-/// Stream flags `(stream, include_usage, continuous_usage)`; `stream_options` only with
-/// `stream: true`.
-fn stream_flags(
-    stream: Option<bool>,
-    options: Option<&StreamOptions>,
-) -> Result<(bool, bool, bool), ApiError> {
+/// The request's [`Streaming`]; `stream_options` only with `stream: true`.
+fn streaming(stream: Option<bool>, options: Option<&StreamOptions>) -> Result<Streaming, ApiError> {
     let stream = stream.unwrap_or(false);
     let Some(options) = options else {
-        return Ok((stream, false, false));
+        return Ok(Streaming {
+            stream,
+            ..Streaming::default()
+        });
     };
     if !stream {
         return Err(ApiError::invalid(
@@ -219,11 +224,11 @@ fn stream_flags(
             "`stream_options` is only allowed with `stream: true`",
         ));
     }
-    Ok((
+    Ok(Streaming {
         stream,
-        options.include_usage.unwrap_or(false),
-        options.continuous_usage_stats.unwrap_or(false),
-    ))
+        include_usage: options.include_usage.unwrap_or(false),
+        continuous_usage: options.continuous_usage_stats.unwrap_or(false),
+    })
 }
 
 /// `n`, within `1..=MAX_N`.
@@ -276,9 +281,7 @@ mod tests {
             prompts: vec![prompt],
             params,
             n: 1,
-            stream: false,
-            include_usage: false,
-            continuous_usage: false,
+            streaming: Streaming::default(),
             constraint: None,
             reading: None,
             fields: RequestFields {
@@ -340,9 +343,7 @@ mod tests {
                 ..SamplingParams::default()
             },
             n: 2,
-            stream: false,
-            include_usage: false,
-            continuous_usage: false,
+            streaming: Streaming::default(),
             constraint: None,
             reading: None,
             fields: RequestFields::COMPLETION,

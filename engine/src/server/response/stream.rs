@@ -133,7 +133,7 @@ impl StreamState {
         if self.open == 0 {
             self.done = true;
             let mut tail = Vec::new();
-            if self.request.include_usage {
+            if self.request.streaming.include_usage {
                 tail.push(self.writer.usage_chunk(
                     request_usage(&self.request, &self.counts),
                     request_timings(&self.request, &self.counts),

@@ -61,7 +61,7 @@ impl ChunkWriter {
             model: request.model.clone(),
             tokenizer: tokenizer.ok(),
             want_logprobs: request.params.logprobs.is_some(),
-            continuous_usage: request.continuous_usage,
+            continuous_usage: request.streaming.continuous_usage,
             split_reasoning: request.params.split_reasoning,
             reading: request.reading.clone(),
         }

@@ -338,14 +338,8 @@ fn a_sliding_window_attends_to_the_last_window_positions() {
         // Two prefill chunks (rows 0..600, then 600..1100), then the decode of row 1100.
         for (start, end, threads) in [(0, 600, 1), (600, n - 1, 2), (n - 1, n, 4)] {
             let softmax = plain(Some(window), LAYOUT.head_dim);
-            let out = attend_rows(
-                &qkv,
-                start..end,
-                softmax,
-                &mut cache,
-                &table,
-                (threads, isa),
-            );
+            let rows = start..end;
+            let out = attend_rows(&qkv, rows, softmax, &mut cache, &table, (threads, isa));
             for t in [0, 10, 518, 519, 520, 521, 599, 600, 601, 999, n - 1] {
                 if (start..end).contains(&t) {
                     let row = &out[(t - start) * LAYOUT.q_width()..][..LAYOUT.q_width()];
@@ -418,14 +412,8 @@ fn sinks_hold_in_whole_and_split_contexts() {
     for isa in Isa::available() {
         let mut cache = CpuKvCache::new(KvCacheDtype::F32, shape(table.len(), 16, 2, 32)).unwrap();
         for (start, end, threads) in [(0, n - 1, 2), (n - 1, n, 4)] {
-            let out = attend_rows(
-                &qkv,
-                start..end,
-                softmax,
-                &mut cache,
-                &table,
-                (threads, isa),
-            );
+            let rows = start..end;
+            let out = attend_rows(&qkv, rows, softmax, &mut cache, &table, (threads, isa));
             for t in [0, 1, 17, 350, n - 2, n - 1] {
                 if (start..end).contains(&t) {
                     let row = &out[(t - start) * LAYOUT.q_width()..][..LAYOUT.q_width()];
