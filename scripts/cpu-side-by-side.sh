@@ -10,14 +10,14 @@
 #   bound for ours on K-quant and Q5 files: we stream more than the file holds (Q4_K: 4.625
 #   bits per weight with its scales, against the file's 4.5; the Q5 types and Q6_K sit on
 #   8-bit panels, Q6_K at 8.56 bits against 6.56).
-# Usage: scripts/cpu-side-by-side.sh [MODEL.gguf] [CONTEXTS]   (PEERS as for
+# Usage: [ENGINE=path/to/engine] scripts/cpu-side-by-side.sh [MODEL.gguf] [CONTEXTS]   (PEERS as for
 # ../shared/peers/build-llama-cpp.sh; CONTEXTS default "512 2048 8192")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEERS=${PEERS:-$HOME/.cache/peers}
 MODEL=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 CONTEXTS=${2:-512 2048 8192}
-E=./target/release/engine
+E=${ENGINE:-./target/release/engine}
 PEER="$PEERS/bin/llama-batched-bench"
 [ -x "$E" ] || { echo "build the engine first: cargo build --release" >&2; exit 1; }
 [ -x "$PEER" ] || { echo "run ../shared/peers/build-llama-cpp.sh first (no $PEER)" >&2; exit 1; }
