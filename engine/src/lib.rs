@@ -10,6 +10,7 @@ pub mod generation;
 pub mod grammar;
 pub mod kv_cache;
 pub mod kv_sizing;
+pub mod layer_groups;
 pub mod limits;
 pub mod loader;
 pub mod model;

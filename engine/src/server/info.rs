@@ -6,6 +6,7 @@
 use super::response::protocol::{ModelCard, ModelList};
 use crate::backend::Device;
 use crate::config::{AttentionSpan, ModelConfig, Routing};
+use crate::layer_groups::LayerGroups;
 use crate::model::Footprint;
 
 /// What `GET /version` reports of a loaded server.
@@ -143,6 +144,7 @@ fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> s
         } else {
             "none: every layer attends to the whole context"
         },
+        "kv_layer_groups": LayerGroups::of(config).describe(),
         "rope": rope,
         "experts": experts,
     })
@@ -189,8 +191,8 @@ mod tests {
         );
     }
 
-    /// `/version` counts the windowed layers, lists their windows once, and says that the
-    /// blocks outside them are kept.
+    /// `/version` counts the windowed layers, lists their windows once, says that the
+    /// blocks outside them are kept, and lists the KV cache's layer groups.
     #[test]
     fn the_architecture_reports_sliding_windows() {
         let mut config = crate::config::test_llama();
@@ -215,6 +217,18 @@ mod tests {
             .as_str()
             .unwrap()
             .starts_with("kept"));
+        assert_eq!(
+            windowed["kv_layer_groups"],
+            serde_json::json!({"layers_per_group": 2, "groups": [
+                {"kind": "sliding_attention", "window": 4096, "layers": [0, 1]}]})
+        );
+        config.layers[1].attention = AttentionSpan::Full;
+        assert_eq!(
+            super::architecture(&config, 4096)["kv_layer_groups"],
+            serde_json::json!({"layers_per_group": 1, "groups": [
+                {"kind": "sliding_attention", "window": 4096, "layers": [0]},
+                {"kind": "full_attention", "window": null, "layers": [1]}]})
+        );
     }
 
     /// LongRoPE's factor list follows the served context: short within the original one.
