@@ -13,13 +13,14 @@
 # Usage: [ENGINE=path/to/engine] scripts/cpu-side-by-side.sh [MODEL.gguf] [CONTEXTS]   (PEERS as for
 # ../shared/peers/build-llama-cpp.sh; CONTEXTS default "512 2048 8192")
 set -euo pipefail
+ENGINE=${ENGINE:+$(realpath "$ENGINE")}
 cd "$(dirname "$0")/.."
 PEERS=${PEERS:-$HOME/.cache/peers}
 MODEL=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 CONTEXTS=${2:-512 2048 8192}
 E=${ENGINE:-./target/release/engine}
 PEER="$PEERS/bin/llama-batched-bench"
-[ -x "$E" ] || { echo "build the engine first: cargo build --release" >&2; exit 1; }
+[ -x "$E" ] || { echo "no engine at $E (build it: cargo build --release)" >&2; exit 1; }
 [ -x "$PEER" ] || { echo "run ../shared/peers/build-llama-cpp.sh first (no $PEER)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

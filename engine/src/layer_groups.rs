@@ -2,10 +2,12 @@
 //! that one block table per sequence serves them all (issue 61).
 //!
 //! Full-attention layers keep every token; sliding layers keep their window, one kind per
-//! window size. As in vLLM's hybrid KV cache manager, every group has the same number of
-//! layers, so a block of any group is the same bytes and all groups can draw on one pool:
-//! the kind with the fewest layers sets the group size, and every kind splits, in layer
-//! order, into groups of that size (a kind's last group may be short).
+//! window size. As in vLLM's hybrid KV cache manager (`_get_kv_cache_groups_uniform_page_size`),
+//! every group has the same number of layers, so a block of any group is the same bytes and
+//! all groups can draw on one pool: the kind with the fewest layers sets the group size
+//! (the kind with the most, when it has under 1.5 times as many, the shorter kinds' groups
+//! then padded), and a kind of `n` layers splits into `g = ⌈n / size⌉` groups, group `i`
+//! taking its layers `i, i + g, i + 2g, …`.
 
 use crate::config::{AttentionSpan, ModelConfig};
 
@@ -35,7 +37,7 @@ pub struct LayerGroups {
 }
 
 impl LayerGroups {
-    /// The groups of `config`'s layers.
+    /// The groups of `config`'s layers, kind by kind in the order of their first layers.
     pub fn of(config: &ModelConfig) -> LayerGroups {
         let mut kinds: Vec<(GroupKind, Vec<usize>)> = Vec::new();
         for (i, layer) in config.layers.iter().enumerate() {
@@ -48,17 +50,19 @@ impl LayerGroups {
                 None => kinds.push((kind, vec![i])),
             }
         }
-        let group_size = kinds.iter().map(|(_, l)| l.len()).min().unwrap_or(0);
-        let mut groups: Vec<LayerGroup> = kinds
-            .iter()
-            .flat_map(|(kind, layers)| {
-                layers.chunks(group_size.max(1)).map(|chunk| LayerGroup {
+        let fewest = kinds.iter().map(|(_, l)| l.len()).min().unwrap_or(0);
+        let most = kinds.iter().map(|(_, l)| l.len()).max().unwrap_or(0);
+        let group_size = if 2 * most < 3 * fewest { most } else { fewest };
+        let mut groups = Vec::new();
+        for (kind, layers) in &kinds {
+            let num_groups = layers.len().div_ceil(group_size.max(1));
+            for i in 0..num_groups {
+                groups.push(LayerGroup {
                     kind: *kind,
-                    layers: chunk.to_vec(),
-                })
-            })
-            .collect();
-        groups.sort_by_key(|g| g.layers[0]);
+                    layers: layers.iter().copied().skip(i).step_by(num_groups).collect(),
+                });
+            }
+        }
         LayerGroups { groups, group_size }
     }
 
@@ -112,7 +116,8 @@ mod tests {
     }
 
     /// Gemma 3 270M: 18 layers, every sixth full, the others sliding over 512. The 3 full
-    /// layers set the group size: one full group and five sliding groups of 3 layers.
+    /// layers set the group size: five sliding groups of 3 layers, each taking every fifth
+    /// sliding layer, then the full group.
     #[test]
     fn gemma3s_pattern_makes_groups_of_its_full_layers_count() {
         let spans: Vec<AttentionSpan> = (0..18)
@@ -125,12 +130,12 @@ mod tests {
         assert_eq!(groups.group_size, 3);
         let sliding = GroupKind::Sliding { window: 512 };
         let want = [
-            (sliding, vec![0, 1, 2]),
-            (sliding, vec![3, 4, 6]),
+            (sliding, vec![0, 6, 12]),
+            (sliding, vec![1, 7, 13]),
+            (sliding, vec![2, 8, 14]),
+            (sliding, vec![3, 9, 15]),
+            (sliding, vec![4, 10, 16]),
             (GroupKind::Full, vec![5, 11, 17]),
-            (sliding, vec![7, 8, 9]),
-            (sliding, vec![10, 12, 13]),
-            (sliding, vec![14, 15, 16]),
         ];
         let got: Vec<(GroupKind, Vec<usize>)> = groups
             .groups
@@ -140,31 +145,63 @@ mod tests {
         assert_eq!(got, want);
     }
 
-    /// Two windows are two kinds; a kind whose layers do not divide by the group size ends
-    /// with a short group.
+    /// Two windows are two kinds; a kind whose layers do not divide by the group size has
+    /// a short group; kinds of nearly equal counts (under 1.5 times) take the larger count
+    /// as the group size, as vLLM pads gpt-oss's 12 sliding and 13 full layers (with a
+    /// drafter's layer) to two groups of 13.
     #[test]
-    fn windows_of_two_sizes_are_two_kinds_and_a_last_group_may_be_short() {
+    fn group_sizes_follow_the_kinds_counts() {
         let (a, b) = (
             AttentionSpan::Sliding { window: 128 },
             AttentionSpan::Sliding { window: 4096 },
         );
-        let groups = LayerGroups::of(&with_spans(&[a, b, a, b, a, AttentionSpan::Full, a]));
-        assert_eq!(groups.group_size, 1);
-        assert_eq!(groups.groups.len(), 7);
-        let groups = LayerGroups::of(&with_spans(&[a, b, a, b, a]));
-        assert_eq!(groups.group_size, 2);
-        let sizes: Vec<(GroupKind, usize)> = groups
-            .groups
-            .iter()
-            .map(|g| (g.kind, g.layers.len()))
-            .collect();
+        let kinds_and_sizes = |spans: &[AttentionSpan]| {
+            let groups = LayerGroups::of(&with_spans(spans));
+            let sizes: Vec<(GroupKind, Vec<usize>)> = groups
+                .groups
+                .into_iter()
+                .map(|g| (g.kind, g.layers))
+                .collect();
+            (groups.group_size, sizes)
+        };
+        let (short, long) = (
+            GroupKind::Sliding { window: 128 },
+            GroupKind::Sliding { window: 4096 },
+        );
+        // 4 + 2 layers: groups of 2.
         assert_eq!(
-            sizes,
-            [
-                (GroupKind::Sliding { window: 128 }, 2),
-                (GroupKind::Sliding { window: 4096 }, 2),
-                (GroupKind::Sliding { window: 128 }, 1),
-            ]
+            kinds_and_sizes(&[a, b, a, b, a, a]),
+            (
+                2,
+                vec![(short, vec![0, 4]), (short, vec![2, 5]), (long, vec![1, 3])]
+            )
+        );
+        // 3 + 2 layers: 1.5 times exactly, so groups of 2, the short kind's second short.
+        assert_eq!(
+            kinds_and_sizes(&[a, b, a, b, a]),
+            (
+                2,
+                vec![(short, vec![0, 4]), (short, vec![2]), (long, vec![1, 3])]
+            )
+        );
+        // 4 + 3 layers: under 1.5 times, so one group of each, the long kind's padded.
+        assert_eq!(
+            kinds_and_sizes(&[a, b, a, b, a, b, a]),
+            (4, vec![(short, vec![0, 2, 4, 6]), (long, vec![1, 3, 5])])
+        );
+        // 5 + 2 + 1: the single full layer sets groups of 1.
+        let (size, groups) = kinds_and_sizes(&[a, b, a, b, a, AttentionSpan::Full, a]);
+        assert_eq!((size, groups.len()), (1, 7));
+        let mut spans = vec![AttentionSpan::Sliding { window: 128 }; 12];
+        spans.extend([AttentionSpan::Full; 13]);
+        let (size, groups) = kinds_and_sizes(&spans);
+        assert_eq!(size, 13);
+        assert_eq!(
+            groups
+                .iter()
+                .map(|(k, l)| (*k, l.len()))
+                .collect::<Vec<_>>(),
+            [(short, 12), (GroupKind::Full, 13)]
         );
     }
 }

@@ -11,6 +11,7 @@
 //! by default.
 
 mod attention;
+mod attention_ops;
 mod backend;
 pub mod compute_rate;
 mod experts;

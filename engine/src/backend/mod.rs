@@ -240,7 +240,8 @@ pub trait Tensors: Send + Sync {
     type Experts: Send + Sync;
 }
 
-/// How a step runs on the device: its metadata, its execution context and its timeline.
+/// How a step runs on the device: its metadata, its execution context, its timeline, and
+/// the layers captured and replayed as a graph where the device can.
 pub trait StepOps: Tensors {
     /// Runs `f` in the backend's execution context (the CPU backend's thread pool).
     fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -449,4 +450,24 @@ pub trait Backend: StepOps + LayerOps + AttentionOps + ExpertOps + SamplingOps {
     /// Copies the matrix to the host, one `Vec` per row (reference checks only: the serving
     /// path never copies logits).
     fn to_host(&self, x: &Self::Act) -> anyhow::Result<Vec<Vec<f32>>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvCacheShape;
+
+    #[test]
+    fn a_kv_cache_shape_counts_its_values_and_refuses_none_or_too_many() {
+        let shape = |num_blocks, head_dim| KvCacheShape {
+            num_blocks,
+            block_size: 16,
+            num_kv_heads: 2,
+            head_dim,
+        };
+        assert_eq!(shape(3, 64).values().unwrap(), 3 * 16 * 2 * 64);
+        let empty = shape(0, 64).values().unwrap_err().to_string();
+        assert!(empty.ends_with("is empty"), "{empty}");
+        let huge = shape(usize::MAX / 8, 64).values().unwrap_err().to_string();
+        assert!(huge.ends_with("is too large"), "{huge}");
+    }
 }

@@ -35,7 +35,8 @@ struct Kinds {
     full_rope: RopeSpec,
 }
 
-/// The layers a Gemma `family` of `spans` describes, with the scale and caps given.
+/// The layers of `spans` (true: sliding) for `common`'s Gemma family, with the scale and
+/// caps given.
 fn layers(
     common: &CommonLayer,
     spans: &[bool],

@@ -4,7 +4,7 @@
 use anyhow::{ensure, Context};
 use half::{f16, slice::HalfFloatSliceExt};
 
-use super::attention::cache::KvCacheDtype;
+use super::attention::KvCacheDtype;
 use super::matmul::{CpuWeight, WeightData};
 use super::quant::QuantMatrix;
 use super::simd::Isa;

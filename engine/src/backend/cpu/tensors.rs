@@ -67,7 +67,7 @@ pub struct CpuStep {
 
 impl CpuStep {
     /// The host copy of `meta`.
-    pub fn new(meta: &StepMeta<'_>) -> anyhow::Result<Self> {
+    pub(super) fn new(meta: &StepMeta<'_>) -> anyhow::Result<Self> {
         let mut tables = Vec::new();
         let seqs = meta
             .seqs

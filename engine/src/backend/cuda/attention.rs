@@ -250,7 +250,6 @@ impl AttentionOps for CudaBackend {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         qkv: &CudaAct,

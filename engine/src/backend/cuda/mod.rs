@@ -338,7 +338,7 @@ pub struct CudaBackend {
     kernel_set: KernelSet,
     num_sms: usize,
     state: Mutex<State>,
-    /// Timing events for [`Backend::record_mark`].
+    /// Timing events for [`StepOps::record_mark`](crate::backend::StepOps::record_mark).
     marks: [CudaEvent; 3],
     /// cuBLAS's workspace, set once so that GEMMs allocate nothing while a graph is captured.
     _blas_workspace: CudaSlice<u8>,

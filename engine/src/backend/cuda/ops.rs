@@ -1,5 +1,5 @@
-//! The other ops on the device (`kernels/elementwise.cu`, cuBLAS): the embedding gather,
-//! GEMMs, norms, RoPE, gated activations, scaling and the copy back to the host.
+//! The layer ops on the device (`kernels/elementwise.cu`, cuBLAS): the embedding gather,
+//! GEMMs, norms, RoPE, gated activations and scaling.
 
 use anyhow::{anyhow, bail, ensure};
 use cudarc::cublas::sys::cublasOperation_t;

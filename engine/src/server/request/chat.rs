@@ -7,7 +7,7 @@ use super::constraints::{request_constraint, with_tool_choice, Constraint};
 use super::fields::{ChatFields, MessageBody};
 use super::sampling::{check_unsupported_values, sampling_params};
 use super::{
-    check_model, choices, count, encode, read_generation_body, room_after, streaming,
+    check_model, choices, count, encode, read_generation_body, read_streaming, room_after,
     GenerateRequest, ModelInfo, RequestFields, Streaming,
 };
 use crate::sampler::SamplingParams;
@@ -47,7 +47,7 @@ pub fn chat_request(
         ));
     }
     params.logprobs = want_logprobs.then(|| count(own.top_logprobs));
-    let streaming = streaming(shared.stream, shared.stream_options.as_ref())?;
+    let streaming = read_streaming(shared.stream, shared.stream_options.as_ref())?;
     let n = choices(shared.n)?;
     let messages = chat_messages(own.messages)?;
     let tools = tools::parse_tools(

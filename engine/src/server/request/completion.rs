@@ -6,7 +6,7 @@ use super::constraints::request_constraint;
 use super::fields::CompletionFields;
 use super::sampling::{check_unsupported_values, sampling_params};
 use super::{
-    check_model, choices, count, encode, read_generation_body, room_after, streaming,
+    check_model, choices, count, encode, read_generation_body, read_streaming, room_after,
     GenerateRequest, ModelInfo, RequestFields,
 };
 use crate::server::error::ApiError;
@@ -34,7 +34,7 @@ pub fn completion_request(
     }
     let mut params = sampling_params(&shared)?;
     params.logprobs = own.logprobs.map(|k| count(Some(k)));
-    let streaming = streaming(shared.stream, shared.stream_options.as_ref())?;
+    let streaming = read_streaming(shared.stream, shared.stream_options.as_ref())?;
     let n = choices(shared.n)?;
     let prompts = completion_prompts(own.prompt.as_ref(), tokenizer)?;
     params.max_tokens = match shared.max_tokens {

@@ -210,7 +210,10 @@ fn count(n: Option<u64>) -> usize {
 }
 
 /// The request's [`Streaming`]; `stream_options` only with `stream: true`.
-fn streaming(stream: Option<bool>, options: Option<&StreamOptions>) -> Result<Streaming, ApiError> {
+fn read_streaming(
+    stream: Option<bool>,
+    options: Option<&StreamOptions>,
+) -> Result<Streaming, ApiError> {
     let stream = stream.unwrap_or(false);
     let Some(options) = options else {
         return Ok(Streaming {

@@ -15,15 +15,10 @@
 use anyhow::{anyhow, ensure};
 use rayon::prelude::*;
 
-use super::backend::CpuBackend;
 use super::simd::{Elem, Isa, SendPtr};
-use super::tensors::{CpuAct, CpuStep};
-use crate::backend::{
-    check_block_table, AttentionOps, AttnSeq, KvCacheShape, QkvLayout, ScoreSpec,
-};
-use crate::config::AttentionSpan;
+use crate::backend::{check_block_table, AttnSeq, QkvLayout, ScoreSpec};
 
-pub(super) mod cache;
+mod cache;
 mod item;
 
 pub use cache::{CpuKvCache, KvCacheDtype};
@@ -294,55 +289,6 @@ impl Run<'_> {
             // disjoint across items. `attention` checked that this CPU runs `isa`.
             unsafe { job.run(isa) };
         });
-    }
-}
-
-impl AttentionOps for CpuBackend {
-    fn kv_value_bytes(&self) -> usize {
-        self.kv_cache_dtype.bytes()
-    }
-
-    fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<CpuKvCache> {
-        CpuKvCache::new(self.kv_cache_dtype, shape)
-    }
-
-    fn attention(
-        &self,
-        qkv: &CpuAct,
-        layout: QkvLayout,
-        span: AttentionSpan,
-        scores: ScoreSpec,
-        sinks: Option<&Vec<f32>>,
-        cache: &mut CpuKvCache,
-        step: &CpuStep,
-        out: &mut CpuAct,
-    ) -> anyhow::Result<()> {
-        ensure!(
-            qkv.cols == layout.qkv_width() && qkv.rows == step.slots.len(),
-            "attention: qkv shape"
-        );
-        let seqs = step.attn_seqs();
-        let out_data = out.reshape(qkv.rows, layout.q_width());
-        let window = match span {
-            AttentionSpan::Full => None,
-            AttentionSpan::Sliding { window } => Some(window),
-        };
-        let softmax = Softmax {
-            window,
-            scores,
-            sinks: sinks.map(Vec::as_slice),
-        };
-        attention(
-            &qkv.data,
-            layout,
-            softmax,
-            cache,
-            &seqs,
-            &step.slots,
-            out_data,
-            self.threads(),
-            Isa::detect(),
-        )
     }
 }
 

@@ -1,6 +1,7 @@
 use half::f16;
 
 use super::*;
+use crate::backend::KvCacheShape;
 
 /// Scores of heads `head_dim` wide: `q·k / √d`, no cap, no sinks, over `window`.
 fn plain(window: Option<usize>, head_dim: usize) -> Softmax<'static> {
@@ -302,8 +303,8 @@ fn a_split_context_merges_to_plain_attention() {
     for isa in Isa::available() {
         for dtype in [KvCacheDtype::F16, KvCacheDtype::F32] {
             let mut cache = CpuKvCache::new(dtype, shape(table.len(), 16, 2, 32)).unwrap();
-            let prefill = plain(None, LAYOUT.head_dim);
-            attend_rows(&qkv, 0..n - 1, prefill, &mut cache, &table, (4, isa));
+            let scores = plain(None, LAYOUT.head_dim);
+            attend_rows(&qkv, 0..n - 1, scores, &mut cache, &table, (4, isa));
             let decode = AttnSeq {
                 row_start: 0,
                 n_tokens: 1,
@@ -314,8 +315,7 @@ fn a_split_context_merges_to_plain_attention() {
             let mut items = work_items(&[decode], LAYOUT, None, 1, &cache).unwrap();
             let splits = split_contexts(&mut items, 16, 4);
             assert_eq!(splits.iter().map(|s| s.parts).collect::<Vec<_>>(), [4, 4]);
-            let decode = plain(None, LAYOUT.head_dim);
-            let out = attend_rows(&qkv, n - 1..n, decode, &mut cache, &table, (4, isa));
+            let out = attend_rows(&qkv, n - 1..n, scores, &mut cache, &table, (4, isa));
             let hist: Vec<&[f32]> = qkv.chunks(width).collect();
             assert_like_plain(&hist, &out, dtype, &format!("{isa:?} {dtype:?}"));
         }

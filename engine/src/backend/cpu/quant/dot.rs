@@ -259,7 +259,8 @@ unsafe fn avx2<const MR: usize, const FMT: u8>(t: &Tile<'_>, half: usize) {
 /// `xb + i·k`.
 ///
 /// # Safety
-/// `w` holds the block's 8 steps of weights, `xb` its activation rows; the CPU runs `L`.
+/// `w` holds the block's 8 steps of weights, `xb` its activation rows; the CPU runs `L`
+/// with its [`RowLanes::add_dots`] (AVX-512 VNNI; on AVX2, no [`Format::Bytes`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn add_byte_dots<L: RowLanes, const MR: usize>(
@@ -268,6 +269,10 @@ unsafe fn add_byte_dots<L: RowLanes, const MR: usize>(
     (xb, k): (*const i8, usize),
     (acc_low, acci): (&mut [L::I; MR], &mut [L::I; MR]),
 ) {
+    debug_assert!(
+        L::N == 16 || f != Format::Bytes,
+        "AVX2's pairs would saturate"
+    );
     for step in 0..8 {
         let v = L::load_weights(w.add(step * 64));
         let accs = if f == Format::Q6K && step < 4 {

@@ -25,9 +25,12 @@ pub trait RowLanes: Lanes {
     unsafe fn to_f32(v: Self::I) -> Self::V;
     /// The lanes' next 4 u8 weights each, from `p`.
     unsafe fn load_weights(p: *const u8) -> Self::I;
-    /// `acc` plus, in each lane, the dot product of its 4 u8 of `u` with the 4 i8 of `x`
-    /// (AVX2 sums pairs in i16 first: each of `u`'s values below 64, or pairs of
-    /// `u·x` that stay in i16).
+    /// `acc` plus, in each lane, the dot product of its 4 u8 of `u` with the 4 i8 of `x`.
+    ///
+    /// # Safety
+    /// AVX-512's needs AVX-512 VNNI (`vpdpbusd`). AVX2's sums pairs in i16 first
+    /// (`vpmaddubsw`, which saturates): `u`'s values must be below 64, as Q5_K's and Q6_K's
+    /// are (Q8_0's, up to 255, are not).
     unsafe fn add_dots(acc: Self::I, u: Self::I, x: i32) -> Self::I;
     /// `v − x` in every lane.
     unsafe fn sub_splat(v: Self::I, x: i32) -> Self::I;
