@@ -193,9 +193,14 @@ fn main() -> anyhow::Result<()> {
         .map(|i| (i * 7919) % config.vocab_size as u32)
         .collect();
     let blocks_per_seq = 512 / bs;
-    let table = |s: usize| -> Vec<u32> {
-        ((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32).collect()
+    // One table per layer group, disjoint (the groups share the caches).
+    let groups = r.kv_groups().len() as u32;
+    let grouped = |ids: std::ops::Range<u32>| -> Vec<Vec<u32>> {
+        (0..groups)
+            .map(|g| ids.clone().map(|b| b * groups + g).collect())
+            .collect()
     };
+    let table = |s: usize| grouped((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32);
 
     if let Some(len) = std::env::var("PREFILL_ONLY")
         .ok()
@@ -204,12 +209,12 @@ fn main() -> anyhow::Result<()> {
         let long: Vec<u32> = (0..len as u32)
             .map(|i| (i * 7919) % config.vocab_size as u32)
             .collect();
-        let tb: Vec<u32> = (0..len.div_ceil(bs) as u32).collect();
+        let tb = grouped(0..len.div_ceil(bs) as u32);
         let (t, cpu) = (Instant::now(), cpu_seconds());
         r.forward(&[SeqInput {
             tokens: &long,
             start_pos: 0,
-            block_table: &tb,
+            block_tables: &tb,
             sample: Some(SampleSpec::GREEDY),
         }])?;
         report(&format!("prefill ({len} tokens)"), len, t, cpu, n_threads);
@@ -220,7 +225,7 @@ fn main() -> anyhow::Result<()> {
         r.forward(&[SeqInput {
             tokens: &prompt[..64],
             start_pos: 0,
-            block_table: &tb,
+            block_tables: &tb,
             sample: None,
         }])?;
         let t = Instant::now();
@@ -228,7 +233,7 @@ fn main() -> anyhow::Result<()> {
             r.forward(&[SeqInput {
                 tokens: &[5],
                 start_pos: 64 + s,
-                block_table: &tb,
+                block_tables: &tb,
                 sample: Some(SampleSpec::GREEDY),
             }])?;
         }
@@ -243,7 +248,7 @@ fn main() -> anyhow::Result<()> {
     r.forward(&[SeqInput {
         tokens: &prompt[..16],
         start_pos: 0,
-        block_table: &table(0),
+        block_tables: &table(0),
         sample: Some(SampleSpec::GREEDY),
     }])?;
     let (t, cpu) = (Instant::now(), cpu_seconds());
@@ -252,7 +257,7 @@ fn main() -> anyhow::Result<()> {
         r.forward(&[SeqInput {
             tokens: &prompt,
             start_pos: 0,
-            block_table: &tb,
+            block_tables: &tb,
             sample: Some(SampleSpec::GREEDY),
         }])?;
     }
@@ -266,19 +271,19 @@ fn main() -> anyhow::Result<()> {
         r.forward(&[SeqInput {
             tokens: &[5],
             start_pos: 256 + s,
-            block_table: &tb,
+            block_tables: &tb,
             sample: Some(SampleSpec::GREEDY),
         }])?;
     }
     report("decode batch 1", steps, t, cpu, n_threads);
 
     // Decode, batch 16: sequences with 64-token prompts.
-    let tables: Vec<Vec<u32>> = (0..16).map(table).collect();
+    let tables: Vec<Vec<Vec<u32>>> = (0..16).map(table).collect();
     for tb in &tables {
         r.forward(&[SeqInput {
             tokens: &prompt[..64],
             start_pos: 0,
-            block_table: tb,
+            block_tables: &tb,
             sample: None,
         }])?;
     }
@@ -290,7 +295,7 @@ fn main() -> anyhow::Result<()> {
             .map(|tb| SeqInput {
                 tokens: &[5],
                 start_pos: 64 + s,
-                block_table: tb,
+                block_tables: &tb,
                 sample: Some(SampleSpec::GREEDY),
             })
             .collect();

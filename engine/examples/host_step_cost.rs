@@ -68,12 +68,7 @@ impl ModelRunner for NullRunner {
     }
 
     fn footprint(&self) -> engine::model::Footprint {
-        engine::model::Footprint {
-            weight_bytes: 0,
-            parameters: 0,
-            kv_bytes_per_token: 0,
-            attention_flops_per_context_token: 0,
-        }
+        engine::model::Footprint::default()
     }
 }
 

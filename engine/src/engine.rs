@@ -228,9 +228,11 @@ impl LlmEngine {
         tokenizer: Arc<Tokenizer>,
         config: EngineConfig,
     ) -> LlmEngine {
+        let pool = runner.kv_pool();
         let block_manager = BlockManager::new(
-            runner.num_blocks(),
-            runner.block_size(),
+            pool.num_blocks,
+            pool.block_size,
+            pool.groups.clone(),
             config.enable_prefix_caching,
         );
         let scheduler = Scheduler::new(
@@ -243,8 +245,7 @@ impl LlmEngine {
         let limits = RequestLimits::new(
             tokenizer.vocab_size().min(runner.vocab_size()),
             config.max_model_len,
-            runner.num_blocks(),
-            runner.block_size(),
+            pool.max_tokens_alone(),
         );
         LlmEngine {
             runner,
@@ -474,7 +475,7 @@ impl LlmEngine {
             inputs.push(SeqInput {
                 tokens: &seq.token_ids[c.start..c.start + c.len],
                 start_pos: c.start,
-                block_table: &seq.block_table,
+                block_tables: &seq.block_tables,
                 sample: uniform.map(|u| generation.sample_spec(seq.num_output_tokens(), u)),
             });
         }

@@ -1,24 +1,39 @@
-//! Block manager for the paged KV cache: fixed-size blocks, per-sequence block tables,
+//! Block manager for the paged KV cache: one pool of fixed-size blocks that the model's
+//! layer groups ([`crate::layer_groups`]) draw on, one block table per group per sequence,
 //! reference counts, and prefix caching.
 //!
-//! Prefix caching: a FULL block whose K/V has been computed is registered under a chained
-//! hash `hash(parent_hash, token_ids)`. A new sequence reuses registered blocks for its
-//! leading full blocks (a hit is confirmed by comparing the stored parent hash and token
-//! ids, so a hash collision can never alias two prefixes). A block is registered only once
-//! its K/V is written, so no sequence can read a block that another one is still filling.
-//! Freed blocks keep their hash and stay reusable until evicted, least recently used first.
-//! The last token of a sequence is never served from the cache, so every admission
-//! computes at least one token and the model yields logits.
+//! A full group keeps a block for every position of a sequence, reserved for its whole
+//! prompt at admission. A sliding group keeps the blocks of its window: at admission the
+//! window before the first uncomputed position and the first chunk, then what each chunk
+//! adds; once the window has passed a block, it goes back to the pool (its table entry
+//! becomes [`NO_BLOCK`]), so a decoding sequence holds `⌈W / block⌉ + 1` blocks there. A
+//! recurrent group holds a fixed number of blocks per sequence for its state.
+//!
+//! Prefix caching: a FULL block whose K/V has been computed is registered, per group,
+//! under a chained hash `hash(parent_hash, token_ids)`. A hit is confirmed by comparing the
+//! stored parent hash and token ids, so a hash collision can never alias two prefixes, and
+//! a block is registered only once its K/V is written, so no sequence can read a block
+//! that another one is still filling. A prefix of `L` blocks hits when every full group
+//! holds its `L` blocks and every sliding group the blocks its window needs at position
+//! `L · block` (as vLLM's hybrid KV cache manager intersects its groups' hits); the longest
+//! such prefix is taken. Recurrent groups keep no cached states yet (issue 63), so a model
+//! with one never hits. Freed blocks keep their hash and stay reusable until evicted,
+//! least recently used first. The last token of a sequence is never served from the
+//! cache, so every admission computes at least one token and the model yields logits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use anyhow::{bail, ensure};
 
+use crate::layer_groups::GroupKind;
 use crate::sequence::Sequence;
 
 /// Hash of the empty prefix, the parent of a sequence's first block.
 const ROOT_HASH: u64 = 0;
+
+/// A table entry holding no block: a position a sliding group's window has passed.
+pub const NO_BLOCK: u32 = u32::MAX;
 
 /// Chained hash of one full block: depends on every token before it through `parent`.
 pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
@@ -27,6 +42,15 @@ pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
     parent.hash(&mut hasher);
     tokens.hash(&mut hasher);
     hasher.finish()
+}
+
+/// The first block a group keeps when the next position to compute is `next`: a sliding
+/// window's query at `next` reads from `next + 1 − window`.
+pub fn first_kept_block(kind: GroupKind, next: usize, block_size: usize) -> usize {
+    match kind {
+        GroupKind::Sliding { window } => (next + 1).saturating_sub(window) / block_size,
+        GroupKind::Full | GroupKind::Recurrent { .. } => 0,
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -40,6 +64,7 @@ struct Block {
 
 #[derive(Debug, Clone)]
 struct CachedContent {
+    group: usize,
     hash: u64,
     parent: u64,
     token_ids: Vec<u32>,
@@ -56,26 +81,53 @@ pub struct PrefixCacheStats {
     pub preempted_hits: u64,
 }
 
+/// What admitting a waiting sequence takes, from [`BlockManager::plan_admission`].
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// Chained hashes of the leading blocks the prefix cache serves.
+    hashes: Vec<u64>,
+    /// Per group: the index of its first kept block and the cached blocks from there to
+    /// the hit's end.
+    hits: Vec<(usize, Vec<u32>)>,
+    /// Tokens of the first chunk, after the hit.
+    pub chunk: usize,
+    /// Free blocks it takes (new ones, and cached ones no sequence holds).
+    pub needed: usize,
+}
+
 pub struct BlockManager {
     block_size: usize,
     enable_prefix_caching: bool,
+    groups: Vec<GroupKind>,
     blocks: Vec<Block>,
     /// Free blocks holding nothing reusable; handed out first.
     free_plain: Vec<u32>,
     /// Free blocks still registered in the prefix cache, by LRU tick (oldest first).
     evictable: BTreeMap<u64, u32>,
-    hash_to_block: HashMap<u64, u32>,
+    /// (group, hash) → the block holding it.
+    hash_to_block: HashMap<(usize, u64), u32>,
     next_tick: u64,
     stats: PrefixCacheStats,
 }
 
 impl BlockManager {
-    pub fn new(num_blocks: usize, block_size: usize, enable_prefix_caching: bool) -> BlockManager {
+    /// A pool of `num_blocks` blocks of `block_size` tokens for layer groups of `groups`.
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        groups: Vec<GroupKind>,
+        enable_prefix_caching: bool,
+    ) -> BlockManager {
         assert!(block_size > 0, "block size must be positive");
-        let num_blocks_u32 = u32::try_from(num_blocks).expect("block count fits in u32");
+        assert!(!groups.is_empty(), "a KV cache has at least one layer group");
+        let num_blocks_u32 = u32::try_from(num_blocks)
+            .ok()
+            .filter(|&n| n < NO_BLOCK)
+            .expect("block ids fit below NO_BLOCK");
         BlockManager {
             block_size,
             enable_prefix_caching,
+            groups,
             blocks: vec![Block::default(); num_blocks],
             // Reversed so that `pop` hands out block 0 first.
             free_plain: (0..num_blocks_u32).rev().collect(),
@@ -92,6 +144,10 @@ impl BlockManager {
 
     pub fn num_blocks(&self) -> usize {
         self.blocks.len()
+    }
+
+    pub fn groups(&self) -> &[GroupKind] {
+        &self.groups
     }
 
     /// Blocks that can be handed out now (never used, or cached but unreferenced).
@@ -113,75 +169,154 @@ impl BlockManager {
         num_tokens.div_ceil(self.block_size)
     }
 
-    /// Leading blocks of `tokens` found in the prefix cache, with their hashes. Only full
-    /// blocks that end before the last token are eligible.
-    fn lookup(&self, tokens: &[u32]) -> Vec<(u32, u64)> {
-        let mut hits = Vec::new();
-        if !self.enable_prefix_caching || tokens.is_empty() {
-            return hits;
-        }
-        let eligible = (tokens.len() - 1) / self.block_size;
-        let mut parent = ROOT_HASH;
-        for chunk in tokens.chunks_exact(self.block_size).take(eligible) {
-            let hash = chain_hash(parent, chunk);
-            let Some(&block_id) = self.hash_to_block.get(&hash) else {
-                break;
-            };
-            let confirmed = self.blocks[block_id as usize]
-                .cached
-                .as_ref()
-                .is_some_and(|c| c.parent == parent && c.token_ids == chunk);
-            if !confirmed {
-                break;
-            }
-            hits.push((block_id, hash));
-            parent = hash;
-        }
-        hits
+    /// The block group `group` holds under `hash`, if its parent and tokens confirm it.
+    fn cached_block(&self, group: usize, hash: u64, parent: u64, tokens: &[u32]) -> Option<u32> {
+        let &id = self.hash_to_block.get(&(group, hash))?;
+        let confirmed = self.blocks[id as usize]
+            .cached
+            .as_ref()
+            .is_some_and(|c| c.parent == parent && c.token_ids == tokens);
+        confirmed.then_some(id)
     }
 
-    /// Free blocks an admission of `seq` would consume (hits on unreferenced cached blocks
-    /// take those out of the free pool too).
-    fn blocks_needed(&self, seq: &Sequence) -> (usize, Vec<(u32, u64)>) {
-        let hits = self.lookup(&seq.token_ids);
-        let revived = hits
+    /// The longest prefix of whole blocks of `tokens` (ending before its last token) that
+    /// every group can serve from the cache: its blocks' hashes, and per group its first
+    /// kept block and the cached blocks from there.
+    fn lookup(&self, tokens: &[u32]) -> (Vec<u64>, Vec<(usize, Vec<u32>)>) {
+        let none = || self.groups.iter().map(|_| (0, Vec::new())).collect();
+        let recurrent = self
+            .groups
             .iter()
-            .filter(|(id, _)| self.blocks[*id as usize].ref_count == 0)
-            .count();
-        let needed = self.blocks_for(seq.num_tokens()) - hits.len() + revived;
-        (needed, hits)
+            .any(|k| matches!(k, GroupKind::Recurrent { .. }));
+        if !self.enable_prefix_caching || tokens.is_empty() || recurrent {
+            return (Vec::new(), none());
+        }
+        let bs = self.block_size;
+        let eligible = (tokens.len() - 1) / bs;
+        let mut hashes = Vec::with_capacity(eligible);
+        let mut parent = ROOT_HASH;
+        for chunk in tokens.chunks_exact(bs).take(eligible) {
+            parent = chain_hash(parent, chunk);
+            hashes.push(parent);
+        }
+        let cached = |g: usize, i: usize| {
+            let parent = if i == 0 { ROOT_HASH } else { hashes[i - 1] };
+            self.cached_block(g, hashes[i], parent, &tokens[i * bs..(i + 1) * bs])
+        };
+        // Full groups: the leading run every one of them holds.
+        let mut upper = eligible;
+        for (g, kind) in self.groups.iter().enumerate() {
+            if *kind == GroupKind::Full {
+                upper = (0..upper).find(|&i| cached(g, i).is_none()).unwrap_or(upper);
+            }
+        }
+        // Sliding groups: for each, the run of cached blocks ending at each block.
+        let runs: Vec<(GroupKind, Vec<usize>)> = self
+            .groups
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| matches!(k, GroupKind::Sliding { .. }))
+            .map(|(g, &kind)| {
+                let mut run = Vec::with_capacity(upper);
+                let mut n = 0;
+                for i in 0..upper {
+                    n = if cached(g, i).is_some() { n + 1 } else { 0 };
+                    run.push(n);
+                }
+                (kind, run)
+            })
+            .collect();
+        let serves = |len: usize| {
+            runs.iter().all(|(kind, run)| {
+                let need = len - first_kept_block(*kind, len * bs, bs);
+                need == 0 || run[len - 1] >= need
+            })
+        };
+        let len = (0..=upper).rev().find(|&l| serves(l)).unwrap_or(0);
+        let hits = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, &kind)| {
+                let first = first_kept_block(kind, len * bs, bs).min(len);
+                let ids = (first..len)
+                    .map(|i| cached(g, i).expect("checked above"))
+                    .collect();
+                (first, ids)
+            })
+            .collect();
+        hashes.truncate(len);
+        (hashes, hits)
     }
 
-    pub fn can_allocate(&self, seq: &Sequence) -> bool {
-        self.blocks_needed(seq).0 <= self.num_free_blocks()
+    /// What admitting `seq` takes, computing at most `max_chunk` tokens first: its prefix
+    /// hit, its first chunk, and the free blocks it consumes (a full group's blocks for
+    /// every token, a sliding group's for its window and the chunk, a recurrent group's
+    /// state).
+    pub fn plan_admission(&self, seq: &Sequence, max_chunk: usize) -> Admission {
+        let (hashes, hits) = self.lookup(&seq.token_ids);
+        let start = hashes.len() * self.block_size;
+        let chunk = (seq.num_tokens() - start).min(max_chunk.max(1));
+        let mut needed = 0;
+        for (kind, (first, ids)) in self.groups.iter().zip(&hits) {
+            let held = match kind {
+                GroupKind::Full => self.blocks_for(seq.num_tokens()),
+                GroupKind::Sliding { .. } => self.blocks_for(start + chunk) - first,
+                GroupKind::Recurrent { blocks } => *blocks,
+            };
+            let revived = ids
+                .iter()
+                .filter(|&&id| self.blocks[id as usize].ref_count == 0)
+                .count();
+            needed += held - ids.len() + revived;
+        }
+        Admission {
+            hashes,
+            hits,
+            chunk,
+            needed,
+        }
     }
 
-    /// Gives a waiting sequence blocks for all its tokens, reusing cached prefix blocks.
-    /// Sets `num_computed_tokens` to the number of tokens served by the cache.
-    pub fn allocate(&mut self, seq: &mut Sequence) -> anyhow::Result<()> {
+    /// Admits a waiting sequence as `plan` says: the cached blocks of its hit, new blocks
+    /// for the rest. Sets `num_computed_tokens` to the tokens the cache serves.
+    pub fn admit(&mut self, seq: &mut Sequence, plan: Admission) -> anyhow::Result<()> {
         ensure!(
-            seq.block_table.is_empty(),
+            seq.block_tables.is_empty(),
             "sequence {} already holds blocks",
             seq.id
         );
-        let (needed, hits) = self.blocks_needed(seq);
         ensure!(
-            needed <= self.num_free_blocks(),
-            "sequence {} needs {needed} free KV blocks, {} are free",
+            plan.needed <= self.num_free_blocks(),
+            "sequence {} needs {} free KV blocks, {} are free",
             seq.id,
+            plan.needed,
             self.num_free_blocks()
         );
-        for &(block_id, hash) in &hits {
-            self.acquire_cached(block_id);
-            seq.block_table.push(block_id);
-            seq.block_hashes.push(hash);
+        let start = plan.hashes.len() * self.block_size;
+        // Every group's hits first: taking a new block may evict a cached block no
+        // sequence holds, which must not be one another group is about to take.
+        for (first, ids) in plan.hits {
+            let mut table = vec![NO_BLOCK; first];
+            for id in ids {
+                self.acquire_cached(id);
+                table.push(id);
+            }
+            seq.block_tables.push(table);
         }
-        for _ in hits.len()..self.blocks_for(seq.num_tokens()) {
-            let block_id = self.take_free_block()?;
-            seq.block_table.push(block_id);
+        for g in 0..self.groups.len() {
+            let want = match self.groups[g] {
+                GroupKind::Full => self.blocks_for(seq.num_tokens()),
+                GroupKind::Sliding { .. } => self.blocks_for(start + plan.chunk),
+                GroupKind::Recurrent { blocks } => blocks,
+            };
+            while seq.block_tables[g].len() < want {
+                let id = self.take_free_block()?;
+                seq.block_tables[g].push(id);
+            }
         }
-        let cached_tokens = hits.len() * self.block_size;
-        seq.num_computed_tokens = cached_tokens;
+        seq.block_hashes = plan.hashes;
+        seq.num_computed_tokens = start;
         if self.enable_prefix_caching {
             let (queries, hits) = if seq.admitted_once {
                 (
@@ -192,30 +327,40 @@ impl BlockManager {
                 (&mut self.stats.queries, &mut self.stats.hits)
             };
             *queries += seq.num_tokens() as u64;
-            *hits += cached_tokens as u64;
+            *hits += start as u64;
         }
         Ok(())
     }
 
-    /// Whether a running sequence can get a block for its newest token.
-    pub fn can_append(&self, seq: &Sequence) -> bool {
-        let missing = self
-            .blocks_for(seq.num_tokens())
-            .saturating_sub(seq.block_table.len());
-        missing <= self.num_free_blocks()
+    /// Free blocks a running sequence needs so that every group covers positions `0..end`.
+    pub fn blocks_to_extend(&self, seq: &Sequence, end: usize) -> usize {
+        let want = self.blocks_for(end);
+        self.groups
+            .iter()
+            .zip(&seq.block_tables)
+            .filter(|(kind, _)| !matches!(kind, GroupKind::Recurrent { .. }))
+            .map(|(_, table)| want.saturating_sub(table.len()))
+            .sum()
     }
 
-    /// Extends a running sequence's block table to cover all its tokens.
-    pub fn append_slots(&mut self, seq: &mut Sequence) -> anyhow::Result<()> {
-        while seq.block_table.len() < self.blocks_for(seq.num_tokens()) {
-            let block_id = self.take_free_block()?;
-            seq.block_table.push(block_id);
+    /// Extends a running sequence's tables to cover positions `0..end`.
+    pub fn extend(&mut self, seq: &mut Sequence, end: usize) -> anyhow::Result<()> {
+        let want = self.blocks_for(end);
+        for g in 0..self.groups.len() {
+            if matches!(self.groups[g], GroupKind::Recurrent { .. }) {
+                continue;
+            }
+            while seq.block_tables[g].len() < want {
+                let id = self.take_free_block()?;
+                seq.block_tables[g].push(id);
+            }
         }
         Ok(())
     }
 
-    /// Registers the full blocks of `seq` whose K/V became computed. When an identical
-    /// block is already registered the sequence keeps its own copy unregistered.
+    /// Registers the full blocks of `seq` whose K/V became computed (a group that already
+    /// holds an identical block keeps the sequence's copy unregistered), then returns to
+    /// the pool the blocks every sliding group's window has passed.
     pub fn commit_computed(&mut self, seq: &mut Sequence) {
         let bs = self.block_size;
         while (seq.block_hashes.len() + 1) * bs <= seq.num_computed_tokens {
@@ -224,18 +369,39 @@ impl BlockManager {
             let tokens = &seq.token_ids[index * bs..(index + 1) * bs];
             let hash = chain_hash(parent, tokens);
             seq.block_hashes.push(hash);
-            if !self.enable_prefix_caching || self.hash_to_block.contains_key(&hash) {
+            if !self.enable_prefix_caching {
                 continue;
             }
-            let block_id = seq.block_table[index];
-            let block = &mut self.blocks[block_id as usize];
-            if block.cached.is_none() {
-                block.cached = Some(CachedContent {
-                    hash,
-                    parent,
-                    token_ids: tokens.to_vec(),
-                });
-                self.hash_to_block.insert(hash, block_id);
+            for (g, table) in seq.block_tables.iter().enumerate() {
+                if matches!(self.groups[g], GroupKind::Recurrent { .. })
+                    || self.hash_to_block.contains_key(&(g, hash))
+                {
+                    continue;
+                }
+                let Some(&block_id) = table.get(index).filter(|&&id| id != NO_BLOCK) else {
+                    continue;
+                };
+                let block = &mut self.blocks[block_id as usize];
+                if block.cached.is_none() {
+                    block.cached = Some(CachedContent {
+                        group: g,
+                        hash,
+                        parent,
+                        token_ids: tokens.to_vec(),
+                    });
+                    self.hash_to_block.insert((g, hash), block_id);
+                }
+            }
+        }
+        for g in 0..seq.block_tables.len() {
+            let first = first_kept_block(self.groups[g], seq.num_computed_tokens, bs);
+            let passed = first.min(seq.block_tables[g].len());
+            for i in (0..passed).rev() {
+                let id = std::mem::replace(&mut seq.block_tables[g][i], NO_BLOCK);
+                if id == NO_BLOCK {
+                    break;
+                }
+                self.release(id);
             }
         }
     }
@@ -243,24 +409,31 @@ impl BlockManager {
     /// Releases all blocks of `seq` and resets its cache state. Blocks are released
     /// from the tail so that the tail of a prompt is evicted before its shared head.
     pub fn free(&mut self, seq: &mut Sequence) {
-        for &block_id in seq.block_table.iter().rev() {
-            let tick = self.next_tick;
-            let block = &mut self.blocks[block_id as usize];
-            debug_assert!(block.ref_count > 0, "double free of block {block_id}");
-            block.ref_count = block.ref_count.saturating_sub(1);
-            if block.ref_count == 0 {
-                if block.cached.is_some() {
-                    block.lru_tick = Some(tick);
-                    self.evictable.insert(tick, block_id);
-                    self.next_tick += 1;
-                } else {
-                    self.free_plain.push(block_id);
-                }
+        for table in std::mem::take(&mut seq.block_tables) {
+            for &block_id in table.iter().rev().filter(|&&id| id != NO_BLOCK) {
+                self.release(block_id);
             }
         }
-        seq.block_table.clear();
         seq.block_hashes.clear();
         seq.num_computed_tokens = 0;
+    }
+
+    /// Drops one reference to `block_id`; at none it goes back to the pool, to the LRU of
+    /// reusable blocks when it is cached.
+    fn release(&mut self, block_id: u32) {
+        let tick = self.next_tick;
+        let block = &mut self.blocks[block_id as usize];
+        debug_assert!(block.ref_count > 0, "double free of block {block_id}");
+        block.ref_count = block.ref_count.saturating_sub(1);
+        if block.ref_count == 0 {
+            if block.cached.is_some() {
+                block.lru_tick = Some(tick);
+                self.evictable.insert(tick, block_id);
+                self.next_tick += 1;
+            } else {
+                self.free_plain.push(block_id);
+            }
+        }
     }
 
     fn acquire_cached(&mut self, block_id: u32) {
@@ -281,8 +454,9 @@ impl BlockManager {
             let block = &mut self.blocks[id as usize];
             block.lru_tick = None;
             if let Some(content) = block.cached.take() {
-                if self.hash_to_block.get(&content.hash) == Some(&id) {
-                    self.hash_to_block.remove(&content.hash);
+                let key = (content.group, content.hash);
+                if self.hash_to_block.get(&key) == Some(&id) {
+                    self.hash_to_block.remove(&key);
                 }
             }
             id
@@ -293,18 +467,76 @@ impl BlockManager {
         Ok(block_id)
     }
 
-    /// Checks the bookkeeping against the block tables of all live sequences: reference
-    /// counts match the tables, every block is either free or referenced (never both),
-    /// and the hash index points at blocks holding that hash.
-    pub fn check_invariants(&self, block_tables: &[&[u32]]) -> anyhow::Result<()> {
-        let mut expected = vec![0u32; self.blocks.len()];
-        for table in block_tables {
-            for &id in *table {
+    /// Checks one sequence's tables against its tokens: none and nothing computed, or one
+    /// per group, a full group's covering its computed tokens with no gap, a sliding
+    /// group's holding no block its window has passed and every block after, a recurrent
+    /// group's its state.
+    pub fn check_sequence(&self, seq: &Sequence) -> anyhow::Result<()> {
+        let id = seq.id;
+        if seq.block_tables.is_empty() {
+            ensure!(
+                seq.num_computed_tokens == 0,
+                "sequence {id} holds no blocks but has {} tokens computed",
+                seq.num_computed_tokens
+            );
+            return Ok(());
+        }
+        ensure!(
+            seq.block_tables.len() == self.groups.len(),
+            "sequence {id} has {} block tables for {} groups",
+            seq.block_tables.len(),
+            self.groups.len()
+        );
+        let (computed, total) = (seq.num_computed_tokens, seq.num_tokens());
+        for (g, (kind, table)) in self.groups.iter().zip(&seq.block_tables).enumerate() {
+            if let GroupKind::Recurrent { blocks } = *kind {
                 ensure!(
-                    (id as usize) < self.blocks.len(),
-                    "block id {id} out of range"
+                    table.len() == blocks && !table.contains(&NO_BLOCK),
+                    "sequence {id} holds {} state blocks in group {g}, not {blocks}",
+                    table.len()
                 );
-                expected[id as usize] += 1;
+                continue;
+            }
+            ensure!(
+                table.len() >= self.blocks_for(computed) && table.len() <= self.blocks_for(total),
+                "sequence {id} has {} blocks in group {g} for {computed} computed of \
+                 {total} tokens",
+                table.len()
+            );
+            let first = first_kept_block(*kind, computed, self.block_size).min(table.len());
+            ensure!(
+                table[..first].iter().all(|&b| b == NO_BLOCK)
+                    && !table[first..].contains(&NO_BLOCK),
+                "sequence {id} in group {g} must hold exactly blocks {first}.. of {}",
+                table.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks the bookkeeping against the block tables of all live sequences: reference
+    /// counts match the tables, every block is either free or referenced (never both), a
+    /// cached block is held only by its own group's tables, and the hash index points at
+    /// blocks holding that hash.
+    pub fn check_invariants(&self, seqs: &[&Sequence]) -> anyhow::Result<()> {
+        let mut expected = vec![0u32; self.blocks.len()];
+        for seq in seqs {
+            self.check_sequence(seq)?;
+            for (g, table) in seq.block_tables.iter().enumerate() {
+                for &id in table.iter().filter(|&&id| id != NO_BLOCK) {
+                    ensure!(
+                        (id as usize) < self.blocks.len(),
+                        "block id {id} out of range"
+                    );
+                    expected[id as usize] += 1;
+                    if let Some(c) = &self.blocks[id as usize].cached {
+                        ensure!(
+                            c.group == g,
+                            "block {id} is cached for group {} but group {g} holds it",
+                            c.group
+                        );
+                    }
+                }
             }
         }
         let mut in_free = vec![false; self.blocks.len()];
@@ -342,11 +574,11 @@ impl BlockManager {
             "{num_cached} blocks hold a hash but the index has {}",
             self.hash_to_block.len()
         );
-        for (&hash, &id) in &self.hash_to_block {
+        for (&(group, hash), &id) in &self.hash_to_block {
             let holds = self.blocks[id as usize]
                 .cached
                 .as_ref()
-                .is_some_and(|c| c.hash == hash);
+                .is_some_and(|c| c.hash == hash && c.group == group);
             ensure!(
                 holds,
                 "hash index points at block {id} which does not hold it"
@@ -364,30 +596,44 @@ mod tests {
         Sequence::new(id, id, tokens)
     }
 
-    /// Admits `s` and marks all but its last token computed, as a prefill would.
+    /// A pool of `num_blocks` blocks for one full group.
+    fn full(num_blocks: usize, block_size: usize, caching: bool) -> BlockManager {
+        BlockManager::new(num_blocks, block_size, vec![GroupKind::Full], caching)
+    }
+
+    fn can_allocate(bm: &BlockManager, s: &Sequence) -> bool {
+        bm.plan_admission(s, usize::MAX).needed <= bm.num_free_blocks()
+    }
+
+    /// Admits `s` with its whole prompt as the first chunk.
+    fn allocate(bm: &mut BlockManager, s: &mut Sequence) -> anyhow::Result<()> {
+        let plan = bm.plan_admission(s, usize::MAX);
+        bm.admit(s, plan)
+    }
+
+    /// Admits `s` and marks all its tokens computed, as a prefill would.
     fn admit_and_compute(bm: &mut BlockManager, s: &mut Sequence) {
-        bm.allocate(s).unwrap();
+        allocate(bm, s).unwrap();
         s.num_computed_tokens = s.num_tokens();
         bm.commit_computed(s);
     }
 
     fn check(bm: &BlockManager, seqs: &[&Sequence]) {
-        let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table.as_slice()).collect();
-        bm.check_invariants(&tables).unwrap();
+        bm.check_invariants(seqs).unwrap();
     }
 
     #[test]
     fn allocation_respects_capacity() {
-        let mut bm = BlockManager::new(4, 4, true);
+        let mut bm = full(4, 4, true);
         let mut a = seq(0, (0..9).collect());
-        assert!(bm.can_allocate(&a));
-        bm.allocate(&mut a).unwrap();
-        assert_eq!(a.block_table.len(), 3);
+        assert!(can_allocate(&bm, &a));
+        allocate(&mut bm, &mut a).unwrap();
+        assert_eq!(a.block_tables[0].len(), 3);
         assert_eq!(bm.num_used_blocks(), 3);
         let mut b = seq(1, (100..109).collect());
-        assert!(!bm.can_allocate(&b));
-        assert!(bm.allocate(&mut b).is_err());
-        assert!(b.block_table.is_empty());
+        assert!(!can_allocate(&bm, &b));
+        assert!(allocate(&mut bm, &mut b).is_err());
+        assert!(b.block_tables.is_empty());
         check(&bm, &[&a, &b]);
         bm.free(&mut a);
         assert_eq!(bm.num_free_blocks(), 4);
@@ -396,16 +642,16 @@ mod tests {
 
     #[test]
     fn shared_prefix_is_reused_with_reference_counts() {
-        let mut bm = BlockManager::new(16, 4, true);
+        let mut bm = full(16, 4, true);
         let mut a = seq(0, (0..13).collect());
         admit_and_compute(&mut bm, &mut a);
         let mut b_tokens: Vec<u32> = (0..12).collect();
         b_tokens.extend([99, 98]);
         let mut b = seq(1, b_tokens);
-        bm.allocate(&mut b).unwrap();
+        allocate(&mut bm, &mut b).unwrap();
         assert_eq!(b.num_computed_tokens, 12);
-        assert_eq!(&b.block_table[..3], &a.block_table[..3]);
-        assert_ne!(b.block_table[3], a.block_table[3]);
+        assert_eq!(&b.block_tables[0][..3], &a.block_tables[0][..3]);
+        assert_ne!(b.block_tables[0][3], a.block_tables[0][3]);
         assert_eq!(
             bm.prefix_cache_stats(),
             PrefixCacheStats {
@@ -424,11 +670,11 @@ mod tests {
 
     #[test]
     fn full_prompt_hit_still_leaves_the_last_token_to_compute() {
-        let mut bm = BlockManager::new(16, 4, true);
+        let mut bm = full(16, 4, true);
         let mut a = seq(0, (0..12).collect());
         admit_and_compute(&mut bm, &mut a);
         let mut b = seq(1, (0..12).collect());
-        bm.allocate(&mut b).unwrap();
+        allocate(&mut bm, &mut b).unwrap();
         // Blocks 0 and 1 hit; block 2 holds the last token and is computed again.
         assert_eq!(b.num_computed_tokens, 8);
         assert_eq!(b.num_uncomputed_tokens(), 4);
@@ -437,49 +683,49 @@ mod tests {
         check(&bm, &[&a, &b]);
         // A one-token prompt never hits.
         let mut c = seq(2, vec![5]);
-        bm.allocate(&mut c).unwrap();
+        allocate(&mut bm, &mut c).unwrap();
         assert_eq!(c.num_computed_tokens, 0);
     }
 
     #[test]
     fn blocks_are_shared_only_once_computed() {
-        let mut bm = BlockManager::new(16, 4, true);
+        let mut bm = full(16, 4, true);
         let mut a = seq(0, (0..9).collect());
-        bm.allocate(&mut a).unwrap();
+        allocate(&mut bm, &mut a).unwrap();
         let mut b = seq(1, (0..9).collect());
-        bm.allocate(&mut b).unwrap();
+        allocate(&mut bm, &mut b).unwrap();
         assert_eq!(b.num_computed_tokens, 0);
         a.num_computed_tokens = 4;
         bm.commit_computed(&mut a);
         let mut c = seq(2, (0..9).collect());
-        bm.allocate(&mut c).unwrap();
+        allocate(&mut bm, &mut c).unwrap();
         assert_eq!(c.num_computed_tokens, 4);
         check(&bm, &[&a, &b, &c]);
     }
 
     #[test]
     fn freed_cached_blocks_stay_reusable_until_evicted_lru() {
-        let mut bm = BlockManager::new(4, 4, true);
+        let mut bm = full(4, 4, true);
         let mut a = seq(0, (0..9).collect());
         admit_and_compute(&mut bm, &mut a);
         bm.free(&mut a);
         assert_eq!(bm.num_free_blocks(), 4);
         // The cached prefix survives the free.
         let mut again = seq(1, (0..9).collect());
-        bm.allocate(&mut again).unwrap();
+        allocate(&mut bm, &mut again).unwrap();
         assert_eq!(again.num_computed_tokens, 8);
         check(&bm, &[&again]);
         bm.free(&mut again);
         // A different sequence needing 3 blocks takes the two never-cached blocks first,
         // then evicts the tail block of the old prefix before its head.
         let mut other = seq(2, (50..62).collect());
-        bm.allocate(&mut other).unwrap();
+        allocate(&mut bm, &mut other).unwrap();
         check(&bm, &[&other]);
         let mut probe = seq(3, (0..9).collect());
-        assert!(!bm.can_allocate(&probe));
+        assert!(!can_allocate(&bm, &probe));
         bm.free(&mut other);
-        assert!(bm.can_allocate(&probe));
-        bm.allocate(&mut probe).unwrap();
+        assert!(can_allocate(&bm, &probe));
+        allocate(&mut bm, &mut probe).unwrap();
         assert_eq!(
             probe.num_computed_tokens, 4,
             "head block survived, tail evicted"
@@ -489,7 +735,7 @@ mod tests {
 
     #[test]
     fn eviction_of_everything_keeps_the_index_consistent() {
-        let mut bm = BlockManager::new(3, 2, true);
+        let mut bm = full(3, 2, true);
         for round in 0..5u32 {
             let mut s = seq(u64::from(round), (round * 10..round * 10 + 6).collect());
             admit_and_compute(&mut bm, &mut s);
@@ -501,30 +747,158 @@ mod tests {
 
     #[test]
     fn decode_appends_a_block_only_at_a_boundary() {
-        let mut bm = BlockManager::new(3, 4, true);
+        let mut bm = full(3, 4, true);
         let mut a = seq(0, (0..4).collect());
         admit_and_compute(&mut bm, &mut a);
         a.token_ids.push(7);
-        assert!(bm.can_append(&a));
-        bm.append_slots(&mut a).unwrap();
-        assert_eq!(a.block_table.len(), 2);
+        assert!(bm.blocks_to_extend(&a, 5) <= bm.num_free_blocks());
+        bm.extend(&mut a, 5).unwrap();
+        assert_eq!(a.block_tables[0].len(), 2);
         a.token_ids.push(8);
-        bm.append_slots(&mut a).unwrap();
-        assert_eq!(a.block_table.len(), 2);
+        bm.extend(&mut a, 6).unwrap();
+        assert_eq!(a.block_tables[0].len(), 2);
         check(&bm, &[&a]);
     }
 
     #[test]
     fn disabled_prefix_caching_never_hits() {
-        let mut bm = BlockManager::new(8, 4, false);
+        let mut bm = full(8, 4, false);
         let mut a = seq(0, (0..9).collect());
         admit_and_compute(&mut bm, &mut a);
         let mut b = seq(1, (0..9).collect());
-        bm.allocate(&mut b).unwrap();
+        allocate(&mut bm, &mut b).unwrap();
         assert_eq!(b.num_computed_tokens, 0);
         bm.free(&mut a);
         bm.free(&mut b);
         check(&bm, &[]);
         assert_eq!(bm.prefix_cache_stats(), PrefixCacheStats::default());
+    }
+
+    const N: u32 = NO_BLOCK;
+
+    /// A sliding group (window 8, blocks of 4) beside a full one: a chunked prefill takes
+    /// the sliding group's blocks chunk by chunk and gives back those the window passed;
+    /// decoding holds ⌈8 / 4⌉ + 1 of them while the full group keeps every block.
+    #[test]
+    fn a_sliding_group_holds_its_window_as_the_sequence_advances() {
+        let sliding = GroupKind::Sliding { window: 8 };
+        let mut bm = BlockManager::new(32, 4, vec![sliding, GroupKind::Full], true);
+        let mut a = seq(0, (0..22).collect());
+        let plan = bm.plan_admission(&a, 6);
+        assert_eq!((plan.chunk, plan.needed), (6, 2 + 6));
+        bm.admit(&mut a, plan).unwrap();
+        assert_eq!(a.block_tables[0].len(), 2);
+        assert_eq!(a.block_tables[1].len(), 6);
+        a.num_computed_tokens = 6;
+        bm.commit_computed(&mut a);
+        check(&bm, &[&a]);
+        // The next chunk, 6..16: its first query reads from position 6 + 1 − 8 = 0.
+        assert_eq!(bm.blocks_to_extend(&a, 16), 2);
+        bm.extend(&mut a, 16).unwrap();
+        a.num_computed_tokens = 16;
+        bm.commit_computed(&mut a);
+        // Position 16 reads from 9: blocks 0 and 1 went back to the pool.
+        assert_eq!(&a.block_tables[0][..2], &[N, N]);
+        assert_eq!(bm.num_used_blocks(), 2 + 6);
+        check(&bm, &[&a]);
+        bm.extend(&mut a, 22).unwrap();
+        a.num_computed_tokens = 22;
+        bm.commit_computed(&mut a);
+        // Decoding: 22 tokens computed, the window 15..=22 spans blocks 3..=5.
+        let held = |s: &Sequence| s.block_tables[0].iter().filter(|&&b| b != N).count();
+        assert_eq!(held(&a), 3);
+        for t in 22..60u32 {
+            a.token_ids.push(t);
+            let end = a.num_tokens();
+            bm.extend(&mut a, end).unwrap();
+            a.num_computed_tokens = end;
+            bm.commit_computed(&mut a);
+            assert!(held(&a) <= 8usize.div_ceil(4) + 1, "{:?}", a.block_tables[0]);
+            check(&bm, &[&a]);
+        }
+        assert_eq!(a.block_tables[1].len(), 15, "the full group keeps every block");
+        bm.free(&mut a);
+        check(&bm, &[&a]);
+        assert_eq!(bm.num_used_blocks(), 0);
+    }
+
+    /// A second sequence sharing a 16-token prefix takes the full group's four blocks and
+    /// the sliding group's two that its window needs at position 16, none before.
+    #[test]
+    fn a_prefix_hit_takes_every_full_block_and_the_window_of_each_sliding_group() {
+        let sliding = GroupKind::Sliding { window: 8 };
+        let mut bm = BlockManager::new(32, 4, vec![sliding, GroupKind::Full], true);
+        let mut a = seq(0, (0..22).collect());
+        admit_and_compute(&mut bm, &mut a);
+        let mut b_tokens: Vec<u32> = (0..16).collect();
+        b_tokens.extend([90, 91, 92]);
+        let mut b = seq(1, b_tokens);
+        allocate(&mut bm, &mut b).unwrap();
+        assert_eq!(b.num_computed_tokens, 16);
+        assert_eq!(&b.block_tables[1][..4], &a.block_tables[1][..4]);
+        // Position 16 reads from 9: blocks 2 and 3 (A gave them back, cached).
+        assert_eq!(&b.block_tables[0][..2], &[N, N]);
+        assert_eq!(b.block_tables[0].len(), 5);
+        assert!(b.block_tables[0][2..].iter().all(|&x| x != N));
+        check(&bm, &[&a, &b]);
+        assert_eq!(bm.prefix_cache_stats().hits, 16);
+        bm.free(&mut a);
+        bm.free(&mut b);
+        check(&bm, &[]);
+    }
+
+    /// When the blocks a sliding group's window needs are evicted, the prefix misses even
+    /// though the full group still holds all of it.
+    #[test]
+    fn a_prefix_whose_window_was_evicted_misses() {
+        let sliding = GroupKind::Sliding { window: 4 };
+        let mut bm = BlockManager::new(12, 4, vec![sliding, GroupKind::Full], true);
+        let mut a = seq(0, (0..17).collect());
+        admit_and_compute(&mut bm, &mut a);
+        bm.free(&mut a);
+        // Evictable, oldest first: sliding blocks 2, 1, 0 (passed by the window), then 3;
+        // then the full group's 3, 2, 1, 0. Four blocks are plain. C takes the plain ones,
+        // D evicts the sliding group's four.
+        let mut c = seq(1, (100..108).collect());
+        allocate(&mut bm, &mut c).unwrap();
+        let mut d = seq(2, (200..208).collect());
+        allocate(&mut bm, &mut d).unwrap();
+        check(&bm, &[&c, &d]);
+        let mut b_tokens: Vec<u32> = (0..16).collect();
+        b_tokens.push(99);
+        let b = seq(3, b_tokens);
+        let plan = bm.plan_admission(&b, usize::MAX);
+        assert!(plan.hashes.is_empty(), "the window at 16 needs block 3, evicted");
+        assert_eq!(plan.hits[1].1.len(), 0);
+        check(&bm, &[&c, &d]);
+    }
+
+    /// A recurrent group holds its state's blocks from admission to free and never hits
+    /// (its states are not cached yet, issue 63); no block leaks.
+    #[test]
+    fn a_recurrent_group_holds_a_fixed_state() {
+        let groups = vec![GroupKind::Recurrent { blocks: 3 }, GroupKind::Full];
+        let mut bm = BlockManager::new(20, 4, groups, true);
+        let mut a = seq(0, (0..9).collect());
+        assert_eq!(bm.plan_admission(&a, usize::MAX).needed, 3 + 3);
+        admit_and_compute(&mut bm, &mut a);
+        assert_eq!(a.block_tables[0].len(), 3);
+        for t in 9..30u32 {
+            a.token_ids.push(t);
+            let end = a.num_tokens();
+            assert_eq!(bm.blocks_to_extend(&a, end), usize::from(end % 4 == 1));
+            bm.extend(&mut a, end).unwrap();
+            a.num_computed_tokens = end;
+            bm.commit_computed(&mut a);
+        }
+        assert_eq!(a.block_tables[0].len(), 3);
+        let mut b = seq(1, (0..9).collect());
+        allocate(&mut bm, &mut b).unwrap();
+        assert_eq!(b.num_computed_tokens, 0);
+        check(&bm, &[&a, &b]);
+        bm.free(&mut a);
+        bm.free(&mut b);
+        check(&bm, &[]);
+        assert_eq!(bm.num_used_blocks(), 0);
     }
 }

@@ -1,9 +1,10 @@
-//! How big the KV cache is, for every backend: bytes per token from the model's shape, and
-//! blocks from a byte budget.
+//! How big the KV cache is, for every backend: bytes per token from the model's shape,
+//! blocks from a byte budget, and what a sequence holds of them in each layer group.
 
 use anyhow::{ensure, Context};
 
 use crate::config::ModelConfig;
+use crate::layer_groups::GroupKind;
 
 /// How a runner sizes its KV cache and its RoPE tables.
 #[derive(Debug, Clone, Copy)]
@@ -17,9 +18,76 @@ pub struct RunnerOptions {
     pub max_model_len: Option<usize>,
 }
 
-/// KV-cache bytes per token: K and V of every layer, `value_bytes` each.
+/// KV-cache bytes per token if every layer keeps it (K and V of every layer, `value_bytes`
+/// each): the unit a memory budget is counted in where layers keep no windows.
 pub fn kv_bytes_per_token(config: &ModelConfig, value_bytes: usize) -> usize {
-    2 * config.num_layers() * config.num_kv_heads * config.head_dim * value_bytes
+    config.num_layers() * kv_bytes_per_layer_token(config, value_bytes)
+}
+
+/// KV-cache bytes one layer keeps per token: K and V, `value_bytes` each.
+pub fn kv_bytes_per_layer_token(config: &ModelConfig, value_bytes: usize) -> usize {
+    2 * config.num_kv_heads * config.head_dim * value_bytes
+}
+
+/// The pool of KV blocks as the layer groups draw on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvPool {
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    pub groups: Vec<GroupKind>,
+}
+
+impl KvPool {
+    /// The most blocks a group keeps for one sequence of `tokens` tokens while it decodes:
+    /// a full group one per block of tokens, a sliding group those its window spans
+    /// (`⌈W / block⌉ + 1` at most), a recurrent group its state.
+    pub fn group_blocks(&self, kind: GroupKind, tokens: usize) -> usize {
+        let all = tokens.div_ceil(self.block_size);
+        match kind {
+            GroupKind::Full => all,
+            GroupKind::Sliding { window } => all.min(window.div_ceil(self.block_size) + 1),
+            GroupKind::Recurrent { blocks } => blocks,
+        }
+    }
+
+    /// The most blocks one sequence of `tokens` tokens holds while it decodes.
+    pub fn sequence_blocks(&self, tokens: usize) -> usize {
+        self.groups
+            .iter()
+            .map(|&kind| self.group_blocks(kind, tokens))
+            .sum()
+    }
+
+    /// The longest sequence the pool holds alone; `None` when every group's need is
+    /// bounded (no full group), so any length fits once one fits.
+    pub fn max_tokens_alone(&self) -> Option<usize> {
+        let full = self.groups.iter().filter(|&&k| k == GroupKind::Full).count();
+        let bounded = self.sequence_blocks(usize::MAX / 2);
+        if full == 0 && bounded <= self.num_blocks {
+            return None;
+        }
+        // `sequence_blocks` grows with the length, by at least one block per block of
+        // tokens until it passes the pool: the longest that fits, by bisection.
+        let (mut fits, mut over) = (0, self.num_blocks + 1);
+        while over - fits > 1 {
+            let mid = (fits + over) / 2;
+            if self.sequence_blocks(mid * self.block_size) <= self.num_blocks {
+                fits = mid;
+            } else {
+                over = mid;
+            }
+        }
+        Some(fits * self.block_size)
+    }
+
+    /// Tokens the pool holds in sequences of `len` tokens each (as many as fit, and the
+    /// part of one more that the remaining blocks hold).
+    pub fn capacity_tokens(&self, len: usize) -> usize {
+        let per_sequence = self.sequence_blocks(len).max(1);
+        let total = self.num_blocks as u128 * len as u128 / per_sequence as u128;
+        usize::try_from(total).unwrap_or(usize::MAX)
+    }
 }
 
 impl RunnerOptions {
@@ -47,9 +115,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kv_bytes_count_k_and_v_of_every_layer() {
+    fn kv_bytes_count_k_and_v_of_a_layer() {
         let config = crate::config::test_llama();
-        assert_eq!(kv_bytes_per_token(&config, 2), 2 * 2 * 128 * 2);
+        assert_eq!(kv_bytes_per_layer_token(&config, 2), 2 * 128 * 2);
+    }
+
+    /// Gemma 3 270M's groups (five sliding over 512, one full) in blocks of 16: a 7,000-token
+    /// sequence holds 438 full blocks and 33 per sliding group.
+    #[test]
+    fn a_sequence_holds_its_windows_and_every_full_block() {
+        let mut groups = vec![GroupKind::Sliding { window: 512 }; 5];
+        groups.push(GroupKind::Full);
+        let pool = KvPool {
+            num_blocks: 2000,
+            block_size: 16,
+            groups,
+        };
+        assert_eq!(pool.sequence_blocks(7000), 438 + 5 * 33);
+        assert_eq!(pool.sequence_blocks(100), 6 * 7);
+        // 2000 − 165 = 1835 full blocks: 29,360 tokens.
+        assert_eq!(pool.max_tokens_alone(), Some(1835 * 16));
+        assert_eq!(pool.capacity_tokens(7000), 2000 * 7000 / 603);
+        let windows_only = KvPool {
+            groups: vec![GroupKind::Sliding { window: 64 }],
+            ..pool.clone()
+        };
+        assert_eq!(windows_only.max_tokens_alone(), None);
+        let too_small = KvPool {
+            num_blocks: 4,
+            ..windows_only
+        };
+        assert_eq!(too_small.max_tokens_alone(), Some(64));
+        let one_full = KvPool {
+            num_blocks: 10,
+            block_size: 4,
+            groups: vec![GroupKind::Full, GroupKind::Recurrent { blocks: 3 }],
+        };
+        assert_eq!(one_full.max_tokens_alone(), Some(28));
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub enum GroupKind {
     Full,
     /// The last `window` positions.
     Sliding { window: usize },
+    /// A fixed-size state per sequence, in `blocks` blocks of the pool, whatever its
+    /// length: the recurrent layers of hybrid models (Qwen3.5's Gated DeltaNet, issue 62).
+    Recurrent { blocks: usize },
 }
 
 /// Layers of one kind that share a block table.
@@ -66,6 +69,37 @@ impl LayerGroups {
         LayerGroups { groups, group_size }
     }
 
+    /// Every layer in one full group: the cache keeps every token of every layer (a
+    /// backend whose attention reads one block table per step, see
+    /// [`crate::backend::AttentionOps::keeps_windows`]).
+    pub fn whole(config: &ModelConfig) -> LayerGroups {
+        let layers: Vec<usize> = (0..config.num_layers()).collect();
+        LayerGroups {
+            group_size: layers.len(),
+            groups: vec![LayerGroup {
+                kind: GroupKind::Full,
+                layers,
+            }],
+        }
+    }
+
+    /// The kinds of the groups, in order (what the block manager is built from).
+    pub fn kinds(&self) -> Vec<GroupKind> {
+        self.groups.iter().map(|g| g.kind).collect()
+    }
+
+    /// For each layer, its group and its index in it (the cache it reads: layers at the
+    /// same index of different groups share one cache, through their groups' blocks).
+    pub fn placement(&self, num_layers: usize) -> Vec<(usize, usize)> {
+        let mut at = vec![(0, 0); num_layers];
+        for (g, group) in self.groups.iter().enumerate() {
+            for (i, &layer) in group.layers.iter().enumerate() {
+                at[layer] = (g, i);
+            }
+        }
+        at
+    }
+
     /// The groups as `/version` lists them.
     pub fn describe(&self) -> serde_json::Value {
         let groups: Vec<serde_json::Value> = self
@@ -75,6 +109,7 @@ impl LayerGroups {
                 let (kind, window) = match g.kind {
                     GroupKind::Full => ("full_attention", None),
                     GroupKind::Sliding { window } => ("sliding_attention", Some(window)),
+                    GroupKind::Recurrent { .. } => ("recurrent_state", None),
                 };
                 serde_json::json!({ "kind": kind, "window": window, "layers": g.layers })
             })

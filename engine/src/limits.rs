@@ -28,11 +28,10 @@ pub enum LimitError {
         max_tokens: usize,
         limit: usize,
     },
-    #[error("prompt ({prompt} tokens) + max_tokens ({max_tokens}) needs {blocks} KV cache blocks but the cache has only {capacity}")]
+    #[error("prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceeds the {capacity} tokens the KV cache holds for one sequence")]
     KvCapacity {
         prompt: usize,
         max_tokens: usize,
-        blocks: usize,
         capacity: usize,
     },
     #[error(transparent)]
@@ -47,8 +46,9 @@ pub enum LimitError {
 pub struct RequestLimits {
     vocab_size: usize,
     max_model_len: usize,
-    kv_blocks: usize,
-    block_size: usize,
+    /// The longest sequence the KV cache holds alone; `None`: any (no layer keeps every
+    /// token).
+    kv_max_tokens: Option<usize>,
 }
 
 /// One sequence (a prompt and how to sample it) that met an engine's limits: only
@@ -82,14 +82,12 @@ impl RequestLimits {
     pub(crate) fn new(
         vocab_size: usize,
         max_model_len: usize,
-        kv_blocks: usize,
-        block_size: usize,
+        kv_max_tokens: Option<usize>,
     ) -> RequestLimits {
         RequestLimits {
             vocab_size,
             max_model_len,
-            kv_blocks,
-            block_size: block_size.max(1),
+            kv_max_tokens,
         }
     }
 
@@ -151,13 +149,11 @@ impl RequestLimits {
                 })
             }
         };
-        let blocks = total.div_ceil(self.block_size);
-        if blocks > self.kv_blocks {
+        if let Some(capacity) = self.kv_max_tokens.filter(|&c| total > c) {
             return Err(LimitError::KvCapacity {
                 prompt,
                 max_tokens,
-                blocks,
-                capacity: self.kv_blocks,
+                capacity,
             });
         }
         Ok(CheckedSequence {

@@ -116,6 +116,7 @@ pub struct LoadedEngine {
     pub config: ModelConfig,
     pub tokenizer: Arc<Tokenizer>,
     pub device: Device,
+    /// Tokens the KV cache holds in sequences of `max_model_len` tokens.
     pub kv_capacity_tokens: usize,
     pub max_model_len: usize,
     /// What a decode step reads and a token caches, for the bandwidth bound.
@@ -143,22 +144,24 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
             .context("the tokenizer is already shared; set the chat template before sharing it")?
             .set_chat_template(source, path)?;
     }
-    let kv_capacity_tokens = loaded.kv_capacity_tokens();
+    let pool = loaded.runner.kv_pool();
     let positions = crate::model::max_positions(&loaded.config);
+    let alone = pool.max_tokens_alone().unwrap_or(usize::MAX);
     // The runner refused a --max-model-len past the model's positions when it loaded.
     let max_model_len = match args.max_model_len {
-        Some(len) if len > kv_capacity_tokens => anyhow::bail!(
-            "--max-model-len {len} exceeds the KV cache capacity of {kv_capacity_tokens} tokens: raise --kv-cache-memory or lower --max-model-len"
+        Some(len) if len > alone => anyhow::bail!(
+            "--max-model-len {len} exceeds the {alone} tokens the KV cache holds for one sequence: raise --kv-cache-memory or lower --max-model-len"
         ),
         Some(len) => len,
-        None if positions > kv_capacity_tokens => {
+        None if positions > alone => {
             tracing::warn!(
-                "the model allows {positions} positions but the KV cache holds {kv_capacity_tokens} tokens: max_model_len = {kv_capacity_tokens}"
+                "the model allows {positions} positions but the KV cache holds {alone} tokens of one sequence: max_model_len = {alone}"
             );
-            kv_capacity_tokens
+            alone
         }
         None => positions,
     };
+    let kv_capacity_tokens = pool.capacity_tokens(max_model_len);
     let footprint = loaded.runner.footprint();
     let rope_positions = crate::model::rope_positions(&loaded.config, args.max_model_len)?;
     let engine = LlmEngine::new(
@@ -230,13 +233,6 @@ pub struct LoadedModel {
     pub tokenizer: Arc<Tokenizer>,
     pub runner: Box<dyn ModelRunner>,
     pub device: Device,
-}
-
-impl LoadedModel {
-    /// Tokens the KV cache holds.
-    pub fn kv_capacity_tokens(&self) -> usize {
-        self.runner.num_blocks() * self.runner.block_size()
-    }
 }
 
 /// Opens `path` (a `.gguf` file or an HF directory) and loads it on the chosen device.

@@ -122,15 +122,7 @@ impl<R> Scheduler<R> {
         let mut budget = self.config.max_num_batched_tokens;
         let mut out = Vec::new();
         let preempted = self.schedule_decodes(&mut budget, &mut out)?;
-        for &id in &self.running {
-            let seq = &self.seqs[&id].seq;
-            let remaining = seq.num_uncomputed_tokens();
-            if remaining > 1 && budget > 0 {
-                let len = remaining.min(budget);
-                budget -= len;
-                out.push(chunk(seq, len));
-            }
-        }
+        self.schedule_prefill_chunks(&mut budget, &mut out)?;
         // As vLLM: no admissions in a step that had to preempt.
         if !preempted {
             self.admit_waiting(&mut budget, &mut out)?;
@@ -149,11 +141,13 @@ impl<R> Scheduler<R> {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
-            if self.seqs[&id].seq.num_uncomputed_tokens() != 1 {
+            let seq = &self.seqs[&id].seq;
+            if seq.num_uncomputed_tokens() != 1 {
                 i += 1;
                 continue;
             }
-            while !self.block_manager.can_append(&self.seqs[&id].seq) {
+            let end = seq.num_tokens();
+            while self.blocks_short(id, end) {
                 preempted = true;
                 if self.running.len() - 1 > i {
                     let victim = self.running.pop().context("running queue is empty")?;
@@ -169,12 +163,84 @@ impl<R> Scheduler<R> {
                 .get_mut(&id)
                 .context("running sequence missing")?
                 .seq;
-            self.block_manager.append_slots(seq)?;
+            self.block_manager.extend(seq, end)?;
             out.push(chunk(seq, 1));
             *budget -= 1;
             i += 1;
         }
         Ok(preempted)
+    }
+
+    /// Whether the pool lacks the free blocks sequence `id` needs to cover `0..end`.
+    fn blocks_short(&self, id: SeqId, end: usize) -> bool {
+        self.block_manager.blocks_to_extend(&self.seqs[&id].seq, end)
+            > self.block_manager.num_free_blocks()
+    }
+
+    /// Continues the running prefills in arrival order with what is left of the budget. A
+    /// full group holds a prompt's blocks from admission on; a sliding group takes blocks
+    /// chunk by chunk, so a chunk shrinks to the blocks that are free, and a prefill that
+    /// gets none preempts the latest-arrived sequences this step has not scheduled.
+    fn schedule_prefill_chunks(
+        &mut self,
+        budget: &mut usize,
+        out: &mut Vec<ScheduledChunk>,
+    ) -> anyhow::Result<()> {
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let id = self.running[i];
+            let seq = &self.seqs[&id].seq;
+            let remaining = seq.num_uncomputed_tokens();
+            if remaining <= 1 {
+                i += 1;
+                continue;
+            }
+            let start = seq.num_computed_tokens;
+            let mut len = self.fitting_chunk(id, remaining.min(*budget));
+            while len == 0 {
+                let Some(&victim) = self.running.last() else {
+                    break;
+                };
+                if victim == id || out.iter().any(|c| c.id == victim) {
+                    break;
+                }
+                self.running.pop();
+                self.preempt(victim);
+                len = self.fitting_chunk(id, remaining.min(*budget));
+            }
+            if len > 0 {
+                let seq = &mut self
+                    .seqs
+                    .get_mut(&id)
+                    .context("running sequence missing")?
+                    .seq;
+                self.block_manager.extend(seq, start + len)?;
+                *budget -= len;
+                out.push(chunk(seq, len));
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// The most tokens, up to `want`, that sequence `id` can compute next with the free
+    /// blocks.
+    fn fitting_chunk(&self, id: SeqId, want: usize) -> usize {
+        let start = self.seqs[&id].seq.num_computed_tokens;
+        if !self.blocks_short(id, start + want) {
+            return want;
+        }
+        // The blocks needed grow with the chunk: the longest that fits, by bisection.
+        let (mut fits, mut short) = (0, want);
+        while short - fits > 1 {
+            let mid = (fits + short) / 2;
+            if self.blocks_short(id, start + mid) {
+                short = mid;
+            } else {
+                fits = mid;
+            }
+        }
+        fits
     }
 
     fn preempt(&mut self, id: SeqId) {
@@ -201,17 +267,18 @@ impl<R> Scheduler<R> {
                 .get_mut(&id)
                 .context("waiting sequence missing")?
                 .seq;
-            if !self.block_manager.can_allocate(seq) {
+            let plan = self.block_manager.plan_admission(seq, *budget);
+            if plan.needed > self.block_manager.num_free_blocks() {
                 break;
             }
             self.waiting.pop_front();
-            self.block_manager.allocate(seq)?;
+            let len = plan.chunk;
+            self.block_manager.admit(seq, plan)?;
             if !seq.admitted_once {
                 seq.admitted_once = true;
                 seq.num_cached_prompt_tokens = seq.num_computed_tokens.min(seq.num_prompt_tokens);
             }
             seq.status = SeqStatus::Running;
-            let len = seq.num_uncomputed_tokens().min(*budget);
             *budget -= len;
             out.push(ScheduledChunk {
                 is_prefill: true,
@@ -257,27 +324,17 @@ impl<R> Scheduler<R> {
         Ok(())
     }
 
-    /// Checks the block manager against every live sequence, and each sequence's table
+    /// Checks the block manager against every live sequence, and each sequence's tables
     /// against its state.
     pub fn check_invariants(&self) -> anyhow::Result<()> {
-        let bm = &self.block_manager;
         for Entry { seq, .. } in self.seqs.values() {
-            match seq.status {
-                SeqStatus::Waiting => ensure!(
-                    seq.block_table.is_empty() && seq.num_computed_tokens == 0,
-                    "waiting sequence {} holds blocks",
-                    seq.id
-                ),
-                SeqStatus::Running => ensure!(
-                    seq.block_table.len() >= bm.blocks_for(seq.num_computed_tokens)
-                        && seq.block_table.len() <= bm.blocks_for(seq.num_tokens()),
-                    "running sequence {} has {} blocks for {} computed of {} tokens",
-                    seq.id,
-                    seq.block_table.len(),
-                    seq.num_computed_tokens,
-                    seq.num_tokens()
-                ),
-            }
+            ensure!(
+                (seq.status == SeqStatus::Running) != seq.block_tables.is_empty(),
+                "{:?} sequence {} holds {} block tables",
+                seq.status,
+                seq.id,
+                seq.block_tables.len()
+            );
         }
         ensure!(
             self.waiting.len() + self.running.len() == self.seqs.len(),
@@ -297,12 +354,8 @@ impl<R> Scheduler<R> {
             arrivals(&mut self.waiting.iter()).is_sorted(),
             "waiting queue is not in arrival order"
         );
-        let tables: Vec<&[u32]> = self
-            .seqs
-            .values()
-            .map(|e| e.seq.block_table.as_slice())
-            .collect();
-        bm.check_invariants(&tables)
+        let seqs: Vec<&Sequence> = self.seqs.values().map(|e| &e.seq).collect();
+        self.block_manager.check_invariants(&seqs)
     }
 }
 
@@ -318,6 +371,7 @@ fn chunk(seq: &Sequence, len: usize) -> ScheduledChunk {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layer_groups::GroupKind;
 
     fn scheduler(num_blocks: usize, max_seqs: usize, budget: usize) -> Scheduler<()> {
         Scheduler::new(
@@ -325,7 +379,7 @@ mod tests {
                 max_num_seqs: max_seqs,
                 max_num_batched_tokens: budget,
             },
-            BlockManager::new(num_blocks, 4, true),
+            BlockManager::new(num_blocks, 4, vec![GroupKind::Full], true),
         )
     }
 
@@ -392,7 +446,7 @@ mod tests {
         assert_eq!((s.num_running(), s.num_waiting()), (1, 1));
         let victim = s.get(1).unwrap().0;
         assert_eq!(victim.num_output_tokens(), 2, "generated tokens are kept");
-        assert!(victim.block_table.is_empty());
+        assert!(victim.block_tables.is_empty());
         // 0's third block evicted the tail of 1's cached blocks, the head survives.
         // Finish 0: 1 comes back with its first block from the cache and re-prefills
         // the other 5 tokens, although it has outputs (bug 4).
@@ -433,5 +487,67 @@ mod tests {
         s.remove(1).unwrap();
         s.check_invariants().unwrap();
         assert_eq!(s.block_manager().num_used_blocks(), 0);
+    }
+
+    /// Random arrivals (some sharing prefixes), aborts, chunked prefills, decodes and the
+    /// preemptions a small pool forces, over a sliding group beside a full one and over a
+    /// recurrent group beside a full one: every step keeps the invariants (each sliding
+    /// table holds no block its window passed), and once every sequence is gone every
+    /// block is back in the pool.
+    #[test]
+    fn no_block_leaks_under_a_random_mix_of_groups_requests_and_aborts() {
+        for groups in [
+            vec![GroupKind::Sliding { window: 6 }, GroupKind::Full],
+            vec![GroupKind::Recurrent { blocks: 2 }, GroupKind::Full],
+        ] {
+            let mut s: Scheduler<()> = Scheduler::new(
+                SchedulerConfig {
+                    max_num_seqs: 4,
+                    max_num_batched_tokens: 10,
+                },
+                BlockManager::new(16, 4, groups.clone(), true),
+            );
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = |n: u64| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state % n
+            };
+            let mut live: Vec<SeqId> = Vec::new();
+            let mut hits = 0;
+            for id in 0..400u64 {
+                if next(2) == 0 {
+                    let len = 3 + next(20) as u32;
+                    // Half the prompts share a 12-token prefix.
+                    let base = if next(2) == 0 { 0 } else { 1000 * id as u32 };
+                    s.add(Sequence::new(id, id, (base..base + len).collect()), ());
+                    live.push(id);
+                }
+                if !live.is_empty() && next(10) == 0 {
+                    let victim = live.swap_remove(next(live.len() as u64) as usize);
+                    s.remove(victim).unwrap();
+                }
+                step(&mut s, 7);
+                let done: Vec<SeqId> = live
+                    .iter()
+                    .copied()
+                    .filter(|&l| s.get(l).unwrap().0.num_output_tokens() >= 12)
+                    .collect();
+                for l in done {
+                    live.retain(|&x| x != l);
+                    s.remove(l).unwrap();
+                }
+                hits = s.block_manager().prefix_cache_stats().hits;
+            }
+            for l in live {
+                s.remove(l).unwrap();
+            }
+            s.check_invariants().unwrap();
+            assert_eq!(s.block_manager().num_used_blocks(), 0, "{groups:?}");
+            let recurrent = matches!(groups[0], GroupKind::Recurrent { .. });
+            assert_eq!(hits == 0, recurrent, "{groups:?}: {hits} prefix hits");
+            assert!(s.num_preemptions() > 0, "{groups:?}: the pool never ran short");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! A sequence as the scheduler and the block manager see it: token ids, how many of
-//! them have KV in the cache, and the physical blocks holding that KV.
+//! them have KV in the cache, and the physical blocks holding that KV, one table per
+//! layer group.
 
 /// A sequence's id, unique within an engine.
 pub type SeqId = u64;
@@ -9,7 +10,8 @@ pub type SeqId = u64;
 pub enum SeqStatus {
     /// Queued, holds no blocks (new, or preempted).
     Waiting,
-    /// Admitted, holds blocks for all its tokens.
+    /// Admitted: holds blocks for its prompt in every full group, and for the window
+    /// and the tokens being computed in every sliding group.
     Running,
 }
 
@@ -29,8 +31,11 @@ pub struct Sequence {
     pub num_cached_prompt_tokens: usize,
     /// Whether the sequence was admitted at least once (later admissions are re-prefills).
     pub admitted_once: bool,
-    /// Physical block ids covering positions `0..token_ids.len()` while running.
-    pub block_table: Vec<u32>,
+    /// One table per layer group while running (empty while waiting). A full or sliding
+    /// group's entry `i` is the block of positions `i·block_size..(i+1)·block_size`, or
+    /// [`crate::kv_cache::NO_BLOCK`] where a sliding group's window has passed; a
+    /// recurrent group's entries hold its state.
+    pub block_tables: Vec<Vec<u32>>,
     /// Chained hashes of the leading full blocks whose K/V is computed.
     pub block_hashes: Vec<u64>,
 }
@@ -47,7 +52,7 @@ impl Sequence {
             num_computed_tokens: 0,
             num_cached_prompt_tokens: 0,
             admitted_once: false,
-            block_table: Vec::new(),
+            block_tables: Vec::new(),
             block_hashes: Vec::new(),
         }
     }

@@ -17,7 +17,7 @@ use engine::model::{ModelRunner, SeqInput};
 use engine::sampler::SampleSpec;
 use engine::weights::open_model;
 
-use common::{golden_dir_with, last_logits};
+use common::{golden_dir_with, group_tables, last_logits};
 
 const BLOCK_SIZE: usize = 16;
 const DIRECT: DecodeAttention = DecodeAttention::Direct;
@@ -354,27 +354,34 @@ fn check_gpu_against_cpu(
     last_logits(gpu.as_mut(), &long, 0, &long_table);
     last_logits(cpu.as_mut(), &long, 0, &long_table);
     let pos = prompt.len() + 4;
-    let batch = |sample| {
+    let tables = |r: &dyn ModelRunner| (group_tables(r, &long_table), group_tables(r, &table));
+    let (gpu_tables, cpu_tables) = (tables(gpu.as_ref()), tables(cpu.as_ref()));
+    fn batch<'a>(
+        long: usize,
+        pos: usize,
+        (long_tables, short_tables): &'a (Vec<Vec<u32>>, Vec<Vec<u32>>),
+    ) -> [SeqInput<'a>; 2] {
+        let sample = Some(SampleSpec::GREEDY);
         [
             SeqInput {
                 tokens: &[77],
-                start_pos: long.len(),
-                block_table: &long_table,
+                start_pos: long,
+                block_tables: long_tables,
                 sample,
             },
             SeqInput {
                 tokens: &[78],
                 start_pos: pos,
-                block_table: &table,
+                block_tables: short_tables,
                 sample,
             },
         ]
-    };
+    }
     let a = gpu
-        .logits(&batch(Some(SampleSpec::GREEDY)))
+        .logits(&batch(long.len(), pos, &gpu_tables))
         .expect("GPU decode batch");
     let b = cpu
-        .logits(&batch(Some(SampleSpec::GREEDY)))
+        .logits(&batch(long.len(), pos, &cpu_tables))
         .expect("CPU decode batch");
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         let e = rel_err(x, y);
@@ -663,6 +670,7 @@ fn graph_replay_matches_eager(
         .map(|&n| (0..n as u32).map(|i| (i * 53 + n as u32) % vocab).collect())
         .collect();
     let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (s * 16..s * 16 + 16).collect()).collect();
+    let grouped: Vec<Vec<Vec<u32>>> = tables.iter().map(|t| group_tables(eager.as_ref(), t)).collect();
     let mut next = Vec::new();
     for (p, t) in prompts.iter().zip(&tables) {
         let a = last_logits(eager.as_mut(), p, 0, t);
@@ -675,7 +683,7 @@ fn graph_replay_matches_eager(
             .map(|i| SeqInput {
                 tokens: &tokens[i],
                 start_pos: prompts[i].len() + step,
-                block_table: &tables[i],
+                block_tables: &grouped[i],
                 sample: Some(SampleSpec::GREEDY),
             })
             .collect();

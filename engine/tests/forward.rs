@@ -639,19 +639,19 @@ fn batched_sequences_match_solo_runs() {
         SeqInput {
             tokens: &a,
             start_pos: 0,
-            block_table: &ta,
+            block_tables: &[ta.to_vec()],
             sample: Some(SampleSpec::GREEDY),
         },
         SeqInput {
             tokens: &b[..4],
             start_pos: 0,
-            block_table: &tb,
+            block_tables: &[tb.to_vec()],
             sample: None,
         },
         SeqInput {
             tokens: &c,
             start_pos: 0,
-            block_table: &tc,
+            block_tables: &[tc.to_vec()],
             sample: Some(SampleSpec::GREEDY),
         },
     ];
@@ -665,13 +665,13 @@ fn batched_sequences_match_solo_runs() {
         SeqInput {
             tokens: &[next],
             start_pos: a.len(),
-            block_table: &ta,
+            block_tables: &[ta.to_vec()],
             sample: Some(SampleSpec::GREEDY),
         },
         SeqInput {
             tokens: &b[4..],
             start_pos: 4,
-            block_table: &tb,
+            block_tables: &[tb.to_vec()],
             sample: Some(SampleSpec::GREEDY),
         },
     ];
@@ -695,28 +695,28 @@ fn bad_inputs_are_errors() {
     let bad_token = SeqInput {
         tokens: &[49152],
         start_pos: 0,
-        block_table: &[0],
+        block_tables: &[[0].to_vec()],
         sample: Some(SampleSpec::GREEDY),
     };
     assert!(r.forward(&[bad_token]).is_err());
     let short_table = SeqInput {
         tokens: &[1; 17],
         start_pos: 0,
-        block_table: &[0],
+        block_tables: &[[0].to_vec()],
         sample: Some(SampleSpec::GREEDY),
     };
     assert!(r.forward(&[short_table]).is_err());
     let bad_block = SeqInput {
         tokens: &[1],
         start_pos: 0,
-        block_table: &[64],
+        block_tables: &[[64].to_vec()],
         sample: Some(SampleSpec::GREEDY),
     };
     assert!(r.forward(&[bad_block]).is_err());
     let empty = SeqInput {
         tokens: &[],
         start_pos: 0,
-        block_table: &[0],
+        block_tables: &[[0].to_vec()],
         sample: Some(SampleSpec::GREEDY),
     };
     assert!(r.forward(&[empty]).is_err());

@@ -114,7 +114,7 @@ impl MockRunner {
         // Write every entry first, as a real forward writes K/V of the whole batch.
         for input in batch {
             for (i, &t) in input.tokens.iter().enumerate() {
-                let slot = self.slot(input.block_table, input.start_pos + i)?;
+                let slot = self.slot(&input.block_tables[0], input.start_pos + i)?;
                 self.slots[slot] = t;
             }
         }
@@ -123,7 +123,7 @@ impl MockRunner {
             let end = input.start_pos + input.tokens.len();
             let context = (0..end)
                 .map(|pos| {
-                    let t = self.slots[self.slot(input.block_table, pos)?];
+                    let t = self.slots[self.slot(&input.block_tables[0], pos)?];
                     ensure!(t != EMPTY, "position {pos} read before it was written");
                     Ok(t)
                 })
@@ -140,7 +140,7 @@ impl ModelRunner for MockRunner {
         let sampled = batch.iter().filter(|s| s.sample.is_some());
         let mut out = Vec::new();
         for (mut row, input) in rows.into_iter().zip(sampled) {
-            let first = self.slots[self.slot(input.block_table, 0)?];
+            let first = self.slots[self.slot(&input.block_tables[0], 0)?];
             out.push(if self.failing_prompts.contains(&first) {
                 Err(anyhow::anyhow!("injected sampling failure"))
             } else {
@@ -175,12 +175,7 @@ impl ModelRunner for MockRunner {
     }
 
     fn footprint(&self) -> engine::model::Footprint {
-        engine::model::Footprint {
-            weight_bytes: 0,
-            parameters: 0,
-            kv_bytes_per_token: 0,
-            attention_flops_per_context_token: 0,
-        }
+        engine::model::Footprint::default()
     }
 }
 

@@ -93,7 +93,34 @@ impl QkvLayout {
     }
 }
 
-/// One sequence's rows in a step.
+/// One sequence's rows in a step, with its block table in every layer group.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSeq<'a> {
+    /// Index of the sequence's first row in the step's activations.
+    pub row_start: usize,
+    /// Number of rows (tokens) of the sequence in this step.
+    pub n_tokens: usize,
+    /// Position of the first row; the cache already holds positions `0..start_pos`.
+    pub start_pos: usize,
+    /// One table per layer group ([`crate::layer_groups`]), each covering positions
+    /// `0..start_pos + n_tokens`; entries before a sliding window are
+    /// [`crate::kv_cache::NO_BLOCK`].
+    pub block_tables: &'a [Vec<u32>],
+}
+
+impl<'a> StepSeq<'a> {
+    /// The sequence as the attention of a layer of group `group` reads it.
+    pub fn in_group(&self, group: usize) -> AttnSeq<'a> {
+        AttnSeq {
+            row_start: self.row_start,
+            n_tokens: self.n_tokens,
+            start_pos: self.start_pos,
+            block_table: &self.block_tables[group],
+        }
+    }
+}
+
+/// One sequence's rows in a step, as one layer group's attention reads them.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnSeq<'a> {
     /// Index of the sequence's first row in the step's activations.
@@ -102,7 +129,8 @@ pub struct AttnSeq<'a> {
     pub n_tokens: usize,
     /// Position of the first row; the cache already holds positions `0..start_pos`.
     pub start_pos: usize,
-    /// Physical KV block ids covering positions `0..start_pos + n_tokens`.
+    /// Physical KV block ids covering positions `0..start_pos + n_tokens`
+    /// ([`crate::kv_cache::NO_BLOCK`] before a sliding window).
     pub block_table: &'a [u32],
 }
 
@@ -129,9 +157,11 @@ pub fn check_qk_head_norm(
 }
 
 /// Checks that `block_table` covers positions `0..end` (blocks of `block_size` tokens) and
-/// that each of those blocks is one of a cache's `num_blocks`.
+/// that each of its blocks from the one holding position `first_key` (the earliest key a
+/// row reads) is one of a cache's `num_blocks`.
 pub fn check_block_table(
     block_table: &[u32],
+    first_key: usize,
     end: usize,
     block_size: usize,
     num_blocks: usize,
@@ -142,10 +172,14 @@ pub fn check_block_table(
         "block table has {} blocks but positions up to {end} need {need}",
         block_table.len()
     );
-    if let Some(&b) = block_table[..need]
+    let first = (first_key / block_size).min(need);
+    if let Some(&b) = block_table[first..need]
         .iter()
         .find(|&&b| b as usize >= num_blocks)
     {
+        if b == crate::kv_cache::NO_BLOCK {
+            bail!("the block table holds no block for positions from {first_key} on");
+        }
         bail!("block id {b} is past the KV cache ({num_blocks} blocks)");
     }
     Ok(())
@@ -156,12 +190,15 @@ pub fn check_block_table(
 #[derive(Debug, Clone, Copy)]
 pub struct StepMeta<'a> {
     /// The sequences, in row order; their rows tile `0..T` without gaps.
-    pub seqs: &'a [AttnSeq<'a>],
+    pub seqs: &'a [StepSeq<'a>],
+    /// Layer groups: every sequence has one block table per group.
+    pub num_groups: usize,
     /// Per row: the token id (checked against the vocabulary).
     pub tokens: &'a [u32],
     /// Per row: its position in its sequence (the row of the RoPE tables).
     pub positions: &'a [u32],
-    /// Per row: the KV cache slot (`block * block_size + offset`) its K/V are written to.
+    /// Per group, then per row: the KV cache slot (`block * block_size + offset`) the
+    /// row's K/V are written to in the group's blocks (`num_groups × T`, group-major).
     pub slots: &'a [usize],
     /// The rows whose next token is sampled, in batch order.
     pub logit_rows: &'a [usize],
@@ -366,12 +403,16 @@ pub trait LayerOps: Tensors {
 pub trait AttentionOps: Tensors {
     /// Bytes of one cached K or V value.
     fn kv_value_bytes(&self) -> usize;
+    /// Whether the attention reads a block table per layer group, so that a sliding
+    /// group keeps only its window ([`crate::layer_groups::LayerGroups::of`]); otherwise
+    /// every layer keeps every token in one group.
+    fn keeps_windows(&self) -> bool;
     /// Allocates one layer's KV cache.
     fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<Self::KvCache>;
-    /// Writes every row's K and V into `cache` at its slot, then computes causal
-    /// attention of every query row over positions `0..=pos` of its sequence (only the
-    /// last `window` of them for a sliding `span`), read through the block table, its
-    /// logits as `scores` says. With `sinks` (one logit per query head), each head's
+    /// Writes every row's K and V into `cache` at its slot in layer group `group`, then
+    /// computes causal attention of every query row over positions `0..=pos` of its
+    /// sequence (only the last `window` of them for a sliding `span`), read through the
+    /// group's block table, its logits as `scores` says. With `sinks` (one logit per query head), each head's
     /// softmax has one more term in its denominator, `exp(sink)`, that weighs no value.
     /// `out` is `[T, num_heads * head_dim]`.
     #[allow(clippy::too_many_arguments)]
@@ -384,6 +425,7 @@ pub trait AttentionOps: Tensors {
         sinks: Option<&Self::Param>,
         cache: &mut Self::KvCache,
         step: &Self::Step,
+        group: usize,
         out: &mut Self::Act,
     ) -> anyhow::Result<()>;
 }

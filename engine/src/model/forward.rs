@@ -5,8 +5,11 @@ use anyhow::{anyhow, bail, ensure};
 
 use std::time::Instant;
 
-use crate::backend::{check_block_table, AttnSeq, Backend, RowSample, ScoreSpec, StepMeta};
-use crate::kv_sizing::kv_bytes_per_token;
+use crate::backend::{check_block_table, Backend, RowSample, ScoreSpec, StepMeta, StepSeq};
+use crate::config::AttentionSpan;
+use crate::kv_cache::first_kept_block;
+use crate::kv_sizing::{kv_bytes_per_layer_token, KvPool};
+use crate::layer_groups::GroupKind;
 use crate::sampler::SampleSpec;
 
 use super::{
@@ -14,9 +17,11 @@ use super::{
 };
 
 impl<B: Backend> ModelState<B> {
-    /// Checks the batch and fills the host scratch (tokens, positions, slots, logits rows).
-    fn prepare_inputs<'a>(&mut self, batch: &[SeqInput<'a>]) -> anyhow::Result<Vec<AttnSeq<'a>>> {
+    /// Checks the batch and fills the host scratch (tokens, positions, each group's slots,
+    /// logits rows).
+    fn prepare_inputs<'a>(&mut self, batch: &[SeqInput<'a>]) -> anyhow::Result<Vec<StepSeq<'a>>> {
         let bs = self.block_size;
+        let kinds = self.groups.kinds();
         let host = &mut self.host;
         host.tokens.clear();
         host.positions.clear();
@@ -41,24 +46,38 @@ impl<B: Backend> ModelState<B> {
                 "batch entry {i}: positions up to {end} exceed the model's {}",
                 self.rope_positions
             );
-            check_block_table(s.block_table, end, bs, self.num_blocks)
-                .map_err(|e| anyhow!("batch entry {i}: {e}"))?;
+            ensure!(
+                s.block_tables.len() == kinds.len(),
+                "batch entry {i}: {} block tables for {} layer groups",
+                s.block_tables.len(),
+                kinds.len()
+            );
+            for (g, (&kind, table)) in kinds.iter().zip(s.block_tables).enumerate() {
+                let first_key = first_kept_block(kind, s.start_pos, bs) * bs;
+                check_block_table(table, first_key, end, bs, self.num_blocks)
+                    .map_err(|e| anyhow!("batch entry {i}, layer group {g}: {e}"))?;
+            }
             let row_start = host.tokens.len();
             host.tokens.extend_from_slice(s.tokens);
-            for pos in s.start_pos..end {
-                host.positions.push(pos as u32);
-                host.slots
-                    .push(s.block_table[pos / bs] as usize * bs + pos % bs);
-            }
+            host.positions.extend((s.start_pos..end).map(|p| p as u32));
             if s.sample.is_some() {
                 host.logit_rows.push(host.tokens.len() - 1);
             }
-            seqs.push(AttnSeq {
+            seqs.push(StepSeq {
                 row_start,
                 n_tokens: s.tokens.len(),
                 start_pos: s.start_pos,
-                block_table: s.block_table,
+                block_tables: s.block_tables,
             });
+        }
+        for g in 0..kinds.len() {
+            for (s, input) in seqs.iter().zip(batch) {
+                let table = &input.block_tables[g];
+                let end = s.start_pos + s.n_tokens;
+                host.slots.extend(
+                    (s.start_pos..end).map(|pos| table[pos / bs] as usize * bs + pos % bs),
+                );
+            }
         }
         Ok(seqs)
     }
@@ -75,6 +94,7 @@ impl<B: Backend> ModelState<B> {
         let seqs = self.prepare_inputs(batch)?;
         let step = b.prepare_step(&StepMeta {
             seqs: &seqs,
+            num_groups: self.groups.groups.len(),
             tokens: &self.host.tokens,
             positions: &self.host.positions,
             slots: &self.host.slots,
@@ -123,7 +143,8 @@ impl<B: Backend> ModelState<B> {
         // Where the last FFN's output waits for its residual add: `down`, or `post` after
         // its post-norm.
         let mut ffn_in_post = false;
-        for (i, (layer, cache)) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
+        for (i, (layer, &(group, index))) in self.layers.iter().zip(&self.placement).enumerate() {
+            let cache = &mut self.caches[index];
             if i == 0 {
                 b.rms_norm(x, &layer.attn_norm, eps, h)?;
             } else {
@@ -142,7 +163,7 @@ impl<B: Backend> ModelState<B> {
             };
             let span = layer.spec.attention;
             let sinks = layer.sinks.as_ref();
-            b.attention(qkv, layout, span, scores, sinks, cache, step, attn)?;
+            b.attention(qkv, layout, span, scores, sinks, cache, step, group, attn)?;
             b.matmul(attn, &layer.o_proj, layer.o_bias.as_ref(), o)?;
             match &layer.post_norms {
                 None => b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?,
@@ -265,6 +286,10 @@ impl<B: Backend> ModelRunner for Model<B> {
         self.state.block_size
     }
 
+    fn kv_groups(&self) -> Vec<GroupKind> {
+        self.state.groups.kinds()
+    }
+
     fn footprint(&self) -> Footprint {
         let (b, s) = (&self.backend, &self.state);
         let c = &s.config;
@@ -317,10 +342,46 @@ impl<B: Backend> ModelRunner for Model<B> {
             })
             .sum();
         let tables = if s.lm_head.is_some() { 2 } else { 1 };
+        // The cache: a block holds a group's layers (padded groups included) for
+        // `block_size` tokens; full groups grow with the context, sliding groups hold
+        // their windows.
+        let layer_token_bytes = kv_bytes_per_layer_token(c, b.kv_value_bytes());
+        let block_bytes = s.groups.group_size * layer_token_bytes * s.block_size;
+        let pool = KvPool {
+            num_blocks: s.num_blocks,
+            block_size: s.block_size,
+            groups: s.groups.kinds(),
+        };
+        let full_groups = pool.groups.iter().filter(|&&k| k == GroupKind::Full).count();
+        let fixed_blocks: usize = pool
+            .groups
+            .iter()
+            .filter(|&&k| k != GroupKind::Full)
+            .map(|&k| pool.group_blocks(k, usize::MAX / 2))
+            .sum();
+        let mut full_layers = 0;
+        let mut windows: Vec<(usize, usize)> = Vec::new();
+        for l in &c.layers {
+            match l.attention {
+                AttentionSpan::Full => full_layers += 1,
+                AttentionSpan::Sliding { window } => {
+                    match windows.iter_mut().find(|(w, _)| *w == window) {
+                        Some((_, n)) => *n += 1,
+                        None => windows.push((window, 1)),
+                    }
+                }
+            }
+        }
         Footprint {
             weight_bytes,
             parameters: matrices + tables * c.vocab_size * c.hidden_size + vector_params,
-            kv_bytes_per_token: kv_bytes_per_token(c, b.kv_value_bytes()),
+            kv_bytes_per_token: full_groups * block_bytes / s.block_size,
+            kv_bytes_per_sequence_fixed: fixed_blocks * block_bytes,
+            kv_read_bytes_per_token: full_layers * layer_token_bytes,
+            kv_window_read_bytes: windows
+                .into_iter()
+                .map(|(w, layers)| (w, layers * layer_token_bytes))
+                .collect(),
             attention_flops_per_context_token: 4 * c.num_layers() * q,
         }
     }

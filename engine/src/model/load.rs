@@ -7,7 +7,8 @@ use crate::backend::{
     refuse_what_it_lacks, Backend, HostExpert, HostExperts, KvCacheShape, QkvLayout,
 };
 use crate::config::{ExpertSpec, Family, Ffn, ModelConfig, NormPlacement, NormWeights, RopeSpec};
-use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
+use crate::kv_sizing::{kv_bytes_per_layer_token, RunnerOptions};
+use crate::layer_groups::LayerGroups;
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
 
 use super::{
@@ -433,7 +434,16 @@ impl<B: Backend> Model<B> {
             "empty model dimensions in the config"
         );
         refuse_what_it_lacks(&backend, c)?;
-        let num_blocks = opts.num_blocks(kv_bytes_per_token(c, backend.kv_value_bytes()))?;
+        // Sliding layers keep their windows where the backend reads a table per group.
+        let groups = if backend.keeps_windows() {
+            LayerGroups::of(c)
+        } else {
+            LayerGroups::whole(c)
+        };
+        let placement = groups.placement(c.num_layers());
+        let num_blocks = opts.num_blocks(
+            groups.group_size * kv_bytes_per_layer_token(c, backend.kv_value_bytes()),
+        )?;
         let embed_name = "model.embed_tokens.weight";
         let embed = backend.upload_weight(
             embed_name,
@@ -455,7 +465,7 @@ impl<B: Backend> Model<B> {
         // One RoPE table per distinct spec (most models have one; some one per layer kind).
         let mut ropes: Vec<&RopeSpec> = Vec::new();
         let mut layers = Vec::with_capacity(c.num_layers());
-        let mut caches = Vec::with_capacity(c.num_layers());
+        let mut caches = Vec::with_capacity(groups.group_size);
         for (i, spec) in c.layers.iter().enumerate() {
             let rope = match ropes.iter().position(|r| **r == spec.rope) {
                 Some(k) => k,
@@ -465,6 +475,8 @@ impl<B: Backend> Model<B> {
                 }
             };
             layers.push(Layer::load(&backend, c, weights, i, rope)?);
+        }
+        for _ in 0..groups.group_size {
             caches.push(backend.new_kv_cache(KvCacheShape {
                 num_blocks,
                 block_size: opts.block_size,
@@ -514,6 +526,8 @@ impl<B: Backend> Model<B> {
             lm_head,
             final_norm,
             layers,
+            groups,
+            placement,
             caches,
             num_blocks,
             block_size: opts.block_size,

@@ -10,6 +10,8 @@ use anyhow::bail;
 
 use crate::backend::{Backend, QkvLayout, RowSample};
 use crate::config::{ExpertSpec, LayerSpec, ModelConfig};
+use crate::kv_sizing::KvPool;
+use crate::layer_groups::{GroupKind, LayerGroups};
 use crate::sampler::SampleSpec;
 
 /// One sequence's slice of work in a forward step.
@@ -19,8 +21,10 @@ pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
     /// Position of `tokens[0]`; the KV cache already holds positions `0..start_pos`.
     pub start_pos: usize,
-    /// Physical KV block ids of the sequence, covering positions `0..start_pos + tokens.len()`.
-    pub block_table: &'a [u32],
+    /// The sequence's KV blocks, one table per layer group (`ModelRunner::kv_groups`),
+    /// each covering positions `0..start_pos + tokens.len()` (a sliding group's from its
+    /// window on).
+    pub block_tables: &'a [Vec<u32>],
     /// How to sample the token after the last one (decode, or the last prefill chunk);
     /// `None` for a chunk that samples nothing.
     pub sample: Option<SampleSpec<'a>>,
@@ -60,12 +64,25 @@ pub trait ModelRunner: Send {
     fn num_blocks(&self) -> usize;
     /// Tokens per KV block.
     fn block_size(&self) -> usize;
+    /// The layer groups the KV blocks serve, in the order of a sequence's block tables
+    /// (one full group where every layer keeps every token).
+    fn kv_groups(&self) -> Vec<GroupKind> {
+        vec![GroupKind::Full]
+    }
+    /// The pool of KV blocks as the layer groups draw on it.
+    fn kv_pool(&self) -> KvPool {
+        KvPool {
+            num_blocks: self.num_blocks(),
+            block_size: self.block_size(),
+            groups: self.kv_groups(),
+        }
+    }
     /// What a decode step reads and a token caches, for the bandwidth bound.
     fn footprint(&self) -> Footprint;
 }
 
 /// The sizes behind the bandwidth bound (`GET /version`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Footprint {
     /// Bytes one decode step of one sequence reads for the weights, as stored at run time:
     /// every layer's matrices and parameters (of a mixture of experts, the router and
@@ -76,7 +93,18 @@ pub struct Footprint {
     /// head is untied; of a mixture of experts, the router and `top_k` experts): the
     /// compute a prefill token costs is twice this.
     pub parameters: usize,
+    /// Bytes one more token of a sequence's context costs in the KV cache: the full
+    /// groups' K and V.
     pub kv_bytes_per_token: usize,
+    /// Bytes a decoding sequence holds in the KV cache whatever its length: its sliding
+    /// groups' windows (`⌈W / block⌉ + 1` blocks each) and any recurrent state.
+    pub kv_bytes_per_sequence_fixed: usize,
+    /// Bytes a decode step reads from the KV cache per token of its context in the layers
+    /// that attend to all of it.
+    pub kv_read_bytes_per_token: usize,
+    /// Per sliding window size `W`: the bytes per token its layers read of at most the
+    /// last `W` tokens, `(W, bytes)`.
+    pub kv_window_read_bytes: Vec<(usize, usize)>,
     /// FLOPs one decode token spends per token of its context in attention: q·k and p·v,
     /// 2 × 2 × heads × head dim on every layer (a sliding window's cap not applied).
     pub attention_flops_per_context_token: usize,
@@ -168,6 +196,11 @@ struct ModelState<B: Backend> {
     lm_head: Option<B::Weight>,
     final_norm: B::Param,
     layers: Vec<Layer<B>>,
+    /// The layer groups the KV blocks serve, and each layer's (group, index in it).
+    groups: LayerGroups,
+    placement: Vec<(usize, usize)>,
+    /// One cache per index in a group: layer `l` at index `i` of group `g` reads cache `i`
+    /// through group `g`'s block tables.
     caches: Vec<B::KvCache>,
     num_blocks: usize,
     block_size: usize,

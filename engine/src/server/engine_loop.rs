@@ -473,12 +473,7 @@ mod tests {
         }
 
         fn footprint(&self) -> crate::model::Footprint {
-            crate::model::Footprint {
-                weight_bytes: 0,
-                parameters: 0,
-                kv_bytes_per_token: 0,
-                attention_flops_per_context_token: 0,
-            }
+            crate::model::Footprint::default()
         }
     }
 

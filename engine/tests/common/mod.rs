@@ -73,18 +73,28 @@ pub fn gemma3_gguf() -> PathBuf {
     path
 }
 
-/// Computes `tokens` at positions `start..` of one sequence stored in `table`; returns
-/// the last token's logits.
+/// `table`'s blocks as one table per layer group of `r`, disjoint across groups (which
+/// share the caches): block `b` of group `g` is `b · groups + g`.
+pub fn group_tables(r: &dyn ModelRunner, table: &[u32]) -> Vec<Vec<u32>> {
+    let groups = r.kv_groups().len() as u32;
+    (0..groups)
+        .map(|g| table.iter().map(|&b| b * groups + g).collect())
+        .collect()
+}
+
+/// Computes `tokens` at positions `start..` of one sequence stored in `table` (in each
+/// layer group, see [`group_tables`]); returns the last token's logits.
 pub fn last_logits(
     r: &mut dyn ModelRunner,
     tokens: &[u32],
     start: usize,
     table: &[u32],
 ) -> Vec<f32> {
+    let tables = group_tables(r, table);
     let input = SeqInput {
         tokens,
         start_pos: start,
-        block_table: table,
+        block_tables: &tables,
         sample: Some(SampleSpec::GREEDY),
     };
     let mut out = r.logits(&[input]).expect("forward");
@@ -113,6 +123,7 @@ pub fn check_sampling_contract<B: engine::backend::Backend>(
         let step = b
             .prepare_step(&StepMeta {
                 seqs: &[],
+                num_groups: 1,
                 tokens: &[],
                 positions: &[],
                 slots: &[],
@@ -200,12 +211,12 @@ pub fn check_sampling_contract<B: engine::backend::Backend>(
 /// samples nothing returns nothing.
 pub fn check_runner_samples_its_logits(r: &mut dyn ModelRunner) {
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 37 + 11) % 500).collect();
-    let table: Vec<u32> = (0..4).collect();
-    let other: Vec<u32> = (4..8).collect();
+    let table = group_tables(r, &(0..4).collect::<Vec<u32>>());
+    let other = group_tables(r, &(4..8).collect::<Vec<u32>>());
     let input = |sample: SampleSpec<'static>| SeqInput {
         tokens: &prompt,
         start_pos: 0,
-        block_table: &table,
+        block_tables: &table,
         sample: Some(sample),
     };
     let logits = r
@@ -268,7 +279,7 @@ pub fn check_runner_samples_its_logits(r: &mut dyn ModelRunner) {
     let chunk = SeqInput {
         tokens: &prompt[..8],
         start_pos: 0,
-        block_table: &other,
+        block_tables: &other,
         sample: None,
     };
     let out = r

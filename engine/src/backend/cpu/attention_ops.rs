@@ -15,6 +15,10 @@ impl AttentionOps for CpuBackend {
         self.kv_cache_dtype.bytes()
     }
 
+    fn keeps_windows(&self) -> bool {
+        true
+    }
+
     fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<CpuKvCache> {
         CpuKvCache::new(self.kv_cache_dtype, shape)
     }
@@ -28,13 +32,15 @@ impl AttentionOps for CpuBackend {
         sinks: Option<&Vec<f32>>,
         cache: &mut CpuKvCache,
         step: &CpuStep,
+        group: usize,
         out: &mut CpuAct,
     ) -> anyhow::Result<()> {
+        let slots = step.slots(group)?;
         ensure!(
-            qkv.cols == layout.qkv_width() && qkv.rows == step.slots.len(),
+            qkv.cols == layout.qkv_width() && qkv.rows == slots.len(),
             "attention: qkv shape"
         );
-        let seqs = step.attn_seqs();
+        let seqs = step.attn_seqs(group)?;
         let out_data = out.reshape(qkv.rows, layout.q_width());
         let window = match span {
             AttentionSpan::Full => None,
@@ -51,7 +57,7 @@ impl AttentionOps for CpuBackend {
             softmax,
             cache,
             &seqs,
-            &step.slots,
+            slots,
             out_data,
             self.threads(),
             Isa::detect(),

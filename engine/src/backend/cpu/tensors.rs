@@ -1,6 +1,6 @@
 //! The CPU backend's activations and its host copy of a step's metadata.
 
-use anyhow::ensure;
+use anyhow::{anyhow, ensure};
 
 use crate::backend::{AttnSeq, StepMeta};
 
@@ -45,44 +45,63 @@ impl CpuAct {
     }
 }
 
-/// One sequence of a [`CpuStep`], with its block table stored in `CpuStep::tables`.
-#[derive(Debug, Clone, Copy)]
-struct StepSeq {
+/// One sequence of a [`CpuStep`], with its block tables (one per layer group) stored in
+/// `CpuStep::tables`.
+#[derive(Debug, Clone)]
+struct HostSeq {
     row_start: usize,
     n_tokens: usize,
     start_pos: usize,
-    table: (usize, usize),
+    tables: Vec<(usize, usize)>,
 }
 
 /// A host copy of [`StepMeta`].
 #[derive(Debug, Clone)]
 pub struct CpuStep {
-    seqs: Vec<StepSeq>,
+    seqs: Vec<HostSeq>,
     tables: Vec<u32>,
     pub(super) tokens: Vec<u32>,
     pub(super) positions: Vec<u32>,
-    pub(super) slots: Vec<usize>,
+    /// Group-major, as [`StepMeta::slots`].
+    slots: Vec<usize>,
     pub(super) logit_rows: Vec<usize>,
 }
 
 impl CpuStep {
     /// The host copy of `meta`.
     pub(super) fn new(meta: &StepMeta<'_>) -> anyhow::Result<Self> {
+        let rows = meta.tokens.len();
+        ensure!(
+            meta.slots.len() == meta.num_groups * rows,
+            "{} KV slots for {} groups of {rows} rows",
+            meta.slots.len(),
+            meta.num_groups
+        );
         let mut tables = Vec::new();
-        let seqs = meta
-            .seqs
-            .iter()
-            .map(|s| {
-                let start = tables.len();
-                tables.extend_from_slice(s.block_table);
-                StepSeq {
-                    row_start: s.row_start,
-                    n_tokens: s.n_tokens,
-                    start_pos: s.start_pos,
-                    table: (start, tables.len()),
-                }
-            })
-            .collect();
+        let mut seqs = Vec::with_capacity(meta.seqs.len());
+        for (i, s) in meta.seqs.iter().enumerate() {
+            ensure!(
+                s.block_tables.len() == meta.num_groups,
+                "sequence {i} has {} block tables for {} groups",
+                s.block_tables.len(),
+                meta.num_groups
+            );
+            let ranges = s
+                .block_tables
+                .iter()
+                .map(|t| {
+                    let start = tables.len();
+                    tables.extend_from_slice(t);
+                    (start, tables.len())
+                })
+                .collect();
+            seqs.push(HostSeq {
+                row_start: s.row_start,
+                n_tokens: s.n_tokens,
+                start_pos: s.start_pos,
+                tables: ranges,
+            });
+        }
         ensure!(
             meta.samples.len() == meta.logit_rows.len(),
             "{} sampling specs for {} sampled rows",
@@ -99,15 +118,30 @@ impl CpuStep {
         })
     }
 
-    pub(super) fn attn_seqs(&self) -> Vec<AttnSeq<'_>> {
+    /// The sequences as the attention of layer group `group` reads them.
+    pub(super) fn attn_seqs(&self, group: usize) -> anyhow::Result<Vec<AttnSeq<'_>>> {
         self.seqs
             .iter()
-            .map(|s| AttnSeq {
-                row_start: s.row_start,
-                n_tokens: s.n_tokens,
-                start_pos: s.start_pos,
-                block_table: &self.tables[s.table.0..s.table.1],
+            .map(|s| {
+                let &(start, end) = s
+                    .tables
+                    .get(group)
+                    .ok_or_else(|| anyhow!("the step has no layer group {group}"))?;
+                Ok(AttnSeq {
+                    row_start: s.row_start,
+                    n_tokens: s.n_tokens,
+                    start_pos: s.start_pos,
+                    block_table: &self.tables[start..end],
+                })
             })
             .collect()
+    }
+
+    /// Every row's KV slot in layer group `group`.
+    pub(super) fn slots(&self, group: usize) -> anyhow::Result<&[usize]> {
+        let rows = self.tokens.len();
+        self.slots
+            .get(group * rows..(group + 1) * rows)
+            .ok_or_else(|| anyhow!("the step has no layer group {group}"))
     }
 }

@@ -157,14 +157,14 @@ impl CudaBackend {
     pub(super) fn qkv_prep(
         &self,
         p: &Pending,
-        write: Option<(&CudaKvCache, &CudaStep)>,
+        write: Option<(&CudaKvCache, &CudaStep, usize)>,
     ) -> anyhow::Result<()> {
         let l = p.layout;
         let heads = l.num_heads + 2 * l.num_kv_heads;
         let (q_w, k_w, eps) = p.norm.unwrap_or((0, 0, 0.0));
         let (cos, sin, positions) = p.rope.unwrap_or((0, 0, 0));
         let (slots, kc, vc) = match write {
-            Some((c, s)) => (s.at(s.off.slots), self.ptr(&c.k), self.ptr(&c.v)),
+            Some((c, s, group)) => (s.slots(group)?, self.ptr(&c.k), self.ptr(&c.v)),
             None => (0, 0, 0),
         };
         let args = [
@@ -231,6 +231,10 @@ impl AttentionOps for CudaBackend {
         std::mem::size_of::<bf16>()
     }
 
+    fn keeps_windows(&self) -> bool {
+        self.keeps_windows
+    }
+
     fn new_kv_cache(&self, shape: KvCacheShape) -> anyhow::Result<CudaKvCache> {
         let n = shape.values()?;
         let k = self
@@ -259,6 +263,7 @@ impl AttentionOps for CudaBackend {
         sinks: Option<&CudaParam>,
         cache: &mut CudaKvCache,
         step: &CudaStep,
+        group: usize,
         out: &mut CudaAct,
     ) -> anyhow::Result<()> {
         let window = match span {
@@ -319,7 +324,8 @@ impl AttentionOps for CudaBackend {
                 }
             }
         };
-        self.qkv_prep(&prep, Some((cache, step)))?;
+        self.qkv_prep(&prep, Some((cache, step, group)))?;
+        let tables = step.tables(group)?;
 
         let (h, kvh, d) = (layout.num_heads, layout.num_kv_heads, layout.head_dim);
         let o = self.shape(out, qkv.rows, layout.q_width())?;
@@ -330,7 +336,7 @@ impl AttentionOps for CudaBackend {
             v.push(KArg::I32(layout.qkv_width() as i32));
             v.push(KArg::Ptr(self.ptr(&cache.k)));
             v.push(KArg::Ptr(self.ptr(&cache.v)));
-            v.push(at(step.off.tables));
+            v.push(KArg::Ptr(tables));
             v.push(KArg::I32(step.table_stride as i32));
         };
         if step.n_dec > 0 {

@@ -51,6 +51,7 @@ use step::{GraphState, StepBuffers};
 use super::{refuse_what_it_lacks, AttentionOps, Backend, Tensors};
 use crate::config::{Activation, Ffn, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
+use crate::layer_groups::LayerGroups;
 use crate::weights::{HostTensor, TensorData};
 
 /// Which kernel computes prefill attention. Unless one is named, the tensor-core kernel
@@ -89,6 +90,9 @@ pub struct CudaOptions {
     pub decode_attention: Option<DecodeAttention>,
     /// The longest sequence served (`--max-model-len`); `None`: the model's maximum position.
     pub max_model_len: Option<usize>,
+    /// Runs what has never run on a GPU (`--cuda-unverified-kernels`): a block table per
+    /// layer group, so that sliding layers keep only their windows (issue 61).
+    pub unverified_kernels: bool,
 }
 
 impl Default for CudaOptions {
@@ -104,6 +108,7 @@ impl Default for CudaOptions {
             prefill_attention: None,
             decode_attention: None,
             max_model_len: None,
+            unverified_kernels: false,
         }
     }
 }
@@ -124,7 +129,8 @@ pub fn open_cuda_backend(
         opts.ordinal
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
-    let backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?;
+    let mut backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?;
+    backend.keeps_windows = opts.unverified_kernels;
     // Before the KV cache is sized from the model's weights.
     refuse_what_it_lacks(&backend, config)?;
     let backend = backend
@@ -134,6 +140,9 @@ pub fn open_cuda_backend(
             config.num_heads / config.num_kv_heads,
             config.head_dim,
         )?;
+    // The budget as if every layer kept every token; layer groups that keep windows make
+    // more blocks of it (`Model::load`).
+    let all_layers_token_bytes = kv_bytes_per_token(config, backend.kv_value_bytes());
     let tokens = match opts.kv_cache_tokens {
         Some(t) => t / opts.block_size * opts.block_size,
         None => {
@@ -144,7 +153,7 @@ pub fn open_cuda_backend(
             let weights_bytes = weight_bytes_bf16(config, separate_lm_head);
             let reserve =
                 activation_reserve_bytes(config, opts.max_num_batched_tokens, opts.max_num_seqs);
-            let bytes = kv_bytes_per_token(config, backend.kv_value_bytes());
+            let bytes = all_layers_token_bytes;
             kv_cache_tokens(
                 free,
                 total,
@@ -165,7 +174,7 @@ pub fn open_cuda_backend(
     // `Model::load` counts blocks in bytes per token; translate the token count.
     let runner_opts = RunnerOptions {
         block_size: opts.block_size,
-        kv_cache_bytes: tokens * kv_bytes_per_token(config, backend.kv_value_bytes()),
+        kv_cache_bytes: tokens * all_layers_token_bytes,
         max_model_len: opts.max_model_len,
     };
     let max_blocks_per_seq = tokens
@@ -175,9 +184,15 @@ pub fn open_cuda_backend(
                 .max(1),
         )
         .div_ceil(opts.block_size);
+    let num_groups = if backend.keeps_windows {
+        LayerGroups::of(config).groups.len()
+    } else {
+        1
+    };
     backend.reserve_step_buffers(
         opts.max_num_batched_tokens,
         opts.max_num_seqs,
+        num_groups,
         max_blocks_per_seq,
         config.vocab_size,
     )?;
@@ -195,7 +210,7 @@ pub fn open_cuda_backend(
         tokens,
         tokens / opts.block_size,
         opts.block_size,
-        (tokens * kv_bytes_per_token(config, backend.kv_value_bytes())) as f64
+        (tokens * all_layers_token_bytes) as f64
             / (1u64 << 30) as f64
     );
     Ok((backend, runner_opts))
@@ -342,6 +357,8 @@ pub struct CudaBackend {
     marks: [CudaEvent; 3],
     /// cuBLAS's workspace, set once so that GEMMs allocate nothing while a graph is captured.
     _blas_workspace: CudaSlice<u8>,
+    /// Whether attention reads a block table per layer group ([`CudaOptions::unverified_kernels`]).
+    keeps_windows: bool,
 }
 
 /// A kernel's name, and its sliding twin's where `set` has the twins.
@@ -430,6 +447,7 @@ impl CudaBackend {
             state: Mutex::new(State::default()),
             marks,
             _blas_workspace: workspace,
+            keeps_windows: false,
         })
     }
 

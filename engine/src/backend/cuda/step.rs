@@ -8,6 +8,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 
 use crate::backend::{StepMeta, StepOps};
+use crate::kv_cache::NO_BLOCK;
 use crate::sampler::SampleSpec;
 
 use super::sample_words::{push_penalties, SAMPLE_MAX_TOP, SAMPLE_OUT_WORDS};
@@ -52,6 +53,11 @@ pub struct CudaStep {
     pub(super) n_logits: usize,
     pub(super) n_penalties: usize,
     pub(super) table_stride: usize,
+    /// Layer groups: the slots and the block tables hold one part per group.
+    pub(super) num_groups: usize,
+    /// Sequences, padding included, and rows, padding included, of one group's part.
+    pub(super) padded_seqs: usize,
+    pub(super) padded_rows: usize,
     pub(super) max_ctx: usize,
     pub(super) block_size: usize,
     /// The graph shape this decode step runs as, if any.
@@ -61,6 +67,18 @@ pub struct CudaStep {
 impl CudaStep {
     pub(super) fn at(&self, off: usize) -> u64 {
         self.meta + 4 * off as u64
+    }
+
+    /// The rows' KV slots in layer group `group`.
+    pub(super) fn slots(&self, group: usize) -> anyhow::Result<u64> {
+        ensure!(group < self.num_groups, "the step has no layer group {group}");
+        Ok(self.at(self.off.slots + group * self.padded_rows))
+    }
+
+    /// The sequences' block tables in layer group `group`, `table_stride` apart.
+    pub(super) fn tables(&self, group: usize) -> anyhow::Result<u64> {
+        ensure!(group < self.num_groups, "the step has no layer group {group}");
+        Ok(self.at(self.off.tables + group * self.padded_seqs * self.table_stride))
     }
 }
 
@@ -132,16 +150,17 @@ impl CudaBackend {
         &self,
         max_tokens: usize,
         max_seqs: usize,
+        num_groups: usize,
         max_blocks_per_seq: usize,
         vocab: usize,
     ) -> anyhow::Result<()> {
         let tiles = max_tokens.div_ceil(kernels::PREFILL_TILE) + max_seqs;
-        let words = 3 * max_tokens
+        let words = (2 + num_groups) * max_tokens
             + 5 * max_seqs
             + 2 * tiles
             + 18 * max_seqs
             + 2
-            + max_seqs * max_blocks_per_seq;
+            + num_groups * max_seqs * max_blocks_per_seq;
         let mut st = self.state()?;
         let b = &mut st.step;
         ensure_len(&self.stream, &mut b.meta, words, "the step metadata buffer")?;
@@ -169,8 +188,15 @@ impl StepOps for CudaBackend {
     }
 
     fn prepare_step(&self, meta: &StepMeta<'_>) -> anyhow::Result<CudaStep> {
-        let rows = meta.slots.len();
+        let rows = meta.tokens.len();
         let n_seqs = meta.seqs.len();
+        let groups = meta.num_groups;
+        ensure!(
+            meta.slots.len() == groups * rows
+                && meta.seqs.iter().all(|s| s.block_tables.len() == groups),
+            "step metadata: {} slots and the block tables do not make {groups} groups of {rows} rows",
+            meta.slots.len()
+        );
         let n_logits = meta.logit_rows.len();
         ensure!(
             meta.tokens.len() == rows && meta.positions.len() == rows,
@@ -186,7 +212,7 @@ impl StepOps for CudaBackend {
         let longest_table = meta
             .seqs
             .iter()
-            .map(|s| s.block_table.len())
+            .flat_map(|s| s.block_tables.iter().map(Vec::len))
             .max()
             .unwrap_or(0);
         let mut st = self.state()?;
@@ -208,10 +234,12 @@ impl StepOps for CudaBackend {
         m.extend(meta.positions.iter().map(|&p| p as i32));
         m.extend(std::iter::repeat_n(0, pad));
         off.slots = m.len();
-        for &s in meta.slots {
-            m.push(int(s, "KV slot")?);
+        for group in meta.slots.chunks(rows.max(1)) {
+            for &s in group {
+                m.push(int(s, "KV slot")?);
+            }
+            m.extend(std::iter::repeat_n(-1, pad));
         }
-        m.extend(std::iter::repeat_n(-1, pad));
         off.row_start = m.len();
         for s in meta.seqs {
             m.push(int(s.row_start, "row")?);
@@ -280,13 +308,19 @@ impl StepOps for CudaBackend {
         off.seeds = push_u64s(m, samples().map(|s| s.seed));
         off.draws = push_u64s(m, samples().map(|s| s.draw));
         off.tables = m.len();
-        for s in meta.seqs {
-            for &b in s.block_table {
-                m.push(int(b as usize, "block id")?);
+        for g in 0..groups {
+            for s in meta.seqs {
+                let table = &s.block_tables[g];
+                // A window's passed entries hold no block: block 0 stands in, as vLLM's
+                // null block does (a kernel's tile may load it; its keys are masked).
+                for &b in table {
+                    let b = if b == NO_BLOCK { 0 } else { b as usize };
+                    m.push(int(b, "block id")?);
+                }
+                m.extend(std::iter::repeat_n(0, table_stride - table.len()));
             }
-            m.extend(std::iter::repeat_n(0, table_stride - s.block_table.len()));
+            m.extend(std::iter::repeat_n(0, pad * table_stride));
         }
-        m.extend(std::iter::repeat_n(0, pad * table_stride));
         // Last, as their number changes from step to step (a graph's offsets must not).
         let (penalties, n_penalties) = push_penalties(m, meta.samples)?;
         off.penalties = penalties;
@@ -335,6 +369,9 @@ impl StepOps for CudaBackend {
             n_logits: padded - (rows - n_logits),
             n_penalties,
             table_stride,
+            num_groups: groups,
+            padded_seqs: n_seqs + pad,
+            padded_rows: padded,
             max_ctx,
             block_size: meta.block_size,
             graph_key,

@@ -261,7 +261,7 @@ mod tests {
     fn an_absent_length_limit_fills_what_the_longest_prompt_leaves() {
         let info = ModelInfo {
             served_names: vec!["m".into()],
-            limits: RequestLimits::new(100, 10, 16, 16),
+            limits: RequestLimits::new(100, 10, Some(256)),
             format: Arc::new(TemplateFormat {
                 template: TemplatePrompt::default(),
                 think: None,
@@ -278,7 +278,7 @@ mod tests {
     /// `context_length_exceeded`).
     #[test]
     fn an_engine_side_refusal_of_a_chat_request_names_the_fields_the_client_sent() {
-        let limits = RequestLimits::new(100, 64, 16, 16);
+        let limits = RequestLimits::new(100, 64, Some(256));
         let chat = |prompt: Vec<u32>, params: SamplingParams, max_tokens_field| GenerateRequest {
             model: "m".into(),
             prompts: vec![prompt],
@@ -351,7 +351,7 @@ mod tests {
             reading: None,
             fields: RequestFields::COMPLETION,
         };
-        let limits = RequestLimits::new(100, 64, 16, 16);
+        let limits = RequestLimits::new(100, 64, Some(256));
         let seqs = req.sequences(&limits).unwrap();
         let got: Vec<(u32, Option<u64>)> = seqs
             .iter()

@@ -127,6 +127,7 @@ fn work_items(
         );
         check_block_table(
             s.block_table,
+            earliest_key(s.start_pos, window),
             s.start_pos + s.n_tokens,
             cache.block_size,
             cache.num_blocks,
