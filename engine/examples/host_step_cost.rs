@@ -67,6 +67,10 @@ impl ModelRunner for NullRunner {
         BLOCK_SIZE
     }
 
+    fn kv_layer_groups(&self) -> engine::layer_groups::LayerGroups {
+        engine::layer_groups::LayerGroups::full(1)
+    }
+
     fn footprint(&self) -> engine::model::Footprint {
         engine::model::Footprint::default()
     }

@@ -119,7 +119,10 @@ impl BlockManager {
         enable_prefix_caching: bool,
     ) -> BlockManager {
         assert!(block_size > 0, "block size must be positive");
-        assert!(!groups.is_empty(), "a KV cache has at least one layer group");
+        assert!(
+            !groups.is_empty(),
+            "a KV cache has at least one layer group"
+        );
         let num_blocks_u32 = u32::try_from(num_blocks)
             .ok()
             .filter(|&n| n < NO_BLOCK)
@@ -207,7 +210,9 @@ impl BlockManager {
         let mut upper = eligible;
         for (g, kind) in self.groups.iter().enumerate() {
             if *kind == GroupKind::Full {
-                upper = (0..upper).find(|&i| cached(g, i).is_none()).unwrap_or(upper);
+                upper = (0..upper)
+                    .find(|&i| cached(g, i).is_none())
+                    .unwrap_or(upper);
             }
         }
         // Sliding groups: for each, the run of cached blocks ending at each block.
@@ -813,10 +818,18 @@ mod tests {
             bm.extend(&mut a, end).unwrap();
             a.num_computed_tokens = end;
             bm.commit_computed(&mut a);
-            assert!(held(&a) <= 8usize.div_ceil(4) + 1, "{:?}", a.block_tables[0]);
+            assert!(
+                held(&a) <= 8usize.div_ceil(4) + 1,
+                "{:?}",
+                a.block_tables[0]
+            );
             check(&bm, &[&a]);
         }
-        assert_eq!(a.block_tables[1].len(), 15, "the full group keeps every block");
+        assert_eq!(
+            a.block_tables[1].len(),
+            15,
+            "the full group keeps every block"
+        );
         bm.free(&mut a);
         check(&bm, &[&a]);
         assert_eq!(bm.num_used_blocks(), 0);
@@ -868,7 +881,10 @@ mod tests {
         b_tokens.push(99);
         let b = seq(3, b_tokens);
         let plan = bm.plan_admission(&b, usize::MAX);
-        assert!(plan.hashes.is_empty(), "the window at 16 needs block 3, evicted");
+        assert!(
+            plan.hashes.is_empty(),
+            "the window at 16 needs block 3, evicted"
+        );
         assert_eq!(plan.hits[1].1.len(), 0);
         check(&bm, &[&c, &d]);
     }

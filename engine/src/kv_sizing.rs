@@ -3,8 +3,8 @@
 
 use anyhow::{ensure, Context};
 
-use crate::config::ModelConfig;
-use crate::layer_groups::GroupKind;
+use crate::config::{AttentionSpan, ModelConfig};
+use crate::layer_groups::{GroupKind, LayerGroups};
 
 /// How a runner sizes its KV cache and its RoPE tables.
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +62,11 @@ impl KvPool {
     /// The longest sequence the pool holds alone; `None` when every group's need is
     /// bounded (no full group), so any length fits once one fits.
     pub fn max_tokens_alone(&self) -> Option<usize> {
-        let full = self.groups.iter().filter(|&&k| k == GroupKind::Full).count();
+        let full = self
+            .groups
+            .iter()
+            .filter(|&&k| k == GroupKind::Full)
+            .count();
         let bounded = self.sequence_blocks(usize::MAX / 2);
         if full == 0 && bounded <= self.num_blocks {
             return None;
@@ -87,6 +91,72 @@ impl KvPool {
         let per_sequence = self.sequence_blocks(len).max(1);
         let total = self.num_blocks as u128 * len as u128 / per_sequence as u128;
         usize::try_from(total).unwrap_or(usize::MAX)
+    }
+}
+
+/// What the KV cache keeps of a sequence and what a decode step reads of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvFootprint {
+    /// Bytes one more token of a sequence's context costs: the full groups' blocks (a
+    /// block holds a group's layers, padding included).
+    pub bytes_per_token: usize,
+    /// Bytes a decoding sequence holds whatever its length: its sliding groups' windows
+    /// (`⌈W / block⌉ + 1` blocks each) and any recurrent state.
+    pub bytes_per_sequence_fixed: usize,
+    /// Bytes a decode step reads per token of its context in the layers that attend to
+    /// all of it.
+    pub read_bytes_per_token: usize,
+    /// Per sliding window size `W`, the bytes per token its layers read of at most the last
+    /// `W` tokens: `(W, bytes)`.
+    pub window_read_bytes: Vec<(usize, usize)>,
+}
+
+impl KvFootprint {
+    /// The footprint of `config`'s layers cached in `groups`, blocks of `block_size`
+    /// tokens of `value_bytes` values.
+    pub fn of(
+        config: &ModelConfig,
+        groups: &LayerGroups,
+        block_size: usize,
+        value_bytes: usize,
+    ) -> KvFootprint {
+        let layer_token_bytes = kv_bytes_per_layer_token(config, value_bytes);
+        let block_bytes = groups.group_size * layer_token_bytes * block_size;
+        let pool = KvPool {
+            num_blocks: 0,
+            block_size,
+            groups: groups.kinds(),
+        };
+        let full_groups = pool
+            .groups
+            .iter()
+            .filter(|&&k| k == GroupKind::Full)
+            .count();
+        let fixed_blocks: usize = pool
+            .groups
+            .iter()
+            .filter(|&&k| k != GroupKind::Full)
+            .map(|&k| pool.group_blocks(k, usize::MAX / 2))
+            .sum();
+        let mut full_layers = 0;
+        let mut window_read_bytes: Vec<(usize, usize)> = Vec::new();
+        for layer in &config.layers {
+            match layer.attention {
+                AttentionSpan::Full => full_layers += 1,
+                AttentionSpan::Sliding { window } => {
+                    match window_read_bytes.iter_mut().find(|(w, _)| *w == window) {
+                        Some((_, bytes)) => *bytes += layer_token_bytes,
+                        None => window_read_bytes.push((window, layer_token_bytes)),
+                    }
+                }
+            }
+        }
+        KvFootprint {
+            bytes_per_token: full_groups * groups.group_size * layer_token_bytes,
+            bytes_per_sequence_fixed: fixed_blocks * block_bytes,
+            read_bytes_per_token: full_layers * layer_token_bytes,
+            window_read_bytes,
+        }
     }
 }
 
@@ -167,5 +237,43 @@ mod tests {
         assert!(below.contains("less than one block"), "{below}");
         assert!(options(0, 1 << 20).num_blocks(100).is_err());
         assert!(options(16, 1 << 20).num_blocks(0).is_err());
+    }
+
+    /// Gemma 3 270M's pattern (every sixth of 18 layers full, the others over 512) with
+    /// 1,024 bytes per layer and token: one more token costs the full group's 3 layers;
+    /// each of the 5 sliding groups holds 33 blocks of 3 layers × 16 tokens; a decode reads
+    /// 3 layers of the whole context and 15 of at most 512 tokens.
+    #[test]
+    fn a_footprint_counts_full_groups_per_token_and_windows_per_sequence() {
+        let mut config = crate::config::test_llama();
+        let layer = config.layers[0].clone();
+        config.layers = (0..18)
+            .map(|i| crate::config::LayerSpec {
+                attention: if i % 6 == 5 {
+                    AttentionSpan::Full
+                } else {
+                    AttentionSpan::Sliding { window: 512 }
+                },
+                ..layer.clone()
+            })
+            .collect();
+        let bytes = kv_bytes_per_layer_token(&config, 4);
+        assert_eq!(bytes, 1024);
+        let grouped = KvFootprint::of(&config, &LayerGroups::of(&config), 16, 4);
+        assert_eq!(
+            grouped,
+            KvFootprint {
+                bytes_per_token: 3 * 1024,
+                bytes_per_sequence_fixed: 5 * 33 * 3 * 1024 * 16,
+                read_bytes_per_token: 3 * 1024,
+                window_read_bytes: vec![(512, 15 * 1024)],
+            }
+        );
+        let whole = KvFootprint::of(&config, &LayerGroups::whole(&config), 16, 4);
+        assert_eq!(
+            (whole.bytes_per_token, whole.bytes_per_sequence_fixed),
+            (18 * 1024, 0)
+        );
+        assert_eq!(whole.read_bytes_per_token, grouped.read_bytes_per_token);
     }
 }

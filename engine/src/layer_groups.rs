@@ -73,7 +73,12 @@ impl LayerGroups {
     /// backend whose attention reads one block table per step, see
     /// [`crate::backend::AttentionOps::keeps_windows`]).
     pub fn whole(config: &ModelConfig) -> LayerGroups {
-        let layers: Vec<usize> = (0..config.num_layers()).collect();
+        LayerGroups::full(config.num_layers())
+    }
+
+    /// One full group of `num_layers` layers.
+    pub fn full(num_layers: usize) -> LayerGroups {
+        let layers: Vec<usize> = (0..num_layers).collect();
         LayerGroups {
             group_size: layers.len(),
             groups: vec![LayerGroup {
@@ -237,6 +242,28 @@ mod tests {
                 .map(|(k, l)| (*k, l.len()))
                 .collect::<Vec<_>>(),
             [(short, 12), (GroupKind::Full, 13)]
+        );
+    }
+
+    /// `/version` lists the groups with their kinds, windows and layers.
+    #[test]
+    fn the_groups_describe_their_kinds_windows_and_layers() {
+        let window = AttentionSpan::Sliding { window: 4096 };
+        assert_eq!(
+            LayerGroups::of(&with_spans(&[window, window])).describe(),
+            serde_json::json!({"layers_per_group": 2, "groups": [
+                {"kind": "sliding_attention", "window": 4096, "layers": [0, 1]}]})
+        );
+        assert_eq!(
+            LayerGroups::of(&with_spans(&[window, AttentionSpan::Full])).describe(),
+            serde_json::json!({"layers_per_group": 1, "groups": [
+                {"kind": "sliding_attention", "window": 4096, "layers": [0]},
+                {"kind": "full_attention", "window": null, "layers": [1]}]})
+        );
+        assert_eq!(
+            LayerGroups::whole(&with_spans(&[window, AttentionSpan::Full])).describe(),
+            serde_json::json!({"layers_per_group": 2, "groups": [
+                {"kind": "full_attention", "window": null, "layers": [0, 1]}]})
         );
     }
 }

@@ -57,6 +57,11 @@ pub struct DeviceArgs {
     /// `direct` (loaded into registers, then used; the default on older GPUs).
     #[arg(long, value_enum)]
     pub decode_attention: Option<DecodeAttention>,
+    /// CUDA: run what has never run on a GPU, unverified: a block table per layer group,
+    /// so that sliding-window layers keep only their windows (without it every layer keeps
+    /// every token, and the KV cache is counted that way).
+    #[arg(long)]
+    pub cuda_unverified_kernels: bool,
 }
 
 /// Model, KV-cache and scheduler flags shared by `generate`, `bench` and `serve`: one set
@@ -121,6 +126,8 @@ pub struct LoadedEngine {
     pub max_model_len: usize,
     /// What a decode step reads and a token caches, for the bandwidth bound.
     pub footprint: crate::model::Footprint,
+    /// The layer groups the KV cache's blocks serve.
+    pub kv_layer_groups: crate::layer_groups::LayerGroups,
     /// The positions the RoPE tables cover (LongRoPE's factors follow it).
     pub rope_positions: usize,
 }
@@ -163,6 +170,7 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
     };
     let kv_capacity_tokens = pool.capacity_tokens(max_model_len);
     let footprint = loaded.runner.footprint();
+    let kv_layer_groups = loaded.runner.kv_layer_groups();
     let rope_positions = crate::model::rope_positions(&loaded.config, args.max_model_len)?;
     let engine = LlmEngine::new(
         loaded.runner,
@@ -182,6 +190,7 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
         kv_capacity_tokens,
         max_model_len,
         footprint,
+        kv_layer_groups,
         rope_positions,
     })
 }
@@ -262,6 +271,11 @@ pub fn load_model(
                 "--prefill-attention and --decode-attention are CUDA options, and the model runs \
                  on the CPU ({why}), whose backend has one kernel set"
             );
+            anyhow::ensure!(
+                !device.cuda_unverified_kernels,
+                "--cuda-unverified-kernels is a CUDA option, and the model runs on the CPU \
+                 ({why}), whose kernels are all verified"
+            );
             let options = RunnerOptions {
                 block_size: sizing.block_size,
                 kv_cache_bytes: sizing.kv_cache_bytes,
@@ -294,6 +308,7 @@ pub fn load_model(
                 prefill_attention: device.prefill_attention,
                 decode_attention: device.decode_attention,
                 max_model_len: sizing.max_model_len,
+                unverified_kernels: device.cuda_unverified_kernels,
                 ..CudaOptions::default()
             };
             load_cuda_runner(&config, weights.as_mut(), &options)?

@@ -173,7 +173,8 @@ impl<R> Scheduler<R> {
 
     /// Whether the pool lacks the free blocks sequence `id` needs to cover `0..end`.
     fn blocks_short(&self, id: SeqId, end: usize) -> bool {
-        self.block_manager.blocks_to_extend(&self.seqs[&id].seq, end)
+        self.block_manager
+            .blocks_to_extend(&self.seqs[&id].seq, end)
             > self.block_manager.num_free_blocks()
     }
 
@@ -547,7 +548,10 @@ mod tests {
             assert_eq!(s.block_manager().num_used_blocks(), 0, "{groups:?}");
             let recurrent = matches!(groups[0], GroupKind::Recurrent { .. });
             assert_eq!(hits == 0, recurrent, "{groups:?}: {hits} prefix hits");
-            assert!(s.num_preemptions() > 0, "{groups:?}: the pool never ran short");
+            assert!(
+                s.num_preemptions() > 0,
+                "{groups:?}: the pool never ran short"
+            );
         }
     }
 }

@@ -670,7 +670,10 @@ fn graph_replay_matches_eager(
         .map(|&n| (0..n as u32).map(|i| (i * 53 + n as u32) % vocab).collect())
         .collect();
     let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (s * 16..s * 16 + 16).collect()).collect();
-    let grouped: Vec<Vec<Vec<u32>>> = tables.iter().map(|t| group_tables(eager.as_ref(), t)).collect();
+    let grouped: Vec<Vec<Vec<u32>>> = tables
+        .iter()
+        .map(|t| group_tables(eager.as_ref(), t))
+        .collect();
     let mut next = Vec::new();
     for (p, t) in prompts.iter().zip(&tables) {
         let a = last_logits(eager.as_mut(), p, 0, t);

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::config::{AttentionSpan, ExpertSpec, Ffn, RopeScaling, Routing};
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
+use engine::layer_groups::LayerGroups;
 use engine::loader::{load_cpu_runner, load_cpu_runner_with};
 use engine::model::{ModelRunner, SeqInput};
 use engine::sampler::SampleSpec;
@@ -76,7 +77,14 @@ fn load_serving(
     };
     let runner = load_cpu_runner_with(&config, weights.as_mut(), &opts, &cpu);
     let runner = runner.unwrap_or_else(|e| panic!("load {}: {e:#}", path.display()));
-    assert_eq!(runner.num_blocks(), NUM_BLOCKS);
+    // The budget of NUM_BLOCKS blocks of every layer holds as many blocks of a layer
+    // group's layers as the groups' sizes allow.
+    let groups = LayerGroups::of(&config);
+    assert_eq!(runner.kv_groups(), groups.kinds());
+    assert_eq!(
+        runner.num_blocks(),
+        NUM_BLOCKS * config.num_layers() / groups.group_size
+    );
     assert_eq!(runner.block_size(), BLOCK_SIZE);
     runner
 }

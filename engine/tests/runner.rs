@@ -149,6 +149,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
             kv_cache_dtype: None,
             prefill_attention: None,
             decode_attention: None,
+            cuda_unverified_kernels: false,
         },
     };
     let err = load_engine(&args).err().expect("refused").to_string();

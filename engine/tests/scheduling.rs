@@ -174,6 +174,10 @@ impl ModelRunner for MockRunner {
         self.block_size
     }
 
+    fn kv_layer_groups(&self) -> engine::layer_groups::LayerGroups {
+        engine::layer_groups::LayerGroups::full(1)
+    }
+
     fn footprint(&self) -> engine::model::Footprint {
         engine::model::Footprint::default()
     }

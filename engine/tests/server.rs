@@ -1332,6 +1332,7 @@ impl ReasoningFixture {
                 kv_cache_dtype: None,
                 prefill_attention: None,
                 decode_attention: None,
+                cuda_unverified_kernels: false,
             },
         };
         let mut loaded = load_engine(&args).unwrap();

@@ -6,10 +6,9 @@ use anyhow::{anyhow, bail, ensure};
 use std::time::Instant;
 
 use crate::backend::{check_block_table, Backend, RowSample, ScoreSpec, StepMeta, StepSeq};
-use crate::config::AttentionSpan;
 use crate::kv_cache::first_kept_block;
-use crate::kv_sizing::{kv_bytes_per_layer_token, KvPool};
-use crate::layer_groups::GroupKind;
+use crate::kv_sizing::KvFootprint;
+use crate::layer_groups::LayerGroups;
 use crate::sampler::SampleSpec;
 
 use super::{
@@ -74,9 +73,8 @@ impl<B: Backend> ModelState<B> {
             for (s, input) in seqs.iter().zip(batch) {
                 let table = &input.block_tables[g];
                 let end = s.start_pos + s.n_tokens;
-                host.slots.extend(
-                    (s.start_pos..end).map(|pos| table[pos / bs] as usize * bs + pos % bs),
-                );
+                host.slots
+                    .extend((s.start_pos..end).map(|pos| table[pos / bs] as usize * bs + pos % bs));
             }
         }
         Ok(seqs)
@@ -286,8 +284,8 @@ impl<B: Backend> ModelRunner for Model<B> {
         self.state.block_size
     }
 
-    fn kv_groups(&self) -> Vec<GroupKind> {
-        self.state.groups.kinds()
+    fn kv_layer_groups(&self) -> LayerGroups {
+        self.state.groups.clone()
     }
 
     fn footprint(&self) -> Footprint {
@@ -342,46 +340,10 @@ impl<B: Backend> ModelRunner for Model<B> {
             })
             .sum();
         let tables = if s.lm_head.is_some() { 2 } else { 1 };
-        // The cache: a block holds a group's layers (padded groups included) for
-        // `block_size` tokens; full groups grow with the context, sliding groups hold
-        // their windows.
-        let layer_token_bytes = kv_bytes_per_layer_token(c, b.kv_value_bytes());
-        let block_bytes = s.groups.group_size * layer_token_bytes * s.block_size;
-        let pool = KvPool {
-            num_blocks: s.num_blocks,
-            block_size: s.block_size,
-            groups: s.groups.kinds(),
-        };
-        let full_groups = pool.groups.iter().filter(|&&k| k == GroupKind::Full).count();
-        let fixed_blocks: usize = pool
-            .groups
-            .iter()
-            .filter(|&&k| k != GroupKind::Full)
-            .map(|&k| pool.group_blocks(k, usize::MAX / 2))
-            .sum();
-        let mut full_layers = 0;
-        let mut windows: Vec<(usize, usize)> = Vec::new();
-        for l in &c.layers {
-            match l.attention {
-                AttentionSpan::Full => full_layers += 1,
-                AttentionSpan::Sliding { window } => {
-                    match windows.iter_mut().find(|(w, _)| *w == window) {
-                        Some((_, n)) => *n += 1,
-                        None => windows.push((window, 1)),
-                    }
-                }
-            }
-        }
         Footprint {
             weight_bytes,
             parameters: matrices + tables * c.vocab_size * c.hidden_size + vector_params,
-            kv_bytes_per_token: full_groups * block_bytes / s.block_size,
-            kv_bytes_per_sequence_fixed: fixed_blocks * block_bytes,
-            kv_read_bytes_per_token: full_layers * layer_token_bytes,
-            kv_window_read_bytes: windows
-                .into_iter()
-                .map(|(w, layers)| (w, layers * layer_token_bytes))
-                .collect(),
+            kv: KvFootprint::of(c, &s.groups, s.block_size, b.kv_value_bytes()),
             attention_flops_per_context_token: 4 * c.num_layers() * q,
         }
     }

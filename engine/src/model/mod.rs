@@ -10,7 +10,7 @@ use anyhow::bail;
 
 use crate::backend::{Backend, QkvLayout, RowSample};
 use crate::config::{ExpertSpec, LayerSpec, ModelConfig};
-use crate::kv_sizing::KvPool;
+use crate::kv_sizing::{KvFootprint, KvPool};
 use crate::layer_groups::{GroupKind, LayerGroups};
 use crate::sampler::SampleSpec;
 
@@ -64,10 +64,11 @@ pub trait ModelRunner: Send {
     fn num_blocks(&self) -> usize;
     /// Tokens per KV block.
     fn block_size(&self) -> usize;
-    /// The layer groups the KV blocks serve, in the order of a sequence's block tables
-    /// (one full group where every layer keeps every token).
+    /// The layer groups the KV blocks serve, in the order of a sequence's block tables.
+    fn kv_layer_groups(&self) -> LayerGroups;
+    /// The kinds of the layer groups, in the order of a sequence's block tables.
     fn kv_groups(&self) -> Vec<GroupKind> {
-        vec![GroupKind::Full]
+        self.kv_layer_groups().kinds()
     }
     /// The pool of KV blocks as the layer groups draw on it.
     fn kv_pool(&self) -> KvPool {
@@ -93,18 +94,8 @@ pub struct Footprint {
     /// head is untied; of a mixture of experts, the router and `top_k` experts): the
     /// compute a prefill token costs is twice this.
     pub parameters: usize,
-    /// Bytes one more token of a sequence's context costs in the KV cache: the full
-    /// groups' K and V.
-    pub kv_bytes_per_token: usize,
-    /// Bytes a decoding sequence holds in the KV cache whatever its length: its sliding
-    /// groups' windows (`⌈W / block⌉ + 1` blocks each) and any recurrent state.
-    pub kv_bytes_per_sequence_fixed: usize,
-    /// Bytes a decode step reads from the KV cache per token of its context in the layers
-    /// that attend to all of it.
-    pub kv_read_bytes_per_token: usize,
-    /// Per sliding window size `W`: the bytes per token its layers read of at most the
-    /// last `W` tokens, `(W, bytes)`.
-    pub kv_window_read_bytes: Vec<(usize, usize)>,
+    /// What the KV cache keeps and a decode step reads of it.
+    pub kv: KvFootprint,
     /// FLOPs one decode token spends per token of its context in attention: q·k and p·v,
     /// 2 × 2 × heads × head dim on every layer (a sliding window's cap not applied).
     pub attention_flops_per_context_token: usize,

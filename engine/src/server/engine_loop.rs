@@ -472,6 +472,10 @@ mod tests {
             16
         }
 
+        fn kv_layer_groups(&self) -> crate::layer_groups::LayerGroups {
+            crate::layer_groups::LayerGroups::full(1)
+        }
+
         fn footprint(&self) -> crate::model::Footprint {
             crate::model::Footprint::default()
         }

@@ -22,6 +22,8 @@ pub struct Facts<'a> {
     pub kv_capacity_tokens: usize,
     pub max_num_seqs: usize,
     pub footprint: Footprint,
+    /// The layer groups the KV cache's blocks serve.
+    pub kv_layer_groups: &'a LayerGroups,
     pub config: &'a ModelConfig,
     /// The positions RoPE tables are built for.
     pub rope_positions: usize,
@@ -43,7 +45,17 @@ pub fn version_body(facts: &Facts<'_>) -> serde_json::Value {
         "kv_capacity_tokens": facts.kv_capacity_tokens,
         "max_num_seqs": facts.max_num_seqs,
         "weight_bytes": facts.footprint.weight_bytes,
-        "kv_bytes_per_token": facts.footprint.kv_bytes_per_token,
+        "kv_bytes_per_token": facts.footprint.kv.bytes_per_token,
+        "kv_bytes_per_sequence_fixed": facts.footprint.kv.bytes_per_sequence_fixed,
+        "kv_read_bytes_per_token": facts.footprint.kv.read_bytes_per_token,
+        "kv_window_read_bytes_per_token": facts
+            .footprint
+            .kv
+            .window_read_bytes
+            .iter()
+            .map(|&(window, bytes)| serde_json::json!({"window": window, "bytes": bytes}))
+            .collect::<Vec<_>>(),
+        "kv_layer_groups": facts.kv_layer_groups.describe(),
         "parameters": facts.footprint.parameters,
         "attention_flops_per_context_token": facts.footprint.attention_flops_per_context_token,
         "architecture": architecture(facts.config, facts.rope_positions),
@@ -139,12 +151,6 @@ fn architecture(config: &crate::config::ModelConfig, rope_positions: usize) -> s
         "layers": config.num_layers(),
         "sliding_window_layers": sliding,
         "sliding_windows": windows,
-        "kv_blocks_outside_windows": if sliding > 0 {
-            "kept: a sequence holds blocks for its whole context (freeing the blocks every layer's window has passed is not built yet)"
-        } else {
-            "none: every layer attends to the whole context"
-        },
-        "kv_layer_groups": LayerGroups::of(config).describe(),
         "rope": rope,
         "experts": experts,
     })
@@ -191,17 +197,12 @@ mod tests {
         );
     }
 
-    /// `/version` counts the windowed layers, lists their windows once, says that the
-    /// blocks outside them are kept, and lists the KV cache's layer groups.
+    /// `/version` counts the windowed layers and lists their windows once.
     #[test]
     fn the_architecture_reports_sliding_windows() {
         let mut config = crate::config::test_llama();
         let full = super::architecture(&config, 4096);
         assert_eq!(full["sliding_window_layers"], 0);
-        assert!(full["kv_blocks_outside_windows"]
-            .as_str()
-            .unwrap()
-            .starts_with("none"));
         for layer in &mut config.layers {
             layer.attention = AttentionSpan::Sliding { window: 4096 };
         }
@@ -212,22 +213,6 @@ mod tests {
             windowed["rope"],
             serde_json::json!([{"layers": 2, "theta": 500000.0, "rotary_dim": 128,
                 "head_dim": 128, "scaling": "none"}])
-        );
-        assert!(windowed["kv_blocks_outside_windows"]
-            .as_str()
-            .unwrap()
-            .starts_with("kept"));
-        assert_eq!(
-            windowed["kv_layer_groups"],
-            serde_json::json!({"layers_per_group": 2, "groups": [
-                {"kind": "sliding_attention", "window": 4096, "layers": [0, 1]}]})
-        );
-        config.layers[1].attention = AttentionSpan::Full;
-        assert_eq!(
-            super::architecture(&config, 4096)["kv_layer_groups"],
-            serde_json::json!({"layers_per_group": 1, "groups": [
-                {"kind": "sliding_attention", "window": 4096, "layers": [0]},
-                {"kind": "full_attention", "window": null, "layers": [1]}]})
         );
     }
 

@@ -134,6 +134,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         kv_capacity_tokens: loaded.kv_capacity_tokens,
         max_num_seqs: args.engine.max_num_seqs,
         footprint: loaded.footprint,
+        kv_layer_groups: &loaded.kv_layer_groups,
         config: &loaded.config,
         rope_positions: loaded.rope_positions,
     });

@@ -210,8 +210,7 @@ pub fn open_cuda_backend(
         tokens,
         tokens / opts.block_size,
         opts.block_size,
-        (tokens * all_layers_token_bytes) as f64
-            / (1u64 << 30) as f64
+        (tokens * all_layers_token_bytes) as f64 / (1u64 << 30) as f64
     );
     Ok((backend, runner_opts))
 }

@@ -71,13 +71,19 @@ impl CudaStep {
 
     /// The rows' KV slots in layer group `group`.
     pub(super) fn slots(&self, group: usize) -> anyhow::Result<u64> {
-        ensure!(group < self.num_groups, "the step has no layer group {group}");
+        ensure!(
+            group < self.num_groups,
+            "the step has no layer group {group}"
+        );
         Ok(self.at(self.off.slots + group * self.padded_rows))
     }
 
     /// The sequences' block tables in layer group `group`, `table_stride` apart.
     pub(super) fn tables(&self, group: usize) -> anyhow::Result<u64> {
-        ensure!(group < self.num_groups, "the step has no layer group {group}");
+        ensure!(
+            group < self.num_groups,
+            "the step has no layer group {group}"
+        );
         Ok(self.at(self.off.tables + group * self.padded_seqs * self.table_stride))
     }
 }
