@@ -283,7 +283,7 @@ fn main() -> anyhow::Result<()> {
         r.forward(&[SeqInput {
             tokens: &prompt[..64],
             start_pos: 0,
-            block_tables: &tb,
+            block_tables: tb,
             sample: None,
         }])?;
     }
@@ -295,7 +295,7 @@ fn main() -> anyhow::Result<()> {
             .map(|tb| SeqInput {
                 tokens: &[5],
                 start_pos: 64 + s,
-                block_tables: &tb,
+                block_tables: tb,
                 sample: Some(SampleSpec::GREEDY),
             })
             .collect();

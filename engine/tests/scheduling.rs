@@ -741,3 +741,84 @@ fn a_step_shows_its_sequences_running_before_its_forward() {
         .unwrap();
     assert_eq!(seen, Some((2, 0)), "both prefills run in this step");
 }
+
+/// On each sliding family (Gemma 3's five sliding layers to one full, gpt-oss's
+/// alternation, Mistral's window on every layer; windows of 5 tokens, blocks of 16), a
+/// request sharing a 2,000-token prefix with a finished one takes the prefix from the
+/// cache (the full groups' blocks and each sliding group's window at token 2,000) and
+/// generates the cold run's greedy tokens with its logprobs.
+#[test]
+fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
+    use engine::backend::cpu::KvCacheDtype;
+    use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
+    use engine::layer_groups::{GroupKind, LayerGroups};
+    use engine::loader::load_cpu_runner;
+
+    let tok = tokenizer();
+    for family in ["gemma3-tiny", "gpt-oss-tiny", "mistral-tiny-window"] {
+        // The fixture with room for 4,096 positions (its weights do not depend on them).
+        let fixture = common::workspace()
+            .join("engine/tests/fixtures/families")
+            .join(family);
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["config.json", "model.safetensors"] {
+            std::fs::copy(fixture.join(file), dir.path().join(file)).unwrap();
+        }
+        let config_path = dir.path().join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+        config["max_position_embeddings"] = 4096.into();
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let engine = || {
+            let (config, mut weights) = engine::weights::open_model(dir.path()).unwrap();
+            let groups = LayerGroups::of(&config).kinds();
+            assert!(
+                groups
+                    .iter()
+                    .any(|k| matches!(k, GroupKind::Sliding { .. })),
+                "{family}: {groups:?}"
+            );
+            let options = RunnerOptions {
+                block_size: 16,
+                // What 300 blocks cost if every layer kept every token.
+                kv_cache_bytes: kv_bytes_per_token(&config, KvCacheDtype::F32.bytes()) * 16 * 300,
+                max_model_len: Some(4096),
+            };
+            let runner = load_cpu_runner(&config, weights.as_mut(), &options, 2).unwrap();
+            let vocab = config.vocab_size as u32;
+            let engine_config = EngineConfig {
+                max_num_seqs: 4,
+                max_num_batched_tokens: 512,
+                max_model_len: 4096,
+                enable_prefix_caching: true,
+            };
+            (LlmEngine::new(runner, tok.clone(), engine_config), vocab)
+        };
+        let (mut warm, vocab) = engine();
+        let prefix: Vec<u32> = (0..2000u32).map(|i| (i * 37 + 11) % vocab).collect();
+        let with_tail = |tail: &[u32]| -> Vec<u32> { prefix.iter().chain(tail).copied().collect() };
+        let params = SamplingParams {
+            logprobs: Some(0),
+            ..greedy(8)
+        };
+        warm.generate(vec![with_tail(&[1, 2, 3])], &params).unwrap();
+        let hit = warm
+            .generate(vec![with_tail(&[7, 8, 9, 10])], &params)
+            .unwrap();
+        warm.check_invariants().unwrap();
+        assert_eq!(hit[0].num_cached_prompt_tokens, 2000, "{family}");
+        assert_eq!(warm.stats().prefix_cache_hits, 2000, "{family}");
+        let (mut cold, _) = engine();
+        let want = cold
+            .generate(vec![with_tail(&[7, 8, 9, 10])], &params)
+            .unwrap();
+        assert_eq!(want[0].num_cached_prompt_tokens, 0);
+        assert_eq!(hit[0].token_ids, want[0].token_ids, "{family}");
+        for (a, b) in hit[0].logprobs.iter().zip(&want[0].logprobs) {
+            assert!(
+                (a - b).abs() < 1e-4,
+                "{family}: logprob {a} against {b} cold"
+            );
+        }
+    }
+}

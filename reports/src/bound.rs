@@ -1,6 +1,7 @@
 //! The roofline a measurement is set beside. A decode step at batch B and mean context L
 //! reads the weights once (W bytes) and every sequence's cached K and V
-//! (B · L · kv_bytes_per_token), and computes 2 · parameters · B FLOPs in the matrices plus
+//! (B · L · kv_bytes_per_token, plus B · min(L, W) · bytes for the layers of each sliding
+//! window W), and computes 2 · parameters · B FLOPs in the matrices plus
 //! attention_flops_per_context_token · B · L in attention (4 · layers · heads · head dim per
 //! context token: q·k and p·v). No engine can take less than the larger of bytes / bandwidth
 //! and FLOPs / compute per step: bound TPOT = max of the two, bound output tok/s = B / bound
@@ -93,7 +94,13 @@ pub fn hardware(name: &str) -> Result<&'static Hardware> {
 pub struct BoundInputs {
     /// Bytes one decode step reads for the weights.
     pub weight_bytes: Option<f64>,
+    /// Bytes a decode step reads per token of context in the layers that attend to all of
+    /// it (every layer when no window is known).
     pub kv_bytes_per_token: Option<f64>,
+    /// Per sliding window: the bytes per token its layers read of at most the window's
+    /// last tokens.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kv_window_reads: Vec<KvWindowRead>,
     /// Parameters one token is computed with (for the prefill floor and decode's compute side).
     pub parameters: Option<f64>,
     /// Attention FLOPs a decode token spends per token of its context (decode's compute side).
@@ -104,6 +111,15 @@ pub struct BoundInputs {
     pub flops: Option<f64>,
     /// Where the inputs came from, in words.
     pub sources: Vec<String>,
+}
+
+/// The KV bytes sliding-window layers read per token of context, up to their window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct KvWindowRead {
+    /// Tokens the window spans.
+    pub window: f64,
+    /// Bytes per token of the window's layers together.
+    pub bytes_per_token: f64,
 }
 
 /// The side of the roofline that binds a step.
@@ -221,7 +237,12 @@ impl BoundInputs {
         if !(batch > 0.0 && context >= 0.0 && bw > 0.0) {
             return None;
         }
-        let bytes_per_step = w + batch * context * kv;
+        let windows: f64 = self
+            .kv_window_reads
+            .iter()
+            .map(|r| context.min(r.window) * r.bytes_per_token)
+            .sum();
+        let bytes_per_step = w + batch * (context * kv + windows);
         let memory_s = bytes_per_step / bw;
         let flops_per_step = self.parameters.map(|p| {
             2.0 * p * batch
@@ -367,6 +388,7 @@ mod tests {
         let inputs = BoundInputs {
             weight_bytes: Some(shape.decode_parameters * dtype_bytes("bf16").unwrap()),
             kv_bytes_per_token: Some(shape.kv_values_per_token * 2.0),
+            kv_window_reads: Vec::new(),
             parameters: Some(shape.parameters),
             attention_flops_per_context_token: Some(shape.attention_flops_per_context_token),
             bandwidth_bytes_per_s: Some(h100.bandwidth_bytes_per_s),
@@ -418,6 +440,23 @@ mod tests {
         let floor = inputs.prefill_floor_ms(1000.0).unwrap();
         assert!((floor - 1.204857).abs() < 1e-5, "{floor}");
         assert!(inputs.missing_for_decode().is_empty());
+        // Half the KV bytes in layers of a 128-token window: at a context of 1,000 they
+        // read 128 tokens, (64 × (1,000 × 57,344 + 128 × 57,344)) = 4,139,778,048 KV bytes.
+        let windowed = BoundInputs {
+            kv_bytes_per_token: Some(57_344.0),
+            kv_window_reads: vec![KvWindowRead {
+                window: 128.0,
+                bytes_per_token: 57_344.0,
+            }],
+            ..inputs.clone()
+        };
+        let bound = windowed.decode(64.0, 1000.0).unwrap();
+        assert_eq!(bound.bytes_per_step, 1_192_085_504.0 + 4_139_778_048.0);
+        assert_eq!(
+            windowed.decode(64.0, 100.0).unwrap().bytes_per_step,
+            inputs.decode(64.0, 100.0).unwrap().bytes_per_step,
+            "within the window every layer reads every token"
+        );
         let unknown = BoundInputs {
             bandwidth_bytes_per_s: None,
             ..inputs

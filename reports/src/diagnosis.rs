@@ -738,6 +738,7 @@ mod tests {
         BoundInputs {
             weight_bytes: Some(2e9),
             kv_bytes_per_token: Some(1e5),
+            kv_window_reads: Vec::new(),
             parameters: Some(1e9),
             attention_flops_per_context_token: None,
             bandwidth_bytes_per_s: Some(1e12),

@@ -1,6 +1,7 @@
 //! The inputs of the roofline (`reports::bound`) for a run: from the flags, a Hugging
 //! Face `config.json`, the hardware table, and what the server says of itself (`engine
-//! serve`'s `/version`: `weight_bytes`, `kv_bytes_per_token`, `parameters`,
+//! serve`'s `/version`: `weight_bytes`, `kv_read_bytes_per_token` with
+//! `kv_window_read_bytes_per_token` (an older server's `kv_bytes_per_token`), `parameters`,
 //! `attention_flops_per_context_token`, `memory_bandwidth_bytes_per_s`,
 //! `compute_flops_per_s`). A flag wins over the config, the config over the server;
 //! what none gives stays unknown and the diagnosis names it.
@@ -8,7 +9,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use reports::bound::{dtype_bytes, hardware, BoundInputs, ModelShape};
+use reports::bound::{dtype_bytes, hardware, BoundInputs, KvWindowRead, ModelShape};
 use serde_json::Value;
 
 /// The bound's flags as given, with no command-line type (what a run's spec carries).
@@ -99,6 +100,18 @@ pub fn resolve(args: &BoundOptions, server_info: Option<&Value>) -> Result<Bound
                 .push(format!("FLOP/s: the {} datasheet (dense BF16)", h.name));
         }
     }
+    // What a decode reads of the KV cache: the layers over the whole context, and each
+    // sliding window's layers over at most their window (a server that says so).
+    if inputs.kv_bytes_per_token.is_none() {
+        if let Some(read) = server_number("kv_read_bytes_per_token") {
+            inputs.kv_bytes_per_token = Some(read);
+            inputs.kv_window_reads = server_window_reads(server_info)?;
+            inputs.sources.push(
+                "KV bytes per token (read, sliding windows apart): the server's /version"
+                    .to_string(),
+            );
+        }
+    }
     for (slot, key, what) in [
         (&mut inputs.weight_bytes, "weight_bytes", "weight bytes"),
         (
@@ -129,6 +142,29 @@ pub fn resolve(args: &BoundOptions, server_info: Option<&Value>) -> Result<Bound
         }
     }
     Ok(inputs)
+}
+
+/// The server's `kv_window_read_bytes_per_token`: `[{window, bytes}]`.
+fn server_window_reads(server_info: Option<&Value>) -> Result<Vec<KvWindowRead>> {
+    let Some(list) = server_info.map(|i| &i["kv_window_read_bytes_per_token"]) else {
+        return Ok(Vec::new());
+    };
+    let Some(list) = list.as_array() else {
+        return Ok(Vec::new());
+    };
+    list.iter()
+        .map(|w| {
+            let number = |key: &str| {
+                w[key].as_f64().filter(|v| *v > 0.0).with_context(|| {
+                    format!("the server's kv_window_read_bytes_per_token: `{key}` in {w}")
+                })
+            };
+            Ok(KvWindowRead {
+                window: number("window")?,
+                bytes_per_token: number("bytes")?,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -173,6 +209,24 @@ mod tests {
         assert_eq!(inputs.bandwidth_bytes_per_s, Some(1e10));
         assert_eq!(inputs.flops, None, "nothing says it: unknown, not guessed");
         assert_eq!(inputs.attention_flops_per_context_token, None);
+        assert_eq!(inputs.kv_bytes_per_token, Some(7.0));
+        // A server that says what a decode reads: the whole-context layers, and a window.
+        let windowed = serde_json::json!({"kv_bytes_per_token": 7.0,
+            "kv_read_bytes_per_token": 3.0,
+            "kv_window_read_bytes_per_token": [{"window": 512, "bytes": 15.0}]});
+        let inputs = resolve(&BoundOptions::default(), Some(&windowed)).unwrap();
+        assert_eq!(inputs.kv_bytes_per_token, Some(3.0));
+        assert_eq!(
+            inputs.kv_window_reads,
+            [KvWindowRead {
+                window: 512.0,
+                bytes_per_token: 15.0
+            }]
+        );
+        let broken = serde_json::json!({"kv_read_bytes_per_token": 3.0,
+            "kv_window_read_bytes_per_token": [{"window": 512}]});
+        let e = resolve(&BoundOptions::default(), Some(&broken)).unwrap_err();
+        assert!(format!("{e:#}").contains("`bytes`"), "{e:#}");
         // A server that measured its compute says so.
         let mut measured = server.clone();
         measured["compute_flops_per_s"] = 2e11.into();
