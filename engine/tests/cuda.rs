@@ -286,7 +286,12 @@ fn runners_with(
     let (config, mut w) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts)
         .unwrap_or_else(|e| panic!("{} on the GPU: {e:#}", path.display()));
-    assert_eq!(gpu.num_blocks(), NUM_BLOCKS);
+    // NUM_BLOCKS blocks of every layer, as blocks of a layer group's layers.
+    let groups = gpu.kv_layer_groups();
+    assert_eq!(
+        gpu.num_blocks(),
+        NUM_BLOCKS * config.num_layers() / groups.group_size
+    );
     (cpu, gpu)
 }
 
@@ -445,6 +450,71 @@ fn gpu_gemma_matches_cpu() {
                 check_gpu_against_cpu(&rel, cpu, gpu, 256, 400, GEMMA_BF16_BOUND);
             }
         }
+    }
+}
+
+/// `--cuda-unverified-kernels`: the GPU reads a block table per layer group (the tiny
+/// Gemma 3's five sliding groups beside its full one; the windowed Mistral's one sliding
+/// group), through the checks above against the CPU, then decode steps whose sliding
+/// tables hold no block before the window, as a sequence's do once its window passed them.
+#[test]
+fn gpu_layer_groups_match_cpu() {
+    if gpu_or_skip("gpu_layer_groups_match_cpu") {
+        for (name, bound) in [
+            ("gemma3-tiny", GEMMA_BF16_BOUND),
+            ("mistral-tiny-window", BF16_BOUND),
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/families")
+                .join(name);
+            let opts = CudaOptions {
+                unverified_kernels: true,
+                ..cuda_test_options()
+            };
+            let (cpu, gpu) = runners_with(&path, QuantizedWeights::Integer, opts.clone());
+            assert_eq!(gpu.kv_groups(), cpu.kv_groups(), "{name}");
+            check_gpu_against_cpu(name, cpu, gpu, 256, 400, bound);
+            let (mut cpu, mut gpu) = runners_with(&path, QuantizedWeights::Integer, opts);
+            decode_past_the_windows(name, cpu.as_mut(), gpu.as_mut(), bound);
+        }
+    }
+}
+
+/// Decode steps after a 60-token prompt with every sliding group's passed entries holding
+/// no block, on the GPU against the CPU.
+fn decode_past_the_windows(
+    rel: &str,
+    cpu: &mut dyn ModelRunner,
+    gpu: &mut dyn ModelRunner,
+    bound: f32,
+) {
+    use engine::kv_cache::{first_kept_block, NO_BLOCK};
+    let prompt: Vec<u32> = (0..60u32).map(|i| (i * 37 + 11) % 256).collect();
+    let blocks: Vec<u32> = (0..8).collect();
+    last_logits(gpu, &prompt, 0, &blocks);
+    last_logits(cpu, &prompt, 0, &blocks);
+    let kinds = cpu.kv_groups();
+    for i in 0..4 {
+        let pos = prompt.len() + i;
+        let mut tables = group_tables(cpu, &blocks);
+        for (table, &kind) in tables.iter_mut().zip(&kinds) {
+            let first = first_kept_block(kind, pos, BLOCK_SIZE);
+            table[..first].fill(NO_BLOCK);
+        }
+        let token = [(i as u32 * 11 + 3) % 256];
+        let input = SeqInput {
+            tokens: &token,
+            start_pos: pos,
+            block_tables: &tables,
+            sample: Some(SampleSpec::GREEDY),
+        };
+        let a = gpu.logits(&[input]).expect("GPU decode").remove(0);
+        let b = cpu.logits(&[input]).expect("CPU decode").remove(0);
+        let e = rel_err(&a, &b);
+        assert!(
+            e < bound,
+            "{rel}: decode at {pos} without the passed blocks differs ({e})"
+        );
     }
 }
 
