@@ -16,9 +16,13 @@
 //! that another one is still filling. A prefix of `L` blocks hits when every full group
 //! holds its `L` blocks and every sliding group the blocks its window needs at position
 //! `L · block` (as vLLM's hybrid KV cache manager intersects its groups' hits); the longest
-//! such prefix is taken. Recurrent groups keep no cached states yet (issue 63), so a model
-//! with one never hits. Freed blocks keep their hash and stay reusable until evicted,
-//! least recently used first. The last token of a sequence is never served from the
+//! such prefix is taken. A recurrent group serves a prefix from a cached copy of its state
+//! at the prefix's end: a sequence reserves blocks for a copy at the end of a chunk
+//! ([`BlockManager::reserve_state_save`]), the model writes it, and once the chunk is
+//! computed the copy is registered, part by part, under the prefix's last block, unheld and
+//! evictable as freed KV blocks are; a hit hands the copy to the new sequence
+//! (`Sequence::state_restores`) to copy into its own state in its first step. Freed blocks
+//! keep their hash and stay reusable until evicted, least recently used first. The last token of a sequence is never served from the
 //! cache, so every admission computes at least one token and the model yields logits.
 
 use std::collections::{BTreeMap, HashMap};
@@ -65,6 +69,8 @@ struct Block {
 #[derive(Debug, Clone)]
 struct CachedContent {
     group: usize,
+    /// Which block of a recurrent state's copy (0 for a KV block).
+    part: usize,
     hash: u64,
     parent: u64,
     token_ids: Vec<u32>,
@@ -104,8 +110,8 @@ pub struct BlockManager {
     free_plain: Vec<u32>,
     /// Free blocks still registered in the prefix cache, by LRU tick (oldest first).
     evictable: BTreeMap<u64, u32>,
-    /// (group, hash) → the block holding it.
-    hash_to_block: HashMap<(usize, u64), u32>,
+    /// (group, hash, part) → the block holding it.
+    hash_to_block: HashMap<(usize, u64, usize), u32>,
     next_tick: u64,
     stats: PrefixCacheStats,
 }
@@ -172,9 +178,15 @@ impl BlockManager {
         num_tokens.div_ceil(self.block_size)
     }
 
-    /// The block group `group` holds under `hash`, if its parent and tokens confirm it.
-    fn cached_block(&self, group: usize, hash: u64, parent: u64, tokens: &[u32]) -> Option<u32> {
-        let &id = self.hash_to_block.get(&(group, hash))?;
+    /// The block group `group` holds under `hash` (part `part` of a state's copy), if its
+    /// parent and tokens confirm it.
+    fn cached_block(
+        &self,
+        (group, hash, part): (usize, u64, usize),
+        parent: u64,
+        tokens: &[u32],
+    ) -> Option<u32> {
+        let &id = self.hash_to_block.get(&(group, hash, part))?;
         let confirmed = self.blocks[id as usize]
             .cached
             .as_ref()
@@ -187,11 +199,7 @@ impl BlockManager {
     /// kept block and the cached blocks from there.
     fn lookup(&self, tokens: &[u32]) -> (Vec<u64>, Vec<(usize, Vec<u32>)>) {
         let none = || self.groups.iter().map(|_| (0, Vec::new())).collect();
-        let recurrent = self
-            .groups
-            .iter()
-            .any(|k| matches!(k, GroupKind::Recurrent { .. }));
-        if !self.enable_prefix_caching || tokens.is_empty() || recurrent {
+        if !self.enable_prefix_caching || tokens.is_empty() {
             return (Vec::new(), none());
         }
         let bs = self.block_size;
@@ -202,9 +210,14 @@ impl BlockManager {
             parent = chain_hash(parent, chunk);
             hashes.push(parent);
         }
-        let cached = |g: usize, i: usize| {
+        let cached_part = |g: usize, i: usize, part: usize| {
             let parent = if i == 0 { ROOT_HASH } else { hashes[i - 1] };
-            self.cached_block(g, hashes[i], parent, &tokens[i * bs..(i + 1) * bs])
+            self.cached_block((g, hashes[i], part), parent, &tokens[i * bs..(i + 1) * bs])
+        };
+        let cached = |g: usize, i: usize| cached_part(g, i, 0);
+        // A recurrent group's copy of its state after block `i`, every part cached.
+        let state_copy = |g: usize, i: usize, parts: usize| -> Option<Vec<u32>> {
+            (0..parts).map(|p| cached_part(g, i, p)).collect()
         };
         // Full groups: the leading run every one of them holds.
         let mut upper = eligible;
@@ -232,22 +245,35 @@ impl BlockManager {
             })
             .collect();
         let serves = |len: usize| {
-            runs.iter().all(|(kind, run)| {
+            let windows = runs.iter().all(|(kind, run)| {
                 let need = len - first_kept_block(*kind, len * bs, bs);
                 need == 0 || run[len - 1] >= need
-            })
+            });
+            let states = self.groups.iter().enumerate().all(|(g, kind)| match kind {
+                GroupKind::Recurrent { blocks } => {
+                    len == 0 || state_copy(g, len - 1, *blocks).is_some()
+                }
+                _ => true,
+            });
+            windows && states
         };
         let len = (0..=upper).rev().find(|&l| serves(l)).unwrap_or(0);
         let hits = self
             .groups
             .iter()
             .enumerate()
-            .map(|(g, &kind)| {
-                let first = first_kept_block(kind, len * bs, bs).min(len);
-                let ids = (first..len)
-                    .map(|i| cached(g, i).expect("checked above"))
-                    .collect();
-                (first, ids)
+            .map(|(g, &kind)| match kind {
+                GroupKind::Recurrent { blocks } if len > 0 => {
+                    (0, state_copy(g, len - 1, blocks).expect("checked above"))
+                }
+                GroupKind::Recurrent { .. } => (0, Vec::new()),
+                _ => {
+                    let first = first_kept_block(kind, len * bs, bs).min(len);
+                    let ids = (first..len)
+                        .map(|i| cached(g, i).expect("checked above"))
+                        .collect();
+                    (first, ids)
+                }
             })
             .collect();
         hashes.truncate(len);
@@ -264,10 +290,11 @@ impl BlockManager {
         let chunk = (seq.num_tokens() - start).min(max_chunk.max(1));
         let mut needed = 0;
         for (kind, (first, ids)) in self.groups.iter().zip(&hits) {
+            // A recurrent group's hit is a copy to restore from, beside its own state.
             let held = match kind {
                 GroupKind::Full => self.blocks_for(seq.num_tokens()),
                 GroupKind::Sliding { .. } => self.blocks_for(start + chunk) - first,
-                GroupKind::Recurrent { blocks } => *blocks,
+                GroupKind::Recurrent { blocks } => blocks + ids.len(),
             };
             let revived = ids
                 .iter()
@@ -301,13 +328,20 @@ impl BlockManager {
         let start = plan.hashes.len() * self.block_size;
         // Every group's hits first: taking a new block may evict a cached block no
         // sequence holds, which must not be one another group is about to take.
-        for (first, ids) in plan.hits {
-            let mut table = vec![NO_BLOCK; first];
-            for id in ids {
+        for (g, (first, ids)) in plan.hits.into_iter().enumerate() {
+            for &id in &ids {
                 self.acquire_cached(id);
-                table.push(id);
             }
-            seq.block_tables.push(table);
+            if matches!(self.groups[g], GroupKind::Recurrent { .. }) {
+                if !ids.is_empty() {
+                    seq.state_restores.push((g, ids));
+                }
+                seq.block_tables.push(Vec::new());
+            } else {
+                let mut table = vec![NO_BLOCK; first];
+                table.extend(ids);
+                seq.block_tables.push(table);
+            }
         }
         for g in 0..self.groups.len() {
             let want = match self.groups[g] {
@@ -379,7 +413,7 @@ impl BlockManager {
             }
             for (g, table) in seq.block_tables.iter().enumerate() {
                 if matches!(self.groups[g], GroupKind::Recurrent { .. })
-                    || self.hash_to_block.contains_key(&(g, hash))
+                    || self.hash_to_block.contains_key(&(g, hash, 0))
                 {
                     continue;
                 }
@@ -390,14 +424,16 @@ impl BlockManager {
                 if block.cached.is_none() {
                     block.cached = Some(CachedContent {
                         group: g,
+                        part: 0,
                         hash,
                         parent,
                         token_ids: tokens.to_vec(),
                     });
-                    self.hash_to_block.insert((g, hash), block_id);
+                    self.hash_to_block.insert((g, hash, 0), block_id);
                 }
             }
         }
+        self.commit_state_copies(seq);
         for g in 0..seq.block_tables.len() {
             let first = first_kept_block(self.groups[g], seq.num_computed_tokens, bs);
             let passed = first.min(seq.block_tables[g].len());
@@ -411,6 +447,68 @@ impl BlockManager {
         }
     }
 
+    /// Takes blocks for a copy of the sequence's state in recurrent group `group` at the
+    /// end of the chunk about to be computed, which must end on a block boundary; the model
+    /// writes the copy in that step, and [`BlockManager::commit_computed`] caches it.
+    pub fn reserve_state_save(&mut self, seq: &mut Sequence, group: usize) -> anyhow::Result<()> {
+        let Some(GroupKind::Recurrent { blocks }) = self.groups.get(group).copied() else {
+            bail!("layer group {group} keeps no recurrent state");
+        };
+        ensure!(
+            !seq.block_tables.is_empty(),
+            "sequence {} is not running",
+            seq.id
+        );
+        ensure!(
+            blocks <= self.num_free_blocks(),
+            "a copy of the state takes {blocks} free KV blocks, {} are free",
+            self.num_free_blocks()
+        );
+        let ids = (0..blocks)
+            .map(|_| self.take_free_block())
+            .collect::<anyhow::Result<Vec<u32>>>()?;
+        seq.state_saves.push((group, ids));
+        Ok(())
+    }
+
+    /// After a step: gives back the copies the sequence restored from, and caches the
+    /// copies it saved where its computed tokens end on a committed block (else they are
+    /// dropped), each part under the prefix's last block, unheld.
+    fn commit_state_copies(&mut self, seq: &mut Sequence) {
+        for (_, ids) in std::mem::take(&mut seq.state_restores) {
+            ids.into_iter().for_each(|id| self.release(id));
+        }
+        let bs = self.block_size;
+        let aligned = seq.num_computed_tokens > 0
+            && seq.num_computed_tokens == seq.block_hashes.len() * bs
+            && self.enable_prefix_caching;
+        for (g, ids) in std::mem::take(&mut seq.state_saves) {
+            if aligned {
+                let index = seq.block_hashes.len() - 1;
+                let hash = seq.block_hashes[index];
+                let parent = index
+                    .checked_sub(1)
+                    .map_or(ROOT_HASH, |i| seq.block_hashes[i]);
+                let tokens = &seq.token_ids[index * bs..(index + 1) * bs];
+                for (part, &id) in ids.iter().enumerate() {
+                    let key = (g, hash, part);
+                    if self.hash_to_block.contains_key(&key) {
+                        continue;
+                    }
+                    self.blocks[id as usize].cached = Some(CachedContent {
+                        group: g,
+                        part,
+                        hash,
+                        parent,
+                        token_ids: tokens.to_vec(),
+                    });
+                    self.hash_to_block.insert(key, id);
+                }
+            }
+            ids.into_iter().for_each(|id| self.release(id));
+        }
+    }
+
     /// Releases all blocks of `seq` and resets its cache state. Blocks are released
     /// from the tail so that the tail of a prompt is evicted before its shared head.
     pub fn free(&mut self, seq: &mut Sequence) {
@@ -418,6 +516,12 @@ impl BlockManager {
             for &block_id in table.iter().rev().filter(|&&id| id != NO_BLOCK) {
                 self.release(block_id);
             }
+        }
+        let copies = std::mem::take(&mut seq.state_restores)
+            .into_iter()
+            .chain(std::mem::take(&mut seq.state_saves));
+        for (_, ids) in copies {
+            ids.into_iter().for_each(|id| self.release(id));
         }
         seq.block_hashes.clear();
         seq.num_computed_tokens = 0;
@@ -459,7 +563,7 @@ impl BlockManager {
             let block = &mut self.blocks[id as usize];
             block.lru_tick = None;
             if let Some(content) = block.cached.take() {
-                let key = (content.group, content.hash);
+                let key = (content.group, content.hash, content.part);
                 if self.hash_to_block.get(&key) == Some(&id) {
                     self.hash_to_block.remove(&key);
                 }
@@ -480,8 +584,10 @@ impl BlockManager {
         let id = seq.id;
         if seq.block_tables.is_empty() {
             ensure!(
-                seq.num_computed_tokens == 0,
-                "sequence {id} holds no blocks but has {} tokens computed",
+                seq.num_computed_tokens == 0
+                    && seq.state_restores.is_empty()
+                    && seq.state_saves.is_empty(),
+                "sequence {id} holds no blocks but has {} tokens computed or a state copy",
                 seq.num_computed_tokens
             );
             return Ok(());
@@ -527,7 +633,13 @@ impl BlockManager {
         let mut expected = vec![0u32; self.blocks.len()];
         for seq in seqs {
             self.check_sequence(seq)?;
-            for (g, table) in seq.block_tables.iter().enumerate() {
+            let copies = seq.state_restores.iter().chain(&seq.state_saves);
+            let held = seq
+                .block_tables
+                .iter()
+                .enumerate()
+                .chain(copies.map(|(g, ids)| (*g, ids)));
+            for (g, table) in held {
                 for &id in table.iter().filter(|&&id| id != NO_BLOCK) {
                     ensure!(
                         (id as usize) < self.blocks.len(),
@@ -579,11 +691,11 @@ impl BlockManager {
             "{num_cached} blocks hold a hash but the index has {}",
             self.hash_to_block.len()
         );
-        for (&(group, hash), &id) in &self.hash_to_block {
+        for (&(group, hash, part), &id) in &self.hash_to_block {
             let holds = self.blocks[id as usize]
                 .cached
                 .as_ref()
-                .is_some_and(|c| c.hash == hash && c.group == group);
+                .is_some_and(|c| c.hash == hash && c.group == group && c.part == part);
             ensure!(
                 holds,
                 "hash index points at block {id} which does not hold it"
@@ -889,17 +1001,31 @@ mod tests {
         check(&bm, &[&c, &d]);
     }
 
-    /// A recurrent group holds its state's blocks from admission to free and never hits
-    /// (its states are not cached yet, issue 63); no block leaks.
+    /// A fake recurrent layer (its state 2 blocks) beside a full group: a sequence holds its
+    /// state from admission to free; a copy saved at a block boundary is cached under the
+    /// prefix, so that a sequence sharing the prefix starts from it (holding the copy until
+    /// its first step), and a longer shared prefix with no copy at its end is served only up
+    /// to the last copy; copies are evicted as freed blocks are; no block leaks.
     #[test]
-    fn a_recurrent_group_holds_a_fixed_state() {
-        let groups = vec![GroupKind::Recurrent { blocks: 3 }, GroupKind::Full];
+    fn a_recurrent_group_holds_its_state_and_serves_prefixes_from_cached_copies() {
+        let groups = vec![GroupKind::Recurrent { blocks: 2 }, GroupKind::Full];
         let mut bm = BlockManager::new(20, 4, groups, true);
-        let mut a = seq(0, (0..9).collect());
-        assert_eq!(bm.plan_admission(&a, usize::MAX).needed, 3 + 3);
-        admit_and_compute(&mut bm, &mut a);
-        assert_eq!(a.block_tables[0].len(), 3);
-        for t in 9..30u32 {
+        let mut a = seq(0, (0..13).collect());
+        let plan = bm.plan_admission(&a, 8);
+        assert_eq!((plan.chunk, plan.needed), (8, 2 + 4));
+        bm.admit(&mut a, plan).unwrap();
+        bm.reserve_state_save(&mut a, 0).unwrap();
+        assert!(
+            bm.reserve_state_save(&mut a, 1).is_err(),
+            "a full group has no state"
+        );
+        check(&bm, &[&a]);
+        a.num_computed_tokens = 8;
+        bm.commit_computed(&mut a);
+        assert!(a.state_saves.is_empty());
+        a.num_computed_tokens = 13;
+        bm.commit_computed(&mut a);
+        for t in 13..20u32 {
             a.token_ids.push(t);
             let end = a.num_tokens();
             assert_eq!(bm.blocks_to_extend(&a, end), usize::from(end % 4 == 1));
@@ -907,14 +1033,47 @@ mod tests {
             a.num_computed_tokens = end;
             bm.commit_computed(&mut a);
         }
-        assert_eq!(a.block_tables[0].len(), 3);
-        let mut b = seq(1, (0..9).collect());
+        assert_eq!(a.block_tables[0].len(), 2, "the state does not grow");
+        check(&bm, &[&a]);
+        // B shares 8 tokens: the full group's two blocks and the copy after them.
+        let mut b_tokens: Vec<u32> = (0..8).collect();
+        b_tokens.extend([50, 51, 52]);
+        let mut b = seq(1, b_tokens);
         allocate(&mut bm, &mut b).unwrap();
-        assert_eq!(b.num_computed_tokens, 0);
-        check(&bm, &[&a, &b]);
-        bm.free(&mut a);
-        bm.free(&mut b);
+        assert_eq!(b.num_computed_tokens, 8);
+        assert_eq!(b.state_restores.len(), 1);
+        assert_eq!(b.state_restores[0].1.len(), 2);
+        assert_eq!(b.block_tables[0].len(), 2, "its own state beside the copy");
+        // C shares 12: A cached three full blocks but a copy only after the second.
+        let mut c_tokens: Vec<u32> = (0..12).collect();
+        c_tokens.push(60);
+        let mut c = seq(2, c_tokens);
+        allocate(&mut bm, &mut c).unwrap();
+        assert_eq!(c.num_computed_tokens, 8);
+        check(&bm, &[&a, &b, &c]);
+        // Their first steps copy the state in, and give the copy back to the cache.
+        for s in [&mut b, &mut c] {
+            s.num_computed_tokens = s.num_tokens();
+            bm.commit_computed(s);
+            assert!(s.state_restores.is_empty());
+        }
+        check(&bm, &[&a, &b, &c]);
+        for s in [&mut a, &mut b, &mut c] {
+            bm.free(s);
+        }
         check(&bm, &[]);
         assert_eq!(bm.num_used_blocks(), 0);
+        // Unrelated sequences take every block: the copy is evicted and the prefix misses.
+        let mut big = seq(3, (100..140).collect());
+        allocate(&mut bm, &mut big).unwrap();
+        let mut other = seq(4, (200..208).collect());
+        allocate(&mut bm, &mut other).unwrap();
+        assert!(
+            !bm.hash_to_block.keys().any(|&(g, _, _)| g == 0),
+            "every state copy was evicted"
+        );
+        let probe = seq(5, (0..9).collect());
+        assert_eq!(bm.plan_admission(&probe, usize::MAX).hashes.len(), 0);
+        check(&bm, &[&big, &other]);
     }
 }

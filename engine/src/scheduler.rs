@@ -546,6 +546,8 @@ mod tests {
             }
             s.check_invariants().unwrap();
             assert_eq!(s.block_manager().num_used_blocks(), 0, "{groups:?}");
+            // A recurrent group hits only from a saved copy of its state, and no step here
+            // saves one (choosing where is the checkpoint scheduling of issue 63).
             let recurrent = matches!(groups[0], GroupKind::Recurrent { .. });
             assert_eq!(hits == 0, recurrent, "{groups:?}: {hits} prefix hits");
             assert!(

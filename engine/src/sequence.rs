@@ -38,6 +38,12 @@ pub struct Sequence {
     pub block_tables: Vec<Vec<u32>>,
     /// Chained hashes of the leading full blocks whose K/V is computed.
     pub block_hashes: Vec<u64>,
+    /// Per recurrent group, a cached copy of the state at the end of the prefix the cache
+    /// served, for the next step to copy into the sequence's own state; held until then.
+    pub state_restores: Vec<(usize, Vec<u32>)>,
+    /// Per recurrent group, blocks for a copy of the state at the end of the chunk being
+    /// computed, cached under the prefix once it is computed.
+    pub state_saves: Vec<(usize, Vec<u32>)>,
 }
 
 impl Sequence {
@@ -54,6 +60,8 @@ impl Sequence {
             admitted_once: false,
             block_tables: Vec::new(),
             block_hashes: Vec::new(),
+            state_restores: Vec::new(),
+            state_saves: Vec::new(),
         }
     }
 
