@@ -30,14 +30,11 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use anyhow::{bail, ensure};
 
-use crate::layer_groups::GroupKind;
+use crate::layer_groups::{GroupKind, NO_BLOCK};
 use crate::sequence::Sequence;
 
 /// Hash of the empty prefix, the parent of a sequence's first block.
 const ROOT_HASH: u64 = 0;
-
-/// A table entry holding no block: a position a sliding group's window has passed.
-pub const NO_BLOCK: u32 = u32::MAX;
 
 /// Chained hash of one full block: depends on every token before it through `parent`.
 pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
@@ -46,15 +43,6 @@ pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
     parent.hash(&mut hasher);
     tokens.hash(&mut hasher);
     hasher.finish()
-}
-
-/// The first block a group keeps when the next position to compute is `next`: a sliding
-/// window's query at `next` reads from `next + 1 − window`.
-pub fn first_kept_block(kind: GroupKind, next: usize, block_size: usize) -> usize {
-    match kind {
-        GroupKind::Sliding { window } => (next + 1).saturating_sub(window) / block_size,
-        GroupKind::Full | GroupKind::Recurrent { .. } => 0,
-    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -155,10 +143,6 @@ impl BlockManager {
         self.blocks.len()
     }
 
-    pub fn groups(&self) -> &[GroupKind] {
-        &self.groups
-    }
-
     /// Blocks that can be handed out now (never used, or cached but unreferenced).
     pub fn num_free_blocks(&self) -> usize {
         self.free_plain.len() + self.evictable.len()
@@ -246,7 +230,7 @@ impl BlockManager {
             .collect();
         let serves = |len: usize| {
             let windows = runs.iter().all(|(kind, run)| {
-                let need = len - first_kept_block(*kind, len * bs, bs);
+                let need = len - kind.first_kept_block(len * bs, bs);
                 need == 0 || run[len - 1] >= need
             });
             let states = self.groups.iter().enumerate().all(|(g, kind)| match kind {
@@ -268,7 +252,7 @@ impl BlockManager {
                 }
                 GroupKind::Recurrent { .. } => (0, Vec::new()),
                 _ => {
-                    let first = first_kept_block(kind, len * bs, bs).min(len);
+                    let first = kind.first_kept_block(len * bs, bs).min(len);
                     let ids = (first..len)
                         .map(|i| cached(g, i).expect("checked above"))
                         .collect();
@@ -280,28 +264,47 @@ impl BlockManager {
         (hashes, hits)
     }
 
-    /// What admitting `seq` takes, computing at most `max_chunk` tokens first: its prefix
-    /// hit, its first chunk, and the free blocks it consumes (a full group's blocks for
-    /// every token, a sliding group's for its window and the chunk, a recurrent group's
-    /// state).
+    /// What admitting `seq` takes: its prefix hit, its first chunk (at most `max_chunk`
+    /// tokens; fewer when the free blocks hold the sliding groups' blocks for no more),
+    /// and the free blocks it consumes (a full group's blocks for every token, a sliding
+    /// group's for its window and the chunk, a recurrent group's state). When not even a
+    /// one-token chunk fits, `needed` exceeds the free blocks.
     pub fn plan_admission(&self, seq: &Sequence, max_chunk: usize) -> Admission {
         let (hashes, hits) = self.lookup(&seq.token_ids);
         let start = hashes.len() * self.block_size;
-        let chunk = (seq.num_tokens() - start).min(max_chunk.max(1));
-        let mut needed = 0;
-        for (kind, (first, ids)) in self.groups.iter().zip(&hits) {
-            // A recurrent group's hit is a copy to restore from, beside its own state.
-            let held = match kind {
-                GroupKind::Full => self.blocks_for(seq.num_tokens()),
-                GroupKind::Sliding { .. } => self.blocks_for(start + chunk) - first,
-                GroupKind::Recurrent { blocks } => blocks + ids.len(),
-            };
-            let revived = ids
-                .iter()
-                .filter(|&&id| self.blocks[id as usize].ref_count == 0)
-                .count();
-            needed += held - ids.len() + revived;
+        let needed = |chunk: usize| -> usize {
+            let mut needed = 0;
+            for (kind, (first, ids)) in self.groups.iter().zip(&hits) {
+                // A recurrent group's hit is a copy to restore from, beside its own state.
+                let held = match kind {
+                    GroupKind::Full => self.blocks_for(seq.num_tokens()),
+                    GroupKind::Sliding { .. } => self.blocks_for(start + chunk) - first,
+                    GroupKind::Recurrent { blocks } => blocks + ids.len(),
+                };
+                let revived = ids
+                    .iter()
+                    .filter(|&&id| self.blocks[id as usize].ref_count == 0)
+                    .count();
+                needed += held - ids.len() + revived;
+            }
+            needed
+        };
+        let free = self.num_free_blocks();
+        let mut chunk = (seq.num_tokens() - start).min(max_chunk.max(1));
+        if needed(chunk) > free && needed(1) <= free {
+            // The blocks needed grow with the chunk: the longest that fits, by bisection.
+            let (mut fits, mut over) = (1, chunk);
+            while over - fits > 1 {
+                let mid = (fits + over) / 2;
+                if needed(mid) <= free {
+                    fits = mid;
+                } else {
+                    over = mid;
+                }
+            }
+            chunk = fits;
         }
+        let needed = needed(chunk);
         Admission {
             hashes,
             hits,
@@ -435,7 +438,7 @@ impl BlockManager {
         }
         self.commit_state_copies(seq);
         for g in 0..seq.block_tables.len() {
-            let first = first_kept_block(self.groups[g], seq.num_computed_tokens, bs);
+            let first = self.groups[g].first_kept_block(seq.num_computed_tokens, bs);
             let passed = first.min(seq.block_tables[g].len());
             for i in (0..passed).rev() {
                 let id = std::mem::replace(&mut seq.block_tables[g][i], NO_BLOCK);
@@ -614,7 +617,9 @@ impl BlockManager {
                  {total} tokens",
                 table.len()
             );
-            let first = first_kept_block(*kind, computed, self.block_size).min(table.len());
+            let first = kind
+                .first_kept_block(computed, self.block_size)
+                .min(table.len());
             ensure!(
                 table[..first].iter().all(|&b| b == NO_BLOCK)
                     && !table[first..].contains(&NO_BLOCK),
@@ -945,6 +950,20 @@ mod tests {
         bm.free(&mut a);
         check(&bm, &[&a]);
         assert_eq!(bm.num_used_blocks(), 0);
+    }
+
+    /// An admission whose first chunk's sliding blocks do not fit takes a shorter chunk
+    /// (the full group still holds the whole prompt); with no room for one token, none.
+    #[test]
+    fn an_admission_shortens_its_first_chunk_to_the_free_blocks() {
+        let sliding = GroupKind::Sliding { window: 8 };
+        let bm = BlockManager::new(12, 4, vec![sliding, GroupKind::Full], true);
+        let a = seq(0, (0..32).collect());
+        // The whole prompt: 8 full blocks and 8 sliding ones; 4 sliding blocks fit.
+        let plan = bm.plan_admission(&a, usize::MAX);
+        assert_eq!((plan.chunk, plan.needed), (16, 8 + 4));
+        let small = BlockManager::new(8, 4, vec![sliding, GroupKind::Full], true);
+        assert!(small.plan_admission(&a, usize::MAX).needed > small.num_free_blocks());
     }
 
     /// A second sequence sharing a 16-token prefix takes the full group's four blocks and

@@ -23,6 +23,21 @@ pub enum GroupKind {
     Recurrent { blocks: usize },
 }
 
+/// A block-table entry holding no block: a position a sliding group's window has passed.
+pub const NO_BLOCK: u32 = u32::MAX;
+
+impl GroupKind {
+    /// The first block (of `block_size` tokens) the group keeps for a sequence whose next
+    /// position to compute is `next`: a sliding window's query at `next` reads from
+    /// `next + 1 − window`; the other kinds keep everything.
+    pub fn first_kept_block(self, next: usize, block_size: usize) -> usize {
+        match self {
+            GroupKind::Sliding { window } => (next + 1).saturating_sub(window) / block_size,
+            GroupKind::Full | GroupKind::Recurrent { .. } => 0,
+        }
+    }
+}
+
 /// Layers of one kind that share a block table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerGroup {
@@ -69,9 +84,17 @@ impl LayerGroups {
         LayerGroups { groups, group_size }
     }
 
-    /// Every layer in one full group: the cache keeps every token of every layer (a
-    /// backend whose attention reads one block table per step, see
-    /// [`crate::backend::AttentionOps::keeps_windows`]).
+    /// The groups a backend keeps: by kind where its attention reads a table per group
+    /// ([`crate::backend::AttentionOps::keeps_windows`]), else every layer in one full group.
+    pub fn kept(config: &ModelConfig, keeps_windows: bool) -> LayerGroups {
+        if keeps_windows {
+            LayerGroups::of(config)
+        } else {
+            LayerGroups::whole(config)
+        }
+    }
+
+    /// Every layer in one full group: the cache keeps every token of every layer.
     pub fn whole(config: &ModelConfig) -> LayerGroups {
         LayerGroups::full(config.num_layers())
     }

@@ -121,8 +121,8 @@ impl<R> Scheduler<R> {
     pub fn schedule(&mut self) -> anyhow::Result<Vec<ScheduledChunk>> {
         let mut budget = self.config.max_num_batched_tokens;
         let mut out = Vec::new();
-        let preempted = self.schedule_decodes(&mut budget, &mut out)?;
-        self.schedule_prefill_chunks(&mut budget, &mut out)?;
+        let mut preempted = self.schedule_decodes(&mut budget, &mut out)?;
+        preempted |= self.schedule_prefill_chunks(&mut budget, &mut out)?;
         // As vLLM: no admissions in a step that had to preempt.
         if !preempted {
             self.admit_waiting(&mut budget, &mut out)?;
@@ -181,12 +181,14 @@ impl<R> Scheduler<R> {
     /// Continues the running prefills in arrival order with what is left of the budget. A
     /// full group holds a prompt's blocks from admission on; a sliding group takes blocks
     /// chunk by chunk, so a chunk shrinks to the blocks that are free, and a prefill that
-    /// gets none preempts the latest-arrived sequences this step has not scheduled.
+    /// gets none preempts from the tail of the running queue, down to the first sequence
+    /// this step has scheduled. Returns whether it preempted.
     fn schedule_prefill_chunks(
         &mut self,
         budget: &mut usize,
         out: &mut Vec<ScheduledChunk>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<bool> {
+        let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
@@ -207,6 +209,7 @@ impl<R> Scheduler<R> {
                 }
                 self.running.pop();
                 self.preempt(victim);
+                preempted = true;
                 len = self.fitting_chunk(id, remaining.min(*budget));
             }
             if len > 0 {
@@ -221,7 +224,7 @@ impl<R> Scheduler<R> {
             }
             i += 1;
         }
-        Ok(())
+        Ok(preempted)
     }
 
     /// The most tokens, up to `want`, that sequence `id` can compute next with the free

@@ -33,13 +33,14 @@ pub struct Sequence {
     pub admitted_once: bool,
     /// One table per layer group while running (empty while waiting). A full or sliding
     /// group's entry `i` is the block of positions `i·block_size..(i+1)·block_size`, or
-    /// [`crate::kv_cache::NO_BLOCK`] where a sliding group's window has passed; a
+    /// [`crate::layer_groups::NO_BLOCK`] where a sliding group's window has passed; a
     /// recurrent group's entries hold its state.
     pub block_tables: Vec<Vec<u32>>,
     /// Chained hashes of the leading full blocks whose K/V is computed.
     pub block_hashes: Vec<u64>,
     /// Per recurrent group, a cached copy of the state at the end of the prefix the cache
     /// served, for the next step to copy into the sequence's own state; held until then.
+    /// No model has a recurrent layer yet (Qwen3.5's, issue 62, will read these).
     pub state_restores: Vec<(usize, Vec<u32>)>,
     /// Per recurrent group, blocks for a copy of the state at the end of the chunk being
     /// computed, cached under the prefix once it is computed.

@@ -488,7 +488,7 @@ fn decode_past_the_windows(
     gpu: &mut dyn ModelRunner,
     bound: f32,
 ) {
-    use engine::kv_cache::{first_kept_block, NO_BLOCK};
+    use engine::layer_groups::NO_BLOCK;
     let prompt: Vec<u32> = (0..60u32).map(|i| (i * 37 + 11) % 256).collect();
     let blocks: Vec<u32> = (0..8).collect();
     last_logits(gpu, &prompt, 0, &blocks);
@@ -498,9 +498,13 @@ fn decode_past_the_windows(
         let pos = prompt.len() + i;
         let mut tables = group_tables(cpu, &blocks);
         for (table, &kind) in tables.iter_mut().zip(&kinds) {
-            let first = first_kept_block(kind, pos, BLOCK_SIZE);
+            let first = kind.first_kept_block(pos, BLOCK_SIZE);
             table[..first].fill(NO_BLOCK);
         }
+        assert!(
+            tables.iter().any(|t| t.contains(&NO_BLOCK)),
+            "{rel}: a window passed a block by position {pos}"
+        );
         let token = [(i as u32 * 11 + 3) % 256];
         let input = SeqInput {
             tokens: &token,

@@ -814,6 +814,8 @@ fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
             .unwrap();
         assert_eq!(want[0].num_cached_prompt_tokens, 0);
         assert_eq!(hit[0].token_ids, want[0].token_ids, "{family}");
+        assert_eq!(hit[0].logprobs.len(), 8, "{family}");
+        assert_eq!(want[0].logprobs.len(), 8, "{family}");
         for (a, b) in hit[0].logprobs.iter().zip(&want[0].logprobs) {
             assert!(
                 (a - b).abs() < 1e-4,

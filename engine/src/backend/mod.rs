@@ -104,20 +104,8 @@ pub struct StepSeq<'a> {
     pub start_pos: usize,
     /// One table per layer group ([`crate::layer_groups`]), each covering positions
     /// `0..start_pos + n_tokens`; entries before a sliding window are
-    /// [`crate::kv_cache::NO_BLOCK`].
+    /// [`crate::layer_groups::NO_BLOCK`].
     pub block_tables: &'a [Vec<u32>],
-}
-
-impl<'a> StepSeq<'a> {
-    /// The sequence as the attention of a layer of group `group` reads it.
-    pub fn in_group(&self, group: usize) -> AttnSeq<'a> {
-        AttnSeq {
-            row_start: self.row_start,
-            n_tokens: self.n_tokens,
-            start_pos: self.start_pos,
-            block_table: &self.block_tables[group],
-        }
-    }
 }
 
 /// One sequence's rows in a step, as one layer group's attention reads them.
@@ -130,7 +118,7 @@ pub struct AttnSeq<'a> {
     /// Position of the first row; the cache already holds positions `0..start_pos`.
     pub start_pos: usize,
     /// Physical KV block ids covering positions `0..start_pos + n_tokens`
-    /// ([`crate::kv_cache::NO_BLOCK`] before a sliding window).
+    /// ([`crate::layer_groups::NO_BLOCK`] before a sliding window).
     pub block_table: &'a [u32],
 }
 
@@ -177,7 +165,7 @@ pub fn check_block_table(
         .iter()
         .find(|&&b| b as usize >= num_blocks)
     {
-        if b == crate::kv_cache::NO_BLOCK {
+        if b == crate::layer_groups::NO_BLOCK {
             bail!("the block table holds no block for positions from {first_key} on");
         }
         bail!("block id {b} is past the KV cache ({num_blocks} blocks)");

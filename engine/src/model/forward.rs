@@ -6,7 +6,6 @@ use anyhow::{anyhow, bail, ensure};
 use std::time::Instant;
 
 use crate::backend::{check_block_table, Backend, RowSample, ScoreSpec, StepMeta, StepSeq};
-use crate::kv_cache::first_kept_block;
 use crate::kv_sizing::KvFootprint;
 use crate::layer_groups::LayerGroups;
 use crate::sampler::SampleSpec;
@@ -52,7 +51,7 @@ impl<B: Backend> ModelState<B> {
                 kinds.len()
             );
             for (g, (&kind, table)) in kinds.iter().zip(s.block_tables).enumerate() {
-                let first_key = first_kept_block(kind, s.start_pos, bs) * bs;
+                let first_key = kind.first_kept_block(s.start_pos, bs) * bs;
                 check_block_table(table, first_key, end, bs, self.num_blocks)
                     .map_err(|e| anyhow!("batch entry {i}, layer group {g}: {e}"))?;
             }

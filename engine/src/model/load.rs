@@ -435,11 +435,7 @@ impl<B: Backend> Model<B> {
         );
         refuse_what_it_lacks(&backend, c)?;
         // Sliding layers keep their windows where the backend reads a table per group.
-        let groups = if backend.keeps_windows() {
-            LayerGroups::of(c)
-        } else {
-            LayerGroups::whole(c)
-        };
+        let groups = LayerGroups::kept(c, backend.keeps_windows());
         let placement = groups.placement(c.num_layers());
         let num_blocks = opts.num_blocks(
             groups.group_size * kv_bytes_per_layer_token(c, backend.kv_value_bytes()),

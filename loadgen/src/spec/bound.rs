@@ -103,9 +103,14 @@ pub fn resolve(args: &BoundOptions, server_info: Option<&Value>) -> Result<Bound
     // What a decode reads of the KV cache: the layers over the whole context, and each
     // sliding window's layers over at most their window (a server that says so).
     if inputs.kv_bytes_per_token.is_none() {
-        if let Some(read) = server_number("kv_read_bytes_per_token") {
+        // 0 where every layer has a window (the windows then carry the reads).
+        let read = server_info
+            .and_then(|i| i["kv_read_bytes_per_token"].as_f64())
+            .filter(|v| *v >= 0.0);
+        let windows = server_window_reads(server_info)?;
+        if let Some(read) = read.filter(|&r| r > 0.0 || !windows.is_empty()) {
             inputs.kv_bytes_per_token = Some(read);
-            inputs.kv_window_reads = server_window_reads(server_info)?;
+            inputs.kv_window_reads = windows;
             inputs.sources.push(
                 "KV bytes per token (read, sliding windows apart): the server's /version"
                     .to_string(),
@@ -222,6 +227,20 @@ mod tests {
                 window: 512.0,
                 bytes_per_token: 15.0
             }]
+        );
+        // Every layer windowed (Mistral's sliding window): nothing over the whole context.
+        let all_windowed = serde_json::json!({"kv_bytes_per_token": 0.0,
+            "kv_read_bytes_per_token": 0.0,
+            "kv_window_read_bytes_per_token": [{"window": 4096, "bytes": 8.0}]});
+        let inputs = resolve(&BoundOptions::default(), Some(&all_windowed)).unwrap();
+        assert_eq!(inputs.kv_bytes_per_token, Some(0.0));
+        assert_eq!(inputs.kv_window_reads.len(), 1);
+        assert!(
+            !inputs
+                .missing_for_decode()
+                .iter()
+                .any(|m| m.starts_with("KV")),
+            "the KV reads are known"
         );
         let broken = serde_json::json!({"kv_read_bytes_per_token": 3.0,
             "kv_window_read_bytes_per_token": [{"window": 512}]});

@@ -177,18 +177,20 @@ pub fn open_cuda_backend(
         kv_cache_bytes: tokens * all_layers_token_bytes,
         max_model_len: opts.max_model_len,
     };
-    let max_blocks_per_seq = tokens
-        .min(
-            opts.max_model_len
-                .unwrap_or(config.max_position_embeddings)
-                .max(1),
-        )
-        .div_ceil(opts.block_size);
-    let num_groups = if backend.keeps_windows {
-        LayerGroups::of(config).groups.len()
+    // A sequence's table spans its whole context; with layer groups keeping windows the
+    // pool holds more tokens than `tokens`, so only the context limits it.
+    let groups = LayerGroups::kept(config, backend.keeps_windows);
+    let context = opts
+        .max_model_len
+        .unwrap_or(config.max_position_embeddings)
+        .max(1);
+    let max_tokens_per_seq = if backend.keeps_windows {
+        context
     } else {
-        1
+        tokens.min(context)
     };
+    let max_blocks_per_seq = max_tokens_per_seq.div_ceil(opts.block_size);
+    let num_groups = groups.groups.len();
     backend.reserve_step_buffers(
         opts.max_num_batched_tokens,
         opts.max_num_seqs,

@@ -8,7 +8,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 
 use crate::backend::{StepMeta, StepOps};
-use crate::kv_cache::NO_BLOCK;
+use crate::layer_groups::NO_BLOCK;
 use crate::sampler::SampleSpec;
 
 use super::sample_words::{push_penalties, SAMPLE_MAX_TOP, SAMPLE_OUT_WORDS};
