@@ -185,9 +185,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kv_bytes_count_k_and_v_of_a_layer() {
+    fn kv_bytes_count_k_and_v_of_a_layer_and_of_every_layer() {
         let config = crate::config::test_llama();
         assert_eq!(kv_bytes_per_layer_token(&config, 2), 2 * 128 * 2);
+        assert_eq!(kv_bytes_per_token(&config, 2), 2 * 2 * 128 * 2);
     }
 
     /// Gemma 3 270M's groups (five sliding over 512, one full) in blocks of 16: a 7,000-token
