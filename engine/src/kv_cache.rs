@@ -30,6 +30,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use anyhow::{bail, ensure};
 
+use crate::kv_sizing::longest_fitting;
 use crate::layer_groups::{GroupKind, NO_BLOCK};
 use crate::sequence::Sequence;
 
@@ -290,20 +291,8 @@ impl BlockManager {
             needed
         };
         let free = self.num_free_blocks();
-        let mut chunk = (seq.num_tokens() - start).min(max_chunk.max(1));
-        if needed(chunk) > free && needed(1) <= free {
-            // The blocks needed grow with the chunk: the longest that fits, by bisection.
-            let (mut fits, mut over) = (1, chunk);
-            while over - fits > 1 {
-                let mid = (fits + over) / 2;
-                if needed(mid) <= free {
-                    fits = mid;
-                } else {
-                    over = mid;
-                }
-            }
-            chunk = fits;
-        }
+        let most = (seq.num_tokens() - start).min(max_chunk.max(1));
+        let chunk = longest_fitting(most, |c| needed(c) <= free).max(1);
         let needed = needed(chunk);
         Admission {
             hashes,

@@ -29,6 +29,24 @@ pub fn kv_bytes_per_layer_token(config: &ModelConfig, value_bytes: usize) -> usi
     2 * config.num_kv_heads * config.head_dim * value_bytes
 }
 
+/// The largest `n` in `0..=upto` for which `fits(n)` holds, where `fits` holds up to some
+/// point and not after (blocks needed grow with tokens); 0 when none does.
+pub fn longest_fitting(upto: usize, fits: impl Fn(usize) -> bool) -> usize {
+    if fits(upto) {
+        return upto;
+    }
+    let (mut lo, mut hi) = (0, upto);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// The pool of KV blocks as the layer groups draw on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvPool {
@@ -72,16 +90,10 @@ impl KvPool {
             return None;
         }
         // `sequence_blocks` grows with the length, by at least one block per block of
-        // tokens until it passes the pool: the longest that fits, by bisection.
-        let (mut fits, mut over) = (0, self.num_blocks + 1);
-        while over - fits > 1 {
-            let mid = (fits + over) / 2;
-            if self.sequence_blocks(mid * self.block_size) <= self.num_blocks {
-                fits = mid;
-            } else {
-                over = mid;
-            }
-        }
+        // tokens until it passes the pool.
+        let fits = longest_fitting(self.num_blocks, |n| {
+            self.sequence_blocks(n * self.block_size) <= self.num_blocks
+        });
         Some(fits * self.block_size)
     }
 

@@ -11,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use anyhow::{ensure, Context};
 
 use crate::kv_cache::BlockManager;
+use crate::kv_sizing::longest_fitting;
 use crate::sequence::SeqId;
 use crate::sequence::{SeqStatus, Sequence};
 
@@ -231,20 +232,7 @@ impl<R> Scheduler<R> {
     /// blocks.
     fn fitting_chunk(&self, id: SeqId, want: usize) -> usize {
         let start = self.seqs[&id].seq.num_computed_tokens;
-        if !self.blocks_short(id, start + want) {
-            return want;
-        }
-        // The blocks needed grow with the chunk: the longest that fits, by bisection.
-        let (mut fits, mut short) = (0, want);
-        while short - fits > 1 {
-            let mid = (fits + short) / 2;
-            if self.blocks_short(id, start + mid) {
-                short = mid;
-            } else {
-                fits = mid;
-            }
-        }
-        fits
+        longest_fitting(want, |len| !self.blocks_short(id, start + len))
     }
 
     fn preempt(&mut self, id: SeqId) {
