@@ -557,6 +557,25 @@ def main():
          dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
               norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1), 1237,
          gguf_writer_for("qwen3moe", permute_qk=False))
+    # Qwen3.5 and Qwen3-Next: three Gated DeltaNet layers to a gated full-attention one
+    # (layer_types' default), 2 key heads serving 4 value heads of the DeltaNet, a quarter of
+    # each 16-wide attention head rotated; the 90-token prompt is longer than one 64-token
+    # chunk of the chunked prefill. Dense Qwen3.5 (separate in_proj_qkv/z/b/a); Qwen3.5-MoE
+    # and Qwen3-Next with 4 experts of width 32, two per token, and a gated shared expert of
+    # width 48 (Qwen3-Next fuses in_proj_qkvz and in_proj_ba per key head).
+    from transformers import (Qwen3_5TextConfig, Qwen3_5ForCausalLM, Qwen3_5MoeTextConfig,
+                              Qwen3_5MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
+    delta_net = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                     linear_value_head_dim=16, linear_conv_kernel_dim=4, bos_token_id=1,
+                     eos_token_id=2)
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                   shared_expert_intermediate_size=48)
+    make("qwen35-tiny", Qwen3_5TextConfig, Qwen3_5ForCausalLM,
+         dict(num_hidden_layers=4, **delta_net), 1237)
+    make("qwen35moe-tiny", Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM,
+         dict(num_hidden_layers=4, **delta_net, **experts), 1237)
+    make("qwen3next-tiny", Qwen3NextConfig, Qwen3NextForCausalLM,
+         dict(num_hidden_layers=4, norm_topk_prob=True, **delta_net, **experts), 1237)
     # gpt-oss: two layers, the first sliding (window 5), the second full; 4 experts of width
     # 32, two per token; biases everywhere, sinks, YaRN (factor 4 over an original context
     # of 32, untruncated as published). The experts are rounded to MXFP4 first, so that the

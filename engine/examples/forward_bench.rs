@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
 use engine::config::{
-    Activation, AttentionSpan, Family, Ffn, LayerSpec, ModelConfig, NormPlacement, NormWeights,
-    RopeSpec,
+    Activation, AttentionSpan, Family, Ffn, LayerSpec, Mixer, ModelConfig, NormPlacement,
+    NormWeights, RopeSpec,
 };
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::loader::load_cpu_runner_with;
@@ -133,6 +133,7 @@ fn smollm2_config() -> ModelConfig {
         norm_weights: NormWeights::AsStored,
         layers: vec![
             LayerSpec {
+                mixer: Mixer::Attention { output_gate: false },
                 attention: AttentionSpan::Full,
                 rope: RopeSpec {
                     theta: 100000.0,
@@ -150,6 +151,7 @@ fn smollm2_config() -> ModelConfig {
                 ffn: Ffn::Dense {
                     intermediate_size: 1536,
                 },
+                shared_expert: None,
             };
             30
         ],

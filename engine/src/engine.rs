@@ -13,6 +13,7 @@ pub use crate::generation::FinishReason;
 use crate::generation::Generation;
 use crate::grammar::TokenMatcher;
 use crate::kv_cache::BlockManager;
+use crate::layer_groups::GroupKind;
 use crate::limits::{CheckedSequence, LimitError, RequestLimits};
 use crate::model::{ModelRunner, SeqInput};
 use crate::reasoning::ThinkMarkers;
@@ -205,10 +206,52 @@ pub struct GenerationOutput {
     pub num_cached_prompt_tokens: usize,
 }
 
+/// Whether prompts reuse the blocks of earlier ones with the same prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixCaching {
+    On,
+    /// Turned off (`--no-enable-prefix-caching`).
+    Off,
+    /// Not available for this model, for the reason given.
+    Unavailable(&'static str),
+}
+
+impl PrefixCaching {
+    /// As asked (`enabled`), unless a layer group keeps a recurrent state: a hit would need
+    /// the state at the prefix's end, and no state checkpoints are kept yet (issue 63).
+    pub fn of(enabled: bool, groups: &[GroupKind]) -> PrefixCaching {
+        if groups
+            .iter()
+            .any(|g| matches!(g, GroupKind::Recurrent { .. }))
+        {
+            PrefixCaching::Unavailable(
+                "the model has recurrent layers (Gated DeltaNet), whose state at a prefix's \
+                 end is not kept yet",
+            )
+        } else if enabled {
+            PrefixCaching::On
+        } else {
+            PrefixCaching::Off
+        }
+    }
+
+    /// As `/version` reports it.
+    pub fn describe(self) -> serde_json::Value {
+        match self {
+            PrefixCaching::On => serde_json::json!({"enabled": true}),
+            PrefixCaching::Off => {
+                serde_json::json!({"enabled": false, "reason": "--no-enable-prefix-caching"})
+            }
+            PrefixCaching::Unavailable(why) => serde_json::json!({"enabled": false, "reason": why}),
+        }
+    }
+}
+
 pub struct LlmEngine {
     runner: Box<dyn ModelRunner>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
+    prefix_caching: PrefixCaching,
     /// The sequences, each with its generation.
     scheduler: Scheduler<Generation>,
     limits: RequestLimits,
@@ -229,11 +272,17 @@ impl LlmEngine {
         config: EngineConfig,
     ) -> LlmEngine {
         let pool = runner.kv_pool();
+        let prefix_caching = PrefixCaching::of(config.enable_prefix_caching, &pool.groups);
+        if let PrefixCaching::Unavailable(why) = prefix_caching {
+            if config.enable_prefix_caching {
+                tracing::warn!("prefix caching is off: {why}");
+            }
+        }
         let block_manager = BlockManager::new(
             pool.num_blocks,
             pool.block_size,
             pool.groups.clone(),
-            config.enable_prefix_caching,
+            prefix_caching == PrefixCaching::On,
         );
         let scheduler = Scheduler::new(
             SchedulerConfig {
@@ -251,6 +300,7 @@ impl LlmEngine {
             runner,
             tokenizer,
             config,
+            prefix_caching,
             scheduler,
             limits,
             think_markers: None,
@@ -269,6 +319,11 @@ impl LlmEngine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Whether prompts reuse cached blocks, and if not why.
+    pub fn prefix_caching(&self) -> PrefixCaching {
+        self.prefix_caching
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {

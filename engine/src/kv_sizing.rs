@@ -3,7 +3,7 @@
 
 use anyhow::{ensure, Context};
 
-use crate::config::{AttentionSpan, ModelConfig};
+use crate::config::{AttentionSpan, Mixer, ModelConfig};
 use crate::layer_groups::{GroupKind, LayerGroups};
 
 /// How a runner sizes its KV cache and its RoPE tables.
@@ -27,6 +27,12 @@ pub fn kv_bytes_per_token(config: &ModelConfig, value_bytes: usize) -> usize {
 /// KV-cache bytes one layer keeps per token: K and V, `value_bytes` each.
 pub fn kv_bytes_per_layer_token(config: &ModelConfig, value_bytes: usize) -> usize {
     2 * config.num_kv_heads * config.head_dim * value_bytes
+}
+
+/// Bytes a block of `block_size` tokens holds per layer: the unit a recurrent state is
+/// counted in ([`LayerGroups::of`]).
+pub fn layer_block_bytes(config: &ModelConfig, block_size: usize, value_bytes: usize) -> usize {
+    block_size * kv_bytes_per_layer_token(config, value_bytes)
 }
 
 /// The largest `n` in `0..=upto` for which `fits(n)` holds, where `fits` holds up to some
@@ -153,6 +159,9 @@ impl KvFootprint {
         let mut full_layers = 0;
         let mut window_read_bytes: Vec<(usize, usize)> = Vec::new();
         for layer in &config.layers {
+            if let Mixer::GatedDeltaNet(_) = layer.mixer {
+                continue;
+            }
             match layer.attention {
                 AttentionSpan::Full => full_layers += 1,
                 AttentionSpan::Sliding { window } => {
@@ -272,7 +281,7 @@ mod tests {
             .collect();
         let bytes = kv_bytes_per_layer_token(&config, 4);
         assert_eq!(bytes, 1024);
-        let grouped = KvFootprint::of(&config, &LayerGroups::of(&config), 16, 4);
+        let grouped = KvFootprint::of(&config, &LayerGroups::of(&config, 1), 16, 4);
         assert_eq!(
             grouped,
             KvFootprint {

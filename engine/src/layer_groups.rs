@@ -9,7 +9,7 @@
 //! then padded), and a kind of `n` layers splits into `g = ⌈n / size⌉` groups, group `i`
 //! taking its layers `i, i + g, i + 2g, …`.
 
-use crate::config::{AttentionSpan, ModelConfig};
+use crate::config::{AttentionSpan, Mixer, ModelConfig};
 
 /// The tokens a group's layers keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +22,9 @@ pub enum GroupKind {
     /// length: the recurrent layers of hybrid models (Qwen3.5's Gated DeltaNet, issue 62).
     Recurrent { blocks: usize },
 }
+
+/// Bytes of one value of a recurrent state: states are kept in f32.
+pub const STATE_VALUE_BYTES: usize = 4;
 
 /// A block-table entry holding no block: a position a sliding group's window has passed.
 pub const NO_BLOCK: u32 = u32::MAX;
@@ -55,13 +58,21 @@ pub struct LayerGroups {
 }
 
 impl LayerGroups {
-    /// The groups of `config`'s layers, kind by kind in the order of their first layers.
-    pub fn of(config: &ModelConfig) -> LayerGroups {
+    /// The groups of `config`'s layers, kind by kind in the order of their first layers,
+    /// for blocks of `layer_block_bytes` per layer: a recurrent layer's f32 state takes as
+    /// many blocks as it needs.
+    pub fn of(config: &ModelConfig, layer_block_bytes: usize) -> LayerGroups {
         let mut kinds: Vec<(GroupKind, Vec<usize>)> = Vec::new();
         for (i, layer) in config.layers.iter().enumerate() {
-            let kind = match layer.attention {
-                AttentionSpan::Full => GroupKind::Full,
-                AttentionSpan::Sliding { window } => GroupKind::Sliding { window },
+            let kind = match (layer.mixer, layer.attention) {
+                (Mixer::GatedDeltaNet(spec), _) => GroupKind::Recurrent {
+                    blocks: (spec.state_values() * STATE_VALUE_BYTES)
+                        .div_ceil(layer_block_bytes.max(1)),
+                },
+                (Mixer::Attention { .. }, AttentionSpan::Full) => GroupKind::Full,
+                (Mixer::Attention { .. }, AttentionSpan::Sliding { window }) => {
+                    GroupKind::Sliding { window }
+                }
             };
             match kinds.iter_mut().find(|(k, _)| *k == kind) {
                 Some((_, layers)) => layers.push(i),
@@ -85,13 +96,29 @@ impl LayerGroups {
     }
 
     /// The groups a backend keeps: by kind where its attention reads a table per group
-    /// ([`crate::backend::AttentionOps::keeps_windows`]), else every layer in one full group.
-    pub fn kept(config: &ModelConfig, keeps_windows: bool) -> LayerGroups {
-        if keeps_windows {
-            LayerGroups::of(config)
+    /// ([`crate::backend::AttentionOps::keeps_windows`]) or the model has recurrent layers,
+    /// else every layer in one full group.
+    pub fn kept(
+        config: &ModelConfig,
+        keeps_windows: bool,
+        layer_block_bytes: usize,
+    ) -> LayerGroups {
+        let recurrent = config
+            .layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)));
+        if keeps_windows || recurrent {
+            LayerGroups::of(config, layer_block_bytes)
         } else {
             LayerGroups::whole(config)
         }
+    }
+
+    /// Whether any group keeps a recurrent state.
+    pub fn has_recurrent(&self) -> bool {
+        self.groups
+            .iter()
+            .any(|g| matches!(g.kind, GroupKind::Recurrent { .. }))
     }
 
     /// Every layer in one full group: the cache keeps every token of every layer.
@@ -167,7 +194,7 @@ mod tests {
 
     #[test]
     fn every_layer_full_is_one_group() {
-        let groups = LayerGroups::of(&with_spans(&[AttentionSpan::Full; 4]));
+        let groups = LayerGroups::of(&with_spans(&[AttentionSpan::Full; 4]), 1);
         assert_eq!(groups.group_size, 4);
         assert_eq!(
             groups.groups,
@@ -189,7 +216,7 @@ mod tests {
                 _ => AttentionSpan::Sliding { window: 512 },
             })
             .collect();
-        let groups = LayerGroups::of(&with_spans(&spans));
+        let groups = LayerGroups::of(&with_spans(&spans), 1);
         assert_eq!(groups.group_size, 3);
         let sliding = GroupKind::Sliding { window: 512 };
         let want = [
@@ -219,7 +246,7 @@ mod tests {
             AttentionSpan::Sliding { window: 4096 },
         );
         let kinds_and_sizes = |spans: &[AttentionSpan]| {
-            let groups = LayerGroups::of(&with_spans(spans));
+            let groups = LayerGroups::of(&with_spans(spans), 1);
             let sizes: Vec<(GroupKind, Vec<usize>)> = groups
                 .groups
                 .into_iter()
@@ -273,12 +300,12 @@ mod tests {
     fn the_groups_describe_their_kinds_windows_and_layers() {
         let window = AttentionSpan::Sliding { window: 4096 };
         assert_eq!(
-            LayerGroups::of(&with_spans(&[window, window])).describe(),
+            LayerGroups::of(&with_spans(&[window, window]), 1).describe(),
             serde_json::json!({"layers_per_group": 2, "groups": [
                 {"kind": "sliding_attention", "window": 4096, "layers": [0, 1]}]})
         );
         assert_eq!(
-            LayerGroups::of(&with_spans(&[window, AttentionSpan::Full])).describe(),
+            LayerGroups::of(&with_spans(&[window, AttentionSpan::Full]), 1).describe(),
             serde_json::json!({"layers_per_group": 1, "groups": [
                 {"kind": "sliding_attention", "window": 4096, "layers": [0]},
                 {"kind": "full_attention", "window": null, "layers": [1]}]})

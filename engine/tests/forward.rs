@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use engine::backend::cpu::{CpuOptions, KvCacheDtype, QuantizedWeights};
-use engine::config::{AttentionSpan, ExpertSpec, Ffn, RopeScaling, Routing};
+use engine::config::{AttentionSpan, ExpertSpec, Ffn, Mixer, RopeScaling, Routing};
 use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
 use engine::layer_groups::LayerGroups;
 use engine::loader::{load_cpu_runner, load_cpu_runner_with};
@@ -79,7 +79,10 @@ fn load_serving(
     let runner = runner.unwrap_or_else(|e| panic!("load {}: {e:#}", path.display()));
     // The budget of NUM_BLOCKS blocks of every layer holds as many blocks of a layer
     // group's layers as the groups' sizes allow.
-    let groups = LayerGroups::of(&config);
+    let groups = LayerGroups::of(
+        &config,
+        engine::kv_sizing::layer_block_bytes(&config, BLOCK_SIZE, kv.bytes()),
+    );
     assert_eq!(runner.kv_groups(), groups.kinds());
     assert_eq!(
         runner.num_blocks(),
@@ -443,6 +446,26 @@ fn qwen3moe_tiny_matches_its_reference_from_safetensors_and_gguf() {
             let what = format!("{name} {}", file.unwrap_or("safetensors"));
             check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
         }
+    }
+}
+
+/// Qwen3.5 (dense), Qwen3.5-MoE and Qwen3-Next: three Gated DeltaNet layers (2 key heads
+/// serving 4 value heads) to a gated attention layer rotating a quarter of each head; the
+/// mixtures with 4 experts of which each token takes 2, and a gated shared expert. The
+/// 90-token prompt runs the chunked form over a full chunk and a part; decode runs the
+/// recurrence; the chunked prefills of the check restart the state at each chunk's end.
+#[test]
+fn qwen35_and_qwen3next_tiny_match_their_references() {
+    for name in ["qwen35-tiny", "qwen35moe-tiny", "qwen3next-tiny"] {
+        let (model, dir) = family(name, None);
+        let (config, _) = open_model(&model).unwrap();
+        let mixers: Vec<bool> = config
+            .layers
+            .iter()
+            .map(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)))
+            .collect();
+        assert_eq!(mixers, [true, true, true, false], "{name}");
+        check_golden(&model, &dir, name, KvCacheDtype::F32, 1e-3);
     }
 }
 

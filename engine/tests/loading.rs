@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use engine::config::{
     llama3_rope_factors, Activation, AttentionSpan, Family, Ffn, LayerSpec, Llama3RopeScaling,
-    ModelConfig, NormPlacement, NormWeights, RopeScaling, RopeSpec,
+    Mixer, ModelConfig, NormPlacement, NormWeights, RopeScaling, RopeSpec,
 };
 use engine::weights::ggml_quants::dequantize;
 use engine::weights::gguf::GgufFile;
@@ -44,6 +44,7 @@ fn qwen3_tiny_config_parses() {
             norm_weights: NormWeights::AsStored,
             layers: vec![
                 LayerSpec {
+                    mixer: Mixer::Attention { output_gate: false },
                     attention: AttentionSpan::Full,
                     rope: RopeSpec {
                         theta: 1_000_000.0,
@@ -61,6 +62,7 @@ fn qwen3_tiny_config_parses() {
                     ffn: Ffn::Dense {
                         intermediate_size: 128,
                     },
+                    shared_expert: None,
                 };
                 2
             ],

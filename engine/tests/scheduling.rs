@@ -771,7 +771,7 @@ fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
         std::fs::write(&config_path, config.to_string()).unwrap();
         let engine = || {
             let (config, mut weights) = engine::weights::open_model(dir.path()).unwrap();
-            let groups = LayerGroups::of(&config).kinds();
+            let groups = LayerGroups::of(&config, 1).kinds();
             assert!(
                 groups
                     .iter()

@@ -14,12 +14,14 @@ mod attention;
 mod attention_ops;
 mod backend;
 pub mod compute_rate;
+mod delta_net;
 mod experts;
 mod lanes;
 mod layer_ops;
 mod matmul;
 mod ops;
 mod quant;
+mod recurrent_ops;
 mod sampling;
 mod simd;
 mod tensors;
@@ -29,6 +31,7 @@ pub use backend::{CpuBackend, CpuOptions, QuantizedWeights};
 pub use experts::CpuExperts;
 pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
+pub use recurrent_ops::CpuStateCache;
 pub use tensors::{CpuAct, CpuStep};
 
 use super::Tensors;
@@ -38,6 +41,7 @@ impl Tensors for CpuBackend {
     type Weight = CpuWeight;
     type Param = Vec<f32>;
     type KvCache = CpuKvCache;
+    type StateCache = CpuStateCache;
     type Step = CpuStep;
     type Experts = CpuExperts;
 }

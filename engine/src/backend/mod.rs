@@ -14,7 +14,7 @@ use std::fmt;
 
 use anyhow::{bail, ensure};
 
-use crate::config::{Activation, AttentionSpan, ExpertSpec, ModelConfig};
+use crate::config::{Activation, AttentionSpan, DeltaNetSpec, ExpertSpec, ModelConfig};
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
 
@@ -173,6 +173,20 @@ pub fn check_block_table(
     Ok(())
 }
 
+/// Checks a recurrent group's table: the `blocks` pages of a sequence's state, each in the
+/// pool.
+pub fn check_state_table(table: &[u32], blocks: usize, num_blocks: usize) -> anyhow::Result<()> {
+    ensure!(
+        table.len() == blocks,
+        "the state table has {} blocks, the state takes {blocks}",
+        table.len()
+    );
+    if let Some(&b) = table.iter().find(|&&b| b as usize >= num_blocks) {
+        bail!("state block id {b} is past the pool ({num_blocks} blocks)");
+    }
+    Ok(())
+}
+
 /// Per-step metadata shared by every layer, built by the model on the host and copied to
 /// the device once per step.
 #[derive(Debug, Clone, Copy)]
@@ -263,6 +277,8 @@ pub trait Tensors: Send + Sync {
     type Step;
     /// A mixture-of-experts FFN's weights as the device keeps them.
     type Experts: Send + Sync;
+    /// One layer index's recurrent states, in pages a block each ([`StateCacheShape`]).
+    type StateCache: Send;
 }
 
 /// How a step runs on the device: its metadata, its execution context, its timeline, and
@@ -418,6 +434,59 @@ pub trait AttentionOps: Tensors {
     ) -> anyhow::Result<()>;
 }
 
+/// One layer index's recurrent-state storage, for [`RecurrentOps::new_state_cache`]: a page
+/// of `page_values` f32 per block of the pool, a sequence's state spread over the pages of
+/// its recurrent group's block table, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateCacheShape {
+    pub num_blocks: usize,
+    pub page_values: usize,
+}
+
+/// A Gated DeltaNet layer's parameters beside its projections, as f32 vectors.
+pub struct DeltaNetParams<P> {
+    /// The depthwise convolution, `[conv_channels, conv_kernel]`.
+    pub conv: P,
+    /// Per value head, `−exp(A_log)`: the decay rate's scale.
+    pub decay: P,
+    /// Per value head, the bias added to `a` before the softplus.
+    pub dt_bias: P,
+    /// The gated RMSNorm's weight over a value head (as stored: `w`, not `1 + w`).
+    pub norm: P,
+}
+
+/// Gated DeltaNet layers (Qwen3-Next, Qwen3.5) and the gates of their neighbours: the
+/// recurrent state each sequence keeps, in pages of the KV pool's blocks.
+pub trait RecurrentOps: Tensors {
+    /// Allocates the states of one layer index of the recurrent groups (zeroed).
+    fn new_state_cache(&self, shape: StateCacheShape) -> anyhow::Result<Self::StateCache>;
+    /// The DeltaNet between its projections. `proj` rows are `[q k v | z | b a]`
+    /// ([`DeltaNetSpec::projection_width`]). Per sequence of the step, whose state sits in
+    /// the pages of its table in layer group `group` (zero when it starts at position 0):
+    /// the causal convolution over q, k and v with SiLU; q and k L2-normalised, q scaled by
+    /// `key_head_dim^-½`; `β = σ(b)`, `g = decay · softplus(a + dt_bias)`; the recurrence
+    /// `S ← e^g S; S += k ⊗ β(v − Sᵀk); o = Sᵀq` (one position at a time for a single
+    /// token, in chunks otherwise); then `o` RMS-normed per value head, times the weight
+    /// and `silu(z)`. `out` is `[T, value_width]`; the states are left at the last position.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_net(
+        &self,
+        proj: &Self::Act,
+        spec: DeltaNetSpec,
+        params: &DeltaNetParams<Self::Param>,
+        eps: f32,
+        cache: &mut Self::StateCache,
+        step: &Self::Step,
+        group: usize,
+        out: &mut Self::Act,
+    ) -> anyhow::Result<()>;
+    /// In place: `x *= σ(gate)`, element by element (an attention output gate).
+    fn sigmoid_gate(&self, x: &mut Self::Act, gate: &Self::Act) -> anyhow::Result<()>;
+    /// `out[r] += σ(gate[r]) · x[r]` for a one-column `gate` (a gated shared expert).
+    fn add_gated(&self, out: &mut Self::Act, x: &Self::Act, gate: &Self::Act)
+        -> anyhow::Result<()>;
+}
+
 /// Mixture-of-experts FFNs: their upload and their routed forward pass.
 pub trait ExpertOps: Tensors {
     /// Uploads a layer's experts (`name` is its prefix): the router, kept in f32 as
@@ -462,7 +531,9 @@ pub trait SamplingOps: Tensors {
 
 /// Tensor operations over one device's memory: each room of ops is a trait of its own,
 /// implemented beside the device's kernels for it; this one holds what the model loads.
-pub trait Backend: StepOps + LayerOps + AttentionOps + ExpertOps + SamplingOps {
+pub trait Backend:
+    StepOps + LayerOps + AttentionOps + RecurrentOps + ExpertOps + SamplingOps
+{
     /// An empty activation buffer.
     fn new_act(&self) -> Self::Act;
     /// Uploads a 2-D weight `[N, K]`; `name` is for error messages.

@@ -13,6 +13,7 @@ pub mod hf_json;
 mod llama;
 mod phi3;
 mod qwen;
+mod qwen_next;
 pub mod rope;
 
 use std::path::Path;
@@ -52,6 +53,14 @@ pub enum Family {
     /// full layers alternating, YaRN, and mixtures of experts with biases, routed by a
     /// softmax over the best `top_k` router logits, through a clamped SwiGLU.
     GptOss,
+    /// Qwen3-Next: three Gated DeltaNet layers to one full-attention layer with an output
+    /// gate, zero-centred norms (`1 + w`), a quarter of each head rotated, and mixtures of
+    /// experts with a gated shared expert; q/k/v/z and b/a projections fused per key head.
+    Qwen3Next,
+    /// Qwen3.5 (dense): Qwen3-Next's layers with the DeltaNet's projections stored apart.
+    Qwen35,
+    /// Qwen3.5-MoE: Qwen3.5's layers with Qwen3-Next's experts on every layer.
+    Qwen35Moe,
 }
 
 impl Family {
@@ -67,6 +76,11 @@ impl Family {
             "Gemma2ForCausalLM" => Some(Family::Gemma2),
             "Gemma3ForCausalLM" => Some(Family::Gemma3),
             "GptOssForCausalLM" => Some(Family::GptOss),
+            "Qwen3NextForCausalLM" => Some(Family::Qwen3Next),
+            "Qwen3_5ForCausalLM" | "Qwen3_5ForConditionalGeneration" => Some(Family::Qwen35),
+            "Qwen3_5MoeForCausalLM" | "Qwen3_5MoeForConditionalGeneration" => {
+                Some(Family::Qwen35Moe)
+            }
             _ => None,
         }
     }
@@ -82,6 +96,9 @@ impl Family {
             "gemma2" => Some(Family::Gemma2),
             "gemma3" => Some(Family::Gemma3),
             "gpt-oss" => Some(Family::GptOss),
+            "qwen3next" => Some(Family::Qwen3Next),
+            "qwen35" => Some(Family::Qwen35),
+            "qwen35moe" => Some(Family::Qwen35Moe),
             _ => None,
         }
     }
@@ -109,6 +126,11 @@ impl Family {
     /// from Llama's (HF `pre_feedforward_layernorm`, GGUF `ffn_norm` before the FFN).
     pub fn has_sandwich_norms(self) -> bool {
         matches!(self, Family::Gemma2 | Family::Gemma3)
+    }
+
+    /// Whether the family's decoders mix Gated DeltaNet layers with attention layers.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Family::Qwen3Next | Family::Qwen35 | Family::Qwen35Moe)
     }
 }
 
@@ -263,9 +285,82 @@ pub enum AttentionSpan {
     Sliding { window: usize },
 }
 
+/// How a layer mixes information across positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// Softmax attention over the KV cache, as [`LayerSpec::attention`] says; with
+    /// `output_gate`, `q_proj` also gives a gate per head and the attention output is
+    /// multiplied by its sigmoid before `o_proj` (Qwen3-Next, Qwen3.5).
+    Attention { output_gate: bool },
+    /// A Gated DeltaNet (linear attention with a recurrent state per sequence).
+    GatedDeltaNet(DeltaNetSpec),
+}
+
+/// Which key head a DeltaNet value head reads, as a file orders the value heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueHeadOrder {
+    /// HF's: key head `h` serves value heads `h·r … h·r + r − 1` (`r = value / key heads`).
+    Grouped,
+    /// llama.cpp's `qwen35` / `qwen35moe` files: value head `j` reads key head `j mod n_k`.
+    Tiled,
+}
+
+/// A Gated DeltaNet layer's shape (Qwen3-Next's `linear_*` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaNetSpec {
+    pub num_key_heads: usize,
+    pub num_value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    /// The causal depthwise convolution's width over q, k and v.
+    pub conv_kernel: usize,
+    pub value_head_order: ValueHeadOrder,
+}
+
+impl DeltaNetSpec {
+    /// Width of all query (or key) heads.
+    pub fn key_width(self) -> usize {
+        self.num_key_heads * self.key_head_dim
+    }
+
+    /// Width of all value heads (and of the output gate z).
+    pub fn value_width(self) -> usize {
+        self.num_value_heads * self.value_head_dim
+    }
+
+    /// Channels the convolution runs over: q, k and v.
+    pub fn conv_channels(self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// Columns of the fused input projection: q, k, v, then z, then b and a (one per
+    /// value head each).
+    pub fn projection_width(self) -> usize {
+        self.conv_channels() + self.value_width() + 2 * self.num_value_heads
+    }
+
+    /// The key head value head `j` reads.
+    pub fn key_head(self, j: usize) -> usize {
+        match self.value_head_order {
+            ValueHeadOrder::Grouped => j / (self.num_value_heads / self.num_key_heads),
+            ValueHeadOrder::Tiled => j % self.num_key_heads,
+        }
+    }
+
+    /// f32 values of one sequence's state in one layer: every value head's
+    /// `key_head_dim × value_head_dim` matrix, then the convolution's last
+    /// `conv_kernel − 1` inputs of every channel.
+    pub fn state_values(self) -> usize {
+        self.num_value_heads * self.key_head_dim * self.value_head_dim
+            + (self.conv_kernel - 1) * self.conv_channels()
+    }
+}
+
 /// What one decoder layer computes, as the forward reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerSpec {
+    /// Attention or a recurrent mixer; the attention fields below apply to attention only.
+    pub mixer: Mixer,
     pub attention: AttentionSpan,
     pub rope: RopeSpec,
     /// Per-head RMSNorm on q and k before RoPE (Qwen3).
@@ -284,6 +379,9 @@ pub struct LayerSpec {
     pub norms: NormPlacement,
     pub activation: Activation,
     pub ffn: Ffn,
+    /// The width of a shared expert beside the experts: a gated FFN every token runs,
+    /// added times the sigmoid of a scalar gate (`shared_expert_gate`) per token.
+    pub shared_expert: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -327,6 +425,7 @@ impl CommonLayer {
     pub fn uniform(&self) -> Vec<LayerSpec> {
         vec![
             LayerSpec {
+                mixer: Mixer::Attention { output_gate: false },
                 attention: AttentionSpan::Full,
                 rope: self.rope.clone(),
                 qk_norm: false,
@@ -340,6 +439,7 @@ impl CommonLayer {
                 ffn: Ffn::Dense {
                     intermediate_size: self.intermediate_size,
                 },
+                shared_expert: None,
             };
             self.num_layers
         ]
@@ -418,6 +518,7 @@ impl ModelConfig {
             .with_context(|| format!("empty `architectures` in {}", file.display()))?;
         let family = Family::from_hf_class(class)
             .with_context(|| format!("unsupported architecture {class} in {}", file.display()))?;
+        let json = text_decoder_config(json);
 
         let hidden_size: usize = req_field(&json, "hidden_size", file)?;
         let num_heads: usize = req_field(&json, "num_attention_heads", file)?;
@@ -434,7 +535,7 @@ impl ModelConfig {
         // A Qwen3-MoE config whose every layer has experts may leave the dense width out.
         let intermediate_size = match opt_field(&json, "intermediate_size", file)? {
             Some(width) => width,
-            None if family == Family::Qwen3Moe => 0,
+            None if matches!(family, Family::Qwen3Moe | Family::Qwen35Moe) => 0,
             None => req_field(&json, "intermediate_size", file)?,
         };
         let common = CommonLayer {
@@ -468,6 +569,13 @@ impl ModelConfig {
                 gpt_oss::hf_layers(&json, &common, file)?,
                 gpt_oss::DEFAULT_MAX_POSITIONS,
             ),
+            Family::Qwen3Next | Family::Qwen35 | Family::Qwen35Moe => {
+                extras.norm_weights = NormWeights::PlusOne;
+                (
+                    qwen_next::hf_layers(&json, &common, file)?,
+                    qwen_next::DEFAULT_MAX_POSITIONS,
+                )
+            }
         };
 
         let mut eos_token_ids = token_id_list(&json, "eos_token_id", file)?;
@@ -506,6 +614,28 @@ impl ModelConfig {
     }
 }
 
+/// A multimodal checkpoint's config (Qwen3.5's `*ForConditionalGeneration`) keeps its text
+/// decoder's keys in `text_config`: those, with the top-level keys it leaves out.
+fn text_decoder_config(json: serde_json::Value) -> serde_json::Value {
+    let serde_json::Value::Object(mut top) = json else {
+        return json;
+    };
+    match top.remove("text_config") {
+        Some(serde_json::Value::Object(mut text)) => {
+            for (key, value) in top {
+                text.entry(key).or_insert(value);
+            }
+            serde_json::Value::Object(text)
+        }
+        other => {
+            if let Some(other) = other {
+                top.insert("text_config".into(), other);
+            }
+            serde_json::Value::Object(top)
+        }
+    }
+}
+
 /// The layers of a GGUF file whose shared keys gave `common`, and what its family adds
 /// beside them.
 pub fn gguf_layers(
@@ -520,6 +650,9 @@ pub fn gguf_layers(
         Family::Phi3 => plain(phi3::gguf_layers(file, common)?),
         Family::Gemma2 | Family::Gemma3 => gemma::gguf_layers(file, common),
         Family::GptOss => plain(gpt_oss::gguf_layers(file, common)?),
+        Family::Qwen3Next | Family::Qwen35 | Family::Qwen35Moe => {
+            plain(qwen_next::gguf_layers(file, common)?)
+        }
     }
 }
 

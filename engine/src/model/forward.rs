@@ -5,13 +5,16 @@ use anyhow::{anyhow, bail, ensure};
 
 use std::time::Instant;
 
-use crate::backend::{check_block_table, Backend, RowSample, ScoreSpec, StepMeta, StepSeq};
+use crate::backend::{
+    check_block_table, check_state_table, Backend, RowSample, ScoreSpec, StepMeta, StepSeq,
+};
 use crate::kv_sizing::KvFootprint;
-use crate::layer_groups::LayerGroups;
+use crate::layer_groups::{GroupKind, LayerGroups};
 use crate::sampler::SampleSpec;
 
 use super::{
-    Buffers, FfnWeights, Footprint, Model, ModelRunner, ModelState, SeqInput, StepProfile,
+    Buffers, FfnWeights, Footprint, MixerWeights, Model, ModelRunner, ModelState, SeqInput,
+    StepProfile,
 };
 
 impl<B: Backend> ModelState<B> {
@@ -51,9 +54,16 @@ impl<B: Backend> ModelState<B> {
                 kinds.len()
             );
             for (g, (&kind, table)) in kinds.iter().zip(s.block_tables).enumerate() {
-                let first_key = kind.first_kept_block(s.start_pos, bs) * bs;
-                check_block_table(table, first_key, end, bs, self.num_blocks)
-                    .map_err(|e| anyhow!("batch entry {i}, layer group {g}: {e}"))?;
+                let checked = match kind {
+                    GroupKind::Recurrent { blocks } => {
+                        check_state_table(table, blocks, self.num_blocks)
+                    }
+                    _ => {
+                        let first_key = kind.first_kept_block(s.start_pos, bs) * bs;
+                        check_block_table(table, first_key, end, bs, self.num_blocks)
+                    }
+                };
+                checked.map_err(|e| anyhow!("batch entry {i}, layer group {g}: {e}"))?;
             }
             let row_start = host.tokens.len();
             host.tokens.extend_from_slice(s.tokens);
@@ -68,12 +78,19 @@ impl<B: Backend> ModelState<B> {
                 block_tables: s.block_tables,
             });
         }
-        for g in 0..kinds.len() {
+        for (g, kind) in kinds.iter().enumerate() {
             for (s, input) in seqs.iter().zip(batch) {
                 let table = &input.block_tables[g];
                 let end = s.start_pos + s.n_tokens;
-                host.slots
-                    .extend((s.start_pos..end).map(|pos| table[pos / bs] as usize * bs + pos % bs));
+                match kind {
+                    // A state has no slot per token: its pages are the whole table.
+                    GroupKind::Recurrent { .. } => {
+                        host.slots.extend((s.start_pos..end).map(|_| usize::MAX))
+                    }
+                    _ => host.slots.extend(
+                        (s.start_pos..end).map(|pos| table[pos / bs] as usize * bs + pos % bs),
+                    ),
+                }
             }
         }
         Ok(seqs)
@@ -130,6 +147,8 @@ impl<B: Backend> ModelState<B> {
             gate_up,
             act,
             down,
+            gate,
+            shared,
             last,
             logits,
         } = &mut self.bufs;
@@ -141,27 +160,41 @@ impl<B: Backend> ModelState<B> {
         // its post-norm.
         let mut ffn_in_post = false;
         for (i, (layer, &(group, index))) in self.layers.iter().zip(&self.placement).enumerate() {
-            let cache = &mut self.caches[index];
             if i == 0 {
                 b.rms_norm(x, &layer.attn_norm, eps, h)?;
             } else {
                 let ffn_out = if ffn_in_post { &*post } else { &*down };
                 b.add_rms_norm(x, ffn_out, &layer.attn_norm, eps, h)?;
             }
-            b.matmul(h, &layer.qkv, layer.qkv_bias.as_ref(), qkv)?;
-            if let Some((q_w, k_w)) = &layer.qk_norm {
-                b.qk_head_norm(qkv, layout, q_w, k_w, eps)?;
+            match &layer.mixer {
+                MixerWeights::Attention(a) => {
+                    b.matmul(h, &a.qkv, a.qkv_bias.as_ref(), qkv)?;
+                    if let Some((q_w, k_w)) = &a.qk_norm {
+                        b.qk_head_norm(qkv, layout, q_w, k_w, eps)?;
+                    }
+                    let (cos, sin) = &self.ropes[layer.rope];
+                    b.rope(qkv, layout, layer.spec.rope.rotary_dim, cos, sin, step)?;
+                    let scores = ScoreSpec {
+                        scale: layer.spec.attn_scale,
+                        softcap: layer.spec.attn_softcap,
+                    };
+                    let span = layer.spec.attention;
+                    let sinks = a.sinks.as_ref();
+                    let cache = &mut self.caches[index];
+                    b.attention(qkv, layout, span, scores, sinks, cache, step, group, attn)?;
+                    if let Some(w_gate) = &a.gate {
+                        b.matmul(h, w_gate, None, gate)?;
+                        b.sigmoid_gate(attn, gate)?;
+                    }
+                    b.matmul(attn, &a.o_proj, a.o_bias.as_ref(), o)?;
+                }
+                MixerWeights::DeltaNet(d) => {
+                    b.matmul(h, &d.in_proj, None, qkv)?;
+                    let state = &mut self.states[index];
+                    b.gated_delta_net(qkv, d.spec, &d.params, eps, state, step, group, attn)?;
+                    b.matmul(attn, &d.out_proj, None, o)?;
+                }
             }
-            let (cos, sin) = &self.ropes[layer.rope];
-            b.rope(qkv, layout, layer.spec.rope.rotary_dim, cos, sin, step)?;
-            let scores = ScoreSpec {
-                scale: layer.spec.attn_scale,
-                softcap: layer.spec.attn_softcap,
-            };
-            let span = layer.spec.attention;
-            let sinks = layer.sinks.as_ref();
-            b.attention(qkv, layout, span, scores, sinks, cache, step, group, attn)?;
-            b.matmul(attn, &layer.o_proj, layer.o_bias.as_ref(), o)?;
             match &layer.post_norms {
                 None => b.add_rms_norm(x, o, &layer.mlp_norm, eps, h)?,
                 Some((post_attn, _)) => {
@@ -185,6 +218,13 @@ impl<B: Backend> ModelState<B> {
                         self.profile.experts_secs += started.elapsed().as_secs_f64();
                     }
                 }
+            }
+            if let Some(e) = &layer.shared_expert {
+                b.matmul(h, &e.gate_up, None, gate_up)?;
+                b.gated_activation(gate_up, layer.spec.activation, act)?;
+                b.matmul(act, &e.down, None, shared)?;
+                b.matmul(h, &e.gate, None, gate)?;
+                b.add_gated(down, shared, gate)?;
             }
             ffn_in_post = match &layer.post_norms {
                 None => false,
@@ -293,8 +333,42 @@ impl<B: Backend> ModelRunner for Model<B> {
         // 1-D parameters are stored as f32 on every backend.
         let mut vector_params = c.hidden_size;
         let mut weight_bytes = 0;
+        let h = c.hidden_size;
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let mut matrices = 0;
+        let mut attention_layers = 0;
         for l in &s.layers {
-            weight_bytes += b.weight_bytes(&l.qkv) + b.weight_bytes(&l.o_proj);
+            match &l.mixer {
+                MixerWeights::Attention(a) => {
+                    attention_layers += 1;
+                    weight_bytes += b.weight_bytes(&a.qkv) + b.weight_bytes(&a.o_proj);
+                    matrices += h * (q + 2 * kv) + q * h;
+                    if let Some(gate) = &a.gate {
+                        weight_bytes += b.weight_bytes(gate);
+                        matrices += q * h;
+                    }
+                    if a.qkv_bias.is_some() {
+                        vector_params += q + 2 * kv;
+                    }
+                    if a.o_bias.is_some() {
+                        vector_params += h;
+                    }
+                    if a.sinks.is_some() {
+                        vector_params += c.num_heads;
+                    }
+                    if a.qk_norm.is_some() {
+                        vector_params += 2 * c.head_dim;
+                    }
+                }
+                MixerWeights::DeltaNet(d) => {
+                    weight_bytes += b.weight_bytes(&d.in_proj) + b.weight_bytes(&d.out_proj);
+                    let spec = d.spec;
+                    matrices += h * spec.projection_width() + spec.value_width() * h;
+                    vector_params += spec.conv_channels() * spec.conv_kernel
+                        + 2 * spec.num_value_heads
+                        + spec.value_head_dim;
+                }
+            }
             weight_bytes += match &l.ffn {
                 FfnWeights::Dense { gate_up, down } => {
                     b.weight_bytes(gate_up) + b.weight_bytes(down)
@@ -305,45 +379,28 @@ impl<B: Backend> ModelRunner for Model<B> {
                     router + spec.top_k * expert
                 }
             };
-            vector_params += 2 * c.hidden_size;
+            matrices += l.spec.ffn.active_matrix_params(h);
+            if let Some(e) = &l.shared_expert {
+                weight_bytes +=
+                    b.weight_bytes(&e.gate_up) + b.weight_bytes(&e.down) + b.weight_bytes(&e.gate);
+                matrices += 3 * h * l.spec.shared_expert.unwrap_or(0) + h;
+            }
+            vector_params += 2 * h;
             // gpt-oss's router bias, and the biases of the `top_k` experts a token runs.
             if let FfnWeights::Experts(e, _) = &l.ffn {
                 if e.biases {
-                    vector_params +=
-                        e.num_experts + e.top_k * (2 * e.intermediate_size + c.hidden_size);
+                    vector_params += e.num_experts + e.top_k * (2 * e.intermediate_size + h);
                 }
-            }
-            if l.qkv_bias.is_some() {
-                vector_params += (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
-            }
-            if l.o_bias.is_some() {
-                vector_params += c.hidden_size;
-            }
-            if l.sinks.is_some() {
-                vector_params += c.num_heads;
-            }
-            if l.qk_norm.is_some() {
-                vector_params += 2 * c.head_dim;
             }
         }
         weight_bytes += b.weight_bytes(s.lm_head.as_ref().unwrap_or(&s.embed))
             + vector_params * std::mem::size_of::<f32>();
-        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let matrices: usize = c
-            .layers
-            .iter()
-            .map(|l| {
-                c.hidden_size * (q + 2 * kv)
-                    + q * c.hidden_size
-                    + l.ffn.active_matrix_params(c.hidden_size)
-            })
-            .sum();
         let tables = if s.lm_head.is_some() { 2 } else { 1 };
         Footprint {
             weight_bytes,
             parameters: matrices + tables * c.vocab_size * c.hidden_size + vector_params,
             kv: KvFootprint::of(c, &s.groups, s.block_size, b.kv_value_bytes()),
-            attention_flops_per_context_token: 4 * c.num_layers() * q,
+            attention_flops_per_context_token: 4 * attention_layers * q,
         }
     }
 }

@@ -4,15 +4,20 @@
 use anyhow::{bail, ensure, Context};
 
 use crate::backend::{
-    refuse_what_it_lacks, Backend, HostExpert, HostExperts, KvCacheShape, QkvLayout,
+    refuse_what_it_lacks, Backend, DeltaNetParams, HostExpert, HostExperts, KvCacheShape,
+    QkvLayout, StateCacheShape,
 };
-use crate::config::{ExpertSpec, Family, Ffn, ModelConfig, NormPlacement, NormWeights, RopeSpec};
-use crate::kv_sizing::{kv_bytes_per_layer_token, RunnerOptions};
-use crate::layer_groups::LayerGroups;
+use crate::config::{
+    DeltaNetSpec, ExpertSpec, Family, Ffn, LayerSpec, Mixer, ModelConfig, NormPlacement,
+    NormWeights, RopeSpec,
+};
+use crate::kv_sizing::{kv_bytes_per_layer_token, layer_block_bytes, RunnerOptions};
+use crate::layer_groups::{LayerGroups, STATE_VALUE_BYTES};
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
 
 use super::{
-    rope_positions, Buffers, FfnWeights, HostScratch, Layer, Model, ModelState, StepProfile,
+    rope_positions, AttentionWeights, Buffers, DeltaNetWeights, FfnWeights, HostScratch, Layer,
+    MixerWeights, Model, ModelState, SharedExpert, StepProfile,
 };
 
 /// Reads a tensor and checks its shape; errors name the tensor.
@@ -249,94 +254,54 @@ impl<B: Backend> Layer<B> {
     ) -> anyhow::Result<Self> {
         let p = format!("model.layers.{i}");
         let spec = c.layers[i].clone();
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let (qw, kvw) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let h = c.hidden_size;
         let norm = |w: &mut dyn WeightSource, name: String, len: usize| {
             backend.upload_param(&name, read_norm(w, &name, len, c.norm_weights)?)
         };
-        let qkv_names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{p}.self_attn.{n}"));
-        let widths = [qw, kvw, kvw];
-        let fused = c.family.stores_fused_projections();
-        let qkv_name = format!("{p}.self_attn.qkv");
-        let qkv = if fused {
-            read(
-                w,
-                &format!("{p}.self_attn.qkv_proj.weight"),
-                &[qw + 2 * kvw, h],
-            )?
-        } else {
-            let mut parts = Vec::new();
-            for (n, &rows) in qkv_names.iter().zip(&widths) {
-                parts.push(read(w, &format!("{n}.weight"), &[rows, h])?);
+        let mixer = match spec.mixer {
+            Mixer::Attention { output_gate } => {
+                MixerWeights::Attention(load_attention(backend, c, w, &p, &spec, output_gate)?)
             }
-            concat_rows(&qkv_name, parts)
-        };
-        let qkv = backend.upload_weight(&qkv_name, qkv)?;
-        let qkv_bias = if spec.qkv_bias {
-            let mut parts = Vec::new();
-            for (n, &rows) in qkv_names.iter().zip(&widths) {
-                parts.push(read(w, &format!("{n}.bias"), &[rows])?);
+            Mixer::GatedDeltaNet(delta_net) => {
+                MixerWeights::DeltaNet(load_delta_net(backend, c, w, &p, delta_net)?)
             }
-            let name = format!("{p}.self_attn.qkv.bias");
-            Some(backend.upload_param(&name, concat_rows(&name, parts))?)
-        } else {
-            refuse_undescribed(w, qkv_names.iter().map(|n| format!("{n}.bias")), c)?;
-            None
-        };
-        let q_norm = format!("{p}.self_attn.q_norm.weight");
-        let k_norm = format!("{p}.self_attn.k_norm.weight");
-        let qk_norm = if spec.qk_norm {
-            Some((norm(w, q_norm, hd)?, norm(w, k_norm, hd)?))
-        } else {
-            refuse_undescribed(w, [q_norm, k_norm].into_iter(), c)?;
-            None
         };
         // Biases no family here has.
         let biases = [
-            "self_attn.qkv_proj",
             "mlp.gate_proj",
             "mlp.up_proj",
             "mlp.gate_up_proj",
             "mlp.down_proj",
         ];
         refuse_undescribed(w, biases.iter().map(|n| format!("{p}.{n}.bias")), c)?;
-        let o_name = format!("{p}.self_attn.o_proj");
-        let o_weight = format!("{o_name}.weight");
-        let o_proj = backend.upload_weight(&o_weight, read(w, &o_weight, &[h, qw])?)?;
-        let o_bias_name = format!("{o_name}.bias");
-        let o_bias = if spec.o_bias {
-            Some(backend.upload_param(&o_bias_name, read(w, &o_bias_name, &[h])?)?)
-        } else {
-            refuse_undescribed(w, std::iter::once(o_bias_name), c)?;
-            None
-        };
-        let sinks_name = format!("{p}.self_attn.sinks");
-        let sinks = if spec.sinks {
-            let values = read(w, &sinks_name, &[c.num_heads])?;
-            Some(backend.upload_param(&sinks_name, values)?)
-        } else {
-            refuse_undescribed(w, std::iter::once(sinks_name), c)?;
-            None
-        };
+        let fused = c.family.stores_fused_projections();
         let ffn = match spec.ffn {
             Ffn::Dense {
                 intermediate_size: inter,
             } => {
-                let gate_up_name = format!("{p}.mlp.gate_up");
-                let gate_up = if fused {
-                    read(w, &format!("{p}.mlp.gate_up_proj.weight"), &[2 * inter, h])?
-                } else {
-                    let gate = read(w, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-                    let up = read(w, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
-                    concat_rows(&gate_up_name, vec![gate, up])
-                };
-                let down_name = format!("{p}.mlp.down_proj.weight");
-                FfnWeights::Dense {
-                    gate_up: backend.upload_weight(&gate_up_name, gate_up)?,
-                    down: backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?,
-                }
+                let (gate_up, down) =
+                    load_gated_ffn(backend, w, &format!("{p}.mlp"), inter, h, fused)?;
+                FfnWeights::Dense { gate_up, down }
             }
             Ffn::Experts(e) => FfnWeights::Experts(e, load_experts(backend, w, &p, e, h, c)?),
+        };
+        let shared_name = format!("{p}.mlp.shared_expert");
+        let gate_name = format!("{p}.mlp.shared_expert_gate.weight");
+        let shared_expert = match spec.shared_expert {
+            Some(width) => {
+                let (gate_up, down) = load_gated_ffn(backend, w, &shared_name, width, h, false)?;
+                let gate = backend.upload_weight(&gate_name, read(w, &gate_name, &[1, h])?)?;
+                Some(SharedExpert {
+                    gate_up,
+                    down,
+                    gate,
+                })
+            }
+            None => {
+                let names = [format!("{shared_name}.down_proj.weight"), gate_name];
+                refuse_undescribed(w, names.into_iter(), c)?;
+                None
+            }
         };
         // Llama's `post_attention_layernorm` is the pre-FFN norm; Gemma's is on the
         // attention output, its pre-FFN norm `pre_feedforward_layernorm`.
@@ -361,17 +326,234 @@ impl<B: Backend> Layer<B> {
             spec,
             rope,
             attn_norm: norm(w, format!("{p}.input_layernorm.weight"), h)?,
-            qkv,
-            qkv_bias,
-            qk_norm,
-            o_proj,
-            o_bias,
-            sinks,
+            mixer,
             post_norms,
             mlp_norm,
             ffn,
+            shared_expert,
         })
     }
+}
+
+/// A gated FFN under `prefix` (`model.layers.N.mlp`): gate and up fused row-wise (as
+/// stored where the family fuses them), and down.
+fn load_gated_ffn<B: Backend>(
+    backend: &B,
+    w: &mut dyn WeightSource,
+    prefix: &str,
+    inter: usize,
+    h: usize,
+    fused: bool,
+) -> anyhow::Result<(B::Weight, B::Weight)> {
+    let gate_up_name = format!("{prefix}.gate_up");
+    let gate_up = if fused {
+        read(w, &format!("{prefix}.gate_up_proj.weight"), &[2 * inter, h])?
+    } else {
+        let gate = read(w, &format!("{prefix}.gate_proj.weight"), &[inter, h])?;
+        let up = read(w, &format!("{prefix}.up_proj.weight"), &[inter, h])?;
+        concat_rows(&gate_up_name, vec![gate, up])
+    };
+    let down_name = format!("{prefix}.down_proj.weight");
+    Ok((
+        backend.upload_weight(&gate_up_name, gate_up)?,
+        backend.upload_weight(&down_name, read(w, &down_name, &[h, inter])?)?,
+    ))
+}
+
+/// An attention layer's projections under `p`: q/k/v fused (Qwen3-Next's `q_proj` split
+/// into the queries and the output gate, each head's `[query | gate]`), their biases,
+/// QK-norms, the output projection, sinks.
+fn load_attention<B: Backend>(
+    backend: &B,
+    c: &ModelConfig,
+    w: &mut dyn WeightSource,
+    p: &str,
+    spec: &LayerSpec,
+    output_gate: bool,
+) -> anyhow::Result<AttentionWeights<B>> {
+    let (h, hd) = (c.hidden_size, c.head_dim);
+    let (qw, kvw) = (c.num_heads * hd, c.num_kv_heads * hd);
+    let norm = |w: &mut dyn WeightSource, name: String, len: usize| {
+        backend.upload_param(&name, read_norm(w, &name, len, c.norm_weights)?)
+    };
+    let qkv_names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{p}.self_attn.{n}"));
+    let widths = [qw, kvw, kvw];
+    let qkv_name = format!("{p}.self_attn.qkv");
+    let mut gate = None;
+    let qkv = if c.family.stores_fused_projections() {
+        read(
+            w,
+            &format!("{p}.self_attn.qkv_proj.weight"),
+            &[qw + 2 * kvw, h],
+        )?
+    } else {
+        let mut parts = Vec::new();
+        for (n, &rows) in qkv_names.iter().zip(&widths) {
+            let name = format!("{n}.weight");
+            if output_gate && n.ends_with("q_proj") {
+                let both = read(w, &name, &[2 * qw, h])?;
+                let half = |offset: usize| -> Vec<usize> {
+                    (0..qw)
+                        .map(|r| (r / hd) * 2 * hd + offset + r % hd)
+                        .collect()
+                };
+                parts.push(both.select_rows(&name, &half(0))?);
+                let gate_name = format!("{p}.self_attn.gate");
+                gate =
+                    Some(backend.upload_weight(&gate_name, both.select_rows(&name, &half(hd))?)?);
+            } else {
+                parts.push(read(w, &name, &[rows, h])?);
+            }
+        }
+        concat_rows(&qkv_name, parts)
+    };
+    let qkv = backend.upload_weight(&qkv_name, qkv)?;
+    let qkv_bias = if spec.qkv_bias {
+        let mut parts = Vec::new();
+        for (n, &rows) in qkv_names.iter().zip(&widths) {
+            parts.push(read(w, &format!("{n}.bias"), &[rows])?);
+        }
+        let name = format!("{p}.self_attn.qkv.bias");
+        Some(backend.upload_param(&name, concat_rows(&name, parts))?)
+    } else {
+        let names = qkv_names.iter().map(|n| format!("{n}.bias"));
+        let fused_bias = std::iter::once(format!("{p}.self_attn.qkv_proj.bias"));
+        refuse_undescribed(w, names.chain(fused_bias), c)?;
+        None
+    };
+    let q_norm = format!("{p}.self_attn.q_norm.weight");
+    let k_norm = format!("{p}.self_attn.k_norm.weight");
+    let qk_norm = if spec.qk_norm {
+        Some((norm(w, q_norm, hd)?, norm(w, k_norm, hd)?))
+    } else {
+        refuse_undescribed(w, [q_norm, k_norm].into_iter(), c)?;
+        None
+    };
+    let o_name = format!("{p}.self_attn.o_proj");
+    let o_weight = format!("{o_name}.weight");
+    let o_proj = backend.upload_weight(&o_weight, read(w, &o_weight, &[h, qw])?)?;
+    let o_bias_name = format!("{o_name}.bias");
+    let o_bias = if spec.o_bias {
+        Some(backend.upload_param(&o_bias_name, read(w, &o_bias_name, &[h])?)?)
+    } else {
+        refuse_undescribed(w, std::iter::once(o_bias_name), c)?;
+        None
+    };
+    let sinks_name = format!("{p}.self_attn.sinks");
+    let sinks = if spec.sinks {
+        let values = read(w, &sinks_name, &[c.num_heads])?;
+        Some(backend.upload_param(&sinks_name, values)?)
+    } else {
+        refuse_undescribed(w, std::iter::once(sinks_name), c)?;
+        None
+    };
+    Ok(AttentionWeights {
+        qkv,
+        qkv_bias,
+        qk_norm,
+        gate,
+        o_proj,
+        o_bias,
+        sinks,
+    })
+}
+
+/// A Gated DeltaNet under `p` (`model.layers.N`), its input projections fused row-wise as
+/// `[q k v | z | b a]` in the file's value-head order: Qwen3.5's `in_proj_qkv` (all q,
+/// then all k, then all v), `in_proj_z`, `in_proj_b` and `in_proj_a`, or Qwen3-Next's
+/// `in_proj_qkvz` (per key head `[q | k | v of its value heads | z of them]`) and
+/// `in_proj_ba` (per key head `[b | a]` of its value heads), reordered.
+fn load_delta_net<B: Backend>(
+    backend: &B,
+    c: &ModelConfig,
+    w: &mut dyn WeightSource,
+    p: &str,
+    spec: DeltaNetSpec,
+) -> anyhow::Result<DeltaNetWeights<B>> {
+    let h = c.hidden_size;
+    let x = format!("{p}.linear_attn");
+    let (kw, vw, nv) = (spec.key_width(), spec.value_width(), spec.num_value_heads);
+    let (nk, dk) = (spec.num_key_heads, spec.key_head_dim);
+    let in_proj_name = format!("{x}.in_proj");
+    let qkvz_name = format!("{x}.in_proj_qkvz.weight");
+    let in_proj = if w.contains(&qkvz_name) {
+        let qkvz = read(w, &qkvz_name, &[2 * kw + 2 * vw, h])?;
+        let ba_name = format!("{x}.in_proj_ba.weight");
+        let ba = read(w, &ba_name, &[2 * nv, h])?;
+        // Per key head: q dk, k dk, v r·dv, z r·dv rows; b r, a r rows.
+        let (group_v, r) = (vw / nk, nv / nk);
+        let per_head = 2 * dk + 2 * group_v;
+        let rows = |offset: usize, len: usize| -> Vec<usize> {
+            (0..nk)
+                .flat_map(|k| (0..len).map(move |i| k * per_head + offset + i))
+                .collect()
+        };
+        let order: Vec<usize> = [
+            rows(0, dk),
+            rows(dk, dk),
+            rows(2 * dk, group_v),
+            rows(2 * dk + group_v, group_v),
+        ]
+        .concat();
+        let gates: Vec<usize> = [0, r]
+            .iter()
+            .flat_map(|&offset| {
+                (0..nk).flat_map(move |k| (0..r).map(move |i| k * 2 * r + offset + i))
+            })
+            .collect();
+        concat_rows(
+            &in_proj_name,
+            vec![
+                qkvz.select_rows(&qkvz_name, &order)?,
+                ba.select_rows(&ba_name, &gates)?,
+            ],
+        )
+    } else {
+        let parts = [
+            ("in_proj_qkv", 2 * kw + vw),
+            ("in_proj_z", vw),
+            ("in_proj_b", nv),
+            ("in_proj_a", nv),
+        ];
+        let mut tensors = Vec::new();
+        for (part, rows) in parts {
+            tensors.push(read(w, &format!("{x}.{part}.weight"), &[rows, h])?);
+        }
+        concat_rows(&in_proj_name, tensors)
+    };
+    let param =
+        |w: &mut dyn WeightSource, part: &str, shape: &[usize]| -> anyhow::Result<HostTensor> {
+            let t = read(w, &format!("{x}.{part}"), shape)?;
+            Ok(HostTensor {
+                shape: vec![t.numel()],
+                data: TensorData::F32(t.into_f32()),
+            })
+        };
+    let channels = spec.conv_channels();
+    let conv = param(w, "conv1d.weight", &[channels, 1, spec.conv_kernel])?;
+    let a_log = param(w, "A_log", &[nv])?;
+    let decay = HostTensor {
+        shape: vec![nv],
+        data: TensorData::F32(a_log.into_f32().into_iter().map(|a| -a.exp()).collect()),
+    };
+    let dt_bias = param(w, "dt_bias", &[nv])?;
+    // The gated norm multiplies by its weight as stored (`Qwen3NextRMSNormGated`).
+    let norm = param(w, "norm.weight", &[spec.value_head_dim])?;
+    refuse_undescribed(w, std::iter::once(format!("{x}.conv1d.bias")), c)?;
+    let out_name = format!("{x}.out_proj.weight");
+    let out_proj = read(w, &out_name, &[h, vw])?;
+    let upload = |name: &str, t: HostTensor| backend.upload_param(&format!("{x}.{name}"), t);
+    Ok(DeltaNetWeights {
+        spec,
+        in_proj: backend.upload_weight(&in_proj_name, in_proj)?,
+        params: DeltaNetParams {
+            conv: upload("conv1d", conv)?,
+            decay: upload("decay", decay)?,
+            dt_bias: upload("dt_bias", dt_bias)?,
+            norm: upload("norm", norm)?,
+        },
+        out_proj: backend.upload_weight(&out_name, out_proj)?,
+    })
 }
 
 /// An RMSNorm weight of `len` values as the forward multiplies by it: `1 + w` where the
@@ -435,7 +617,11 @@ impl<B: Backend> Model<B> {
         );
         refuse_what_it_lacks(&backend, c)?;
         // Sliding layers keep their windows where the backend reads a table per group.
-        let groups = LayerGroups::kept(c, backend.keeps_windows());
+        let groups = LayerGroups::kept(
+            c,
+            backend.keeps_windows(),
+            layer_block_bytes(c, opts.block_size, backend.kv_value_bytes()),
+        );
         let placement = groups.placement(c.num_layers());
         let num_blocks = opts.num_blocks(
             groups.group_size * kv_bytes_per_layer_token(c, backend.kv_value_bytes()),
@@ -480,6 +666,18 @@ impl<B: Backend> Model<B> {
                 head_dim: c.head_dim,
             })?);
         }
+        // A state page is a block's bytes of one layer, in f32 values.
+        let page_values =
+            layer_block_bytes(c, opts.block_size, backend.kv_value_bytes()) / STATE_VALUE_BYTES;
+        let mut states = Vec::new();
+        if groups.has_recurrent() {
+            for _ in 0..groups.group_size {
+                states.push(backend.new_state_cache(StateCacheShape {
+                    num_blocks,
+                    page_values,
+                })?);
+            }
+        }
         let bufs = Buffers {
             x: backend.new_act(),
             h: backend.new_act(),
@@ -490,6 +688,8 @@ impl<B: Backend> Model<B> {
             gate_up: backend.new_act(),
             act: backend.new_act(),
             down: backend.new_act(),
+            gate: backend.new_act(),
+            shared: backend.new_act(),
             last: backend.new_act(),
             logits: backend.new_act(),
         };
@@ -525,6 +725,7 @@ impl<B: Backend> Model<B> {
             groups,
             placement,
             caches,
+            states,
             num_blocks,
             block_size: opts.block_size,
             rope_positions,

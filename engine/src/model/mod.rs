@@ -8,8 +8,8 @@ mod load;
 
 use anyhow::bail;
 
-use crate::backend::{Backend, QkvLayout, RowSample};
-use crate::config::{ExpertSpec, LayerSpec, ModelConfig};
+use crate::backend::{Backend, DeltaNetParams, QkvLayout, RowSample};
+use crate::config::{DeltaNetSpec, ExpertSpec, LayerSpec, ModelConfig};
 use crate::kv_sizing::{KvFootprint, KvPool};
 use crate::layer_groups::{GroupKind, LayerGroups};
 use crate::sampler::SampleSpec;
@@ -108,18 +108,48 @@ struct Layer<B: Backend> {
     /// Which of the model's RoPE tables it reads.
     rope: usize,
     attn_norm: B::Param,
-    qkv: B::Weight,
-    qkv_bias: Option<B::Param>,
-    qk_norm: Option<(B::Param, B::Param)>,
-    o_proj: B::Weight,
-    o_bias: Option<B::Param>,
-    /// One logit per query head ([`LayerSpec::sinks`]).
-    sinks: Option<B::Param>,
+    mixer: MixerWeights<B>,
     /// On the attention output and on the FFN output, before each residual add
     /// ([`NormPlacement::Sandwich`]).
     post_norms: Option<(B::Param, B::Param)>,
     mlp_norm: B::Param,
     ffn: FfnWeights<B>,
+    /// Beside experts: a gated FFN every token runs, added times σ(`gate`·x)
+    /// ([`LayerSpec::shared_expert`]).
+    shared_expert: Option<SharedExpert<B>>,
+}
+
+/// A layer's token mixer: attention over the KV cache, or a Gated DeltaNet.
+enum MixerWeights<B: Backend> {
+    Attention(AttentionWeights<B>),
+    DeltaNet(DeltaNetWeights<B>),
+}
+
+struct AttentionWeights<B: Backend> {
+    qkv: B::Weight,
+    qkv_bias: Option<B::Param>,
+    qk_norm: Option<(B::Param, B::Param)>,
+    /// The output gate's projection: the gate half of each head of Qwen3-Next's `q_proj`.
+    gate: Option<B::Weight>,
+    o_proj: B::Weight,
+    o_bias: Option<B::Param>,
+    /// One logit per query head ([`LayerSpec::sinks`]).
+    sinks: Option<B::Param>,
+}
+
+struct DeltaNetWeights<B: Backend> {
+    spec: DeltaNetSpec,
+    /// q, k, v, z, b and a fused row-wise ([`DeltaNetSpec::projection_width`]).
+    in_proj: B::Weight,
+    params: DeltaNetParams<B::Param>,
+    out_proj: B::Weight,
+}
+
+struct SharedExpert<B: Backend> {
+    gate_up: B::Weight,
+    down: B::Weight,
+    /// `[1, hidden]`: the scalar gate's logit per token.
+    gate: B::Weight,
 }
 
 /// A layer's FFN weights: one gated FFN (gate/up fused row-wise), or experts.
@@ -140,6 +170,10 @@ struct Buffers<B: Backend> {
     gate_up: B::Act,
     act: B::Act,
     down: B::Act,
+    /// An attention output gate, or a shared expert's gate logits.
+    gate: B::Act,
+    /// A shared expert's output.
+    shared: B::Act,
     last: B::Act,
     logits: B::Act,
 }
@@ -193,6 +227,9 @@ struct ModelState<B: Backend> {
     /// One cache per index in a group: layer `l` at index `i` of group `g` reads cache `i`
     /// through group `g`'s block tables.
     caches: Vec<B::KvCache>,
+    /// Where the model has recurrent groups, one state cache per index in a group, read as
+    /// `caches` are.
+    states: Vec<B::StateCache>,
     num_blocks: usize,
     block_size: usize,
     rope_positions: usize,

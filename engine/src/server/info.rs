@@ -27,6 +27,7 @@ pub struct Facts<'a> {
     pub config: &'a ModelConfig,
     /// The positions RoPE tables are built for.
     pub rope_positions: usize,
+    pub prefix_caching: crate::engine::PrefixCaching,
 }
 
 /// The body of `GET /version`; the device's bandwidth and compute are found here (on the
@@ -56,6 +57,7 @@ pub fn version_body(facts: &Facts<'_>) -> serde_json::Value {
             .map(|&(window, bytes)| serde_json::json!({"window": window, "bytes": bytes}))
             .collect::<Vec<_>>(),
         "kv_layer_groups": facts.kv_layer_groups.describe(),
+        "prefix_caching": facts.prefix_caching.describe(),
         "parameters": facts.footprint.parameters,
         "attention_flops_per_context_token": facts.footprint.attention_flops_per_context_token,
         "architecture": architecture(facts.config, facts.rope_positions),

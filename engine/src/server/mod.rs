@@ -137,6 +137,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         kv_layer_groups: &loaded.kv_layer_groups,
         config: &loaded.config,
         rope_positions: loaded.rope_positions,
+        prefix_caching: loaded.engine.prefix_caching(),
     });
     Ok(Loaded {
         engine: loaded.engine,

@@ -218,6 +218,40 @@ impl HostTensor {
         Ok((half(even), half(odd)))
     }
 
+    /// The rows `rows` lists, in that order, of a matrix (or elements of a vector): a
+    /// checkpoint's fused projection reordered (Qwen3-Next's per-key-head q/k/v/z).
+    /// Quantised rows move as whole blocks.
+    pub fn select_rows(&self, name: &str, rows: &[usize]) -> anyhow::Result<HostTensor> {
+        let total = *self.shape.first().unwrap_or(&0);
+        ensure!(
+            total > 0 && self.data.len() == self.numel(),
+            "tensor `{name}` of shape {:?} has no rows to select",
+            self.shape
+        );
+        if let Some(&bad) = rows.iter().find(|&&r| r >= total) {
+            bail!("tensor `{name}` has {total} rows, not a row {bad}");
+        }
+        fn pick<T: Clone>(v: &[T], total: usize, rows: &[usize]) -> Vec<T> {
+            let row = v.len() / total;
+            rows.iter()
+                .flat_map(|&r| &v[r * row..(r + 1) * row])
+                .cloned()
+                .collect()
+        }
+        let data = match &self.data {
+            TensorData::F32(v) => TensorData::F32(pick(v, total, rows)),
+            TensorData::F16(v) => TensorData::F16(pick(v, total, rows)),
+            TensorData::BF16(v) => TensorData::BF16(pick(v, total, rows)),
+            TensorData::Quant(q, b) => TensorData::Quant(*q, pick(b, total, rows)),
+            TensorData::QuantParts(_) => {
+                bail!("tensor `{name}` mixes quantisation types and cannot be reordered")
+            }
+        };
+        let mut shape = self.shape.clone();
+        shape[0] = rows.len();
+        Ok(HostTensor { shape, data })
+    }
+
     /// A matrix transposed (`[a, b]` to `[b, a]`), in its own float type: a checkpoint that
     /// stores `x · W` rather than HF's `x · Wᵀ` (gpt-oss's unquantised experts).
     pub fn transposed(self, name: &str) -> anyhow::Result<HostTensor> {

@@ -49,8 +49,9 @@ impl Shard {
 pub struct SafetensorsWeights {
     dir: PathBuf,
     shards: Vec<Shard>,
-    /// Tensor name -> index into `shards`.
-    index: HashMap<String, usize>,
+    /// Tensor name (a text decoder's, [`text_decoder_name`]) -> index into `shards` and the
+    /// name the shard stores it under.
+    index: HashMap<String, (usize, String)>,
 }
 
 impl SafetensorsWeights {
@@ -79,7 +80,8 @@ impl SafetensorsWeights {
         for file in files {
             let shard = Shard::open(file)?;
             for name in shard.tensors.keys() {
-                if index.insert(name.clone(), shards.len()).is_some() {
+                let entry = (shards.len(), name.clone());
+                if index.insert(text_decoder_name(name), entry).is_some() {
                     bail!(
                         "tensor `{name}` appears in more than one file of {}",
                         dir.display()
@@ -100,6 +102,15 @@ impl SafetensorsWeights {
         let mut names: Vec<String> = self.index.keys().cloned().collect();
         names.sort();
         names
+    }
+}
+
+/// A multimodal checkpoint's text decoder (Qwen3.5's `*ForConditionalGeneration`) under
+/// the names of a text-only one: `model.language_model.X` is `model.X`.
+fn text_decoder_name(name: &str) -> String {
+    match name.strip_prefix("model.language_model.") {
+        Some(rest) => format!("model.{rest}"),
+        None => name.to_string(),
     }
 }
 
@@ -141,12 +152,12 @@ impl SafetensorsWeights {
 
     /// A tensor's dtype, shape and raw bytes, whatever its dtype, and the file it is in.
     fn raw(&self, name: &str) -> anyhow::Result<(Dtype, Vec<usize>, &[u8], &Path)> {
-        let shard = self
+        let (shard, stored) = self
             .index
             .get(name)
-            .map(|&i| &self.shards[i])
+            .map(|(i, stored)| (&self.shards[*i], stored))
             .with_context(|| format!("missing tensor `{name}` in {}", self.dir.display()))?;
-        let info = &shard.tensors[name];
+        let info = &shard.tensors[stored];
         let (begin, end) = info.data_offsets;
         let bytes = shard
             .mmap

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use engine::layer_groups::GroupKind;
 use engine::model::{ModelRunner, SeqInput};
 use engine::sampler::SampleSpec;
 
@@ -74,11 +75,18 @@ pub fn gemma3_gguf() -> PathBuf {
 }
 
 /// `table`'s blocks as one table per layer group of `r`, disjoint across groups (which
-/// share the caches): block `b` of group `g` is `b · groups + g`.
+/// share the caches): block `b` of group `g` is `b · groups + g`; a recurrent group's
+/// state takes its blocks `0..blocks` so.
 pub fn group_tables(r: &dyn ModelRunner, table: &[u32]) -> Vec<Vec<u32>> {
-    let groups = r.kv_groups().len() as u32;
-    (0..groups)
-        .map(|g| table.iter().map(|&b| b * groups + g).collect())
+    let kinds = r.kv_groups();
+    let groups = kinds.len() as u32;
+    kinds
+        .iter()
+        .zip(0..groups)
+        .map(|(kind, g)| match *kind {
+            GroupKind::Recurrent { blocks } => (0..blocks as u32).map(|b| b * groups + g).collect(),
+            _ => table.iter().map(|&b| b * groups + g).collect(),
+        })
         .collect()
 }
 

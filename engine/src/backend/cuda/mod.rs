@@ -48,9 +48,12 @@ pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 pub use step::CudaStep;
 use step::{GraphState, StepBuffers};
 
-use super::{refuse_what_it_lacks, AttentionOps, Backend, Tensors};
-use crate::config::{Activation, Ffn, ModelConfig};
-use crate::kv_sizing::{kv_bytes_per_token, RunnerOptions};
+use super::{
+    refuse_what_it_lacks, AttentionOps, Backend, DeltaNetParams, RecurrentOps, StateCacheShape,
+    Tensors,
+};
+use crate::config::{Activation, DeltaNetSpec, Ffn, Mixer, ModelConfig};
+use crate::kv_sizing::{kv_bytes_per_token, layer_block_bytes, RunnerOptions};
 use crate::layer_groups::LayerGroups;
 use crate::weights::{HostTensor, TensorData};
 
@@ -179,7 +182,11 @@ pub fn open_cuda_backend(
     };
     // A sequence's table spans its whole context; with layer groups keeping windows the
     // pool holds more tokens than `tokens`, so only the context limits it.
-    let groups = LayerGroups::kept(config, backend.keeps_windows);
+    let groups = LayerGroups::kept(
+        config,
+        backend.keeps_windows,
+        layer_block_bytes(config, opts.block_size, backend.kv_value_bytes()),
+    );
     let context = opts
         .max_model_len
         .unwrap_or(config.max_position_embeddings)
@@ -534,6 +541,38 @@ impl Tensors for CudaBackend {
     type KvCache = CudaKvCache;
     type Step = CudaStep;
     type Experts = CudaExperts;
+    /// No CUDA kernel keeps a recurrent state yet: [`Backend::lacks`] refuses such models.
+    type StateCache = std::convert::Infallible;
+}
+
+/// Gated DeltaNet layers have no CUDA kernels yet (issue 63): a model with them is refused
+/// at load ([`Backend::lacks`]), so no state cache is ever made and none of these runs.
+impl RecurrentOps for CudaBackend {
+    fn new_state_cache(&self, _: StateCacheShape) -> anyhow::Result<Self::StateCache> {
+        bail!("Gated DeltaNet layers have no CUDA kernels yet")
+    }
+
+    fn gated_delta_net(
+        &self,
+        _: &CudaAct,
+        _: DeltaNetSpec,
+        _: &DeltaNetParams<CudaParam>,
+        _: f32,
+        cache: &mut Self::StateCache,
+        _: &CudaStep,
+        _: usize,
+        _: &mut CudaAct,
+    ) -> anyhow::Result<()> {
+        match *cache {}
+    }
+
+    fn sigmoid_gate(&self, _: &mut CudaAct, _: &CudaAct) -> anyhow::Result<()> {
+        bail!("attention output gates have no CUDA kernel yet")
+    }
+
+    fn add_gated(&self, _: &mut CudaAct, _: &CudaAct, _: &CudaAct) -> anyhow::Result<()> {
+        bail!("gated shared experts have no CUDA kernel yet")
+    }
 }
 
 impl Backend for CudaBackend {
@@ -565,13 +604,20 @@ impl Backend for CudaBackend {
         w.rows * w.cols * std::mem::size_of::<bf16>()
     }
 
-    /// Partial rotary embeddings (Phi-3's) have no CUDA kernel yet, nor a dense clamped
-    /// SwiGLU or GeGLU experts. Everything else the per-layer description holds runs on the
+    /// Gated DeltaNet layers, attention output gates and gated shared experts (Qwen3.5,
+    /// Qwen3-Next: issue 63) have no CUDA kernel yet, nor partial rotary embeddings (Phi-3's),
+    /// a dense clamped SwiGLU or GeGLU experts. Everything else the per-layer description holds runs on the
     /// kernel set chosen for the model.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
             let experts = matches!(l.ffn, Ffn::Experts(_));
-            let missing = if l.rope.rotary_dim != c.head_dim {
+            let missing = if matches!(l.mixer, Mixer::GatedDeltaNet(_)) {
+                "a Gated DeltaNet layer"
+            } else if l.mixer != (Mixer::Attention { output_gate: false }) {
+                "an attention output gate"
+            } else if l.shared_expert.is_some() {
+                "a gated shared expert"
+            } else if l.rope.rotary_dim != c.head_dim {
                 "rotary embeddings on part of each head"
             } else if experts && l.activation == Activation::GeluTanh {
                 "a mixture of experts with GeGLU"
