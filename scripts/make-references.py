@@ -274,6 +274,45 @@ def gemma_gguf_writer(arch):
     return write
 
 
+# The llama.cpp of the PyPI llama-cpp-python sdist (../shared/peers/build-llama-cpp.sh unpacks
+# it there), whose converter writes the GGUFs of the families it knows that ours does not.
+LLAMA_CPP = os.environ.get("LLAMA_CPP_DIR", os.path.expanduser(
+    "~/.cache/peers/sd/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+
+
+def llama_cpp_converter(model, config, path):
+    """The GGUF llama.cpp's own `convert_hf_to_gguf.py` writes from the saved checkpoint
+    (f32, no MTP), given a tokenizer: the VOCAB byte-level pieces without merges, the EOS
+    named `<|endoftext|>`. The
+    converter recognises a tokenizer by a hash of its pre-tokenizer's output and knows no
+    such tiny one, so that lookup alone is answered ("default"); every tensor and key is the
+    converter's."""
+    import subprocess
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    folder = os.path.dirname(path)
+    # transformers' Qwen3.5 tokenizer adds `<|endoftext|>` when the vocabulary lacks it:
+    # it is the EOS (id 2) here, so the vocabulary stays VOCAB tokens.
+    pieces = byte_pieces()
+    pieces[config.eos_token_id] = "<|endoftext|>"
+    tok = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f)
+    code = (
+        "import sys, runpy\n"
+        f"sys.path[:0] = [{LLAMA_CPP!r}, {os.path.join(LLAMA_CPP, 'gguf-py')!r}]\n"
+        "import conversion.base as base\n"
+        "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'default'\n"
+        f"sys.argv = ['convert_hf_to_gguf.py', {folder!r}, '--outfile', {path!r},"
+        " '--outtype', 'f32', '--no-mtp']\n"
+        f"runpy.run_path({os.path.join(LLAMA_CPP, 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        os.remove(os.path.join(folder, name))
+
+
 def make(name, config_class, model_class, extra, seed, gguf_writer=None, prepare=None):
     """`prepare(model, config, folder)`, when given, changes the randomised model before its
     files and references are written and returns the GGUF writer."""
@@ -571,11 +610,12 @@ def main():
     experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                    shared_expert_intermediate_size=48)
     make("qwen35-tiny", Qwen3_5TextConfig, Qwen3_5ForCausalLM,
-         dict(num_hidden_layers=4, **delta_net), 1237)
+         dict(num_hidden_layers=4, **delta_net), 1237, llama_cpp_converter)
     make("qwen35moe-tiny", Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM,
-         dict(num_hidden_layers=4, **delta_net, **experts), 1237)
+         dict(num_hidden_layers=4, **delta_net, **experts), 1237, llama_cpp_converter)
     make("qwen3next-tiny", Qwen3NextConfig, Qwen3NextForCausalLM,
-         dict(num_hidden_layers=4, norm_topk_prob=True, **delta_net, **experts), 1237)
+         dict(num_hidden_layers=4, norm_topk_prob=True, **delta_net, **experts), 1237,
+         llama_cpp_converter)
     # gpt-oss: two layers, the first sliding (window 5), the second full; 4 experts of width
     # 32, two per token; biases everywhere, sinks, YaRN (factor 4 over an original context
     # of 32, untruncated as published). The experts are rounded to MXFP4 first, so that the

@@ -454,18 +454,27 @@ fn qwen3moe_tiny_matches_its_reference_from_safetensors_and_gguf() {
 /// mixtures with 4 experts of which each token takes 2, and a gated shared expert. The
 /// 90-token prompt runs the chunked form over a full chunk and a part; decode runs the
 /// recurrence; the chunked prefills of the check restart the state at each chunk's end.
+/// From safetensors and from llama.cpp's converter's GGUF (qwen35's value heads in its
+/// tiled order, `−exp(A_log)`, norms shifted by 1 but the gated one).
 #[test]
 fn qwen35_and_qwen3next_tiny_match_their_references() {
     for name in ["qwen35-tiny", "qwen35moe-tiny", "qwen3next-tiny"] {
-        let (model, dir) = family(name, None);
-        let (config, _) = open_model(&model).unwrap();
-        let mixers: Vec<bool> = config
-            .layers
-            .iter()
-            .map(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)))
-            .collect();
-        assert_eq!(mixers, [true, true, true, false], "{name}");
-        check_golden(&model, &dir, name, KvCacheDtype::F32, 1e-3);
+        for file in [None, Some("model.gguf")] {
+            let (model, dir) = family(name, file);
+            let (config, _) = open_model(&model).unwrap();
+            let mixers: Vec<bool> = config
+                .layers
+                .iter()
+                .map(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)))
+                .collect();
+            assert_eq!(mixers, [true, true, true, false], "{name} {file:?}");
+            let shared: Vec<Option<usize>> =
+                config.layers.iter().map(|l| l.shared_expert).collect();
+            let width = (name != "qwen35-tiny").then_some(48);
+            assert_eq!(shared, [width; 4], "{name} {file:?}");
+            let what = format!("{name} {}", file.unwrap_or("safetensors"));
+            check_golden(&model, &dir, &what, KvCacheDtype::F32, 1e-3);
+        }
     }
 }
 

@@ -476,69 +476,79 @@ fn load_delta_net<B: Backend>(
     let (nk, dk) = (spec.num_key_heads, spec.key_head_dim);
     let in_proj_name = format!("{x}.in_proj");
     let qkvz_name = format!("{x}.in_proj_qkvz.weight");
-    let in_proj = if w.contains(&qkvz_name) {
+    // Per key head, Qwen3-Next's fused rows: q dk, k dk, v and z of its value heads; b and a
+    // of its value heads.
+    let (group_v, r) = (vw / nk, nv / nk);
+    let per_key_head = |offset: usize, len: usize, stride: usize| -> Vec<usize> {
+        (0..nk)
+            .flat_map(|k| (0..len).map(move |i| k * stride + offset + i))
+            .collect()
+    };
+    let (qkv, z) = if w.contains(&qkvz_name) {
         let qkvz = read(w, &qkvz_name, &[2 * kw + 2 * vw, h])?;
-        let ba_name = format!("{x}.in_proj_ba.weight");
-        let ba = read(w, &ba_name, &[2 * nv, h])?;
-        // Per key head: q dk, k dk, v r·dv, z r·dv rows; b r, a r rows.
-        let (group_v, r) = (vw / nk, nv / nk);
-        let per_head = 2 * dk + 2 * group_v;
-        let rows = |offset: usize, len: usize| -> Vec<usize> {
-            (0..nk)
-                .flat_map(|k| (0..len).map(move |i| k * per_head + offset + i))
-                .collect()
-        };
-        let order: Vec<usize> = [
-            rows(0, dk),
-            rows(dk, dk),
-            rows(2 * dk, group_v),
-            rows(2 * dk + group_v, group_v),
+        let stride = 2 * dk + 2 * group_v;
+        let qkv_rows = [
+            per_key_head(0, dk, stride),
+            per_key_head(dk, dk, stride),
+            per_key_head(2 * dk, group_v, stride),
         ]
         .concat();
-        let gates: Vec<usize> = [0, r]
-            .iter()
-            .flat_map(|&offset| {
-                (0..nk).flat_map(move |k| (0..r).map(move |i| k * 2 * r + offset + i))
-            })
-            .collect();
-        concat_rows(
-            &in_proj_name,
-            vec![
-                qkvz.select_rows(&qkvz_name, &order)?,
-                ba.select_rows(&ba_name, &gates)?,
-            ],
+        let z_rows = per_key_head(2 * dk + group_v, group_v, stride);
+        (
+            qkvz.select_rows(&qkvz_name, &qkv_rows)?,
+            qkvz.select_rows(&qkvz_name, &z_rows)?,
         )
     } else {
-        let parts = [
-            ("in_proj_qkv", 2 * kw + vw),
-            ("in_proj_z", vw),
-            ("in_proj_b", nv),
-            ("in_proj_a", nv),
-        ];
-        let mut tensors = Vec::new();
-        for (part, rows) in parts {
-            tensors.push(read(w, &format!("{x}.{part}.weight"), &[rows, h])?);
+        (
+            read(w, &format!("{x}.in_proj_qkv.weight"), &[2 * kw + vw, h])?,
+            read(w, &format!("{x}.in_proj_z.weight"), &[vw, h])?,
+        )
+    };
+    let ba_name = format!("{x}.in_proj_ba.weight");
+    let (b, a) = if w.contains(&ba_name) {
+        let ba = read(w, &ba_name, &[2 * nv, h])?;
+        (
+            ba.select_rows(&ba_name, &per_key_head(0, r, 2 * r))?,
+            ba.select_rows(&ba_name, &per_key_head(r, r, 2 * r))?,
+        )
+    } else {
+        (
+            read(w, &format!("{x}.in_proj_b.weight"), &[nv, h])?,
+            read(w, &format!("{x}.in_proj_a.weight"), &[nv, h])?,
+        )
+    };
+    let in_proj = concat_rows(&in_proj_name, vec![qkv, z, b, a]);
+    let param = |w: &mut dyn WeightSource, part: &str, len: usize| -> anyhow::Result<HostTensor> {
+        let name = format!("{x}.{part}");
+        ensure!(w.contains(&name), "missing tensor `{name}`");
+        let t = w
+            .load(&name)
+            .with_context(|| format!("loading tensor `{name}`"))?;
+        ensure!(
+            t.numel() == len,
+            "tensor `{name}` has shape {:?}, expected {len} values",
+            t.shape
+        );
+        Ok(HostTensor {
+            shape: vec![len],
+            data: TensorData::F32(t.into_f32()),
+        })
+    };
+    // HF's `[channels, 1, kernel]`, GGUF's `[channels, kernel]`: the same values.
+    let conv = param(w, "conv1d.weight", spec.conv_channels() * spec.conv_kernel)?;
+    // HF's `A_log`, or GGUF's `ssm_a`, which llama.cpp's converter stores as `−exp(A_log)`.
+    let decay = if w.contains(&format!("{x}.A_log")) {
+        let a_log = param(w, "A_log", nv)?;
+        HostTensor {
+            shape: vec![nv],
+            data: TensorData::F32(a_log.into_f32().into_iter().map(|a| -a.exp()).collect()),
         }
-        concat_rows(&in_proj_name, tensors)
+    } else {
+        param(w, "ssm_a", nv)?
     };
-    let param =
-        |w: &mut dyn WeightSource, part: &str, shape: &[usize]| -> anyhow::Result<HostTensor> {
-            let t = read(w, &format!("{x}.{part}"), shape)?;
-            Ok(HostTensor {
-                shape: vec![t.numel()],
-                data: TensorData::F32(t.into_f32()),
-            })
-        };
-    let channels = spec.conv_channels();
-    let conv = param(w, "conv1d.weight", &[channels, 1, spec.conv_kernel])?;
-    let a_log = param(w, "A_log", &[nv])?;
-    let decay = HostTensor {
-        shape: vec![nv],
-        data: TensorData::F32(a_log.into_f32().into_iter().map(|a| -a.exp()).collect()),
-    };
-    let dt_bias = param(w, "dt_bias", &[nv])?;
+    let dt_bias = param(w, "dt_bias", nv)?;
     // The gated norm multiplies by its weight as stored (`Qwen3NextRMSNormGated`).
-    let norm = param(w, "norm.weight", &[spec.value_head_dim])?;
+    let norm = param(w, "norm.weight", spec.value_head_dim)?;
     refuse_undescribed(w, std::iter::once(format!("{x}.conv1d.bias")), c)?;
     let out_name = format!("{x}.out_proj.weight");
     let out_proj = read(w, &out_name, &[h, vw])?;

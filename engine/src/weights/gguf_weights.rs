@@ -36,6 +36,11 @@ const LAYER_NAMES: &[(&str, &str)] = &[
 /// gpt-oss names its pre-FFN norm `post_attention_norm` and its router `mlp.router`, and
 /// its sinks (`attn_sinks.weight`) are HF's `self_attn.sinks`.
 pub fn hf_name(gguf_name: &str, family: Family) -> Option<String> {
+    if family.is_hybrid() {
+        if let Some(name) = delta_net_parameter(gguf_name) {
+            return Some(name);
+        }
+    }
     let (stem, suffix) = gguf_name.rsplit_once('.')?;
     if suffix != "weight" && suffix != "bias" {
         return None;
@@ -54,8 +59,21 @@ pub fn hf_name(gguf_name: &str, family: Family) -> Option<String> {
             if part == "attn_sinks" && suffix == "weight" {
                 return Some(format!("model.layers.{layer}.self_attn.sinks"));
             }
+            let hybrid = family.is_hybrid();
             let hf_part = match part {
-                "post_attention_norm" if gpt_oss => "post_attention_layernorm",
+                "post_attention_norm" if gpt_oss || hybrid => "post_attention_layernorm",
+                "attn_qkv" if hybrid => "linear_attn.in_proj_qkv",
+                "attn_gate" if hybrid => "linear_attn.in_proj_z",
+                "ssm_beta" if hybrid => "linear_attn.in_proj_b",
+                "ssm_alpha" if hybrid => "linear_attn.in_proj_a",
+                "ssm_ba" if hybrid => "linear_attn.in_proj_ba",
+                "ssm_conv1d" if hybrid => "linear_attn.conv1d",
+                "ssm_norm" if hybrid => "linear_attn.norm",
+                "ssm_out" if hybrid => "linear_attn.out_proj",
+                "ffn_gate_shexp" if hybrid => "mlp.shared_expert.gate_proj",
+                "ffn_up_shexp" if hybrid => "mlp.shared_expert.up_proj",
+                "ffn_down_shexp" if hybrid => "mlp.shared_expert.down_proj",
+                "ffn_gate_inp_shexp" if hybrid => "mlp.shared_expert_gate",
                 "ffn_gate_inp" if gpt_oss => "mlp.router",
                 "attn_qkv" if fused => "self_attn.qkv_proj",
                 "ffn_up" if fused => "mlp.gate_up_proj",
@@ -68,6 +86,20 @@ pub fn hf_name(gguf_name: &str, family: Family) -> Option<String> {
         }
     };
     Some(format!("{hf_stem}.{suffix}"))
+}
+
+/// A DeltaNet's parameters that llama.cpp names without HF's suffix: `blk.N.ssm_a`
+/// (`−exp(A_log)`, kept as `linear_attn.ssm_a`) and `blk.N.ssm_dt.bias` (`dt_bias`).
+fn delta_net_parameter(gguf_name: &str) -> Option<String> {
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let hf = match part {
+        "ssm_a" => "ssm_a",
+        "ssm_dt.bias" => "dt_bias",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.linear_attn.{hf}"))
 }
 
 /// Undoes llama.cpp's Q/K permutation. llama.cpp's converter reordered the rows
