@@ -280,9 +280,9 @@ LLAMA_CPP = os.environ.get("LLAMA_CPP_DIR", os.path.expanduser(
     "~/.cache/peers/sd/llama_cpp_python-0.3.36/vendor/llama.cpp"))
 
 
-def llama_cpp_converter(model, config, path):
+def llama_cpp_converter(model, config, path, outtype="f32"):
     """The GGUF llama.cpp's own `convert_hf_to_gguf.py` writes from the saved checkpoint
-    (f32, no MTP), given a tokenizer: the VOCAB byte-level pieces without merges, the EOS
+    (f32 unless `outtype` says, no MTP), given a tokenizer: the VOCAB byte-level pieces without merges, the EOS
     named `<|endoftext|>`. The
     converter recognises a tokenizer by a hash of its pre-tokenizer's output and knows no
     such tiny one, so that lookup alone is answered ("default"); every tensor and key is the
@@ -306,7 +306,7 @@ def llama_cpp_converter(model, config, path):
         "import conversion.base as base\n"
         "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'default'\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {folder!r}, '--outfile', {path!r},"
-        " '--outtype', 'f32', '--no-mtp']\n"
+        f" '--outtype', {outtype!r}, '--no-mtp']\n"
         f"runpy.run_path({os.path.join(LLAMA_CPP, 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
     subprocess.run([sys.executable, "-c", code], check=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -163,6 +163,8 @@ pub struct StepTimings {
     pub prefill_tokens: u64,
     /// Of `prefill_secs`, the mixture-of-experts FFNs' ([`crate::model::StepProfile::experts_secs`]).
     pub prefill_experts_secs: f64,
+    /// Of `prefill_secs`, the Gated DeltaNet layers' ([`crate::model::StepProfile::delta_net_secs`]).
+    pub prefill_delta_net_secs: f64,
     pub decode_steps: u64,
     pub decode_secs: f64,
     /// Tokens sampled in decode-only steps.
@@ -188,6 +190,8 @@ pub struct StepBreakdown {
     pub forward_secs: f64,
     /// Of `forward_secs`, the mixture-of-experts FFNs ([`crate::model::StepProfile::experts_secs`]).
     pub experts_secs: f64,
+    /// Of `forward_secs`, the Gated DeltaNet layers ([`crate::model::StepProfile::delta_net_secs`]).
+    pub delta_net_secs: f64,
     /// Device: penalties, sampling and logprobs (GPU time from events on CUDA).
     pub sample_secs: f64,
     /// The runner's whole call as the host saw it.
@@ -640,6 +644,7 @@ impl LlmEngine {
             t.prefill_steps += 1;
             t.prefill_secs += secs;
             t.prefill_experts_secs += runner.experts_secs;
+            t.prefill_delta_net_secs += runner.delta_net_secs;
             t.prefill_tokens += chunks
                 .iter()
                 .filter(|c| c.is_prefill)
@@ -654,6 +659,7 @@ impl LlmEngine {
             d.prepare_secs += runner.prepare_secs;
             d.forward_secs += runner.forward_secs;
             d.experts_secs += runner.experts_secs;
+            d.delta_net_secs += runner.delta_net_secs;
             d.sample_secs += runner.sample_secs;
             d.runner_wall_secs += runner.wall_secs;
             d.update_secs += update_secs;

@@ -281,6 +281,14 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             t.prefill_experts_secs, t.prefill_secs
         );
     }
+    if t.prefill_delta_net_secs > 0.0 {
+        println!(
+            "Prefill DeltaNet layers (projections, convolution, recurrence): {:.2}s of the {:.2}s ({:.1}%)",
+            t.prefill_delta_net_secs,
+            t.prefill_secs,
+            100.0 * t.prefill_delta_net_secs / t.prefill_secs.max(1e-9)
+        );
+    }
     if t.decode_steps > 0 {
         let d = t.decode;
         let ms = |x: f64| 1e3 * x / t.decode_steps as f64;
@@ -295,6 +303,14 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             ms(d.sample_secs),
             ms(d.update_secs)
         );
+        if d.delta_net_secs > 0.0 {
+            println!(
+                "Decode step DeltaNet layers (projections, convolution, recurrence): {:.3}ms of the forward's {:.3}ms ({:.1}%)",
+                ms(d.delta_net_secs),
+                ms(d.forward_secs),
+                100.0 * d.delta_net_secs / d.forward_secs.max(1e-9)
+            );
+        }
         if d.experts_secs > 0.0 {
             println!(
                 "Decode step experts (mixture-of-experts FFNs: routing, expert GEMMs, weighted sums): {:.3}ms of the forward's {:.3}ms",

@@ -824,3 +824,95 @@ fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
         }
     }
 }
+
+/// Qwen3.5 and Qwen3-Next served (their Gated DeltaNet states in the pool's blocks): six
+/// prompts, some longer than a 64-token chunk, batched with chunked prefill in a pool
+/// small enough to preempt (a preempted sequence restarts its state from position 0),
+/// give each prompt's solo greedy tokens; prefix caching is off
+/// (a repeated prompt reports no cached tokens), and every block comes back.
+#[test]
+fn hybrid_families_serve_batches_and_preemptions_as_solo_runs() {
+    use engine::backend::cpu::KvCacheDtype;
+    use engine::engine::PrefixCaching;
+    use engine::kv_sizing::{layer_block_bytes, RunnerOptions};
+    use engine::layer_groups::GroupKind;
+    use engine::loader::load_cpu_runner;
+
+    let tok = tokenizer();
+    for family in ["qwen35-tiny", "qwen3next-tiny"] {
+        let dir = common::workspace()
+            .join("engine/tests/fixtures/families")
+            .join(family);
+        // A pool of `blocks` blocks (of one layer each: the groups have one layer).
+        let engine = |blocks: usize, max_num_seqs: usize| {
+            let (config, mut weights) = engine::weights::open_model(&dir).unwrap();
+            let options = RunnerOptions {
+                block_size: 16,
+                kv_cache_bytes: layer_block_bytes(&config, 16, KvCacheDtype::F32.bytes()) * blocks,
+                max_model_len: Some(512),
+            };
+            let runner = load_cpu_runner(&config, weights.as_mut(), &options, 2).unwrap();
+            let groups = runner.kv_groups();
+            assert_eq!(
+                groups
+                    .iter()
+                    .filter(|g| matches!(g, GroupKind::Recurrent { .. }))
+                    .count(),
+                3,
+                "{family}: {groups:?}"
+            );
+            let engine_config = EngineConfig {
+                max_num_seqs,
+                max_num_batched_tokens: 96,
+                max_model_len: 512,
+                enable_prefix_caching: true,
+            };
+            LlmEngine::new(runner, tok.clone(), engine_config)
+        };
+        let vocab = 256u32;
+        // Each prompt one short of a block's end, so that decoding takes a block at once.
+        let prompts: Vec<Vec<u32>> = [47usize, 79, 127, 31, 79, 15]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                (0..n as u32)
+                    .map(|t| (t * 31 + 7 * i as u32 + 3) % vocab)
+                    .collect()
+            })
+            .collect();
+        // Prompts 1 and 4 are the same: no cache hit for a recurrent model.
+        let mut prompts = prompts;
+        prompts[4] = prompts[1].clone();
+        let params = greedy(12);
+        let mut solo = engine(100, 1);
+        assert!(matches!(
+            solo.prefix_caching(),
+            PrefixCaching::Unavailable(_)
+        ));
+        let want: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| {
+                solo.generate(vec![p.clone()], &params).unwrap()[0]
+                    .token_ids
+                    .clone()
+            })
+            .collect();
+        // The first two prompts' states (2 blocks per DeltaNet group) and blocks take 20
+        // of 21; both decoding past their blocks' ends need 22.
+        let mut batched = engine(21, 4);
+        let got = batched.generate(prompts.clone(), &params).unwrap();
+        batched.check_invariants().unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(&g.token_ids, w, "{family}: prompt {i}");
+            assert_eq!(g.num_cached_prompt_tokens, 0, "{family}: prompt {i}");
+        }
+        let stats = batched.stats();
+        assert!(stats.num_preemptions > 0, "{family}: no preemption");
+        assert_eq!(stats.prefix_cache_hits, 0, "{family}");
+        assert_eq!(
+            (stats.kv_blocks_used, stats.num_running),
+            (0, 0),
+            "{family}"
+        );
+    }
+}

@@ -189,10 +189,14 @@ impl<B: Backend> ModelState<B> {
                     b.matmul(attn, &a.o_proj, a.o_bias.as_ref(), o)?;
                 }
                 MixerWeights::DeltaNet(d) => {
+                    let started = Instant::now();
                     b.matmul(h, &d.in_proj, None, qkv)?;
                     let state = &mut self.states[index];
                     b.gated_delta_net(qkv, d.spec, &d.params, eps, state, step, group, attn)?;
                     b.matmul(attn, &d.out_proj, None, o)?;
+                    if b.runs_ops_as_issued() {
+                        self.profile.delta_net_secs += started.elapsed().as_secs_f64();
+                    }
                 }
             }
             match &layer.post_norms {

@@ -45,6 +45,9 @@ pub struct StepProfile {
     /// by the host's clock, on a backend that runs its ops as they are issued (the CPU's:
     /// part of `forward_secs`); 0 where the device runs them later (CUDA).
     pub experts_secs: f64,
+    /// The Gated DeltaNet layers' token mixers (their projections, convolution and
+    /// recurrence), timed as `experts_secs` is.
+    pub delta_net_secs: f64,
 }
 
 /// Runs the model on a device; owns the weights and the KV cache storage.
