@@ -66,7 +66,7 @@ PY
 ours() { # batch prompt generated -> "prefill_tok/s decode_tok/s"
   $E bench --model "$MODEL" --threads 2 --num-seqs "$1" --max-num-seqs "$1" --max-model-len $(($2 + $3)) \
     --min-input-len "$2" --max-input-len "$2" --min-output-len "$3" --max-output-len "$3" 2>"$tmp/ours.err" |
-    awk -F'Throughput: ' '/^Prefill/{pp=$2+0} /^Decode:/{tg=$2+0} END{print pp, tg}' >"$tmp/ours.out"
+    awk -F'Throughput: ' '/^Prefill:/{pp=$2+0} /^Decode:/{tg=$2+0} END{print pp, tg}' >"$tmp/ours.out"
   read -r pp tg <"$tmp/ours.out"
   [ -n "$tg" ] && [ "$tg" != 0 ] || { echo "engine bench failed:" >&2; tail -3 "$tmp/ours.err" >&2; exit 1; }
   echo "$pp $tg"

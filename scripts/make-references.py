@@ -282,8 +282,8 @@ LLAMA_CPP = os.environ.get("LLAMA_CPP_DIR", os.path.expanduser(
 
 def llama_cpp_converter(model, config, path, outtype="f32"):
     """The GGUF llama.cpp's own `convert_hf_to_gguf.py` writes from the saved checkpoint
-    (f32 unless `outtype` says, no MTP), given a tokenizer: the VOCAB byte-level pieces without merges, the EOS
-    named `<|endoftext|>`. The
+    (f32 unless `outtype` says, no MTP), given a tokenizer: the VOCAB byte-level pieces, the
+    EOS named `<|endoftext|>` and the last one the only merge's. The
     converter recognises a tokenizer by a hash of its pre-tokenizer's output and knows no
     such tiny one, so that lookup alone is answered ("default"); every tensor and key is the
     converter's."""
@@ -294,7 +294,11 @@ def llama_cpp_converter(model, config, path, outtype="f32"):
     # it is the EOS (id 2) here, so the vocabulary stays VOCAB tokens.
     pieces = byte_pieces()
     pieces[config.eos_token_id] = "<|endoftext|>"
-    tok = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=[]))
+    # llama.cpp loads no byte-level vocabulary without merges: the last byte's id is the
+    # merge of "Ġ" and "t".
+    pieces[VOCAB - 1] = "Ġt"
+    tok = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)},
+                               merges=[("Ġ", "t")]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.save(os.path.join(folder, "tokenizer.json"))

@@ -378,14 +378,19 @@ impl Tokenizer {
         Ok(inner)
     }
 
-    /// A byte-level BPE vocabulary with its merges and GGUF's pre-tokenizer choice.
+    /// A byte-level BPE vocabulary with its merges (none where the file has none) and
+    /// GGUF's pre-tokenizer choice.
     fn gguf_byte_level_bpe(
         file: &GgufFile,
         tokens: &[&str],
     ) -> anyhow::Result<tokenizers::Tokenizer> {
         let path = file.path();
-        let merges = file
-            .get_str_array("tokenizer.ggml.merges")?
+        // llama.cpp's converter leaves the key out of a vocabulary without merges.
+        let listed = match file.metadata.contains_key("tokenizer.ggml.merges") {
+            true => file.get_str_array("tokenizer.ggml.merges")?,
+            false => Vec::new(),
+        };
+        let merges = listed
             .into_iter()
             .enumerate()
             .map(|(i, m)| {

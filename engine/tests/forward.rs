@@ -953,3 +953,35 @@ fn qwen3_tiny_bf16_run_within_bf16_tolerance() {
 fn llama_tiny_bf16_run_within_bf16_tolerance() {
     check_tiny_bf16_run("llama-tiny");
 }
+
+/// A Qwen3.5 checkpoint missing one of a DeltaNet's tensors is refused naming it.
+#[test]
+fn a_missing_delta_net_tensor_is_refused_by_name() {
+    let (model, _) = family("qwen35-tiny", None);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(model.join("config.json"), dir.path().join("config.json")).unwrap();
+    let bytes = std::fs::read(model.join("model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let missing = "model.layers.1.linear_attn.dt_bias";
+    let views: Vec<(String, safetensors::tensor::TensorView)> = file
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != missing)
+        .collect();
+    let out = dir.path().join("model.safetensors");
+    std::fs::write(&out, safetensors::serialize(views, None).unwrap()).unwrap();
+    let (config, mut weights) = open_model(dir.path()).unwrap();
+    let options = RunnerOptions {
+        block_size: BLOCK_SIZE,
+        kv_cache_bytes: kv_bytes_per_token(&config, 4) * BLOCK_SIZE * NUM_BLOCKS,
+        max_model_len: None,
+    };
+    let err = match load_cpu_runner(&config, weights.as_mut(), &options, 2) {
+        Ok(_) => panic!("a checkpoint without {missing} loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains(&format!("missing tensor `{missing}`")),
+        "{err}"
+    );
+}
