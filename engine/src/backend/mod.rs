@@ -445,7 +445,8 @@ pub struct StateCacheShape {
 
 /// A Gated DeltaNet layer's parameters beside its projections, as f32 vectors.
 pub struct DeltaNetParams<P> {
-    /// The depthwise convolution, `[conv_channels, conv_kernel]`.
+    /// The depthwise convolution, tap-major `[conv_kernel, conv_channels]`: tap `j` of
+    /// every channel, applied to the input `conv_kernel − 1 − j` positions back.
     pub conv: P,
     /// Per value head, `−exp(A_log)`: the decay rate's scale.
     pub decay: P,

@@ -534,8 +534,18 @@ fn load_delta_net<B: Backend>(
             data: TensorData::F32(t.into_f32()),
         })
     };
-    // HF's `[channels, 1, kernel]`, GGUF's `[channels, kernel]`: the same values.
-    let conv = param(w, "conv1d.weight", spec.conv_channels() * spec.conv_kernel)?;
+    // HF's `[channels, 1, kernel]`, GGUF's `[channels, kernel]`: the same values, kept
+    // tap-major.
+    let (channels, kernel) = (spec.conv_channels(), spec.conv_kernel);
+    let by_channel = param(w, "conv1d.weight", channels * kernel)?.into_f32();
+    let conv = HostTensor {
+        shape: vec![channels * kernel],
+        data: TensorData::F32(
+            (0..kernel)
+                .flat_map(|j| by_channel.iter().skip(j).step_by(kernel).copied())
+                .collect(),
+        ),
+    };
     // HF's `A_log`, or GGUF's `ssm_a`, which llama.cpp's converter stores as `−exp(A_log)`.
     let decay = if w.contains(&format!("{x}.A_log")) {
         let a_log = param(w, "A_log", nv)?;

@@ -6,34 +6,80 @@ use anyhow::ensure;
 use rayon::prelude::*;
 
 use super::backend::CpuBackend;
-use super::delta_net::{self, HeadInputs};
+use super::delta_net::{self, HeadInputs, Rows};
+use super::simd::SendPtr;
 use super::tensors::{CpuAct, CpuStep};
 use crate::backend::{DeltaNetParams, RecurrentOps, StateCacheShape};
 use crate::config::DeltaNetSpec;
 
 /// One layer index's recurrent states: a page of `page_values` f32 per block, zeroed
-/// (calloc'd, so pages never written cost no memory).
+/// (calloc'd, so pages never written cost no memory). A sequence's state is the pages of
+/// its table, in order, holding [`DeltaNetSpec::state_values`] values: each value head's
+/// matrix row by row, then the convolution's last inputs, oldest first, each a row of
+/// every channel.
 #[derive(Debug)]
 pub struct CpuStateCache {
     values: Vec<f32>,
     num_blocks: usize,
     page_values: usize,
+    /// Buffers of a step, kept across steps (large ones would otherwise be fresh pages,
+    /// faulted in at every layer).
+    scratch: Scratch,
 }
 
-impl CpuStateCache {
-    /// Copies a sequence's state out of the pages of `table` into `state`.
-    fn gather(&self, table: &[u32], state: &mut [f32]) {
-        for (part, &block) in state.chunks_mut(self.page_values).zip(table) {
-            let start = block as usize * self.page_values;
-            part.copy_from_slice(&self.values[start..start + part.len()]);
-        }
+/// The per-step buffers of [`sequence`].
+#[derive(Debug, Default)]
+struct Scratch {
+    inputs: Vec<f32>,
+    mixed: Vec<f32>,
+    beta: Vec<f32>,
+    g: Vec<f32>,
+    heads: Vec<f32>,
+}
+
+/// `buffer` as `len` zeros, keeping its allocation.
+fn zeroed(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buffer.clear();
+    buffer.resize(len, 0.0);
+    buffer
+}
+
+/// One sequence's state in a [`CpuStateCache`]: its pages.
+struct SequenceState<'a> {
+    pages: &'a [u32],
+    page_values: usize,
+    values: SendPtr<f32>,
+}
+
+impl SequenceState<'_> {
+    /// The `len` values from flat position `at` that do not cross a page, as a slice.
+    ///
+    /// # Safety
+    /// No other live slice may overlap it (the pages of a table are distinct, checked by
+    /// the caller, and each flat position is taken once).
+    #[allow(clippy::mut_from_ref)] // the pages are shared across the heads' threads
+    unsafe fn run(&self, at: usize, len: usize) -> &mut [f32] {
+        let (page, offset) = (at / self.page_values, at % self.page_values);
+        debug_assert!(offset + len <= self.page_values);
+        let start = self.pages[page] as usize * self.page_values + offset;
+        std::slice::from_raw_parts_mut(self.values.get().add(start), len)
     }
 
-    /// Copies `state` into the pages of `table`.
-    fn scatter(&mut self, table: &[u32], state: &[f32]) {
-        for (part, &block) in state.chunks(self.page_values).zip(table) {
-            let start = block as usize * self.page_values;
-            self.values[start..start + part.len()].copy_from_slice(part);
+    /// Copies `len` values from flat position `at` to `out` (`to_pages` false) or from
+    /// `out` to them.
+    fn copy(&mut self, at: usize, out: &mut [f32], to_pages: bool) {
+        let mut done = 0;
+        while done < out.len() {
+            let pos = at + done;
+            let len = (self.page_values - pos % self.page_values).min(out.len() - done);
+            // SAFETY: `&mut self` holds the only access; the run is within one page.
+            let run = unsafe { self.run(pos, len) };
+            if to_pages {
+                run.copy_from_slice(&out[done..done + len]);
+            } else {
+                out[done..done + len].copy_from_slice(run);
+            }
+            done += len;
         }
     }
 }
@@ -53,6 +99,7 @@ impl RecurrentOps for CpuBackend {
             values: vec![0.0; len],
             num_blocks: shape.num_blocks,
             page_values: shape.page_values,
+            scratch: Scratch::default(),
         })
     }
 
@@ -84,31 +131,48 @@ impl RecurrentOps for CpuBackend {
         );
         let seqs = step.attn_seqs(group)?;
         let pages = spec.state_values().div_ceil(cache.page_values);
+        ensure!(
+            cache.page_values.is_multiple_of(spec.value_head_dim),
+            "gated_delta_net: a state page of {} values holds no whole rows of {}",
+            cache.page_values,
+            spec.value_head_dim
+        );
         for (i, s) in seqs.iter().enumerate() {
+            let mut ids = s.block_table.to_vec();
+            ids.sort_unstable();
+            ids.dedup();
             ensure!(
                 s.block_table.len() == pages
-                    && s.block_table
-                        .iter()
-                        .all(|&b| (b as usize) < cache.num_blocks),
-                "sequence {i}: its state table {:?} is not {pages} pages of the {} blocks",
+                    && ids.len() == pages
+                    && ids.iter().all(|&b| (b as usize) < cache.num_blocks),
+                "sequence {i}: its state table {:?} is not {pages} distinct pages of the {} blocks",
                 s.block_table,
                 cache.num_blocks
             );
         }
-        let out_data = out.reshape(rows, spec.value_width());
-        let mut state = vec![0.0f32; spec.state_values()];
+        let width = spec.value_width();
+        let out_data = out.reshape(rows, width);
+        let values = SendPtr(cache.values.as_mut_ptr());
         for s in &seqs {
-            if s.start_pos == 0 {
-                state.fill(0.0);
-            } else {
-                cache.gather(s.block_table, &mut state);
-            }
+            let mut state = SequenceState {
+                pages: s.block_table,
+                page_values: cache.page_values,
+                values,
+            };
             let rows = s.row_start..s.row_start + s.n_tokens;
             let input = &proj.data[rows.start * proj.cols..rows.end * proj.cols];
-            let output =
-                &mut out_data[rows.start * spec.value_width()..rows.end * spec.value_width()];
-            sequence(spec, params, eps, input, &mut state, output);
-            cache.scatter(s.block_table, &state);
+            let output = &mut out_data[rows.start * width..rows.end * width];
+            let fresh = s.start_pos == 0;
+            sequence(
+                spec,
+                params,
+                eps,
+                input,
+                &mut state,
+                fresh,
+                &mut cache.scratch,
+                output,
+            );
         }
         Ok(())
     }
@@ -168,46 +232,37 @@ fn softplus(x: f32) -> f32 {
 }
 
 /// One sequence's rows through the layer: `input` rows of the projection, `state` its
-/// state at the first row (left at the last), `output` rows of `value_width`.
+/// state at the first row (zero where `fresh`), left at the last; `output` rows of
+/// `value_width`.
+#[allow(clippy::too_many_arguments)]
 fn sequence(
     spec: DeltaNetSpec,
     params: &DeltaNetParams<Vec<f32>>,
     eps: f32,
     input: &[f32],
-    state: &mut [f32],
+    state: &mut SequenceState<'_>,
+    fresh: bool,
+    scratch: &mut Scratch,
     output: &mut [f32],
 ) {
-    let n = input.len() / spec.projection_width();
+    let width = spec.projection_width();
+    let n = input.len() / width;
     let (channels, kernel) = (spec.conv_channels(), spec.conv_kernel);
     let (heads, dk, dv) = (spec.num_value_heads, spec.key_head_dim, spec.value_head_dim);
-    let width = spec.projection_width();
-    let (matrices, conv_state) = state.split_at_mut(heads * dk * dv);
-    // The convolution over q, k and v; its state holds, per channel, the last
-    // `kernel − 1` inputs, oldest first.
+    let matrices = heads * dk * dv;
+    // The convolution over q, k and v: its last `kernel − 1` inputs, then this step's.
     let history = kernel - 1;
-    let mut mixed = vec![0.0f32; n * channels];
-    for c in 0..channels {
-        let w = &params.conv[c * kernel..(c + 1) * kernel];
-        let past = &mut conv_state[c * history..(c + 1) * history];
-        let at = |t: isize, past: &[f32]| -> f32 {
-            if t >= 0 {
-                input[t as usize * width + c]
-            } else {
-                past[(history as isize + t) as usize]
-            }
-        };
-        for t in 0..n {
-            let mut acc = 0.0f32;
-            for (j, &wj) in w.iter().enumerate() {
-                acc += wj * at(t as isize - history as isize + j as isize, past);
-            }
-            mixed[t * channels + c] = acc * sigmoid(acc);
-        }
-        let next: Vec<f32> = (0..history)
-            .map(|j| at(n as isize - history as isize + j as isize, past))
-            .collect();
-        past.copy_from_slice(&next);
+    let inputs = zeroed(&mut scratch.inputs, (history + n) * channels);
+    if !fresh {
+        state.copy(matrices, &mut inputs[..history * channels], false);
     }
+    for (t, row) in input.chunks(width).enumerate() {
+        inputs[(history + t) * channels..(history + t + 1) * channels]
+            .copy_from_slice(&row[..channels]);
+    }
+    state.copy(matrices, &mut inputs[n * channels..], true);
+    let mixed = zeroed(&mut scratch.mixed, n * channels);
+    conv_silu(&params.conv, kernel, inputs, mixed);
     // q and k L2-normalised per key head (q scaled), β and g per value head.
     let (kw, scale) = (spec.key_width(), (dk as f32).powf(-0.5));
     for row in mixed.chunks_mut(channels) {
@@ -224,47 +279,42 @@ fn sequence(
         }
     }
     let gates_at = channels + spec.value_width();
-    let mut beta = vec![0.0f32; heads * n];
-    let mut g = vec![0.0f32; heads * n];
-    for t in 0..n {
-        let row = &input[t * width..(t + 1) * width];
+    let beta = zeroed(&mut scratch.beta, heads * n);
+    let g = zeroed(&mut scratch.g, heads * n);
+    for (t, row) in input.chunks(width).enumerate() {
         for j in 0..heads {
             beta[j * n + t] = sigmoid(row[gates_at + j]);
             g[j * n + t] =
                 params.decay[j] * softplus(row[gates_at + heads + j] + params.dt_bias[j]);
         }
     }
-    // Per value head: its inputs gathered contiguous, the recurrence, the gated norm.
-    let head_out: Vec<Vec<f32>> = matrices
-        .par_chunks_mut(dk * dv)
+    // Per value head (in parallel): its state's rows in their pages, the recurrence, the
+    // gated norm, into its rows of `head_rows`.
+    let (state, mixed, beta, g) = (&*state, &*mixed, &*beta, &*g);
+    let head_rows = zeroed(&mut scratch.heads, heads * n * dv);
+    head_rows
+        .par_chunks_mut(n * dv)
         .enumerate()
-        .map(|(j, s)| {
+        .for_each(|(j, o)| {
             let kh = spec.key_head(j);
-            let gather = |offset: usize, len: usize| -> Vec<f32> {
-                mixed
-                    .chunks(channels)
-                    .flat_map(|row| &row[offset..offset + len])
-                    .copied()
-                    .collect()
-            };
-            let q = gather(kh * dk, dk);
-            let k = gather(kw + kh * dk, dk);
-            let v = gather(2 * kw + j * dv, dv);
+            let columns = |offset: usize, len: usize| Rows::new(&mixed[offset..], channels, len);
+            // SAFETY: head j's rows are its own (flat positions j·dk·dv onwards, whole rows
+            // within pages: page_values is a multiple of dv, checked by the caller).
+            let mut rows: Vec<&mut [f32]> = (0..dk)
+                .map(|r| unsafe { state.run((j * dk + r) * dv, dv) })
+                .collect();
+            if fresh {
+                rows.iter_mut().for_each(|r| r.fill(0.0));
+            }
             let x = HeadInputs {
-                q: &q,
-                k: &k,
-                v: &v,
+                q: columns(kh * dk, dk),
+                k: columns(kw + kh * dk, dk),
+                v: columns(2 * kw + j * dv, dv),
                 beta: &beta[j * n..(j + 1) * n],
                 g: &g[j * n..(j + 1) * n],
-                key_dim: dk,
                 value_dim: dv,
             };
-            let mut o = vec![0.0f32; n * dv];
-            if n == 1 {
-                delta_net::recurrence(&x, s, &mut o);
-            } else {
-                delta_net::chunked(&x, s, &mut o);
-            }
+            delta_net::run(&x, &mut rows, o);
             for (t, ot) in o.chunks_mut(dv).enumerate() {
                 let z = &input[t * width + channels + j * dv..][..dv];
                 let rms = (ot.iter().map(|x| x * x).sum::<f32>() / dv as f32 + eps)
@@ -274,12 +324,34 @@ fn sequence(
                     *o = *o * rms * w * (z * sigmoid(z));
                 }
             }
-            o
-        })
-        .collect();
-    for (j, o) in head_out.iter().enumerate() {
+        });
+    for (j, o) in head_rows.chunks(n * dv).enumerate() {
         for (t, ot) in o.chunks(dv).enumerate() {
             output[t * spec.value_width() + j * dv..][..dv].copy_from_slice(ot);
         }
     }
+}
+
+/// `mixed[t] = silu(Σ_j conv[j] ⊙ inputs[t + j])`: the causal depthwise convolution of
+/// `kernel` taps (tap-major weights) over rows of channels, `inputs` holding the
+/// `kernel − 1` rows before the first output's.
+fn conv_silu(conv: &[f32], kernel: usize, inputs: &[f32], mixed: &mut [f32]) {
+    let channels = conv.len() / kernel;
+    mixed
+        .par_chunks_mut(channels * 16)
+        .enumerate()
+        .for_each(|(block, out)| {
+            for (i, row) in out.chunks_mut(channels).enumerate() {
+                let t = block * 16 + i;
+                for (j, taps) in conv.chunks(channels).enumerate() {
+                    let x = &inputs[(t + j) * channels..(t + j + 1) * channels];
+                    for ((o, &w), &x) in row.iter_mut().zip(taps).zip(x) {
+                        *o += w * x;
+                    }
+                }
+                for o in row.iter_mut() {
+                    *o *= sigmoid(*o);
+                }
+            }
+        });
 }
