@@ -59,7 +59,10 @@ arch = r.get_field("general.architecture").contents()
 f = lambda k: r.get_field(f"{arch}.{k}").contents()
 heads, kv_heads, hidden = f("attention.head_count"), f("attention.head_count_kv"), f("embedding_length")
 head_dim = r.get_field(f"{arch}.attention.key_length").contents() if r.get_field(f"{arch}.attention.key_length") else hidden // heads
-print(sum(int(t.n_bytes) for t in r.tensors), 2 * f("block_count") * kv_heads * head_dim)
+# Hybrid models (qwen35, qwen3next) cache K and V in their attention layers only.
+recurrent = r.get_field(f"{arch}.attention.recurrent_layers")
+layers = f("block_count") - (sum(bool(x) for x in recurrent.contents()) if recurrent else 0)
+print(sum(int(t.n_bytes) for t in r.tensors), 2 * layers * kv_heads * head_dim)
 PY
 )
 

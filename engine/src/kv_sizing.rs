@@ -4,7 +4,7 @@
 use anyhow::{ensure, Context};
 
 use crate::config::{AttentionSpan, Mixer, ModelConfig};
-use crate::layer_groups::{GroupKind, LayerGroups};
+use crate::layer_groups::{GroupKind, LayerGroups, STATE_VALUE_BYTES};
 
 /// How a runner sizes its KV cache and its RoPE tables.
 #[derive(Debug, Clone, Copy)]
@@ -127,6 +127,9 @@ pub struct KvFootprint {
     /// Per sliding window size `W`, the bytes per token its layers read of at most the last
     /// `W` tokens: `(W, bytes)`.
     pub window_read_bytes: Vec<(usize, usize)>,
+    /// Bytes of the recurrent state (f32) a sequence's decode step reads and writes back,
+    /// all recurrent layers together; 0 without them.
+    pub state_bytes_per_sequence: usize,
 }
 
 impl KvFootprint {
@@ -158,8 +161,10 @@ impl KvFootprint {
             .sum();
         let mut full_layers = 0;
         let mut window_read_bytes: Vec<(usize, usize)> = Vec::new();
+        let mut state_bytes_per_sequence = 0;
         for layer in &config.layers {
-            if let Mixer::GatedDeltaNet(_) = layer.mixer {
+            if let Mixer::GatedDeltaNet(spec) = layer.mixer {
+                state_bytes_per_sequence += spec.state_values() * STATE_VALUE_BYTES;
                 continue;
             }
             match layer.attention {
@@ -177,6 +182,7 @@ impl KvFootprint {
             bytes_per_sequence_fixed: fixed_blocks * block_bytes,
             read_bytes_per_token: full_layers * layer_token_bytes,
             window_read_bytes,
+            state_bytes_per_sequence,
         }
     }
 }
@@ -289,6 +295,7 @@ mod tests {
                 bytes_per_sequence_fixed: 5 * 33 * 3 * 1024 * 16,
                 read_bytes_per_token: 3 * 1024,
                 window_read_bytes: vec![(512, 15 * 1024)],
+                state_bytes_per_sequence: 0,
             }
         );
         let whole = KvFootprint::of(&config, &LayerGroups::whole(&config), 16, 4);

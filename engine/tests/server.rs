@@ -1642,3 +1642,50 @@ async fn generate_and_serve_give_the_same_greedy_answer() {
         );
     }
 }
+
+/// A hybrid model served (the tiny Qwen3.5 from llama.cpp's converter): `/version` says
+/// prefix caching is off and why, what its recurrent state and its one attention layer
+/// cost; the same 40-token prompt twice computes its greedy answer twice, none of it
+/// cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hybrid_model_reports_its_state_and_caches_no_prefix() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/families/qwen35-tiny/model.gguf");
+    let mut server = Server::start(&model, &["--max-model-len", "256"]);
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    let info = version(&client, &server).await;
+    assert_eq!(info["prefix_caching"]["enabled"], false, "{info}");
+    assert!(
+        info["prefix_caching"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("recurrent layers"),
+        "{info}"
+    );
+    // Three DeltaNet layers of 4 value heads of 16 × 16 and a 4-wide convolution over
+    // 128 channels, in f32: 3 × (1,024 + 3 × 128) × 4 bytes.
+    assert_eq!(info["recurrent_state_bytes_per_sequence"], 16_896, "{info}");
+    // K and V of the one attention layer's 2 KV heads of 16, in f16.
+    assert_eq!(info["kv_bytes_per_token"], 2 * 2 * 16 * 2, "{info}");
+    assert_eq!(
+        info["attention_flops_per_context_token"],
+        4 * 4 * 16,
+        "{info}"
+    );
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 250).collect();
+    let request = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let url = server.url("/v1/completions");
+    let (status, first) = post(&client, &url, &request).await;
+    assert_eq!(status, 200, "{first}");
+    let (_, second) = post(&client, &url, &request).await;
+    for body in [&first, &second] {
+        assert_eq!(body["usage"]["prompt_tokens"], 40, "{body}");
+        assert_eq!(body["usage"]["completion_tokens"], 8, "{body}");
+        assert_eq!(
+            body["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+            "{body}"
+        );
+    }
+    assert_eq!(first["choices"][0]["text"], second["choices"][0]["text"]);
+}

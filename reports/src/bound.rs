@@ -101,6 +101,10 @@ pub struct BoundInputs {
     /// last tokens.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kv_window_reads: Vec<KvWindowRead>,
+    /// Bytes of the recurrent state (Gated DeltaNet layers) each decoding sequence reads and
+    /// writes back every step, whatever its context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_bytes_per_sequence: Option<f64>,
     /// Parameters one token is computed with (for the prefill floor and decode's compute side).
     pub parameters: Option<f64>,
     /// Attention FLOPs a decode token spends per token of its context (decode's compute side).
@@ -242,7 +246,8 @@ impl BoundInputs {
             .iter()
             .map(|r| context.min(r.window) * r.bytes_per_token)
             .sum();
-        let bytes_per_step = w + batch * (context * kv + windows);
+        let states = 2.0 * self.state_bytes_per_sequence.unwrap_or(0.0);
+        let bytes_per_step = w + batch * (context * kv + windows + states);
         let memory_s = bytes_per_step / bw;
         let flops_per_step = self.parameters.map(|p| {
             2.0 * p * batch
@@ -314,6 +319,17 @@ impl ModelShape {
                 .as_f64()
                 .with_context(|| format!("model config: `{key}` is missing or not a number"))
         };
+        let recurrent = config["layer_types"]
+            .as_array()
+            .is_some_and(|types| types.iter().any(|t| t == "linear_attention"))
+            || config.get("linear_num_value_heads").is_some();
+        if recurrent {
+            bail!(
+                "model config: a hybrid model (Gated DeltaNet layers beside attention) keeps \
+                 a recurrent state instead of KV in most layers; read the bound's inputs from \
+                 the server's /version, or give --weight-bytes and --kv-bytes-per-token"
+            );
+        }
         if config.get("num_experts").is_some() || config.get("num_local_experts").is_some() {
             bail!(
                 "model config: a mixture of experts reads only its active experts per token; \
@@ -378,6 +394,10 @@ mod tests {
         let mut moe = qwen3_0_6b();
         moe["num_experts"] = 128.into();
         assert!(ModelShape::from_hf_config(&moe).is_err());
+        let mut hybrid = qwen3_0_6b();
+        hybrid["layer_types"] = serde_json::json!(["linear_attention", "full_attention"]);
+        let err = ModelShape::from_hf_config(&hybrid).unwrap_err().to_string();
+        assert!(err.contains("a hybrid model"), "{err}");
         assert!(ModelShape::from_hf_config(&serde_json::json!({"hidden_size": 8})).is_err());
     }
 
@@ -389,6 +409,7 @@ mod tests {
             weight_bytes: Some(shape.decode_parameters * dtype_bytes("bf16").unwrap()),
             kv_bytes_per_token: Some(shape.kv_values_per_token * 2.0),
             kv_window_reads: Vec::new(),
+            state_bytes_per_sequence: None,
             parameters: Some(shape.parameters),
             attention_flops_per_context_token: Some(shape.attention_flops_per_context_token),
             bandwidth_bytes_per_s: Some(h100.bandwidth_bytes_per_s),
@@ -457,6 +478,18 @@ mod tests {
             inputs.decode(64.0, 100.0).unwrap().bytes_per_step,
             "within the window every layer reads every token"
         );
+        // A recurrent state of 1 MiB per sequence is read and written back every step,
+        // whatever the context: 2 MiB more per sequence.
+        let recurrent = BoundInputs {
+            state_bytes_per_sequence: Some(1_048_576.0),
+            ..inputs.clone()
+        };
+        for context in [10.0, 1000.0] {
+            assert_eq!(
+                recurrent.decode(64.0, context).unwrap().bytes_per_step,
+                inputs.decode(64.0, context).unwrap().bytes_per_step + 64.0 * 2_097_152.0
+            );
+        }
         let unknown = BoundInputs {
             bandwidth_bytes_per_s: None,
             ..inputs

@@ -739,6 +739,7 @@ mod tests {
             weight_bytes: Some(2e9),
             kv_bytes_per_token: Some(1e5),
             kv_window_reads: Vec::new(),
+            state_bytes_per_sequence: None,
             parameters: Some(1e9),
             attention_flops_per_context_token: None,
             bandwidth_bytes_per_s: Some(1e12),

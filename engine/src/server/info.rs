@@ -56,6 +56,7 @@ pub fn version_body(facts: &Facts<'_>) -> serde_json::Value {
             .iter()
             .map(|&(window, bytes)| serde_json::json!({"window": window, "bytes": bytes}))
             .collect::<Vec<_>>(),
+        "recurrent_state_bytes_per_sequence": facts.footprint.kv.state_bytes_per_sequence,
         "kv_layer_groups": facts.kv_layer_groups.describe(),
         "prefix_caching": facts.prefix_caching.describe(),
         "parameters": facts.footprint.parameters,

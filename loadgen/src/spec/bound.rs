@@ -1,7 +1,8 @@
 //! The inputs of the roofline (`reports::bound`) for a run: from the flags, a Hugging
 //! Face `config.json`, the hardware table, and what the server says of itself (`engine
 //! serve`'s `/version`: `weight_bytes`, `kv_read_bytes_per_token` with
-//! `kv_window_read_bytes_per_token` (an older server's `kv_bytes_per_token`), `parameters`,
+//! `kv_window_read_bytes_per_token` (an older server's `kv_bytes_per_token`),
+//! `recurrent_state_bytes_per_sequence`, `parameters`,
 //! `attention_flops_per_context_token`, `memory_bandwidth_bytes_per_s`,
 //! `compute_flops_per_s`). A flag wins over the config, the config over the server;
 //! what none gives stays unknown and the diagnosis names it.
@@ -118,6 +119,11 @@ pub fn resolve(args: &BoundOptions, server_info: Option<&Value>) -> Result<Bound
         }
     }
     for (slot, key, what) in [
+        (
+            &mut inputs.state_bytes_per_sequence,
+            "recurrent_state_bytes_per_sequence",
+            "recurrent state bytes per sequence",
+        ),
         (&mut inputs.weight_bytes, "weight_bytes", "weight bytes"),
         (
             &mut inputs.kv_bytes_per_token,
@@ -241,6 +247,17 @@ mod tests {
                 .iter()
                 .any(|m| m.starts_with("KV")),
             "the KV reads are known"
+        );
+        // A hybrid model's server: its recurrent state per sequence.
+        let hybrid = serde_json::json!({"kv_read_bytes_per_token": 3.0,
+            "recurrent_state_bytes_per_sequence": 1_048_576.0});
+        let inputs = resolve(&BoundOptions::default(), Some(&hybrid)).unwrap();
+        assert_eq!(inputs.state_bytes_per_sequence, Some(1_048_576.0));
+        assert_eq!(
+            resolve(&BoundOptions::default(), Some(&server))
+                .unwrap()
+                .state_bytes_per_sequence,
+            None
         );
         let broken = serde_json::json!({"kv_read_bytes_per_token": 3.0,
             "kv_window_read_bytes_per_token": [{"window": 512}]});
