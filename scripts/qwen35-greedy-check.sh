@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Our Qwen3.5 beside llama.cpp's on the random Qwen3.5-0.8B-shaped Q4_K_M of
-# scripts/make-qwen35-shaped.sh: greedy answers (16 tokens, EOS ignored) to 12 seeded text
+# Our Qwen3.5 beside llama.cpp's on the random Qwen3.5-0.8B-shaped model of
+# scripts/make-qwen35-shaped.sh (its Q4_K_M, or the F16 file given as MODEL): greedy answers (16 tokens, EOS ignored) to 12 seeded text
 # prompts from llama-server (its token ids: `return_tokens`) and from `engine generate
 # --logprobs` (its `token_ids`), then llama-server against itself with flash attention off
 # (how far llama.cpp's own arithmetic moves a random model's answers). Each pair's leading
