@@ -227,15 +227,7 @@ impl ExpertSpec {
         biases: bool,
     ) -> anyhow::Result<ExpertSpec> {
         let key = |k: &str| format!("{arch}.{k}");
-        let required = |k: &str| -> anyhow::Result<usize> {
-            file.usize_key(&key(k))?.with_context(|| {
-                format!(
-                    "missing metadata key `{}` in {}",
-                    key(k),
-                    file.path().display()
-                )
-            })
-        };
+        let required = |k: &str| file.required_usize(&key(k));
         let spec = ExpertSpec {
             num_experts: required("expert_count")?,
             top_k: required("expert_used_count")?,
@@ -483,6 +475,11 @@ pub trait GgufMetadata {
     fn usize_key(&self, key: &str) -> anyhow::Result<Option<usize>>;
     /// A float key, if the file has it.
     fn f64_key(&self, key: &str) -> anyhow::Result<Option<f64>>;
+    /// An integer key the family needs: an error naming it when the file lacks it.
+    fn required_usize(&self, key: &str) -> anyhow::Result<usize> {
+        self.usize_key(key)?
+            .with_context(|| format!("missing metadata key `{key}` in {}", self.path().display()))
+    }
     /// An array of integers or booleans, if the file has one under the key.
     fn int_array_key(&self, key: &str) -> anyhow::Result<Option<Vec<i64>>>;
     /// A tensor's values as f32 (small tables such as `rope_freqs.weight`).
@@ -654,6 +651,18 @@ pub fn gguf_layers(
             plain(qwen_next::gguf_layers(file, common)?)
         }
     }
+}
+
+/// `base` with the keys of `extra` added or replaced (the families' tests' configs).
+#[cfg(test)]
+pub(crate) fn with_keys(
+    mut base: serde_json::Value,
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    if let (Some(base), serde_json::Value::Object(extra)) = (base.as_object_mut(), extra) {
+        base.extend(extra);
+    }
+    base
 }
 
 /// The config a `config.json` of `json` reads as (the unit tests of the families' modules).

@@ -115,7 +115,7 @@ fn hf_experts(json: &Value, file: &Path) -> anyhow::Result<Option<ExpertSpec>> {
 }
 
 /// A dense layer beside the experts needs the dense width.
-fn ensure_dense_width(
+pub(super) fn ensure_dense_width(
     layers: &[LayerSpec],
     common: &CommonLayer,
     file: &Path,
@@ -174,19 +174,17 @@ fn layers_of(common: &CommonLayer) -> Vec<LayerSpec> {
 #[cfg(test)]
 mod tests {
     use super::super::read_test_config as read;
+    use super::super::with_keys;
     use super::super::{ExpertSpec, Ffn, Routing};
 
     fn config(extra: serde_json::Value) -> serde_json::Value {
-        let mut json = serde_json::json!({
+        let json = serde_json::json!({
             "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
             "num_hidden_layers": 6, "intermediate_size": 96, "vocab_size": 256,
             "num_experts_per_tok": 2, "moe_intermediate_size": 32
         });
-        json.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        json
+        with_keys(json, extra)
     }
 
     /// The published configs' `num_experts`, experts on every second layer

@@ -9,6 +9,7 @@ use anyhow::{bail, ensure, Context};
 use serde_json::Value;
 
 use super::hf_json::{opt_field, req_field};
+use super::qwen::ensure_dense_width;
 use super::{
     AttentionSpan, CommonLayer, DeltaNetSpec, ExpertSpec, Family, Ffn, GgufMetadata, LayerSpec,
     Mixer, Routing, ValueHeadOrder,
@@ -149,15 +150,7 @@ pub fn gguf_layers(
         _ => "qwen35moe",
     };
     let key = |k: &str| format!("{arch}.{k}");
-    let required = |k: &str| -> anyhow::Result<usize> {
-        file.usize_key(&key(k))?.with_context(|| {
-            format!(
-                "missing metadata key `{}` in {}",
-                key(k),
-                file.path().display()
-            )
-        })
-    };
+    let required = |k: &str| file.required_usize(&key(k));
     let num_value_heads = required("ssm.time_step_rank")?;
     let inner = required("ssm.inner_size")?;
     ensure!(
@@ -257,25 +250,6 @@ fn check_delta_net(spec: DeltaNetSpec, file: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A dense layer needs the dense width.
-fn ensure_dense_width(
-    layers: &[LayerSpec],
-    common: &CommonLayer,
-    file: &Path,
-) -> anyhow::Result<()> {
-    if let Some(i) = layers
-        .iter()
-        .position(|l| matches!(l.ffn, Ffn::Dense { .. }))
-    {
-        ensure!(
-            common.intermediate_size > 0,
-            "layer {i} is dense but the file gives no dense FFN width in {}",
-            file.display()
-        );
-    }
-    Ok(())
-}
-
 /// Layer `i` attends where `full[i]`, else is a DeltaNet of `delta_net`'s shape.
 fn layers_of(common: &CommonLayer, full: &[bool], delta_net: DeltaNetSpec) -> Vec<LayerSpec> {
     common
@@ -297,10 +271,11 @@ fn layers_of(common: &CommonLayer, full: &[bool], delta_net: DeltaNetSpec) -> Ve
 #[cfg(test)]
 mod tests {
     use super::super::read_test_config as read;
+    use super::super::with_keys;
     use super::super::{DeltaNetSpec, Ffn, Mixer, ValueHeadOrder};
 
     fn config(extra: serde_json::Value) -> serde_json::Value {
-        let mut json = serde_json::json!({
+        let json = serde_json::json!({
             "architectures": ["Qwen3_5ForCausalLM"], "hidden_size": 64,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
             "num_hidden_layers": 8, "intermediate_size": 96, "vocab_size": 256,
@@ -310,10 +285,7 @@ mod tests {
                                 "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
                                 "mrope_interleaved": true}
         });
-        json.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        json
+        with_keys(json, extra)
     }
 
     /// Without `layer_types`, every fourth layer attends; the DeltaNet takes its `linear_*`
