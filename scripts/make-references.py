@@ -317,9 +317,26 @@ def llama_cpp_converter(model, config, path, outtype="f32"):
         os.remove(os.path.join(folder, name))
 
 
-def make(name, config_class, model_class, extra, seed, gguf_writer=None, prepare=None):
+def long_case(model, vocab, n):
+    """One prompt of `n` tokens (seed 4242) computed in one forward pass: the top-20 logits at
+    its last position and the logits of ids 0..63 at a few positions, in long.json."""
+    g = torch.Generator().manual_seed(4242)
+    ids = torch.randint(0, min(vocab, VOCAB), (1, n), generator=g)
+    with torch.no_grad():
+        logits = model(ids).logits[0]
+    top = torch.topk(logits[-1], 20)
+    positions = [63, 64, n // 2, n - 1]
+    return {"n_input": n, "input_ids": ids[0].tolist(),
+            "last_top20": [[int(i), float(v)] for v, i in zip(top.values, top.indices)],
+            "first64_positions": positions,
+            "first64_logits": [logits[p, :64].tolist() for p in positions]}
+
+
+def make(name, config_class, model_class, extra, seed, gguf_writer=None, prepare=None,
+         long_prompt=0):
     """`prepare(model, config, folder)`, when given, changes the randomised model before its
-    files and references are written and returns the GGUF writer."""
+    files and references are written and returns the GGUF writer. With `long_prompt`, a
+    prompt of that many tokens goes to long.json (`long_case`)."""
     if WANTED and name not in WANTED:
         return
     config = config_class(**dict(SHAPE, **extra))
@@ -356,6 +373,9 @@ def make(name, config_class, model_class, extra, seed, gguf_writer=None, prepare
     }
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump(ref, f)
+    if long_prompt:
+        with open(os.path.join(folder, "long.json"), "w") as f:
+            json.dump(long_case(model, config.vocab_size, long_prompt), f)
     print(name, "input seed", input_seed,
           "smallest margin", min(m for c in cases for m in c["greedy_margins"]))
 
@@ -613,8 +633,11 @@ def main():
                      eos_token_id=2)
     experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                    shared_expert_intermediate_size=48)
+    # Qwen3.5's also with a 1,000-token prompt (long.json), through 15 of transformers'
+    # 64-token chunks and a part.
     make("qwen35-tiny", Qwen3_5TextConfig, Qwen3_5ForCausalLM,
-         dict(num_hidden_layers=4, **delta_net), 1237, llama_cpp_converter)
+         dict(num_hidden_layers=4, max_position_embeddings=2048, **delta_net), 1237,
+         llama_cpp_converter, long_prompt=1000)
     make("qwen35moe-tiny", Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM,
          dict(num_hidden_layers=4, **delta_net, **experts), 1237, llama_cpp_converter)
     make("qwen3next-tiny", Qwen3NextConfig, Qwen3NextForCausalLM,

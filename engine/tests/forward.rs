@@ -954,6 +954,45 @@ fn llama_tiny_bf16_run_within_bf16_tolerance() {
     check_tiny_bf16_run("llama-tiny");
 }
 
+/// Qwen3.5 on a 1,000-token prompt against transformers, which computed it in one pass with
+/// its chunked form (15 chunks of 64 and a part): the top-20 logits at the last position
+/// after one prefill, and the logits of ids 0..63 at the ends of prefill chunks that carry
+/// the recurrent state across calls (63, 64, 500 and 1,000 tokens), from safetensors and
+/// from the converter's GGUF, within 1e-4 relative (the bound for the chunked form
+/// against the recurrence; measured 3.4e-5).
+#[test]
+fn qwen35_tiny_matches_transformers_on_a_thousand_token_prompt() {
+    for file in [None, Some("model.gguf")] {
+        let (model, dir) = family("qwen35-tiny", file);
+        let text = std::fs::read_to_string(dir.join("long.json")).unwrap();
+        let case: Value = serde_json::from_str(&text).unwrap();
+        let input = ids(&case["input_ids"]);
+        assert_eq!(input.len(), 1000);
+        let mut r = load(&model, Weights::AsStored);
+        let table: Vec<u32> = (0..input.len().div_ceil(BLOCK_SIZE) as u32).collect();
+        let mut err = MaxErr::default();
+        let logits = last_logits(r.as_mut(), &input, 0, &table);
+        for pair in case["last_top20"].as_array().unwrap() {
+            let id = pair[0].as_u64().unwrap() as usize;
+            err.add(logits[id], pair[1].as_f64().unwrap() as f32);
+        }
+        let mut start = 0;
+        for (k, &p) in ids(&case["first64_positions"]).iter().enumerate() {
+            let p = p as usize;
+            let logits = last_logits(r.as_mut(), &input[start..=p], start, &table);
+            start = p + 1;
+            for (id, want) in floats(&case["first64_logits"][k]).into_iter().enumerate() {
+                err.add(logits[id], want);
+            }
+        }
+        println!(
+            "qwen35-tiny {file:?}, 1,000 tokens: max relative logit error {:.2e}",
+            err.0
+        );
+        assert!(err.0 <= 1e-4, "{file:?}: {:.2e}", err.0);
+    }
+}
+
 /// A Qwen3.5 checkpoint missing one of a DeltaNet's tensors is refused naming it.
 #[test]
 fn a_missing_delta_net_tensor_is_refused_by_name() {
