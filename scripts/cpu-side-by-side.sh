@@ -59,9 +59,12 @@ arch = r.get_field("general.architecture").contents()
 f = lambda k: r.get_field(f"{arch}.{k}").contents()
 heads, kv_heads, hidden = f("attention.head_count"), f("attention.head_count_kv"), f("embedding_length")
 head_dim = r.get_field(f"{arch}.attention.key_length").contents() if r.get_field(f"{arch}.attention.key_length") else hidden // heads
-# Hybrid models (qwen35, qwen3next) cache K and V in their attention layers only.
+# Hybrid models (qwen35, qwen3next) cache K and V in their attention layers only, and not in
+# the MTP blocks past block_count - nextn_predict_layers.
 recurrent = r.get_field(f"{arch}.attention.recurrent_layers")
-layers = f("block_count") - (sum(bool(x) for x in recurrent.contents()) if recurrent else 0)
+mtp = r.get_field(f"{arch}.nextn_predict_layers")
+layers = (f("block_count") - (sum(bool(x) for x in recurrent.contents()) if recurrent else 0)
+          - (mtp.contents() if mtp else 0))
 print(sum(int(t.n_bytes) for t in r.tensors), 2 * layers * kv_heads * head_dim)
 PY
 )

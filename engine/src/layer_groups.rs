@@ -295,6 +295,46 @@ mod tests {
         );
     }
 
+    /// Qwen3.5's pattern, three DeltaNet layers to an attention layer: each DeltaNet layer
+    /// a recurrent group (the one attention layer sets groups of one) of as many blocks as
+    /// its f32 state needs (4 value heads of 16 × 16 and 3 × 128 convolution inputs: 5,632
+    /// bytes, two blocks of 4,096, one of 5,632), kept by kind even where the backend's
+    /// attention keeps no windows.
+    #[test]
+    fn delta_net_layers_are_recurrent_groups_of_their_states_blocks() {
+        use crate::config::{DeltaNetSpec, Mixer, ValueHeadOrder};
+        let mut config = with_spans(&[AttentionSpan::Full; 4]);
+        let spec = DeltaNetSpec {
+            num_key_heads: 2,
+            num_value_heads: 4,
+            key_head_dim: 16,
+            value_head_dim: 16,
+            conv_kernel: 4,
+            value_head_order: ValueHeadOrder::Grouped,
+        };
+        for layer in &mut config.layers[..3] {
+            layer.mixer = Mixer::GatedDeltaNet(spec);
+        }
+        let state = GroupKind::Recurrent { blocks: 2 };
+        for keeps_windows in [true, false] {
+            let groups = LayerGroups::kept(&config, keeps_windows, 4096);
+            assert_eq!(groups.group_size, 1);
+            assert_eq!(
+                groups.kinds(),
+                [state, state, state, GroupKind::Full],
+                "keeps_windows {keeps_windows}"
+            );
+            assert!(groups.has_recurrent());
+        }
+        let one_block = LayerGroups::of(&config, 5632).kinds();
+        assert_eq!(one_block[0], GroupKind::Recurrent { blocks: 1 });
+        assert_eq!(
+            LayerGroups::of(&config, 5631).kinds()[0],
+            GroupKind::Recurrent { blocks: 2 }
+        );
+        assert!(!LayerGroups::of(&with_spans(&[AttentionSpan::Full; 4]), 1).has_recurrent());
+    }
+
     /// `/version` lists the groups with their kinds, windows and layers.
     #[test]
     fn the_groups_describe_their_kinds_windows_and_layers() {

@@ -452,8 +452,9 @@ fn qwen3moe_tiny_matches_its_reference_from_safetensors_and_gguf() {
 /// Qwen3.5 (dense), Qwen3.5-MoE and Qwen3-Next: three Gated DeltaNet layers (2 key heads
 /// serving 4 value heads) to a gated attention layer rotating a quarter of each head; the
 /// mixtures with 4 experts of which each token takes 2, and a gated shared expert. The
-/// 90-token prompt runs the chunked form over a full chunk and a part; decode runs the
-/// recurrence; the chunked prefills of the check restart the state at each chunk's end.
+/// 90-token prompt's prefill is set against transformers' chunked form (a full chunk of 64
+/// and a part); decode runs the recurrence token by token; the check's prefill chunks
+/// carry the state from one call to the next.
 /// From safetensors and from llama.cpp's converter's GGUF (qwen35's value heads in its
 /// tiled order, `−exp(A_log)`, norms shifted by 1 but the gated one).
 #[test]

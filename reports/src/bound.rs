@@ -319,15 +319,18 @@ impl ModelShape {
                 .as_f64()
                 .with_context(|| format!("model config: `{key}` is missing or not a number"))
         };
-        let recurrent = config["layer_types"]
-            .as_array()
-            .is_some_and(|types| types.iter().any(|t| t == "linear_attention"))
-            || config.get("linear_num_value_heads").is_some();
+        // A multimodal checkpoint (Qwen3.5's) keeps its text decoder's keys in `text_config`.
+        let recurrent = [config, &config["text_config"]].iter().any(|c| {
+            c["layer_types"]
+                .as_array()
+                .is_some_and(|types| types.iter().any(|t| t == "linear_attention"))
+                || c.get("linear_num_value_heads").is_some()
+        });
         if recurrent {
             bail!(
                 "model config: a hybrid model (Gated DeltaNet layers beside attention) keeps \
                  a recurrent state instead of KV in most layers; read the bound's inputs from \
-                 the server's /version, or give --weight-bytes and --kv-bytes-per-token"
+                 the server's /version (its recurrent_state_bytes_per_sequence among them)"
             );
         }
         if config.get("num_experts").is_some() || config.get("num_local_experts").is_some() {
@@ -397,6 +400,11 @@ mod tests {
         let mut hybrid = qwen3_0_6b();
         hybrid["layer_types"] = serde_json::json!(["linear_attention", "full_attention"]);
         let err = ModelShape::from_hf_config(&hybrid).unwrap_err().to_string();
+        assert!(err.contains("a hybrid model"), "{err}");
+        let multimodal = serde_json::json!({"text_config": {"linear_num_value_heads": 16}});
+        let err = ModelShape::from_hf_config(&multimodal)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("a hybrid model"), "{err}");
         assert!(ModelShape::from_hf_config(&serde_json::json!({"hidden_size": 8})).is_err());
     }

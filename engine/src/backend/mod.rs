@@ -466,9 +466,9 @@ pub trait RecurrentOps: Tensors {
     /// the pages of its table in layer group `group` (zero when it starts at position 0):
     /// the causal convolution over q, k and v with SiLU; q and k L2-normalised, q scaled by
     /// `key_head_dim^-½`; `β = σ(b)`, `g = decay · softplus(a + dt_bias)`; the recurrence
-    /// `S ← e^g S; S += k ⊗ β(v − Sᵀk); o = Sᵀq` (one position at a time for a single
-    /// token, in chunks otherwise); then `o` RMS-normed per value head, times the weight
-    /// and `silu(z)`. `out` is `[T, value_width]`; the states are left at the last position.
+    /// `S ← e^g S; S += k ⊗ β(v − Sᵀk); o = Sᵀq` (position by position on the CPU; a
+    /// device may compute it in chunks, to the same values); then `o` RMS-normed per value
+    /// head, times the weight and `silu(z)`. `out` is `[T, value_width]`; the states are left at the last position.
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_net(
         &self,

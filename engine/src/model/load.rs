@@ -686,11 +686,25 @@ impl<B: Backend> Model<B> {
                 head_dim: c.head_dim,
             })?);
         }
-        // A state page is a block's bytes of one layer, in f32 values.
-        let page_values =
-            layer_block_bytes(c, opts.block_size, backend.kv_value_bytes()) / STATE_VALUE_BYTES;
+        // A state page is a block's bytes of one layer, in f32 values, holding whole rows
+        // of a value head's state.
+        let page_bytes = layer_block_bytes(c, opts.block_size, backend.kv_value_bytes());
+        let page_values = page_bytes / STATE_VALUE_BYTES;
         let mut states = Vec::new();
         if groups.has_recurrent() {
+            for spec in c.layers.iter().filter_map(|l| match l.mixer {
+                Mixer::GatedDeltaNet(spec) => Some(spec),
+                Mixer::Attention { .. } => None,
+            }) {
+                ensure!(
+                    page_bytes.is_multiple_of(STATE_VALUE_BYTES)
+                        && page_values.is_multiple_of(spec.value_head_dim),
+                    "a KV block of {} tokens holds {page_bytes} bytes per layer, not whole \
+                     rows of {} f32 values of a DeltaNet state: choose another --block-size",
+                    opts.block_size,
+                    spec.value_head_dim
+                );
+            }
             for _ in 0..groups.group_size {
                 states.push(backend.new_state_cache(StateCacheShape {
                     num_blocks,

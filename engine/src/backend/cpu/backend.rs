@@ -46,6 +46,9 @@ pub struct CpuBackend {
     f32_weights_as_f16: bool,
     quantized: QuantizedWeights,
     pub(super) kv_cache_dtype: KvCacheDtype,
+    /// The Gated DeltaNet layers' step buffers, one set for all of them (the layers run
+    /// one after another).
+    pub(super) delta_net_scratch: std::sync::Mutex<super::recurrent_ops::Scratch>,
 }
 
 impl CpuBackend {
@@ -81,6 +84,7 @@ impl CpuBackend {
             f32_weights_as_f16: opts.f32_weights_as_f16,
             quantized,
             kv_cache_dtype: opts.kv_cache_dtype,
+            delta_net_scratch: Default::default(),
         })
     }
 

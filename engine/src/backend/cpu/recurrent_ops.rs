@@ -1,6 +1,6 @@
-//! Gated DeltaNet layers on the CPU behind [`RecurrentOps`]: each sequence's state is
-//! gathered from its pages, run through the convolution and the recurrence (value heads
-//! in parallel), and scattered back.
+//! Gated DeltaNet layers on the CPU behind [`RecurrentOps`]: per sequence, the convolution
+//! over its last inputs (copied out of its pages and back), then the recurrence on each
+//! value head's state rows where they sit in their pages (value heads in parallel).
 
 use anyhow::ensure;
 use rayon::prelude::*;
@@ -22,14 +22,12 @@ pub struct CpuStateCache {
     values: Vec<f32>,
     num_blocks: usize,
     page_values: usize,
-    /// Buffers of a step, kept across steps (large ones would otherwise be fresh pages,
-    /// faulted in at every layer).
-    scratch: Scratch,
 }
 
-/// The per-step buffers of [`sequence`].
+/// The per-step buffers of [`sequence`], kept across steps and layers (large ones would
+/// otherwise be fresh pages, faulted in at every layer).
 #[derive(Debug, Default)]
-struct Scratch {
+pub(super) struct Scratch {
     inputs: Vec<f32>,
     mixed: Vec<f32>,
     beta: Vec<f32>,
@@ -99,7 +97,6 @@ impl RecurrentOps for CpuBackend {
             values: vec![0.0; len],
             num_blocks: shape.num_blocks,
             page_values: shape.page_values,
-            scratch: Scratch::default(),
         })
     }
 
@@ -153,6 +150,10 @@ impl RecurrentOps for CpuBackend {
         let width = spec.value_width();
         let out_data = out.reshape(rows, width);
         let values = SendPtr(cache.values.as_mut_ptr());
+        let mut scratch = self
+            .delta_net_scratch
+            .lock()
+            .map_err(|_| anyhow::anyhow!("gated_delta_net: a previous step panicked"))?;
         for s in &seqs {
             let mut state = SequenceState {
                 pages: s.block_table,
@@ -170,7 +171,7 @@ impl RecurrentOps for CpuBackend {
                 input,
                 &mut state,
                 fresh,
-                &mut cache.scratch,
+                &mut scratch,
                 output,
             );
         }
