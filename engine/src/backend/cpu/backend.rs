@@ -48,7 +48,7 @@ pub struct CpuBackend {
     pub(super) kv_cache_dtype: KvCacheDtype,
     /// The Gated DeltaNet layers' step buffers, one set for all of them (the layers run
     /// one after another).
-    pub(super) delta_net_scratch: std::sync::Mutex<super::recurrent_ops::Scratch>,
+    pub(super) delta_net_scratch: std::sync::Mutex<super::delta_net::Scratch>,
 }
 
 impl CpuBackend {

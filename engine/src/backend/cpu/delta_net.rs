@@ -53,6 +53,24 @@ impl HeadInputs<'_> {
     }
 }
 
+/// The DeltaNet layers' step buffers (`recurrent_ops`), kept across steps and layers
+/// (large ones would otherwise be fresh pages, faulted in at every layer).
+#[derive(Debug, Default)]
+pub struct Scratch {
+    pub inputs: Vec<f32>,
+    pub mixed: Vec<f32>,
+    pub beta: Vec<f32>,
+    pub g: Vec<f32>,
+    pub heads: Vec<f32>,
+}
+
+/// `buffer` as `len` zeros, keeping its allocation.
+pub fn zeroed(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buffer.clear();
+    buffer.resize(len, 0.0);
+    buffer
+}
+
 /// Runs a head through its positions, on AVX2 + FMA where the CPU has them. `out` gets
 /// one row of `value_dim` per position; `state` is left at the last position.
 pub fn run(x: &HeadInputs<'_>, state: &mut [&mut [f32]], out: &mut [f32]) {

@@ -6,7 +6,7 @@ use anyhow::ensure;
 use rayon::prelude::*;
 
 use super::backend::CpuBackend;
-use super::delta_net::{self, HeadInputs, Rows};
+use super::delta_net::{self, zeroed, HeadInputs, Rows, Scratch};
 use super::simd::SendPtr;
 use super::tensors::{CpuAct, CpuStep};
 use crate::backend::{DeltaNetParams, RecurrentOps, StateCacheShape};
@@ -22,24 +22,6 @@ pub struct CpuStateCache {
     values: Vec<f32>,
     num_blocks: usize,
     page_values: usize,
-}
-
-/// The per-step buffers of [`sequence`], kept across steps and layers (large ones would
-/// otherwise be fresh pages, faulted in at every layer).
-#[derive(Debug, Default)]
-pub(super) struct Scratch {
-    inputs: Vec<f32>,
-    mixed: Vec<f32>,
-    beta: Vec<f32>,
-    g: Vec<f32>,
-    heads: Vec<f32>,
-}
-
-/// `buffer` as `len` zeros, keeping its allocation.
-fn zeroed(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buffer.clear();
-    buffer.resize(len, 0.0);
-    buffer
 }
 
 /// One sequence's state in a [`CpuStateCache`]: its pages.
