@@ -13,7 +13,6 @@ pub use crate::generation::FinishReason;
 use crate::generation::Generation;
 use crate::grammar::TokenMatcher;
 use crate::kv_cache::BlockManager;
-use crate::layer_groups::GroupKind;
 use crate::limits::{CheckedSequence, LimitError, RequestLimits};
 use crate::model::{ModelRunner, SeqInput};
 use crate::reasoning::ThinkMarkers;
@@ -32,7 +31,13 @@ pub struct EngineConfig {
     /// Context limit (prompt + output).
     pub max_model_len: usize,
     pub enable_prefix_caching: bool,
+    /// A model with recurrent layers checkpoints its state for the prefix cache every this
+    /// many blocks, beside each prompt's last block boundary (0: there only).
+    pub state_checkpoint_every: usize,
 }
+
+/// `--state-checkpoint-every`'s default, in blocks.
+pub const DEFAULT_STATE_CHECKPOINT_EVERY: usize = 0;
 
 impl Default for EngineConfig {
     fn default() -> EngineConfig {
@@ -41,6 +46,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 2048,
             max_model_len: 2048,
             enable_prefix_caching: true,
+            state_checkpoint_every: DEFAULT_STATE_CHECKPOINT_EVERY,
         }
     }
 }
@@ -216,29 +222,9 @@ pub enum PrefixCaching {
     On,
     /// Turned off (`--no-enable-prefix-caching`).
     Off,
-    /// Not available for this model, for the reason given.
-    Unavailable(&'static str),
 }
 
 impl PrefixCaching {
-    /// As asked (`enabled`), unless a layer group keeps a recurrent state: a hit would need
-    /// the state at the prefix's end, and no state checkpoints are kept yet (issue 63).
-    pub fn of(enabled: bool, groups: &[GroupKind]) -> PrefixCaching {
-        if groups
-            .iter()
-            .any(|g| matches!(g, GroupKind::Recurrent { .. }))
-        {
-            PrefixCaching::Unavailable(
-                "the model has recurrent layers (Gated DeltaNet), whose state at a prefix's \
-                 end is not kept yet",
-            )
-        } else if enabled {
-            PrefixCaching::On
-        } else {
-            PrefixCaching::Off
-        }
-    }
-
     /// As `/version` reports it.
     pub fn describe(self) -> serde_json::Value {
         match self {
@@ -246,7 +232,6 @@ impl PrefixCaching {
             PrefixCaching::Off => {
                 serde_json::json!({"enabled": false, "reason": "--no-enable-prefix-caching"})
             }
-            PrefixCaching::Unavailable(why) => serde_json::json!({"enabled": false, "reason": why}),
         }
     }
 }
@@ -276,18 +261,18 @@ impl LlmEngine {
         config: EngineConfig,
     ) -> LlmEngine {
         let pool = runner.kv_pool();
-        let prefix_caching = PrefixCaching::of(config.enable_prefix_caching, &pool.groups);
-        if let PrefixCaching::Unavailable(why) = prefix_caching {
-            if config.enable_prefix_caching {
-                tracing::warn!("prefix caching is off: {why}");
-            }
-        }
+        let prefix_caching = if config.enable_prefix_caching {
+            PrefixCaching::On
+        } else {
+            PrefixCaching::Off
+        };
         let block_manager = BlockManager::new(
             pool.num_blocks,
             pool.block_size,
             pool.groups.clone(),
-            prefix_caching == PrefixCaching::On,
-        );
+            config.enable_prefix_caching,
+        )
+        .with_state_checkpoints(config.state_checkpoint_every);
         let scheduler = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: config.max_num_seqs,
@@ -535,6 +520,8 @@ impl LlmEngine {
                 tokens: &seq.token_ids[c.start..c.start + c.len],
                 start_pos: c.start,
                 block_tables: &seq.block_tables,
+                state_restores: &seq.state_restores,
+                state_saves: &seq.state_saves,
                 sample: uniform.map(|u| generation.sample_spec(seq.num_output_tokens(), u)),
             });
         }

@@ -17,13 +17,17 @@
 //! holds its `L` blocks and every sliding group the blocks its window needs at position
 //! `L · block` (as vLLM's hybrid KV cache manager intersects its groups' hits); the longest
 //! such prefix is taken. A recurrent group serves a prefix from a cached copy of its state
-//! at the prefix's end: a sequence reserves blocks for a copy at the end of a chunk
-//! ([`BlockManager::reserve_state_save`]), the model writes it, and once the chunk is
-//! computed the copy is registered, part by part, under the prefix's last block, unheld and
-//! evictable as freed KV blocks are; a hit hands the copy to the new sequence
-//! (`Sequence::state_restores`) to copy into its own state in its first step. Freed blocks
-//! keep their hash and stay reusable until evicted, least recently used first. The last token of a sequence is never served from the
-//! cache, so every admission computes at least one token and the model yields logits.
+//! at the prefix's end, a checkpoint: a step that passes a checkpoint position reserves
+//! blocks for a copy of the state there ([`BlockManager::reserve_checkpoints`]), the model
+//! writes it as it passes, and once the step is computed the copy is registered, part by
+//! part, under the prefix's last block, unheld and evictable as freed KV blocks are; a hit
+//! hands the copy to the new sequence (`Sequence::state_restores`) to copy into its own
+//! state in its first step. Checkpoints are taken at the last block boundary of each
+//! prompt (where the next turn of a conversation, or the same prompt again, finds it) and
+//! every [`BlockManager::with_state_checkpoints`] blocks. Freed blocks keep their hash and
+//! stay reusable until evicted, least recently used first. The last token of a sequence is
+//! never served from the cache, so every admission computes at least one token and the
+//! model yields logits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -31,7 +35,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use anyhow::{bail, ensure};
 
 use crate::kv_sizing::longest_fitting;
-use crate::layer_groups::{GroupKind, NO_BLOCK};
+use crate::layer_groups::{GroupKind, StateCopy, NO_BLOCK};
 use crate::sequence::Sequence;
 
 /// Hash of the empty prefix, the parent of a sequence's first block.
@@ -74,6 +78,8 @@ pub struct PrefixCacheStats {
     pub hits: u64,
     pub preempted_queries: u64,
     pub preempted_hits: u64,
+    /// Checkpoints of recurrent state taken (one per position, whatever the groups).
+    pub checkpoints_saved: u64,
 }
 
 /// What admitting a waiting sequence takes, from [`BlockManager::plan_admission`].
@@ -93,6 +99,8 @@ pub struct Admission {
 pub struct BlockManager {
     block_size: usize,
     enable_prefix_caching: bool,
+    /// Recurrent state is checkpointed every this many blocks (0: at prompt ends only).
+    checkpoint_every: usize,
     groups: Vec<GroupKind>,
     blocks: Vec<Block>,
     /// Free blocks holding nothing reusable; handed out first.
@@ -125,6 +133,7 @@ impl BlockManager {
         BlockManager {
             block_size,
             enable_prefix_caching,
+            checkpoint_every: 0,
             groups,
             blocks: vec![Block::default(); num_blocks],
             // Reversed so that `pop` hands out block 0 first.
@@ -136,8 +145,23 @@ impl BlockManager {
         }
     }
 
+    /// Checkpoints recurrent state every `every` blocks as well as at each prompt's last
+    /// block boundary (0: at prompt ends only).
+    pub fn with_state_checkpoints(mut self, every: usize) -> BlockManager {
+        self.checkpoint_every = every;
+        self
+    }
+
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// Blocks the prefix cache holds for checkpoints of recurrent state.
+    pub fn num_checkpoint_blocks(&self) -> usize {
+        self.hash_to_block
+            .keys()
+            .filter(|&&(g, _, _)| matches!(self.groups[g], GroupKind::Recurrent { .. }))
+            .count()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -326,7 +350,11 @@ impl BlockManager {
             }
             if matches!(self.groups[g], GroupKind::Recurrent { .. }) {
                 if !ids.is_empty() {
-                    seq.state_restores.push((g, ids));
+                    seq.state_restores.push(StateCopy {
+                        group: g,
+                        position: start,
+                        blocks: ids,
+                    });
                 }
                 seq.block_tables.push(Vec::new());
             } else {
@@ -439,56 +467,91 @@ impl BlockManager {
         }
     }
 
-    /// Takes blocks for a copy of the sequence's state in recurrent group `group` at the
-    /// end of the chunk about to be computed, which must end on a block boundary; the model
-    /// writes the copy in that step, and [`BlockManager::commit_computed`] caches it.
-    pub fn reserve_state_save(&mut self, seq: &mut Sequence, group: usize) -> anyhow::Result<()> {
-        let Some(GroupKind::Recurrent { blocks }) = self.groups.get(group).copied() else {
-            bail!("layer group {group} keeps no recurrent state");
-        };
-        ensure!(
-            !seq.block_tables.is_empty(),
-            "sequence {} is not running",
-            seq.id
-        );
-        ensure!(
-            blocks <= self.num_free_blocks(),
-            "a copy of the state takes {blocks} free KV blocks, {} are free",
-            self.num_free_blocks()
-        );
-        let ids = (0..blocks)
-            .map(|_| self.take_free_block())
-            .collect::<anyhow::Result<Vec<u32>>>()?;
-        seq.state_saves.push((group, ids));
+    /// Takes blocks for the checkpoints of `seq`'s recurrent state that its step computing
+    /// tokens up to `end` passes: the last block boundary of its prompt, and every
+    /// `checkpoint_every`-th block boundary, each unless the cache holds it already. Best
+    /// effort, after the step's other blocks are taken: a checkpoint the free blocks cannot
+    /// hold is not taken. The model writes them in the step; [`BlockManager::commit_computed`]
+    /// caches them.
+    pub fn reserve_checkpoints(&mut self, seq: &mut Sequence, end: usize) -> anyhow::Result<()> {
+        let recurrent: Vec<(usize, usize)> = self
+            .groups
+            .iter()
+            .enumerate()
+            .filter_map(|(g, kind)| match kind {
+                GroupKind::Recurrent { blocks } => Some((g, *blocks)),
+                _ => None,
+            })
+            .collect();
+        if !self.enable_prefix_caching || recurrent.is_empty() || seq.block_tables.is_empty() {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        let per_checkpoint: usize = recurrent.iter().map(|&(_, blocks)| blocks).sum();
+        let prompt_end = (seq.num_prompt_tokens.saturating_sub(1) / bs) * bs;
+        let every = self.checkpoint_every;
+        let first = seq.num_computed_tokens / bs + 1;
+        let last = end.min(seq.num_tokens()) / bs;
+        let mut hashes = seq.block_hashes.clone();
+        for index in first..=last {
+            let position = index * bs;
+            let wanted = position == prompt_end || (every > 0 && index.is_multiple_of(every));
+            if !wanted {
+                continue;
+            }
+            while hashes.len() < index {
+                let i = hashes.len();
+                let parent = hashes.last().copied().unwrap_or(ROOT_HASH);
+                hashes.push(chain_hash(parent, &seq.token_ids[i * bs..(i + 1) * bs]));
+            }
+            let hash = hashes[index - 1];
+            let cached = recurrent.iter().all(|&(g, blocks)| {
+                (0..blocks).all(|p| self.hash_to_block.contains_key(&(g, hash, p)))
+            });
+            if cached {
+                continue;
+            }
+            if per_checkpoint > self.num_free_blocks() {
+                break;
+            }
+            for &(group, blocks) in &recurrent {
+                let ids = (0..blocks)
+                    .map(|_| self.take_free_block())
+                    .collect::<anyhow::Result<Vec<u32>>>()?;
+                seq.state_saves.push(StateCopy {
+                    group,
+                    position,
+                    blocks: ids,
+                });
+            }
+            self.stats.checkpoints_saved += 1;
+        }
         Ok(())
     }
 
     /// After a step: gives back the copies the sequence restored from, and caches the
-    /// copies it saved where its computed tokens end on a committed block (else they are
-    /// dropped), each part under the prefix's last block, unheld.
+    /// checkpoints it took, each part under the last block before its position, unheld (a
+    /// part the cache already holds is dropped).
     fn commit_state_copies(&mut self, seq: &mut Sequence) {
-        for (_, ids) in std::mem::take(&mut seq.state_restores) {
-            ids.into_iter().for_each(|id| self.release(id));
+        for copy in std::mem::take(&mut seq.state_restores) {
+            copy.blocks.into_iter().for_each(|id| self.release(id));
         }
         let bs = self.block_size;
-        let aligned = seq.num_computed_tokens > 0
-            && seq.num_computed_tokens == seq.block_hashes.len() * bs
-            && self.enable_prefix_caching;
-        for (g, ids) in std::mem::take(&mut seq.state_saves) {
-            if aligned {
-                let index = seq.block_hashes.len() - 1;
-                let hash = seq.block_hashes[index];
+        for copy in std::mem::take(&mut seq.state_saves) {
+            let index = copy.position / bs;
+            if self.enable_prefix_caching && index > 0 && index <= seq.block_hashes.len() {
+                let hash = seq.block_hashes[index - 1];
                 let parent = index
-                    .checked_sub(1)
+                    .checked_sub(2)
                     .map_or(ROOT_HASH, |i| seq.block_hashes[i]);
-                let tokens = &seq.token_ids[index * bs..(index + 1) * bs];
-                for (part, &id) in ids.iter().enumerate() {
-                    let key = (g, hash, part);
+                let tokens = &seq.token_ids[(index - 1) * bs..index * bs];
+                for (part, &id) in copy.blocks.iter().enumerate() {
+                    let key = (copy.group, hash, part);
                     if self.hash_to_block.contains_key(&key) {
                         continue;
                     }
                     self.blocks[id as usize].cached = Some(CachedContent {
-                        group: g,
+                        group: copy.group,
                         part,
                         hash,
                         parent,
@@ -497,7 +560,7 @@ impl BlockManager {
                     self.hash_to_block.insert(key, id);
                 }
             }
-            ids.into_iter().for_each(|id| self.release(id));
+            copy.blocks.into_iter().for_each(|id| self.release(id));
         }
     }
 
@@ -512,8 +575,8 @@ impl BlockManager {
         let copies = std::mem::take(&mut seq.state_restores)
             .into_iter()
             .chain(std::mem::take(&mut seq.state_saves));
-        for (_, ids) in copies {
-            ids.into_iter().for_each(|id| self.release(id));
+        for copy in copies {
+            copy.blocks.into_iter().for_each(|id| self.release(id));
         }
         seq.block_hashes.clear();
         seq.num_computed_tokens = 0;
@@ -632,7 +695,7 @@ impl BlockManager {
                 .block_tables
                 .iter()
                 .enumerate()
-                .chain(copies.map(|(g, ids)| (*g, ids)));
+                .chain(copies.map(|c| (c.group, &c.blocks)));
             for (g, table) in held {
                 for &id in table.iter().filter(|&&id| id != NO_BLOCK) {
                     ensure!(
@@ -1010,39 +1073,63 @@ mod tests {
     }
 
     /// A fake recurrent layer (its state 2 blocks) beside a full group: a sequence holds its
-    /// state from admission to free; a copy saved at a block boundary is cached under the
-    /// prefix, so that a sequence sharing the prefix starts from it (holding the copy until
-    /// its first step), and a longer shared prefix with no copy at its end is served only up
-    /// to the last copy; copies are evicted as freed blocks are; no block leaks.
+    /// state from admission to free; a checkpoint is taken at its prompt's last block
+    /// boundary and every `every` blocks, and cached under the prefix once computed, so that
+    /// a sequence sharing the prefix starts from it (holding the copy until its first step);
+    /// a longer shared prefix with no checkpoint at its end is served only up to the last
+    /// one; a checkpoint the cache holds is not taken again; checkpoints are evicted as
+    /// freed blocks are; no block leaks.
     #[test]
     fn a_recurrent_group_holds_its_state_and_serves_prefixes_from_cached_copies() {
         let groups = vec![GroupKind::Recurrent { blocks: 2 }, GroupKind::Full];
-        let mut bm = BlockManager::new(20, 4, groups, true);
+        let mut bm = BlockManager::new(24, 4, groups, true).with_state_checkpoints(2);
         let mut a = seq(0, (0..13).collect());
-        let plan = bm.plan_admission(&a, 8);
-        assert_eq!((plan.chunk, plan.needed), (8, 2 + 4));
+        let plan = bm.plan_admission(&a, 9);
+        assert_eq!((plan.chunk, plan.needed), (9, 2 + 4));
         bm.admit(&mut a, plan).unwrap();
-        bm.reserve_state_save(&mut a, 0).unwrap();
-        assert!(
-            bm.reserve_state_save(&mut a, 1).is_err(),
-            "a full group has no state"
-        );
+        // The first chunk (0..9) passes block boundaries 4 and 8: 8 is the second.
+        bm.reserve_checkpoints(&mut a, 9).unwrap();
+        let positions = |s: &Sequence| -> Vec<(usize, usize)> {
+            s.state_saves
+                .iter()
+                .map(|c| (c.group, c.position))
+                .collect()
+        };
+        assert_eq!(positions(&a), [(0, 8)]);
+        assert_eq!(a.state_saves[0].blocks.len(), 2);
         check(&bm, &[&a]);
-        a.num_computed_tokens = 8;
+        a.num_computed_tokens = 9;
         bm.commit_computed(&mut a);
         assert!(a.state_saves.is_empty());
+        assert_eq!(bm.num_checkpoint_blocks(), 2);
+        // The rest of the prompt (9..13) passes 12, its last block boundary.
+        bm.reserve_checkpoints(&mut a, 13).unwrap();
+        assert_eq!(positions(&a), [(0, 12)]);
         a.num_computed_tokens = 13;
         bm.commit_computed(&mut a);
+        assert_eq!(bm.prefix_cache_stats().checkpoints_saved, 2);
         for t in 13..20u32 {
             a.token_ids.push(t);
             let end = a.num_tokens();
             assert_eq!(bm.blocks_to_extend(&a, end), usize::from(end % 4 == 1));
             bm.extend(&mut a, end).unwrap();
+            bm.reserve_checkpoints(&mut a, end).unwrap();
+            // Decoding passes 16 (the fourth block: a checkpoint) and 20 (not one).
+            let expected: &[(usize, usize)] = if end == 16 { &[(0, 16)] } else { &[] };
+            assert_eq!(positions(&a), expected);
             a.num_computed_tokens = end;
             bm.commit_computed(&mut a);
         }
         assert_eq!(a.block_tables[0].len(), 2, "the state does not grow");
+        assert_eq!(bm.num_checkpoint_blocks(), 3 * 2);
         check(&bm, &[&a]);
+        // The same prompt again finds its checkpoint at 12, and takes none there.
+        let mut again = seq(9, (0..13).collect());
+        allocate(&mut bm, &mut again).unwrap();
+        assert_eq!(again.num_computed_tokens, 12);
+        bm.reserve_checkpoints(&mut again, 13).unwrap();
+        assert!(again.state_saves.is_empty(), "the cache holds it already");
+        bm.free(&mut again);
         // B shares 8 tokens: the full group's two blocks and the copy after them.
         let mut b_tokens: Vec<u32> = (0..8).collect();
         b_tokens.extend([50, 51, 52]);
@@ -1050,14 +1137,16 @@ mod tests {
         allocate(&mut bm, &mut b).unwrap();
         assert_eq!(b.num_computed_tokens, 8);
         assert_eq!(b.state_restores.len(), 1);
-        assert_eq!(b.state_restores[0].1.len(), 2);
+        assert_eq!(b.state_restores[0].position, 8);
+        assert_eq!(b.state_restores[0].blocks.len(), 2);
         assert_eq!(b.block_tables[0].len(), 2, "its own state beside the copy");
-        // C shares 12: A cached three full blocks but a copy only after the second.
-        let mut c_tokens: Vec<u32> = (0..12).collect();
+        // C shares all 20 of A's tokens: A cached five full blocks, checkpoints up to 16.
+        let mut c_tokens: Vec<u32> = (0..20).collect();
         c_tokens.push(60);
         let mut c = seq(2, c_tokens);
         allocate(&mut bm, &mut c).unwrap();
-        assert_eq!(c.num_computed_tokens, 8);
+        assert_eq!(c.num_computed_tokens, 16);
+        assert_eq!(c.state_restores[0].position, 16);
         check(&bm, &[&a, &b, &c]);
         // Their first steps copy the state in, and give the copy back to the cache.
         for s in [&mut b, &mut c] {
@@ -1072,7 +1161,7 @@ mod tests {
         check(&bm, &[]);
         assert_eq!(bm.num_used_blocks(), 0);
         // Unrelated sequences take every block: the copy is evicted and the prefix misses.
-        let mut big = seq(3, (100..140).collect());
+        let mut big = seq(3, (100..172).collect());
         allocate(&mut bm, &mut big).unwrap();
         let mut other = seq(4, (200..208).collect());
         allocate(&mut bm, &mut other).unwrap();

@@ -29,6 +29,17 @@ pub const STATE_VALUE_BYTES: usize = 4;
 /// A block-table entry holding no block: a position a sliding group's window has passed.
 pub const NO_BLOCK: u32 = u32::MAX;
 
+/// A copy of a sequence's recurrent state in one layer group, at a block-aligned
+/// position: a checkpoint the prefix cache keeps, held in blocks of the pool laid out as
+/// the sequence's own state (the group's table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateCopy {
+    pub group: usize,
+    /// The position the state is at: the tokens `0..position` are in it.
+    pub position: usize,
+    pub blocks: Vec<u32>,
+}
+
 impl GroupKind {
     /// The first block (of `block_size` tokens) the group keeps for a sequence whose next
     /// position to compute is `next`: a sliding window's query at `next` reads from

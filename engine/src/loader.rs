@@ -92,6 +92,12 @@ pub struct EngineArgs {
     /// Turn prefix caching off.
     #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
+    /// Models with recurrent layers (Qwen3.5, Qwen3-Next): the prefix cache keeps a
+    /// checkpoint of their state at each prompt's last block boundary and every this many
+    /// blocks (0: at prompt ends only). Each checkpoint takes the state's bytes
+    /// (`/version`'s `recurrent_state_bytes_per_sequence`) from the KV pool until evicted.
+    #[arg(long, default_value_t = crate::engine::DEFAULT_STATE_CHECKPOINT_EVERY)]
+    pub state_checkpoint_every: usize,
     /// A Jinja chat template file that replaces the model's own (vLLM's `--chat-template`).
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
@@ -180,6 +186,7 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<LoadedEngine> {
             max_num_batched_tokens: args.max_num_batched_tokens,
             max_model_len,
             enable_prefix_caching: !args.no_enable_prefix_caching,
+            state_checkpoint_every: args.state_checkpoint_every,
         },
     );
     Ok(LoadedEngine {

@@ -128,6 +128,16 @@ impl<R> Scheduler<R> {
         if !preempted {
             self.admit_waiting(&mut budget, &mut out)?;
         }
+        // Last, so that a checkpoint never takes a block the step's work needed.
+        for c in &out {
+            let seq = &mut self
+                .seqs
+                .get_mut(&c.id)
+                .context("scheduled sequence missing")?
+                .seq;
+            self.block_manager
+                .reserve_checkpoints(seq, c.start + c.len)?;
+        }
         Ok(out)
     }
 

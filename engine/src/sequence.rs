@@ -2,6 +2,8 @@
 //! them have KV in the cache, and the physical blocks holding that KV, one table per
 //! layer group.
 
+use crate::layer_groups::StateCopy;
+
 /// A sequence's id, unique within an engine.
 pub type SeqId = u64;
 
@@ -40,11 +42,11 @@ pub struct Sequence {
     pub block_hashes: Vec<u64>,
     /// Per recurrent group, a cached copy of the state at the end of the prefix the cache
     /// served, for the next step to copy into the sequence's own state; held until then.
-    /// No model has a recurrent layer yet (Qwen3.5's, issue 62, will read these).
-    pub state_restores: Vec<(usize, Vec<u32>)>,
-    /// Per recurrent group, blocks for a copy of the state at the end of the chunk being
-    /// computed, cached under the prefix once it is computed.
-    pub state_saves: Vec<(usize, Vec<u32>)>,
+    pub state_restores: Vec<StateCopy>,
+    /// Checkpoints the step being computed takes: per recurrent group, blocks for a copy
+    /// of the state at a block-aligned position within the step's tokens, cached under
+    /// the prefix once the step is computed.
+    pub state_saves: Vec<StateCopy>,
 }
 
 impl Sequence {

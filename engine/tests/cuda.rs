@@ -369,12 +369,16 @@ fn check_gpu_against_cpu(
         let sample = Some(SampleSpec::GREEDY);
         [
             SeqInput {
+                state_restores: &[],
+                state_saves: &[],
                 tokens: &[77],
                 start_pos: long,
                 block_tables: long_tables,
                 sample,
             },
             SeqInput {
+                state_restores: &[],
+                state_saves: &[],
                 tokens: &[78],
                 start_pos: pos,
                 block_tables: short_tables,
@@ -507,6 +511,8 @@ fn decode_past_the_windows(
         );
         let token = [(i as u32 * 11 + 3) % 256];
         let input = SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &token,
             start_pos: pos,
             block_tables: &tables,
@@ -758,6 +764,8 @@ fn graph_replay_matches_eager(
         let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
         let batch: Vec<SeqInput<'_>> = (0..3)
             .map(|i| SeqInput {
+                state_restores: &[],
+                state_saves: &[],
                 tokens: &tokens[i],
                 start_pos: prompts[i].len() + step,
                 block_tables: &grouped[i],

@@ -678,18 +678,24 @@ fn batched_sequences_match_solo_runs() {
     // Step 1: A's prefill, B's first chunk (no logits), C's prefill.
     let batch = [
         SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &a,
             start_pos: 0,
             block_tables: &[ta.to_vec()],
             sample: Some(SampleSpec::GREEDY),
         },
         SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &b[..4],
             start_pos: 0,
             block_tables: &[tb.to_vec()],
             sample: None,
         },
         SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &c,
             start_pos: 0,
             block_tables: &[tc.to_vec()],
@@ -704,12 +710,16 @@ fn batched_sequences_match_solo_runs() {
     // Step 2: A decodes, B finishes its prefill.
     let batch = [
         SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &[next],
             start_pos: a.len(),
             block_tables: &[ta.to_vec()],
             sample: Some(SampleSpec::GREEDY),
         },
         SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &b[4..],
             start_pos: 4,
             block_tables: &[tb.to_vec()],
@@ -734,6 +744,8 @@ fn bad_inputs_are_errors() {
     let dir = golden_dir_with("qwen3-tiny/f32", "reference.json");
     let mut r = load(&dir, Weights::AsStored);
     let bad_token = SeqInput {
+        state_restores: &[],
+        state_saves: &[],
         tokens: &[49152],
         start_pos: 0,
         block_tables: &[[0].to_vec()],
@@ -741,6 +753,8 @@ fn bad_inputs_are_errors() {
     };
     assert!(r.forward(&[bad_token]).is_err());
     let short_table = SeqInput {
+        state_restores: &[],
+        state_saves: &[],
         tokens: &[1; 17],
         start_pos: 0,
         block_tables: &[[0].to_vec()],
@@ -748,6 +762,8 @@ fn bad_inputs_are_errors() {
     };
     assert!(r.forward(&[short_table]).is_err());
     let bad_block = SeqInput {
+        state_restores: &[],
+        state_saves: &[],
         tokens: &[1],
         start_pos: 0,
         block_tables: &[[64].to_vec()],
@@ -755,6 +771,8 @@ fn bad_inputs_are_errors() {
     };
     assert!(r.forward(&[bad_block]).is_err());
     let empty = SeqInput {
+        state_restores: &[],
+        state_saves: &[],
         tokens: &[],
         start_pos: 0,
         block_tables: &[[0].to_vec()],

@@ -71,6 +71,7 @@ fn seeded_cpu_sampling_draws_the_same_tokens_as_before() {
         max_num_batched_tokens: 512,
         max_model_len: 2048,
         enable_prefix_caching: true,
+        state_checkpoint_every: 0,
     };
     let mut engine = LlmEngine::new(runner, tokenizer.clone(), config);
     let prompts: Vec<Vec<u32>> = ["Once upon a time", "The best way to learn Rust is"]
@@ -139,6 +140,7 @@ fn max_model_len_past_the_models_positions_is_refused() {
         block_size: 16,
         enable_prefix_caching: false,
         no_enable_prefix_caching: false,
+        state_checkpoint_every: 0,
         chat_template: None,
         device: DeviceArgs {
             device: Some(Device::Cpu),

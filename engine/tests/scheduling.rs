@@ -214,6 +214,7 @@ fn engine_with(
         max_num_batched_tokens: setup.max_num_batched_tokens,
         max_model_len: 4096,
         enable_prefix_caching: true,
+        state_checkpoint_every: 0,
     };
     (
         LlmEngine::new(Box::new(runner), tokenizer.clone(), config),
@@ -610,6 +611,7 @@ fn llama_tiny_greedy_is_batch_invariant() {
             max_num_batched_tokens: budget,
             max_model_len: 2048,
             enable_prefix_caching: true,
+            state_checkpoint_every: 0,
         };
         let mut e = LlmEngine::new(runner, tok.clone(), engine_config);
         let out = e.generate(prompts.to_vec(), &greedy(12)).unwrap();
@@ -743,19 +745,28 @@ fn a_step_shows_its_sequences_running_before_its_forward() {
 }
 
 /// On each sliding family (Gemma 3's five sliding layers to one full, gpt-oss's
-/// alternation, Mistral's window on every layer; windows of 5 tokens, blocks of 16), a
+/// alternation, Mistral's window on every layer; windows of 5 tokens, blocks of 16) and
+/// each hybrid one (Qwen3.5's and Qwen3-Next's Gated DeltaNet beside full attention), a
 /// request sharing a 2,000-token prefix with a finished one takes the prefix from the
-/// cache (the full groups' blocks and each sliding group's window at token 2,000) and
-/// generates the cold run's greedy tokens with its logprobs.
+/// cache (the full groups' blocks and each sliding group's window at token 2,000; for
+/// the hybrids, up to the last checkpoint of the recurrent state, every 4 blocks: 1,984)
+/// and generates the cold run's greedy tokens with its logprobs.
 #[test]
-fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
+fn sliding_and_hybrid_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
     use engine::backend::cpu::KvCacheDtype;
     use engine::kv_sizing::{kv_bytes_per_token, RunnerOptions};
     use engine::layer_groups::{GroupKind, LayerGroups};
     use engine::loader::load_cpu_runner;
 
     let tok = tokenizer();
-    for family in ["gemma3-tiny", "gpt-oss-tiny", "mistral-tiny-window"] {
+    let families = [
+        "gemma3-tiny",
+        "gpt-oss-tiny",
+        "mistral-tiny-window",
+        "qwen35-tiny",
+        "qwen3next-tiny",
+    ];
+    for family in families {
         // The fixture with room for 4,096 positions (its weights do not depend on them).
         let fixture = common::workspace()
             .join("engine/tests/fixtures/families")
@@ -775,7 +786,7 @@ fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
             assert!(
                 groups
                     .iter()
-                    .any(|k| matches!(k, GroupKind::Sliding { .. })),
+                    .any(|k| matches!(k, GroupKind::Sliding { .. } | GroupKind::Recurrent { .. })),
                 "{family}: {groups:?}"
             );
             let options = RunnerOptions {
@@ -791,6 +802,7 @@ fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
                 max_num_batched_tokens: 512,
                 max_model_len: 4096,
                 enable_prefix_caching: true,
+                state_checkpoint_every: 4,
             };
             (LlmEngine::new(runner, tok.clone(), engine_config), vocab)
         };
@@ -801,13 +813,22 @@ fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
             logprobs: Some(0),
             ..greedy(8)
         };
-        warm.generate(vec![with_tail(&[1, 2, 3])], &params).unwrap();
+        // A first prompt 20 tokens past the prefix: its last block boundary (2,016) is past
+        // the shared part, so a hybrid's hit comes from its periodic checkpoints.
+        let first_tail: Vec<u32> = (1..=20).collect();
+        warm.generate(vec![with_tail(&first_tail)], &params)
+            .unwrap();
         let hit = warm
             .generate(vec![with_tail(&[7, 8, 9, 10])], &params)
             .unwrap();
         warm.check_invariants().unwrap();
-        assert_eq!(hit[0].num_cached_prompt_tokens, 2000, "{family}");
-        assert_eq!(warm.stats().prefix_cache_hits, 2000, "{family}");
+        let cached = if family.starts_with("qwen3") {
+            1984
+        } else {
+            2000
+        };
+        assert_eq!(hit[0].num_cached_prompt_tokens, cached, "{family}");
+        assert_eq!(warm.stats().prefix_cache_hits, cached as u64, "{family}");
         let (mut cold, _) = engine();
         let want = cold
             .generate(vec![with_tail(&[7, 8, 9, 10])], &params)
@@ -827,9 +848,10 @@ fn sliding_families_serve_a_shared_prefix_from_the_cache_as_a_cold_run() {
 
 /// Qwen3.5 and Qwen3-Next served (their Gated DeltaNet states in the pool's blocks): six
 /// prompts, some longer than a 64-token chunk, batched with chunked prefill in a pool
-/// small enough to preempt (a preempted sequence restarts its state from position 0),
-/// give each prompt's solo greedy tokens; prefix caching is off
-/// (a repeated prompt reports no cached tokens), and every block comes back.
+/// small enough to preempt (a preempted sequence restarts from its checkpoints or from
+/// position 0), with checkpoints every block, give each prompt's solo greedy tokens (a
+/// repeated prompt from the first one's checkpoint); aborted requests beside them, and
+/// every block, state and checkpoint comes back to the pool.
 #[test]
 fn hybrid_families_serve_batches_and_preemptions_as_solo_runs() {
     use engine::backend::cpu::KvCacheDtype;
@@ -866,6 +888,7 @@ fn hybrid_families_serve_batches_and_preemptions_as_solo_runs() {
                 max_num_batched_tokens: 96,
                 max_model_len: 512,
                 enable_prefix_caching: true,
+                state_checkpoint_every: 1,
             };
             LlmEngine::new(runner, tok.clone(), engine_config)
         };
@@ -880,35 +903,47 @@ fn hybrid_families_serve_batches_and_preemptions_as_solo_runs() {
                     .collect()
             })
             .collect();
-        // Prompts 1 and 4 are the same: no cache hit for a recurrent model.
+        // Prompts 1 and 4 are the same: 4 finds 1's checkpoint at its last block boundary.
         let mut prompts = prompts;
         prompts[4] = prompts[1].clone();
         let params = greedy(12);
         let mut solo = engine(100, 1);
-        assert!(matches!(
-            solo.prefix_caching(),
-            PrefixCaching::Unavailable(_)
-        ));
-        let want: Vec<Vec<u32>> = prompts
-            .iter()
-            .map(|p| {
-                solo.generate(vec![p.clone()], &params).unwrap()[0]
-                    .token_ids
-                    .clone()
-            })
-            .collect();
+        assert_eq!(solo.prefix_caching(), PrefixCaching::On);
+        let mut want: Vec<Vec<u32>> = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let out = solo.generate(vec![p.clone()], &params).unwrap();
+            let cached = if i == 4 { 64 } else { 0 };
+            assert_eq!(
+                out[0].num_cached_prompt_tokens, cached,
+                "{family}: prompt {i}"
+            );
+            want.push(out[0].token_ids.clone());
+        }
+        solo.check_invariants().unwrap();
+        assert_eq!(solo.stats().num_running, 0);
         // The first two prompts' states (2 blocks per DeltaNet group) and blocks take 20
         // of 21; both decoding past their blocks' ends need 22.
         let mut batched = engine(21, 4);
+        // Two requests aborted three steps in, holding states, blocks and checkpoints.
+        let doomed = [
+            batched.add_request(prompts[2].clone(), greedy(40)).unwrap(),
+            batched.add_request(prompts[0].clone(), greedy(40)).unwrap(),
+        ];
+        for _ in 0..3 {
+            batched.step().unwrap();
+            batched.check_invariants().unwrap();
+        }
+        for id in doomed {
+            assert!(batched.abort(id), "{family}: request {id} was live");
+        }
+        batched.check_invariants().unwrap();
         let got = batched.generate(prompts.clone(), &params).unwrap();
         batched.check_invariants().unwrap();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(&g.token_ids, w, "{family}: prompt {i}");
-            assert_eq!(g.num_cached_prompt_tokens, 0, "{family}: prompt {i}");
         }
         let stats = batched.stats();
         assert!(stats.num_preemptions > 0, "{family}: no preemption");
-        assert_eq!(stats.prefix_cache_hits, 0, "{family}");
         assert_eq!(
             (stats.kv_blocks_used, stats.num_running),
             (0, 0),

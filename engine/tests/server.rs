@@ -1322,6 +1322,7 @@ impl ReasoningFixture {
             block_size: 16,
             enable_prefix_caching: false,
             no_enable_prefix_caching: false,
+            state_checkpoint_every: 0,
             chat_template: Some(template.clone()),
             device: DeviceArgs {
                 device: Some(Device::Cpu),

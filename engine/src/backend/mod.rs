@@ -15,6 +15,7 @@ use std::fmt;
 use anyhow::{bail, ensure};
 
 use crate::config::{Activation, AttentionSpan, DeltaNetSpec, ExpertSpec, ModelConfig};
+use crate::layer_groups::StateCopy;
 use crate::sampler::{SampleSpec, Sampled};
 use crate::weights::HostTensor;
 
@@ -106,6 +107,10 @@ pub struct StepSeq<'a> {
     /// `0..start_pos + n_tokens`; entries before a sliding window are
     /// [`crate::layer_groups::NO_BLOCK`].
     pub block_tables: &'a [Vec<u32>],
+    /// Checkpoints of the sequence's recurrent state this step writes: each a recurrent
+    /// group's state at a position in `start_pos + 1..=start_pos + n_tokens`, into blocks
+    /// laid out as the group's table.
+    pub state_saves: &'a [StateCopy],
 }
 
 /// One sequence's rows in a step, as one layer group's attention reads them.
@@ -183,6 +188,20 @@ pub fn check_state_table(table: &[u32], blocks: usize, num_blocks: usize) -> any
     );
     if let Some(&b) = table.iter().find(|&&b| b as usize >= num_blocks) {
         bail!("state block id {b} is past the pool ({num_blocks} blocks)");
+    }
+    Ok(())
+}
+
+/// Checks that no block appears twice among a sequence's state table and the copies of
+/// its state a step reads or writes (a state's pages are written in place, so two roles
+/// sharing a page would overwrite each other).
+pub fn check_state_pages_distinct<'a>(
+    tables: impl IntoIterator<Item = &'a [u32]>,
+) -> anyhow::Result<()> {
+    let mut ids: Vec<u32> = tables.into_iter().flatten().copied().collect();
+    ids.sort_unstable();
+    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        bail!("state block {} is used twice in one step", w[0]);
     }
     Ok(())
 }
@@ -461,6 +480,14 @@ pub struct DeltaNetParams<P> {
 pub trait RecurrentOps: Tensors {
     /// Allocates the states of one layer index of the recurrent groups (zeroed).
     fn new_state_cache(&self, shape: StateCacheShape) -> anyhow::Result<Self::StateCache>;
+    /// Copies the state in the pages `from` to the pages `to` (as many, distinct from
+    /// them): a checkpoint restored into a sequence's own state.
+    fn copy_state(
+        &self,
+        cache: &mut Self::StateCache,
+        from: &[u32],
+        to: &[u32],
+    ) -> anyhow::Result<()>;
     /// The DeltaNet between its projections. `proj` rows are `[q k v | z | b a]`
     /// ([`DeltaNetSpec::projection_width`]). Per sequence of the step, whose state sits in
     /// the pages of its table in layer group `group` (zero when it starts at position 0):
@@ -468,7 +495,9 @@ pub trait RecurrentOps: Tensors {
     /// `key_head_dim^-½`; `β = σ(b)`, `g = decay · softplus(a + dt_bias)`; the recurrence
     /// `S ← e^g S; S += k ⊗ β(v − Sᵀk); o = Sᵀq` (position by position on the CPU; a
     /// device may compute it in chunks, to the same values); then `o` RMS-normed per value
-    /// head, times the weight and `silu(z)`. `out` is `[T, value_width]`; the states are left at the last position.
+    /// head, times the weight and `silu(z)`. `out` is `[T, value_width]`; the states are left at
+    /// the last position, and the step's checkpoints in group `group`
+    /// ([`StepSeq::state_saves`]) get the state at theirs.
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_net(
         &self,

@@ -6,7 +6,8 @@ use anyhow::{anyhow, bail, ensure};
 use std::time::Instant;
 
 use crate::backend::{
-    check_block_table, check_state_table, Backend, RowSample, ScoreSpec, StepMeta, StepSeq,
+    check_block_table, check_state_pages_distinct, check_state_table, Backend, RowSample,
+    ScoreSpec, StepMeta, StepSeq,
 };
 use crate::kv_sizing::KvFootprint;
 use crate::layer_groups::{GroupKind, LayerGroups};
@@ -21,6 +22,10 @@ impl<B: Backend> ModelState<B> {
     /// Checks the batch and fills the host scratch (tokens, positions, each group's slots,
     /// logits rows).
     fn prepare_inputs<'a>(&mut self, batch: &[SeqInput<'a>]) -> anyhow::Result<Vec<StepSeq<'a>>> {
+        for (i, s) in batch.iter().enumerate() {
+            self.check_state_copies(s)
+                .map_err(|e| anyhow!("batch entry {i}: {e}"))?;
+        }
         let bs = self.block_size;
         let kinds = self.groups.kinds();
         let host = &mut self.host;
@@ -65,6 +70,7 @@ impl<B: Backend> ModelState<B> {
                 };
                 checked.map_err(|e| anyhow!("batch entry {i}, layer group {g}: {e}"))?;
             }
+
             let row_start = host.tokens.len();
             host.tokens.extend_from_slice(s.tokens);
             host.positions.extend((s.start_pos..end).map(|p| p as u32));
@@ -76,6 +82,7 @@ impl<B: Backend> ModelState<B> {
                 n_tokens: s.tokens.len(),
                 start_pos: s.start_pos,
                 block_tables: s.block_tables,
+                state_saves: s.state_saves,
             });
         }
         for (g, kind) in kinds.iter().enumerate() {
@@ -96,6 +103,62 @@ impl<B: Backend> ModelState<B> {
         Ok(seqs)
     }
 
+    /// Checks an entry's checkpoints of recurrent state: the one to restore at its start,
+    /// those to save within its tokens, each of a recurrent group, in whole state tables,
+    /// none sharing a page with another or with the sequence's own state.
+    fn check_state_copies(&self, s: &SeqInput<'_>) -> anyhow::Result<()> {
+        let kinds = self.groups.kinds();
+        let end = s.start_pos + s.tokens.len();
+        let copies = s.state_restores.iter().map(|c| (c, true));
+        for (copy, restore) in copies.chain(s.state_saves.iter().map(|c| (c, false))) {
+            let Some(&GroupKind::Recurrent { blocks }) = kinds.get(copy.group) else {
+                bail!(
+                    "layer group {} keeps no recurrent state to copy",
+                    copy.group
+                );
+            };
+            let (what, fits) = if restore {
+                ("restored", copy.position == s.start_pos)
+            } else {
+                ("saved", copy.position > s.start_pos && copy.position <= end)
+            };
+            ensure!(
+                fits,
+                "a state {what} at position {} does not fit a step of positions {}..{end}",
+                copy.position,
+                s.start_pos
+            );
+            check_state_table(&copy.blocks, blocks, self.num_blocks)
+                .map_err(|e| anyhow!("a state {what} at position {}: {e}", copy.position))?;
+        }
+        for (g, table) in s.block_tables.iter().enumerate() {
+            if !matches!(kinds.get(g), Some(GroupKind::Recurrent { .. })) {
+                continue;
+            }
+            let copies = s.state_restores.iter().chain(s.state_saves);
+            let pages = copies.filter(|c| c.group == g).map(|c| c.blocks.as_slice());
+            check_state_pages_distinct(std::iter::once(table.as_slice()).chain(pages))
+                .map_err(|e| anyhow!("layer group {g}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Copies each entry's restored checkpoints into its own state, in every layer of
+    /// their group, before the step's layers read it.
+    fn restore_states(&mut self, b: &B, batch: &[SeqInput<'_>]) -> anyhow::Result<()> {
+        for s in batch {
+            for copy in s.state_restores {
+                let own = &s.block_tables[copy.group];
+                for &(group, index) in &self.placement {
+                    if group == copy.group {
+                        b.copy_state(&mut self.states[index], &copy.blocks, own)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Runs the layers and leaves the sampled rows' logits in `bufs.logits`; returns the
     /// device step, or `None` when no entry samples.
     fn run_layers(
@@ -106,6 +169,7 @@ impl<B: Backend> ModelState<B> {
     ) -> anyhow::Result<Option<B::Step>> {
         let started = Instant::now();
         let seqs = self.prepare_inputs(batch)?;
+        self.restore_states(b, batch)?;
         let step = b.prepare_step(&StepMeta {
             seqs: &seqs,
             num_groups: self.groups.groups.len(),

@@ -11,7 +11,7 @@ use anyhow::bail;
 use crate::backend::{Backend, DeltaNetParams, QkvLayout, RowSample};
 use crate::config::{DeltaNetSpec, ExpertSpec, LayerSpec, ModelConfig};
 use crate::kv_sizing::{KvFootprint, KvPool};
-use crate::layer_groups::{GroupKind, LayerGroups};
+use crate::layer_groups::{GroupKind, LayerGroups, StateCopy};
 use crate::sampler::SampleSpec;
 
 /// One sequence's slice of work in a forward step.
@@ -25,6 +25,11 @@ pub struct SeqInput<'a> {
     /// each covering positions `0..start_pos + tokens.len()` (a sliding group's from its
     /// window on).
     pub block_tables: &'a [Vec<u32>],
+    /// Per recurrent group, a checkpoint of the state at `start_pos` to start from: copied
+    /// into the sequence's own state (its table in the group) before the step.
+    pub state_restores: &'a [StateCopy],
+    /// Checkpoints of the recurrent state the step writes at positions within its tokens.
+    pub state_saves: &'a [StateCopy],
     /// How to sample the token after the last one (decode, or the last prefill chunk);
     /// `None` for a chunk that samples nothing.
     pub sample: Option<SampleSpec<'a>>,

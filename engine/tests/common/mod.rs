@@ -100,6 +100,8 @@ pub fn last_logits(
 ) -> Vec<f32> {
     let tables = group_tables(r, table);
     let input = SeqInput {
+        state_restores: &[],
+        state_saves: &[],
         tokens,
         start_pos: start,
         block_tables: &tables,
@@ -222,6 +224,8 @@ pub fn check_runner_samples_its_logits(r: &mut dyn ModelRunner) {
     let table = group_tables(r, &(0..4).collect::<Vec<u32>>());
     let other = group_tables(r, &(4..8).collect::<Vec<u32>>());
     let input = |sample: SampleSpec<'static>| SeqInput {
+        state_restores: &[],
+        state_saves: &[],
         tokens: &prompt,
         start_pos: 0,
         block_tables: &table,
@@ -285,6 +289,8 @@ pub fn check_runner_samples_its_logits(r: &mut dyn ModelRunner) {
     }
 
     let chunk = SeqInput {
+        state_restores: &[],
+        state_saves: &[],
         tokens: &prompt[..8],
         start_pos: 0,
         block_tables: &other,

@@ -9,7 +9,7 @@ use super::backend::CpuBackend;
 use super::delta_net::{self, zeroed, HeadInputs, Rows, Scratch};
 use super::simd::SendPtr;
 use super::tensors::{CpuAct, CpuStep};
-use crate::backend::{DeltaNetParams, RecurrentOps, StateCacheShape};
+use crate::backend::{check_state_pages_distinct, DeltaNetParams, RecurrentOps, StateCacheShape};
 use crate::config::DeltaNetSpec;
 
 /// One layer index's recurrent states: a page of `page_values` f32 per block, zeroed
@@ -82,6 +82,30 @@ impl RecurrentOps for CpuBackend {
         })
     }
 
+    fn copy_state(
+        &self,
+        cache: &mut CpuStateCache,
+        from: &[u32],
+        to: &[u32],
+    ) -> anyhow::Result<()> {
+        ensure!(
+            from.len() == to.len()
+                && from
+                    .iter()
+                    .chain(to)
+                    .all(|&b| (b as usize) < cache.num_blocks),
+            "copy_state: pages {from:?} to {to:?} of a cache of {} blocks",
+            cache.num_blocks
+        );
+        check_state_pages_distinct([from, to])?;
+        let page = cache.page_values;
+        for (&f, &t) in from.iter().zip(to) {
+            let (f, t) = (f as usize * page, t as usize * page);
+            cache.values.copy_within(f..f + page, t);
+        }
+        Ok(())
+    }
+
     fn gated_delta_net(
         &self,
         proj: &CpuAct,
@@ -116,18 +140,21 @@ impl RecurrentOps for CpuBackend {
             cache.page_values,
             spec.value_head_dim
         );
+        let mut checkpoints = Vec::with_capacity(seqs.len());
         for (i, s) in seqs.iter().enumerate() {
-            let mut ids = s.block_table.to_vec();
-            ids.sort_unstable();
-            ids.dedup();
-            ensure!(
-                s.block_table.len() == pages
-                    && ids.len() == pages
-                    && ids.iter().all(|&b| (b as usize) < cache.num_blocks),
-                "sequence {i}: its state table {:?} is not {pages} distinct pages of the {} blocks",
-                s.block_table,
-                cache.num_blocks
-            );
+            let saves = step.state_saves(i, group);
+            for table in std::iter::once(s.block_table).chain(saves.iter().map(|&(_, t)| t)) {
+                ensure!(
+                    table.len() == pages && table.iter().all(|&b| (b as usize) < cache.num_blocks),
+                    "sequence {i}: the state pages {table:?} are not {pages} of the {} blocks",
+                    cache.num_blocks
+                );
+            }
+            check_state_pages_distinct(
+                std::iter::once(s.block_table).chain(saves.iter().map(|&(_, t)| t)),
+            )
+            .map_err(|e| anyhow::anyhow!("sequence {i}: {e}"))?;
+            checkpoints.push(saves);
         }
         let width = spec.value_width();
         let out_data = out.reshape(rows, width);
@@ -136,12 +163,24 @@ impl RecurrentOps for CpuBackend {
             .delta_net_scratch
             .lock()
             .map_err(|_| anyhow::anyhow!("gated_delta_net: a previous step panicked"))?;
-        for s in &seqs {
+        for (s, saves) in seqs.iter().zip(checkpoints) {
             let mut state = SequenceState {
                 pages: s.block_table,
                 page_values: cache.page_values,
                 values,
             };
+            let mut saves: Vec<(usize, SequenceState<'_>)> = saves
+                .into_iter()
+                .map(|(position, pages)| {
+                    let state = SequenceState {
+                        pages,
+                        page_values: cache.page_values,
+                        values,
+                    };
+                    (position - s.start_pos, state)
+                })
+                .collect();
+            saves.sort_unstable_by_key(|&(rows, _)| rows);
             let rows = s.row_start..s.row_start + s.n_tokens;
             let input = &proj.data[rows.start * proj.cols..rows.end * proj.cols];
             let output = &mut out_data[rows.start * width..rows.end * width];
@@ -153,6 +192,7 @@ impl RecurrentOps for CpuBackend {
                 input,
                 &mut state,
                 fresh,
+                &mut saves,
                 &mut scratch,
                 output,
             );
@@ -215,8 +255,9 @@ fn softplus(x: f32) -> f32 {
 }
 
 /// One sequence's rows through the layer: `input` rows of the projection, `state` its
-/// state at the first row (zero where `fresh`), left at the last; `output` rows of
-/// `value_width`.
+/// state at the first row (zero where `fresh`), left at the last; each of `saves` (rows
+/// computed before it, ascending, none past the last) gets the state after its rows;
+/// `output` rows of `value_width`.
 #[allow(clippy::too_many_arguments)]
 fn sequence(
     spec: DeltaNetSpec,
@@ -225,6 +266,7 @@ fn sequence(
     input: &[f32],
     state: &mut SequenceState<'_>,
     fresh: bool,
+    saves: &mut [(usize, SequenceState<'_>)],
     scratch: &mut Scratch,
     output: &mut [f32],
 ) {
@@ -244,6 +286,14 @@ fn sequence(
             .copy_from_slice(&row[..channels]);
     }
     state.copy(matrices, &mut inputs[n * channels..], true);
+    // A checkpoint after `rows` rows holds the `history` inputs before row `rows`.
+    for (rows, save) in saves.iter_mut() {
+        save.copy(
+            matrices,
+            &mut inputs[*rows * channels..][..history * channels],
+            true,
+        );
+    }
     let mixed = zeroed(&mut scratch.mixed, n * channels);
     conv_silu(&params.conv, kernel, inputs, mixed);
     // q and k L2-normalised per key head (q scaled), β and g per value head.
@@ -273,14 +323,13 @@ fn sequence(
     }
     // Per value head (in parallel): its state's rows in their pages, the recurrence, the
     // gated norm, into its rows of `head_rows`.
-    let (state, mixed, beta, g) = (&*state, &*mixed, &*beta, &*g);
+    let (state, saves, mixed, beta, g) = (&*state, &*saves, &*mixed, &*beta, &*g);
     let head_rows = zeroed(&mut scratch.heads, heads * n * dv);
     head_rows
         .par_chunks_mut(n * dv)
         .enumerate()
         .for_each(|(j, o)| {
             let kh = spec.key_head(j);
-            let columns = |offset: usize, len: usize| Rows::new(&mixed[offset..], channels, len);
             // SAFETY: head j's rows are its own (flat positions j·dk·dv onwards, whole rows
             // within pages: page_values is a multiple of dv, checked by the caller).
             let mut rows: Vec<&mut [f32]> = (0..dk)
@@ -289,15 +338,33 @@ fn sequence(
             if fresh {
                 rows.iter_mut().for_each(|r| r.fill(0.0));
             }
-            let x = HeadInputs {
-                q: columns(kh * dk, dk),
-                k: columns(kw + kh * dk, dk),
-                v: columns(2 * kw + j * dv, dv),
-                beta: &beta[j * n..(j + 1) * n],
-                g: &g[j * n..(j + 1) * n],
-                value_dim: dv,
-            };
-            delta_net::run(&x, &mut rows, o);
+            // Rows `from..to`, then the checkpoint there (if any) takes the head's rows.
+            let mut from = 0;
+            let ends = saves.iter().map(|(rows, save)| (*rows, Some(save)));
+            for (to, save) in ends.chain(std::iter::once((n, None))) {
+                if to == from && save.is_none() {
+                    break;
+                }
+                let columns = |offset: usize, len: usize| {
+                    Rows::new(&mixed[from * channels + offset..], channels, len)
+                };
+                let x = HeadInputs {
+                    q: columns(kh * dk, dk),
+                    k: columns(kw + kh * dk, dk),
+                    v: columns(2 * kw + j * dv, dv),
+                    beta: &beta[j * n + from..j * n + to],
+                    g: &g[j * n + from..j * n + to],
+                    value_dim: dv,
+                };
+                delta_net::run(&x, &mut rows, &mut o[from * dv..to * dv]);
+                if let Some(save) = save {
+                    for (r, row) in rows.iter().enumerate() {
+                        // SAFETY: head j's rows of the checkpoint are its own, as above.
+                        unsafe { save.run((j * dk + r) * dv, dv) }.copy_from_slice(row);
+                    }
+                }
+                from = to;
+            }
             for (t, ot) in o.chunks_mut(dv).enumerate() {
                 let z = &input[t * width + channels + j * dv..][..dv];
                 let rms = (ot.iter().map(|x| x * x).sum::<f32>() / dv as f32 + eps)

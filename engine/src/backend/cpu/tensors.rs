@@ -53,6 +53,8 @@ struct HostSeq {
     n_tokens: usize,
     start_pos: usize,
     tables: Vec<(usize, usize)>,
+    /// Checkpoints of recurrent state: (group, position, its blocks' range in `tables`).
+    saves: Vec<(usize, usize, (usize, usize))>,
 }
 
 /// A host copy of [`StepMeta`].
@@ -95,11 +97,29 @@ impl CpuStep {
                     (start, tables.len())
                 })
                 .collect();
+            let end = s.start_pos + s.n_tokens;
+            let mut saves = Vec::with_capacity(s.state_saves.len());
+            for save in s.state_saves {
+                ensure!(
+                    save.group < meta.num_groups
+                        && (s.start_pos + 1..=end).contains(&save.position),
+                    "sequence {i}: a checkpoint at position {} of group {} is outside its \
+                     step ({}..{end}, {} groups)",
+                    save.position,
+                    save.group,
+                    s.start_pos,
+                    meta.num_groups
+                );
+                let start = tables.len();
+                tables.extend_from_slice(&save.blocks);
+                saves.push((save.group, save.position, (start, tables.len())));
+            }
             seqs.push(HostSeq {
                 row_start: s.row_start,
                 n_tokens: s.n_tokens,
                 start_pos: s.start_pos,
                 tables: ranges,
+                saves,
             });
         }
         ensure!(
@@ -116,6 +136,17 @@ impl CpuStep {
             slots: meta.slots.to_vec(),
             logit_rows: meta.logit_rows.to_vec(),
         })
+    }
+
+    /// The checkpoints sequence `index` of the step writes in layer group `group`: each
+    /// position with its blocks.
+    pub(super) fn state_saves(&self, index: usize, group: usize) -> Vec<(usize, &[u32])> {
+        self.seqs[index]
+            .saves
+            .iter()
+            .filter(|&&(g, _, _)| g == group)
+            .map(|&(_, position, (start, end))| (position, &self.tables[start..end]))
+            .collect()
     }
 
     /// The sequences as the attention of layer group `group` reads them.

@@ -552,6 +552,10 @@ impl RecurrentOps for CudaBackend {
         bail!("Gated DeltaNet layers have no CUDA kernels yet")
     }
 
+    fn copy_state(&self, cache: &mut Self::StateCache, _: &[u32], _: &[u32]) -> anyhow::Result<()> {
+        match *cache {}
+    }
+
     fn gated_delta_net(
         &self,
         _: &CudaAct,
