@@ -124,6 +124,10 @@ pub struct EngineStats {
     /// Tokens of re-admissions after preemption, and those served by the cache.
     pub prefix_cache_preempted_queries: u64,
     pub prefix_cache_preempted_hits: u64,
+    /// Blocks the prefix cache holds for checkpoints of recurrent state.
+    pub state_checkpoint_blocks: usize,
+    /// Checkpoints of recurrent state taken.
+    pub state_checkpoints_total: u64,
     pub num_preemptions: u64,
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
@@ -389,6 +393,8 @@ impl LlmEngine {
             prefix_cache_hits: cache.hits,
             prefix_cache_preempted_queries: cache.preempted_queries,
             prefix_cache_preempted_hits: cache.preempted_hits,
+            state_checkpoint_blocks: bm.num_checkpoint_blocks(),
+            state_checkpoints_total: cache.checkpoints_saved,
             num_preemptions: self.scheduler.num_preemptions(),
             prompt_tokens_total: self.prompt_tokens_total,
             generation_tokens_total: self.generation_tokens_total,

@@ -111,6 +111,8 @@ pub struct BlockManager {
     hash_to_block: HashMap<(usize, u64, usize), u32>,
     next_tick: u64,
     stats: PrefixCacheStats,
+    /// Blocks registered as parts of checkpoints of recurrent state.
+    checkpoint_blocks: usize,
 }
 
 impl BlockManager {
@@ -142,6 +144,7 @@ impl BlockManager {
             hash_to_block: HashMap::new(),
             next_tick: 0,
             stats: PrefixCacheStats::default(),
+            checkpoint_blocks: 0,
         }
     }
 
@@ -158,10 +161,7 @@ impl BlockManager {
 
     /// Blocks the prefix cache holds for checkpoints of recurrent state.
     pub fn num_checkpoint_blocks(&self) -> usize {
-        self.hash_to_block
-            .keys()
-            .filter(|&&(g, _, _)| matches!(self.groups[g], GroupKind::Recurrent { .. }))
-            .count()
+        self.checkpoint_blocks
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -558,6 +558,7 @@ impl BlockManager {
                         token_ids: tokens.to_vec(),
                     });
                     self.hash_to_block.insert(key, id);
+                    self.checkpoint_blocks += 1;
                 }
             }
             copy.blocks.into_iter().for_each(|id| self.release(id));
@@ -621,6 +622,9 @@ impl BlockManager {
                 let key = (content.group, content.hash, content.part);
                 if self.hash_to_block.get(&key) == Some(&id) {
                     self.hash_to_block.remove(&key);
+                }
+                if matches!(self.groups[content.group], GroupKind::Recurrent { .. }) {
+                    self.checkpoint_blocks -= 1;
                 }
             }
             id

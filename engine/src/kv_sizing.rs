@@ -130,6 +130,9 @@ pub struct KvFootprint {
     /// Bytes of the recurrent state (f32) a sequence's decode step reads and writes back,
     /// all recurrent layers together; 0 without them.
     pub state_bytes_per_sequence: usize,
+    /// Bytes of the pool a sequence's recurrent state takes (its groups' blocks), which
+    /// is what each checkpoint of it in the prefix cache holds; 0 without them.
+    pub state_checkpoint_bytes: usize,
 }
 
 impl KvFootprint {
@@ -159,6 +162,12 @@ impl KvFootprint {
             .filter(|&&k| k != GroupKind::Full)
             .map(|&k| pool.group_blocks(k, usize::MAX / 2))
             .sum();
+        let state_blocks: usize = pool
+            .groups
+            .iter()
+            .filter(|k| matches!(k, GroupKind::Recurrent { .. }))
+            .map(|&k| pool.group_blocks(k, 0))
+            .sum();
         let mut full_layers = 0;
         let mut window_read_bytes: Vec<(usize, usize)> = Vec::new();
         let mut state_bytes_per_sequence = 0;
@@ -183,6 +192,7 @@ impl KvFootprint {
             read_bytes_per_token: full_layers * layer_token_bytes,
             window_read_bytes,
             state_bytes_per_sequence,
+            state_checkpoint_bytes: state_blocks * block_bytes,
         }
     }
 }
@@ -296,6 +306,7 @@ mod tests {
                 read_bytes_per_token: 3 * 1024,
                 window_read_bytes: vec![(512, 15 * 1024)],
                 state_bytes_per_sequence: 0,
+                state_checkpoint_bytes: 0,
             }
         );
         let whole = KvFootprint::of(&config, &LayerGroups::whole(&config), 16, 4);

@@ -1644,26 +1644,19 @@ async fn generate_and_serve_give_the_same_greedy_answer() {
     }
 }
 
-/// A hybrid model served (the tiny Qwen3.5 from llama.cpp's converter): `/version` says
-/// prefix caching is off and why, what its recurrent state and its one attention layer
-/// cost; the same 40-token prompt twice computes its greedy answer twice, none of it
-/// cached.
+/// A hybrid model (Qwen3.5's Gated DeltaNet beside attention) reports its state and what
+/// a checkpoint of it costs; a request sharing a 2,000-token prefix with a finished one
+/// takes all of it from the cache (the checkpoint at the first prompt's last block
+/// boundary, 2,000), and answers as a cold server does, logprobs included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hybrid_model_reports_its_state_and_caches_no_prefix() {
+async fn a_hybrid_model_serves_a_shared_prefix_from_its_state_checkpoints() {
     let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/families/qwen35-tiny/model.gguf");
-    let mut server = Server::start(&model, &["--max-model-len", "256"]);
-    server.wait_ready().await;
     let client = reqwest::Client::new();
-    let info = version(&client, &server).await;
-    assert_eq!(info["prefix_caching"]["enabled"], false, "{info}");
-    assert!(
-        info["prefix_caching"]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("recurrent layers"),
-        "{info}"
-    );
+    let mut warm = Server::start(&model, &["--max-model-len", "2048"]);
+    warm.wait_ready().await;
+    let info = version(&client, &warm).await;
+    assert_eq!(info["prefix_caching"]["enabled"], true, "{info}");
     // Three DeltaNet layers of 4 value heads of 16 × 16 and a 4-wide convolution over
     // 128 channels, in f32: 3 × (1,024 + 3 × 128) × 4 bytes.
     assert_eq!(info["recurrent_state_bytes_per_sequence"], 16_896, "{info}");
@@ -1674,19 +1667,64 @@ async fn a_hybrid_model_reports_its_state_and_caches_no_prefix() {
         4 * 4 * 16,
         "{info}"
     );
-    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 250).collect();
-    let request = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
-    let url = server.url("/v1/completions");
-    let (status, first) = post(&client, &url, &request).await;
+    // A checkpoint takes each DeltaNet group's blocks: a block is 16 tokens of 128 bytes,
+    // 2,048 bytes, and a layer's 5,632-byte state takes 3 of them; 3 groups.
+    assert_eq!(info["state_checkpoint_bytes"], 3 * 3 * 2048, "{info}");
+    assert_eq!(info["state_checkpoint_every_blocks"], 0, "{info}");
+    let prefix: Vec<u32> = (0..2000).map(|i| (i * 37 + 5) % 250).collect();
+    let request = |tail: &[u32]| {
+        let prompt: Vec<u32> = prefix.iter().chain(tail).copied().collect();
+        json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+               "logprobs": 0})
+    };
+    let url = warm.url("/v1/completions");
+    let (status, first) = post(&client, &url, &request(&[1, 2, 3])).await;
     assert_eq!(status, 200, "{first}");
-    let (_, second) = post(&client, &url, &request).await;
-    for body in [&first, &second] {
-        assert_eq!(body["usage"]["prompt_tokens"], 40, "{body}");
-        assert_eq!(body["usage"]["completion_tokens"], 8, "{body}");
-        assert_eq!(
-            body["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
-            "{body}"
-        );
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, second) = post(&client, &url, &request(&[7, 8, 9, 10])).await;
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(cached, 2000, "{second}");
+    let metrics = client
+        .get(warm.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| -> f64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("vllm:prefix_cache_hits_total"), cached as f64);
+    assert!(value("engine:state_checkpoints_total") >= 1.0, "{metrics}");
+    assert!(value("engine:state_checkpoint_blocks") >= 1.0, "{metrics}");
+    let mut cold = Server::start(&model, &["--max-model-len", "2048"]);
+    cold.wait_ready().await;
+    let (_, want) = post(
+        &client,
+        &cold.url("/v1/completions"),
+        &request(&[7, 8, 9, 10]),
+    )
+    .await;
+    assert_eq!(want["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(second["choices"][0]["text"], want["choices"][0]["text"]);
+    let logprobs = |body: &serde_json::Value| -> Vec<f64> {
+        body["choices"][0]["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let (got, expected) = (logprobs(&second), logprobs(&want));
+    assert_eq!(got.len(), 8);
+    for (a, b) in got.iter().zip(&expected) {
+        assert!((a - b).abs() < 1e-4, "logprob {a} against {b} cold");
     }
-    assert_eq!(first["choices"][0]["text"], second["choices"][0]["text"]);
 }

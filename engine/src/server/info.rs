@@ -28,6 +28,8 @@ pub struct Facts<'a> {
     /// The positions RoPE tables are built for.
     pub rope_positions: usize,
     pub prefix_caching: crate::engine::PrefixCaching,
+    /// `--state-checkpoint-every`, in blocks.
+    pub state_checkpoint_every: usize,
 }
 
 /// The body of `GET /version`; the device's bandwidth and compute are found here (on the
@@ -57,6 +59,8 @@ pub fn version_body(facts: &Facts<'_>) -> serde_json::Value {
             .map(|&(window, bytes)| serde_json::json!({"window": window, "bytes": bytes}))
             .collect::<Vec<_>>(),
         "recurrent_state_bytes_per_sequence": facts.footprint.kv.state_bytes_per_sequence,
+        "state_checkpoint_bytes": facts.footprint.kv.state_checkpoint_bytes,
+        "state_checkpoint_every_blocks": facts.state_checkpoint_every,
         "kv_layer_groups": facts.kv_layer_groups.describe(),
         "prefix_caching": facts.prefix_caching.describe(),
         "parameters": facts.footprint.parameters,

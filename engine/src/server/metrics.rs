@@ -214,7 +214,7 @@ impl Metrics {
         } else {
             s.kv_blocks_used as f64 / s.kv_blocks_total as f64
         };
-        let gauges: [(&str, &str, f64); 3] = [
+        let gauges: [(&str, &str, f64); 4] = [
             (
                 "vllm:num_requests_running",
                 "Number of requests in model execution batches.",
@@ -230,6 +230,12 @@ impl Metrics {
                 "KV-cache usage. 1 means 100 percent usage.",
                 usage,
             ),
+            (
+                "engine:state_checkpoint_blocks",
+                "KV-pool blocks the prefix cache holds for checkpoints of recurrent state \
+                 (each checkpoint: /version's state_checkpoint_bytes).",
+                s.state_checkpoint_blocks as f64,
+            ),
         ];
         for (name, help, value) in gauges {
             let _ = writeln!(
@@ -237,7 +243,7 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {value:?}"
             );
         }
-        let counters: [(&str, &str, u64); 5] = [
+        let counters: [(&str, &str, u64); 6] = [
             (
                 "vllm:prompt_tokens_total",
                 "Number of prefill tokens processed.",
@@ -262,6 +268,11 @@ impl Metrics {
                 "vllm:prefix_cache_hits_total",
                 "Prefix cache hits, in terms of number of cached tokens.",
                 s.prefix_cache_hits,
+            ),
+            (
+                "engine:state_checkpoints_total",
+                "Checkpoints of recurrent state taken for the prefix cache.",
+                s.state_checkpoints_total,
             ),
         ];
         for (name, help, value) in counters {

@@ -138,6 +138,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
         config: &loaded.config,
         rope_positions: loaded.rope_positions,
         prefix_caching: loaded.engine.prefix_caching(),
+        state_checkpoint_every: loaded.engine.config().state_checkpoint_every,
     });
     Ok(Loaded {
         engine: loaded.engine,
