@@ -17,7 +17,7 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use cudarc::nvrtc::Ptx;
 
 /// The kernel sources, in program order, with their file names.
-pub const SOURCES: [(&str, &str); 7] = [
+pub const SOURCES: [(&str, &str); 8] = [
     (
         "kernels/common.cuh",
         include_str!("../../../../kernels/common.cuh"),
@@ -45,6 +45,10 @@ pub const SOURCES: [(&str, &str); 7] = [
     (
         "kernels/experts.cu",
         include_str!("../../../../kernels/experts.cu"),
+    ),
+    (
+        "kernels/delta_net.cu",
+        include_str!("../../../../kernels/delta_net.cu"),
     ),
 ];
 
@@ -83,7 +87,7 @@ pub const FIXED_KERNELS: [&str; 11] = [
 ];
 
 /// The fixed-name kernels of [`KernelSet::Extended`] (besides the sliding twins).
-pub const EXTENDED_KERNELS: [&str; 8] = [
+pub const EXTENDED_KERNELS: [&str; 18] = [
     "gelu_tanh_mul",
     "scale_bf16",
     "softcap_bf16",
@@ -92,6 +96,16 @@ pub const EXTENDED_KERNELS: [&str; 8] = [
     "moe_gate_up",
     "moe_down",
     "moe_combine",
+    "delta_net_conv",
+    "delta_net_prep",
+    "delta_net_recurrence_dk16",
+    "delta_net_recurrence_dk32",
+    "delta_net_recurrence_dk64",
+    "delta_net_recurrence_dk128",
+    "delta_net_gated_norm",
+    "copy_state_pages",
+    "sigmoid_gate_bf16",
+    "add_gated_bf16",
 ];
 
 /// Which kernel computes decode attention. Unless one is named, the pipelined kernel runs on
