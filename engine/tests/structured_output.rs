@@ -446,3 +446,91 @@ print(json.dumps(out))
         ],
     )
 }
+
+/// `--tool-call-parser qwen3_coder` over Qwen3.5's template, through the official `openai`
+/// client: `required` and a named function are forced in the XML call syntax, so even the
+/// tiny random Llama's calls parse into arguments that fit their tools, streamed as whole;
+/// a second turn carrying a call (its arguments a JSON string) and the result renders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_coder_tool_choices_through_the_openai_client() {
+    let template = common::workspace().join("templates/qwen3_5.jinja");
+    let server = tiny_server(&[
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--chat-template",
+        template.to_str().unwrap(),
+    ])
+    .await;
+    const SCRIPT: &str = r#"
+import json, sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="none")
+tools = json.loads(sys.argv[2])
+model = client.models.list().data[0].id
+weather = [{"role": "user", "content": "What is the weather in Paris?"}]
+def ask(messages=weather, max_tokens=300, temperature=0, **kw):
+    return client.chat.completions.create(model=model, messages=messages, tools=tools,
+        temperature=temperature, max_tokens=max_tokens, **kw)
+def calls(message):
+    return [[c.function.name, c.function.arguments] for c in message.tool_calls or []]
+out = {}
+r = ask(tool_choice="required", parallel_tool_calls=False)
+out["required"], out["required_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
+out["required_content"] = r.choices[0].message.content
+joined = {}
+for chunk in ask(tool_choice="required", parallel_tool_calls=False, stream=True):
+    for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+        entry = joined.setdefault(d.index, ["", ""])
+        if d.function.name:
+            entry[0] = d.function.name
+        entry[1] += d.function.arguments or ""
+out["streamed_required"] = [joined[i] for i in sorted(joined)]
+r = ask(tool_choice={"type": "function", "function": {"name": "get_time"}})
+out["named"], out["named_finish"] = calls(r.choices[0].message), r.choices[0].finish_reason
+call = r.choices[0].message.tool_calls[0]
+r = ask(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+out["named_weather"] = calls(r.choices[0].message)
+out["sampled"] = []
+for seed in range(4):
+    r = ask(tool_choice="required", temperature=1.0, seed=seed, max_tokens=400)
+    if r.choices[0].finish_reason == "tool_calls":
+        out["sampled"] += calls(r.choices[0].message)
+second = ask(weather + [
+    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+    {"role": "tool", "tool_call_id": call.id, "content": "12:00"}], tool_choice="none", max_tokens=2)
+out["prompt_tokens"] = [r.usage.prompt_tokens, second.usage.prompt_tokens]
+print(json.dumps(out))
+"#;
+    let read = run_openai_script(
+        SCRIPT,
+        &[&server.url("/v1"), &weather_tools(12).to_string()],
+    );
+    println!("what the openai client read: {read}");
+    for key in ["required", "named"] {
+        let calls = read[key].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{key}: {read}");
+        assert_weather_call(
+            calls[0][0].as_str().unwrap(),
+            calls[0][1].as_str().unwrap(),
+            12,
+        );
+        assert_eq!(read[format!("{key}_finish")], "tool_calls", "{read}");
+    }
+    assert!(read["required_content"].is_null(), "{read}");
+    assert_eq!(read["named"][0][0], "get_time", "{read}");
+    // A text value within its length, and sampled parallel calls, fit their tools too.
+    let sampled = read["sampled"].as_array().unwrap();
+    assert!(!sampled.is_empty(), "every sampled answer was cut: {read}");
+    for call in read["named_weather"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(sampled)
+    {
+        assert_weather_call(call[0].as_str().unwrap(), call[1].as_str().unwrap(), 12);
+    }
+    assert_eq!(read["named_weather"][0][0], "get_weather", "{read}");
+    assert_eq!(read["streamed_required"], read["required"], "{read}");
+    let tokens = &read["prompt_tokens"];
+    assert!(tokens[1].as_u64() > tokens[0].as_u64(), "{read}");
+}

@@ -70,7 +70,8 @@ pub struct ServeArgs {
     #[arg(long, value_enum)]
     pub reasoning_parser: Option<ReasoningParser>,
     /// Read the model's own tool-call text into `tool_calls` for `tool_choice: "auto"`
-    /// (`required` and a named function need no parser: a grammar enforces them).
+    /// (`required` and a named function need no parser: a grammar enforces them, in JSON,
+    /// or with `qwen3_coder` in its XML).
     #[arg(long, value_enum)]
     pub tool_call_parser: Option<ToolCallParser>,
 }

@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::template::CallSyntax;
 use super::{call_of, kept, whole_call, AnswerReader, CallEvent, Reading};
 use crate::server::error::ApiError;
+use crate::server::tools::Tools;
 
 /// Hermes calls, the syntax of `--tool-call-parser hermes`.
 #[derive(Debug)]
@@ -18,7 +19,8 @@ impl CallSyntax for Hermes {
         "hermes"
     }
 
-    fn auto_reading(&self, parallel: bool) -> Result<Reading, ApiError> {
+    fn auto_reading(&self, tools: &Tools) -> Result<Reading, ApiError> {
+        let parallel = tools.parallel;
         Ok(Reading::new(move || Box::new(HermesReader::new(parallel))))
     }
 }

@@ -7,6 +7,7 @@ use serde_json::Value;
 use super::template::CallSyntax;
 use super::{call_of, kept, whole_call, AnswerReader, CallEvent, Reading};
 use crate::server::error::ApiError;
+use crate::server::tools::Tools;
 
 /// Llama 3 JSON calls, the syntax of `--tool-call-parser llama3_json`.
 #[derive(Debug)]
@@ -17,7 +18,8 @@ impl CallSyntax for Llama3Json {
         "llama3_json"
     }
 
-    fn auto_reading(&self, parallel: bool) -> Result<Reading, ApiError> {
+    fn auto_reading(&self, tools: &Tools) -> Result<Reading, ApiError> {
+        let parallel = tools.parallel;
         Ok(Reading::new(move || {
             Box::new(Llama3JsonReader::new(parallel))
         }))

@@ -8,6 +8,7 @@ pub mod harmony;
 pub mod hermes;
 pub mod json_calls;
 pub mod llama3_json;
+pub mod qwen3_coder;
 pub mod template;
 
 use std::sync::Arc;
@@ -30,6 +31,10 @@ pub enum ToolCallParser {
     /// separated by `;` (Llama 3.1 / 3.2).
     #[value(name = "llama3_json")]
     Llama3Json,
+    /// `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>`
+    /// (Qwen3-Coder, Qwen3.5, Qwen3.6), values typed by the tool's schema.
+    #[value(name = "qwen3_coder")]
+    Qwen3Coder,
     /// gpt-oss's harmony: `commentary` messages to `functions.NAME` (vLLM's `openai`).
     #[value(name = "harmony", alias = "openai")]
     Harmony,
@@ -166,6 +171,11 @@ pub fn for_model(
             template,
             think,
             calls: llama3_json::Llama3Json,
+        }),
+        (false, Some(ToolCallParser::Qwen3Coder)) => Arc::new(TemplateFormat {
+            template,
+            think,
+            calls: qwen3_coder::Qwen3Coder,
         }),
         (false, None) => Arc::new(TemplateFormat {
             template,

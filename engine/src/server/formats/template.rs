@@ -1,9 +1,9 @@
 //! Models whose prompt is rendered by their own chat template: [`TemplateFormat`], the one
 //! format of every template model, over the [`CallSyntax`] its `auto` calls are written in
-//! (`hermes`, `llama3_json`, or [`NoParser`] without `--tool-call-parser`); the prompt
-//! ([`TemplatePrompt`]: template variables, the tools passed to the template or, for
-//! templates that do not read them, the Hermes prompt ([`hermes_messages`]) that lists the
-//! tools and the turns that carry earlier calls and results).
+//! (`hermes`, `llama3_json`, `qwen3_coder`, or [`NoParser`] without `--tool-call-parser`);
+//! the prompt ([`TemplatePrompt`]: template variables, the tools passed to the template
+//! or, for templates that do not read them, the Hermes prompt ([`hermes_messages`]) that
+//! lists the tools and the turns that carry earlier calls and results).
 
 use serde_json::{json, Map, Value};
 
@@ -111,18 +111,32 @@ impl TemplatePrompt {
     }
 }
 
-/// How a template model writes the calls of `tool_choice: "auto"` (`--tool-call-parser`).
+/// How a template model writes the calls of `tool_choice: "auto"` (`--tool-call-parser`),
+/// and, where its syntax has its own grammar, those of `required` and a named function.
 pub trait CallSyntax: Send + Sync + std::fmt::Debug {
     /// The syntax's name, as `--tool-call-parser` names it.
     fn name(&self) -> &'static str;
-    /// The reading of `auto` answers, given `parallel_tool_calls`; an error where this
-    /// syntax cannot read them.
-    fn auto_reading(&self, parallel: bool) -> Result<Reading, ApiError>;
+    /// The reading of `auto` answers to `tools` (with `parallel_tool_calls`); an error
+    /// where this syntax cannot read them.
+    fn auto_reading(&self, tools: &Tools) -> Result<Reading, ApiError>;
+    /// The grammar that enforces a `required` or named tool choice: by default the JSON
+    /// of `json_calls`.
+    fn tool_grammar(&self, tools: &Tools) -> Option<GrammarSpec> {
+        json_calls::grammar(tools)
+    }
+    /// The reading of what [`tool_grammar`](Self::tool_grammar) enforces.
+    fn forced_reading(&self, tools: &Tools) -> Reading {
+        match &tools.choice {
+            ToolChoice::Named(name) => json_calls::arguments_reading(name.clone()),
+            _ => json_calls::array_reading(),
+        }
+    }
 }
 
 /// A template model's format: its chat template renders the prompt, `required` and named
-/// tool choices are the JSON their grammar enforces, `auto` calls are read by `calls`, and
-/// `--reasoning-parser` splits the answers at its think markers.
+/// tool choices are what `calls`' grammar enforces (JSON unless the syntax has its own),
+/// `auto` calls are read by `calls`, and `--reasoning-parser` splits the answers at its
+/// think markers.
 #[derive(Debug)]
 pub struct TemplateFormat<C: CallSyntax> {
     pub template: TemplatePrompt,
@@ -144,7 +158,7 @@ impl<C: CallSyntax> ChatFormat for TemplateFormat<C> {
     }
 
     fn tool_grammar(&self, tools: &Tools) -> Option<GrammarSpec> {
-        json_calls::grammar(tools)
+        self.calls.tool_grammar(tools)
     }
 
     fn answer_grammar(&self, spec: GrammarSpec) -> Result<GrammarSpec, String> {
@@ -157,9 +171,8 @@ impl<C: CallSyntax> ChatFormat for TemplateFormat<C> {
         };
         Ok(match &tools.choice {
             ToolChoice::None => None,
-            ToolChoice::Required => Some(json_calls::array_reading()),
-            ToolChoice::Named(name) => Some(json_calls::arguments_reading(name.clone())),
-            ToolChoice::Auto => Some(self.calls.auto_reading(tools.parallel)?),
+            ToolChoice::Required | ToolChoice::Named(_) => Some(self.calls.forced_reading(tools)),
+            ToolChoice::Auto => Some(self.calls.auto_reading(tools)?),
         })
     }
 
@@ -183,7 +196,7 @@ impl CallSyntax for NoParser {
         "template"
     }
 
-    fn auto_reading(&self, _parallel: bool) -> Result<Reading, ApiError> {
+    fn auto_reading(&self, _tools: &Tools) -> Result<Reading, ApiError> {
         Err(ApiError::invalid(
             "tool_choice",
             "`tool_choice: \"auto\"` needs a server started with `--tool-call-parser`; \
