@@ -10,10 +10,11 @@
 // (`page_values` values a page, the table's pages in order): each value head's dk x dv
 // matrix row by row, then the convolution's last `kernel - 1` inputs, oldest first, each a
 // row of every channel (the CPU backend's layout). A step's sequences are described by
-// `seq_rows[s]` (first row), `seq_len[s]` (rows), `seq_fresh[s]` (1: the state starts at
-// zero) and `tables[s * pages ...]`; its checkpoints by `save_seq[c]`, `save_rows[c]` (the
-// rows of sequence save_seq[c] computed before the state it takes) and
-// `save_tables[c * pages ...]`.
+// `seq_rows[s]` (first row), `seq_len[s]` (rows), `seq_start[s]` (first position: at 0 the
+// state starts at zero) and their state tables in this layer group (`pages` entries,
+// `table_stride` apart); its checkpoints by `save_seq[c]`, `save_group[c]` (those of other
+// groups than `group` are skipped), `save_rows[c]` (the rows of the sequence computed before
+// the state it takes) and their tables (`save_stride` apart).
 #ifdef EXTENDED_KERNELS
 
 __device__ __forceinline__ float* state_value(float* cache, const unsigned int* table,
@@ -34,18 +35,20 @@ extern "C" __global__ void delta_net_conv(
     const bf16* __restrict__ proj, int width, const float* __restrict__ conv, int kernel,
     int channels, float* __restrict__ mixed, float* __restrict__ cache, int page_values,
     long long matrices, const int* __restrict__ seq_rows, const int* __restrict__ seq_len,
-    const int* __restrict__ seq_fresh, const unsigned int* __restrict__ tables, int pages,
-    const int* __restrict__ save_seq, const int* __restrict__ save_rows,
-    const unsigned int* __restrict__ save_tables, int num_saves) {
+    const int* __restrict__ seq_start, const unsigned int* __restrict__ tables, int table_stride,
+    const int* __restrict__ save_seq, const int* __restrict__ save_group,
+    const int* __restrict__ save_rows, const unsigned int* __restrict__ save_tables,
+    int save_stride, int num_saves, int group) {
     int s = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= channels) return;
-    const unsigned int* table = tables + (size_t)s * pages;
+    const unsigned int* table = tables + (size_t)s * table_stride;
+    bool fresh = seq_start[s] == 0;
     int history = kernel - 1;
     float window[7];
     for (int j = 0; j < history; ++j) {
-        window[j] = seq_fresh[s] ? 0.0f
-                                 : *state_value(cache, table, matrices + (long long)j * channels + c,
+        window[j] = fresh ? 0.0f
+                          : *state_value(cache, table, matrices + (long long)j * channels + c,
                                                 page_values);
     }
     int first = seq_rows[s];
@@ -57,8 +60,8 @@ extern "C" __global__ void delta_net_conv(
         for (int j = 0; j + 1 < history; ++j) window[j] = window[j + 1];
         if (history > 0) window[history - 1] = x;
         for (int k = 0; k < num_saves; ++k) {
-            if (save_seq[k] != s || save_rows[k] != t + 1) continue;
-            const unsigned int* saved = save_tables + (size_t)k * pages;
+            if (save_seq[k] != s || save_group[k] != group || save_rows[k] != t + 1) continue;
+            const unsigned int* saved = save_tables + (size_t)k * save_stride;
             for (int j = 0; j < history; ++j) {
                 *state_value(cache, saved, matrices + (long long)j * channels + c, page_values) =
                     window[j];
@@ -111,23 +114,24 @@ __device__ void delta_net_recurrence(
     const float* __restrict__ mixed, int channels, const float* __restrict__ gates,
     float* __restrict__ core, float* __restrict__ cache, int page_values, int key_heads,
     int value_heads, int dv, int tiled, const int* __restrict__ seq_rows,
-    const int* __restrict__ seq_len, const int* __restrict__ seq_fresh,
-    const unsigned int* __restrict__ tables, int pages, const int* __restrict__ save_seq,
-    const int* __restrict__ save_rows, const unsigned int* __restrict__ save_tables,
-    int num_saves) {
+    const int* __restrict__ seq_len, const int* __restrict__ seq_start,
+    const unsigned int* __restrict__ tables, int table_stride, const int* __restrict__ save_seq,
+    const int* __restrict__ save_group, const int* __restrict__ save_rows,
+    const unsigned int* __restrict__ save_tables, int save_stride, int num_saves, int group) {
     __shared__ float q[DK];
     __shared__ float k[DK];
     int s = blockIdx.x;
     int h = blockIdx.y;
     int j = threadIdx.x;
     int kh = tiled ? h % key_heads : h / (value_heads / key_heads);
-    const unsigned int* table = tables + (size_t)s * pages;
+    const unsigned int* table = tables + (size_t)s * table_stride;
+    bool fresh = seq_start[s] == 0;
     long long base = (long long)h * DK * dv + j;
     float state[DK];
 #pragma unroll
     for (int r = 0; r < DK; ++r) {
-        state[r] = seq_fresh[s] ? 0.0f
-                                : *state_value(cache, table, base + (long long)r * dv, page_values);
+        state[r] = fresh ? 0.0f
+                         : *state_value(cache, table, base + (long long)r * dv, page_values);
     }
     int kw = key_heads * DK;
     int first = seq_rows[s];
@@ -154,8 +158,8 @@ __device__ void delta_net_recurrence(
         }
         core[(size_t)(first + t) * value_heads * dv + h * dv + j] = o;
         for (int c = 0; c < num_saves; ++c) {
-            if (save_seq[c] != s || save_rows[c] != t + 1) continue;
-            const unsigned int* saved = save_tables + (size_t)c * pages;
+            if (save_seq[c] != s || save_group[c] != group || save_rows[c] != t + 1) continue;
+            const unsigned int* saved = save_tables + (size_t)c * save_stride;
 #pragma unroll
             for (int r = 0; r < DK; ++r) {
                 *state_value(cache, saved, base + (long long)r * dv, page_values) = state[r];
@@ -173,13 +177,15 @@ __device__ void delta_net_recurrence(
         const float* __restrict__ mixed, int channels, const float* __restrict__ gates,       \
         float* __restrict__ core, float* __restrict__ cache, int page_values, int key_heads,   \
         int value_heads, int dv, int tiled, const int* __restrict__ seq_rows,                 \
-        const int* __restrict__ seq_len, const int* __restrict__ seq_fresh,                   \
-        const unsigned int* __restrict__ tables, int pages, const int* __restrict__ save_seq, \
+        const int* __restrict__ seq_len, const int* __restrict__ seq_start,                   \
+        const unsigned int* __restrict__ tables, int table_stride,                            \
+        const int* __restrict__ save_seq, const int* __restrict__ save_group,                 \
         const int* __restrict__ save_rows, const unsigned int* __restrict__ save_tables,      \
-        int num_saves) {                                                                       \
+        int save_stride, int num_saves, int group) {                                           \
         delta_net_recurrence<DK>(mixed, channels, gates, core, cache, page_values, key_heads, \
-                                 value_heads, dv, tiled, seq_rows, seq_len, seq_fresh,        \
-                                 tables, pages, save_seq, save_rows, save_tables, num_saves); \
+                                 value_heads, dv, tiled, seq_rows, seq_len, seq_start, tables, \
+                                 table_stride, save_seq, save_group, save_rows, save_tables,  \
+                                 save_stride, num_saves, group);                               \
     }
 DELTA_NET_RECURRENCE(16)
 DELTA_NET_RECURRENCE(32)

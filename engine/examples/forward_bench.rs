@@ -214,6 +214,8 @@ fn main() -> anyhow::Result<()> {
         let tb = grouped(0..len.div_ceil(bs) as u32);
         let (t, cpu) = (Instant::now(), cpu_seconds());
         r.forward(&[SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &long,
             start_pos: 0,
             block_tables: &tb,
@@ -225,6 +227,8 @@ fn main() -> anyhow::Result<()> {
     if std::env::var_os("DECODE_ONLY").is_some() {
         let tb = table(0);
         r.forward(&[SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &prompt[..64],
             start_pos: 0,
             block_tables: &tb,
@@ -233,6 +237,8 @@ fn main() -> anyhow::Result<()> {
         let t = Instant::now();
         for s in 0..200 {
             r.forward(&[SeqInput {
+                state_restores: &[],
+                state_saves: &[],
                 tokens: &[5],
                 start_pos: 64 + s,
                 block_tables: &tb,
@@ -248,6 +254,8 @@ fn main() -> anyhow::Result<()> {
 
     // Prefill: 2 × 256 tokens, one sequence each.
     r.forward(&[SeqInput {
+        state_restores: &[],
+        state_saves: &[],
         tokens: &prompt[..16],
         start_pos: 0,
         block_tables: &table(0),
@@ -257,6 +265,8 @@ fn main() -> anyhow::Result<()> {
     for s in 0..2 {
         let tb = table(s);
         r.forward(&[SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &prompt,
             start_pos: 0,
             block_tables: &tb,
@@ -271,6 +281,8 @@ fn main() -> anyhow::Result<()> {
     let (t, cpu) = (Instant::now(), cpu_seconds());
     for s in 0..steps {
         r.forward(&[SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &[5],
             start_pos: 256 + s,
             block_tables: &tb,
@@ -283,6 +295,8 @@ fn main() -> anyhow::Result<()> {
     let tables: Vec<Vec<Vec<u32>>> = (0..16).map(table).collect();
     for tb in &tables {
         r.forward(&[SeqInput {
+            state_restores: &[],
+            state_saves: &[],
             tokens: &prompt[..64],
             start_pos: 0,
             block_tables: tb,
@@ -295,6 +309,8 @@ fn main() -> anyhow::Result<()> {
         let batch: Vec<SeqInput> = tables
             .iter()
             .map(|tb| SeqInput {
+                state_restores: &[],
+                state_saves: &[],
                 tokens: &[5],
                 start_pos: 64 + s,
                 block_tables: tb,

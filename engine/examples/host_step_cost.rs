@@ -97,6 +97,7 @@ fn main() -> anyhow::Result<()> {
         max_num_batched_tokens: 16_384,
         max_model_len: 4096,
         enable_prefix_caching: true,
+        state_checkpoint_every: 0,
     };
     let mut engine = LlmEngine::new(Box::new(runner), tokenizer, config);
     let mut rng = StdRng::seed_from_u64(0);

@@ -123,6 +123,11 @@ fn every_launched_kernel_is_defined_in_the_sources() {
                 format!("PREFILL_FA_KERNEL({d}, {heads})"),
                 "prefill_attention_fa_d##D##_h##HB",
             );
+        } else if let Some(dk) = base.strip_prefix("delta_net_recurrence_dk") {
+            made_by(
+                format!("DELTA_NET_RECURRENCE({dk})"),
+                "delta_net_recurrence_dk##DK",
+            );
         } else {
             assert!(
                 defined(&name),
@@ -543,6 +548,8 @@ fn kernel_set_follows_the_model() {
         ("gemma2-tiny", KernelSet::Extended),
         ("qwen3moe-tiny", KernelSet::Extended),
         ("gpt-oss-tiny", KernelSet::Extended),
+        ("qwen35-tiny", KernelSet::Extended),
+        ("qwen3next-tiny", KernelSet::Extended),
     ] {
         let (config, _) = open_model(&dir.join(name)).unwrap();
         assert_eq!(KernelSet::for_model(&config), set, "{name}");
@@ -833,4 +840,40 @@ fn gpu_runs_k_quant_gguf_like_the_cpu() {
             "{scheme}: GPU decode logits differ from the CPU's ({e})"
         );
     }
+}
+
+/// The Gated DeltaNet kernels (`kernels/delta_net.cu`, behind --cuda-unverified-kernels)
+/// against the CPU on one layer run as the model runs it (`common::delta_net_runs`): a
+/// 37-row prefill with a checkpoint after 16 rows beside a 5-row one, then a decode row
+/// beside a sequence restored from the checkpoint. The device's outputs are bf16 (0.4% a
+/// value) after f32 arithmetic; 2% of the largest output bounds them, and the restored
+/// sequence repeats the one it came from within the same bound.
+#[test]
+fn gpu_gated_delta_net_matches_cpu() {
+    if !gpu_or_skip("gpu_gated_delta_net_matches_cpu") {
+        return;
+    }
+    use engine::backend::cpu::{CpuAct, CpuBackend};
+    let cpu = CpuBackend::new(&CpuOptions {
+        threads: 2,
+        f32_weights_as_f16: false,
+        quantized: QuantizedWeights::Dequantize,
+        kv_cache_dtype: KvCacheDtype::F32,
+    })
+    .expect("backend");
+    let want = common::delta_net_runs(&cpu, |rows, cols, data| {
+        CpuAct::from_rows(rows, cols, data.to_vec()).expect("activation")
+    });
+    let mut gpu = CudaBackend::new(0, KernelSet::Extended).expect("open GPU 0");
+    gpu.set_unverified_kernels(true);
+    let got = common::delta_net_runs(&gpu, |rows, cols, data| {
+        gpu.upload_act(rows, cols, data).expect("upload")
+    });
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (g, w): (Vec<f32>, Vec<f32>) = (g.concat(), w.concat());
+        let err = rel_err(&g, &w);
+        assert!(err < 2e-2, "output {i}: relative error {err}");
+    }
+    let err = rel_err(&got[3].concat(), &got[0][16..].concat());
+    assert!(err < 2e-2, "restored sequence: relative error {err}");
 }

@@ -1043,3 +1043,29 @@ fn a_missing_delta_net_tensor_is_refused_by_name() {
         "{err}"
     );
 }
+
+/// A Gated DeltaNet layer's state checkpointed in the middle of a prefill chunk and copied
+/// into another sequence's pages continues exactly as the sequence it was taken from: C,
+/// restored at position 16, computes A's rows 16..37 bit for bit, while A and B shared the
+/// step that wrote the checkpoint.
+#[test]
+fn a_delta_net_checkpoint_taken_mid_chunk_continues_exactly() {
+    use engine::backend::cpu::{CpuAct, CpuBackend};
+    let b = CpuBackend::new(&CpuOptions {
+        threads: 2,
+        f32_weights_as_f16: false,
+        quantized: QuantizedWeights::Dequantize,
+        kv_cache_dtype: KvCacheDtype::F32,
+    })
+    .expect("backend");
+    let [a, alone, a_next, c] = common::delta_net_runs(&b, |rows, cols, data| {
+        CpuAct::from_rows(rows, cols, data.to_vec()).expect("activation")
+    });
+    assert_eq!(
+        (a.len(), alone.len(), a_next.len(), c.len()),
+        (37, 5, 1, 21)
+    );
+    assert_eq!(c, a[16..].to_vec());
+    assert!(a.iter().flatten().any(|&x| x != 0.0) && alone.iter().flatten().all(|x| x.is_finite()));
+    assert_ne!(a_next[0], a[36], "the decoded row has its own output");
+}

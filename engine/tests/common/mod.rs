@@ -302,3 +302,146 @@ pub fn check_runner_samples_its_logits(r: &mut dyn ModelRunner) {
     assert_eq!(out.len(), 1, "only the sampling entry returns a row");
     assert_eq!(out[0].as_ref().expect("sampled").token, argmax);
 }
+
+/// The outputs of a Gated DeltaNet layer (2 key heads serving 4 value heads of 16, a
+/// 4-tap convolution) run as the model runs it, on `b`, in two steps: the first prefills
+/// sequence A (37 rows, with a checkpoint after 16) beside B (5 rows); the second decodes
+/// one more row of A beside C, which starts from A's checkpoint (copied into C's own pages)
+/// with A's rows 16..37. The projection's values are rounded to bf16 first, so that a bf16
+/// device reads what the CPU reads. Returns A's rows of the first step, B's, A's row of the
+/// second step and C's.
+pub fn delta_net_runs<B: engine::backend::Backend>(
+    b: &B,
+    make: impl Fn(usize, usize, &[f32]) -> B::Act,
+) -> [Vec<Vec<f32>>; 4] {
+    use engine::backend::{DeltaNetParams, StateCacheShape, StepMeta, StepSeq};
+    use engine::config::{DeltaNetSpec, ValueHeadOrder};
+    use engine::layer_groups::StateCopy;
+    use engine::weights::{HostTensor, TensorData};
+    let spec = DeltaNetSpec {
+        num_key_heads: 2,
+        num_value_heads: 4,
+        key_head_dim: 16,
+        value_head_dim: 16,
+        conv_kernel: 4,
+        value_head_order: ValueHeadOrder::Grouped,
+    };
+    let mut seed = 12345u64;
+    let mut uniform = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let bf16 = |x: f32| f32::from_bits(x.to_bits() & 0xffff_0000);
+    let width = spec.projection_width();
+    let mut rows =
+        |n: usize| -> Vec<f32> { (0..n * width).map(|_| bf16(2.0 * uniform())).collect() };
+    let first = rows(42);
+    let decode = rows(1);
+    let heads = spec.num_value_heads;
+    let mut vector = |n: usize, f: &dyn Fn(f32) -> f32| -> B::Param {
+        let data: Vec<f32> = (0..n).map(|_| f(uniform())).collect();
+        let tensor = HostTensor {
+            shape: vec![n],
+            data: TensorData::F32(data),
+        };
+        b.upload_param("delta_net", tensor).expect("upload")
+    };
+    let params = DeltaNetParams {
+        conv: vector(spec.conv_kernel * spec.conv_channels(), &|u| u),
+        decay: vector(heads, &|u| -(1.0 + u)),
+        dt_bias: vector(heads, &|u| u),
+        norm: vector(spec.value_head_dim, &|u| 1.0 + u),
+    };
+    let mut cache = b
+        .new_state_cache(StateCacheShape {
+            num_blocks: 16,
+            page_values: 512,
+        })
+        .expect("state cache");
+    let run = |cache: &mut B::StateCache, data: &[f32], seqs: &[StepSeq<'_>]| -> Vec<Vec<f32>> {
+        let n = data.len() / width;
+        let positions: Vec<u32> = seqs
+            .iter()
+            .flat_map(|s| (s.start_pos..s.start_pos + s.n_tokens).map(|p| p as u32))
+            .collect();
+        let step = b
+            .prepare_step(&StepMeta {
+                seqs,
+                num_groups: 1,
+                tokens: &vec![0; n],
+                positions: &positions,
+                slots: &vec![usize::MAX; n],
+                logit_rows: &[],
+                samples: &[],
+                block_size: 16,
+            })
+            .expect("prepare step");
+        let proj = make(n, width, data);
+        let mut out = b.new_act();
+        b.gated_delta_net(&proj, spec, &params, 1e-6, cache, &step, 0, &mut out)
+            .expect("gated_delta_net");
+        b.to_host(&out).expect("to host")
+    };
+    let (a_table, b_table, c_table) = (
+        vec![vec![0, 1, 2]],
+        vec![vec![3, 4, 5]],
+        vec![vec![9, 10, 11]],
+    );
+    let checkpoint = [StateCopy {
+        group: 0,
+        position: 16,
+        blocks: vec![6, 7, 8],
+    }];
+    let out = run(
+        &mut cache,
+        &first,
+        &[
+            StepSeq {
+                row_start: 0,
+                n_tokens: 37,
+                start_pos: 0,
+                block_tables: &a_table,
+                state_saves: &checkpoint,
+            },
+            StepSeq {
+                row_start: 37,
+                n_tokens: 5,
+                start_pos: 0,
+                block_tables: &b_table,
+                state_saves: &[],
+            },
+        ],
+    );
+    b.copy_state(&mut cache, &[6, 7, 8], &c_table[0])
+        .expect("copy state");
+    let mut second = decode;
+    second.extend_from_slice(&first[16 * width..37 * width]);
+    let again = run(
+        &mut cache,
+        &second,
+        &[
+            StepSeq {
+                row_start: 0,
+                n_tokens: 1,
+                start_pos: 37,
+                block_tables: &a_table,
+                state_saves: &[],
+            },
+            StepSeq {
+                row_start: 1,
+                n_tokens: 21,
+                start_pos: 16,
+                block_tables: &c_table,
+                state_saves: &[],
+            },
+        ],
+    );
+    [
+        out[..37].to_vec(),
+        out[37..].to_vec(),
+        again[..1].to_vec(),
+        again[1..].to_vec(),
+    ]
+}

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::config::{Activation, AttentionSpan, Ffn, LayerSpec, ModelConfig};
+use crate::config::{Activation, AttentionSpan, Ffn, LayerSpec, Mixer, ModelConfig};
 use anyhow::{anyhow, bail, ensure, Context};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::result as nvrtc;
@@ -203,7 +203,8 @@ pub enum KernelSet {
     Plain,
     /// The plain set and what only some families need (`-DEXTENDED_KERNELS`): the sliding
     /// twins (windows, soft-capped scores and sinks), `gelu_tanh_mul`, `scale_bf16`,
-    /// `softcap_bf16` and the mixture-of-experts kernels (`kernels/experts.cu`). Compiled only for a model that needs them ([`KernelSet::for_model`]),
+    /// `softcap_bf16`, the mixture-of-experts kernels (`kernels/experts.cu`) and the Gated
+    /// DeltaNet's with its neighbours' gates (`kernels/delta_net.cu`). Compiled only for a model that needs them ([`KernelSet::for_model`]),
     /// so that start-up compiles no more for the others.
     Extended,
 }
@@ -211,7 +212,8 @@ pub enum KernelSet {
 impl KernelSet {
     /// The set `c` runs on: [`KernelSet::Extended`] for sliding windows, soft-capped scores
     /// or logits, attention sinks, activations other than SwiGLU, scaled embeddings or
-    /// experts (windowed Mistral, Qwen2 and Phi-3; Gemma 2 and 3; Qwen3-MoE; gpt-oss).
+    /// experts, Gated DeltaNet layers, output gates or shared experts (windowed Mistral, Qwen2
+    /// and Phi-3; Gemma 2 and 3; Qwen3-MoE; gpt-oss; Qwen3.5 and Qwen3-Next).
     pub fn for_model(c: &ModelConfig) -> KernelSet {
         let layer_needs = |l: &LayerSpec| {
             l.attention != AttentionSpan::Full
@@ -219,6 +221,8 @@ impl KernelSet {
                 || l.sinks
                 || l.activation != Activation::Silu
                 || matches!(l.ffn, Ffn::Experts(_))
+                || l.mixer != (Mixer::Attention { output_gate: false })
+                || l.shared_expert.is_some()
         };
         if c.embedding_scale != 1.0
             || c.final_logit_softcap.is_some()

@@ -14,6 +14,7 @@ mod experts;
 mod graph;
 mod kernels;
 mod ops;
+mod recurrent;
 mod sample_words;
 mod sampling;
 mod sizing;
@@ -48,11 +49,8 @@ pub use sizing::{activation_reserve_bytes, kv_cache_tokens, weight_bytes_bf16};
 pub use step::CudaStep;
 use step::{GraphState, StepBuffers};
 
-use super::{
-    refuse_what_it_lacks, AttentionOps, Backend, DeltaNetParams, RecurrentOps, StateCacheShape,
-    Tensors,
-};
-use crate::config::{Activation, DeltaNetSpec, Ffn, Mixer, ModelConfig};
+use super::{refuse_what_it_lacks, AttentionOps, Backend, Tensors};
+use crate::config::{Activation, Ffn, Mixer, ModelConfig};
 use crate::kv_sizing::{kv_bytes_per_token, layer_block_bytes, RunnerOptions};
 use crate::layer_groups::LayerGroups;
 use crate::weights::{HostTensor, TensorData};
@@ -133,7 +131,7 @@ pub fn open_cuda_backend(
     );
     ensure!(opts.block_size > 0, "KV block size must be positive");
     let mut backend = CudaBackend::new(opts.ordinal, KernelSet::for_model(config))?;
-    backend.keeps_windows = opts.unverified_kernels;
+    backend.set_unverified_kernels(opts.unverified_kernels);
     // Before the KV cache is sized from the model's weights.
     refuse_what_it_lacks(&backend, config)?;
     let backend = backend
@@ -280,6 +278,7 @@ struct State {
     part_acc: Option<CudaSlice<f32>>,
     part_ml: Option<CudaSlice<f32>>,
     experts: ExpertScratch,
+    delta_net: recurrent::DeltaNetScratch,
     step: StepBuffers,
     graphs: GraphState,
 }
@@ -303,6 +302,7 @@ fn ensure_len<T: DeviceRepr>(
 }
 
 /// A kernel argument.
+#[derive(Clone, Copy)]
 enum KArg {
     Ptr(u64),
     I32(i32),
@@ -367,6 +367,9 @@ pub struct CudaBackend {
     _blas_workspace: CudaSlice<u8>,
     /// Whether attention reads a block table per layer group ([`CudaOptions::unverified_kernels`]).
     keeps_windows: bool,
+    /// Whether the kernels that have never run on a GPU run ([`CudaOptions::unverified_kernels`]):
+    /// the Gated DeltaNet's and its neighbours' gates (recurrent.rs).
+    unverified_kernels: bool,
 }
 
 /// A kernel's name, and its sliding twin's where `set` has the twins.
@@ -456,6 +459,7 @@ impl CudaBackend {
             marks,
             _blas_workspace: workspace,
             keeps_windows: false,
+            unverified_kernels: false,
         })
     }
 
@@ -514,6 +518,12 @@ impl CudaBackend {
         Ok(self.ptr(a.slice()?))
     }
 
+    /// Runs (or not) what has never run on a GPU ([`CudaOptions::unverified_kernels`]).
+    pub fn set_unverified_kernels(&mut self, on: bool) {
+        self.keeps_windows = on;
+        self.unverified_kernels = on;
+    }
+
     /// Uploads a row-major f32 matrix as a bf16 activation (tests and host-built inputs).
     pub fn upload_act(&self, rows: usize, cols: usize, data: &[f32]) -> anyhow::Result<CudaAct> {
         ensure!(
@@ -542,41 +552,7 @@ impl Tensors for CudaBackend {
     type Step = CudaStep;
     type Experts = CudaExperts;
     /// No CUDA kernel keeps a recurrent state yet: [`Backend::lacks`] refuses such models.
-    type StateCache = std::convert::Infallible;
-}
-
-/// Gated DeltaNet layers have no CUDA kernels yet (issue 63): a model with them is refused
-/// at load ([`Backend::lacks`]), so no state cache is ever made and none of these runs.
-impl RecurrentOps for CudaBackend {
-    fn new_state_cache(&self, _: StateCacheShape) -> anyhow::Result<Self::StateCache> {
-        bail!("Gated DeltaNet layers have no CUDA kernels yet")
-    }
-
-    fn copy_state(&self, cache: &mut Self::StateCache, _: &[u32], _: &[u32]) -> anyhow::Result<()> {
-        match *cache {}
-    }
-
-    fn gated_delta_net(
-        &self,
-        _: &CudaAct,
-        _: DeltaNetSpec,
-        _: &DeltaNetParams<CudaParam>,
-        _: f32,
-        cache: &mut Self::StateCache,
-        _: &CudaStep,
-        _: usize,
-        _: &mut CudaAct,
-    ) -> anyhow::Result<()> {
-        match *cache {}
-    }
-
-    fn sigmoid_gate(&self, _: &mut CudaAct, _: &CudaAct) -> anyhow::Result<()> {
-        bail!("attention output gates have no CUDA kernel yet")
-    }
-
-    fn add_gated(&self, _: &mut CudaAct, _: &CudaAct, _: &CudaAct) -> anyhow::Result<()> {
-        bail!("gated shared experts have no CUDA kernel yet")
-    }
+    type StateCache = recurrent::CudaStateCache;
 }
 
 impl Backend for CudaBackend {
@@ -615,11 +591,13 @@ impl Backend for CudaBackend {
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
             let experts = matches!(l.ffn, Ffn::Experts(_));
-            let missing = if matches!(l.mixer, Mixer::GatedDeltaNet(_)) {
+            // Run only with --cuda-unverified-kernels (recurrent.rs).
+            let unverified = !self.unverified_kernels;
+            let missing = if unverified && matches!(l.mixer, Mixer::GatedDeltaNet(_)) {
                 "a Gated DeltaNet layer"
-            } else if l.mixer != (Mixer::Attention { output_gate: false }) {
+            } else if unverified && l.mixer == (Mixer::Attention { output_gate: true }) {
                 "an attention output gate"
-            } else if l.shared_expert.is_some() {
+            } else if unverified && l.shared_expert.is_some() {
                 "a gated shared expert"
             } else if l.rope.rotary_dim != c.head_dim {
                 "rotary embeddings on part of each head"

@@ -40,6 +40,9 @@ pub(super) struct MetaOffsets {
     pub(super) draws: usize,
     pub(super) penalties: usize,
     pub(super) tables: usize,
+    /// The checkpoints of recurrent state: three columns of `num_saves` (sequence, group,
+    /// rows before it), then their tables, `save_stride` apart.
+    pub(super) saves: usize,
 }
 
 /// A step's metadata in the backend's one device buffer (written by one host-to-device
@@ -62,6 +65,8 @@ pub struct CudaStep {
     pub(super) block_size: usize,
     /// The graph shape this decode step runs as, if any.
     pub(super) graph_key: Option<GraphKey>,
+    pub(super) num_saves: usize,
+    pub(super) save_stride: usize,
 }
 
 impl CudaStep {
@@ -224,7 +229,11 @@ impl StepOps for CudaBackend {
         let mut st = self.state()?;
         // A decode-only step whose every sequence samples runs as a graph shape: padded to
         // the bucket's rows and table stride (see graph.rs).
-        let all_decode = n_seqs > 0 && rows == n_seqs && n_logits == n_seqs;
+        // A step that writes checkpoints runs eagerly: their number is baked into a graph.
+        let all_decode = n_seqs > 0
+            && rows == n_seqs
+            && n_logits == n_seqs
+            && meta.seqs.iter().all(|s| s.state_saves.is_empty());
         let graph_key = match bucket_for(&st.graphs.buckets, n_seqs) {
             Some(b) if all_decode => Some((b, table_bucket(longest_table))),
             _ => None,
@@ -242,7 +251,12 @@ impl StepOps for CudaBackend {
         off.slots = m.len();
         for group in meta.slots.chunks(rows.max(1)) {
             for &s in group {
-                m.push(int(s, "KV slot")?);
+                // A recurrent group's rows have no slot (usize::MAX): -1, as padding's.
+                m.push(if s == usize::MAX {
+                    -1
+                } else {
+                    int(s, "KV slot")?
+                });
             }
             m.extend(std::iter::repeat_n(-1, pad));
         }
@@ -330,6 +344,29 @@ impl StepOps for CudaBackend {
         // Last, as their number changes from step to step (a graph's offsets must not).
         let (penalties, n_penalties) = push_penalties(m, meta.samples)?;
         off.penalties = penalties;
+        let saves: Vec<(usize, &crate::layer_groups::StateCopy)> = meta
+            .seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| s.state_saves.iter().map(move |c| (i, c)))
+            .collect();
+        let save_stride = saves.iter().map(|(_, c)| c.blocks.len()).max().unwrap_or(1);
+        off.saves = m.len();
+        for &(i, _) in &saves {
+            m.push(int(i, "sequence")?);
+        }
+        for (_, c) in &saves {
+            m.push(int(c.group, "layer group")?);
+        }
+        for (i, c) in &saves {
+            m.push(int(c.position - meta.seqs[*i].start_pos, "checkpoint row")?);
+        }
+        for (_, c) in &saves {
+            for &b in &c.blocks {
+                m.push(int(b as usize, "block id")?);
+            }
+            m.extend(std::iter::repeat_n(0, save_stride - c.blocks.len()));
+        }
         let max_ctx = match graph_key {
             Some((_, t)) => t * meta.block_size,
             None => meta
@@ -381,6 +418,8 @@ impl StepOps for CudaBackend {
             max_ctx,
             block_size: meta.block_size,
             graph_key,
+            num_saves: saves.len(),
+            save_stride,
         })
     }
 
