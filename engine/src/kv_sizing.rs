@@ -130,6 +130,8 @@ pub struct KvFootprint {
     /// Bytes of the recurrent state (f32) a sequence's decode step reads and writes back,
     /// all recurrent layers together; 0 without them.
     pub state_bytes_per_sequence: usize,
+    /// Bytes of one block of the pool (all its layers' K and V, or their state pages).
+    pub block_bytes: usize,
     /// Bytes of the pool a sequence's recurrent state takes (its groups' blocks), which
     /// is what each checkpoint of it in the prefix cache holds; 0 without them.
     pub state_checkpoint_bytes: usize,
@@ -193,6 +195,7 @@ impl KvFootprint {
             window_read_bytes,
             state_bytes_per_sequence,
             state_checkpoint_bytes: state_blocks * block_bytes,
+            block_bytes,
         }
     }
 }
@@ -307,6 +310,7 @@ mod tests {
                 window_read_bytes: vec![(512, 15 * 1024)],
                 state_bytes_per_sequence: 0,
                 state_checkpoint_bytes: 0,
+                block_bytes: 3 * 1024 * 16,
             }
         );
         let whole = KvFootprint::of(&config, &LayerGroups::whole(&config), 16, 4);

@@ -1670,6 +1670,7 @@ async fn a_hybrid_model_serves_a_shared_prefix_from_its_state_checkpoints() {
     // A checkpoint takes each DeltaNet group's blocks: a block is 16 tokens of 128 bytes,
     // 2,048 bytes, and a layer's 5,632-byte state takes 3 of them; 3 groups.
     assert_eq!(info["state_checkpoint_bytes"], 3 * 3 * 2048, "{info}");
+    assert_eq!(info["kv_block_bytes"], 2048, "{info}");
     assert_eq!(info["state_checkpoint_every_blocks"], 0, "{info}");
     let prefix: Vec<u32> = (0..2000).map(|i| (i * 37 + 5) % 250).collect();
     let request = |tail: &[u32]| {

@@ -60,6 +60,7 @@ pub fn version_body(facts: &Facts<'_>) -> serde_json::Value {
             .collect::<Vec<_>>(),
         "recurrent_state_bytes_per_sequence": facts.footprint.kv.state_bytes_per_sequence,
         "state_checkpoint_bytes": facts.footprint.kv.state_checkpoint_bytes,
+        "kv_block_bytes": facts.footprint.kv.block_bytes,
         "state_checkpoint_every_blocks": facts.state_checkpoint_every,
         "kv_layer_groups": facts.kv_layer_groups.describe(),
         "prefix_caching": facts.prefix_caching.describe(),
