@@ -359,15 +359,16 @@ impl LlmEngine {
         }
         let id = self.next_id;
         self.next_id += 1;
+        let mut seq = Sequence::new(id, id, prompt_ids);
+        seq.history_tokens = params.history_tokens;
         let generation = Generation::new(
-            &prompt_ids,
+            &seq.token_ids,
             params,
             grammar,
             self.tokenizer.clone(),
             self.think_markers,
         );
-        self.scheduler
-            .add(Sequence::new(id, id, prompt_ids), generation);
+        self.scheduler.add(seq, generation);
         Ok(id)
     }
 

@@ -468,8 +468,9 @@ impl BlockManager {
     }
 
     /// Takes blocks for the checkpoints of `seq`'s recurrent state that its step computing
-    /// tokens up to `end` passes: the last block boundary of its prompt, and every
-    /// `checkpoint_every`-th block boundary, each unless the cache holds it already. Best
+    /// tokens up to `end` passes: the last block boundary of its prompt, the last one within
+    /// its history (`Sequence::history_tokens`), and every `checkpoint_every`-th block
+    /// boundary, each unless the cache holds it already. Best
     /// effort, after the step's other blocks are taken: a checkpoint the free blocks cannot
     /// hold is not taken. The model writes them in the step; [`BlockManager::commit_computed`]
     /// caches them.
@@ -489,13 +490,18 @@ impl BlockManager {
         let bs = self.block_size;
         let per_checkpoint: usize = recurrent.iter().map(|&(_, blocks)| blocks).sum();
         let prompt_end = (seq.num_prompt_tokens.saturating_sub(1) / bs) * bs;
+        let history_end = seq
+            .history_tokens
+            .map(|n| (n.min(seq.num_prompt_tokens) / bs) * bs);
         let every = self.checkpoint_every;
         let first = seq.num_computed_tokens / bs + 1;
         let last = end.min(seq.num_tokens()) / bs;
         let mut hashes = seq.block_hashes.clone();
         for index in first..=last {
             let position = index * bs;
-            let wanted = position == prompt_end || (every > 0 && index.is_multiple_of(every));
+            let wanted = position == prompt_end
+                || Some(position) == history_end
+                || (every > 0 && index.is_multiple_of(every));
             if !wanted {
                 continue;
             }

@@ -56,6 +56,11 @@ pub struct SamplingParams {
     /// Split the output at the engine's think markers into reasoning and answer text (chat
     /// requests of a server started with `--reasoning-parser`).
     pub split_reasoning: bool,
+    /// Leading prompt tokens a later request is expected to share: a chat's history before
+    /// its generation prompt, which the next turn re-sends (the prefix cache keeps a
+    /// checkpoint of a recurrent model's state there).
+    #[serde(default)]
+    pub history_tokens: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -77,6 +82,7 @@ impl Default for SamplingParams {
             logprobs: None,
             skip_special_tokens: true,
             split_reasoning: false,
+            history_tokens: None,
         }
     }
 }

@@ -38,6 +38,10 @@ pub struct Sequence {
     /// [`crate::layer_groups::NO_BLOCK`] where a sliding group's window has passed; a
     /// recurrent group's entries hold its state.
     pub block_tables: Vec<Vec<u32>>,
+    /// Leading prompt tokens a later request is expected to share
+    /// ([`crate::sampler::SamplingParams::history_tokens`]): a checkpoint of recurrent state
+    /// is taken at the last block boundary within them.
+    pub history_tokens: Option<usize>,
     /// Chained hashes of the leading full blocks whose K/V is computed.
     pub block_hashes: Vec<u64>,
     /// Per recurrent group, a cached copy of the state at the end of the prefix the cache
@@ -62,6 +66,7 @@ impl Sequence {
             num_cached_prompt_tokens: 0,
             admitted_once: false,
             block_tables: Vec::new(),
+            history_tokens: None,
             block_hashes: Vec::new(),
             state_restores: Vec::new(),
             state_saves: Vec::new(),

@@ -1647,13 +1647,21 @@ async fn generate_and_serve_give_the_same_greedy_answer() {
 /// A hybrid model (Qwen3.5's Gated DeltaNet beside attention) reports its state and what
 /// a checkpoint of it costs; a request sharing a 2,000-token prefix with a finished one
 /// takes all of it from the cache (the checkpoint at the first prompt's last block
-/// boundary, 2,000), and answers as a cold server does, logprobs included.
+/// boundary, 2,000), and answers as a cold server does, logprobs included. A chat's second
+/// turn takes its history from the checkpoint at the first turn's history end (Qwen3.5's
+/// template opens the answer with `<think>`, which the history does not repeat, so the
+/// first prompt's end is not shared).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hybrid_model_serves_a_shared_prefix_from_its_state_checkpoints() {
     let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/families/qwen35-tiny/model.gguf");
     let client = reqwest::Client::new();
-    let mut warm = Server::start(&model, &["--max-model-len", "2048"]);
+    let template = common::workspace().join("templates/qwen3_5.jinja");
+    let template = template.to_str().unwrap();
+    let mut warm = Server::start(
+        &model,
+        &["--max-model-len", "2048", "--chat-template", template],
+    );
     warm.wait_ready().await;
     let info = version(&client, &warm).await;
     assert_eq!(info["prefix_caching"]["enabled"], true, "{info}");
@@ -1705,6 +1713,41 @@ async fn a_hybrid_model_serves_a_shared_prefix_from_its_state_checkpoints() {
     assert_eq!(value("vllm:prefix_cache_hits_total"), cached as f64);
     assert!(value("engine:state_checkpoints_total") >= 1.0, "{metrics}");
     assert!(value("engine:state_checkpoint_blocks") >= 1.0, "{metrics}");
+    // Two turns of a chat: the second re-sends the first's history and answer.
+    let question: String = (0..40).map(|i| format!("word{i} ")).collect();
+    let first_turn = json!([{"role": "user", "content": question}]);
+    let chat = |messages: &serde_json::Value| json!({"messages": messages, "max_tokens": 4, "temperature": 0, "ignore_eos": true});
+    let (status, answer) = post(
+        &client,
+        &warm.url("/v1/chat/completions"),
+        &chat(&first_turn),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, history) = post(
+        &client,
+        &warm.url("/tokenize"),
+        &json!({"messages": first_turn, "add_generation_prompt": false}),
+    )
+    .await;
+    let history_len = history["count"].as_u64().unwrap();
+    let second_turn = json!([
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "and then?"},
+    ]);
+    let (status, next) = post(
+        &client,
+        &warm.url("/v1/chat/completions"),
+        &chat(&second_turn),
+    )
+    .await;
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(
+        next["usage"]["prompt_tokens_details"]["cached_tokens"],
+        history_len / 16 * 16,
+        "history of {history_len} tokens: {next}"
+    );
     let mut cold = Server::start(&model, &["--max-model-len", "2048"]);
     cold.wait_ready().await;
     let (_, want) = post(

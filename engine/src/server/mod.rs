@@ -126,6 +126,8 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             format!("{e:#}")
         });
     let limits = loaded.engine.limits();
+    let checkpoints_history = loaded.kv_layer_groups.has_recurrent()
+        && loaded.engine.prefix_caching() == crate::engine::PrefixCaching::On;
     let version = info::version_body(&info::Facts {
         model: args.engine.model.display().to_string(),
         served_names: &served_names,
@@ -148,6 +150,7 @@ fn load(args: &ServeArgs, served_names: Vec<String>) -> anyhow::Result<Loaded> {
             served_names,
             limits,
             format,
+            checkpoints_history,
         },
         grammar,
         kv_capacity_tokens: loaded.kv_capacity_tokens,

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::sampler::SamplingParams;
 use crate::server::error::ApiError;
-use crate::server::formats::{Conversation, Reading, ReasoningSplit};
+use crate::server::formats::{ChatFormat, Conversation, Reading, ReasoningSplit};
 use crate::server::tools;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -58,17 +58,19 @@ pub fn chat_request(
     let format = &info.format;
     let constraint = request_constraint(&constraint_fields)?;
     let reading = format.reading(tools.as_ref())?;
-    let text = format.render(
-        Conversation {
-            messages: &messages,
-            tools: tools.as_ref(),
-            template_kwargs: own.chat_template_kwargs.as_ref(),
-            reasoning_effort: own.reasoning_effort.as_deref(),
-            add_generation_prompt: true,
-        },
-        tokenizer,
-    )?;
+    let conversation = |add_generation_prompt| Conversation {
+        messages: &messages,
+        tools: tools.as_ref(),
+        template_kwargs: own.chat_template_kwargs.as_ref(),
+        reasoning_effort: own.reasoning_effort.as_deref(),
+        add_generation_prompt,
+    };
+    let text = format.render(conversation(true), tokenizer)?;
     let prompt = encode(tokenizer, &text, "messages", false)?;
+    if info.checkpoints_history {
+        let history = history_tokens(format.as_ref(), conversation(false), tokenizer, &prompt)?;
+        params.history_tokens = Some(history);
+    }
     if format.reads_markers() {
         if shared.skip_special_tokens == Some(false) {
             return Err(ApiError::invalid(
@@ -104,6 +106,25 @@ pub fn chat_request(
         (own.max_completion_tokens, shared.max_tokens),
         info,
     ))
+}
+
+/// The leading tokens of `prompt` that the conversation renders to without its generation
+/// prompt: what the next turn, re-sending this history, shares with it (a template may
+/// render the generation prompt otherwise than an answer in the history, as Qwen3.5's
+/// `<think>` block, so the prompt's own end is not shared).
+fn history_tokens(
+    format: &dyn ChatFormat,
+    history: Conversation<'_>,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+) -> Result<usize, ApiError> {
+    let text = format.render(history, tokenizer)?;
+    let tokens = encode(tokenizer, &text, "messages", false)?;
+    Ok(tokens
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count())
 }
 
 /// A chat request's job: `max_tokens` from OpenAI's newer name or the old one (without

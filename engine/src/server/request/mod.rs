@@ -39,6 +39,9 @@ pub struct ModelInfo {
     pub limits: RequestLimits,
     /// The model's chat format: how chat requests are rendered and their answers read.
     pub format: Arc<dyn ChatFormat>,
+    /// Whether a chat request's history length is worth finding: the model keeps recurrent
+    /// state, whose prefix cache serves the next turn from a checkpoint at the history's end.
+    pub checkpoints_history: bool,
 }
 
 /// Whether and how a response streams: `stream` and its `stream_options`.
@@ -267,6 +270,7 @@ mod tests {
                 think: None,
                 calls: NoParser,
             }),
+            checkpoints_history: false,
         };
         assert_eq!(room_after(&[vec![1; 6], vec![1; 2]], &info), 4);
         assert_eq!(room_after(&[vec![1; 12]], &info), 0);
