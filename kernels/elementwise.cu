@@ -61,7 +61,8 @@ extern "C" __global__ void add_rms_norm(bf16* __restrict__ residual, const bf16*
 // The attention prologue over a fused QKV matrix `[T, (H + 2 * KVH) * D]`, one warp per head:
 //  - q and k heads: optional per-head RMSNorm (Qwen3, weights q_w / k_w of length D), then
 //    optional rotate-half RoPE with row `positions[t]` of the cos / sin tables
-//    (`[max_positions, D/2]`), written back in place;
+//    (`[max_positions, R/2]`) over the first `rotary_dim` R dims of each head (pairs
+//    (i, i + R/2); the rest kept, as transformers' partial rotary does), written back in place;
 //  - with `do_write`, the row's k and v heads are stored into the paged cache at `slots[t]`
 //    (cache layout `[num_slots, KVH, D]`); a negative slot (a padding row) is skipped.
 // grid = (T, ceil((H + 2 * KVH) / 4)), block = 128.
@@ -69,7 +70,7 @@ extern "C" __global__ void qkv_prep(bf16* __restrict__ qkv, const float* __restr
                                     const float* __restrict__ k_w, float eps, int do_norm,
                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                     const int* __restrict__ positions, int do_rope,
-                                    const int* __restrict__ slots,
+                                    int rotary_dim, const int* __restrict__ slots,
                                     bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                     int do_write, int num_heads, int num_kv_heads, int head_dim) {
     int t = blockIdx.x;
@@ -113,7 +114,36 @@ extern "C" __global__ void qkv_prep(bf16* __restrict__ qkv, const float* __restr
             }
         }
     }
-    if (do_rope) {
+    if (do_rope && rotary_dim < head_dim) {
+        // Partial rotary (Qwen3.5's quarter of each head; never run on a GPU yet): the
+        // normed head goes back to `row`, its first rotary_dim dims are rotated there, and
+        // the halves are read again for the cache.
+        int rh = rotary_dim >> 1;
+#pragma unroll
+        for (int j = 0; j < QKV_MAX_PAIRS; ++j) {
+            int i = lane + 32 * j;
+            if (i < half) {
+                row[i] = f32_to_bf16(lo[j]);
+                row[i + half] = f32_to_bf16(hi[j]);
+            }
+        }
+        __syncwarp();
+        const float* c = cos_t + (size_t)positions[t] * rh;
+        const float* s = sin_t + (size_t)positions[t] * rh;
+        for (int i = lane; i < rh; i += 32) {
+            float cb = round_bf16(c[i]), sb = round_bf16(s[i]);
+            float a = bf16_to_f32(row[i]), b = bf16_to_f32(row[i + rh]);
+            row[i] = f32_to_bf16(round_bf16(a * cb) + round_bf16(-b * sb));
+            row[i + rh] = f32_to_bf16(round_bf16(b * cb) + round_bf16(a * sb));
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < QKV_MAX_PAIRS; ++j) {
+            int i = lane + 32 * j;
+            lo[j] = i < half ? bf16_to_f32(row[i]) : 0.0f;
+            hi[j] = i < half ? bf16_to_f32(row[i + half]) : 0.0f;
+        }
+    } else if (do_rope) {
         // transformers: cos/sin cast to bf16; q*cos + rotate_half(q)*sin, each product rounded.
         const float* c = cos_t + (size_t)positions[t] * half;
         const float* s = sin_t + (size_t)positions[t] * half;

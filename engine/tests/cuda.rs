@@ -620,21 +620,75 @@ fn gpu_gpt_oss_matches_cpu() {
     }
 }
 
-/// A model that rotates part of each head (Phi-3 with LongRoPE) is refused at load, naming
-/// the layer: no CUDA kernel rotates part of a head yet.
+/// A model whose kernels have never run on a GPU is refused at load without
+/// --cuda-unverified-kernels, naming the layer and the flag: Phi-3 with LongRoPE rotates
+/// part of each head, Qwen3.5 starts with a Gated DeltaNet layer.
 #[test]
 fn gpu_refuses_what_its_kernels_do_not_run() {
     if gpu_or_skip("gpu_refuses_what_its_kernels_do_not_run") {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/families");
-        let (config, mut w) = open_model(&dir.join("phi3-tiny-longrope")).unwrap();
-        let err = load_cuda_runner(&config, w.as_mut(), &cuda_test_options())
-            .err()
-            .expect("phi3-tiny-longrope loaded on CUDA");
-        let err = format!("{err:#}");
-        assert!(
-            err.contains("rotary embeddings on part of each head (layer 0)"),
-            "{err}"
-        );
+        for (name, what) in [
+            (
+                "phi3-tiny-longrope",
+                "rotary embeddings on part of each head (layer 0)",
+            ),
+            ("qwen35-tiny", "a Gated DeltaNet layer (layer 0)"),
+        ] {
+            let (config, mut w) = open_model(&dir.join(name)).unwrap();
+            let err = load_cuda_runner(&config, w.as_mut(), &cuda_test_options())
+                .err()
+                .unwrap_or_else(|| panic!("{name} loaded on CUDA"));
+            let err = format!("{err:#}");
+            assert!(err.contains(what), "{err}");
+            assert!(err.contains("--cuda-unverified-kernels"), "{err}");
+        }
+    }
+}
+
+/// With --cuda-unverified-kernels, what has never run on a GPU against the CPU: partial
+/// rotary embeddings (Phi-3 with LongRoPE), and Qwen3.5, Qwen3.5-MoE and Qwen3-Next (Gated
+/// DeltaNet layers, gated attention with a quarter of each head rotated, shared experts): a
+/// 40-token prefill in two chunks (the state carried between them), then four decode
+/// steps, each step's last logits within [`BF16_BOUND`] of the CPU's (the other families'
+/// bound; the first GPU run is to confirm it holds for the recurrence).
+#[test]
+fn gpu_unverified_families_match_cpu() {
+    if !gpu_or_skip("gpu_unverified_families_match_cpu") {
+        return;
+    }
+    let families = [
+        "phi3-tiny-longrope",
+        "qwen35-tiny",
+        "qwen35moe-tiny",
+        "qwen3next-tiny",
+    ];
+    for name in families {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/families")
+            .join(name);
+        let cuda_opts = CudaOptions {
+            unverified_kernels: true,
+            ..cuda_test_options()
+        };
+        let (mut cpu, mut gpu) = runners_with(&path, QuantizedWeights::Integer, cuda_opts);
+        let mut tokens: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 200).collect();
+        let table: Vec<u32> = (0..8).collect();
+        let mut start = 0;
+        for end in [24, 40, 41, 42, 43, 44] {
+            let want = last_logits(cpu.as_mut(), &tokens[start..end], start, &table);
+            let got = last_logits(gpu.as_mut(), &tokens[start..end], start, &table);
+            let err = rel_err(&got, &want);
+            assert!(err < BF16_BOUND, "{name} at {end}: relative error {err}");
+            let next = want
+                .iter()
+                .enumerate()
+                .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+                .0;
+            if end == tokens.len() {
+                tokens.push(next as u32);
+            }
+            start = end;
+        }
     }
 }
 

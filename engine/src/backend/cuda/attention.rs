@@ -23,8 +23,8 @@ pub(super) struct Pending {
     pub(super) rows: usize,
     pub(super) layout: QkvLayout,
     pub(super) norm: Option<(u64, u64, f32)>,
-    /// cos table, sin table, per-row positions.
-    pub(super) rope: Option<(u64, u64, u64)>,
+    /// cos table, sin table, per-row positions, rotated dims of a head.
+    pub(super) rope: Option<(u64, u64, u64, usize)>,
 }
 
 impl CudaBackend {
@@ -162,7 +162,7 @@ impl CudaBackend {
         let l = p.layout;
         let heads = l.num_heads + 2 * l.num_kv_heads;
         let (q_w, k_w, eps) = p.norm.unwrap_or((0, 0, 0.0));
-        let (cos, sin, positions) = p.rope.unwrap_or((0, 0, 0));
+        let (cos, sin, positions, rotary_dim) = p.rope.unwrap_or((0, 0, 0, l.head_dim));
         let (slots, kc, vc) = match write {
             Some((c, s, group)) => (s.slots(group)?, self.ptr(&c.k), self.ptr(&c.v)),
             None => (0, 0, 0),
@@ -177,6 +177,7 @@ impl CudaBackend {
             KArg::Ptr(sin),
             KArg::Ptr(positions),
             KArg::I32(p.rope.is_some() as i32),
+            KArg::I32(int(rotary_dim, "rotary dims")?),
             KArg::Ptr(slots),
             KArg::Ptr(kc),
             KArg::Ptr(vc),

@@ -591,17 +591,25 @@ impl Backend for CudaBackend {
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
             let experts = matches!(l.ffn, Ffn::Experts(_));
-            // Run only with --cuda-unverified-kernels (recurrent.rs).
-            let unverified = !self.unverified_kernels;
-            let missing = if unverified && matches!(l.mixer, Mixer::GatedDeltaNet(_)) {
-                "a Gated DeltaNet layer"
-            } else if unverified && l.mixer == (Mixer::Attention { output_gate: true }) {
-                "an attention output gate"
-            } else if unverified && l.shared_expert.is_some() {
-                "a gated shared expert"
+            // Kernels that have never run on a GPU (recurrent.rs, partial rotary in qkv_prep).
+            let unverified = if matches!(l.mixer, Mixer::GatedDeltaNet(_)) {
+                Some("a Gated DeltaNet layer")
+            } else if l.mixer == (Mixer::Attention { output_gate: true }) {
+                Some("an attention output gate")
+            } else if l.shared_expert.is_some() {
+                Some("a gated shared expert")
             } else if l.rope.rotary_dim != c.head_dim {
-                "rotary embeddings on part of each head"
-            } else if experts && l.activation == Activation::GeluTanh {
+                Some("rotary embeddings on part of each head")
+            } else {
+                None
+            };
+            if let Some(what) = unverified.filter(|_| !self.unverified_kernels) {
+                return Some(format!(
+                    "{what} (layer {i}), whose CUDA kernels have never run on a GPU: \
+                     --cuda-unverified-kernels runs them"
+                ));
+            }
+            let missing = if experts && l.activation == Activation::GeluTanh {
                 "a mixture of experts with GeGLU"
             } else if !experts && matches!(l.activation, Activation::ClampedSwiglu { .. }) {
                 "a dense clamped SwiGLU"

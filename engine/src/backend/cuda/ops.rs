@@ -212,8 +212,13 @@ impl LayerOps for CudaBackend {
             qkv.cols
         );
         ensure!(
-            rotary_dim == layout.head_dim,
-            "rope: the kernel rotates whole heads ({}), not {rotary_dim} dimensions",
+            rotary_dim == layout.head_dim
+                || (self.unverified_kernels
+                    && rotary_dim > 0
+                    && rotary_dim.is_multiple_of(2)
+                    && rotary_dim < layout.head_dim),
+            "rope: {rotary_dim} of {} dimensions rotated (part of each head runs only with \
+             --cuda-unverified-kernels)",
             layout.head_dim
         );
         ensure!(
@@ -222,16 +227,16 @@ impl LayerOps for CudaBackend {
             layout.head_dim
         );
         ensure!(
-            cos.len == sin.len && cos.len.is_multiple_of(layout.head_dim / 2),
-            "rope: tables of {} and {} values for head_dim {}",
+            cos.len == sin.len && cos.len.is_multiple_of(rotary_dim / 2),
+            "rope: tables of {} and {} values for {rotary_dim} rotated dimensions",
             cos.len,
-            sin.len,
-            layout.head_dim
+            sin.len
         );
         let tables = (
             self.ptr(&cos.data),
             self.ptr(&sin.data),
             step.at(step.off.positions),
+            rotary_dim,
         );
         self.defer(self.ptr(qkv.slice()?), qkv.rows, layout, |p| {
             let free = p.rope.is_none();
