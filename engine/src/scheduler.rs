@@ -493,9 +493,9 @@ mod tests {
 
     /// Random arrivals (some sharing prefixes), aborts, chunked prefills, decodes and the
     /// preemptions a small pool forces, over a sliding group beside a full one and over a
-    /// recurrent group beside a full one: every step keeps the invariants (each sliding
-    /// table holds no block its window passed), and once every sequence is gone every
-    /// block is back in the pool.
+    /// recurrent group beside a full one (checkpoints taken and restored): every step keeps
+    /// the invariants (each sliding table holds no block its window passed), the shared
+    /// prefixes hit, and once every sequence is gone every block is back in the pool.
     #[test]
     fn no_block_leaks_under_a_random_mix_of_groups_requests_and_aborts() {
         for groups in [
@@ -547,10 +547,8 @@ mod tests {
             }
             s.check_invariants().unwrap();
             assert_eq!(s.block_manager().num_used_blocks(), 0, "{groups:?}");
-            // A recurrent group hits only from a saved copy of its state, and no step here
-            // saves one (choosing where is the checkpoint scheduling of issue 63).
-            let recurrent = matches!(groups[0], GroupKind::Recurrent { .. });
-            assert_eq!(hits == 0, recurrent, "{groups:?}: {hits} prefix hits");
+            // A recurrent group hits from the checkpoints the steps took at prompt ends.
+            assert!(hits > 0, "{groups:?}: no prefix hits");
             assert!(
                 s.num_preemptions() > 0,
                 "{groups:?}: the pool never ran short"

@@ -644,7 +644,9 @@ impl<B: Backend> Model<B> {
         );
         let placement = groups.placement(c.num_layers());
         let num_blocks = opts.num_blocks(
-            groups.group_size * kv_bytes_per_layer_token(c, backend.kv_value_bytes()),
+            groups.arenas()
+                * groups.group_size
+                * kv_bytes_per_layer_token(c, backend.kv_value_bytes()),
         )?;
         let embed_name = "model.embed_tokens.weight";
         let embed = backend.upload_weight(
