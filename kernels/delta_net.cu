@@ -6,10 +6,12 @@
 // head. The convolution runs over the `channels` = 2 * key_heads * dk + value_heads * dv
 // columns of q, k and v.
 //
-// A sequence's recurrent state is f32, spread over the pages of its state table
-// (`page_values` values a page, the table's pages in order): each value head's dk x dv
-// matrix row by row, then the convolution's last `kernel - 1` inputs, oldest first, each a
-// row of every channel (the CPU backend's layout). A step's sequences are described by
+// A sequence's recurrent state is f32, spread over the pages of its state table (the
+// table's pages in order): a page is a block of the layer index's KV cache, its K region
+// then its V region read as f32 (`half` values each, whole rows of a value head). The
+// state: each value head's dk x dv matrix row by row, then the convolution's last
+// `kernel - 1` inputs, oldest first, each a row of every channel (the CPU backend's
+// layout). A step's sequences are described by
 // `seq_rows[s]` (first row), `seq_len[s]` (rows), `seq_start[s]` (first position: at 0 the
 // state starts at zero) and their state tables in this layer group (`pages` entries,
 // `table_stride` apart); its checkpoints by `save_seq[c]`, `save_group[c]` (those of other
@@ -17,9 +19,11 @@
 // the state it takes) and their tables (`save_stride` apart).
 #ifdef EXTENDED_KERNELS
 
-__device__ __forceinline__ float* state_value(float* cache, const unsigned int* table,
-                                              long long flat, int page_values) {
-    return cache + (size_t)table[flat / page_values] * page_values + flat % page_values;
+__device__ __forceinline__ float* state_value(float* k, float* v, const unsigned int* table,
+                                              long long flat, int half) {
+    long long offset = flat % (2 * half);
+    float* base = offset < half ? k : v;
+    return base + (size_t)table[flat / (2 * half)] * half + offset % half;
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + __expf(-x)); }
@@ -33,7 +37,8 @@ __device__ __forceinline__ float softplusf(float x) { return x > 20.0f ? x : log
 // `[kernel, channels]`. kernel <= 8. grid = (sequences, ceil(channels / 256)), block = 256.
 extern "C" __global__ void delta_net_conv(
     const bf16* __restrict__ proj, int width, const float* __restrict__ conv, int kernel,
-    int channels, float* __restrict__ mixed, float* __restrict__ cache, int page_values,
+    int channels, float* __restrict__ mixed, float* __restrict__ k_cache,
+    float* __restrict__ v_cache, int half,
     long long matrices, const int* __restrict__ seq_rows, const int* __restrict__ seq_len,
     const int* __restrict__ seq_start, const unsigned int* __restrict__ tables, int table_stride,
     const int* __restrict__ save_seq, const int* __restrict__ save_group,
@@ -48,8 +53,8 @@ extern "C" __global__ void delta_net_conv(
     float window[7];
     for (int j = 0; j < history; ++j) {
         window[j] = fresh ? 0.0f
-                          : *state_value(cache, table, matrices + (long long)j * channels + c,
-                                                page_values);
+                          : *state_value(k_cache, v_cache, table,
+                                         matrices + (long long)j * channels + c, half);
     }
     int first = seq_rows[s];
     for (int t = 0; t < seq_len[s]; ++t) {
@@ -63,13 +68,14 @@ extern "C" __global__ void delta_net_conv(
             if (save_seq[k] != s || save_group[k] != group || save_rows[k] != t + 1) continue;
             const unsigned int* saved = save_tables + (size_t)k * save_stride;
             for (int j = 0; j < history; ++j) {
-                *state_value(cache, saved, matrices + (long long)j * channels + c, page_values) =
-                    window[j];
+                *state_value(k_cache, v_cache, saved, matrices + (long long)j * channels + c,
+                             half) = window[j];
             }
         }
     }
     for (int j = 0; j < history; ++j) {
-        *state_value(cache, table, matrices + (long long)j * channels + c, page_values) = window[j];
+        *state_value(k_cache, v_cache, table, matrices + (long long)j * channels + c, half) =
+            window[j];
     }
 }
 
@@ -112,7 +118,8 @@ extern "C" __global__ void delta_net_prep(const bf16* __restrict__ proj, int wid
 template <int DK>
 __device__ void delta_net_recurrence(
     const float* __restrict__ mixed, int channels, const float* __restrict__ gates,
-    float* __restrict__ core, float* __restrict__ cache, int page_values, int key_heads,
+    float* __restrict__ core, float* __restrict__ k_cache, float* __restrict__ v_cache, int half,
+    int key_heads,
     int value_heads, int dv, int tiled, const int* __restrict__ seq_rows,
     const int* __restrict__ seq_len, const int* __restrict__ seq_start,
     const unsigned int* __restrict__ tables, int table_stride, const int* __restrict__ save_seq,
@@ -131,7 +138,7 @@ __device__ void delta_net_recurrence(
 #pragma unroll
     for (int r = 0; r < DK; ++r) {
         state[r] = fresh ? 0.0f
-                         : *state_value(cache, table, base + (long long)r * dv, page_values);
+                         : *state_value(k_cache, v_cache, table, base + (long long)r * dv, half);
     }
     int kw = key_heads * DK;
     int first = seq_rows[s];
@@ -162,27 +169,28 @@ __device__ void delta_net_recurrence(
             const unsigned int* saved = save_tables + (size_t)c * save_stride;
 #pragma unroll
             for (int r = 0; r < DK; ++r) {
-                *state_value(cache, saved, base + (long long)r * dv, page_values) = state[r];
+                *state_value(k_cache, v_cache, saved, base + (long long)r * dv, half) = state[r];
             }
         }
     }
 #pragma unroll
     for (int r = 0; r < DK; ++r) {
-        *state_value(cache, table, base + (long long)r * dv, page_values) = state[r];
+        *state_value(k_cache, v_cache, table, base + (long long)r * dv, half) = state[r];
     }
 }
 
 #define DELTA_NET_RECURRENCE(DK)                                                               \
     extern "C" __global__ void delta_net_recurrence_dk##DK(                                    \
         const float* __restrict__ mixed, int channels, const float* __restrict__ gates,       \
-        float* __restrict__ core, float* __restrict__ cache, int page_values, int key_heads,   \
+        float* __restrict__ core, float* __restrict__ k_cache,                                \
+        float* __restrict__ v_cache, int half, int key_heads,                                 \
         int value_heads, int dv, int tiled, const int* __restrict__ seq_rows,                 \
         const int* __restrict__ seq_len, const int* __restrict__ seq_start,                   \
         const unsigned int* __restrict__ tables, int table_stride,                            \
         const int* __restrict__ save_seq, const int* __restrict__ save_group,                 \
         const int* __restrict__ save_rows, const unsigned int* __restrict__ save_tables,      \
         int save_stride, int num_saves, int group) {                                           \
-        delta_net_recurrence<DK>(mixed, channels, gates, core, cache, page_values, key_heads, \
+        delta_net_recurrence<DK>(mixed, channels, gates, core, k_cache, v_cache, half, key_heads, \
                                  value_heads, dv, tiled, seq_rows, seq_len, seq_start, tables, \
                                  table_stride, save_seq, save_group, save_rows, save_tables,  \
                                  save_stride, num_saves, group);                               \
@@ -214,14 +222,18 @@ extern "C" __global__ void delta_net_gated_norm(const float* __restrict__ core,
     }
 }
 
-// Copies `n` pages of `page_values` f32 from pages `from[i]` to pages `to[i]` of a state
-// cache. grid = (n), block = 256.
-extern "C" __global__ void copy_state_pages(float* __restrict__ cache,
+// Copies `n` pages of state (each a block's K and V regions of `half` f32) from blocks
+// `from[i]` to blocks `to[i]` of a layer index's KV cache. grid = (n), block = 256.
+extern "C" __global__ void copy_state_pages(float* __restrict__ k_cache,
+                                            float* __restrict__ v_cache,
                                             const unsigned int* __restrict__ from,
-                                            const unsigned int* __restrict__ to, int page_values) {
-    const float* src = cache + (size_t)from[blockIdx.x] * page_values;
-    float* dst = cache + (size_t)to[blockIdx.x] * page_values;
-    for (int i = threadIdx.x; i < page_values; i += blockDim.x) dst[i] = src[i];
+                                            const unsigned int* __restrict__ to, int half) {
+    for (int r = 0; r < 2; ++r) {
+        float* base = r == 0 ? k_cache : v_cache;
+        const float* src = base + (size_t)from[blockIdx.x] * half;
+        float* dst = base + (size_t)to[blockIdx.x] * half;
+        for (int i = threadIdx.x; i < half; i += blockDim.x) dst[i] = src[i];
+    }
 }
 
 // x[i] = bf16(x[i] * sigmoid(gate[i])), element by element (an attention output gate).

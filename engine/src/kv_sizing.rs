@@ -130,8 +130,8 @@ pub struct KvFootprint {
     /// Bytes of the recurrent state (f32) a sequence's decode step reads and writes back,
     /// all recurrent layers together; 0 without them.
     pub state_bytes_per_sequence: usize,
-    /// Bytes of one block of the pool: all its layers' K and V, and their state pages where
-    /// the model keeps recurrent state ([`LayerGroups::arenas`]).
+    /// Bytes of one block of the pool: all its layers' K and V (or, held by a recurrent
+    /// group, their state in the same memory).
     pub block_bytes: usize,
     /// Bytes of the pool a sequence's recurrent state takes (its groups' blocks), which
     /// is what each checkpoint of it in the prefix cache holds; 0 without them.
@@ -148,7 +148,7 @@ impl KvFootprint {
         value_bytes: usize,
     ) -> KvFootprint {
         let layer_token_bytes = kv_bytes_per_layer_token(config, value_bytes);
-        let block_bytes = groups.arenas() * groups.group_size * layer_token_bytes * block_size;
+        let block_bytes = groups.group_size * layer_token_bytes * block_size;
         let pool = KvPool {
             num_blocks: 0,
             block_size,
@@ -190,7 +190,7 @@ impl KvFootprint {
             }
         }
         KvFootprint {
-            bytes_per_token: full_groups * groups.arenas() * groups.group_size * layer_token_bytes,
+            bytes_per_token: full_groups * groups.group_size * layer_token_bytes,
             bytes_per_sequence_fixed: fixed_blocks * block_bytes,
             read_bytes_per_token: full_layers * layer_token_bytes,
             window_read_bytes,

@@ -132,17 +132,6 @@ impl LayerGroups {
             .any(|g| matches!(g.kind, GroupKind::Recurrent { .. }))
     }
 
-    /// The allocations a block has in each layer index: its K/V, and where a group keeps
-    /// recurrent state, a state page beside it (a block may serve either kind over time, so
-    /// both are touched; the budget pays for both until they share one allocation).
-    pub fn arenas(&self) -> usize {
-        if self.has_recurrent() {
-            2
-        } else {
-            1
-        }
-    }
-
     /// Every layer in one full group: the cache keeps every token of every layer.
     pub fn whole(config: &ModelConfig) -> LayerGroups {
         LayerGroups::full(config.num_layers())

@@ -291,12 +291,11 @@ fn runners_with(
     let (config, mut w) = open_model(path).unwrap_or_else(|e| panic!("{e:#}"));
     let gpu = load_cuda_runner(&config, w.as_mut(), &cuda_opts)
         .unwrap_or_else(|e| panic!("{} on the GPU: {e:#}", path.display()));
-    // NUM_BLOCKS blocks of every layer, as blocks of a layer group's layers (half as many
-    // where each block has a state page beside its K/V).
+    // NUM_BLOCKS blocks of every layer, as blocks of a layer group's layers.
     let groups = gpu.kv_layer_groups();
     assert_eq!(
         gpu.num_blocks(),
-        NUM_BLOCKS * config.num_layers() / groups.group_size / groups.arenas()
+        NUM_BLOCKS * config.num_layers() / groups.group_size
     );
     (cpu, gpu)
 }

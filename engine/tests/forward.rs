@@ -60,18 +60,14 @@ fn load_serving(
     let (config, mut weights) =
         open_model(path).unwrap_or_else(|e| panic!("open {}: {e:#}", path.display()));
     // The budget of NUM_BLOCKS blocks of every layer holds as many blocks of a layer
-    // group's layers as the groups' sizes allow, with a state page beside each block's K/V
-    // where the model keeps recurrent state.
+    // group's layers as the groups' sizes allow.
     let groups = LayerGroups::of(
         &config,
         engine::kv_sizing::layer_block_bytes(&config, BLOCK_SIZE, kv.bytes()),
     );
     let opts = RunnerOptions {
         block_size: BLOCK_SIZE,
-        kv_cache_bytes: groups.arenas()
-            * kv_bytes_per_token(&config, kv.bytes())
-            * BLOCK_SIZE
-            * NUM_BLOCKS,
+        kv_cache_bytes: kv_bytes_per_token(&config, kv.bytes()) * BLOCK_SIZE * NUM_BLOCKS,
         max_model_len,
     };
     let (f32_weights_as_f16, quantized) = match weights_as {

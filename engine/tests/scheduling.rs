@@ -870,10 +870,7 @@ fn hybrid_families_serve_batches_and_preemptions_as_solo_runs() {
             let (config, mut weights) = engine::weights::open_model(&dir).unwrap();
             let options = RunnerOptions {
                 block_size: 16,
-                // Each block has its K/V and a state page (`LayerGroups::arenas`).
-                kv_cache_bytes: 2
-                    * layer_block_bytes(&config, 16, KvCacheDtype::F32.bytes())
-                    * blocks,
+                kv_cache_bytes: layer_block_bytes(&config, 16, KvCacheDtype::F32.bytes()) * blocks,
                 max_model_len: Some(512),
             };
             let runner = load_cpu_runner(&config, weights.as_mut(), &options, 2).unwrap();

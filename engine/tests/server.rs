@@ -1668,9 +1668,8 @@ async fn a_hybrid_model_serves_a_shared_prefix_from_its_state_checkpoints() {
     // Three DeltaNet layers of 4 value heads of 16 × 16 and a 4-wide convolution over
     // 128 channels, in f32: 3 × (1,024 + 3 × 128) × 4 bytes.
     assert_eq!(info["recurrent_state_bytes_per_sequence"], 16_896, "{info}");
-    // K and V of the one attention layer's 2 KV heads of 16, in f16 (128 bytes), and as
-    // much again for the state page beside them; a decode reads the K and V.
-    assert_eq!(info["kv_bytes_per_token"], 2 * 2 * 2 * 16 * 2, "{info}");
+    // K and V of the one attention layer's 2 KV heads of 16, in f16.
+    assert_eq!(info["kv_bytes_per_token"], 2 * 2 * 16 * 2, "{info}");
     assert_eq!(info["kv_read_bytes_per_token"], 2 * 2 * 16 * 2, "{info}");
     assert_eq!(
         info["attention_flops_per_context_token"],
@@ -1678,10 +1677,10 @@ async fn a_hybrid_model_serves_a_shared_prefix_from_its_state_checkpoints() {
         "{info}"
     );
     // A checkpoint takes each DeltaNet group's blocks: a block is 16 tokens of 128 bytes
-    // of K/V (2,048 bytes: a state page) and a state page, and a layer's 5,632-byte state
-    // takes 3 pages; 3 groups.
-    assert_eq!(info["kv_block_bytes"], 2 * 2048, "{info}");
-    assert_eq!(info["state_checkpoint_bytes"], 3 * 3 * 2 * 2048, "{info}");
+    // of K/V, 2,048 bytes that hold 512 f32 values of state, and a layer's 5,632-byte
+    // state takes 3 blocks; 3 groups.
+    assert_eq!(info["kv_block_bytes"], 2048, "{info}");
+    assert_eq!(info["state_checkpoint_bytes"], 3 * 3 * 2048, "{info}");
     assert_eq!(info["state_checkpoint_every_blocks"], 0, "{info}");
     let prefix: Vec<u32> = (0..2000).map(|i| (i * 37 + 5) % 250).collect();
     let request = |tail: &[u32]| {

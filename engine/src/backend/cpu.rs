@@ -31,7 +31,7 @@ pub use backend::{CpuBackend, CpuOptions, QuantizedWeights};
 pub use experts::CpuExperts;
 pub use matmul::{CpuWeight, WeightData};
 pub use quant::QuantMatrix;
-pub use recurrent_ops::CpuStateCache;
+
 pub use tensors::{CpuAct, CpuStep};
 
 use super::Tensors;
@@ -41,7 +41,6 @@ impl Tensors for CpuBackend {
     type Weight = CpuWeight;
     type Param = Vec<f32>;
     type KvCache = CpuKvCache;
-    type StateCache = CpuStateCache;
     type Step = CpuStep;
     type Experts = CpuExperts;
 }

@@ -296,8 +296,6 @@ pub trait Tensors: Send + Sync {
     type Step;
     /// A mixture-of-experts FFN's weights as the device keeps them.
     type Experts: Send + Sync;
-    /// One layer index's recurrent states, in pages a block each ([`StateCacheShape`]).
-    type StateCache: Send;
 }
 
 /// How a step runs on the device: its metadata, its execution context, its timeline, and
@@ -453,13 +451,12 @@ pub trait AttentionOps: Tensors {
     ) -> anyhow::Result<()>;
 }
 
-/// One layer index's recurrent-state storage, for [`RecurrentOps::new_state_cache`]: a page
-/// of `page_values` f32 per block of the pool, a sequence's state spread over the pages of
-/// its recurrent group's block table, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StateCacheShape {
-    pub num_blocks: usize,
-    pub page_values: usize,
+/// f32 values of recurrent state a block of a layer index's KV cache holds: its K region,
+/// then its V region, each read as f32 (a state's rows must not cross from one to the
+/// other: a region holds whole rows). A sequence's state is spread over the pages of its
+/// recurrent group's block table, in order.
+pub fn state_page_values(shape: &KvCacheShape, value_bytes: usize) -> usize {
+    2 * shape.block_size * shape.num_kv_heads * shape.head_dim * value_bytes / 4
 }
 
 /// A Gated DeltaNet layer's parameters beside its projections, as f32 vectors.
@@ -476,18 +473,14 @@ pub struct DeltaNetParams<P> {
 }
 
 /// Gated DeltaNet layers (Qwen3-Next, Qwen3.5) and the gates of their neighbours: the
-/// recurrent state each sequence keeps, in pages of the KV pool's blocks.
+/// recurrent state each sequence keeps, in pages of the KV pool's blocks, in the same
+/// memory as the K/V of those blocks ([`state_page_values`]), so that a block serves
+/// either kind at the bytes the budget paid for once.
 pub trait RecurrentOps: Tensors {
-    /// Allocates the states of one layer index of the recurrent groups (zeroed).
-    fn new_state_cache(&self, shape: StateCacheShape) -> anyhow::Result<Self::StateCache>;
     /// Copies the state in the pages `from` to the pages `to` (as many, distinct from
     /// them): a checkpoint restored into a sequence's own state.
-    fn copy_state(
-        &self,
-        cache: &mut Self::StateCache,
-        from: &[u32],
-        to: &[u32],
-    ) -> anyhow::Result<()>;
+    fn copy_state(&self, cache: &mut Self::KvCache, from: &[u32], to: &[u32])
+        -> anyhow::Result<()>;
     /// The DeltaNet between its projections. `proj` rows are `[q k v | z | b a]`
     /// ([`DeltaNetSpec::projection_width`]). Per sequence of the step, whose state sits in
     /// the pages of its table in layer group `group` (zero when it starts at position 0):
@@ -505,7 +498,7 @@ pub trait RecurrentOps: Tensors {
         spec: DeltaNetSpec,
         params: &DeltaNetParams<Self::Param>,
         eps: f32,
-        cache: &mut Self::StateCache,
+        cache: &mut Self::KvCache,
         step: &Self::Step,
         group: usize,
         out: &mut Self::Act,

@@ -151,7 +151,7 @@ impl<B: Backend> ModelState<B> {
                 let own = &s.block_tables[copy.group];
                 for &(group, index) in &self.placement {
                     if group == copy.group {
-                        b.copy_state(&mut self.states[index], &copy.blocks, own)?;
+                        b.copy_state(&mut self.caches[index], &copy.blocks, own)?;
                     }
                 }
             }
@@ -255,7 +255,7 @@ impl<B: Backend> ModelState<B> {
                 MixerWeights::DeltaNet(d) => {
                     let started = Instant::now();
                     b.matmul(h, &d.in_proj, None, qkv)?;
-                    let state = &mut self.states[index];
+                    let state = &mut self.caches[index];
                     b.gated_delta_net(qkv, d.spec, &d.params, eps, state, step, group, attn)?;
                     b.matmul(attn, &d.out_proj, None, o)?;
                     if b.runs_ops_as_issued() {

@@ -4,8 +4,7 @@
 use anyhow::{bail, ensure, Context};
 
 use crate::backend::{
-    refuse_what_it_lacks, Backend, DeltaNetParams, HostExpert, HostExperts, KvCacheShape,
-    QkvLayout, StateCacheShape,
+    refuse_what_it_lacks, Backend, DeltaNetParams, HostExpert, HostExperts, KvCacheShape, QkvLayout,
 };
 use crate::config::{
     DeltaNetSpec, ExpertSpec, Family, Ffn, LayerSpec, Mixer, ModelConfig, NormPlacement,
@@ -644,9 +643,7 @@ impl<B: Backend> Model<B> {
         );
         let placement = groups.placement(c.num_layers());
         let num_blocks = opts.num_blocks(
-            groups.arenas()
-                * groups.group_size
-                * kv_bytes_per_layer_token(c, backend.kv_value_bytes()),
+            groups.group_size * kv_bytes_per_layer_token(c, backend.kv_value_bytes()),
         )?;
         let embed_name = "model.embed_tokens.weight";
         let embed = backend.upload_weight(
@@ -688,31 +685,20 @@ impl<B: Backend> Model<B> {
                 head_dim: c.head_dim,
             })?);
         }
-        // A state page is a block's bytes of one layer, in f32 values, holding whole rows
-        // of a value head's state.
-        let page_bytes = layer_block_bytes(c, opts.block_size, backend.kv_value_bytes());
-        let page_values = page_bytes / STATE_VALUE_BYTES;
-        let mut states = Vec::new();
-        if groups.has_recurrent() {
-            for spec in c.layers.iter().filter_map(|l| match l.mixer {
-                Mixer::GatedDeltaNet(spec) => Some(spec),
-                Mixer::Attention { .. } => None,
-            }) {
-                ensure!(
-                    page_bytes.is_multiple_of(STATE_VALUE_BYTES)
-                        && page_values.is_multiple_of(spec.value_head_dim),
-                    "a KV block of {} tokens holds {page_bytes} bytes per layer, not whole \
-                     rows of {} f32 values of a DeltaNet state: choose another --block-size",
-                    opts.block_size,
-                    spec.value_head_dim
-                );
-            }
-            for _ in 0..groups.group_size {
-                states.push(backend.new_state_cache(StateCacheShape {
-                    num_blocks,
-                    page_values,
-                })?);
-            }
+        // A recurrent layer's state lives in its index's KV blocks, each block's K region
+        // then its V region read as f32: a region must hold whole rows of a value head.
+        let region_bytes = layer_block_bytes(c, opts.block_size, backend.kv_value_bytes()) / 2;
+        for spec in c.layers.iter().filter_map(|l| match l.mixer {
+            Mixer::GatedDeltaNet(spec) => Some(spec),
+            Mixer::Attention { .. } => None,
+        }) {
+            ensure!(
+                region_bytes.is_multiple_of(STATE_VALUE_BYTES * spec.value_head_dim),
+                "a KV block of {} tokens holds {region_bytes} bytes of K (and of V) per layer, \
+                 not whole rows of {} f32 values of a DeltaNet state: choose another --block-size",
+                opts.block_size,
+                spec.value_head_dim
+            );
         }
         let bufs = Buffers {
             x: backend.new_act(),
@@ -761,7 +747,6 @@ impl<B: Backend> Model<B> {
             groups,
             placement,
             caches,
-            states,
             num_blocks,
             block_size: opts.block_size,
             rope_positions,

@@ -233,11 +233,9 @@ struct ModelState<B: Backend> {
     groups: LayerGroups,
     placement: Vec<(usize, usize)>,
     /// One cache per index in a group: layer `l` at index `i` of group `g` reads cache `i`
-    /// through group `g`'s block tables.
+    /// through group `g`'s block tables (a recurrent layer's state in the same blocks'
+    /// memory, [`crate::backend::state_page_values`]).
     caches: Vec<B::KvCache>,
-    /// Where the model has recurrent groups, one state cache per index in a group, read as
-    /// `caches` are.
-    states: Vec<B::StateCache>,
     num_blocks: usize,
     block_size: usize,
     rope_positions: usize,

@@ -314,7 +314,7 @@ pub fn delta_net_runs<B: engine::backend::Backend>(
     b: &B,
     make: impl Fn(usize, usize, &[f32]) -> B::Act,
 ) -> [Vec<Vec<f32>>; 4] {
-    use engine::backend::{DeltaNetParams, StateCacheShape, StepMeta, StepSeq};
+    use engine::backend::{state_page_values, DeltaNetParams, KvCacheShape, StepMeta, StepSeq};
     use engine::config::{DeltaNetSpec, ValueHeadOrder};
     use engine::layer_groups::StateCopy;
     use engine::weights::{HostTensor, TensorData};
@@ -354,13 +354,17 @@ pub fn delta_net_runs<B: engine::backend::Backend>(
         dt_bias: vector(heads, &|u| u),
         norm: vector(spec.value_head_dim, &|u| 1.0 + u),
     };
-    let mut cache = b
-        .new_state_cache(StateCacheShape {
-            num_blocks: 16,
-            page_values: 512,
-        })
-        .expect("state cache");
-    let run = |cache: &mut B::StateCache, data: &[f32], seqs: &[StepSeq<'_>]| -> Vec<Vec<f32>> {
+    // The state lives in a layer index's KV blocks: as many pages as its values need.
+    let shape = KvCacheShape {
+        num_blocks: 16,
+        block_size: 16,
+        num_kv_heads: 2,
+        head_dim: 16,
+    };
+    let page = state_page_values(&shape, b.kv_value_bytes());
+    let pages = spec.state_values().div_ceil(page) as u32;
+    let mut cache = b.new_kv_cache(shape).expect("KV cache");
+    let run = |cache: &mut B::KvCache, data: &[f32], seqs: &[StepSeq<'_>]| -> Vec<Vec<f32>> {
         let n = data.len() / width;
         let positions: Vec<u32> = seqs
             .iter()
@@ -384,15 +388,12 @@ pub fn delta_net_runs<B: engine::backend::Backend>(
             .expect("gated_delta_net");
         b.to_host(&out).expect("to host")
     };
-    let (a_table, b_table, c_table) = (
-        vec![vec![0, 1, 2]],
-        vec![vec![3, 4, 5]],
-        vec![vec![9, 10, 11]],
-    );
+    let table = |n: u32| vec![(n * pages..(n + 1) * pages).collect::<Vec<u32>>()];
+    let (a_table, b_table, c_table) = (table(0), table(1), table(3));
     let checkpoint = [StateCopy {
         group: 0,
         position: 16,
-        blocks: vec![6, 7, 8],
+        blocks: table(2).remove(0),
     }];
     let out = run(
         &mut cache,
@@ -414,7 +415,7 @@ pub fn delta_net_runs<B: engine::backend::Backend>(
             },
         ],
     );
-    b.copy_state(&mut cache, &[6, 7, 8], &c_table[0])
+    b.copy_state(&mut cache, &checkpoint[0].blocks, &c_table[0])
         .expect("copy state");
     let mut second = decode;
     second.extend_from_slice(&first[16 * width..37 * width]);

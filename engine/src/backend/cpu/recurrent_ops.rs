@@ -9,40 +9,37 @@ use super::backend::CpuBackend;
 use super::delta_net::{self, zeroed, HeadInputs, Rows, Scratch};
 use super::simd::SendPtr;
 use super::tensors::{CpuAct, CpuStep};
-use crate::backend::{check_state_pages_distinct, DeltaNetParams, RecurrentOps, StateCacheShape};
+use super::CpuKvCache;
+use crate::backend::{check_state_pages_distinct, DeltaNetParams, RecurrentOps};
 use crate::config::DeltaNetSpec;
 
-/// One layer index's recurrent states: a page of `page_values` f32 per block, zeroed
-/// (calloc'd, so pages never written cost no memory). A sequence's state is the pages of
-/// its table, in order, holding [`DeltaNetSpec::state_values`] values: each value head's
-/// matrix row by row, then the convolution's last inputs, oldest first, each a row of
-/// every channel.
-#[derive(Debug)]
-pub struct CpuStateCache {
-    values: Vec<f32>,
-    num_blocks: usize,
-    page_values: usize,
-}
-
-/// One sequence's state in a [`CpuStateCache`]: its pages.
+/// One sequence's state in the blocks of a layer index's KV cache: its pages, each a
+/// block's K region then its V region read as f32 (`half` values each).
 struct SequenceState<'a> {
     pages: &'a [u32],
-    page_values: usize,
-    values: SendPtr<f32>,
+    half: usize,
+    k: SendPtr<f32>,
+    v: SendPtr<f32>,
 }
 
 impl SequenceState<'_> {
-    /// The `len` values from flat position `at` that do not cross a page, as a slice.
+    /// The `len` values from flat position `at` that do not cross a region, as a slice.
     ///
     /// # Safety
     /// No other live slice may overlap it (the pages of a table are distinct, checked by
-    /// the caller, and each flat position is taken once).
+    /// the caller, and each flat position is taken once), and the regions' memory is the
+    /// KV cache's, mutably borrowed for the call.
     #[allow(clippy::mut_from_ref)] // the pages are shared across the heads' threads
     unsafe fn run(&self, at: usize, len: usize) -> &mut [f32] {
-        let (page, offset) = (at / self.page_values, at % self.page_values);
-        debug_assert!(offset + len <= self.page_values);
-        let start = self.pages[page] as usize * self.page_values + offset;
-        std::slice::from_raw_parts_mut(self.values.get().add(start), len)
+        let (page, offset) = (at / (2 * self.half), at % (2 * self.half));
+        let (base, offset) = if offset < self.half {
+            (self.k.get(), offset)
+        } else {
+            (self.v.get(), offset - self.half)
+        };
+        debug_assert!(offset + len <= self.half);
+        let start = self.pages[page] as usize * self.half + offset;
+        std::slice::from_raw_parts_mut(base.add(start), len)
     }
 
     /// Copies `len` values from flat position `at` to `out` (`to_pages` false) or from
@@ -51,8 +48,8 @@ impl SequenceState<'_> {
         let mut done = 0;
         while done < out.len() {
             let pos = at + done;
-            let len = (self.page_values - pos % self.page_values).min(out.len() - done);
-            // SAFETY: `&mut self` holds the only access; the run is within one page.
+            let len = (self.half - pos % self.half).min(out.len() - done);
+            // SAFETY: `&mut self` holds the only access; the run is within one region.
             let run = unsafe { self.run(pos, len) };
             if to_pages {
                 run.copy_from_slice(&out[done..done + len]);
@@ -65,43 +62,26 @@ impl SequenceState<'_> {
 }
 
 impl RecurrentOps for CpuBackend {
-    fn new_state_cache(&self, shape: StateCacheShape) -> anyhow::Result<CpuStateCache> {
-        let len = shape.num_blocks.checked_mul(shape.page_values);
-        let len = len.filter(|&n| n > 0);
-        let Some(len) = len else {
-            anyhow::bail!(
-                "a state cache of {} pages of {} values is empty or too large",
-                shape.num_blocks,
-                shape.page_values
-            );
-        };
-        Ok(CpuStateCache {
-            values: vec![0.0; len],
-            num_blocks: shape.num_blocks,
-            page_values: shape.page_values,
-        })
-    }
-
-    fn copy_state(
-        &self,
-        cache: &mut CpuStateCache,
-        from: &[u32],
-        to: &[u32],
-    ) -> anyhow::Result<()> {
+    fn copy_state(&self, cache: &mut CpuKvCache, from: &[u32], to: &[u32]) -> anyhow::Result<()> {
+        let num_blocks = cache.num_blocks();
         ensure!(
-            from.len() == to.len()
-                && from
-                    .iter()
-                    .chain(to)
-                    .all(|&b| (b as usize) < cache.num_blocks),
-            "copy_state: pages {from:?} to {to:?} of a cache of {} blocks",
-            cache.num_blocks
+            from.len() == to.len() && from.iter().chain(to).all(|&b| (b as usize) < num_blocks),
+            "copy_state: pages {from:?} to {to:?} of a cache of {num_blocks} blocks"
         );
         check_state_pages_distinct([from, to])?;
-        let page = cache.page_values;
+        let (k, v, half) = cache.state_regions()?;
         for (&f, &t) in from.iter().zip(to) {
-            let (f, t) = (f as usize * page, t as usize * page);
-            cache.values.copy_within(f..f + page, t);
+            for base in [k, v] {
+                // SAFETY: distinct blocks (checked above) within the cache's memory, which
+                // `cache` borrows mutably for the call.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        base.add(f as usize * half),
+                        base.add(t as usize * half),
+                        half,
+                    );
+                }
+            }
         }
         Ok(())
     }
@@ -112,7 +92,7 @@ impl RecurrentOps for CpuBackend {
         spec: DeltaNetSpec,
         params: &DeltaNetParams<Vec<f32>>,
         eps: f32,
-        cache: &mut CpuStateCache,
+        cache: &mut CpuKvCache,
         step: &CpuStep,
         group: usize,
         out: &mut CpuAct,
@@ -133,11 +113,13 @@ impl RecurrentOps for CpuBackend {
             "gated_delta_net: parameter sizes do not match the layer"
         );
         let seqs = step.attn_seqs(group)?;
-        let pages = spec.state_values().div_ceil(cache.page_values);
+        let num_blocks = cache.num_blocks();
+        let (k, v, half) = cache.state_regions()?;
+        let pages = spec.state_values().div_ceil(2 * half);
         ensure!(
-            cache.page_values.is_multiple_of(spec.value_head_dim),
-            "gated_delta_net: a state page of {} values holds no whole rows of {}",
-            cache.page_values,
+            half.is_multiple_of(spec.value_head_dim),
+            "gated_delta_net: a block's K or V region of {half} f32 values holds no whole rows \
+             of {}",
             spec.value_head_dim
         );
         let mut checkpoints = Vec::with_capacity(seqs.len());
@@ -145,9 +127,8 @@ impl RecurrentOps for CpuBackend {
             let saves = step.state_saves(i, group);
             for table in std::iter::once(s.block_table).chain(saves.iter().map(|&(_, t)| t)) {
                 ensure!(
-                    table.len() == pages && table.iter().all(|&b| (b as usize) < cache.num_blocks),
-                    "sequence {i}: the state pages {table:?} are not {pages} of the {} blocks",
-                    cache.num_blocks
+                    table.len() == pages && table.iter().all(|&b| (b as usize) < num_blocks),
+                    "sequence {i}: the state pages {table:?} are not {pages} of the {num_blocks} blocks"
                 );
             }
             check_state_pages_distinct(
@@ -158,7 +139,7 @@ impl RecurrentOps for CpuBackend {
         }
         let width = spec.value_width();
         let out_data = out.reshape(rows, width);
-        let values = SendPtr(cache.values.as_mut_ptr());
+        let (k, v) = (SendPtr(k), SendPtr(v));
         let mut scratch = self
             .delta_net_scratch
             .lock()
@@ -166,17 +147,14 @@ impl RecurrentOps for CpuBackend {
         for (s, saves) in seqs.iter().zip(checkpoints) {
             let mut state = SequenceState {
                 pages: s.block_table,
-                page_values: cache.page_values,
-                values,
+                half,
+                k,
+                v,
             };
             let mut saves: Vec<(usize, SequenceState<'_>)> = saves
                 .into_iter()
                 .map(|(position, pages)| {
-                    let state = SequenceState {
-                        pages,
-                        page_values: cache.page_values,
-                        values,
-                    };
+                    let state = SequenceState { pages, half, k, v };
                     (position - s.start_pos, state)
                 })
                 .collect();
@@ -331,7 +309,7 @@ fn sequence(
         .for_each(|(j, o)| {
             let kh = spec.key_head(j);
             // SAFETY: head j's rows are its own (flat positions j·dk·dv onwards, whole rows
-            // within pages: page_values is a multiple of dv, checked by the caller).
+            // within regions: a region holds whole rows of dv, checked by the caller).
             let mut rows: Vec<&mut [f32]> = (0..dk)
                 .map(|r| unsafe { state.run((j * dk + r) * dv, dv) })
                 .collect();

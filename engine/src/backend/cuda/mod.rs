@@ -203,8 +203,15 @@ pub fn open_cuda_backend(
         max_blocks_per_seq,
         config.vocab_size,
     )?;
+    let recurrent = config
+        .layers
+        .iter()
+        .any(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)));
     let graphs = if opts.enforce_eager {
         "decode runs eagerly (--enforce-eager)".to_string()
+    } else if recurrent {
+        // Padding rows of a graph-captured step would run the recurrence on block 0's pages.
+        "decode runs eagerly (the model has recurrent layers)".to_string()
     } else {
         backend.state()?.graphs.buckets = graph_buckets(opts.max_num_seqs);
         format!(
@@ -551,8 +558,6 @@ impl Tensors for CudaBackend {
     type KvCache = CudaKvCache;
     type Step = CudaStep;
     type Experts = CudaExperts;
-    /// No CUDA kernel keeps a recurrent state yet: [`Backend::lacks`] refuses such models.
-    type StateCache = recurrent::CudaStateCache;
 }
 
 impl Backend for CudaBackend {

@@ -1,21 +1,14 @@
 //! Gated DeltaNet layers and their neighbours' gates on CUDA (`kernels/delta_net.cu`),
 //! behind `--cuda-unverified-kernels`: never run on a GPU yet (issue 63). The recurrent
-//! states are f32 pages of the KV pool's blocks, laid out as the CPU backend lays them, so
-//! the two agree on what a checkpoint holds.
+//! states are f32 pages in the memory of the KV pool's blocks (each block's K region, then
+//! its V region), laid out as the CPU backend lays them.
 
 use anyhow::{bail, ensure, Context};
 use cudarc::driver::CudaSlice;
 
-use super::{ensure_len, int, CudaAct, CudaBackend, CudaParam, CudaStep, KArg};
-use crate::backend::{DeltaNetParams, RecurrentOps, StateCacheShape};
+use super::{ensure_len, int, CudaAct, CudaBackend, CudaKvCache, CudaParam, CudaStep, KArg};
+use crate::backend::{DeltaNetParams, RecurrentOps};
 use crate::config::{DeltaNetSpec, ValueHeadOrder};
-
-/// One layer index's recurrent states: a page of `page_values` f32 per block.
-pub struct CudaStateCache {
-    values: CudaSlice<f32>,
-    num_blocks: usize,
-    page_values: usize,
-}
 
 /// Key head dims the recurrence kernel is instantiated for (`delta_net_recurrence_dk*`).
 pub const DELTA_NET_KEY_DIMS: [usize; 4] = [16, 32, 64, 128];
@@ -37,49 +30,24 @@ impl CudaBackend {
         );
         Ok(())
     }
+
+    /// The K and V bases of `cache` (as f32 pointers), the f32 values of one block's
+    /// region of either, and the cache's blocks.
+    fn state_regions(&self, cache: &CudaKvCache) -> (u64, u64, usize, usize) {
+        let region = cache.block_size * cache.num_kv_heads * cache.head_dim;
+        let blocks = cache.k.len() / region.max(1);
+        (self.ptr(&cache.k), self.ptr(&cache.v), region / 2, blocks)
+    }
 }
 
 impl RecurrentOps for CudaBackend {
-    fn new_state_cache(&self, shape: StateCacheShape) -> anyhow::Result<CudaStateCache> {
+    fn copy_state(&self, cache: &mut CudaKvCache, from: &[u32], to: &[u32]) -> anyhow::Result<()> {
         self.refuse_unverified("a Gated DeltaNet layer")?;
-        let len = shape
-            .num_blocks
-            .checked_mul(shape.page_values)
-            .filter(|&n| n > 0)
-            .with_context(|| {
-                format!(
-                    "a state cache of {} pages of {} values is empty or too large",
-                    shape.num_blocks, shape.page_values
-                )
-            })?;
-        let values = self
-            .stream
-            .alloc_zeros::<f32>(len)
-            .context("allocating a recurrent state cache")?;
-        // Padding rows of a graph-captured step would run the recurrence on block 0's
-        // pages: a model with recurrent layers runs every step eagerly.
-        self.state()?.graphs.buckets.clear();
-        Ok(CudaStateCache {
-            values,
-            num_blocks: shape.num_blocks,
-            page_values: shape.page_values,
-        })
-    }
-
-    fn copy_state(
-        &self,
-        cache: &mut CudaStateCache,
-        from: &[u32],
-        to: &[u32],
-    ) -> anyhow::Result<()> {
+        self.flush()?;
+        let (k, v, half, num_blocks) = self.state_regions(cache);
         ensure!(
-            from.len() == to.len()
-                && from
-                    .iter()
-                    .chain(to)
-                    .all(|&b| (b as usize) < cache.num_blocks),
-            "copy_state: pages {from:?} to {to:?} of a cache of {} blocks",
-            cache.num_blocks
+            from.len() == to.len() && from.iter().chain(to).all(|&b| (b as usize) < num_blocks),
+            "copy_state: pages {from:?} to {to:?} of a cache of {num_blocks} blocks"
         );
         crate::backend::check_state_pages_distinct([from, to])?;
         if from.is_empty() {
@@ -88,10 +56,11 @@ impl RecurrentOps for CudaBackend {
         let from_dev = self.stream.clone_htod(from).context("uploading page ids")?;
         let to_dev = self.stream.clone_htod(to).context("uploading page ids")?;
         let args = [
-            KArg::Ptr(self.ptr(&cache.values)),
+            KArg::Ptr(k),
+            KArg::Ptr(v),
             KArg::Ptr(self.ptr(&from_dev)),
             KArg::Ptr(self.ptr(&to_dev)),
-            KArg::I32(int(cache.page_values, "page values")?),
+            KArg::I32(int(half, "region values")?),
         ];
         self.launch("copy_state_pages", (from.len() as u32, 1, 1), 256, 0, &args)?;
         // The id buffers are freed on the stream, after the copy has read them.
@@ -105,7 +74,7 @@ impl RecurrentOps for CudaBackend {
         spec: DeltaNetSpec,
         params: &DeltaNetParams<CudaParam>,
         eps: f32,
-        cache: &mut CudaStateCache,
+        cache: &mut CudaKvCache,
         step: &CudaStep,
         group: usize,
         out: &mut CudaAct,
@@ -123,10 +92,10 @@ impl RecurrentOps for CudaBackend {
             bail!("gated_delta_net: no CUDA kernel for key heads of {dk} (it has {DELTA_NET_KEY_DIMS:?})");
         };
         let dv = spec.value_head_dim;
+        let (k_base, v_base, half, _) = self.state_regions(cache);
         ensure!(
-            dv <= 1024 && cache.page_values.is_multiple_of(dv),
-            "gated_delta_net: value heads of {dv} in pages of {}",
-            cache.page_values
+            dv <= 1024 && half.is_multiple_of(dv),
+            "gated_delta_net: value heads of {dv} in K and V regions of {half} f32 values"
         );
         ensure!(
             spec.conv_kernel <= 8,
@@ -162,7 +131,6 @@ impl RecurrentOps for CudaBackend {
         let (mixed, gates, core) = (ptr(&scratch.mixed), ptr(&scratch.gates), ptr(&scratch.core));
         drop(st);
         let p = self.ptr(proj.slice()?);
-        let values = self.ptr(&cache.values);
         let matrices = (heads * dk * dv) as i64;
         let saves = step.at(step.off.saves);
         let n = step.num_saves;
@@ -187,8 +155,9 @@ impl RecurrentOps for CudaBackend {
             KArg::I32(int(spec.conv_kernel, "taps")?),
             KArg::I32(int(channels, "channels")?),
             KArg::Ptr(mixed),
-            KArg::Ptr(values),
-            KArg::I32(int(cache.page_values, "page values")?),
+            KArg::Ptr(k_base),
+            KArg::Ptr(v_base),
+            KArg::I32(int(half, "region values")?),
             KArg::I64(matrices),
         ];
         conv.extend(sequences.iter().copied());
@@ -226,8 +195,9 @@ impl RecurrentOps for CudaBackend {
             KArg::I32(int(channels, "channels")?),
             KArg::Ptr(gates),
             KArg::Ptr(core),
-            KArg::Ptr(values),
-            KArg::I32(int(cache.page_values, "page values")?),
+            KArg::Ptr(k_base),
+            KArg::Ptr(v_base),
+            KArg::I32(int(half, "region values")?),
             KArg::I32(int(spec.num_key_heads, "key heads")?),
             KArg::I32(int(heads, "value heads")?),
             KArg::I32(int(dv, "value head dim")?),

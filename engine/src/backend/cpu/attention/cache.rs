@@ -72,6 +72,30 @@ impl CpuKvCache {
         })
     }
 
+    /// The cache's memory as pages of f32 recurrent state (`backend::state_page_values`):
+    /// the bases of K and of V read as f32, and the f32 values of one block's region of
+    /// either. The pointers are valid while `self` is mutably borrowed.
+    pub(crate) fn state_regions(&mut self) -> anyhow::Result<(*mut f32, *mut f32, usize)> {
+        let region = self.num_kv_heads * self.block_size * self.head_dim;
+        let (k, v, half) = match &mut self.store {
+            KvStore::F16 { k, v } => (
+                k.as_mut_ptr().cast::<f32>(),
+                v.as_mut_ptr().cast::<f32>(),
+                region / 2,
+            ),
+            KvStore::F32 { k, v } => (k.as_mut_ptr(), v.as_mut_ptr(), region),
+        };
+        ensure!(
+            (k as usize).is_multiple_of(4) && (v as usize).is_multiple_of(4),
+            "the KV cache's memory is not aligned for f32 state"
+        );
+        Ok((k, v, half))
+    }
+
+    pub(crate) fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
     /// Offset of (block, head, offset-in-block) in `v`, and of (block, head) in `k`.
     pub(super) fn index(&self, block: usize, head: usize, off: usize) -> usize {
         ((block * self.num_kv_heads + head) * self.block_size + off) * self.head_dim
