@@ -78,7 +78,8 @@ pub struct PrefixCacheStats {
     pub hits: u64,
     pub preempted_queries: u64,
     pub preempted_hits: u64,
-    /// Checkpoints of recurrent state taken (one per position, whatever the groups).
+    /// Checkpoints of recurrent state cached once computed (one per position, whatever the
+    /// groups).
     pub checkpoints_saved: u64,
 }
 
@@ -496,15 +497,18 @@ impl BlockManager {
         let every = self.checkpoint_every;
         let first = seq.num_computed_tokens / bs + 1;
         let last = end.min(seq.num_tokens()) / bs;
-        let mut hashes = seq.block_hashes.clone();
-        for index in first..=last {
+        let wanted = |index: usize| {
             let position = index * bs;
-            let wanted = position == prompt_end
+            position == prompt_end
                 || Some(position) == history_end
-                || (every > 0 && index.is_multiple_of(every));
-            if !wanted {
-                continue;
-            }
+                || (every > 0 && index.is_multiple_of(every))
+        };
+        if !(first..=last).any(wanted) {
+            return Ok(());
+        }
+        let mut hashes = seq.block_hashes.clone();
+        for index in (first..=last).filter(|&i| wanted(i)) {
+            let position = index * bs;
             while hashes.len() < index {
                 let i = hashes.len();
                 let parent = hashes.last().copied().unwrap_or(ROOT_HASH);
@@ -530,7 +534,6 @@ impl BlockManager {
                     blocks: ids,
                 });
             }
-            self.stats.checkpoints_saved += 1;
         }
         Ok(())
     }
@@ -543,6 +546,7 @@ impl BlockManager {
             copy.blocks.into_iter().for_each(|id| self.release(id));
         }
         let bs = self.block_size;
+        let mut cached_positions = Vec::new();
         for copy in std::mem::take(&mut seq.state_saves) {
             let index = copy.position / bs;
             if self.enable_prefix_caching && index > 0 && index <= seq.block_hashes.len() {
@@ -565,10 +569,14 @@ impl BlockManager {
                     });
                     self.hash_to_block.insert(key, id);
                     self.checkpoint_blocks += 1;
+                    if !cached_positions.contains(&copy.position) {
+                        cached_positions.push(copy.position);
+                    }
                 }
             }
             copy.blocks.into_iter().for_each(|id| self.release(id));
         }
+        self.stats.checkpoints_saved += cached_positions.len() as u64;
     }
 
     /// Releases all blocks of `seq` and resets its cache state. Blocks are released
@@ -1133,12 +1141,15 @@ mod tests {
         assert_eq!(a.block_tables[0].len(), 2, "the state does not grow");
         assert_eq!(bm.num_checkpoint_blocks(), 3 * 2);
         check(&bm, &[&a]);
-        // The same prompt again finds its checkpoint at 12, and takes none there.
+        // The same prompt again finds its checkpoint at 12; computed from 8 on, it would pass
+        // 12 but takes no checkpoint there, the cache holding it already.
         let mut again = seq(9, (0..13).collect());
         allocate(&mut bm, &mut again).unwrap();
         assert_eq!(again.num_computed_tokens, 12);
+        again.num_computed_tokens = 8;
         bm.reserve_checkpoints(&mut again, 13).unwrap();
         assert!(again.state_saves.is_empty(), "the cache holds it already");
+        again.num_computed_tokens = 12;
         bm.free(&mut again);
         // B shares 8 tokens: the full group's two blocks and the copy after them.
         let mut b_tokens: Vec<u32> = (0..8).collect();

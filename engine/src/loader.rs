@@ -93,9 +93,9 @@ pub struct EngineArgs {
     #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
     /// Models with recurrent layers (Qwen3.5, Qwen3-Next): the prefix cache keeps a
-    /// checkpoint of their state at each prompt's last block boundary and every this many
-    /// blocks (0: at prompt ends only). Each checkpoint takes the state's bytes
-    /// (`/version`'s `recurrent_state_bytes_per_sequence`) from the KV pool until evicted.
+    /// checkpoint of their state at each prompt's last block boundary, at a chat's history
+    /// end, and every this many blocks (0: not periodically). Each checkpoint holds
+    /// `/version`'s `state_checkpoint_bytes` of the KV pool until evicted.
     #[arg(long, default_value_t = crate::engine::DEFAULT_STATE_CHECKPOINT_EVERY)]
     pub state_checkpoint_every: usize,
     /// A Jinja chat template file that replaces the model's own (vLLM's `--chat-template`).

@@ -59,7 +59,6 @@ pub struct SamplingParams {
     /// Leading prompt tokens a later request is expected to share: a chat's history before
     /// its generation prompt, which the next turn re-sends (the prefix cache keeps a
     /// checkpoint of a recurrent model's state there).
-    #[serde(default)]
     pub history_tokens: Option<usize>,
 }
 

@@ -4,14 +4,15 @@
 use anyhow::{bail, ensure, Context};
 
 use crate::backend::{
-    refuse_what_it_lacks, Backend, DeltaNetParams, HostExpert, HostExperts, KvCacheShape, QkvLayout,
+    refuse_what_it_lacks, state_page_values, Backend, DeltaNetParams, HostExpert, HostExperts,
+    KvCacheShape, QkvLayout,
 };
 use crate::config::{
     DeltaNetSpec, ExpertSpec, Family, Ffn, LayerSpec, Mixer, ModelConfig, NormPlacement,
     NormWeights, RopeSpec,
 };
 use crate::kv_sizing::{kv_bytes_per_layer_token, layer_block_bytes, RunnerOptions};
-use crate::layer_groups::{LayerGroups, STATE_VALUE_BYTES};
+use crate::layer_groups::LayerGroups;
 use crate::weights::{HostTensor, QuantType, TensorData, WeightSource};
 
 use super::{
@@ -677,26 +678,28 @@ impl<B: Backend> Model<B> {
             };
             layers.push(Layer::load(&backend, c, weights, i, rope)?);
         }
+        let cache_shape = KvCacheShape {
+            num_blocks,
+            block_size: opts.block_size,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
         for _ in 0..groups.group_size {
-            caches.push(backend.new_kv_cache(KvCacheShape {
-                num_blocks,
-                block_size: opts.block_size,
-                num_kv_heads: c.num_kv_heads,
-                head_dim: c.head_dim,
-            })?);
+            caches.push(backend.new_kv_cache(cache_shape)?);
         }
         // A recurrent layer's state lives in its index's KV blocks, each block's K region
         // then its V region read as f32: a region must hold whole rows of a value head.
-        let region_bytes = layer_block_bytes(c, opts.block_size, backend.kv_value_bytes()) / 2;
+        let page_values = state_page_values(&cache_shape, backend.kv_value_bytes());
         for spec in c.layers.iter().filter_map(|l| match l.mixer {
             Mixer::GatedDeltaNet(spec) => Some(spec),
             Mixer::Attention { .. } => None,
         }) {
             ensure!(
-                region_bytes.is_multiple_of(STATE_VALUE_BYTES * spec.value_head_dim),
-                "a KV block of {} tokens holds {region_bytes} bytes of K (and of V) per layer, \
-                 not whole rows of {} f32 values of a DeltaNet state: choose another --block-size",
+                (page_values / 2).is_multiple_of(spec.value_head_dim),
+                "a KV block of {} tokens holds {} f32 values in its K (and its V) per layer, \
+                 not whole rows of {} values of a DeltaNet state: choose another --block-size",
                 opts.block_size,
+                page_values / 2,
                 spec.value_head_dim
             );
         }

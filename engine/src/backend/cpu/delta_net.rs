@@ -8,7 +8,7 @@
 //! FLOPs per position), so the CPU runs the recurrence throughout.
 //!
 //! The state `S` is `[key_dim, value_dim]`, given as its `key_dim` rows (which may sit in
-//! different pages of the state cache): row `r` holds key dimension `r`'s weights over the
+//! different pages of the state: blocks of the KV cache): row `r` holds key dimension `r`'s weights over the
 //! value dimensions, so every update runs along a contiguous row. The kernel is
 //! `#[inline(always)]` and generic over `FMA`, so that [`run`], compiled with AVX2 + FMA
 //! where the CPU has them, gets it vectorised so.

@@ -589,10 +589,11 @@ impl Backend for CudaBackend {
         w.rows * w.cols * std::mem::size_of::<bf16>()
     }
 
-    /// Gated DeltaNet layers, attention output gates and gated shared experts (Qwen3.5,
-    /// Qwen3-Next: issue 63) have no CUDA kernel yet, nor partial rotary embeddings (Phi-3's),
-    /// a dense clamped SwiGLU or GeGLU experts. Everything else the per-layer description holds runs on the
-    /// kernel set chosen for the model.
+    /// Gated DeltaNet layers, attention output gates, gated shared experts (Qwen3.5,
+    /// Qwen3-Next: issue 63) and partial rotary embeddings (theirs, Phi-3's) have kernels
+    /// that have never run on a GPU: refused unless --cuda-unverified-kernels. A dense
+    /// clamped SwiGLU and GeGLU experts have none. Everything else the per-layer description
+    /// holds runs on the kernel set chosen for the model.
     fn lacks(&self, c: &ModelConfig) -> Option<String> {
         c.layers.iter().enumerate().find_map(|(i, l)| {
             let experts = matches!(l.ffn, Ffn::Experts(_));

@@ -68,8 +68,9 @@ pub fn chat_request(
     let text = format.render(conversation(true), tokenizer)?;
     let prompt = encode(tokenizer, &text, "messages", false)?;
     if info.checkpoints_history {
-        let history = history_tokens(format.as_ref(), conversation(false), tokenizer, &prompt)?;
-        params.history_tokens = Some(history);
+        // A hint: a conversation whose history alone does not render takes none.
+        params.history_tokens =
+            history_tokens(format.as_ref(), conversation(false), tokenizer, &prompt).ok();
     }
     if format.reads_markers() {
         if shared.skip_special_tokens == Some(false) {
