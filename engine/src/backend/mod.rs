@@ -192,6 +192,32 @@ pub fn check_state_table(table: &[u32], blocks: usize, num_blocks: usize) -> any
     Ok(())
 }
 
+/// Checks the operands of [`RecurrentOps::sigmoid_gate`] (`per_row` false: a gate per
+/// value, `out` being `x`) and of [`RecurrentOps::add_gated`] (`per_row`: one gate per row
+/// of `x`, added into `out` of its shape); shapes are (rows, columns).
+pub fn check_gates(
+    out: (usize, usize),
+    x: (usize, usize),
+    gate: (usize, usize),
+    per_row: bool,
+) -> anyhow::Result<()> {
+    let want = if per_row { (x.0, 1) } else { x };
+    ensure!(
+        out == x && gate == want,
+        "{}: {}x{} values into {}x{}, gates {}x{} (want {}x{})",
+        if per_row { "add_gated" } else { "sigmoid_gate" },
+        x.0,
+        x.1,
+        out.0,
+        out.1,
+        gate.0,
+        gate.1,
+        want.0,
+        want.1
+    );
+    Ok(())
+}
+
 /// Checks that no block appears twice among a sequence's state table and the copies of
 /// its state a step reads or writes (a state's pages are written in place, so two roles
 /// sharing a page would overwrite each other).

@@ -10,7 +10,7 @@ use super::delta_net::{self, zeroed, HeadInputs, Rows, Scratch};
 use super::simd::SendPtr;
 use super::tensors::{CpuAct, CpuStep};
 use super::CpuKvCache;
-use crate::backend::{check_state_pages_distinct, DeltaNetParams, RecurrentOps};
+use crate::backend::{check_gates, check_state_pages_distinct, DeltaNetParams, RecurrentOps};
 use crate::config::DeltaNetSpec;
 
 /// One sequence's state in the blocks of a layer index's KV cache: its pages, each a
@@ -179,14 +179,12 @@ impl RecurrentOps for CpuBackend {
     }
 
     fn sigmoid_gate(&self, x: &mut CpuAct, gate: &CpuAct) -> anyhow::Result<()> {
-        ensure!(
-            x.rows == gate.rows && x.cols == gate.cols,
-            "sigmoid_gate: {}x{} values, {}x{} gates",
-            x.rows,
-            x.cols,
-            gate.rows,
-            gate.cols
-        );
+        check_gates(
+            (x.rows, x.cols),
+            (x.rows, x.cols),
+            (gate.rows, gate.cols),
+            false,
+        )?;
         for (v, &g) in x.data.iter_mut().zip(&gate.data) {
             *v *= sigmoid(g);
         }
@@ -194,16 +192,12 @@ impl RecurrentOps for CpuBackend {
     }
 
     fn add_gated(&self, out: &mut CpuAct, x: &CpuAct, gate: &CpuAct) -> anyhow::Result<()> {
-        ensure!(
-            out.rows == x.rows && out.cols == x.cols && gate.rows == x.rows && gate.cols == 1,
-            "add_gated: {}x{} into {}x{}, gates {}x{}",
-            x.rows,
-            x.cols,
-            out.rows,
-            out.cols,
-            gate.rows,
-            gate.cols
-        );
+        check_gates(
+            (out.rows, out.cols),
+            (x.rows, x.cols),
+            (gate.rows, gate.cols),
+            true,
+        )?;
         for ((o, xr), &g) in out
             .data
             .chunks_mut(x.cols)

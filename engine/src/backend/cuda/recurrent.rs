@@ -7,7 +7,7 @@ use anyhow::{bail, ensure, Context};
 use cudarc::driver::CudaSlice;
 
 use super::{ensure_len, int, CudaAct, CudaBackend, CudaKvCache, CudaParam, CudaStep, KArg};
-use crate::backend::{DeltaNetParams, RecurrentOps};
+use crate::backend::{check_gates, DeltaNetParams, RecurrentOps};
 use crate::config::{DeltaNetSpec, ValueHeadOrder};
 
 /// Key head dims the recurrence kernel is instantiated for (`delta_net_recurrence_dk*`).
@@ -233,14 +233,12 @@ impl RecurrentOps for CudaBackend {
     fn sigmoid_gate(&self, x: &mut CudaAct, gate: &CudaAct) -> anyhow::Result<()> {
         self.refuse_unverified("an attention output gate")?;
         self.flush()?;
-        ensure!(
-            x.rows == gate.rows && x.cols == gate.cols,
-            "sigmoid_gate: {}x{} values, {}x{} gates",
-            x.rows,
-            x.cols,
-            gate.rows,
-            gate.cols
-        );
+        check_gates(
+            (x.rows, x.cols),
+            (x.rows, x.cols),
+            (gate.rows, gate.cols),
+            false,
+        )?;
         let n = x.rows * x.cols;
         let args = [
             KArg::Ptr(self.ptr(x.slice()?)),
@@ -259,16 +257,12 @@ impl RecurrentOps for CudaBackend {
     fn add_gated(&self, out: &mut CudaAct, x: &CudaAct, gate: &CudaAct) -> anyhow::Result<()> {
         self.refuse_unverified("a gated shared expert")?;
         self.flush()?;
-        ensure!(
-            out.rows == x.rows && out.cols == x.cols && gate.rows == x.rows && gate.cols == 1,
-            "add_gated: {}x{} into {}x{}, gates {}x{}",
-            x.rows,
-            x.cols,
-            out.rows,
-            out.cols,
-            gate.rows,
-            gate.cols
-        );
+        check_gates(
+            (out.rows, out.cols),
+            (x.rows, x.cols),
+            (gate.rows, gate.cols),
+            true,
+        )?;
         let args = [
             KArg::Ptr(self.ptr(out.slice()?)),
             KArg::Ptr(self.ptr(x.slice()?)),
